@@ -1,0 +1,1 @@
+//! corral's executor: the /execute and /v1/exec protocol, the server and the client

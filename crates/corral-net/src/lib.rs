@@ -1,0 +1,1 @@
+//! corral's egress proxy, the jail's network bridge, and the network audit

@@ -1,0 +1,9 @@
+//! corral's policy engine: the `corral.toml` schema and its layers, validation with errors that
+//! point at file, line and column, harness profiles, the domain matcher and address classifier,
+//! and the resolved [`Plan`] every backend consumes.
+
+pub mod addr;
+pub mod domain;
+pub mod plan;
+
+pub use plan::Plan;

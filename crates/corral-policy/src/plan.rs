@@ -1,0 +1,196 @@
+//! The resolved plan of one jail: plain data, every path absolute, every rule parsed.
+//!
+//! A `Plan` is what `corral plan --json` prints and what every backend consumes. Backends never
+//! read policy files or the caller's environment again: everything they need is here. Tests build
+//! Plans and compare them whole.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::domain::DomainPattern;
+
+/// Which backend runs the jail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    Native,
+    Podman,
+    Docker,
+    Auto,
+}
+
+/// Read-only or read-write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    Ro,
+    Rw,
+}
+
+/// How the jail reaches the network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// Loopback only.
+    None,
+    /// Loopback only, plus corral's proxy bridged in; the proxy decides every destination.
+    Proxy,
+    /// The host's network namespace, unfiltered (explicit opt-in).
+    Host,
+}
+
+/// Whether a limit that cannot be enforced stops the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Enforce {
+    Strict,
+    BestEffort,
+}
+
+/// Where executor commands run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "kind", content = "service")]
+pub enum ExecutorTarget {
+    /// A second jail built from `[executor.sandbox]` (`Plan::executor.jail`).
+    Sandbox,
+    /// An executor running in a compose service, reached at its network alias.
+    Compose(String),
+    /// The bare host, unjailed: only with the explicit opt-in.
+    Host,
+}
+
+/// One filesystem entry of the jail, applied in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    /// Host path (absolute, symlinks resolved). Empty for a tmpfs.
+    pub source: PathBuf,
+    /// Path inside the jail (absolute).
+    pub target: PathBuf,
+    pub kind: MountKind,
+    /// When true a missing source is skipped; when false it is an error at jail set-up.
+    pub optional: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "type", content = "access")]
+pub enum MountKind {
+    /// A bind of the host path.
+    Bind(Access),
+    /// A fresh, empty, private tmpfs.
+    Tmpfs,
+}
+
+/// The project the jail works on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProjectPlan {
+    /// Absolute path (git root, else cwd; a temporary directory with `--scratch`), mounted at itself.
+    pub root: PathBuf,
+    pub access: Access,
+    /// `--scratch`: `root` is a fresh temporary directory, removed when the run ends.
+    pub scratch: bool,
+    /// The project's `corral.toml` (whether or not it exists): always read-only inside the jail.
+    pub policy_file: PathBuf,
+}
+
+/// The network rules of a jail (or of the executor's jail).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkPlan {
+    pub mode: NetworkMode,
+    /// Destinations allowed through the proxy. Deny wins over allow.
+    pub allow: Vec<DomainPattern>,
+    pub deny: Vec<DomainPattern>,
+    /// Non-public ranges (loopback, private, link-local, ...) opened explicitly.
+    pub allow_cidrs: Vec<IpNet>,
+    /// The jail's 127.0.0.1:PORT reaches the host's 127.0.0.1:PORT.
+    pub host_ports: Vec<u16>,
+    /// Host 127.0.0.1:PORT reaches the jail's loopback PORT.
+    pub publish: Vec<u16>,
+    /// Chain every allowed request through this proxy (`http://host:port`).
+    pub upstream_proxy: Option<String>,
+}
+
+/// A secret served by the credential gateway: the jail sees a placeholder, the named hosts get
+/// the real value. The value itself is never part of a Plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretPlan {
+    /// The variable name inside the jail.
+    pub name: String,
+    /// The caller's variable holding the real value.
+    pub from_env: String,
+    pub hosts: Vec<DomainPattern>,
+}
+
+/// Resource limits. `None` means no limit of that kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Bytes.
+    pub memory: Option<u64>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u64>,
+    pub enforce: Enforce,
+}
+
+/// The executor a jail gets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutorPlan {
+    pub target: ExecutorTarget,
+    /// Program allowlist (names or absolute paths); empty means any program.
+    pub allow: Vec<String>,
+    pub timeout_ms: u64,
+    /// Bytes of output kept per command; beyond it the output is cut with a marker.
+    pub max_output: u64,
+    /// Commands running at once; beyond it requests get 429.
+    pub max_concurrent: usize,
+    /// The jail each command runs in when `target` is `Sandbox`: a Plan whose `command` is empty
+    /// (each request supplies one) and whose `executor.jail` is `None`.
+    pub jail: Option<Box<Plan>>,
+}
+
+/// How the harness is taught to use `corral exec`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkillPlan {
+    /// Directory inside the jail where corral writes SKILL.md (read-only inside).
+    pub dir: PathBuf,
+    /// Arguments added to the command so the harness loads it (pi: `--skill DIR`).
+    pub args: Vec<String>,
+}
+
+/// Everything one jail is, fully resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The harness profile the plan was built from (`shell` for any command).
+    pub profile: String,
+    pub engine: Engine,
+    /// The command and its arguments, as executed (argv[0] resolved to an absolute path when it
+    /// was found on the caller's PATH).
+    pub command: Vec<String>,
+    /// Working directory inside the jail.
+    pub cwd: PathBuf,
+    pub project: ProjectPlan,
+    /// `$HOME` inside the jail: the caller's home path, a private tmpfs there.
+    pub home: PathBuf,
+    /// The caller's uid and gid, kept inside the jail.
+    pub uid: u32,
+    pub gid: u32,
+    /// Filesystem entries in the order they are applied (system directories, home, state
+    /// directories, policy binds, the project). /dev, /proc and /tmp are the backend's own.
+    pub mounts: Vec<Mount>,
+    /// Existing project files matched by `filesystem.hide`: present, empty and unreadable.
+    pub masked: Vec<PathBuf>,
+    /// Paths made read-only inside the project (`filesystem.protect`, and every policy file).
+    pub protected: Vec<PathBuf>,
+    /// The jail's exact environment: nothing else of the caller's enters.
+    pub env: BTreeMap<String, String>,
+    pub network: NetworkPlan,
+    pub secrets: Vec<SecretPlan>,
+    pub limits: Limits,
+    pub executor: ExecutorPlan,
+    pub skill: Option<SkillPlan>,
+    /// Harness image for the container engines.
+    pub image: Option<String>,
+    /// The policy files layered into this plan, lowest precedence first.
+    pub sources: Vec<PathBuf>,
+}

@@ -1,0 +1,282 @@
+//! The command-line surface (SPEC section 2). Definitions only: each command's behaviour lives in
+//! `cmd/<command>.rs`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "corral",
+    version,
+    about = "Run AI coding agents in a least-privilege jail",
+    long_about = "corral runs a coding-agent harness (pi, claude, codex, gemini, opencode, aider, or any \
+                  command) in a jail that sees only the project, reaches only the hosts the policy \
+                  allows, and leaves an audit log of what it tried."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a harness profile or any command jailed; exit code is the command's
+    Run(RunArgs),
+    /// An interactive shell inside the same jail a profile would get
+    Shell(ShellArgs),
+    /// From inside a jail: run a command through the executor
+    Exec(ExecArgs),
+    /// The executor server
+    Serve(ServeArgs),
+    /// The egress proxy alone (the squid replacement in the container setup)
+    Proxy(ProxyArgs),
+    /// Print the fully resolved plan without running anything
+    Plan(PlanArgs),
+    /// Write a commented corral.toml for this project
+    Init(InitArgs),
+    /// What this host supports and what each missing piece disables
+    Doctor(DoctorArgs),
+    /// The audit log: network decisions, executor commands, sandbox lifecycle
+    Log(LogArgs),
+    /// Container images for the podman/docker backends
+    #[command(subcommand)]
+    Image(ImageCommand),
+    /// Remove this project's containers and networks (container engines)
+    Down(DownArgs),
+    /// Wrappers on PATH so that `pi`, `claude`, ... run jailed by their usual names
+    #[command(subcommand)]
+    Shim(ShimCommand),
+    /// Add an allow rule to the project's corral.toml (or the user config)
+    Allow(RuleArgs),
+    /// Add a deny rule to the project's corral.toml (or the user config)
+    Deny(RuleArgs),
+    /// Print the agent-facing instructions (SKILL.md) for `corral exec`
+    Skill(SkillArgs),
+    /// Print shell completions or the man page
+    #[command(subcommand)]
+    Generate(GenerateCommand),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EngineArg {
+    Native,
+    Podman,
+    Docker,
+    Auto,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NetworkArg {
+    None,
+    Proxy,
+    Host,
+}
+
+/// Options shared by `run`, `shell` and `plan`: the command-line layer of the policy.
+#[derive(Debug, Clone, Default, Args)]
+pub struct JailOptions {
+    /// Use this policy file instead of the project's corral.toml
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Backend that runs the jail
+    #[arg(long, value_enum)]
+    pub engine: Option<EngineArg>,
+    /// Network mode
+    #[arg(long, value_enum)]
+    pub network: Option<NetworkArg>,
+    /// Allow a destination (DOMAIN, *.DOMAIN, optionally :PORT); repeatable
+    #[arg(long = "allow", value_name = "DOMAIN")]
+    pub allow: Vec<String>,
+    /// Bind a host path read-write; repeatable
+    #[arg(long = "rw", value_name = "PATH")]
+    pub rw: Vec<PathBuf>,
+    /// Bind a host path read-only; repeatable
+    #[arg(long = "ro", value_name = "PATH")]
+    pub ro: Vec<PathBuf>,
+    /// Pass a variable by name, or set NAME=VALUE; repeatable
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    pub env: Vec<String>,
+    /// Memory limit (e.g. 4g, 512m)
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// CPU limit (e.g. 2, 0.5)
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<f64>,
+    /// Process limit
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
+    /// Make the jail's loopback PORT reachable from the host's 127.0.0.1:PORT; repeatable
+    #[arg(long = "publish", value_name = "PORT")]
+    pub publish: Vec<u16>,
+    /// Work in a fresh temporary directory instead of the project; nothing is kept
+    #[arg(long)]
+    pub scratch: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Harness profile (pi, claude, codex, gemini, opencode, aider, shell)
+    pub profile: Option<String>,
+    #[command(flatten)]
+    pub jail: JailOptions,
+    /// Print machine-readable output where corral prints data
+    #[arg(long)]
+    pub json: bool,
+    /// The command to run instead of the profile's
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ShellArgs {
+    pub profile: Option<String>,
+    #[command(flatten)]
+    pub jail: JailOptions,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Kill the command after this long (e.g. 30s, 10m)
+    #[arg(long, value_name = "D")]
+    pub timeout: Option<String>,
+    /// Working directory, relative to the project root
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on: HOST:PORT or unix:PATH
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8080")]
+    pub listen: String,
+    /// File holding the bearer token clients must present
+    #[arg(long, value_name = "F")]
+    pub token_file: Option<PathBuf>,
+    /// Accept requests without a token (seed 003's trust model: only the internal network reaches the server)
+    #[arg(long, conflicts_with = "token_file")]
+    pub no_auth: bool,
+    /// Project root: commands run here and may not leave it
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Policy file for the executor's settings
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// Address to listen on: HOST:PORT or unix:PATH
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3128")]
+    pub listen: String,
+    /// Policy file holding the [network] rules
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    pub profile: Option<String>,
+    #[command(flatten)]
+    pub jail: JailOptions,
+    /// Print the plan as JSON
+    #[arg(long)]
+    pub json: bool,
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    pub profile: Option<String>,
+    /// Also write the executor service into docker-compose.override.yml
+    #[arg(long)]
+    pub compose: bool,
+    /// Overwrite an existing corral.toml
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// Keep printing new entries as they are written
+    #[arg(long, short)]
+    pub follow: bool,
+    /// Only denied requests and refused commands
+    #[arg(long)]
+    pub blocked: bool,
+    /// JSON lines, as stored
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Build the harness image for the container engines
+    Build {
+        profile: Option<String>,
+        #[arg(long, value_enum)]
+        engine: Option<EngineArg>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct DownArgs {
+    #[arg(long, value_enum)]
+    pub engine: Option<EngineArg>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ShimCommand {
+    /// Write wrappers for these profiles
+    Install {
+        profiles: Vec<String>,
+        /// Directory to write the wrappers into
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Also write NAME-ns wrappers that run with --scratch
+        #[arg(long)]
+        scratch: bool,
+    },
+    /// List installed wrappers
+    List {
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Remove wrappers
+    Remove {
+        profiles: Vec<String>,
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RuleArgs {
+    /// HOST, *.HOST, optionally :PORT
+    pub host: String,
+    /// Edit the user config instead of the project's corral.toml
+    #[arg(long)]
+    pub user: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SkillArgs {
+    pub profile: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GenerateCommand {
+    /// Shell completions
+    Completions { shell: clap_complete::Shell },
+    /// The man page (roff)
+    Man,
+}

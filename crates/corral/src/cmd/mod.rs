@@ -1,0 +1,34 @@
+//! One module per command. Each returns the process exit code, or an error printed as
+//! `corral: ...` with exit 125.
+
+use std::process::ExitCode;
+
+use anyhow::bail;
+
+use crate::cli::{Cli, Command};
+
+/// A command whose capability has not landed yet: a clear error, never a fake success.
+fn not_yet(what: &str) -> anyhow::Result<ExitCode> {
+    bail!("`corral {what}` is not yet implemented in this version")
+}
+
+pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run(_) => not_yet("run"),
+        Command::Shell(_) => not_yet("shell"),
+        Command::Exec(_) => not_yet("exec"),
+        Command::Serve(_) => not_yet("serve"),
+        Command::Proxy(_) => not_yet("proxy"),
+        Command::Plan(_) => not_yet("plan"),
+        Command::Init(_) => not_yet("init"),
+        Command::Doctor(_) => not_yet("doctor"),
+        Command::Log(_) => not_yet("log"),
+        Command::Image(_) => not_yet("image build"),
+        Command::Down(_) => not_yet("down"),
+        Command::Shim(_) => not_yet("shim"),
+        Command::Allow(_) => not_yet("allow"),
+        Command::Deny(_) => not_yet("deny"),
+        Command::Skill(_) => not_yet("skill"),
+        Command::Generate(_) => not_yet("generate"),
+    }
+}

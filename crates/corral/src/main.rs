@@ -1,0 +1,23 @@
+//! The `corral` binary: parses the command line and wires the crates together. Behaviour lives
+//! in the libraries; each command's wiring lives in `cmd/`.
+
+mod cli;
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// corral's own errors (SPEC section 2): distinct from any child's exit status.
+pub const EXIT_CORRAL_ERROR: u8 = 125;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    match cmd::dispatch(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("corral: {err:#}");
+            ExitCode::from(EXIT_CORRAL_ERROR)
+        }
+    }
+}
