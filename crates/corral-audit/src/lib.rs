@@ -113,7 +113,11 @@ pub struct Record {
 
 impl Record {
     pub fn now(jail: &str, event: Event) -> Self {
-        Self { time: rfc3339(SystemTime::now()), jail: jail.to_string(), event }
+        Self {
+            time: rfc3339(SystemTime::now()),
+            jail: jail.to_string(),
+            event,
+        }
     }
 
     /// Whether this record is a denial (network deny or refused command).
@@ -132,13 +136,21 @@ fn rfc3339(t: SystemTime) -> String {
 
 /// A new jail id: time-ordered and unique enough to tell runs apart in one log.
 pub fn new_jail_id() -> String {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
     let mut rnd = [0u8; 3];
     if let Ok(mut f) = File::open("/dev/urandom") {
         use std::io::Read;
         let _ = f.read_exact(&mut rnd);
     }
-    format!("{:x}-{:02x}{:02x}{:02x}", now.as_secs(), rnd[0], rnd[1], rnd[2])
+    format!(
+        "{:x}-{:02x}{:02x}{:02x}",
+        now.as_secs(),
+        rnd[0],
+        rnd[1],
+        rnd[2]
+    )
 }
 
 /// The state directory: `$XDG_STATE_HOME/corral`, else `$HOME/.local/state/corral`.
@@ -146,7 +158,9 @@ pub fn state_dir() -> Result<PathBuf, AuditError> {
     if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir).join("corral"));
     }
-    let home = std::env::var_os("HOME").filter(|d| !d.is_empty()).ok_or(AuditError::NoStateDir)?;
+    let home = std::env::var_os("HOME")
+        .filter(|d| !d.is_empty())
+        .ok_or(AuditError::NoStateDir)?;
     Ok(PathBuf::from(home).join(".local/state/corral"))
 }
 
@@ -159,7 +173,13 @@ pub fn project_key(project_root: &Path) -> String {
         .unwrap_or_else(|| "root".into());
     let name: String = name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     // FNV-1a: stable across releases, unlike std's hasher.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -180,12 +200,19 @@ pub struct AuditLog {
 impl AuditLog {
     /// The log of the project at `project_root`, under the state directory.
     pub fn for_project(project_root: &Path) -> Result<Self, AuditError> {
-        Ok(Self::at(state_dir()?.join(project_key(project_root)).join("audit.jsonl")))
+        Ok(Self::at(
+            state_dir()?
+                .join(project_key(project_root))
+                .join("audit.jsonl"),
+        ))
     }
 
     /// A log at an explicit path (tests, the proxy container's volume).
     pub fn at(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into(), max_bytes: DEFAULT_MAX_BYTES }
+        Self {
+            path: path.into(),
+            max_bytes: DEFAULT_MAX_BYTES,
+        }
     }
 
     pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
@@ -204,7 +231,10 @@ impl AuditLog {
     }
 
     fn io_err(&self, source: io::Error) -> AuditError {
-        AuditError::Io { path: self.path.clone(), source }
+        AuditError::Io {
+            path: self.path.clone(),
+            source,
+        }
     }
 
     /// Append one record. Safe against concurrent writers in other processes.
@@ -252,7 +282,10 @@ impl AuditLog {
                 Err(source) => return Err(AuditError::Io { path, source }),
             };
             for line in BufReader::new(file).lines() {
-                let line = line.map_err(|source| AuditError::Io { path: path.clone(), source })?;
+                let line = line.map_err(|source| AuditError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
                 if line.trim().is_empty() {
                     continue;
                 }
@@ -310,8 +343,13 @@ mod tests {
     fn round_trips_and_flags_blocked() {
         let dir = tempfile::tempdir().unwrap();
         let log = AuditLog::at(dir.path().join("a/audit.jsonl"));
-        log.write(&Record::now("j1", net("github.com", Decision::Deny))).unwrap();
-        log.write(&Record::now("j1", net("api.anthropic.com", Decision::Allow))).unwrap();
+        log.write(&Record::now("j1", net("github.com", Decision::Deny)))
+            .unwrap();
+        log.write(&Record::now(
+            "j1",
+            net("api.anthropic.com", Decision::Allow),
+        ))
+        .unwrap();
         let (records, bad) = log.read_all().unwrap();
         assert_eq!(bad, 0);
         assert_eq!(records.len(), 2);
@@ -334,7 +372,8 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..200 {
                         let host = format!("h{t}-{i}.example.org");
-                        log.write(&Record::now("j", net(&host, Decision::Allow))).unwrap();
+                        log.write(&Record::now("j", net(&host, Decision::Allow)))
+                            .unwrap();
                     }
                 })
             })
@@ -348,7 +387,10 @@ mod tests {
         assert!(log.rotated_path().exists(), "the log should have rotated");
         assert!(records.len() < 1600, "only one rotated generation is kept");
         let cur = fs::metadata(log.path()).unwrap().len();
-        assert!(cur <= 64 * 1024, "current file {cur} bytes exceeds the rotation size");
+        assert!(
+            cur <= 64 * 1024,
+            "current file {cur} bytes exceeds the rotation size"
+        );
     }
 
     #[test]

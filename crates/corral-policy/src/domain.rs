@@ -48,7 +48,9 @@ pub enum PatternError {
 
 impl DomainPattern {
     pub fn parse(raw: &str) -> Result<Self, PatternError> {
-        Ok(Self { raw: raw.to_string() })
+        Ok(Self {
+            raw: raw.to_string(),
+        })
     }
 
     /// Whether `host` on `port` is named by this pattern.

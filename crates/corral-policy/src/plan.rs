@@ -194,3 +194,146 @@ pub struct Plan {
     /// The policy files layered into this plan, lowest precedence first.
     pub sources: Vec<PathBuf>,
 }
+
+/// System directories bound read-only into every jail: the programs and libraries, and a
+/// curated /etc (identity, TLS roots, the dynamic loader's cache, alternatives, locale and
+/// terminal data). Entries missing on this host are skipped.
+pub fn system_mounts() -> Vec<Mount> {
+    const DIRS: &[&str] = &[
+        "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
+    ];
+    const ETC: &[&str] = &[
+        "/etc/alternatives",
+        "/etc/bash.bashrc",
+        "/etc/ca-certificates",
+        "/etc/ca-certificates.conf",
+        "/etc/environment",
+        "/etc/gitconfig",
+        "/etc/group",
+        "/etc/host.conf",
+        "/etc/hostname",
+        "/etc/hosts",
+        "/etc/inputrc",
+        "/etc/ld.so.cache",
+        "/etc/ld.so.conf",
+        "/etc/ld.so.conf.d",
+        "/etc/locale.alias",
+        "/etc/locale.conf",
+        "/etc/localtime",
+        "/etc/login.defs",
+        "/etc/mime.types",
+        "/etc/nsswitch.conf",
+        "/etc/os-release",
+        "/etc/passwd",
+        "/etc/pki",
+        "/etc/profile",
+        "/etc/profile.d",
+        "/etc/protocols",
+        "/etc/python3",
+        "/etc/services",
+        "/etc/ssl",
+        "/etc/terminfo",
+        "/etc/timezone",
+        "/etc/vim",
+        "/etc/xdg",
+    ];
+    DIRS.iter()
+        .chain(ETC)
+        .map(|p| Mount {
+            source: PathBuf::from(p),
+            target: PathBuf::from(p),
+            kind: MountKind::Bind(Access::Ro),
+            optional: true,
+        })
+        .collect()
+}
+
+impl Plan {
+    /// The smallest useful plan: `command` in `project_root` (read-write), the system
+    /// directories read-only, a private home at `home`, no network, no limits, no executor.
+    /// The policy resolver builds real plans; this is the base that tests and backends' own
+    /// unit tests start from and adjust.
+    pub fn minimal(
+        project_root: &std::path::Path,
+        home: &std::path::Path,
+        command: Vec<String>,
+    ) -> Plan {
+        let (uid, gid) = current_ids();
+        let mut mounts = system_mounts();
+        mounts.push(Mount {
+            source: PathBuf::new(),
+            target: home.to_path_buf(),
+            kind: MountKind::Tmpfs,
+            optional: false,
+        });
+        mounts.push(Mount {
+            source: project_root.to_path_buf(),
+            target: project_root.to_path_buf(),
+            kind: MountKind::Bind(Access::Rw),
+            optional: false,
+        });
+        let mut env = BTreeMap::new();
+        env.insert("HOME".into(), home.display().to_string());
+        env.insert(
+            "PATH".into(),
+            "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".into(),
+        );
+        env.insert("TMPDIR".into(), "/tmp".into());
+        env.insert("LANG".into(), "C.UTF-8".into());
+        Plan {
+            profile: "shell".into(),
+            engine: Engine::Native,
+            command,
+            cwd: project_root.to_path_buf(),
+            project: ProjectPlan {
+                root: project_root.to_path_buf(),
+                access: Access::Rw,
+                scratch: false,
+                policy_file: project_root.join("corral.toml"),
+            },
+            home: home.to_path_buf(),
+            uid,
+            gid,
+            mounts,
+            masked: Vec::new(),
+            protected: vec![project_root.join("corral.toml")],
+            env,
+            network: NetworkPlan {
+                mode: NetworkMode::None,
+                allow: Vec::new(),
+                deny: Vec::new(),
+                allow_cidrs: Vec::new(),
+                host_ports: Vec::new(),
+                publish: Vec::new(),
+                upstream_proxy: None,
+            },
+            secrets: Vec::new(),
+            limits: Limits {
+                memory: None,
+                cpus: None,
+                pids: None,
+                enforce: Enforce::Strict,
+            },
+            executor: ExecutorPlan {
+                target: ExecutorTarget::Sandbox,
+                allow: Vec::new(),
+                timeout_ms: 600_000,
+                max_output: 64 * 1024 * 1024,
+                max_concurrent: 8,
+                jail: None,
+            },
+            skill: None,
+            image: None,
+            sources: Vec::new(),
+        }
+    }
+}
+
+fn current_ids() -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    // The owner of /proc/self is this process's effective uid and gid; no libc needed.
+    match std::fs::metadata("/proc/self") {
+        Ok(m) => (m.uid(), m.gid()),
+        Err(_) => (0, 0),
+    }
+}
