@@ -4,6 +4,10 @@
 
 pub mod addr;
 pub mod domain;
+pub mod error;
 pub mod plan;
+pub mod resolve;
 
+pub use error::PolicyError;
 pub use plan::Plan;
+pub use resolve::{Flags, Request, resolve};
