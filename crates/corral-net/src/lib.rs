@@ -1,1 +1,30 @@
-//! corral's egress proxy, the jail's network bridge, and the network audit
+//! corral's egress proxy, the jail's network bridge, and the network audit.
+//!
+//! - [`http`]: the strict HTTP/1.1 head parser and framing rules (fuzzed).
+//! - [`rules`]: the rules a proxy decides with, built from a `NetworkPlan`; the resolver seam.
+//! - [`proxy`]: the proxy itself (plain HTTP, CONNECT, SOCKS5 on one listener).
+//! - [`forward`]: `host_ports` (a listener bridged to one host loopback port).
+//! - [`run`]: running a proxy on a background thread for the native jail.
+
+pub mod forward;
+pub mod http;
+pub mod proxy;
+pub mod rules;
+pub mod run;
+
+pub use forward::forward_port;
+pub use proxy::{Blocked, Proxy, ProxyConfig};
+pub use rules::{Denial, Kind, Resolver, Rules, StaticResolver, SystemResolver, Upstream};
+pub use run::{Listener, ProxyHandle, spawn};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("network policy: {0}")]
+    Config(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,67 @@
+//! `host_ports`: a listener (created inside the jail's network namespace) whose connections are
+//! bridged to one fixed port on the host's loopback, and nothing else.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
+use tokio::net::TcpStream;
+
+/// Accept on `listener` and connect each client to `target` (normally `127.0.0.1:PORT` on the
+/// host). Each connection is audited (`method` `FORWARD`) with its bytes and duration. Runs until
+/// the runtime stops.
+pub async fn forward_port(
+    listener: std::net::TcpListener,
+    target: SocketAddr,
+    audit: AuditLog,
+    jail: String,
+    idle_timeout: Duration,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let ctx = Arc::new((audit, jail));
+    loop {
+        let (client, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("corral: host port forward {target}: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let (audit, jail) = &*ctx;
+            let started = Instant::now();
+            let mut ev = NetEvent {
+                phase: "decision".into(),
+                client: peer.to_string(),
+                method: "FORWARD".into(),
+                host: target.ip().to_string(),
+                port: target.port(),
+                address: Some(target.ip().to_string()),
+                decision: Some(Decision::Allow),
+                rule: format!("network.host_ports: {}", target.port()),
+                ..Default::default()
+            };
+            let up = match TcpStream::connect(target).await {
+                Ok(s) => s,
+                Err(e) => {
+                    ev.rule = format!("network.host_ports: {}; connect failed: {e}", target.port());
+                    let _ = audit.write(&Record::now(jail, Event::Net(ev)));
+                    return;
+                }
+            };
+            let _ = audit.write(&Record::now(jail, Event::Net(ev.clone())));
+            let (u, d) = crate::proxy::tunnel(client, up, idle_timeout).await;
+            ev.phase = "close".into();
+            ev.decision = None;
+            ev.rule = String::new();
+            ev.bytes_up = u;
+            ev.bytes_down = d;
+            ev.duration_ms = started.elapsed().as_millis() as u64;
+            let _ = audit.write(&Record::now(jail, Event::Net(ev)));
+        });
+    }
+}

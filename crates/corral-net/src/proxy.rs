@@ -1,0 +1,1527 @@
+//! The egress proxy: plain HTTP forwarding, CONNECT tunnels and SOCKS5 on one listener.
+//!
+//! Per request: parse exactly (`http.rs`) -> normalize the host (`corral_policy::domain`) ->
+//! deny list -> allow list (`Rules::check_name`) -> resolve (the proxy's [`Resolver`]) -> check
+//! EVERY resolved address (`corral_policy::addr::check_destination`) -> connect to one of exactly
+//! those addresses, never by name. A kept-alive client connection is pinned to the first host it
+//! was allowed to reach. Every decision and every closed upstream connection is one audit line.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
+use corral_policy::addr::check_destination;
+use corral_policy::domain::{Host, normalize_host, parse_authority};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+
+use crate::http::{
+    self, Framing, MAX_CHUNK_LINE, MAX_HEAD_BYTES, ParseError, RequestHead, Version, find_head_end,
+    parse_chunk_size, parse_header_line, parse_request_head, parse_response_head,
+};
+use crate::rules::{Denial, Kind, Resolver, Rules, SystemResolver, host_display};
+
+/// Resource bounds.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Time a client has to send a complete request head (slow-loris bound).
+    pub header_timeout: Duration,
+    /// Time without a byte in either direction before a tunnel, a kept-alive connection or a
+    /// pending response is closed.
+    pub idle_timeout: Duration,
+    /// Time to resolve and connect to a destination.
+    pub connect_timeout: Duration,
+    /// Concurrent client connections of this proxy (one proxy per jail); beyond it new
+    /// connections are refused.
+    pub max_connections: usize,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            header_timeout: Duration::from_secs(15),
+            idle_timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(10),
+            max_connections: 4096,
+        }
+    }
+}
+
+/// One line of the end-of-run summary: a blocked destination and how often.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocked {
+    pub method: String,
+    pub target: String,
+    pub rule: String,
+    pub fix: String,
+    pub count: u64,
+}
+
+impl Blocked {
+    /// `corral: blocked CONNECT github.com:443 ×3 (not in network.allow) — allow with: ...`
+    pub fn summary_line(&self) -> String {
+        format!(
+            "corral: blocked {} {} ×{} ({}) — {}",
+            self.method, self.target, self.count, self.rule, self.fix
+        )
+    }
+}
+
+/// The proxy of one jail.
+pub struct Proxy {
+    rules: RwLock<Arc<Rules>>,
+    audit: AuditLog,
+    jail: String,
+    resolver: Arc<dyn Resolver>,
+    config: ProxyConfig,
+    slots: Arc<Semaphore>,
+    blocked: Mutex<BTreeMap<(String, String, String), (String, u64)>>,
+}
+
+/// Why a request was not served, for the answer and the log.
+enum Refusal {
+    /// A policy decision (logged as deny, answered 403 unless `status` says otherwise).
+    Denied(Denial),
+    /// The request was allowed but could not be served (resolution, connect, upstream).
+    Failed { rule: String, status: u16 },
+}
+
+/// A client connection with its read buffer.
+struct BufConn<S> {
+    io: S,
+    buf: BytesMut,
+}
+
+#[derive(Debug)]
+enum ReadError {
+    Parse(ParseError),
+    Io(io::Error),
+    Timeout,
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Parse(e) => write!(f, "{e}"),
+            ReadError::Io(e) => write!(f, "{e}"),
+            ReadError::Timeout => f.write_str("timed out"),
+        }
+    }
+}
+
+impl From<io::Error> for ReadError {
+    fn from(e: io::Error) -> Self {
+        ReadError::Io(e)
+    }
+}
+
+impl From<ParseError> for ReadError {
+    fn from(e: ParseError) -> Self {
+        ReadError::Parse(e)
+    }
+}
+
+fn eof() -> ReadError {
+    ReadError::Io(io::ErrorKind::UnexpectedEof.into())
+}
+
+impl<S: AsyncRead + Unpin> BufConn<S> {
+    fn new(io: S) -> Self {
+        BufConn {
+            io,
+            buf: BytesMut::with_capacity(8192),
+        }
+    }
+
+    /// Read more bytes within `t`; `Ok(0)` at end of stream.
+    async fn fill(&mut self, t: Duration) -> Result<usize, ReadError> {
+        if self.buf.capacity() - self.buf.len() < 4096 {
+            self.buf.reserve(16 * 1024);
+        }
+        match tokio::time::timeout(t, self.io.read_buf(&mut self.buf)).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(ReadError::Timeout),
+        }
+    }
+
+    /// A complete head; `Ok(None)` on a clean end of stream before its first byte. The first
+    /// byte may take `first_byte` (keep-alive idle), the whole head at most `whole` from then.
+    async fn read_head(
+        &mut self,
+        first_byte: Duration,
+        whole: Duration,
+    ) -> Result<Option<BytesMut>, ReadError> {
+        if self.buf.is_empty() && self.fill(first_byte).await? == 0 {
+            return Ok(None);
+        }
+        let deadline = Instant::now() + whole;
+        loop {
+            if let Some(end) = find_head_end(&self.buf)? {
+                return Ok(Some(self.buf.split_to(end)));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ReadError::Timeout);
+            }
+            if self.fill(left).await? == 0 {
+                return Err(eof());
+            }
+        }
+    }
+
+    /// One CRLF-terminated line (without the CRLF), at most `max` bytes.
+    async fn read_line(&mut self, max: usize, t: Duration) -> Result<BytesMut, ReadError> {
+        loop {
+            if let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
+                if nl == 0 || self.buf[nl - 1] != b'\r' {
+                    return Err(ParseError::Malformed("bare LF in chunked body").into());
+                }
+                let mut line = self.buf.split_to(nl + 1);
+                line.truncate(nl - 1);
+                if line.contains(&b'\r') {
+                    return Err(ParseError::Malformed("bare CR in chunked body").into());
+                }
+                return Ok(line);
+            }
+            if self.buf.len() > max {
+                return Err(ParseError::Malformed("chunk line too long").into());
+            }
+            if self.fill(t).await? == 0 {
+                return Err(eof());
+            }
+        }
+    }
+
+    async fn read_exact_buf(&mut self, n: usize, t: Duration) -> Result<BytesMut, ReadError> {
+        while self.buf.len() < n {
+            if self.fill(t).await? == 0 {
+                return Err(eof());
+            }
+        }
+        Ok(self.buf.split_to(n))
+    }
+}
+
+#[derive(Debug)]
+enum BodyError {
+    /// The source sent a body that does not parse, or ended early, or was too slow.
+    Source(ReadError),
+    /// Writing to the destination failed.
+    Dest(io::Error),
+}
+
+/// Copy one body from `src` to `dst`. With `rechunk` a chunked body is re-encoded chunked, else
+/// its data is written raw (an HTTP/1.0 client). Returns the body bytes copied.
+async fn relay_body<A, B>(
+    src: &mut BufConn<A>,
+    dst: &mut B,
+    framing: Framing,
+    rechunk: bool,
+    t: Duration,
+) -> Result<u64, BodyError>
+where
+    A: AsyncRead + Unpin,
+    B: AsyncWrite + Unpin,
+{
+    use BodyError::{Dest, Source};
+    let mut total = 0u64;
+    match framing {
+        Framing::None => {}
+        Framing::Length(n) => total += copy_exact(src, dst, n, t).await?,
+        Framing::UntilClose => loop {
+            if src.buf.is_empty() {
+                match src.fill(t).await {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => return Err(Source(e)),
+                }
+            }
+            let chunk = src.buf.split();
+            total += chunk.len() as u64;
+            dst.write_all(&chunk).await.map_err(Dest)?;
+        },
+        Framing::Chunked => {
+            loop {
+                let line = src.read_line(MAX_CHUNK_LINE, t).await.map_err(Source)?;
+                let size = parse_chunk_size(&line).map_err(|e| Source(e.into()))?;
+                if size == 0 {
+                    break;
+                }
+                if rechunk {
+                    dst.write_all(format!("{size:x}\r\n").as_bytes())
+                        .await
+                        .map_err(Dest)?;
+                }
+                total += copy_exact(src, dst, size, t).await?;
+                let crlf = src.read_exact_buf(2, t).await.map_err(Source)?;
+                if &crlf[..] != b"\r\n" {
+                    return Err(Source(
+                        ParseError::Malformed("chunk data not followed by CRLF").into(),
+                    ));
+                }
+                if rechunk {
+                    dst.write_all(b"\r\n").await.map_err(Dest)?;
+                }
+            }
+            // Trailer fields: validated, then dropped.
+            let mut trailer_bytes = 0;
+            loop {
+                let line = src.read_line(MAX_HEAD_BYTES, t).await.map_err(Source)?;
+                if line.is_empty() {
+                    break;
+                }
+                trailer_bytes += line.len();
+                if trailer_bytes > MAX_HEAD_BYTES {
+                    return Err(Source(ParseError::TooLarge.into()));
+                }
+                parse_header_line(&line).map_err(|e| Source(e.into()))?;
+            }
+            if rechunk {
+                dst.write_all(b"0\r\n\r\n").await.map_err(Dest)?;
+            }
+        }
+    }
+    dst.flush().await.map_err(Dest)?;
+    Ok(total)
+}
+
+async fn copy_exact<A, B>(
+    src: &mut BufConn<A>,
+    dst: &mut B,
+    mut n: u64,
+    t: Duration,
+) -> Result<u64, BodyError>
+where
+    A: AsyncRead + Unpin,
+    B: AsyncWrite + Unpin,
+{
+    let want = n;
+    while n > 0 {
+        if src.buf.is_empty() {
+            match src.fill(t).await {
+                Ok(0) => return Err(BodyError::Source(eof())),
+                Ok(_) => {}
+                Err(e) => return Err(BodyError::Source(e)),
+            }
+        }
+        let take = (src.buf.len() as u64).min(n) as usize;
+        let chunk = src.buf.split_to(take);
+        dst.write_all(&chunk).await.map_err(BodyError::Dest)?;
+        n -= take as u64;
+    }
+    Ok(want)
+}
+
+/// A stream that counts the bytes read from it and notes when it last saw any.
+struct Tracked<S> {
+    inner: S,
+    bytes: Arc<AtomicU64>,
+    last: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+            let now = self.epoch.elapsed().as_millis() as u64;
+            self.last.store(now, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Relay bytes both ways until both sides close or nothing moves for `idle`. Returns
+/// (bytes client->upstream, bytes upstream->client).
+pub(crate) async fn tunnel<A, B>(a: A, b: B, idle: Duration) -> (u64, u64)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let epoch = Instant::now();
+    let last = Arc::new(AtomicU64::new(0));
+    let up = Arc::new(AtomicU64::new(0));
+    let down = Arc::new(AtomicU64::new(0));
+    let mut a = Tracked {
+        inner: a,
+        bytes: up.clone(),
+        last: last.clone(),
+        epoch,
+    };
+    let mut b = Tracked {
+        inner: b,
+        bytes: down.clone(),
+        last: last.clone(),
+        epoch,
+    };
+    let watch = async {
+        loop {
+            let since = epoch
+                .elapsed()
+                .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
+            if since >= idle {
+                return;
+            }
+            tokio::time::sleep(idle - since).await;
+        }
+    };
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, 64 * 1024, 64 * 1024) => {}
+        _ = watch => {}
+    }
+    (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed))
+}
+
+/// The upstream side of a kept-alive client connection: pinned to one host.
+struct Pinned {
+    host: Host,
+    port: u16,
+    up: Option<Upstream>,
+}
+
+struct Upstream {
+    conn: BufConn<TcpStream>,
+    address: SocketAddr,
+    started: Instant,
+    bytes_up: u64,
+    bytes_down: u64,
+    method: String,
+}
+
+fn status_text(status: u16) -> &'static str {
+    match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Error",
+    }
+}
+
+/// A complete error response; the connection is closed after it.
+pub(crate) fn error_response(status: u16, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\nX-Corral-Proxy: 1\r\n\r\n{body}",
+        status_text(status),
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Split an absolute-form `http://authority/path` target.
+fn split_absolute(target: &str) -> Result<(&str, String), &'static str> {
+    let lower = target.get(..8).unwrap_or(target).to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return Err("https URLs go through CONNECT, not plain forwarding");
+    }
+    if !lower.starts_with("http://") {
+        return Err("not a proxy request: the request target must be an absolute http:// URL");
+    }
+    let rest = &target[7..];
+    if rest.contains('#') {
+        return Err("fragment in request target");
+    }
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    check_authority_chars(authority)?;
+    let path = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("/{path}")
+    };
+    Ok((authority, path))
+}
+
+fn check_authority_chars(authority: &str) -> Result<(), &'static str> {
+    if authority.is_empty() {
+        return Err("empty authority");
+    }
+    if authority.contains('@') {
+        return Err("credentials in the authority are not accepted");
+    }
+    if authority.contains(['%', '/', '\\']) {
+        return Err("invalid character in the authority (zone id or escape)");
+    }
+    Ok(())
+}
+
+/// Whether the client's Host header (if any) names the same host and port as the target.
+fn host_header_agrees(
+    req: &RequestHead,
+    host: &Host,
+    port: u16,
+    default_port: u16,
+) -> Result<(), String> {
+    match http::single_header(&req.headers, "host", "multiple Host headers") {
+        Err(e) => Err(e.to_string()),
+        Ok(None) => Ok(()),
+        Ok(Some(v)) => {
+            let raw = std::str::from_utf8(v).map_err(|_| "non-ASCII Host header".to_string())?;
+            check_authority_chars(raw).map_err(|e| format!("Host header: {e}"))?;
+            let (h, p) = parse_authority(raw).map_err(|e| format!("Host header: {e}"))?;
+            if &h == host && p.unwrap_or(default_port) == port {
+                Ok(())
+            } else {
+                Err(format!(
+                    "Host header names {raw}, the request target names {}:{port}",
+                    host_display(host)
+                ))
+            }
+        }
+    }
+}
+
+fn authority_string(host: &Host, port: u16) -> String {
+    format!("{}:{port}", host_display(host))
+}
+
+impl Proxy {
+    pub fn new(rules: Rules, audit: AuditLog, jail: impl Into<String>) -> Self {
+        let config = ProxyConfig::default();
+        Proxy {
+            rules: RwLock::new(Arc::new(rules)),
+            audit,
+            jail: jail.into(),
+            resolver: Arc::new(SystemResolver),
+            slots: Arc::new(Semaphore::new(config.max_connections)),
+            config,
+            blocked: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Use `resolver` instead of the system resolver (tests, a pinned resolver).
+    pub fn with_resolver(mut self, resolver: Arc<dyn Resolver>) -> Self {
+        self.resolver = resolver;
+        self
+    }
+
+    pub fn with_config(mut self, config: ProxyConfig) -> Self {
+        self.slots = Arc::new(Semaphore::new(config.max_connections));
+        self.config = config;
+        self
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> Arc<Rules> {
+        self.rules.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replace the rules (policy reload). Established tunnels keep running; every later decision,
+    /// including the next request on a kept-alive connection, uses the new rules.
+    pub fn set_rules(&self, rules: Rules) {
+        *self.rules.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rules);
+    }
+
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    pub fn jail(&self) -> &str {
+        &self.jail
+    }
+
+    /// Blocked destinations so far, for the end-of-run summary (most frequent first).
+    pub fn blocked_summary(&self) -> Vec<Blocked> {
+        let map = self.blocked.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<Blocked> = map
+            .iter()
+            .map(|((method, target, rule), (fix, count))| Blocked {
+                method: method.clone(),
+                target: target.clone(),
+                rule: rule.clone(),
+                fix: fix.clone(),
+                count: *count,
+            })
+            .collect();
+        out.sort_by(|a, b| b.count.cmp(&a.count));
+        out
+    }
+
+    fn log(&self, ev: NetEvent) {
+        if let Err(e) = self.audit.write(&Record::now(&self.jail, Event::Net(ev))) {
+            eprintln!("corral proxy: cannot write the audit log: {e}");
+        }
+    }
+
+    fn log_decision(
+        &self,
+        client: &str,
+        method: &str,
+        host: &str,
+        port: u16,
+        address: Option<SocketAddr>,
+        decision: Decision,
+        rule: &str,
+    ) {
+        self.log(NetEvent {
+            phase: "decision".into(),
+            client: client.into(),
+            method: method.into(),
+            host: host.into(),
+            port,
+            address: address.map(|a| a.ip().to_string()),
+            decision: Some(decision),
+            rule: rule.into(),
+            ..Default::default()
+        });
+    }
+
+    fn log_denial(&self, client: &str, method: &str, host: &str, port: u16, d: &Denial) {
+        self.log_decision(client, method, host, port, None, Decision::Deny, &d.rule);
+        let mut map = self.blocked.lock().unwrap_or_else(|e| e.into_inner());
+        let e = map
+            .entry((method.to_string(), format!("{host}:{port}"), d.rule.clone()))
+            .or_insert_with(|| (d.fix.clone(), 0));
+        e.1 += 1;
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn log_close(
+        &self,
+        client: &str,
+        method: &str,
+        host: &str,
+        port: u16,
+        address: SocketAddr,
+        up: u64,
+        down: u64,
+        started: Instant,
+    ) {
+        self.log(NetEvent {
+            phase: "close".into(),
+            client: client.into(),
+            method: method.into(),
+            host: host.into(),
+            port,
+            address: Some(address.ip().to_string()),
+            decision: None,
+            rule: String::new(),
+            bytes_up: up,
+            bytes_down: down,
+            duration_ms: started.elapsed().as_millis() as u64,
+            secret: None,
+        });
+    }
+
+    /// Accept on `listener` (any thread's or namespace's socket) until the runtime stops.
+    pub async fn serve(self: Arc<Self>, listener: std::net::TcpListener) -> io::Result<()> {
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning; never exit.
+                    eprintln!("corral proxy: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            self.clone().spawn_client(stream, peer.to_string());
+        }
+    }
+
+    /// Accept on a unix listener (the bridge from a jail, or `--listen unix:PATH`).
+    pub async fn serve_unix(
+        self: Arc<Self>,
+        listener: std::os::unix::net::UnixListener,
+    ) -> io::Result<()> {
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::UnixListener::from_std(listener)?;
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    eprintln!("corral proxy: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            self.clone().spawn_client(stream, "unix".into());
+        }
+    }
+
+    fn spawn_client<S>(self: Arc<Self>, stream: S, client: String)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        match self.slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(async move {
+                    self.handle(stream, client).await;
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                tokio::spawn(async move {
+                    let mut stream = stream;
+                    let body = format!(
+                        "corral proxy: too many connections from this jail (limit {})\n",
+                        self.config.max_connections
+                    );
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        stream.write_all(&error_response(503, &body)),
+                    )
+                    .await;
+                });
+            }
+        }
+    }
+
+    /// Serve one client connection (HTTP or SOCKS5, told apart by the first byte).
+    pub async fn handle<S>(self: Arc<Self>, stream: S, client: String)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let mut conn = BufConn::new(stream);
+        match conn.fill(self.config.header_timeout).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if conn.buf[0] == 0x05 {
+            self.socks(conn, &client).await;
+        } else {
+            self.http(conn, &client).await;
+        }
+    }
+
+    async fn reply_and_close<S: AsyncWrite + Unpin>(&self, io: &mut S, status: u16, body: &str) {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(5),
+            io.write_all(&error_response(status, body)),
+        )
+        .await;
+        let _ = io.shutdown().await;
+    }
+
+    fn denial_body(method: &str, target: &str, d: &Denial) -> String {
+        format!(
+            "corral: blocked {method} {target} ({})\n{}\nOr permanently, in the project's corral.toml: corral allow HOST[:PORT]\n",
+            d.rule, d.fix
+        )
+    }
+
+    async fn http<S>(&self, mut client: BufConn<S>, peer: &str)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let mut pinned: Option<Pinned> = None;
+        let mut first_wait = self.config.header_timeout;
+        loop {
+            let head = match client
+                .read_head(first_wait, self.config.header_timeout)
+                .await
+            {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(ReadError::Parse(ParseError::TooLarge)) => {
+                    self.reply_and_close(
+                        &mut client.io,
+                        431,
+                        &format!("corral: request header section exceeds {MAX_HEAD_BYTES} bytes\n"),
+                    )
+                    .await;
+                    break;
+                }
+                Err(ReadError::Parse(e)) => {
+                    self.reply_and_close(
+                        &mut client.io,
+                        400,
+                        &format!("corral: malformed request: {e}\n"),
+                    )
+                    .await;
+                    break;
+                }
+                Err(ReadError::Timeout) => {
+                    self.reply_and_close(
+                        &mut client.io,
+                        408,
+                        "corral: request head not received in time\n",
+                    )
+                    .await;
+                    break;
+                }
+                Err(ReadError::Io(_)) => break,
+            };
+            first_wait = self.config.idle_timeout;
+            let req = match parse_request_head(&head) {
+                Ok(r) => r,
+                Err(ParseError::TooLarge) => {
+                    self.reply_and_close(&mut client.io, 431, "corral: too many header fields\n")
+                        .await;
+                    break;
+                }
+                Err(e) => {
+                    self.reply_and_close(
+                        &mut client.io,
+                        400,
+                        &format!("corral: malformed request: {e}\n"),
+                    )
+                    .await;
+                    break;
+                }
+            };
+            if req.method == "CONNECT" {
+                if pinned.is_some() {
+                    self.log_bad(
+                        peer,
+                        "CONNECT",
+                        &req.target,
+                        "CONNECT on a connection already used for plain HTTP",
+                    );
+                    self.reply_and_close(&mut client.io, 400, "corral: CONNECT on a connection already used for plain HTTP; open a new connection\n").await;
+                } else {
+                    self.connect(client, req, peer).await;
+                }
+                return;
+            }
+            match self.forward_one(&mut client, req, peer, &mut pinned).await {
+                true => continue,
+                false => break,
+            }
+        }
+        if let Some(Pinned {
+            host,
+            port,
+            up: Some(up),
+        }) = pinned
+        {
+            self.close_upstream(peer, &host, port, up);
+        }
+    }
+
+    fn close_upstream(&self, peer: &str, host: &Host, port: u16, up: Upstream) {
+        self.log_close(
+            peer,
+            &up.method,
+            &host_display(host),
+            port,
+            up.address,
+            up.bytes_up,
+            up.bytes_down,
+            up.started,
+        );
+    }
+
+    /// A malformed-but-parsed request that names a target: logged as a denial.
+    fn log_bad(&self, peer: &str, method: &str, target: &str, why: &str) {
+        self.log_denial(
+            peer,
+            method,
+            target,
+            0,
+            &Denial {
+                rule: format!("malformed: {why}"),
+                fix: "fix the client's request".into(),
+                status: 400,
+            },
+        );
+    }
+
+    /// Resolve, check every address, connect to a checked one (directly or through the upstream
+    /// proxy). Never connects by name.
+    async fn dial(
+        &self,
+        rules: &Rules,
+        host: &Host,
+        port: u16,
+    ) -> Result<(TcpStream, SocketAddr), Refusal> {
+        let shown = host_display(host);
+        let ips: Vec<IpAddr> = match host {
+            Host::Ip(ip) => vec![*ip],
+            Host::Name(name) => {
+                match tokio::time::timeout(
+                    self.config.connect_timeout,
+                    self.resolver.resolve(name, port),
+                )
+                .await
+                {
+                    Ok(Ok(ips)) if !ips.is_empty() => ips,
+                    Ok(Ok(_)) => {
+                        return Err(Refusal::Failed {
+                            rule: format!("{name} has no addresses"),
+                            status: 502,
+                        });
+                    }
+                    Ok(Err(e)) => {
+                        return Err(Refusal::Failed {
+                            rule: format!("cannot resolve {name}: {e}"),
+                            status: 502,
+                        });
+                    }
+                    Err(_) => {
+                        return Err(Refusal::Failed {
+                            rule: format!("resolving {name} timed out"),
+                            status: 504,
+                        });
+                    }
+                }
+            }
+        };
+        for ip in &ips {
+            if let Err(class) = check_destination(*ip, &rules.allow_cidrs) {
+                let cidr = match ip {
+                    IpAddr::V4(_) => format!("{ip}/32"),
+                    IpAddr::V6(_) => format!("{ip}/128"),
+                };
+                let class = serde_json::to_value(class)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_else(|| format!("{class:?}"));
+                return Err(Refusal::Denied(Denial {
+                    rule: format!("{shown} resolves to {ip} ({class}), not in network.allow_cidrs"),
+                    fix: format!("allow with: network.allow_cidrs = [\"{cidr}\"] in corral.toml"),
+                    status: 403,
+                }));
+            }
+        }
+        if let Some(upstream) = &rules.upstream {
+            return self.dial_upstream(upstream, host, port, ips[0]).await;
+        }
+        let mut last_err = None;
+        for ip in ips {
+            let addr = SocketAddr::new(ip, port);
+            match tokio::time::timeout(self.config.connect_timeout, TcpStream::connect(addr)).await
+            {
+                Ok(Ok(s)) => {
+                    let _ = s.set_nodelay(true);
+                    return Ok((s, addr));
+                }
+                Ok(Err(e)) => last_err = Some(format!("connect to {addr}: {e}")),
+                Err(_) => last_err = Some(format!("connect to {addr} timed out")),
+            }
+        }
+        Err(Refusal::Failed {
+            rule: last_err.unwrap_or_else(|| "no address".into()),
+            status: 502,
+        })
+    }
+
+    /// A CONNECT tunnel to `host:port` through the upstream proxy. The decision (including the
+    /// address check) was made locally; the upstream proxy is trusted configuration.
+    async fn dial_upstream(
+        &self,
+        upstream: &crate::rules::Upstream,
+        host: &Host,
+        port: u16,
+        checked: IpAddr,
+    ) -> Result<(TcpStream, SocketAddr), Refusal> {
+        let failed = |why: String| Refusal::Failed {
+            rule: format!("upstream proxy {}:{}: {why}", upstream.host, upstream.port),
+            status: 502,
+        };
+        let t = self.config.connect_timeout;
+        let stream = tokio::time::timeout(
+            t,
+            TcpStream::connect((upstream.host.as_str(), upstream.port)),
+        )
+        .await
+        .map_err(|_| failed("connect timed out".into()))?
+        .map_err(|e| failed(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let mut conn = BufConn::new(stream);
+        let auth = authority_string(host, port);
+        conn.io
+            .write_all(format!("CONNECT {auth} HTTP/1.1\r\nHost: {auth}\r\n\r\n").as_bytes())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let head = conn
+            .read_head(t, t)
+            .await
+            .map_err(|e| failed(e.to_string()))?
+            .ok_or_else(|| failed("closed the connection".into()))?;
+        let resp = parse_response_head(&head).map_err(|e| failed(e.to_string()))?;
+        if !(200..300).contains(&resp.status) {
+            return Err(failed(format!(
+                "answered {} to CONNECT {auth}",
+                resp.status
+            )));
+        }
+        if !conn.buf.is_empty() {
+            return Err(failed("sent data before the tunnel was used".into()));
+        }
+        Ok((conn.io, SocketAddr::new(checked, port)))
+    }
+
+    async fn connect<S>(&self, mut client: BufConn<S>, req: RequestHead, peer: &str)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let target = req.target.clone();
+        let parsed = check_authority_chars(&target)
+            .map_err(str::to_string)
+            .and_then(|()| parse_authority(&target).map_err(|e| e.to_string()));
+        let (host, port) = match parsed {
+            Ok((h, Some(p))) => (h, p),
+            Ok((_, None)) => {
+                self.log_bad(peer, "CONNECT", &target, "CONNECT target without a port");
+                return self
+                    .reply_and_close(&mut client.io, 400, "corral: CONNECT needs HOST:PORT\n")
+                    .await;
+            }
+            Err(e) => {
+                self.log_bad(peer, "CONNECT", &target, &e);
+                return self
+                    .reply_and_close(
+                        &mut client.io,
+                        400,
+                        &format!("corral: invalid CONNECT target {target:?}: {e}\n"),
+                    )
+                    .await;
+            }
+        };
+        let shown = host_display(&host);
+        if req.framing != Framing::None {
+            self.log_bad(peer, "CONNECT", &target, "CONNECT with a body");
+            return self
+                .reply_and_close(&mut client.io, 400, "corral: CONNECT with a body\n")
+                .await;
+        }
+        if let Err(why) = host_header_agrees(&req, &host, port, 443) {
+            let d = Denial {
+                rule: why.clone(),
+                fix: "send a Host header that matches the request target".into(),
+                status: 400,
+            };
+            self.log_denial(peer, "CONNECT", &shown, port, &d);
+            return self
+                .reply_and_close(&mut client.io, 400, &format!("corral: {why}\n"))
+                .await;
+        }
+        let rules = self.rules();
+        let rule = match rules.check_name(&host, port, Kind::Connect) {
+            Ok(rule) => rule,
+            Err(d) => {
+                self.log_denial(peer, "CONNECT", &shown, port, &d);
+                let body = Self::denial_body("CONNECT", &authority_string(&host, port), &d);
+                return self.reply_and_close(&mut client.io, d.status, &body).await;
+            }
+        };
+        let (up, address) = match self.dial(&rules, &host, port).await {
+            Ok(x) => x,
+            Err(r) => {
+                return self
+                    .refuse(&mut client.io, peer, "CONNECT", &host, port, r)
+                    .await;
+            }
+        };
+        self.log_decision(
+            peer,
+            "CONNECT",
+            &shown,
+            port,
+            Some(address),
+            Decision::Allow,
+            &rule,
+        );
+        let started = Instant::now();
+        if client
+            .io
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let (bytes_up, bytes_down) = self.splice(client, up).await;
+        self.log_close(
+            peer, "CONNECT", &shown, port, address, bytes_up, bytes_down, started,
+        );
+    }
+
+    /// Tunnel a client (with any bytes it already sent) to an upstream stream.
+    async fn splice<S>(&self, client: BufConn<S>, mut up: TcpStream) -> (u64, u64)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let early = client.buf.len() as u64;
+        if early > 0 && up.write_all(&client.buf).await.is_err() {
+            return (0, 0);
+        }
+        let (u, d) = tunnel(client.io, up, self.config.idle_timeout).await;
+        (u + early, d)
+    }
+
+    async fn refuse<S: AsyncWrite + Unpin>(
+        &self,
+        io: &mut S,
+        peer: &str,
+        method: &str,
+        host: &Host,
+        port: u16,
+        r: Refusal,
+    ) {
+        let shown = host_display(host);
+        match r {
+            Refusal::Denied(d) => {
+                self.log_denial(peer, method, &shown, port, &d);
+                let body = Self::denial_body(method, &authority_string(host, port), &d);
+                self.reply_and_close(io, d.status, &body).await;
+            }
+            Refusal::Failed { rule, status } => {
+                self.log_decision(
+                    peer,
+                    method,
+                    &shown,
+                    port,
+                    None,
+                    Decision::Allow,
+                    &format!("allowed, but {rule}"),
+                );
+                self.reply_and_close(
+                    io,
+                    status,
+                    &format!(
+                        "corral: {method} {}: {rule}\n",
+                        authority_string(host, port)
+                    ),
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Forward one plain-HTTP request and its response. Returns whether the client connection
+    /// stays open for another request.
+    async fn forward_one<S>(
+        &self,
+        client: &mut BufConn<S>,
+        req: RequestHead,
+        peer: &str,
+        pinned: &mut Option<Pinned>,
+    ) -> bool
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let method = req.method.clone();
+        let (authority, path) = match split_absolute(&req.target) {
+            Ok(x) => x,
+            Err(why) => {
+                self.log_bad(peer, &method, &req.target, why);
+                self.reply_and_close(&mut client.io, 400, &format!("corral: {why}\n"))
+                    .await;
+                return false;
+            }
+        };
+        let (host, port) = match parse_authority(authority) {
+            Ok((h, p)) => (h, p.unwrap_or(80)),
+            Err(e) => {
+                self.log_bad(peer, &method, authority, &e.to_string());
+                self.reply_and_close(
+                    &mut client.io,
+                    400,
+                    &format!("corral: invalid host in {:?}: {e}\n", req.target),
+                )
+                .await;
+                return false;
+            }
+        };
+        let shown = host_display(&host);
+        if let Err(why) = host_header_agrees(&req, &host, port, 80) {
+            let d = Denial {
+                rule: why.clone(),
+                fix: "send a Host header that matches the request target".into(),
+                status: 400,
+            };
+            self.log_denial(peer, &method, &shown, port, &d);
+            self.reply_and_close(&mut client.io, 400, &format!("corral: {why}\n"))
+                .await;
+            return false;
+        }
+        if let Some(p) = pinned.as_ref() {
+            if p.host != host || p.port != port {
+                let d = Denial {
+                    rule: format!("connection pinned to {}", authority_string(&p.host, p.port)),
+                    fix: "open a new connection for another host".into(),
+                    status: 403,
+                };
+                self.log_denial(peer, &method, &shown, port, &d);
+                let body = Self::denial_body(&method, &authority_string(&host, port), &d);
+                self.reply_and_close(&mut client.io, 403, &body).await;
+                return false;
+            }
+        }
+        let rules = self.rules();
+        let rule = match rules.check_name(&host, port, Kind::Http) {
+            Ok(r) => r,
+            Err(d) => {
+                self.log_denial(peer, &method, &shown, port, &d);
+                let body = Self::denial_body(&method, &authority_string(&host, port), &d);
+                self.reply_and_close(&mut client.io, d.status, &body).await;
+                return false;
+            }
+        };
+        let p = pinned.get_or_insert_with(|| Pinned {
+            host: host.clone(),
+            port,
+            up: None,
+        });
+        if p.up.is_none() {
+            match self.dial(&rules, &host, port).await {
+                Ok((s, address)) => {
+                    p.up = Some(Upstream {
+                        conn: BufConn::new(s),
+                        address,
+                        started: Instant::now(),
+                        bytes_up: 0,
+                        bytes_down: 0,
+                        method: method.clone(),
+                    });
+                }
+                Err(r) => {
+                    self.refuse(&mut client.io, peer, &method, &host, port, r)
+                        .await;
+                    return false;
+                }
+            }
+        }
+        let Some(up) = p.up.as_mut() else {
+            return false;
+        };
+        self.log_decision(
+            peer,
+            &method,
+            &shown,
+            port,
+            Some(up.address),
+            Decision::Allow,
+            &rule,
+        );
+
+        let client_close = req.version == Version::Http10
+            || http::connection_tokens(&req.headers)
+                .iter()
+                .any(|t| t == "close");
+        let expects_continue = http::header_values(&req.headers, "expect")
+            .any(|v| v.eq_ignore_ascii_case(b"100-continue"));
+        if expects_continue && req.framing != Framing::None {
+            if client
+                .io
+                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+        let host_header = match (&host, port) {
+            (_, 80) => shown.clone(),
+            _ => authority_string(&host, port),
+        };
+        let head = http::serialize_request(&method, &path, &host_header, &req.headers, req.framing);
+        let t = self.config.idle_timeout;
+        let sent = async {
+            up.conn.io.write_all(&head).await.map_err(BodyError::Dest)?;
+            relay_body(client, &mut up.conn.io, req.framing, true, t).await
+        }
+        .await;
+        match sent {
+            Ok(n) => up.bytes_up += head.len() as u64 + n,
+            Err(BodyError::Source(e)) => {
+                // The origin got an incomplete request: drop that connection so it never completes.
+                if let Some(up) = p.up.take() {
+                    self.close_upstream(peer, &host, port, up);
+                }
+                let (status, msg) = match e {
+                    ReadError::Parse(e) => (400, format!("corral: malformed request body: {e}\n")),
+                    ReadError::Timeout => {
+                        (408, "corral: request body not received in time\n".into())
+                    }
+                    ReadError::Io(_) => return false,
+                };
+                self.log_bad(peer, &method, &shown, &msg);
+                self.reply_and_close(&mut client.io, status, &msg).await;
+                return false;
+            }
+            Err(BodyError::Dest(e)) => {
+                if let Some(up) = p.up.take() {
+                    self.close_upstream(peer, &host, port, up);
+                }
+                self.reply_and_close(
+                    &mut client.io,
+                    502,
+                    &format!("corral: sending the request to {shown}: {e}\n"),
+                )
+                .await;
+                return false;
+            }
+        }
+        // The response: 1xx heads relayed, then the final one.
+        let resp = loop {
+            let head = match up.conn.read_head(t, t).await {
+                Ok(Some(h)) => h,
+                other => {
+                    let why = match other {
+                        Err(ReadError::Timeout) => "timed out".to_string(),
+                        Err(e) => e.to_string(),
+                        _ => "closed the connection".to_string(),
+                    };
+                    if let Some(up) = p.up.take() {
+                        self.close_upstream(peer, &host, port, up);
+                    }
+                    self.reply_and_close(
+                        &mut client.io,
+                        502,
+                        &format!("corral: no valid response from {shown}: {why}\n"),
+                    )
+                    .await;
+                    return false;
+                }
+            };
+            up.bytes_down += head.len() as u64;
+            match parse_response_head(&head) {
+                Ok(r) if r.status == 101 || r.status < 100 => {
+                    if let Some(up) = p.up.take() {
+                        self.close_upstream(peer, &host, port, up);
+                    }
+                    self.reply_and_close(
+                        &mut client.io,
+                        502,
+                        "corral: protocol upgrades are not forwarded\n",
+                    )
+                    .await;
+                    return false;
+                }
+                Ok(r) if r.status < 200 => {
+                    if req.version == Version::Http11 {
+                        let out = http::serialize_response(&r, Framing::None, false);
+                        if client.io.write_all(&out).await.is_err() {
+                            return false;
+                        }
+                    }
+                }
+                Ok(r) => break r,
+                Err(e) => {
+                    if let Some(up) = p.up.take() {
+                        self.close_upstream(peer, &host, port, up);
+                    }
+                    self.reply_and_close(
+                        &mut client.io,
+                        502,
+                        &format!("corral: invalid response from {shown}: {e}\n"),
+                    )
+                    .await;
+                    return false;
+                }
+            }
+        };
+        let framing = match http::response_framing(&resp, &method) {
+            Ok(f) => f,
+            Err(e) => {
+                if let Some(up) = p.up.take() {
+                    self.close_upstream(peer, &host, port, up);
+                }
+                self.reply_and_close(
+                    &mut client.io,
+                    502,
+                    &format!("corral: invalid response from {shown}: {e}\n"),
+                )
+                .await;
+                return false;
+            }
+        };
+        let origin_close = framing == Framing::UntilClose
+            || resp.version == Version::Http10
+            || http::connection_tokens(&resp.headers)
+                .iter()
+                .any(|t| t == "close");
+        let close = client_close || origin_close;
+        let (out_framing, rechunk) = match (framing, req.version) {
+            (Framing::Chunked, Version::Http10) => (Framing::UntilClose, false),
+            (f, _) => (f, true),
+        };
+        let out = http::serialize_response(&resp, out_framing, close);
+        if client.io.write_all(&out).await.is_err() {
+            return false;
+        }
+        match relay_body(&mut up.conn, &mut client.io, framing, rechunk, t).await {
+            Ok(n) => up.bytes_down += n,
+            Err(_) => {
+                // Partial response: the client sees a truncated body and a closed connection.
+                if let Some(up) = p.up.take() {
+                    self.close_upstream(peer, &host, port, up);
+                }
+                let _ = client.io.shutdown().await;
+                return false;
+            }
+        }
+        if origin_close {
+            if let Some(up) = p.up.take() {
+                self.close_upstream(peer, &host, port, up);
+            }
+        }
+        if close {
+            let _ = client.io.shutdown().await;
+            return false;
+        }
+        true
+    }
+
+    async fn socks<S>(&self, mut client: BufConn<S>, peer: &str)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let t = self.config.header_timeout;
+        // Greeting: VER NMETHODS METHODS...
+        let Ok(hdr) = client.read_exact_buf(2, t).await else {
+            return;
+        };
+        let Ok(methods) = client.read_exact_buf(hdr[1] as usize, t).await else {
+            return;
+        };
+        if !methods.contains(&0) {
+            let _ = client.io.write_all(&[5, 0xff]).await;
+            return;
+        }
+        if client.io.write_all(&[5, 0]).await.is_err() {
+            return;
+        }
+        // Request: VER CMD RSV ATYP DST.ADDR DST.PORT
+        let Ok(req) = client.read_exact_buf(4, t).await else {
+            return;
+        };
+        let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
+        if req[0] != 5 || req[2] != 0 {
+            return;
+        }
+        let host: Result<Host, String> = match req[3] {
+            1 => match client.read_exact_buf(4, t).await {
+                Ok(b) => Ok(Host::Ip(IpAddr::from([b[0], b[1], b[2], b[3]]))),
+                Err(_) => return,
+            },
+            4 => match client.read_exact_buf(16, t).await {
+                Ok(b) => {
+                    let mut a = [0u8; 16];
+                    a.copy_from_slice(&b);
+                    Ok(Host::Ip(IpAddr::from(a)))
+                }
+                Err(_) => return,
+            },
+            3 => {
+                let Ok(len) = client.read_exact_buf(1, t).await else {
+                    return;
+                };
+                match client.read_exact_buf(len[0] as usize, t).await {
+                    Ok(name) => match std::str::from_utf8(&name) {
+                        Ok(n) if !n.contains(['%', '@', '/', ':', '[', ']']) => {
+                            normalize_host(n).map_err(|e| e.to_string())
+                        }
+                        _ => Err(format!(
+                            "invalid SOCKS5 host name {:?}",
+                            String::from_utf8_lossy(&name)
+                        )),
+                    },
+                    Err(_) => return,
+                }
+            }
+            _ => {
+                let _ = client.io.write_all(&reply(8)).await;
+                return;
+            }
+        };
+        let Ok(port) = client.read_exact_buf(2, t).await else {
+            return;
+        };
+        let port = u16::from_be_bytes([port[0], port[1]]);
+        let host = match host {
+            Ok(h) => h,
+            Err(why) => {
+                self.log_bad(peer, "SOCKS5", "?", &why);
+                let _ = client.io.write_all(&reply(1)).await;
+                return;
+            }
+        };
+        let shown = host_display(&host);
+        if req[1] != 1 {
+            let d = Denial {
+                rule: "only SOCKS5 CONNECT is supported".into(),
+                fix: "use CONNECT".into(),
+                status: 400,
+            };
+            self.log_denial(peer, "SOCKS5", &shown, port, &d);
+            let _ = client.io.write_all(&reply(7)).await;
+            return;
+        }
+        let rules = self.rules();
+        let rule = match rules.check_name(&host, port, Kind::Socks) {
+            Ok(r) => r,
+            Err(d) => {
+                self.log_denial(peer, "SOCKS5", &shown, port, &d);
+                let _ = client.io.write_all(&reply(2)).await;
+                return;
+            }
+        };
+        let (up, address) = match self.dial(&rules, &host, port).await {
+            Ok(x) => x,
+            Err(Refusal::Denied(d)) => {
+                self.log_denial(peer, "SOCKS5", &shown, port, &d);
+                let _ = client.io.write_all(&reply(2)).await;
+                return;
+            }
+            Err(Refusal::Failed { rule, .. }) => {
+                self.log_decision(
+                    peer,
+                    "SOCKS5",
+                    &shown,
+                    port,
+                    None,
+                    Decision::Allow,
+                    &format!("allowed, but {rule}"),
+                );
+                let _ = client.io.write_all(&reply(4)).await;
+                return;
+            }
+        };
+        self.log_decision(
+            peer,
+            "SOCKS5",
+            &shown,
+            port,
+            Some(address),
+            Decision::Allow,
+            &rule,
+        );
+        if client.io.write_all(&reply(0)).await.is_err() {
+            return;
+        }
+        let started = Instant::now();
+        let (u, d) = self.splice(client, up).await;
+        self.log_close(peer, "SOCKS5", &shown, port, address, u, d, started);
+    }
+}

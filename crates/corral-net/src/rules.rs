@@ -1,0 +1,221 @@
+//! The network rules the proxy decides with, and the name-level decision.
+//!
+//! Order: deny list, allow list (with the default port of the request kind unless the matching
+//! pattern names a port). The address check after resolution is in `proxy.rs`; both use
+//! `corral_policy`'s one matcher and one classifier.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+
+use corral_policy::domain::{DomainPattern, Host};
+use corral_policy::plan::NetworkPlan;
+use ipnet::IpNet;
+
+use crate::NetError;
+
+/// What a client asked for: the default port differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A CONNECT tunnel (default port 443).
+    Connect,
+    /// Plain HTTP forwarding (default port 80).
+    Http,
+    /// A SOCKS5 CONNECT (default port 443, as CONNECT).
+    Socks,
+}
+
+impl Kind {
+    pub fn default_port(self) -> u16 {
+        match self {
+            Kind::Connect | Kind::Socks => 443,
+            Kind::Http => 80,
+        }
+    }
+}
+
+/// An upstream proxy to chain through (`network.upstream_proxy = "http://HOST:PORT"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub host: String,
+    pub port: u16,
+}
+
+impl Upstream {
+    pub fn parse(raw: &str) -> Result<Self, NetError> {
+        let bad = |why: &str| NetError::Config(format!("network.upstream_proxy {raw:?}: {why}"));
+        let rest = raw
+            .strip_prefix("http://")
+            .ok_or_else(|| bad("only http://HOST:PORT upstream proxies are supported"))?;
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        if rest.contains(['/', '@', '?', '#']) {
+            return Err(bad(
+                "expected http://HOST:PORT, without path or credentials",
+            ));
+        }
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
+                (h, p.parse::<u16>().map_err(|_| bad("invalid port"))?)
+            }
+            _ => (rest, 3128),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(bad("empty host"));
+        }
+        Ok(Upstream {
+            host: host.to_string(),
+            port,
+        })
+    }
+}
+
+/// The proxy's rules: built from a [`NetworkPlan`], replaced whole on reload.
+#[derive(Debug, Clone, Default)]
+pub struct Rules {
+    pub allow: Vec<DomainPattern>,
+    pub deny: Vec<DomainPattern>,
+    pub allow_cidrs: Vec<IpNet>,
+    pub upstream: Option<Upstream>,
+}
+
+/// Why a request was denied, and how to allow it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    /// The rule that decided (`not in network.allow`, `network.deny: gist.github.com`, ...).
+    pub rule: String,
+    /// What the user can do about it, short (`allow with: corral run --allow github.com`).
+    pub fix: String,
+    /// The HTTP status answered.
+    pub status: u16,
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.rule)
+    }
+}
+
+/// How a host is written in rules and hints: names as is, IPv6 in brackets.
+pub fn host_display(host: &Host) -> String {
+    match host {
+        Host::Name(n) => n.clone(),
+        Host::Ip(IpAddr::V4(v4)) => v4.to_string(),
+        Host::Ip(IpAddr::V6(v6)) => format!("[{v6}]"),
+    }
+}
+
+impl Rules {
+    pub fn from_plan(net: &NetworkPlan) -> Result<Self, NetError> {
+        let upstream = net
+            .upstream_proxy
+            .as_deref()
+            .filter(|u| !u.is_empty())
+            .map(Upstream::parse)
+            .transpose()?;
+        Ok(Rules {
+            allow: net.allow.clone(),
+            deny: net.deny.clone(),
+            allow_cidrs: net.allow_cidrs.clone(),
+            upstream,
+        })
+    }
+
+    /// The name-level decision: `Ok(rule)` naming the allow pattern, or the denial.
+    pub fn check_name(&self, host: &Host, port: u16, kind: Kind) -> Result<String, Denial> {
+        let shown = host_display(host);
+        if let Some(p) = self.deny.iter().find(|p| p.matches(host, port)) {
+            return Err(Denial {
+                rule: format!("network.deny: {p}"),
+                fix: format!("remove {p} from network.deny to allow it"),
+                status: 403,
+            });
+        }
+        let mut port_blocked = false;
+        for p in &self.allow {
+            if !p.matches(host, port) {
+                continue;
+            }
+            match p.port() {
+                Some(pp) if pp == port => return Ok(format!("network.allow: {p}")),
+                Some(_) => {}
+                None if port == kind.default_port() => return Ok(format!("network.allow: {p}")),
+                None => port_blocked = true,
+            }
+        }
+        if port_blocked {
+            let what = match kind {
+                Kind::Connect => "CONNECT is allowed only to port 443",
+                Kind::Socks => "SOCKS is allowed only to port 443",
+                Kind::Http => "plain HTTP is allowed only to port 80",
+            };
+            return Err(Denial {
+                rule: format!("port {port} not in network.allow"),
+                fix: format!(
+                    "{what} unless a pattern names the port; allow with: corral run --allow {shown}:{port}"
+                ),
+                status: 403,
+            });
+        }
+        Err(Denial {
+            rule: "not in network.allow".into(),
+            fix: format!("allow with: corral run --allow {shown}"),
+            status: 403,
+        })
+    }
+}
+
+/// A boxed future, so that [`Resolver`] stays object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Name resolution, done by the proxy only. Production uses the system resolver; tests give a
+/// static map so that a name can point at a loopback or namespace origin.
+pub trait Resolver: Send + Sync {
+    fn resolve<'a>(&'a self, name: &'a str, port: u16) -> BoxFuture<'a, io::Result<Vec<IpAddr>>>;
+}
+
+/// The system resolver (getaddrinfo via tokio).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemResolver;
+
+impl Resolver for SystemResolver {
+    fn resolve<'a>(&'a self, name: &'a str, port: u16) -> BoxFuture<'a, io::Result<Vec<IpAddr>>> {
+        Box::pin(async move {
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name, port)).await?.collect();
+            let mut ips: Vec<IpAddr> = Vec::with_capacity(addrs.len());
+            for a in addrs {
+                if !ips.contains(&a.ip()) {
+                    ips.push(a.ip());
+                }
+            }
+            Ok(ips)
+        })
+    }
+}
+
+/// A fixed name-to-addresses map; unknown names fail to resolve.
+#[derive(Debug, Default, Clone)]
+pub struct StaticResolver {
+    pub map: std::collections::HashMap<String, Vec<IpAddr>>,
+}
+
+impl StaticResolver {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn with(mut self, name: &str, ips: &[IpAddr]) -> Self {
+        self.map.insert(name.to_string(), ips.to_vec());
+        self
+    }
+}
+
+impl Resolver for StaticResolver {
+    fn resolve<'a>(&'a self, name: &'a str, _port: u16) -> BoxFuture<'a, io::Result<Vec<IpAddr>>> {
+        let r = self.map.get(name).cloned().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("{name}: no such host"))
+        });
+        Box::pin(async move { r })
+    }
+}

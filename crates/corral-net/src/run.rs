@@ -1,0 +1,108 @@
+//! Running a proxy for a jail on its own thread, from already-bound listeners.
+//!
+//! The native backend creates the jail's `127.0.0.1:3128` listener inside the jail's network
+//! namespace (a socket keeps the namespace it was created in) and hands it here; the proxy
+//! accepts on it from outside and dials out from the host's namespace.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{NetError, Proxy};
+
+/// A listener the proxy thread serves.
+pub enum Listener {
+    /// Proxy requests (HTTP, CONNECT, SOCKS5).
+    Proxy(std::net::TcpListener),
+    /// Proxy requests over a unix socket.
+    ProxyUnix(std::os::unix::net::UnixListener),
+    /// `host_ports`: connections bridged to `target` on the host.
+    Forward {
+        listener: std::net::TcpListener,
+        target: SocketAddr,
+    },
+}
+
+/// A running proxy thread. Dropping it stops the thread (tunnels are cut).
+pub struct ProxyHandle {
+    proxy: Arc<Proxy>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ProxyHandle {
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
+    }
+
+    /// The end-of-run summary lines (`corral: blocked ...`), most frequent first.
+    pub fn summary(&self) -> Vec<String> {
+        self.proxy
+            .blocked_summary()
+            .iter()
+            .map(|b| b.summary_line())
+            .collect()
+    }
+}
+
+impl Drop for ProxyHandle {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Serve `listeners` with `proxy` on a new thread with its own tokio runtime.
+pub fn spawn(proxy: Arc<Proxy>, listeners: Vec<Listener>) -> Result<ProxyHandle, NetError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("corral-proxy")
+        .enable_all()
+        .build()
+        .map_err(|source| NetError::Io {
+            what: "cannot start the proxy runtime".into(),
+            source,
+        })?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let p = proxy.clone();
+    let thread = std::thread::Builder::new()
+        .name("corral-proxy".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                for l in listeners {
+                    match l {
+                        Listener::Proxy(l) => {
+                            tokio::spawn(p.clone().serve(l));
+                        }
+                        Listener::ProxyUnix(l) => {
+                            tokio::spawn(p.clone().serve_unix(l));
+                        }
+                        Listener::Forward { listener, target } => {
+                            tokio::spawn(crate::forward_port(
+                                listener,
+                                target,
+                                p.audit().clone(),
+                                p.jail().to_string(),
+                                Duration::from_secs(3600),
+                            ));
+                        }
+                    }
+                }
+                let _ = rx.await;
+            });
+            rt.shutdown_timeout(Duration::from_millis(200));
+        })
+        .map_err(|source| NetError::Io {
+            what: "cannot start the proxy thread".into(),
+            source,
+        })?;
+    Ok(ProxyHandle {
+        proxy,
+        stop: Some(tx),
+        thread: Some(thread),
+    })
+}
