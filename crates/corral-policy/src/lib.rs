@@ -3,9 +3,11 @@
 //! and the resolved [`Plan`] every backend consumes.
 
 pub mod addr;
+pub mod config;
 pub mod domain;
 pub mod error;
 pub mod plan;
+pub mod profile;
 pub mod resolve;
 
 pub use error::PolicyError;

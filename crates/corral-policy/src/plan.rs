@@ -193,6 +193,11 @@ pub struct Plan {
     pub image: Option<String>,
     /// The policy files layered into this plan, lowest precedence first.
     pub sources: Vec<PathBuf>,
+    /// What the project's own policy file (or a `--policy` file) grants beyond the defaults,
+    /// the profile and the user config, one `FILE:LINE:COL: what` line each. A repository may be
+    /// hostile: `corral plan` shows these so the user sees what the project asks for.
+    #[serde(default)]
+    pub project_grants: Vec<String>,
 }
 
 /// System directories bound read-only into every jail: the programs and libraries, and a
@@ -325,6 +330,7 @@ impl Plan {
             skill: None,
             image: None,
             sources: Vec::new(),
+            project_grants: Vec::new(),
         }
     }
 }

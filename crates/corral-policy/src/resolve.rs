@@ -4,10 +4,20 @@
 //! project tree; every backend consumes the `Plan` it returns.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::fmt;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Component, Path, PathBuf};
 
-use crate::error::PolicyError;
-use crate::plan::{Engine, NetworkMode, Plan};
+use ipnet::IpNet;
+
+use crate::config::{EnvName, NetworkSection, PolicyFile, SecretSpec, Size, Spanned, load_policy};
+use crate::domain::DomainPattern;
+use crate::error::{PolicyError, line_col};
+use crate::plan::{
+    Access, Engine, Enforce, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind, NetworkMode,
+    NetworkPlan, Plan, ProjectPlan, SecretPlan, SkillPlan, system_mounts,
+};
+use crate::profile::Profile;
 
 /// The command-line layer of the policy (`--policy`, `--engine`, `--network`, `--allow`, ...),
 /// the highest-precedence layer. Values are as the user typed them; `resolve` validates them.
@@ -118,8 +128,1429 @@ fn current_ids() -> (u32, u32) {
     }
 }
 
+
+/// Where the jail finds corral itself (so `corral exec` works inside).
+pub const JAIL_BIN_DIR: &str = "/run/corral/bin";
+/// Where corral writes the executor skill inside the jail.
+pub const SKILL_DIR: &str = "/run/corral/skill";
+/// The proxy address inside the native jail (its in-namespace listener). The container engine
+/// uses `http://proxy:3128` and rewrites the proxy variables.
+pub const JAIL_PROXY_URL: &str = "http://127.0.0.1:3128";
+const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
+/// Directories whose programs every jail sees read-only (`plan::system_mounts`).
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
+];
+/// Terminal and locale variables passed from the caller when set.
+const BASIC_PASS: &[&str] = &[
+    "TERM",
+    "COLORTERM",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "USER",
+    "LOGNAME",
+];
+
+/// Where a rule came from: a position in a policy file, a flag, or built-in data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Loc {
+    File {
+        file: PathBuf,
+        line: usize,
+        col: usize,
+    },
+    Flag(&'static str),
+    Builtin(String),
+}
+
+impl Loc {
+    fn in_file(file: &Path, text: &str, span: std::ops::Range<usize>) -> Loc {
+        let (line, col) = line_col(text, span.start);
+        Loc::File {
+            file: file.to_path_buf(),
+            line,
+            col,
+        }
+    }
+
+    fn error(&self, message: String) -> PolicyError {
+        match self {
+            Loc::File { file, line, col } => PolicyError::At {
+                file: file.clone(),
+                line: *line,
+                col: *col,
+                message,
+            },
+            Loc::Flag(flag) => PolicyError::Invalid(format!("{flag}: {message}")),
+            Loc::Builtin(what) => PolicyError::Invalid(format!("{what}: {message}")),
+        }
+    }
+}
+
+impl fmt::Display for Loc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Loc::File { file, line, col } => write!(f, "{}:{line}:{col}", file.display()),
+            Loc::Flag(flag) => f.write_str(flag),
+            Loc::Builtin(what) => f.write_str(what),
+        }
+    }
+}
+
+/// Which layer a policy comes from; decides what it may grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trust {
+    /// The user's own config and command-line flags: may opt in to anything.
+    User,
+    /// The project's `corral.toml` or a `--policy` file: may be hostile.
+    Project,
+}
+
+#[derive(Debug, Clone, Default)]
+struct NetLayer {
+    mode: Option<(NetworkMode, Loc)>,
+    allow: Vec<(DomainPattern, Loc)>,
+    deny: Vec<DomainPattern>,
+    allow_cidrs: Vec<(IpNet, Loc)>,
+    host_ports: Vec<(u16, Loc)>,
+    upstream_proxy: Option<(String, Loc)>,
+    publish: Vec<(u16, Loc)>,
+}
+
+impl NetLayer {
+    fn merge(&mut self, o: NetLayer) {
+        if o.mode.is_some() {
+            self.mode = o.mode;
+        }
+        self.allow.extend(o.allow);
+        self.deny.extend(o.deny);
+        self.allow_cidrs.extend(o.allow_cidrs);
+        self.host_ports.extend(o.host_ports);
+        if o.upstream_proxy.is_some() {
+            self.upstream_proxy = o.upstream_proxy;
+        }
+        self.publish.extend(o.publish);
+    }
+}
+
+/// One layer of policy, every value validated and located. Lists accumulate across layers;
+/// scalars of a higher layer replace those of a lower one.
+#[derive(Debug, Clone, Default)]
+struct Layer {
+    profile: Option<(String, Loc)>,
+    command: Option<Vec<String>>,
+    engine: Option<Engine>,
+    image: Option<String>,
+    project_access: Option<Access>,
+    read_only: Vec<(PathBuf, Loc)>,
+    read_write: Vec<(PathBuf, Loc)>,
+    hide: Vec<(String, Loc)>,
+    protect: Vec<(PathBuf, Loc)>,
+    env_pass: Vec<(String, Loc)>,
+    env_set: BTreeMap<String, (String, Loc)>,
+    net: NetLayer,
+    secrets: BTreeMap<String, (SecretSpec, Loc)>,
+    memory: Option<u64>,
+    cpus: Option<f64>,
+    pids: Option<u64>,
+    enforce: Option<Enforce>,
+    exec_target: Option<(ExecutorTarget, Loc)>,
+    exec_allow_host: bool,
+    exec_allow: Option<Vec<String>>,
+    exec_timeout_ms: Option<u64>,
+    exec_max_output: Option<u64>,
+    exec_max_concurrent: Option<usize>,
+    exec_read_only: Vec<(PathBuf, Loc)>,
+    exec_read_write: Vec<(PathBuf, Loc)>,
+    exec_net: NetLayer,
+}
+
+impl Layer {
+    fn merge(&mut self, o: Layer) {
+        macro_rules! replace {
+            ($($f:ident),*) => { $( if o.$f.is_some() { self.$f = o.$f; } )* };
+        }
+        replace!(
+            profile,
+            command,
+            engine,
+            image,
+            project_access,
+            memory,
+            cpus,
+            pids,
+            enforce,
+            exec_target,
+            exec_allow,
+            exec_timeout_ms,
+            exec_max_output,
+            exec_max_concurrent
+        );
+        self.read_only.extend(o.read_only);
+        self.read_write.extend(o.read_write);
+        self.hide.extend(o.hide);
+        self.protect.extend(o.protect);
+        self.env_pass.extend(o.env_pass);
+        self.env_set.extend(o.env_set);
+        self.net.merge(o.net);
+        self.secrets.extend(o.secrets);
+        self.exec_allow_host |= o.exec_allow_host;
+        self.exec_read_only.extend(o.exec_read_only);
+        self.exec_read_write.extend(o.exec_read_write);
+        self.exec_net.merge(o.exec_net);
+    }
+}
+
+/// The built-in defaults: the lowest layer.
+fn defaults() -> Layer {
+    let at = || Loc::Builtin("built-in defaults".into());
+    Layer {
+        engine: Some(Engine::Native),
+        project_access: Some(Access::Rw),
+        hide: [".env", ".env.*", "*.pem", "*.key"]
+            .iter()
+            .map(|h| (h.to_string(), at()))
+            .collect(),
+        protect: [".git/hooks", ".git/config"]
+            .iter()
+            .map(|p| (PathBuf::from(p), at()))
+            .collect(),
+        net: NetLayer {
+            mode: Some((NetworkMode::Proxy, at())),
+            ..NetLayer::default()
+        },
+        // Sized for Node harnesses plus builds: 512m kills them.
+        memory: Some(4 << 30),
+        cpus: Some(2.0),
+        pids: Some(1024),
+        enforce: Some(Enforce::Strict),
+        exec_target: Some((ExecutorTarget::Sandbox, at())),
+        exec_allow: Some(Vec::new()),
+        exec_timeout_ms: Some(600_000),
+        exec_max_output: Some(64 << 20),
+        exec_max_concurrent: Some(8),
+        exec_net: NetLayer {
+            mode: Some((NetworkMode::None, at())),
+            ..NetLayer::default()
+        },
+        ..Layer::default()
+    }
+}
+
+/// Context for turning policy paths into absolute ones.
+struct PathCtx<'a> {
+    home: &'a Path,
+    project: &'a Path,
+}
+
+impl PathCtx<'_> {
+    /// `~` and `~/x` are the home; absolute paths stay; relative paths are project-relative and
+    /// may not leave the project. The result is lexically normalized.
+    fn expand(&self, raw: &str, key: &str, at: &Loc) -> Result<PathBuf, PolicyError> {
+        if raw.is_empty() {
+            return Err(at.error(format!("{key}: empty path")));
+        }
+        let p = if raw == "~" {
+            self.home.to_path_buf()
+        } else if let Some(rest) = raw.strip_prefix("~/") {
+            self.home.join(rest)
+        } else if raw.starts_with('~') {
+            return Err(at.error(format!(
+                "{key}: {raw:?}: only ~ and ~/... are supported (write the absolute path)"
+            )));
+        } else if raw.starts_with('/') {
+            PathBuf::from(raw)
+        } else {
+            let joined = normalize(&self.project.join(raw));
+            if !joined.starts_with(self.project) {
+                return Err(at.error(format!(
+                    "{key}: relative path {raw:?} leaves the project ({}); relative paths are \
+                     relative to the project root: write an absolute path or ~/... for a path \
+                     outside it",
+                    self.project.display()
+                )));
+            }
+            return Ok(joined);
+        };
+        Ok(normalize(&p))
+    }
+
+    /// A path inside the project (`hide`, `protect`): relative, or absolute under the project.
+    fn in_project(&self, raw: &str, key: &str, at: &Loc) -> Result<PathBuf, PolicyError> {
+        let p = normalize(&self.project.join(raw.trim_start_matches('/')));
+        if raw.is_empty() || !p.starts_with(self.project) || p == self.project {
+            return Err(at.error(format!(
+                "{key}: {raw:?} is not a path inside the project: expected a path relative to \
+                 the project root such as \".git/hooks\""
+            )));
+        }
+        Ok(p.strip_prefix(self.project).unwrap_or(&p).to_path_buf())
+    }
+}
+
+/// Remove `.` and resolve `..` lexically (no filesystem access).
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
+    }
+    out
+}
+
+fn span_loc<T>(file: &Path, text: &str, s: &Spanned<T>) -> Loc {
+    Loc::in_file(file, text, s.span())
+}
+
+fn net_layer(file: &Path, text: &str, n: NetworkSection) -> NetLayer {
+    NetLayer {
+        mode: n.mode.map(|m| {
+            let at = span_loc(file, text, &m);
+            (m.into_inner(), at)
+        }),
+        allow: n
+            .allow
+            .into_iter()
+            .map(|a| {
+                let at = span_loc(file, text, &a);
+                (a.into_inner(), at)
+            })
+            .collect(),
+        deny: n.deny,
+        allow_cidrs: n
+            .allow_cidrs
+            .into_iter()
+            .map(|a| {
+                let at = span_loc(file, text, &a);
+                (a.into_inner(), at)
+            })
+            .collect(),
+        host_ports: n
+            .host_ports
+            .into_iter()
+            .map(|a| {
+                let at = span_loc(file, text, &a);
+                (a.into_inner(), at)
+            })
+            .collect(),
+        upstream_proxy: n.upstream_proxy.map(|u| {
+            let at = span_loc(file, text, &u);
+            (u.into_inner().0, at)
+        }),
+        publish: n
+            .publish
+            .into_iter()
+            .map(|a| {
+                let at = span_loc(file, text, &a);
+                (a.into_inner(), at)
+            })
+            .collect(),
+    }
+}
+
+/// Credential and start-up locations a project file may not bind at all, and those it may not
+/// bind read-write (relative to the home).
+const NEVER_FROM_PROJECT: &[&str] = &[
+    ".ssh",
+    ".gnupg",
+    ".aws",
+    ".azure",
+    ".kube",
+    ".docker",
+    ".netrc",
+    ".git-credentials",
+    ".config/gcloud",
+    ".config/gh",
+    ".config/corral",
+    ".password-store",
+    ".local/share/keyrings",
+];
+const NEVER_RW_FROM_PROJECT: &[&str] = &[
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".profile",
+    ".zshrc",
+    ".zshenv",
+    ".zprofile",
+    ".config",
+    ".local/bin",
+    ".config/fish",
+    ".config/systemd",
+    ".config/autostart",
+    ".gitconfig",
+];
+
+/// Refuse binds a repository's policy file must never make (it may be hostile): the home or any
+/// ancestor of it, the credential stores, and read-write binds of shell start-up files.
+fn check_project_bind(
+    path: &Path,
+    rw: bool,
+    key: &str,
+    at: &Loc,
+    ctx: &PathCtx,
+    user_config: Option<&Path>,
+) -> Result<(), PolicyError> {
+    let refuse = |what: String| {
+        Err(at.error(format!(
+            "{key}: {} would give the jail {} {what}; a project's policy file may not grant \
+             this (the repository could be hostile): put it in your user config or pass --{} \
+             on the command line",
+            path.display(),
+            if rw { "write access to" } else { "access to" },
+            if rw { "rw" } else { "ro" }
+        )))
+    };
+    if ctx.home.starts_with(path) {
+        return refuse("your whole home directory".into());
+    }
+    if let Some(uc) = user_config {
+        if uc.starts_with(path) {
+            return refuse(format!("your corral user config {}", uc.display()));
+        }
+    }
+    let list: Vec<&&str> = if rw {
+        NEVER_FROM_PROJECT
+            .iter()
+            .chain(NEVER_RW_FROM_PROJECT)
+            .collect()
+    } else {
+        NEVER_FROM_PROJECT.iter().collect()
+    };
+    for sensitive in list {
+        let s = ctx.home.join(sensitive);
+        if s.starts_with(path) || path.starts_with(&s) {
+            return refuse(format!("~/{sensitive}"));
+        }
+    }
+    Ok(())
+}
+
+/// Turn one parsed policy file into a layer: expand and check paths, locate every value, and
+/// apply the rules of its trust level.
+fn file_layer(
+    file: &Path,
+    text: &str,
+    pf: PolicyFile,
+    trust: Trust,
+    ctx: &PathCtx,
+    user_config: Option<&Path>,
+    grants: &mut Vec<String>,
+) -> Result<Layer, PolicyError> {
+    let mut l = Layer::default();
+    let project = trust == Trust::Project;
+    if let Some(p) = pf.profile {
+        let at = span_loc(file, text, &p);
+        let name = p.into_inner();
+        crate::profile::profile(&name).map_err(|e| at.error(e.to_string()))?;
+        l.profile = Some((name, at));
+    }
+    if let Some(run) = pf.run {
+        if let Some(c) = &run.command {
+            if c.is_empty() {
+                return Err(PolicyError::at(
+                    file,
+                    text,
+                    text.find("command").unwrap_or(0),
+                    "run.command: expected a non-empty list such as [\"pi\"]".into(),
+                ));
+            }
+        }
+        l.command = run.command;
+        l.engine = run.engine;
+        l.image = run.image;
+    }
+    if let Some(fs) = pf.filesystem {
+        l.project_access = fs.project;
+        for (list, out, rw, key) in [
+            (fs.read_only, &mut l.read_only, false, "filesystem.read_only"),
+            (fs.read_write, &mut l.read_write, true, "filesystem.read_write"),
+        ] {
+            for raw in list {
+                let at = span_loc(file, text, &raw);
+                let p = ctx.expand(raw.get_ref(), key, &at)?;
+                if project && !p.starts_with(ctx.project) {
+                    check_project_bind(&p, rw, key, &at, ctx, user_config)?;
+                    grants.push(format!(
+                        "{at}: {key} binds {} {} (outside the project)",
+                        p.display(),
+                        if rw { "read-write" } else { "read-only" }
+                    ));
+                }
+                out.push((p, at));
+            }
+        }
+        for raw in fs.hide {
+            let at = span_loc(file, text, &raw);
+            let g = raw.into_inner();
+            hide_glob(&g).map_err(|e| at.error(e))?;
+            l.hide.push((g, at));
+        }
+        for raw in fs.protect {
+            let at = span_loc(file, text, &raw);
+            let p = ctx.in_project(raw.get_ref(), "filesystem.protect", &at)?;
+            l.protect.push((p, at));
+        }
+    }
+    if let Some(env) = pf.env {
+        for n in env.pass {
+            let at = span_loc(file, text, &n);
+            let name = n.into_inner().0;
+            if project {
+                grants.push(format!("{at}: env.pass hands your {name} to the jail"));
+            }
+            l.env_pass.push((name, at));
+        }
+        for (k, v) in env.set {
+            let at = span_loc(file, text, &v);
+            EnvName::parse(&k).map_err(|e| at.error(format!("env.set: {e}")))?;
+            l.env_set.insert(k, (v.into_inner(), at));
+        }
+    }
+    if let Some(n) = pf.network {
+        l.net = net_layer(file, text, n);
+        if project {
+            check_project_network(&l.net, "network", grants)?;
+        }
+    }
+    if let Some(secrets) = pf.secrets {
+        for (name, spec) in secrets {
+            let at = span_loc(file, text, &spec);
+            EnvName::parse(&name).map_err(|e| at.error(format!("secrets: {e}")))?;
+            let spec = spec.into_inner();
+            if project {
+                grants.push(format!(
+                    "{at}: secrets.{name} sends your {} to {}",
+                    spec.from_env.0,
+                    join(&spec.hosts)
+                ));
+            }
+            l.secrets.insert(name, (spec, at));
+        }
+    }
+    if let Some(lim) = pf.limits {
+        l.memory = lim.memory.map(|s| s.0);
+        l.cpus = lim.cpus.map(|c| c.0);
+        l.pids = lim.pids;
+        l.enforce = lim.enforce;
+    }
+    if let Some(ex) = pf.executor {
+        if let Some(ah) = ex.allow_host {
+            let at = span_loc(file, text, &ah);
+            if project {
+                return Err(at.error(
+                    "executor.allow_host may only be set in your user config \
+                     ($XDG_CONFIG_HOME/corral/config.toml) or with --allow-host-executor, never \
+                     in a project's policy file (the repository could be hostile)"
+                        .into(),
+                ));
+            }
+            l.exec_allow_host = *ah.get_ref();
+        }
+        if let Some(t) = ex.target {
+            let at = span_loc(file, text, &t);
+            let t = t.into_inner().0;
+            if project {
+                if let ExecutorTarget::Compose(svc) = &t {
+                    grants.push(format!(
+                        "{at}: executor.target runs the agent's commands in compose service {svc:?}"
+                    ));
+                }
+            }
+            l.exec_target = Some((t, at));
+        }
+        l.exec_allow = ex.allow;
+        l.exec_timeout_ms = ex.timeout.map(|d| d.0);
+        l.exec_max_output = ex.max_output.map(|s| s.0);
+        l.exec_max_concurrent = ex.max_concurrent;
+        if let Some(sb) = ex.sandbox {
+            for (list, out, rw, key) in [
+                (
+                    sb.read_only,
+                    &mut l.exec_read_only,
+                    false,
+                    "executor.sandbox.read_only",
+                ),
+                (
+                    sb.read_write,
+                    &mut l.exec_read_write,
+                    true,
+                    "executor.sandbox.read_write",
+                ),
+            ] {
+                for raw in list {
+                    let at = span_loc(file, text, &raw);
+                    let p = ctx.expand(raw.get_ref(), key, &at)?;
+                    if project && !p.starts_with(ctx.project) {
+                        check_project_bind(&p, rw, key, &at, ctx, user_config)?;
+                        grants.push(format!(
+                            "{at}: {key} binds {} {} (outside the project)",
+                            p.display(),
+                            if rw { "read-write" } else { "read-only" }
+                        ));
+                    }
+                    out.push((p, at));
+                }
+            }
+            if let Some(n) = sb.network {
+                l.exec_net = net_layer(file, text, n);
+                if project {
+                    check_project_network(&l.exec_net, "executor.sandbox.network", grants)?;
+                }
+            }
+        }
+    }
+    Ok(l)
+}
+
+/// What a project file's network section grants, and the one thing it may not do alone.
+fn check_project_network(
+    n: &NetLayer,
+    key: &str,
+    grants: &mut Vec<String>,
+) -> Result<(), PolicyError> {
+    if let Some((NetworkMode::Host, at)) = &n.mode {
+        return Err(at.error(format!(
+            "{key}.mode = \"host\" gives the jail your unfiltered network; a project's policy \
+             file may not enable that by itself (the repository could be hostile): set it in \
+             your user config or pass --network host"
+        )));
+    }
+    for (a, at) in &n.allow {
+        grants.push(format!("{at}: {key}.allow lets the jail reach {a}"));
+    }
+    for (c, at) in &n.allow_cidrs {
+        grants.push(format!("{at}: {key}.allow_cidrs opens the non-public range {c}"));
+    }
+    for (p, at) in &n.host_ports {
+        grants.push(format!(
+            "{at}: {key}.host_ports connects the jail to your 127.0.0.1:{p}"
+        ));
+    }
+    if let Some((u, at)) = &n.upstream_proxy {
+        grants.push(format!("{at}: {key}.upstream_proxy sends all traffic through {u}"));
+    }
+    for (p, at) in &n.publish {
+        grants.push(format!(
+            "{at}: {key}.publish exposes the jail's port {p} on your 127.0.0.1:{p}"
+        ));
+    }
+    Ok(())
+}
+
+fn join<T: fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The layer of a harness profile.
+fn profile_layer(p: &Profile, home: &Path) -> Layer {
+    let at = || Loc::Builtin(format!("profile {}", p.name));
+    Layer {
+        env_pass: p.env_pass.iter().map(|n| (n.clone(), at())).collect(),
+        env_set: p
+            .env_set
+            .iter()
+            .map(|(k, v)| (k.clone(), (expand_home_value(v, home), at())))
+            .collect(),
+        net: NetLayer {
+            allow: p.allow.iter().map(|a| (a.clone(), at())).collect(),
+            ..NetLayer::default()
+        },
+        image: Some(p.image.clone()),
+        ..Layer::default()
+    }
+}
+
+fn expand_home_value(v: &str, home: &Path) -> String {
+    match v.strip_prefix("~/") {
+        Some(rest) => home.join(rest).display().to_string(),
+        None if v == "~" => home.display().to_string(),
+        None => v.to_string(),
+    }
+}
+
+/// The command-line layer.
+fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, PolicyError> {
+    let mut l = Layer {
+        engine: f.engine,
+        exec_allow_host: f.allow_host_executor,
+        cpus: f.cpus,
+        pids: f.pids,
+        ..Layer::default()
+    };
+    if let Some(m) = f.network {
+        l.net.mode = Some((m, Loc::Flag("--network")));
+    }
+    for a in &f.allow {
+        let p = DomainPattern::parse(a)
+            .map_err(|e| PolicyError::Invalid(format!("--allow {a:?}: {e}")))?;
+        l.net.allow.push((p, Loc::Flag("--allow")));
+    }
+    let abs = |p: &Path| {
+        let s = p.to_string_lossy();
+        let p = if s == "~" {
+            home.to_path_buf()
+        } else if let Some(rest) = s.strip_prefix("~/") {
+            home.join(rest)
+        } else {
+            cwd.join(p)
+        };
+        normalize(&p)
+    };
+    l.read_write = f
+        .rw
+        .iter()
+        .map(|p| (abs(p), Loc::Flag("--rw")))
+        .collect();
+    l.read_only = f
+        .ro
+        .iter()
+        .map(|p| (abs(p), Loc::Flag("--ro")))
+        .collect();
+    for e in &f.env {
+        match e.split_once('=') {
+            Some((k, v)) => {
+                EnvName::parse(k).map_err(|m| PolicyError::Invalid(format!("--env {e:?}: {m}")))?;
+                l.env_set
+                    .insert(k.to_string(), (v.to_string(), Loc::Flag("--env")));
+            }
+            None => {
+                EnvName::parse(e).map_err(|m| PolicyError::Invalid(format!("--env {e:?}: {m}")))?;
+                l.env_pass.push((e.clone(), Loc::Flag("--env")));
+            }
+        }
+    }
+    if let Some(m) = &f.memory {
+        l.memory = Some(
+            Size::parse(m)
+                .map_err(|e| PolicyError::Invalid(format!("--memory: {e}")))?
+                .0,
+        );
+    }
+    if let Some(c) = f.cpus {
+        if !(c.is_finite() && c > 0.0) {
+            return Err(PolicyError::Invalid(format!(
+                "--cpus {c}: expected a positive number such as 2 or 0.5"
+            )));
+        }
+    }
+    l.net.publish = f
+        .publish
+        .iter()
+        .map(|p| (*p, Loc::Flag("--publish")))
+        .collect();
+    Ok(l)
+}
+
+/// The git root of `dir` (the nearest ancestor holding `.git`, a directory or a worktree's
+/// file), else `dir` itself.
+pub fn project_root(dir: &Path) -> PathBuf {
+    dir.ancestors()
+        .find(|d| d.join(".git").symlink_metadata().is_ok())
+        .unwrap_or(dir)
+        .to_path_buf()
+}
+
+/// Create a fresh scratch directory for `--scratch` under `TMPDIR` (or /tmp).
+fn scratch_dir(env: &BTreeMap<String, String>) -> Result<PathBuf, PolicyError> {
+    let base = env
+        .get("TMPDIR")
+        .filter(|t| t.starts_with('/'))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let mut buf = [0u8; 8];
+    getrandom_fill(&mut buf);
+    let name: String = buf.iter().map(|b| format!("{b:02x}")).collect();
+    let dir = base.join(format!("corral-scratch-{name}"));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|source| PolicyError::Io {
+            what: "cannot create the scratch directory",
+            path: dir.clone(),
+            source,
+        })?;
+    dir.canonicalize().map_err(|source| PolicyError::Io {
+        what: "cannot resolve the scratch directory",
+        path: dir.clone(),
+        source,
+    })
+}
+
+/// Unpredictable bytes from the kernel (/dev/urandom), for names only.
+fn getrandom_fill(buf: &mut [u8]) {
+    use std::io::Read;
+    let filled = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .is_ok();
+    if !filled {
+        // Names only need to be unique: fall back to time and pid.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+            ^ u128::from(std::process::id());
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (t >> (8 * (i % 16))) as u8;
+        }
+    }
+}
+
+fn is_system_path(p: &Path) -> bool {
+    SYSTEM_DIRS.iter().any(|d| p.starts_with(d))
+}
+
+/// Look `name` up on `path_var` the way a shell does: the first executable regular file.
+pub fn which(name: &str, path_var: &str, cwd: &Path) -> Option<PathBuf> {
+    if name.contains('/') {
+        let p = normalize(&cwd.join(name));
+        return is_executable(&p).then_some(p);
+    }
+    path_var
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| cwd.join(d).join(name))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// The directory a program outside the system directories lives in, to bind read-only: the
+/// nearest ancestor that is a package (`package.json`, a Python venv's `pyvenv.cfg`), or an
+/// installation prefix (`PREFIX/bin/PROG` beside `PREFIX/lib` and `PREFIX/include`, as nvm
+/// lays node out); else the program file alone. Never the home or `/` itself.
+pub fn package_dir(exe: &Path, home: &Path) -> PathBuf {
+    for dir in exe.ancestors().skip(1) {
+        if dir == home || dir.parent().is_none() || home.starts_with(dir) {
+            break;
+        }
+        if dir.join("package.json").is_file() || dir.join("pyvenv.cfg").is_file() {
+            return dir.to_path_buf();
+        }
+    }
+    if let Some(bin) = exe.parent().filter(|b| b.file_name() == Some("bin".as_ref())) {
+        if let Some(prefix) = bin.parent() {
+            if prefix != home
+                && !home.starts_with(prefix)
+                && prefix.join("lib").is_dir()
+                && prefix.join("include").is_dir()
+            {
+                return prefix.to_path_buf();
+            }
+        }
+    }
+    exe.to_path_buf()
+}
+
+/// The interpreter named by a script's `#!` line (`#!/usr/bin/env node` gives `node`).
+fn shebang(exe: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(exe).ok()?.read(&mut head).ok()?;
+    let line = std::str::from_utf8(&head[..n]).ok()?.lines().next()?;
+    let rest = line.strip_prefix("#!")?.trim();
+    let mut words = rest.split_whitespace();
+    let first = words.next()?;
+    if first.ends_with("/env") {
+        words.find(|w| !w.starts_with('-')).map(str::to_string)
+    } else {
+        Some(first.to_string())
+    }
+}
+
+/// The resolved command, the binds it needs and the directories to put on PATH.
+struct ResolvedCommand {
+    argv: Vec<String>,
+    binds: Vec<PathBuf>,
+    path_dirs: Vec<PathBuf>,
+}
+
+fn resolve_command(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    cwd: &Path,
+    home: &Path,
+) -> ResolvedCommand {
+    let mut out = ResolvedCommand {
+        argv: argv.to_vec(),
+        binds: Vec::new(),
+        path_dirs: Vec::new(),
+    };
+    let path_var = env.get("PATH").map(String::as_str).unwrap_or(SYSTEM_PATH);
+    let Some(found) = argv.first().and_then(|a| which(a, path_var, cwd)) else {
+        return out;
+    };
+    let canonical = found.canonicalize().unwrap_or_else(|_| found.clone());
+    if is_system_path(&found) && is_system_path(&canonical) {
+        out.argv[0] = found.display().to_string();
+        return out;
+    }
+    out.argv[0] = canonical.display().to_string();
+    out.binds.push(package_dir(&canonical, home));
+    // A script's interpreter outside the system directories (node under nvm) comes along.
+    if let Some(interp) = shebang(&canonical) {
+        if let Some(ip) = which(&interp, path_var, cwd) {
+            let ic = ip.canonicalize().unwrap_or_else(|_| ip.clone());
+            if !is_system_path(&ic) {
+                out.binds.push(package_dir(&ic, home));
+                if let Some(d) = ic.parent() {
+                    out.path_dirs.push(d.to_path_buf());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The `hide` glob of one pattern: without a slash it matches at any depth; with one it is
+/// anchored at the project root.
+fn hide_glob(pattern: &str) -> Result<globset::Glob, String> {
+    let p = pattern.trim_end_matches('/');
+    if p.is_empty() || p == "/" {
+        return Err(format!("filesystem.hide: empty pattern {pattern:?}"));
+    }
+    let g = if let Some(anchored) = p.strip_prefix('/') {
+        anchored.to_string()
+    } else if p.contains('/') {
+        p.to_string()
+    } else {
+        format!("**/{p}")
+    };
+    globset::GlobBuilder::new(&g)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| format!("filesystem.hide: invalid pattern {pattern:?}: {e}"))
+}
+
+/// Every entry under `root` matched by one of the `hide` patterns, found in one parallel walk
+/// with every ignore filter off (a `.gitignore` must not hide `.env` from this search), not
+/// descending into `.git/objects` or into a matched directory. Sorted.
+pub fn find_masked(root: &Path, patterns: &[String]) -> Result<Vec<PathBuf>, PolicyError> {
+    let mut b = globset::GlobSetBuilder::new();
+    for p in patterns {
+        b.add(hide_glob(p).map_err(PolicyError::Invalid)?);
+    }
+    let set = b
+        .build()
+        .map_err(|e| PolicyError::Invalid(format!("filesystem.hide: {e}")))?;
+    if patterns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let objects = root.join(".git/objects");
+    let found = std::sync::Mutex::new(Vec::new());
+    let errors = std::sync::Mutex::new(None);
+    ignore::WalkBuilder::new(root)
+        .standard_filters(false)
+        .hidden(false)
+        .parents(false)
+        .ignore(false)
+        .git_ignore(false)
+        .git_global(false)
+        .git_exclude(false)
+        .require_git(false)
+        .follow_links(false)
+        .filter_entry(move |e| e.path() != objects)
+        .build_parallel()
+        .run(|| {
+            let set = &set;
+            let found = &found;
+            let errors = &errors;
+            Box::new(move |entry| {
+                use ignore::WalkState;
+                let entry = match entry {
+                    Ok(e) => e,
+                    Err(e) => {
+                        // An unreadable directory cannot be listed by the jail's user either;
+                        // remember the first error for the report and keep walking.
+                        let mut slot = errors.lock().unwrap_or_else(|p| p.into_inner());
+                        slot.get_or_insert_with(|| e.to_string());
+                        return WalkState::Continue;
+                    }
+                };
+                let Ok(rel) = entry.path().strip_prefix(root) else {
+                    return WalkState::Continue;
+                };
+                if rel.as_os_str().is_empty() || !set.is_match(rel) {
+                    return WalkState::Continue;
+                }
+                found
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(entry.path().to_path_buf());
+                if entry.file_type().is_some_and(|t| t.is_dir()) {
+                    WalkState::Skip
+                } else {
+                    WalkState::Continue
+                }
+            })
+        });
+    let mut found = found.into_inner().unwrap_or_else(|p| p.into_inner());
+    found.sort();
+    Ok(found)
+}
+
+fn dedup<T: PartialEq + Clone>(items: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut out: Vec<T> = Vec::new();
+    for i in items {
+        if !out.contains(&i) {
+            out.push(i);
+        }
+    }
+    out
+}
+
+fn bind(source: &Path, target: &Path, access: Access, optional: bool) -> Mount {
+    Mount {
+        source: source.canonicalize().unwrap_or_else(|_| source.to_path_buf()),
+        target: target.to_path_buf(),
+        kind: MountKind::Bind(access),
+        optional,
+    }
+}
+
+fn network_plan(n: &NetLayer, default_mode: NetworkMode) -> NetworkPlan {
+    NetworkPlan {
+        mode: n.mode.as_ref().map(|(m, _)| *m).unwrap_or(default_mode),
+        allow: dedup(n.allow.iter().map(|(a, _)| a.clone())),
+        deny: dedup(n.deny.iter().cloned()),
+        allow_cidrs: dedup(n.allow_cidrs.iter().map(|(c, _)| *c)),
+        host_ports: dedup(n.host_ports.iter().map(|(p, _)| *p)),
+        publish: dedup(n.publish.iter().map(|(p, _)| *p)),
+        upstream_proxy: n.upstream_proxy.as_ref().map(|(u, _)| u.clone()),
+    }
+}
+
+/// The proxy variables of a jail in proxy mode.
+pub fn proxy_env(url: &str) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for k in [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        env.insert(k.to_string(), url.to_string());
+    }
+    for k in ["NO_PROXY", "no_proxy"] {
+        env.insert(k.to_string(), "localhost,127.0.0.1,::1".to_string());
+    }
+    env.insert("NODE_USE_ENV_PROXY".into(), "1".into());
+    env
+}
+
+/// The base environment of every jail: home, PATH (corral first), TMPDIR, and the caller's
+/// terminal and locale variables.
+fn base_env(req: &Request, extra_path: &[PathBuf]) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for k in BASIC_PASS {
+        if let Some(v) = req.env.get(*k) {
+            env.insert(k.to_string(), v.clone());
+        }
+    }
+    env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
+    env.insert("HOME".into(), req.home.display().to_string());
+    env.insert("TMPDIR".into(), "/tmp".into());
+    let mut path = vec![JAIL_BIN_DIR.to_string()];
+    path.extend(extra_path.iter().map(|p| p.display().to_string()));
+    path.push(SYSTEM_PATH.to_string());
+    env.insert("PATH".into(), path.join(":"));
+    env
+}
+
 /// Resolve the policy layers for `req` into a [`Plan`].
+///
+/// Layers, lowest first: built-in defaults, the harness profile, the user config, the project's
+/// `corral.toml` (or `--policy FILE`), the command-line flags. Lists accumulate; scalars of a
+/// higher layer win. With `--scratch` the project is a fresh directory (created here; the
+/// caller removes it when the run ends) and no project policy is read unless `--policy` names
+/// one.
 pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
-    let _ = req;
-    Err(PolicyError::Invalid("the policy resolver is not implemented yet".into()))
+    let cwd = req.cwd.canonicalize().map_err(|source| PolicyError::Io {
+        what: "cannot resolve the working directory",
+        path: req.cwd.clone(),
+        source,
+    })?;
+    let home = normalize(&req.home);
+    let (root, scratch) = if req.flags.scratch {
+        (scratch_dir(&req.env)?, true)
+    } else {
+        (project_root(&cwd), false)
+    };
+    let ctx = PathCtx {
+        home: &home,
+        project: &root,
+    };
+    let project_policy_path = root.join("corral.toml");
+    let user_config = req.user_config.as_deref();
+    let mut grants = Vec::new();
+    let mut sources = Vec::new();
+
+    let mut user = Layer::default();
+    if let Some(uc) = user_config.filter(|p| p.exists()) {
+        let (pf, text) = load_policy(uc)?;
+        user = file_layer(uc, &text, pf, Trust::User, &ctx, user_config, &mut grants)?;
+        sources.push(uc.to_path_buf());
+    }
+    let project_file = match &req.flags.policy {
+        Some(p) => Some(normalize(&cwd.join(p))),
+        None if !scratch && project_policy_path.exists() => Some(project_policy_path.clone()),
+        None => None,
+    };
+    let mut project = Layer::default();
+    if let Some(pf_path) = &project_file {
+        let (pf, text) = load_policy(pf_path)?;
+        project = file_layer(
+            pf_path,
+            &text,
+            pf,
+            Trust::Project,
+            &ctx,
+            user_config,
+            &mut grants,
+        )?;
+        sources.push(pf_path.clone());
+    }
+    let flags = flags_layer(&req.flags, &cwd, &home)?;
+
+    let profile_name = req
+        .profile
+        .clone()
+        .or_else(|| project.profile.as_ref().map(|(n, _)| n.clone()))
+        .or_else(|| user.profile.as_ref().map(|(n, _)| n.clone()))
+        .unwrap_or_else(|| "shell".to_string());
+    let profile = crate::profile::profile(&profile_name)?;
+
+    let mut m = defaults();
+    m.merge(profile_layer(&profile, &home));
+    m.merge(user);
+    m.merge(project);
+    m.merge(flags);
+
+    // The executor's opt-in comes from the user config or a flag only (project layers refuse
+    // `allow_host` above).
+    let (target, target_at) = m
+        .exec_target
+        .clone()
+        .unwrap_or((ExecutorTarget::Sandbox, Loc::Builtin("built-in defaults".into())));
+    if target == ExecutorTarget::Host && !m.exec_allow_host {
+        let from_project = matches!(&target_at, Loc::File { file, .. } if Some(file) == project_file.as_ref());
+        return Err(target_at.error(format!(
+            "executor.target = \"host\" runs the agent's commands unsandboxed on your machine and \
+             needs an explicit opt-in{}: set `allow_host = true` under [executor] in your user \
+             config ({}) or pass --allow-host-executor",
+            if from_project {
+                "; a project's policy file cannot give it (the repository could be hostile)"
+            } else {
+                ""
+            },
+            user_config
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "$XDG_CONFIG_HOME/corral/config.toml".into())
+        )));
+    }
+
+    // The command: `-- CMD`, else the policy's run.command, else the profile's.
+    let custom_command = !req.command.is_empty() || m.command.is_some();
+    let argv = if !req.command.is_empty() {
+        req.command.clone()
+    } else {
+        m.command.clone().unwrap_or_else(|| profile.command.clone())
+    };
+    let cmd = resolve_command(&argv, &req.env, &cwd, &home);
+
+    // Mounts, in the order they are applied.
+    let access = m.project_access.unwrap_or(Access::Rw);
+    let mut mounts = system_mounts();
+    mounts.push(Mount {
+        source: PathBuf::new(),
+        target: home.clone(),
+        kind: MountKind::Tmpfs,
+        optional: false,
+    });
+    for d in profile.state_dirs.iter().chain(&profile.state_files) {
+        let p = PathBuf::from(expand_home_value(d, &home));
+        mounts.push(bind(&p, &p, Access::Rw, false));
+    }
+    for d in &profile.read_only {
+        let p = PathBuf::from(expand_home_value(d, &home));
+        mounts.push(bind(&p, &p, Access::Ro, true));
+    }
+    for b in &cmd.binds {
+        mounts.push(bind(b, b, Access::Ro, false));
+    }
+    let policy_binds = |ro: &[(PathBuf, Loc)], rw: &[(PathBuf, Loc)]| {
+        let mut out = Vec::new();
+        for (p, _) in dedup(ro.iter().cloned()) {
+            out.push(bind(&p, &p, Access::Ro, true));
+        }
+        for (p, _) in dedup(rw.iter().cloned()) {
+            out.push(bind(&p, &p, Access::Rw, true));
+        }
+        out
+    };
+    mounts.extend(policy_binds(&m.read_only, &m.read_write));
+    let project_mount = bind(&root, &root, access, false);
+    let corral_mount = bind(
+        &req.corral_exe,
+        &Path::new(JAIL_BIN_DIR).join("corral"),
+        Access::Ro,
+        false,
+    );
+    mounts.push(project_mount.clone());
+    mounts.push(corral_mount.clone());
+
+    // Masked and protected files of the project.
+    let hide: Vec<String> = dedup(m.hide.iter().map(|(h, _)| h.clone()));
+    let masked = find_masked(&root, &hide)?;
+    let mut protected: Vec<PathBuf> = dedup(m.protect.iter().map(|(p, _)| root.join(p)))
+        .into_iter()
+        .filter(|p| p.symlink_metadata().is_ok())
+        .collect();
+    // Every policy file that the jail could otherwise see writable: the project's corral.toml
+    // always (even when absent, so its creation is blocked too), and the user config or
+    // --policy file when a read-write bind covers it.
+    protected.push(project_policy_path.clone());
+    let rw_roots: Vec<&PathBuf> = std::iter::once(&root)
+        .chain(m.read_write.iter().map(|(p, _)| p))
+        .chain(m.exec_read_write.iter().map(|(p, _)| p))
+        .collect();
+    for f in user_config.into_iter().chain(project_file.as_deref()) {
+        if rw_roots.iter().any(|r| f.starts_with(r)) {
+            protected.push(f.to_path_buf());
+        }
+    }
+    protected.sort();
+    protected.dedup();
+
+    // Secrets: the profile's when the caller has them; the policy's always.
+    let mut secrets: BTreeMap<String, SecretPlan> = BTreeMap::new();
+    for (name, spec) in &profile.secrets {
+        if req.env.contains_key(&spec.from_env.0) {
+            secrets.insert(name.clone(), secret_plan(name, spec));
+        }
+    }
+    for (name, (spec, _)) in &m.secrets {
+        secrets.insert(name.clone(), secret_plan(name, spec));
+    }
+
+    // Environment: the basics, passed names, set values, proxy variables; never a secret's
+    // real value (the gateway sets placeholders at run time).
+    let network = network_plan(&m.net, NetworkMode::Proxy);
+    let mut env = base_env(req, &cmd.path_dirs);
+    for (name, _) in &m.env_pass {
+        if let Some(v) = req.env.get(name) {
+            env.insert(name.clone(), v.clone());
+        }
+    }
+    for (k, (v, _)) in &m.env_set {
+        env.insert(k.clone(), v.clone());
+    }
+    if network.mode == NetworkMode::Proxy {
+        env.extend(proxy_env(JAIL_PROXY_URL));
+    }
+    for (name, s) in &secrets {
+        env.remove(name);
+        env.remove(&s.from_env);
+    }
+
+    let limits = Limits {
+        memory: m.memory,
+        cpus: m.cpus,
+        pids: m.pids,
+        enforce: m.enforce.unwrap_or(Enforce::Strict),
+    };
+    let project_plan = ProjectPlan {
+        root: root.clone(),
+        access,
+        scratch,
+        policy_file: project_policy_path,
+    };
+    let jail_cwd = if cwd.starts_with(&root) {
+        cwd.clone()
+    } else {
+        root.clone()
+    };
+    let exec_allow = m.exec_allow.clone().unwrap_or_default();
+    let timeout_ms = m.exec_timeout_ms.unwrap_or(600_000);
+    let max_output = m.exec_max_output.unwrap_or(64 << 20);
+    let max_concurrent = m.exec_max_concurrent.unwrap_or(8);
+
+    // The executor's own jail: the project read-write, its caches, its network, no secrets,
+    // no executor, the same masked and protected files (it runs what the agent asks).
+    let exec_jail = match target {
+        ExecutorTarget::Sandbox => {
+            let exec_net = network_plan(&m.exec_net, NetworkMode::None);
+            let mut exec_mounts = system_mounts();
+            exec_mounts.push(Mount {
+                source: PathBuf::new(),
+                target: home.clone(),
+                kind: MountKind::Tmpfs,
+                optional: false,
+            });
+            exec_mounts.extend(policy_binds(&m.exec_read_only, &m.exec_read_write));
+            exec_mounts.push(project_mount.clone());
+            exec_mounts.push(corral_mount.clone());
+            let mut exec_env = base_env(req, &[]);
+            for (name, _) in &m.env_pass {
+                if let Some(v) = req.env.get(name) {
+                    exec_env.insert(name.clone(), v.clone());
+                }
+            }
+            for (k, (v, at)) in &m.env_set {
+                // The harness profile's own variables are not the project environment's.
+                if !matches!(at, Loc::Builtin(_)) {
+                    exec_env.insert(k.clone(), v.clone());
+                }
+            }
+            if exec_net.mode == NetworkMode::Proxy {
+                exec_env.extend(proxy_env(JAIL_PROXY_URL));
+            }
+            for (name, s) in &secrets {
+                exec_env.remove(name);
+                exec_env.remove(&s.from_env);
+            }
+            Some(Box::new(Plan {
+                profile: profile.name.clone(),
+                engine: m.engine.unwrap_or(Engine::Native),
+                command: Vec::new(),
+                cwd: root.clone(),
+                project: project_plan.clone(),
+                home: home.clone(),
+                uid: req.uid,
+                gid: req.gid,
+                mounts: exec_mounts,
+                masked: masked.clone(),
+                protected: protected.clone(),
+                env: exec_env,
+                network: exec_net,
+                secrets: Vec::new(),
+                limits: limits.clone(),
+                executor: ExecutorPlan {
+                    target: ExecutorTarget::Sandbox,
+                    allow: exec_allow.clone(),
+                    timeout_ms,
+                    max_output,
+                    max_concurrent,
+                    jail: None,
+                },
+                skill: None,
+                image: None,
+                sources: sources.clone(),
+                project_grants: Vec::new(),
+            }))
+        }
+        ExecutorTarget::Compose(_) | ExecutorTarget::Host => None,
+    };
+
+    let skill = match (&profile.skill_args, custom_command) {
+        (Some(args), false) => Some(SkillPlan {
+            dir: PathBuf::from(SKILL_DIR),
+            args: args.iter().map(|a| a.replace("{dir}", SKILL_DIR)).collect(),
+        }),
+        _ => None,
+    };
+
+    Ok(Plan {
+        profile: profile.name.clone(),
+        engine: m.engine.unwrap_or(Engine::Native),
+        command: cmd.argv,
+        cwd: jail_cwd,
+        project: project_plan,
+        home,
+        uid: req.uid,
+        gid: req.gid,
+        mounts,
+        masked,
+        protected,
+        env,
+        network,
+        secrets: secrets.into_values().collect(),
+        limits,
+        executor: ExecutorPlan {
+            target,
+            allow: exec_allow,
+            timeout_ms,
+            max_output,
+            max_concurrent,
+            jail: exec_jail,
+        },
+        skill,
+        image: m.image.clone(),
+        sources,
+        project_grants: grants,
+    })
+}
+
+fn secret_plan(name: &str, spec: &SecretSpec) -> SecretPlan {
+    SecretPlan {
+        name: name.to_string(),
+        from_env: spec.from_env.0.clone(),
+        hosts: spec.hosts.clone(),
+    }
+}
+
+/// Create the profile's state directories and files that do not exist yet (mode 0700 / 0600),
+/// so `corral run` can bind them. Call before starting the jail; `corral plan` does not.
+pub fn ensure_state_paths(profile: &str, home: &Path) -> Result<(), PolicyError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let p = crate::profile::profile(profile)?;
+    for d in &p.state_dirs {
+        let path = PathBuf::from(expand_home_value(d, home));
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&path)
+            .map_err(|source| PolicyError::Io {
+                what: "cannot create the harness state directory",
+                path,
+                source,
+            })?;
+    }
+    for f in &p.state_files {
+        let path = PathBuf::from(expand_home_value(f, home));
+        if path.symlink_metadata().is_ok() {
+            continue;
+        }
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| PolicyError::Io {
+                what: "cannot create the directory of",
+                path: path.clone(),
+                source,
+            })?;
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|source| PolicyError::Io {
+                what: "cannot create the harness state file",
+                path: path.clone(),
+                source,
+            })?;
+    }
+    Ok(())
 }

@@ -1,0 +1,496 @@
+//! The `corral.toml` schema (SPEC section 3), its value types (sizes, durations, executor
+//! targets) and loading with errors that point at `FILE:LINE:COL`.
+//!
+//! Every table rejects unknown keys (`deny_unknown_fields`); an unknown key is reported with the
+//! closest known key. Values that need a check beyond their type (sizes, durations, domain
+//! patterns, executor targets) are parsed while deserializing, so their errors carry the value's
+//! position. Checks that need context (paths relative to the project, the opt-in for an
+//! unsandboxed executor) happen in [`crate::resolve`] with the positions kept in [`Spanned`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Deserializer};
+pub use toml::Spanned;
+
+use crate::domain::DomainPattern;
+use crate::error::PolicyError;
+use crate::plan::{Access, Engine, Enforce, ExecutorTarget, NetworkMode};
+
+/// One policy file: the project's `corral.toml`, the user config, or a `--policy` file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    pub profile: Option<Spanned<String>>,
+    pub run: Option<RunSection>,
+    pub filesystem: Option<FilesystemSection>,
+    pub env: Option<EnvSection>,
+    pub network: Option<NetworkSection>,
+    pub secrets: Option<BTreeMap<String, Spanned<SecretSpec>>>,
+    pub limits: Option<LimitsSection>,
+    pub executor: Option<ExecutorSection>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSection {
+    pub command: Option<Vec<String>>,
+    pub engine: Option<Engine>,
+    pub image: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilesystemSection {
+    pub project: Option<Access>,
+    #[serde(default)]
+    pub read_only: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub read_write: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub hide: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub protect: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvSection {
+    #[serde(default)]
+    pub pass: Vec<Spanned<EnvName>>,
+    #[serde(default)]
+    pub set: BTreeMap<String, Spanned<String>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSection {
+    pub mode: Option<Spanned<NetworkMode>>,
+    #[serde(default)]
+    pub allow: Vec<Spanned<DomainPattern>>,
+    #[serde(default)]
+    pub deny: Vec<DomainPattern>,
+    #[serde(default)]
+    pub allow_cidrs: Vec<Spanned<IpNet>>,
+    #[serde(default)]
+    pub host_ports: Vec<Spanned<u16>>,
+    pub upstream_proxy: Option<Spanned<ProxyUrl>>,
+    #[serde(default)]
+    pub publish: Vec<Spanned<u16>>,
+}
+
+/// `NAME = { from_env = "VAR", hosts = ["api.example.com"] }` under `[secrets]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretSpec {
+    pub from_env: EnvName,
+    pub hosts: Vec<DomainPattern>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    pub memory: Option<Size>,
+    pub cpus: Option<Cpus>,
+    pub pids: Option<u64>,
+    pub enforce: Option<Enforce>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutorSection {
+    pub target: Option<Spanned<TargetSpec>>,
+    /// The explicit opt-in for `target = "host"`; honoured only in the user config.
+    pub allow_host: Option<Spanned<bool>>,
+    pub allow: Option<Vec<String>>,
+    pub timeout: Option<HumanDuration>,
+    pub max_output: Option<Size>,
+    pub max_concurrent: Option<usize>,
+    pub sandbox: Option<ExecutorSandboxSection>,
+}
+
+/// `[executor.sandbox]`: the project environment commands run in when `target = "sandbox"`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutorSandboxSection {
+    #[serde(default)]
+    pub read_only: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub read_write: Vec<Spanned<String>>,
+    pub network: Option<NetworkSection>,
+}
+
+/// A size in bytes: an integer, or a number with a binary suffix `k`, `m`, `g`, `t`
+/// (`512m`, `4g`, `1.5g`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl Size {
+    pub fn parse(raw: &str) -> Result<Size, String> {
+        let s = raw.trim();
+        let bad = || {
+            format!(
+                "invalid size {raw:?}: expected bytes (e.g. 1048576) or a number with one of the \
+                 suffixes k, m, g, t (e.g. 512m, 4g, 1.5g)"
+            )
+        };
+        let (num, mult) = match s.char_indices().last() {
+            Some((i, c)) if c.is_ascii_alphabetic() => {
+                let mult: u64 = match c.to_ascii_lowercase() {
+                    'k' => 1 << 10,
+                    'm' => 1 << 20,
+                    'g' => 1 << 30,
+                    't' => 1 << 40,
+                    _ => return Err(bad()),
+                };
+                (&s[..i], mult)
+            }
+            _ => (s, 1),
+        };
+        if num.is_empty() || !num.chars().all(|c| c.is_ascii_digit() || c == '.') {
+            return Err(bad());
+        }
+        if mult == 1 {
+            return num.parse::<u64>().map(Size).map_err(|_| bad());
+        }
+        let n: f64 = num.parse().map_err(|_| bad())?;
+        let bytes = n * mult as f64;
+        if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+            return Err(bad());
+        }
+        Ok(Size(bytes.round() as u64))
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a size such as \"512m\", \"4g\", \"1.5g\" or a number of bytes")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Size, E> {
+                u64::try_from(v)
+                    .map(Size)
+                    .map_err(|_| E::custom(format!("invalid size {v}: must not be negative")))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Size, E> {
+                Ok(Size(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Size, E> {
+                Size::parse(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A duration: a number with a unit `ms`, `s`, `m`, `h` (`30s`, `10m`), or an integer number
+/// of seconds. Held in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub u64);
+
+impl HumanDuration {
+    pub fn parse(raw: &str) -> Result<HumanDuration, String> {
+        let s = raw.trim();
+        let bad = || {
+            format!(
+                "invalid duration {raw:?}: expected a number with one of the units ms, s, m, h \
+                 (e.g. 30s, 10m, 1h)"
+            )
+        };
+        let split = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let (num, unit) = s.split_at(split);
+        let mult: f64 = match unit {
+            "ms" => 1.0,
+            "s" => 1_000.0,
+            "m" => 60_000.0,
+            "h" => 3_600_000.0,
+            _ => return Err(bad()),
+        };
+        if num.is_empty() {
+            return Err(bad());
+        }
+        let n: f64 = num.parse().map_err(|_| bad())?;
+        let ms = n * mult;
+        if !ms.is_finite() || ms < 1.0 || ms > u64::MAX as f64 {
+            return Err(bad());
+        }
+        Ok(HumanDuration(ms.round() as u64))
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = HumanDuration;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a duration such as \"30s\" or \"10m\"")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<HumanDuration, E> {
+                u64::try_from(v)
+                    .map(|s| HumanDuration(s.saturating_mul(1000)))
+                    .map_err(|_| E::custom(format!("invalid duration {v}: must not be negative")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<HumanDuration, E> {
+                HumanDuration::parse(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A CPU count: a positive number (`2`, `0.5`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cpus(pub f64);
+
+impl<'de> Deserialize<'de> for Cpus {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Cpus;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a positive number of CPUs such as 2 or 0.5")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Cpus, E> {
+                self.visit_f64(v as f64)
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Cpus, E> {
+                if v.is_finite() && v > 0.0 {
+                    Ok(Cpus(v))
+                } else {
+                    Err(E::custom(format!(
+                        "invalid cpus {v}: expected a positive number such as 2 or 0.5"
+                    )))
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `sandbox`, `compose:SERVICE` or `host`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetSpec(pub ExecutorTarget);
+
+impl TargetSpec {
+    pub fn parse(raw: &str) -> Result<TargetSpec, String> {
+        match raw {
+            "sandbox" => Ok(TargetSpec(ExecutorTarget::Sandbox)),
+            "host" => Ok(TargetSpec(ExecutorTarget::Host)),
+            _ => match raw.strip_prefix("compose:") {
+                Some(svc)
+                    if !svc.is_empty()
+                        && svc
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
+                {
+                    Ok(TargetSpec(ExecutorTarget::Compose(svc.to_string())))
+                }
+                _ => Err(format!(
+                    "invalid executor target {raw:?}: expected \"sandbox\", \"compose:SERVICE\" \
+                     or \"host\""
+                )),
+            },
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TargetSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(d)?;
+        TargetSpec::parse(&raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// An environment variable name: letters, digits and `_`, not starting with a digit.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EnvName(pub String);
+
+impl EnvName {
+    pub fn parse(raw: &str) -> Result<EnvName, String> {
+        let ok = !raw.is_empty()
+            && !raw.starts_with(|c: char| c.is_ascii_digit())
+            && raw.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if ok {
+            Ok(EnvName(raw.to_string()))
+        } else {
+            Err(format!(
+                "invalid variable name {raw:?}: expected letters, digits and _ (not starting \
+                 with a digit)"
+            ))
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EnvName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(d)?;
+        EnvName::parse(&raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// An upstream proxy URL: `http://HOST:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyUrl(pub String);
+
+impl ProxyUrl {
+    pub fn parse(raw: &str) -> Result<ProxyUrl, String> {
+        let bad = || {
+            format!("invalid upstream proxy {raw:?}: expected http://HOST:PORT (e.g. http://proxy.corp:3128)")
+        };
+        let rest = raw.strip_prefix("http://").ok_or_else(bad)?;
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        if rest.is_empty() || rest.contains(['/', '@', '?', '#', ' ']) {
+            return Err(bad());
+        }
+        let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+        if host.is_empty() || port.parse::<u16>().map(|p| p == 0).unwrap_or(true) {
+            return Err(bad());
+        }
+        Ok(ProxyUrl(format!("http://{rest}")))
+    }
+}
+
+impl<'de> Deserialize<'de> for ProxyUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(d)?;
+        ProxyUrl::parse(&raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parse `text` (the content of `file`) as a policy file.
+pub fn parse_policy(file: &Path, text: &str) -> Result<PolicyFile, PolicyError> {
+    parse_toml(file, text)
+}
+
+/// Read and parse a policy file.
+pub fn load_policy(file: &Path) -> Result<(PolicyFile, String), PolicyError> {
+    let text = std::fs::read_to_string(file).map_err(|source| PolicyError::Read {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    Ok((parse_policy(file, &text)?, text))
+}
+
+/// Deserialize TOML, turning the parser's error into `FILE:LINE:COL: message`, with the closest
+/// known key suggested for an unknown one.
+pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
+    file: &Path,
+    text: &str,
+) -> Result<T, PolicyError> {
+    toml::from_str(text).map_err(|e| {
+        let offset = e.span().map(|s| s.start).unwrap_or(0);
+        PolicyError::at(file, text, offset, explain(e.message()))
+    })
+}
+
+/// Reword serde's messages for people: suggest the closest key for an unknown one.
+fn explain(message: &str) -> String {
+    let message = message.trim_end();
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        if let Some((name, tail)) = rest.split_once('`') {
+            let known: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
+            let closest = known
+                .iter()
+                .map(|k| (edit_distance(name, k), *k))
+                .filter(|(d, k)| *d <= (k.len().max(name.len()) / 2).max(2))
+                .min();
+            let expected = if known.is_empty() {
+                "no keys are allowed here".to_string()
+            } else {
+                format!(
+                    "expected one of {}",
+                    known
+                        .iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            return match closest {
+                Some((_, k)) => format!("unknown key `{name}`: did you mean `{k}`? ({expected})"),
+                None => format!("unknown key `{name}` ({expected})"),
+            };
+        }
+    }
+    message.to_string()
+}
+
+/// Levenshtein distance, for key suggestions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(Size::parse("512m"), Ok(Size(512 << 20)));
+        assert_eq!(Size::parse("4g"), Ok(Size(4 << 30)));
+        assert_eq!(Size::parse("4G"), Ok(Size(4 << 30)));
+        assert_eq!(Size::parse("1.5g"), Ok(Size(3 << 29)));
+        assert_eq!(Size::parse("1048576"), Ok(Size(1 << 20)));
+        for bad in ["4gb", "", "g", "-1g", "1.5", "4 g x", "1e3m", "0.0000001k"] {
+            assert!(Size::parse(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(HumanDuration::parse("30s"), Ok(HumanDuration(30_000)));
+        assert_eq!(HumanDuration::parse("10m"), Ok(HumanDuration(600_000)));
+        assert_eq!(HumanDuration::parse("1.5h"), Ok(HumanDuration(5_400_000)));
+        assert_eq!(HumanDuration::parse("250ms"), Ok(HumanDuration(250)));
+        for bad in ["10", "10min", "s", "", "-1s", "0s"] {
+            assert!(HumanDuration::parse(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn targets() {
+        assert_eq!(
+            TargetSpec::parse("compose:app").unwrap().0,
+            ExecutorTarget::Compose("app".into())
+        );
+        assert!(TargetSpec::parse("compose:").is_err());
+        assert!(TargetSpec::parse("compose:a b").is_err());
+        assert!(TargetSpec::parse("vm").is_err());
+    }
+
+    #[test]
+    fn proxy_urls() {
+        assert_eq!(
+            ProxyUrl::parse("http://proxy.corp:3128").unwrap().0,
+            "http://proxy.corp:3128"
+        );
+        for bad in ["proxy.corp:3128", "http://proxy.corp", "http://u:p@h:1", "https://h:1"] {
+            assert!(ProxyUrl::parse(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn distance() {
+        assert_eq!(edit_distance("memroy", "memory"), 2);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("read_wirte", "read_write"), 2);
+    }
+}

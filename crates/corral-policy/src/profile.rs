@@ -1,0 +1,186 @@
+//! Harness profiles: data (TOML files compiled in), not code. Each says how to run one harness
+//! in a jail: its command, state directories, variables, model API hosts, secrets, how it loads
+//! the executor skill and its Dockerfile for the container engines. The files under
+//! `crates/corral-policy/profiles/` cite where each fact was looked up.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::config::{EnvSection, NetworkSection, SecretSpec, Spanned, parse_toml};
+use crate::domain::DomainPattern;
+use crate::error::PolicyError;
+
+/// The built-in profiles, by name, in the order `corral` lists them.
+const BUILTIN: &[(&str, &str)] = &[
+    ("pi", include_str!("../profiles/pi.toml")),
+    ("claude", include_str!("../profiles/claude.toml")),
+    ("codex", include_str!("../profiles/codex.toml")),
+    ("gemini", include_str!("../profiles/gemini.toml")),
+    ("opencode", include_str!("../profiles/opencode.toml")),
+    ("aider", include_str!("../profiles/aider.toml")),
+    ("shell", include_str!("../profiles/shell.toml")),
+];
+
+/// The names of the built-in profiles.
+pub fn names() -> Vec<&'static str> {
+    BUILTIN.iter().map(|(n, _)| *n).collect()
+}
+
+/// A harness profile, parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    pub name: String,
+    pub description: String,
+    /// The harness's command (argv[0] looked up on the caller's PATH).
+    pub command: Vec<String>,
+    /// The harness image for the container engines.
+    pub image: String,
+    /// Directories bound read-write (`~/` relative to the caller's home).
+    pub state_dirs: Vec<String>,
+    /// Files bound read-write (`~/` relative to the caller's home).
+    pub state_files: Vec<String>,
+    /// Files bound read-only when they exist (the harness's own config).
+    pub read_only: Vec<String>,
+    /// Variables passed from the caller when set.
+    pub env_pass: Vec<String>,
+    /// Variables set (values starting with `~/` are expanded to the home).
+    pub env_set: BTreeMap<String, String>,
+    /// Model API hosts the harness must reach.
+    pub allow: Vec<DomainPattern>,
+    /// Secrets served by the gateway, included when the caller has the variable.
+    pub secrets: BTreeMap<String, SecretSpec>,
+    /// Arguments that make the harness load the executor skill; `{dir}` is the skill directory.
+    /// `None` when the harness has no such option.
+    pub skill_args: Option<Vec<String>>,
+    /// Dockerfile template for `corral image build`.
+    pub dockerfile: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProfileFile {
+    name: String,
+    description: String,
+    command: Vec<String>,
+    image: String,
+    #[serde(default)]
+    state_dirs: Vec<String>,
+    #[serde(default)]
+    state_files: Vec<String>,
+    #[serde(default)]
+    read_only: Vec<String>,
+    env: Option<EnvSection>,
+    network: Option<NetworkSection>,
+    secrets: Option<BTreeMap<String, Spanned<SecretSpec>>>,
+    skill: Option<SkillSection>,
+    image_build: ImageBuildSection,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SkillSection {
+    args: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ImageBuildSection {
+    dockerfile: String,
+}
+
+/// The built-in profile `name`.
+pub fn profile(name: &str) -> Result<Profile, PolicyError> {
+    let text = BUILTIN
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, t)| *t)
+        .ok_or_else(|| {
+            PolicyError::Invalid(format!(
+                "unknown profile {name:?}: expected one of {} (use `shell` with `-- CMD` for any \
+                 other command)",
+                names().join(", ")
+            ))
+        })?;
+    parse_profile(Path::new(&format!("<builtin>/profiles/{name}.toml")), text)
+}
+
+/// Parse a profile file (the built-in ones, or a test's).
+pub fn parse_profile(file: &Path, text: &str) -> Result<Profile, PolicyError> {
+    let f: ProfileFile = parse_toml(file, text)?;
+    if f.command.is_empty() {
+        return Err(PolicyError::Invalid(format!(
+            "{}: profile {:?} has an empty command",
+            file.display(),
+            f.name
+        )));
+    }
+    let env = f.env.unwrap_or_default();
+    let net = f.network.unwrap_or_default();
+    Ok(Profile {
+        name: f.name,
+        description: f.description,
+        command: f.command,
+        image: f.image,
+        state_dirs: f.state_dirs,
+        state_files: f.state_files,
+        read_only: f.read_only,
+        env_pass: env.pass.into_iter().map(|n| n.into_inner().0).collect(),
+        env_set: env
+            .set
+            .into_iter()
+            .map(|(k, v)| (k, v.into_inner()))
+            .collect(),
+        allow: net.allow.into_iter().map(Spanned::into_inner).collect(),
+        secrets: f
+            .secrets
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.into_inner()))
+            .collect(),
+        skill_args: f.skill.map(|s| s.args),
+        dockerfile: f.image_build.dockerfile,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builtin_profile_parses_and_is_named_after_its_file() {
+        for name in names() {
+            let p = profile(name).unwrap_or_else(|e| panic!("profile {name}: {e}"));
+            assert_eq!(p.name, name);
+            assert!(p.dockerfile.contains("FROM "), "{name}: Dockerfile has no FROM");
+            for s in p.state_dirs.iter().chain(&p.state_files).chain(&p.read_only) {
+                assert!(s.starts_with("~/"), "{name}: state path {s:?} is not under ~/");
+            }
+        }
+    }
+
+    #[test]
+    fn pi_profile_is_what_the_spec_says() {
+        let p = profile("pi").unwrap();
+        assert_eq!(p.command, vec!["pi"]);
+        assert_eq!(p.state_dirs, vec!["~/.pi/agent"]);
+        assert_eq!(p.env_set["PI_CODING_AGENT_DIR"], "~/.pi/agent");
+        assert_eq!(p.env_set["PI_OFFLINE"], "1");
+        assert_eq!(
+            p.skill_args,
+            Some(vec!["--skill".to_string(), "{dir}".to_string()])
+        );
+        assert!(p.allow.iter().any(|a| a.to_string() == "api.anthropic.com"));
+    }
+
+    #[test]
+    fn unknown_profile_names_the_choices() {
+        let e = profile("pie").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "unknown profile \"pie\": expected one of pi, claude, codex, gemini, opencode, aider, \
+             shell (use `shell` with `-- CMD` for any other command)"
+        );
+    }
+}
