@@ -1,0 +1,760 @@
+//! The jail's seccomp filter: a deny-list, hand-built as classic BPF.
+//!
+//! The filter is installed last in the child's set-up (after pivot_root, Landlock and the
+//! capability drop, right before exec), so every syscall the set-up needed has already run.
+//! It denies the kernel interfaces a coding agent has no use for and that widen the attack
+//! surface or undo the jail: nested namespaces, mounts, kernel modules, BPF, perf, keyrings,
+//! io_uring, userfaultfd, terminal injection, ptrace, clock and system changes, and unusual
+//! socket families. Everything else is allowed: the namespaces, the mounts, Landlock, the
+//! dropped capabilities and the cgroup are what confine the rest.
+//!
+//! Why hand-built BPF rather than `seccompiler`: two rules need more than an exact syscall
+//! number and argument comparisons seccompiler can express: the x32 ABI (every syscall number
+//! with bit 30 set on x86_64) and a per-rule errno (ENOSYS for `clone3` so that libc falls back
+//! to `clone`, whose flags are in a register the filter can inspect; EAFNOSUPPORT for socket
+//! families). The program is small and built by [`Program`], a tiny assembler with labels, and
+//! every rule carries its reason below.
+//!
+//! Argument comparisons look at the low 32 bits of an argument only, on purpose: every argument
+//! filtered here (ioctl request, clone/unshare flags, socket family and protocol, personality)
+//! is an `int`/`unsigned int` in the kernel, which ignores the high half. Comparing all 64 bits
+//! would let `ioctl(fd, 0x1_0000_5412)` (TIOCSTI with junk in the high half) slip through.
+
+use std::io;
+
+use thiserror::Error;
+
+/// What went wrong installing the filter.
+#[derive(Debug, Error)]
+pub enum SeccompError {
+    #[error("seccomp: prctl(PR_SET_NO_NEW_PRIVS) failed: {0}")]
+    NoNewPrivs(#[source] io::Error),
+    #[error(
+        "seccomp: installing the filter failed: {0} (the kernel needs CONFIG_SECCOMP_FILTER; run `corral doctor`)"
+    )]
+    Install(#[source] io::Error),
+    #[error("seccomp: this CPU architecture is not supported by corral's filter")]
+    UnsupportedArch,
+    #[error("seccomp: internal error building the filter: {0}")]
+    Build(String),
+}
+
+// ---- classic BPF, as the kernel's <linux/filter.h> and <linux/seccomp.h> define it ----
+
+const BPF_LD: u16 = 0x00;
+const BPF_W: u16 = 0x00;
+const BPF_ABS: u16 = 0x20;
+const BPF_JMP: u16 = 0x05;
+const BPF_JEQ: u16 = 0x10;
+const BPF_JGE: u16 = 0x30;
+const BPF_JSET: u16 = 0x40;
+const BPF_K: u16 = 0x00;
+const BPF_RET: u16 = 0x06;
+
+const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
+const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+
+/// Offsets in `struct seccomp_data { int nr; u32 arch; u64 ip; u64 args[6]; }`.
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+/// The low 32 bits of `args[i]` (all supported architectures are little-endian).
+const fn off_arg_lo(i: u32) -> u32 {
+    16 + 8 * i
+}
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH_NATIVE: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH_NATIVE: u32 = 0xC000_00B7; // AUDIT_ARCH_AARCH64
+
+/// x86_64 syscall numbers with this bit set are the x32 ABI.
+#[cfg(target_arch = "x86_64")]
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+// Syscalls newer than the libc crate's tables (same number on every architecture).
+const SYS_OPEN_TREE_ATTR: i64 = 467;
+
+// ioctl requests.
+const TIOCSTI: u32 = 0x5412;
+const TIOCLINUX: u32 = 0x541C;
+
+// clone/unshare namespace flags.
+const CLONE_NEWTIME: u32 = 0x0000_0080;
+const CLONE_NEWNS: u32 = 0x0002_0000;
+const CLONE_NEWCGROUP: u32 = 0x0200_0000;
+const CLONE_NEWUTS: u32 = 0x0400_0000;
+const CLONE_NEWIPC: u32 = 0x0800_0000;
+const CLONE_NEWUSER: u32 = 0x1000_0000;
+const CLONE_NEWPID: u32 = 0x2000_0000;
+const CLONE_NEWNET: u32 = 0x4000_0000;
+/// Every namespace flag `clone` understands. CLONE_NEWTIME is not among them: for `clone` the
+/// low byte is the exit signal, and the kernel takes 0x80 from there.
+const CLONE_NS_FLAGS: u32 = CLONE_NEWNS
+    | CLONE_NEWCGROUP
+    | CLONE_NEWUTS
+    | CLONE_NEWIPC
+    | CLONE_NEWUSER
+    | CLONE_NEWPID
+    | CLONE_NEWNET;
+
+// personality(2) flags that weaken the address-space layout or protections.
+const ADDR_NO_RANDOMIZE: u32 = 0x0004_0000;
+const MMAP_PAGE_ZERO: u32 = 0x0010_0000;
+const ADDR_COMPAT_LAYOUT: u32 = 0x0020_0000;
+const READ_IMPLIES_EXEC: u32 = 0x0040_0000;
+const ADDR_LIMIT_32BIT: u32 = 0x0080_0000;
+const ADDR_LIMIT_3GB: u32 = 0x0800_0000;
+const PERSONALITY_WEAKENING: u32 = ADDR_NO_RANDOMIZE
+    | MMAP_PAGE_ZERO
+    | ADDR_COMPAT_LAYOUT
+    | READ_IMPLIES_EXEC
+    | ADDR_LIMIT_32BIT
+    | ADDR_LIMIT_3GB;
+/// `personality(0xffffffff)` only queries the current persona.
+const PERSONALITY_QUERY: u32 = 0xffff_ffff;
+
+// Socket families and netlink protocols.
+const AF_UNIX: u32 = 1;
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
+const AF_NETLINK: u32 = 16;
+const NETLINK_ROUTE: u32 = 0;
+
+/// One syscall the filter denies, with the reason (shown by `corral doctor --json` and the docs).
+#[derive(Debug, Clone, Copy)]
+pub struct DeniedSyscall {
+    pub name: &'static str,
+    pub nr: i64,
+    pub reason: &'static str,
+}
+
+macro_rules! deny {
+    ($name:ident, $reason:expr) => {
+        DeniedSyscall {
+            name: stringify!($name),
+            nr: sys_nr::$name,
+            reason: $reason,
+        }
+    };
+}
+
+/// Syscall numbers by name for this architecture (the libc crate's tables, plus the few it
+/// lacks).
+#[allow(non_upper_case_globals)]
+mod sys_nr {
+    pub const mount: i64 = libc::SYS_mount;
+    pub const umount2: i64 = libc::SYS_umount2;
+    pub const pivot_root: i64 = libc::SYS_pivot_root;
+    pub const chroot: i64 = libc::SYS_chroot;
+    pub const move_mount: i64 = libc::SYS_move_mount;
+    pub const open_tree: i64 = libc::SYS_open_tree;
+    pub const open_tree_attr: i64 = super::SYS_OPEN_TREE_ATTR;
+    pub const fsopen: i64 = libc::SYS_fsopen;
+    pub const fsmount: i64 = libc::SYS_fsmount;
+    pub const fsconfig: i64 = libc::SYS_fsconfig;
+    pub const fspick: i64 = libc::SYS_fspick;
+    pub const mount_setattr: i64 = libc::SYS_mount_setattr;
+    pub const setns: i64 = libc::SYS_setns;
+    pub const ptrace: i64 = libc::SYS_ptrace;
+    pub const process_vm_readv: i64 = libc::SYS_process_vm_readv;
+    pub const process_vm_writev: i64 = libc::SYS_process_vm_writev;
+    pub const pidfd_getfd: i64 = libc::SYS_pidfd_getfd;
+    pub const kexec_load: i64 = libc::SYS_kexec_load;
+    pub const kexec_file_load: i64 = libc::SYS_kexec_file_load;
+    pub const init_module: i64 = libc::SYS_init_module;
+    pub const finit_module: i64 = libc::SYS_finit_module;
+    pub const delete_module: i64 = libc::SYS_delete_module;
+    pub const bpf: i64 = libc::SYS_bpf;
+    pub const perf_event_open: i64 = libc::SYS_perf_event_open;
+    pub const keyctl: i64 = libc::SYS_keyctl;
+    pub const add_key: i64 = libc::SYS_add_key;
+    pub const request_key: i64 = libc::SYS_request_key;
+    pub const userfaultfd: i64 = libc::SYS_userfaultfd;
+    pub const io_uring_setup: i64 = libc::SYS_io_uring_setup;
+    pub const io_uring_enter: i64 = libc::SYS_io_uring_enter;
+    pub const io_uring_register: i64 = libc::SYS_io_uring_register;
+    pub const acct: i64 = libc::SYS_acct;
+    pub const swapon: i64 = libc::SYS_swapon;
+    pub const swapoff: i64 = libc::SYS_swapoff;
+    pub const reboot: i64 = libc::SYS_reboot;
+    pub const settimeofday: i64 = libc::SYS_settimeofday;
+    pub const clock_settime: i64 = libc::SYS_clock_settime;
+    pub const clock_adjtime: i64 = libc::SYS_clock_adjtime;
+    pub const adjtimex: i64 = libc::SYS_adjtimex;
+    pub const open_by_handle_at: i64 = libc::SYS_open_by_handle_at;
+    pub const name_to_handle_at: i64 = libc::SYS_name_to_handle_at;
+    pub const quotactl: i64 = libc::SYS_quotactl;
+    pub const quotactl_fd: i64 = libc::SYS_quotactl_fd;
+    pub const syslog: i64 = libc::SYS_syslog;
+    pub const vhangup: i64 = libc::SYS_vhangup;
+    pub const sethostname: i64 = libc::SYS_sethostname;
+    pub const setdomainname: i64 = libc::SYS_setdomainname;
+    #[cfg(target_arch = "x86_64")]
+    pub const iopl: i64 = libc::SYS_iopl;
+    #[cfg(target_arch = "x86_64")]
+    pub const ioperm: i64 = libc::SYS_ioperm;
+    #[cfg(target_arch = "x86_64")]
+    pub const uselib: i64 = libc::SYS_uselib;
+}
+
+/// The syscalls denied outright with EPERM, each with its reason.
+pub fn denied_syscalls() -> Vec<DeniedSyscall> {
+    let mut v = vec![
+        // -- The filesystem view is fixed at set-up; none of these may change it afterwards.
+        deny!(
+            mount,
+            "the jail's mounts are fixed at set-up; a new mount could reveal or remount host paths"
+        ),
+        deny!(
+            umount2,
+            "unmounting could uncover what a mount hides (masked files, the tmpfs root)"
+        ),
+        deny!(pivot_root, "the root is set once at set-up"),
+        deny!(chroot, "the root is set once at set-up"),
+        deny!(move_mount, "new mount API: same as mount"),
+        deny!(open_tree, "new mount API: clones mount trees"),
+        deny!(
+            open_tree_attr,
+            "new mount API: clones mount trees with new attributes"
+        ),
+        deny!(fsopen, "new mount API: creates filesystems"),
+        deny!(fsmount, "new mount API: creates mounts"),
+        deny!(fsconfig, "new mount API: configures filesystems"),
+        deny!(fspick, "new mount API: reconfigures existing mounts"),
+        deny!(mount_setattr, "would make read-only mounts writable"),
+        // -- Namespaces: the jail's are final.
+        deny!(setns, "joining another namespace would leave the jail's"),
+        // -- Other processes' memory. ptrace is denied entirely, even of the jail's own children:
+        //    host processes are already unreachable (the pid namespace hides them, and Landlock
+        //    forbids ptrace across domains), but the tracing interface is a large kernel
+        //    surface and coding agents do not need a debugger inside the jail (run one through
+        //    the executor instead).
+        deny!(
+            ptrace,
+            "debugging interface: reads and writes other processes' memory and registers"
+        ),
+        deny!(process_vm_readv, "reads another process's memory"),
+        deny!(process_vm_writev, "writes another process's memory"),
+        deny!(pidfd_getfd, "steals file descriptors from another process"),
+        // -- The kernel itself.
+        deny!(kexec_load, "loads a new kernel"),
+        deny!(kexec_file_load, "loads a new kernel"),
+        deny!(init_module, "loads kernel code"),
+        deny!(finit_module, "loads kernel code"),
+        deny!(delete_module, "unloads kernel code"),
+        deny!(
+            bpf,
+            "eBPF: a large attack surface, a frequent source of kernel exploits"
+        ),
+        deny!(
+            perf_event_open,
+            "performance counters: side channels and a frequent source of kernel exploits"
+        ),
+        deny!(
+            keyctl,
+            "kernel keyrings are not namespaced: the user's keys would be reachable"
+        ),
+        deny!(add_key, "kernel keyrings are not namespaced"),
+        deny!(request_key, "kernel keyrings are not namespaced"),
+        deny!(userfaultfd, "makes kernel races reliably exploitable"),
+        deny!(
+            io_uring_setup,
+            "io_uring bypasses seccomp for the operations it performs and has a long exploit history"
+        ),
+        deny!(io_uring_enter, "io_uring: see io_uring_setup"),
+        deny!(io_uring_register, "io_uring: see io_uring_setup"),
+        // -- System-wide state.
+        deny!(acct, "process accounting is system-wide"),
+        deny!(swapon, "swap is system-wide"),
+        deny!(swapoff, "swap is system-wide"),
+        deny!(reboot, "reboots the machine (or the pid namespace)"),
+        deny!(settimeofday, "the clock is system-wide"),
+        deny!(clock_settime, "the clock is system-wide"),
+        deny!(clock_adjtime, "the clock is system-wide"),
+        deny!(adjtimex, "the clock is system-wide"),
+        deny!(
+            open_by_handle_at,
+            "opens files by handle, bypassing the mount namespace (the 'shocker' escape)"
+        ),
+        deny!(
+            name_to_handle_at,
+            "produces the handles open_by_handle_at consumes"
+        ),
+        deny!(quotactl, "filesystem quotas are host state"),
+        deny!(quotactl_fd, "filesystem quotas are host state"),
+        deny!(syslog, "the kernel log leaks host information"),
+        deny!(vhangup, "hangs up the controlling terminal"),
+        deny!(sethostname, "the hostname is set at set-up"),
+        deny!(setdomainname, "the domain name is set at set-up"),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([
+        deny!(iopl, "raw I/O port access"),
+        deny!(ioperm, "raw I/O port access"),
+        deny!(uselib, "obsolete loader interface"),
+    ]);
+    v
+}
+
+/// The rules that look at arguments, described for humans (docs and `corral doctor --json`).
+pub const ARGUMENT_RULES: &[(&str, &str)] = &[
+    (
+        "clone3",
+        "always ENOSYS: its flags live in memory the filter cannot read, so libc falls back to clone",
+    ),
+    (
+        "clone",
+        "EPERM with any CLONE_NEW* flag: no nested namespaces (a user namespace would give the jail capabilities again)",
+    ),
+    ("unshare", "EPERM with any CLONE_NEW* flag: as clone"),
+    (
+        "ioctl",
+        "EPERM for TIOCSTI (injects input into a terminal) and TIOCLINUX (console control); low 32 bits compared",
+    ),
+    (
+        "personality",
+        "EPERM for ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, MMAP_PAGE_ZERO and the legacy layouts: no weakening of ASLR",
+    ),
+    (
+        "socket",
+        "EAFNOSUPPORT unless AF_UNIX, AF_INET, AF_INET6, or AF_NETLINK with NETLINK_ROUTE",
+    ),
+    (
+        "(x32 ABI, foreign architectures)",
+        "x32 syscalls get ENOSYS; a syscall from another architecture (int 0x80) kills the process",
+    ),
+];
+
+// ---- a tiny BPF assembler ----
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Label(usize);
+
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Next,
+    To(Label),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Insn {
+    Load(u32),
+    Jump {
+        op: u16,
+        k: u32,
+        jt: Target,
+        jf: Target,
+    },
+    Ret(u32),
+    Mark(Label),
+}
+
+#[derive(Default)]
+struct Program {
+    insns: Vec<Insn>,
+    labels: usize,
+}
+
+impl Program {
+    fn label(&mut self) -> Label {
+        self.labels += 1;
+        Label(self.labels - 1)
+    }
+    fn load(&mut self, off: u32) {
+        self.insns.push(Insn::Load(off));
+    }
+    fn jump(&mut self, op: u16, k: u32, jt: Target, jf: Target) {
+        self.insns.push(Insn::Jump { op, k, jt, jf });
+    }
+    fn ret(&mut self, action: u32) {
+        self.insns.push(Insn::Ret(action));
+    }
+    fn mark(&mut self, l: Label) {
+        self.insns.push(Insn::Mark(l));
+    }
+
+    /// Resolve labels into relative jump offsets.
+    fn assemble(&self) -> Result<Vec<libc::sock_filter>, SeccompError> {
+        let mut pos = vec![None; self.labels];
+        let mut n = 0usize;
+        for insn in &self.insns {
+            match insn {
+                Insn::Mark(Label(l)) => pos[*l] = Some(n),
+                _ => n += 1,
+            }
+        }
+        let mut out = Vec::with_capacity(n);
+        for insn in &self.insns {
+            let here = out.len();
+            let rel = |t: Target| -> Result<u8, SeccompError> {
+                match t {
+                    Target::Next => Ok(0),
+                    Target::To(Label(l)) => {
+                        let at = pos[l].ok_or_else(|| {
+                            SeccompError::Build(format!("label {l} never placed"))
+                        })?;
+                        let d = at.checked_sub(here + 1).ok_or_else(|| {
+                            SeccompError::Build(format!("backward jump to label {l}"))
+                        })?;
+                        u8::try_from(d)
+                            .map_err(|_| SeccompError::Build(format!("jump of {d} is too far")))
+                    }
+                }
+            };
+            match *insn {
+                Insn::Mark(_) => {}
+                Insn::Load(off) => out.push(libc::sock_filter {
+                    code: BPF_LD | BPF_W | BPF_ABS,
+                    jt: 0,
+                    jf: 0,
+                    k: off,
+                }),
+                Insn::Jump { op, k, jt, jf } => out.push(libc::sock_filter {
+                    code: BPF_JMP | op | BPF_K,
+                    jt: rel(jt)?,
+                    jf: rel(jf)?,
+                    k,
+                }),
+                Insn::Ret(action) => out.push(libc::sock_filter {
+                    code: BPF_RET | BPF_K,
+                    jt: 0,
+                    jf: 0,
+                    k: action,
+                }),
+            }
+        }
+        if out.len() > 4096 {
+            return Err(SeccompError::Build(format!(
+                "{} instructions exceed BPF_MAXINSNS",
+                out.len()
+            )));
+        }
+        Ok(out)
+    }
+
+    /// `if nr == syscall { <body> }`: the body must end every path with a return, so the
+    /// accumulator (the syscall number) is intact when the next rule is reached.
+    fn on_syscall(&mut self, nr: i64, body: impl FnOnce(&mut Program)) {
+        let skip = self.label();
+        self.jump(BPF_JEQ, nr as u32, Target::Next, Target::To(skip));
+        body(self);
+        self.mark(skip);
+    }
+}
+
+const fn errno(e: i32) -> u32 {
+    SECCOMP_RET_ERRNO | (e as u32 & 0xffff)
+}
+
+/// Build the filter program for this architecture.
+pub fn build_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return Err(SeccompError::UnsupportedArch);
+
+    let mut p = Program::default();
+    let eperm = errno(libc::EPERM);
+
+    // A syscall made through another architecture's entry point (int 0x80 on x86_64) is
+    // numbered from another table, so no rule below would mean what it says: kill.
+    let native = p.label();
+    p.load(OFF_ARCH);
+    p.jump(BPF_JEQ, AUDIT_ARCH_NATIVE, Target::To(native), Target::Next);
+    p.ret(SECCOMP_RET_KILL_PROCESS);
+    p.mark(native);
+
+    p.load(OFF_NR);
+    // The x32 ABI shares AUDIT_ARCH_X86_64 but numbers syscalls with bit 30 set; deny them all
+    // (nothing in a jail is built for x32), so x32 aliases cannot bypass the rules below.
+    #[cfg(target_arch = "x86_64")]
+    {
+        let native_abi = p.label();
+        p.jump(
+            BPF_JGE,
+            X32_SYSCALL_BIT,
+            Target::Next,
+            Target::To(native_abi),
+        );
+        p.ret(errno(libc::ENOSYS));
+        p.mark(native_abi);
+    }
+
+    for d in denied_syscalls() {
+        p.on_syscall(d.nr, |p| p.ret(eperm));
+    }
+
+    // clone3 passes its flags in a struct the filter cannot read: ENOSYS makes glibc (2.34+)
+    // and musl fall back to clone, where the rule below sees the flags.
+    p.on_syscall(libc::SYS_clone3, |p| p.ret(errno(libc::ENOSYS)));
+
+    // clone: flags are args[0] on x86_64 and aarch64. Deny any new namespace.
+    p.on_syscall(libc::SYS_clone, |p| {
+        let allow = p.label();
+        p.load(off_arg_lo(0));
+        p.jump(BPF_JSET, CLONE_NS_FLAGS, Target::Next, Target::To(allow));
+        p.ret(eperm);
+        p.mark(allow);
+        p.ret(SECCOMP_RET_ALLOW);
+    });
+
+    // unshare: the same, plus CLONE_NEWTIME which only unshare and clone3 take.
+    p.on_syscall(libc::SYS_unshare, |p| {
+        let allow = p.label();
+        p.load(off_arg_lo(0));
+        p.jump(
+            BPF_JSET,
+            CLONE_NS_FLAGS | CLONE_NEWTIME,
+            Target::Next,
+            Target::To(allow),
+        );
+        p.ret(eperm);
+        p.mark(allow);
+        p.ret(SECCOMP_RET_ALLOW);
+    });
+
+    // ioctl: TIOCSTI pushes bytes into a terminal's input queue (a jailed process could type
+    // commands into the user's shell if it held that terminal; the jail gets its own pty, this
+    // is the second wall); TIOCLINUX can do the same on a virtual console.
+    p.on_syscall(libc::SYS_ioctl, |p| {
+        let deny = p.label();
+        p.load(off_arg_lo(1));
+        p.jump(BPF_JEQ, TIOCSTI, Target::To(deny), Target::Next);
+        p.jump(BPF_JEQ, TIOCLINUX, Target::To(deny), Target::Next);
+        p.ret(SECCOMP_RET_ALLOW);
+        p.mark(deny);
+        p.ret(eperm);
+    });
+
+    // personality: querying and ordinary personas are fine; flags that disable ASLR or make
+    // data executable are not.
+    p.on_syscall(libc::SYS_personality, |p| {
+        let allow = p.label();
+        p.load(off_arg_lo(0));
+        p.jump(BPF_JEQ, PERSONALITY_QUERY, Target::To(allow), Target::Next);
+        p.jump(
+            BPF_JSET,
+            PERSONALITY_WEAKENING,
+            Target::Next,
+            Target::To(allow),
+        );
+        p.ret(eperm);
+        p.mark(allow);
+        p.ret(SECCOMP_RET_ALLOW);
+    });
+
+    // socket: the families a coding agent uses. AF_UNIX stays: programs use socketpairs and
+    // local sockets among themselves, the mount namespace shows no host socket path, and
+    // abstract sockets are confined by the jail's own network namespace (modes none and proxy)
+    // and by Landlock's ABI 6 scope. AF_NETLINK only for NETLINK_ROUTE (getaddrinfo and
+    // getifaddrs use it); the other netlink protocols expose host state (uevents, audit, socket
+    // diagnostics). AF_PACKET, AF_VSOCK (reaches the hypervisor), AF_ALG, Bluetooth, XDP and
+    // the rest get EAFNOSUPPORT, which programs treat as "not available here".
+    p.on_syscall(libc::SYS_socket, |p| {
+        let allow = p.label();
+        let netlink = p.label();
+        let deny = p.label();
+        p.load(off_arg_lo(0));
+        p.jump(BPF_JEQ, AF_UNIX, Target::To(allow), Target::Next);
+        p.jump(BPF_JEQ, AF_INET, Target::To(allow), Target::Next);
+        p.jump(BPF_JEQ, AF_INET6, Target::To(allow), Target::Next);
+        p.jump(BPF_JEQ, AF_NETLINK, Target::To(netlink), Target::To(deny));
+        p.mark(netlink);
+        p.load(off_arg_lo(2));
+        p.jump(BPF_JEQ, NETLINK_ROUTE, Target::To(allow), Target::To(deny));
+        p.mark(deny);
+        p.ret(errno(libc::EAFNOSUPPORT));
+        p.mark(allow);
+        p.ret(SECCOMP_RET_ALLOW);
+    });
+
+    p.ret(SECCOMP_RET_ALLOW);
+    p.assemble()
+}
+
+/// Set no_new_privs and install the filter on the calling thread (and what it execs).
+///
+/// Call it last in the child's set-up, right before exec: it denies `mount`, `pivot_root` and
+/// friends. It allocates nothing after building the program, so `build_filter()` may be called
+/// before fork and [`install_program`] after it.
+pub fn install() -> Result<(), SeccompError> {
+    let prog = build_filter()?;
+    install_program(&prog)
+}
+
+/// Install an already built program (see [`build_filter`]).
+pub fn install_program(prog: &[libc::sock_filter]) -> Result<(), SeccompError> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(SeccompError::NoNewPrivs(io::Error::last_os_error()));
+    }
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel copies the program.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &fprog as *const libc::sock_fprog,
+            0,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(SeccompError::Install(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// A small interpreter for the filter, so the rules can be unit-tested without installing them.
+#[cfg(test)]
+fn run(prog: &[libc::sock_filter], arch: u32, nr: i64, args: [u64; 6]) -> u32 {
+    let mut data = [0u8; 64];
+    data[0..4].copy_from_slice(&(nr as i32).to_le_bytes());
+    data[4..8].copy_from_slice(&arch.to_le_bytes());
+    for (i, a) in args.iter().enumerate() {
+        data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
+    }
+    let mut acc = 0u32;
+    let mut pc = 0usize;
+    loop {
+        let f = prog[pc];
+        pc += 1;
+        match f.code {
+            c if c == BPF_LD | BPF_W | BPF_ABS => {
+                let o = f.k as usize;
+                acc = u32::from_le_bytes(data[o..o + 4].try_into().unwrap());
+            }
+            c if c == BPF_RET | BPF_K => return f.k,
+            c => {
+                let taken = match c & 0xf0 {
+                    BPF_JEQ => acc == f.k,
+                    BPF_JGE => acc >= f.k,
+                    BPF_JSET => acc & f.k != 0,
+                    _ => panic!("unexpected opcode {c:#x}"),
+                };
+                pc += if taken { f.jt } else { f.jf } as usize;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eval(nr: i64, args: [u64; 6]) -> u32 {
+        run(&build_filter().unwrap(), AUDIT_ARCH_NATIVE, nr, args)
+    }
+    const EPERM: u32 = errno(libc::EPERM);
+
+    #[test]
+    fn ordinary_syscalls_are_allowed() {
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_write,
+            libc::SYS_openat,
+            libc::SYS_execve,
+            libc::SYS_mmap,
+        ] {
+            assert_eq!(eval(nr, [0; 6]), SECCOMP_RET_ALLOW, "syscall {nr}");
+        }
+    }
+
+    #[test]
+    fn every_denied_syscall_gets_eperm() {
+        for d in denied_syscalls() {
+            assert_eq!(eval(d.nr, [0; 6]), EPERM, "{}", d.name);
+        }
+    }
+
+    #[test]
+    fn namespace_flags_are_denied_in_clone_and_unshare_only() {
+        let sigchld = libc::SIGCHLD as u64;
+        assert_eq!(
+            eval(libc::SYS_clone, [sigchld, 0, 0, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
+        // CLONE_VM|CLONE_FS|CLONE_FILES|CLONE_SIGHAND|CLONE_THREAD...: a thread.
+        assert_eq!(
+            eval(libc::SYS_clone, [0x003d_0f00, 0, 0, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
+        assert_eq!(
+            eval(libc::SYS_clone, [0x1000_0000 | sigchld, 0, 0, 0, 0, 0]),
+            EPERM
+        );
+        // The exit signal 0x80 is not CLONE_NEWTIME for clone.
+        assert_eq!(
+            eval(libc::SYS_clone, [0x80, 0, 0, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
+        assert_eq!(eval(libc::SYS_unshare, [0x80, 0, 0, 0, 0, 0]), EPERM);
+        assert_eq!(
+            eval(libc::SYS_unshare, [0x0000_0400, 0, 0, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        ); // CLONE_FILES
+        assert_eq!(eval(libc::SYS_clone3, [0; 6]), errno(libc::ENOSYS));
+    }
+
+    #[test]
+    fn ioctl_compares_the_low_32_bits() {
+        assert_eq!(eval(libc::SYS_ioctl, [0, 0x5412, 0, 0, 0, 0]), EPERM);
+        assert_eq!(
+            eval(libc::SYS_ioctl, [0, 0xdead_0000_5412, 0, 0, 0, 0]),
+            EPERM
+        );
+        assert_eq!(eval(libc::SYS_ioctl, [0, 0x541C, 0, 0, 0, 0]), EPERM);
+        assert_eq!(
+            eval(libc::SYS_ioctl, [0, 0x5413, 0, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        ); // TIOCGWINSZ
+    }
+
+    #[test]
+    fn socket_families() {
+        let eaf = errno(libc::EAFNOSUPPORT);
+        for fam in [1u64, 2, 10] {
+            assert_eq!(
+                eval(libc::SYS_socket, [fam, 1, 0, 0, 0, 0]),
+                SECCOMP_RET_ALLOW
+            );
+        }
+        assert_eq!(
+            eval(libc::SYS_socket, [16, 3, 0, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
+        assert_eq!(eval(libc::SYS_socket, [16, 3, 15, 0, 0, 0]), eaf); // NETLINK_KOBJECT_UEVENT
+        assert_eq!(eval(libc::SYS_socket, [17, 3, 0, 0, 0, 0]), eaf); // AF_PACKET
+        assert_eq!(eval(libc::SYS_socket, [40, 1, 0, 0, 0, 0]), eaf); // AF_VSOCK
+        assert_eq!(eval(libc::SYS_socket, [(1 << 32) | 40, 1, 0, 0, 0, 0]), eaf);
+    }
+
+    #[test]
+    fn personality() {
+        assert_eq!(
+            eval(libc::SYS_personality, [0xffff_ffff, 0, 0, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
+        assert_eq!(
+            eval(libc::SYS_personality, [0, 0, 0, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
+        assert_eq!(
+            eval(libc::SYS_personality, [0x0004_0000, 0, 0, 0, 0, 0]),
+            EPERM
+        );
+    }
+
+    #[test]
+    fn foreign_arch_is_killed_and_x32_gets_enosys() {
+        let prog = build_filter().unwrap();
+        assert_eq!(run(&prog, 0x4000_0003, 1, [0; 6]), SECCOMP_RET_KILL_PROCESS); // AUDIT_ARCH_I386
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            run(&prog, AUDIT_ARCH_NATIVE, 0x4000_0000 | 165, [0; 6]),
+            errno(libc::ENOSYS)
+        );
+    }
+}
