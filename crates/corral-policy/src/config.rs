@@ -17,7 +17,7 @@ pub use toml::Spanned;
 
 use crate::domain::DomainPattern;
 use crate::error::PolicyError;
-use crate::plan::{Access, Engine, Enforce, ExecutorTarget, NetworkMode};
+use crate::plan::{Access, Enforce, Engine, ExecutorTarget, NetworkMode};
 
 /// One policy file: the project's `corral.toml`, the user config, or a `--policy` file.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -343,7 +343,9 @@ pub struct ProxyUrl(pub String);
 impl ProxyUrl {
     pub fn parse(raw: &str) -> Result<ProxyUrl, String> {
         let bad = || {
-            format!("invalid upstream proxy {raw:?}: expected http://HOST:PORT (e.g. http://proxy.corp:3128)")
+            format!(
+                "invalid upstream proxy {raw:?}: expected http://HOST:PORT (e.g. http://proxy.corp:3128)"
+            )
         };
         let rest = raw.strip_prefix("http://").ok_or_else(bad)?;
         let rest = rest.strip_suffix('/').unwrap_or(rest);
@@ -461,7 +463,10 @@ mod tests {
         assert_eq!(HumanDuration::parse("1.5h"), Ok(HumanDuration(5_400_000)));
         assert_eq!(HumanDuration::parse("250ms"), Ok(HumanDuration(250)));
         for bad in ["10", "10min", "s", "", "-1s", "0s"] {
-            assert!(HumanDuration::parse(bad).is_err(), "{bad:?} should be rejected");
+            assert!(
+                HumanDuration::parse(bad).is_err(),
+                "{bad:?} should be rejected"
+            );
         }
     }
 
@@ -482,7 +487,12 @@ mod tests {
             ProxyUrl::parse("http://proxy.corp:3128").unwrap().0,
             "http://proxy.corp:3128"
         );
-        for bad in ["proxy.corp:3128", "http://proxy.corp", "http://u:p@h:1", "https://h:1"] {
+        for bad in [
+            "proxy.corp:3128",
+            "http://proxy.corp",
+            "http://u:p@h:1",
+            "https://h:1",
+        ] {
             assert!(ProxyUrl::parse(bad).is_err(), "{bad:?} should be rejected");
         }
     }

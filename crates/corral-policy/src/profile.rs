@@ -153,9 +153,20 @@ mod tests {
         for name in names() {
             let p = profile(name).unwrap_or_else(|e| panic!("profile {name}: {e}"));
             assert_eq!(p.name, name);
-            assert!(p.dockerfile.contains("FROM "), "{name}: Dockerfile has no FROM");
-            for s in p.state_dirs.iter().chain(&p.state_files).chain(&p.read_only) {
-                assert!(s.starts_with("~/"), "{name}: state path {s:?} is not under ~/");
+            assert!(
+                p.dockerfile.contains("FROM "),
+                "{name}: Dockerfile has no FROM"
+            );
+            for s in p
+                .state_dirs
+                .iter()
+                .chain(&p.state_files)
+                .chain(&p.read_only)
+            {
+                assert!(
+                    s.starts_with("~/"),
+                    "{name}: state path {s:?} is not under ~/"
+                );
             }
         }
     }

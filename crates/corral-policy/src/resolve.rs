@@ -14,7 +14,7 @@ use crate::config::{EnvName, NetworkSection, PolicyFile, SecretSpec, Size, Spann
 use crate::domain::DomainPattern;
 use crate::error::{PolicyError, line_col};
 use crate::plan::{
-    Access, Engine, Enforce, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind, NetworkMode,
+    Access, Enforce, Engine, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind, NetworkMode,
     NetworkPlan, Plan, ProjectPlan, SecretPlan, SkillPlan, system_mounts,
 };
 use crate::profile::Profile;
@@ -127,7 +127,6 @@ fn current_ids() -> (u32, u32) {
         Err(_) => (0, 0),
     }
 }
-
 
 /// Where the jail finds corral itself (so `corral exec` works inside).
 pub const JAIL_BIN_DIR: &str = "/run/corral/bin";
@@ -575,8 +574,18 @@ fn file_layer(
     if let Some(fs) = pf.filesystem {
         l.project_access = fs.project;
         for (list, out, rw, key) in [
-            (fs.read_only, &mut l.read_only, false, "filesystem.read_only"),
-            (fs.read_write, &mut l.read_write, true, "filesystem.read_write"),
+            (
+                fs.read_only,
+                &mut l.read_only,
+                false,
+                "filesystem.read_only",
+            ),
+            (
+                fs.read_write,
+                &mut l.read_write,
+                true,
+                "filesystem.read_write",
+            ),
         ] {
             for raw in list {
                 let at = span_loc(file, text, &raw);
@@ -732,7 +741,9 @@ fn check_project_network(
         grants.push(format!("{at}: {key}.allow lets the jail reach {a}"));
     }
     for (c, at) in &n.allow_cidrs {
-        grants.push(format!("{at}: {key}.allow_cidrs opens the non-public range {c}"));
+        grants.push(format!(
+            "{at}: {key}.allow_cidrs opens the non-public range {c}"
+        ));
     }
     for (p, at) in &n.host_ports {
         grants.push(format!(
@@ -740,7 +751,9 @@ fn check_project_network(
         ));
     }
     if let Some((u, at)) = &n.upstream_proxy {
-        grants.push(format!("{at}: {key}.upstream_proxy sends all traffic through {u}"));
+        grants.push(format!(
+            "{at}: {key}.upstream_proxy sends all traffic through {u}"
+        ));
     }
     for (p, at) in &n.publish {
         grants.push(format!(
@@ -813,16 +826,8 @@ fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, PolicyError>
         };
         normalize(&p)
     };
-    l.read_write = f
-        .rw
-        .iter()
-        .map(|p| (abs(p), Loc::Flag("--rw")))
-        .collect();
-    l.read_only = f
-        .ro
-        .iter()
-        .map(|p| (abs(p), Loc::Flag("--ro")))
-        .collect();
+    l.read_write = f.rw.iter().map(|p| (abs(p), Loc::Flag("--rw"))).collect();
+    l.read_only = f.ro.iter().map(|p| (abs(p), Loc::Flag("--ro"))).collect();
     for e in &f.env {
         match e.split_once('=') {
             Some((k, v)) => {
@@ -949,7 +954,10 @@ pub fn package_dir(exe: &Path, home: &Path) -> PathBuf {
             return dir.to_path_buf();
         }
     }
-    if let Some(bin) = exe.parent().filter(|b| b.file_name() == Some("bin".as_ref())) {
+    if let Some(bin) = exe
+        .parent()
+        .filter(|b| b.file_name() == Some("bin".as_ref()))
+    {
         if let Some(prefix) = bin.parent() {
             if prefix != home
                 && !home.starts_with(prefix)
@@ -1122,7 +1130,9 @@ fn dedup<T: PartialEq + Clone>(items: impl IntoIterator<Item = T>) -> Vec<T> {
 
 fn bind(source: &Path, target: &Path, access: Access, optional: bool) -> Mount {
     Mount {
-        source: source.canonicalize().unwrap_or_else(|_| source.to_path_buf()),
+        source: source
+            .canonicalize()
+            .unwrap_or_else(|_| source.to_path_buf()),
         target: target.to_path_buf(),
         kind: MountKind::Bind(access),
         optional,
@@ -1251,12 +1261,13 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
 
     // The executor's opt-in comes from the user config or a flag only (project layers refuse
     // `allow_host` above).
-    let (target, target_at) = m
-        .exec_target
-        .clone()
-        .unwrap_or((ExecutorTarget::Sandbox, Loc::Builtin("built-in defaults".into())));
+    let (target, target_at) = m.exec_target.clone().unwrap_or((
+        ExecutorTarget::Sandbox,
+        Loc::Builtin("built-in defaults".into()),
+    ));
     if target == ExecutorTarget::Host && !m.exec_allow_host {
-        let from_project = matches!(&target_at, Loc::File { file, .. } if Some(file) == project_file.as_ref());
+        let from_project =
+            matches!(&target_at, Loc::File { file, .. } if Some(file) == project_file.as_ref());
         return Err(target_at.error(format!(
             "executor.target = \"host\" runs the agent's commands unsandboxed on your machine and \
              needs an explicit opt-in{}: set `allow_host = true` under [executor] in your user \

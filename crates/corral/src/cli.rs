@@ -112,6 +112,9 @@ pub struct JailOptions {
     /// Work in a fresh temporary directory instead of the project; nothing is kept
     #[arg(long)]
     pub scratch: bool,
+    /// Opt in to `executor.target = "host"` (commands run unsandboxed); a project's policy file cannot
+    #[arg(long)]
+    pub allow_host_executor: bool,
 }
 
 #[derive(Debug, Args)]

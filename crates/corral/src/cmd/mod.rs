@@ -7,6 +7,9 @@ use anyhow::bail;
 
 use crate::cli::{Cli, Command};
 
+pub mod init;
+pub mod plan;
+
 /// A command whose capability has not landed yet: a clear error, never a fake success.
 fn not_yet(what: &str) -> anyhow::Result<ExitCode> {
     bail!("`corral {what}` is not yet implemented in this version")
@@ -19,8 +22,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Exec(_) => not_yet("exec"),
         Command::Serve(_) => not_yet("serve"),
         Command::Proxy(_) => not_yet("proxy"),
-        Command::Plan(_) => not_yet("plan"),
-        Command::Init(_) => not_yet("init"),
+        Command::Plan(args) => plan::run(args),
+        Command::Init(args) => init::run(args),
         Command::Doctor(_) => not_yet("doctor"),
         Command::Log(_) => not_yet("log"),
         Command::Image(_) => not_yet("image build"),

@@ -1,0 +1,350 @@
+//! `corral plan [PROFILE] [--json] [-- CMD]`: print the fully resolved plan without running
+//! anything. Also the shared wiring from the command-line options to a policy [`Request`], used
+//! by `run` and `shell` too.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use corral_policy::plan::{
+    Access, Enforce, Engine, ExecutorTarget, MountKind, NetworkMode, NetworkPlan, Plan,
+};
+use corral_policy::{Flags, Request};
+
+use crate::cli::{EngineArg, JailOptions, NetworkArg, PlanArgs};
+
+/// The policy request for this process: its cwd, environment, home and ids, with the
+/// command-line layer taken from `opts`.
+pub fn request(
+    profile: Option<String>,
+    opts: &JailOptions,
+    command: Vec<String>,
+) -> anyhow::Result<Request> {
+    let mut req = Request::from_process().context("cannot describe the calling process")?;
+    req.profile = profile;
+    req.command = command;
+    req.flags = flags(opts);
+    Ok(req)
+}
+
+/// The command-line layer of the policy.
+pub fn flags(opts: &JailOptions) -> Flags {
+    Flags {
+        policy: opts.policy.clone(),
+        engine: opts.engine.map(|e| match e {
+            EngineArg::Native => Engine::Native,
+            EngineArg::Podman => Engine::Podman,
+            EngineArg::Docker => Engine::Docker,
+            EngineArg::Auto => Engine::Auto,
+        }),
+        network: opts.network.map(|n| match n {
+            NetworkArg::None => NetworkMode::None,
+            NetworkArg::Proxy => NetworkMode::Proxy,
+            NetworkArg::Host => NetworkMode::Host,
+        }),
+        allow: opts.allow.clone(),
+        rw: opts.rw.clone(),
+        ro: opts.ro.clone(),
+        env: opts.env.clone(),
+        memory: opts.memory.clone(),
+        cpus: opts.cpus,
+        pids: opts.pids,
+        publish: opts.publish.clone(),
+        scratch: opts.scratch,
+        allow_host_executor: opts.allow_host_executor,
+    }
+}
+
+pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
+    let req = request(args.profile, &args.jail, args.command)?;
+    let plan = corral_policy::resolve(&req)?;
+    // `plan` runs nothing: a scratch directory made for it is not needed afterwards.
+    if plan.project.scratch {
+        let _ = std::fs::remove_dir(&plan.project.root);
+    }
+    let out = if args.json {
+        let mut s = serde_json::to_string_pretty(&plan).context("cannot serialize the plan")?;
+        s.push('\n');
+        s
+    } else {
+        human(&plan)
+    };
+    print!("{out}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn access(a: Access) -> &'static str {
+    match a {
+        Access::Ro => "ro",
+        Access::Rw => "rw",
+    }
+}
+
+fn size(bytes: u64) -> String {
+    const UNITS: &[(u64, &str)] = &[
+        (1 << 40, "t"),
+        (1 << 30, "g"),
+        (1 << 20, "m"),
+        (1 << 10, "k"),
+    ];
+    for (mult, unit) in UNITS {
+        if bytes >= *mult && bytes % (mult / 1024).max(1) == 0 {
+            let v = bytes as f64 / *mult as f64;
+            return if v.fract() == 0.0 {
+                format!("{v}{unit}")
+            } else {
+                format!("{v:.2}{unit}")
+            };
+        }
+    }
+    format!("{bytes} bytes")
+}
+
+fn looks_secret(name: &str) -> bool {
+    let n = name.to_ascii_uppercase();
+    ["KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL"]
+        .iter()
+        .any(|w| n.contains(w))
+}
+
+fn network(out: &mut String, n: &NetworkPlan, indent: &str) {
+    let mode = match n.mode {
+        NetworkMode::None => "none (loopback only)",
+        NetworkMode::Proxy => "proxy (every destination decided by corral's proxy)",
+        NetworkMode::Host => "host (UNFILTERED: the host's network)",
+    };
+    let list = |v: Vec<String>| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    let _ = writeln!(out, "{indent}mode          {mode}");
+    let _ = writeln!(
+        out,
+        "{indent}allow         {}",
+        list(n.allow.iter().map(|a| a.to_string()).collect())
+    );
+    let _ = writeln!(
+        out,
+        "{indent}deny          {}",
+        list(n.deny.iter().map(|a| a.to_string()).collect())
+    );
+    let _ = writeln!(
+        out,
+        "{indent}allow_cidrs   {}",
+        list(n.allow_cidrs.iter().map(|a| a.to_string()).collect())
+    );
+    let _ = writeln!(
+        out,
+        "{indent}host_ports    {}",
+        list(n.host_ports.iter().map(|a| a.to_string()).collect())
+    );
+    let _ = writeln!(
+        out,
+        "{indent}publish       {}",
+        list(n.publish.iter().map(|a| a.to_string()).collect())
+    );
+    if let Some(u) = &n.upstream_proxy {
+        let _ = writeln!(out, "{indent}upstream      {u}");
+    }
+}
+
+/// The plan for people: what the jail sees, reaches and may use.
+pub fn human(p: &Plan) -> String {
+    let mut o = String::new();
+    let engine = match p.engine {
+        Engine::Native => "native",
+        Engine::Podman => "podman",
+        Engine::Docker => "docker",
+        Engine::Auto => "auto",
+    };
+    let _ = writeln!(o, "profile       {}", p.profile);
+    let _ = writeln!(o, "command       {}", p.command.join(" "));
+    if let Some(s) = &p.skill {
+        let _ = writeln!(
+            o,
+            "skill         {} (adds: {})",
+            s.dir.display(),
+            s.args.join(" ")
+        );
+    }
+    let _ = writeln!(o, "engine        {engine}");
+    let _ = writeln!(
+        o,
+        "project       {} ({}){}",
+        p.project.root.display(),
+        access(p.project.access),
+        if p.project.scratch {
+            ", scratch: a fresh directory, removed afterwards"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(o, "cwd           {}", p.cwd.display());
+    let _ = writeln!(o, "home          {} (private tmpfs)", p.home.display());
+    let _ = writeln!(o, "ids           uid {} gid {}", p.uid, p.gid);
+    if let Some(i) = &p.image {
+        let _ = writeln!(o, "image         {i}");
+    }
+    let _ = writeln!(
+        o,
+        "policy files  {}",
+        if p.sources.is_empty() {
+            "none (built-in defaults and the profile)".to_string()
+        } else {
+            p.sources
+                .iter()
+                .map(|s| s.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
+
+    let _ = writeln!(o, "\nmounts (in order)");
+    let width = p
+        .mounts
+        .iter()
+        .map(|m| m.target.display().to_string().len())
+        .max()
+        .unwrap_or(0);
+    for m in &p.mounts {
+        let (kind, src) = match m.kind {
+            MountKind::Tmpfs => ("tmpfs".to_string(), String::new()),
+            MountKind::Bind(a) => (access(a).to_string(), {
+                if m.source == m.target {
+                    String::new()
+                } else {
+                    format!("  <- {}", m.source.display())
+                }
+            }),
+        };
+        let _ = writeln!(
+            o,
+            "  {kind:<5} {:<width$}{src}{}",
+            m.target.display(),
+            if m.optional {
+                "  (skipped if missing)"
+            } else {
+                ""
+            }
+        );
+    }
+    let _ = writeln!(o, "\nmasked (present, empty, unreadable)");
+    if p.masked.is_empty() {
+        let _ = writeln!(o, "  -");
+    }
+    for m in &p.masked {
+        let _ = writeln!(o, "  {}", m.display());
+    }
+    let _ = writeln!(o, "\nprotected (read-only, cannot be created)");
+    for m in &p.protected {
+        let _ = writeln!(o, "  {}", m.display());
+    }
+    let _ = writeln!(o, "\nenvironment (nothing else of yours enters)");
+    for (k, v) in &p.env {
+        if looks_secret(k) {
+            let _ = writeln!(o, "  {k}=<hidden, {} characters>", v.chars().count());
+        } else {
+            let _ = writeln!(o, "  {k}={v}");
+        }
+    }
+    let _ = writeln!(o, "\nnetwork");
+    network(&mut o, &p.network, "  ");
+    let _ = writeln!(
+        o,
+        "\nsecrets (the jail sees a placeholder; the gateway adds the value)"
+    );
+    if p.secrets.is_empty() {
+        let _ = writeln!(o, "  -");
+    }
+    for s in &p.secrets {
+        let _ = writeln!(
+            o,
+            "  {} from ${} for {}",
+            s.name,
+            s.from_env,
+            s.hosts
+                .iter()
+                .map(|h| h.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let l = &p.limits;
+    let _ = writeln!(
+        o,
+        "\nlimits        memory {}, cpus {}, pids {}, enforce {}",
+        l.memory.map(size).unwrap_or_else(|| "unlimited".into()),
+        l.cpus
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "unlimited".into()),
+        l.pids
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "unlimited".into()),
+        match l.enforce {
+            Enforce::Strict => "strict",
+            Enforce::BestEffort => "best-effort",
+        }
+    );
+    let e = &p.executor;
+    let target = match &e.target {
+        ExecutorTarget::Sandbox => "sandbox (a second jail)".to_string(),
+        ExecutorTarget::Compose(s) => format!("compose service {s:?}"),
+        ExecutorTarget::Host => "host (UNSANDBOXED, explicitly opted in)".to_string(),
+    };
+    let _ = writeln!(
+        o,
+        "\nexecutor      {target}, programs {}, timeout {}s, max output {}, {} at once",
+        if e.allow.is_empty() {
+            "any".to_string()
+        } else {
+            e.allow.join(" ")
+        },
+        e.timeout_ms as f64 / 1000.0,
+        size(e.max_output),
+        e.max_concurrent
+    );
+    if let Some(j) = &e.jail {
+        let _ = writeln!(
+            o,
+            "  its jail: project {} ({})",
+            j.project.root.display(),
+            access(j.project.access)
+        );
+        for m in j
+            .mounts
+            .iter()
+            .filter(|m| !corral_policy::plan::system_mounts().contains(m))
+        {
+            if let MountKind::Bind(a) = m.kind {
+                let _ = writeln!(o, "    {:<5} {}", access(a), m.target.display());
+            }
+        }
+        network(&mut o, &j.network, "    ");
+    }
+    if !p.project_grants.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nthe project's policy file grants (a repository may be hostile: review these)"
+        );
+        for g in &p.project_grants {
+            let _ = writeln!(o, "  {g}");
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_back() {
+        assert_eq!(size(4 << 30), "4g");
+        assert_eq!(size(64 << 20), "64m");
+        assert_eq!(size(3 << 29), "1.50g");
+        assert_eq!(size(1000), "1000 bytes");
+    }
+}
