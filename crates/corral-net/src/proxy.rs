@@ -75,6 +75,9 @@ impl Blocked {
     }
 }
 
+/// (method, target, rule) -> (fix, count).
+type BlockedMap = BTreeMap<(String, String, String), (String, u64)>;
+
 /// The proxy of one jail.
 pub struct Proxy {
     rules: RwLock<Arc<Rules>>,
@@ -83,7 +86,7 @@ pub struct Proxy {
     resolver: Arc<dyn Resolver>,
     config: ProxyConfig,
     slots: Arc<Semaphore>,
-    blocked: Mutex<BTreeMap<(String, String, String), (String, u64)>>,
+    blocked: Mutex<BlockedMap>,
 }
 
 /// Why a request was not served, for the answer and the log.
@@ -567,7 +570,7 @@ impl Proxy {
                 count: *count,
             })
             .collect();
-        out.sort_by(|a, b| b.count.cmp(&a.count));
+        out.sort_by_key(|b| std::cmp::Reverse(b.count));
         out
     }
 
@@ -577,6 +580,7 @@ impl Proxy {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn log_decision(
         &self,
         client: &str,
@@ -900,10 +904,7 @@ impl Proxy {
                     IpAddr::V4(_) => format!("{ip}/32"),
                     IpAddr::V6(_) => format!("{ip}/128"),
                 };
-                let class = serde_json::to_value(class)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_else(|| format!("{class:?}"));
+                let class = class.as_str();
                 return Err(Refusal::Denied(Denial {
                     rule: format!("{shown} resolves to {ip} ({class}), not in network.allow_cidrs"),
                     fix: format!("allow with: network.allow_cidrs = [\"{cidr}\"] in corral.toml"),
@@ -1164,18 +1165,18 @@ impl Proxy {
                 .await;
             return false;
         }
-        if let Some(p) = pinned.as_ref() {
-            if p.host != host || p.port != port {
-                let d = Denial {
-                    rule: format!("connection pinned to {}", authority_string(&p.host, p.port)),
-                    fix: "open a new connection for another host".into(),
-                    status: 403,
-                };
-                self.log_denial(peer, &method, &shown, port, &d);
-                let body = Self::denial_body(&method, &authority_string(&host, port), &d);
-                self.reply_and_close(&mut client.io, 403, &body).await;
-                return false;
-            }
+        if let Some(p) = pinned.as_ref()
+            && (p.host != host || p.port != port)
+        {
+            let d = Denial {
+                rule: format!("connection pinned to {}", authority_string(&p.host, p.port)),
+                fix: "open a new connection for another host".into(),
+                status: 403,
+            };
+            self.log_denial(peer, &method, &shown, port, &d);
+            let body = Self::denial_body(&method, &authority_string(&host, port), &d);
+            self.reply_and_close(&mut client.io, 403, &body).await;
+            return false;
         }
         let rules = self.rules();
         let rule = match rules.check_name(&host, port, Kind::Http) {
@@ -1230,15 +1231,15 @@ impl Proxy {
                 .any(|t| t == "close");
         let expects_continue = http::header_values(&req.headers, "expect")
             .any(|v| v.eq_ignore_ascii_case(b"100-continue"));
-        if expects_continue && req.framing != Framing::None {
-            if client
+        if expects_continue
+            && req.framing != Framing::None
+            && client
                 .io
                 .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
                 .await
                 .is_err()
-            {
-                return false;
-            }
+        {
+            return false;
         }
         let host_header = match (&host, port) {
             (_, 80) => shown.clone(),
@@ -1381,10 +1382,8 @@ impl Proxy {
                 return false;
             }
         }
-        if origin_close {
-            if let Some(up) = p.up.take() {
-                self.close_upstream(peer, &host, port, up);
-            }
+        if origin_close && let Some(up) = p.up.take() {
+            self.close_upstream(peer, &host, port, up);
         }
         if close {
             let _ = client.io.shutdown().await;
