@@ -1,0 +1,588 @@
+//! Plan -> engine command lines. Pure: everything this module needs about the host is in
+//! [`Context`], so tests compare whole argvs for podman and docker.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use corral_policy::plan::{
+    Access, Enforce, ExecutorTarget, MountKind, NetworkMode, Plan, system_mounts,
+};
+
+use crate::names::{EXECUTOR_PORT, Names, PROXY_ALIAS, PROXY_PORT};
+use crate::{Command, EngineError, EngineKind, Result, proxy_policy};
+
+/// Where the corral binary is mounted in every container corral starts.
+pub const CONTAINER_BIN: &str = "/usr/local/bin/corral";
+/// Where the proxy container sees the project's audit directory.
+pub const CONTAINER_AUDIT_DIR: &str = "/var/log/corral";
+/// The variable naming the audit log file for `corral proxy` / `corral serve` in a container.
+pub const AUDIT_LOG_ENV: &str = "CORRAL_AUDIT_LOG";
+/// Seconds the engine waits after SIGTERM before SIGKILL (seed 003's `--stop-timeout 5`).
+pub const STOP_TIMEOUT: u32 = 5;
+/// The proxy container's own limits (seed 003's squid container).
+pub const PROXY_CPUS: &str = "1";
+pub const PROXY_MEMORY: &str = "512m";
+pub const PROXY_PIDS: &str = "64";
+/// The user the proxy runs as when the caller is root: `nobody`.
+pub const PROXY_FALLBACK_USER: &str = "65534:65534";
+
+/// What the argv depends on besides the Plan: the engine, this host, this run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Context {
+    pub engine: EngineKind,
+    /// The engine runs without root (rootless podman): the caller's uid is kept with
+    /// `--userns keep-id`. Otherwise (rootful podman, docker) with `--user UID:GID`.
+    pub rootless: bool,
+    /// Prefix of every object name (default `corral`; tests use a unique one).
+    pub prefix: String,
+    /// The corral binary on the host, mounted read-only into the proxy and harness containers.
+    /// Statically linked, so any image runs it.
+    pub corral_bin: PathBuf,
+    /// Host directory of this project's engine files (proxy policy, the masking file).
+    pub state_dir: PathBuf,
+    /// Host directory of this project's audit log, shared with the proxy container.
+    pub audit_dir: PathBuf,
+    pub jail_id: String,
+    /// Standard input is a terminal: `--tty`.
+    pub tty: bool,
+    /// Image the proxy container runs (the binary is mounted, so any image with a root
+    /// filesystem will do); `None`: the harness image.
+    pub proxy_image: Option<String>,
+    /// Memory/cpu/pids limits really take effect with this engine here (rootless podman on
+    /// cgroup v1 ignores them with a warning).
+    pub limits_enforceable: bool,
+    /// Host directory holding SKILL.md for `plan.skill`, mounted read-only at its dir.
+    pub skill_source: Option<PathBuf>,
+}
+
+impl Context {
+    pub fn names(&self, plan: &Plan) -> Names {
+        Names::new(&self.prefix, &plan.project.root)
+    }
+
+    pub fn harness_container(&self, plan: &Plan) -> String {
+        self.names(plan)
+            .harness_container(&self.prefix, &self.jail_id)
+    }
+
+    /// The empty, mode-000 file bound over masked files.
+    pub fn masked_file(&self) -> PathBuf {
+        self.state_dir.join("masked")
+    }
+
+    /// The empty read-only file bound where a policy file does not exist, so the jail cannot
+    /// create one.
+    pub fn empty_file(&self) -> PathBuf {
+        self.state_dir.join("empty")
+    }
+
+    /// The proxy's policy directory on the host.
+    pub fn proxy_dir(&self) -> PathBuf {
+        self.state_dir.join("proxy")
+    }
+}
+
+/// One step of bringing a jail up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Run `create` unless `check` succeeds (the object exists and is reused).
+    Ensure {
+        what: String,
+        check: Command,
+        create: Vec<Command>,
+    },
+    /// The harness container, in the foreground; its exit code is the run's.
+    Run(Command),
+}
+
+/// Everything one run executes, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setup {
+    pub steps: Vec<Step>,
+}
+
+impl Setup {
+    /// The harness command (the last step).
+    pub fn run_command(&self) -> Option<&Command> {
+        self.steps.iter().rev().find_map(|s| match s {
+            Step::Run(c) => Some(c),
+            Step::Ensure { .. } => None,
+        })
+    }
+}
+
+/// The commands of a plan as the shell would read them: `check || create` for objects that
+/// are reused, then the harness run. This is what `corral plan --engine podman` prints.
+pub fn commands(setup: &Setup) -> String {
+    let mut out = String::new();
+    for step in &setup.steps {
+        match step {
+            Step::Ensure {
+                what,
+                check,
+                create,
+            } => {
+                out.push_str(&format!(
+                    "# {what}: created unless it exists, then reused\n"
+                ));
+                let create: Vec<String> = create.iter().map(|c| c.to_string()).collect();
+                out.push_str(&format!(
+                    "{check} >/dev/null 2>&1 || {{ {}; }}\n",
+                    create.join("; ")
+                ));
+            }
+            Step::Run(cmd) => {
+                out.push_str("# the harness container\n");
+                out.push_str(&cmd.to_string());
+                out.push('\n');
+                if !cmd.env.is_empty() {
+                    out.push_str("# with these variables passed by name (--env NAME):\n");
+                    for (k, v) in &cmd.env {
+                        out.push_str(&format!("#   {k}={}\n", crate::shell_quote(v)));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The whole sequence for a plan.
+pub fn setup(plan: &Plan, ctx: &Context) -> Result<Setup> {
+    check_supported(plan, ctx)?;
+    let names = ctx.names(plan);
+    let mut steps = Vec::new();
+    if plan.network.mode == NetworkMode::Proxy {
+        steps.extend(network_steps(ctx, &names));
+        steps.push(Step::Ensure {
+            what: format!("proxy container {}", names.proxy_container),
+            check: exists(ctx.engine, "container", &names.proxy_container),
+            create: proxy_create(plan, ctx, &names)?,
+        });
+    }
+    steps.push(Step::Run(harness_run(plan, ctx, &names)?));
+    Ok(Setup { steps })
+}
+
+/// What the container backend cannot do yet: refused, never silently dropped.
+fn check_supported(plan: &Plan, ctx: &Context) -> Result<()> {
+    let unsupported = |what: &str| {
+        Err(EngineError::Unsupported {
+            engine: ctx.engine,
+            what: what.to_string(),
+        })
+    };
+    if !plan.secrets.is_empty() {
+        return unsupported("[secrets] (the credential gateway)");
+    }
+    if !plan.network.host_ports.is_empty() {
+        return unsupported("network.host_ports");
+    }
+    if !plan.network.publish.is_empty() {
+        return unsupported("network.publish / --publish");
+    }
+    if plan.command.is_empty() {
+        return Err(EngineError::NoCommand);
+    }
+    Ok(())
+}
+
+fn exists(engine: EngineKind, kind: &str, name: &str) -> Command {
+    match engine {
+        EngineKind::Podman => Command::new("podman").args([kind, "exists", name]),
+        EngineKind::Docker => {
+            Command::new("docker").args([kind, "inspect", "--format", "{{.Name}}", name])
+        }
+    }
+}
+
+/// The per-project internal network and the shared external one.
+fn network_steps(ctx: &Context, names: &Names) -> Vec<Step> {
+    let p = ctx.engine.program();
+    vec![
+        Step::Ensure {
+            what: format!("internal network {}", names.internal_network),
+            check: exists(ctx.engine, "network", &names.internal_network),
+            create: vec![Command::new(p).args([
+                "network",
+                "create",
+                "--internal",
+                "--label",
+                &names.label(),
+                &names.internal_network,
+            ])],
+        },
+        Step::Ensure {
+            what: format!("external network {}", names.external_network),
+            check: exists(ctx.engine, "network", &names.external_network),
+            create: vec![Command::new(p).args([
+                "network",
+                "create",
+                "--label",
+                "corral.role=external",
+                &names.external_network,
+            ])],
+        },
+    ]
+}
+
+/// The options every container corral starts carries: a read-only root with private tmpfs
+/// scratch space, no capabilities, no new privileges.
+fn hardening(engine: EngineKind) -> Vec<String> {
+    let mut a: Vec<String> = vec!["--read-only".into()];
+    match engine {
+        EngineKind::Podman => a.push("--read-only-tmpfs".into()),
+        // docker has no --read-only-tmpfs: the same three tmpfs podman mounts.
+        EngineKind::Docker => {
+            for (dir, mode) in [("/tmp", "1777"), ("/var/tmp", "1777"), ("/run", "0755")] {
+                a.push("--tmpfs".into());
+                a.push(format!("{dir}:rw,nosuid,nodev,mode={mode}"));
+            }
+        }
+    }
+    a.extend(
+        ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+            .into_iter()
+            .map(String::from),
+    );
+    a
+}
+
+/// How a container keeps the caller's identity.
+fn user_args(ctx: &Context, uid: u32, gid: u32) -> Vec<String> {
+    match (ctx.engine, ctx.rootless) {
+        (EngineKind::Podman, true) => vec!["--userns".into(), "keep-id".into()],
+        _ => vec!["--user".into(), format!("{uid}:{gid}")],
+    }
+}
+
+/// `SRC:DST:OPTS` for `--volume`, refusing paths the syntax cannot carry.
+fn volume(engine: EngineKind, src: &Path, dst: &Path, access: Access) -> Result<String> {
+    for p in [src, dst] {
+        let s = p.to_string_lossy();
+        if let Some(ch) = s.chars().find(|c| *c == ':' || *c == ',') {
+            return Err(EngineError::BadPath {
+                engine,
+                path: p.to_path_buf(),
+                ch,
+            });
+        }
+    }
+    let access = match access {
+        Access::Ro => "ro",
+        Access::Rw => "rw",
+    };
+    // podman: `z` relabels for SELinux (shared between containers, as seed 003 does); a no-op
+    // where SELinux is off. docker relabels only on request too, but its rootful daemon usually
+    // runs without SELinux enforcement of binds; keep its argv plain.
+    let opts = match engine {
+        EngineKind::Podman => format!("{access},z"),
+        EngineKind::Docker => access.to_string(),
+    };
+    Ok(format!("{}:{}:{opts}", src.display(), dst.display()))
+}
+
+fn format_size(bytes: u64) -> String {
+    const K: u64 = 1024;
+    for (unit, size) in [("g", K * K * K), ("m", K * K), ("k", K)] {
+        if bytes >= size && bytes % size == 0 {
+            return format!("{}{unit}", bytes / size);
+        }
+    }
+    format!("{bytes}b")
+}
+
+fn limit_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
+    let l = &plan.limits;
+    let mut a = Vec::new();
+    if let Some(m) = l.memory {
+        a.push("--memory".into());
+        a.push(format_size(m));
+    }
+    if let Some(c) = l.cpus {
+        a.push("--cpus".into());
+        a.push(format!("{c}"));
+    }
+    if let Some(p) = l.pids {
+        a.push("--pids-limit".into());
+        a.push(p.to_string());
+    }
+    if !a.is_empty() && !ctx.limits_enforceable {
+        match l.enforce {
+            Enforce::Strict => {
+                return Err(EngineError::Unsupported {
+                    engine: ctx.engine,
+                    what: "[limits] here (rootless podman on cgroup v1 ignores resource limits; \
+                           use cgroup v2 with delegation, rootful podman, or limits.enforce = \"best-effort\")"
+                        .into(),
+                });
+            }
+            Enforce::BestEffort => return Ok(Vec::new()),
+        }
+    }
+    Ok(a)
+}
+
+/// The proxy container: on the internal network as `proxy` and on the external one, running
+/// `corral proxy` from the mounted static binary with the plan's rules.
+fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command>> {
+    let e = ctx.engine;
+    let image = ctx
+        .proxy_image
+        .clone()
+        .unwrap_or_else(|| harness_image(plan));
+    let mut a: Vec<String> = vec![
+        "run".into(),
+        "--detach".into(),
+        "--name".into(),
+        names.proxy_container.clone(),
+        "--label".into(),
+        names.label(),
+        "--label".into(),
+        "corral.role=proxy".into(),
+        "--pull".into(),
+        "never".into(),
+    ];
+    a.extend(hardening(e));
+    // Its own non-root user: the caller's (so the audit lines it writes are the caller's), or
+    // nobody when the caller is root.
+    if plan.uid == 0 {
+        a.extend(["--user".into(), PROXY_FALLBACK_USER.into()]);
+    } else {
+        a.extend(user_args(ctx, plan.uid, plan.gid));
+    }
+    a.extend(
+        [
+            "--cpus",
+            PROXY_CPUS,
+            "--memory",
+            PROXY_MEMORY,
+            "--pids-limit",
+            PROXY_PIDS,
+            "--stop-timeout",
+        ]
+        .into_iter()
+        .map(String::from),
+    );
+    a.push(STOP_TIMEOUT.to_string());
+    match e {
+        EngineKind::Podman => {
+            a.push("--network".into());
+            a.push(format!("{}:alias={PROXY_ALIAS}", names.internal_network));
+            a.push("--network".into());
+            a.push(names.external_network.clone());
+        }
+        // docker attaches one network at run time; the external one is connected below.
+        EngineKind::Docker => {
+            a.extend([
+                "--network".into(),
+                names.internal_network.clone(),
+                "--network-alias".into(),
+                PROXY_ALIAS.into(),
+            ]);
+        }
+    }
+    a.push("--volume".into());
+    a.push(volume(
+        e,
+        &ctx.corral_bin,
+        Path::new(CONTAINER_BIN),
+        Access::Ro,
+    )?);
+    a.push("--volume".into());
+    a.push(volume(
+        e,
+        &ctx.proxy_dir(),
+        Path::new(proxy_policy::CONTAINER_DIR),
+        Access::Ro,
+    )?);
+    a.push("--volume".into());
+    a.push(volume(
+        e,
+        &ctx.audit_dir,
+        Path::new(CONTAINER_AUDIT_DIR),
+        Access::Rw,
+    )?);
+    a.push("--env".into());
+    a.push(format!("{AUDIT_LOG_ENV}={CONTAINER_AUDIT_DIR}/audit.jsonl"));
+    a.extend(["--entrypoint".into(), CONTAINER_BIN.into(), image]);
+    a.extend([
+        "proxy".into(),
+        "--listen".into(),
+        format!("0.0.0.0:{PROXY_PORT}"),
+        "--policy".into(),
+        proxy_policy::CONTAINER_FILE.into(),
+    ]);
+    let mut cmds = vec![Command::new(e.program()).args(a)];
+    if e == EngineKind::Docker {
+        cmds.push(Command::new("docker").args([
+            "network",
+            "connect",
+            &names.external_network,
+            &names.proxy_container,
+        ]));
+    }
+    Ok(cmds)
+}
+
+/// The harness image: the plan's, else the profile's default tag.
+pub fn harness_image(plan: &Plan) -> String {
+    plan.image
+        .clone()
+        .unwrap_or_else(|| crate::image::default_tag(&plan.profile))
+}
+
+/// The proxy variables a harness gets, pointing at the proxy container.
+pub fn proxy_env(no_proxy: &str) -> BTreeMap<String, String> {
+    let url = format!("http://{PROXY_ALIAS}:{PROXY_PORT}");
+    let mut env = BTreeMap::new();
+    for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+        env.insert(name.to_string(), url.clone());
+        env.insert(name.to_ascii_lowercase(), url.clone());
+    }
+    env.insert("NO_PROXY".into(), no_proxy.to_string());
+    env.insert("no_proxy".into(), no_proxy.to_string());
+    env.insert("NODE_USE_ENV_PROXY".into(), "1".into());
+    env
+}
+
+/// The harness container.
+fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
+    let e = ctx.engine;
+    let mut a: Vec<String> = vec![
+        "run".into(),
+        "--rm".into(),
+        "--name".into(),
+        ctx.harness_container(plan),
+        "--label".into(),
+        names.label(),
+        "--label".into(),
+        format!("corral.jail={}", ctx.jail_id),
+        "--pull".into(),
+        "never".into(),
+        "--interactive".into(),
+    ];
+    if ctx.tty {
+        a.push("--tty".into());
+    }
+    a.extend(hardening(e));
+    a.extend(user_args(ctx, plan.uid, plan.gid));
+    a.push("--network".into());
+    a.push(match plan.network.mode {
+        NetworkMode::None => "none".into(),
+        NetworkMode::Proxy => names.internal_network.clone(),
+        NetworkMode::Host => "host".into(),
+    });
+    a.extend(limit_args(plan, ctx)?);
+    a.extend(["--stop-timeout".into(), STOP_TIMEOUT.to_string()]);
+    a.extend(["--workdir".into(), plan.cwd.display().to_string()]);
+    a.extend(mount_args(plan, ctx)?);
+
+    // The environment: exactly the plan's, with the proxy variables pointing at the proxy
+    // container and the executor at its compose alias. Values travel in the engine's own
+    // environment, never in its argv.
+    let mut env: BTreeMap<String, String> = plan
+        .env
+        .iter()
+        .filter(|(k, _)| !k.starts_with("CORRAL_EXECUTOR"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let executor = match &plan.executor.target {
+        ExecutorTarget::Compose(_) => Some(names.executor_alias.clone()),
+        ExecutorTarget::Sandbox | ExecutorTarget::Host => None,
+    };
+    if plan.network.mode == NetworkMode::Proxy {
+        let mut no_proxy = vec![
+            "localhost".to_string(),
+            "127.0.0.1".to_string(),
+            "::1".to_string(),
+        ];
+        no_proxy.extend(executor.clone());
+        env.extend(proxy_env(&no_proxy.join(",")));
+    }
+    if let Some(alias) = &executor {
+        env.insert(
+            "CORRAL_EXECUTOR".into(),
+            format!("http://{alias}:{EXECUTOR_PORT}"),
+        );
+    }
+    for name in env.keys() {
+        a.push("--env".into());
+        a.push(name.clone());
+    }
+    a.extend([
+        "--entrypoint".into(),
+        plan.command[0].clone(),
+        harness_image(plan),
+    ]);
+    a.extend(plan.command[1..].iter().cloned());
+    let mut cmd = Command::new(e.program()).args(a);
+    cmd.env = env;
+    Ok(cmd)
+}
+
+/// The plan's filesystem as engine mounts. The system directories come from the image, not the
+/// host; everything else the plan binds is bound, masked files are covered with an empty
+/// unreadable file, protected paths are bound read-only over the project.
+fn mount_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
+    let e = ctx.engine;
+    let system: BTreeSet<PathBuf> = system_mounts().into_iter().map(|m| m.target).collect();
+    let mut a = Vec::new();
+    for m in &plan.mounts {
+        match m.kind {
+            MountKind::Tmpfs => {
+                a.push("--tmpfs".into());
+                a.push(format!(
+                    "{}:rw,nosuid,nodev,exec,mode=0700,uid={},gid={}",
+                    m.target.display(),
+                    plan.uid,
+                    plan.gid
+                ));
+            }
+            MountKind::Bind(access) => {
+                if system.contains(&m.target) && m.source == m.target {
+                    continue;
+                }
+                if m.optional && !m.source.exists() {
+                    continue;
+                }
+                a.push("--volume".into());
+                a.push(volume(e, &m.source, &m.target, access)?);
+            }
+        }
+    }
+    for p in &plan.masked {
+        if p.is_dir() {
+            a.push("--tmpfs".into());
+            a.push(format!("{}:ro,nosuid,nodev,noexec,mode=0000", p.display()));
+        } else {
+            a.push("--volume".into());
+            a.push(volume(e, &ctx.masked_file(), p, Access::Ro)?);
+        }
+    }
+    for p in &plan.protected {
+        if p.exists() {
+            a.push("--volume".into());
+            a.push(volume(e, p, p, Access::Ro)?);
+        } else if *p == plan.project.policy_file {
+            // A policy file that does not exist yet must not be creatable from inside.
+            a.push("--volume".into());
+            a.push(volume(e, &ctx.empty_file(), p, Access::Ro)?);
+        }
+    }
+    if let (Some(skill), Some(src)) = (&plan.skill, &ctx.skill_source) {
+        a.push("--volume".into());
+        a.push(volume(e, src, &skill.dir, Access::Ro)?);
+    }
+    a.push("--volume".into());
+    a.push(volume(
+        e,
+        &ctx.corral_bin,
+        Path::new(CONTAINER_BIN),
+        Access::Ro,
+    )?);
+    Ok(a)
+}
+
+#[cfg(test)]
+mod tests;

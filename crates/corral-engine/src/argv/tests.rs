@@ -1,0 +1,608 @@
+//! Whole-argv tests: every command the podman and docker backends run for a plan.
+
+use std::path::{Path, PathBuf};
+
+use corral_policy::domain::DomainPattern;
+use corral_policy::plan::{Access, Enforce, ExecutorTarget, Mount, MountKind, NetworkMode, Plan};
+use similar_asserts::assert_eq;
+
+use super::*;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: String,
+    plan: Plan,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("proj");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join(".env"), "SECRET=1").unwrap();
+    let mut plan = Plan::minimal(
+        &root,
+        Path::new("/home/u"),
+        vec!["/usr/bin/pi".into(), "--x".into()],
+    );
+    plan.profile = "pi".into();
+    plan.uid = 1000;
+    plan.gid = 1000;
+    plan.image = Some("localhost/corral-pi:latest".into());
+    plan.network.mode = NetworkMode::Proxy;
+    plan.network.allow = vec![DomainPattern::parse("api.anthropic.com").unwrap()];
+    plan.limits.memory = Some(4 << 30);
+    plan.limits.cpus = Some(2.0);
+    plan.limits.pids = Some(1024);
+    plan.env.insert("TERM".into(), "xterm".into());
+    // The plan's own proxy variables (the native bridge's) are replaced.
+    plan.env
+        .insert("HTTP_PROXY".into(), "http://127.0.0.1:9".into());
+    plan.env
+        .insert("CORRAL_EXECUTOR".into(), "unix:/run/x".into());
+    plan.masked = vec![root.join(".env")];
+    plan.mounts.insert(
+        plan.mounts.len() - 1,
+        Mount {
+            source: dir.path().join("gitconfig-missing"),
+            target: PathBuf::from("/home/u/.gitconfig"),
+            kind: MountKind::Bind(Access::Ro),
+            optional: true,
+        },
+    );
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    plan.mounts.insert(
+        plan.mounts.len() - 1,
+        Mount {
+            source: state.clone(),
+            target: PathBuf::from("/home/u/.pi/agent"),
+            kind: MountKind::Bind(Access::Rw),
+            optional: false,
+        },
+    );
+    Fixture {
+        root: root.display().to_string(),
+        _dir: dir,
+        plan,
+    }
+}
+
+fn ctx(engine: EngineKind, rootless: bool) -> Context {
+    Context {
+        engine,
+        rootless,
+        prefix: "corral".into(),
+        corral_bin: PathBuf::from("/opt/c/corral"),
+        state_dir: PathBuf::from("/s/engine"),
+        audit_dir: PathBuf::from("/s/log"),
+        jail_id: "j1".into(),
+        tty: false,
+        proxy_image: None,
+        limits_enforceable: true,
+        skill_source: None,
+    }
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn podman_rootless_whole_setup() {
+    let f = fixture();
+    let c = ctx(EngineKind::Podman, true);
+    let n = c.names(&f.plan);
+    let key = n.key.clone();
+    let root = &f.root;
+    let state = format!("{}/state", Path::new(root).parent().unwrap().display());
+    let setup = setup(&f.plan, &c).unwrap();
+    let internal = format!("corral-{key}-internal");
+    let proxy = format!("corral-{key}-proxy");
+    let label = format!("corral.project={key}");
+    let expected_steps = vec![
+        Step::Ensure {
+            what: format!("internal network {internal}"),
+            check: Command::new("podman").args(["network", "exists", &internal]),
+            create: vec![Command::new("podman").args([
+                "network",
+                "create",
+                "--internal",
+                "--label",
+                &label,
+                &internal,
+            ])],
+        },
+        Step::Ensure {
+            what: "external network corral-external".into(),
+            check: Command::new("podman").args(["network", "exists", "corral-external"]),
+            create: vec![Command::new("podman").args([
+                "network",
+                "create",
+                "--label",
+                "corral.role=external",
+                "corral-external",
+            ])],
+        },
+        Step::Ensure {
+            what: format!("proxy container {proxy}"),
+            check: Command::new("podman").args(["container", "exists", &proxy]),
+            create: vec![Command::new("podman").args(strings(&[
+                "run",
+                "--detach",
+                "--name",
+                &proxy,
+                "--label",
+                &label,
+                "--label",
+                "corral.role=proxy",
+                "--pull",
+                "never",
+                "--read-only",
+                "--read-only-tmpfs",
+                "--cap-drop",
+                "ALL",
+                "--security-opt",
+                "no-new-privileges",
+                "--userns",
+                "keep-id",
+                "--cpus",
+                "1",
+                "--memory",
+                "512m",
+                "--pids-limit",
+                "64",
+                "--stop-timeout",
+                "5",
+                "--network",
+                &format!("{internal}:alias=proxy"),
+                "--network",
+                "corral-external",
+                "--volume",
+                "/opt/c/corral:/usr/local/bin/corral:ro,z",
+                "--volume",
+                "/s/engine/proxy:/etc/corral:ro,z",
+                "--volume",
+                "/s/log:/var/log/corral:rw,z",
+                "--env",
+                "CORRAL_AUDIT_LOG=/var/log/corral/audit.jsonl",
+                "--entrypoint",
+                "/usr/local/bin/corral",
+                "localhost/corral-pi:latest",
+                "proxy",
+                "--listen",
+                "0.0.0.0:3128",
+                "--policy",
+                "/etc/corral/policy.toml",
+            ]))],
+        },
+    ];
+    assert_eq!(setup.steps[..3].to_vec(), expected_steps);
+    let run = setup.run_command().unwrap();
+    let expected_run = strings(&[
+        "podman",
+        "run",
+        "--rm",
+        "--name",
+        &format!("corral-{key}-j1"),
+        "--label",
+        &label,
+        "--label",
+        "corral.jail=j1",
+        "--pull",
+        "never",
+        "--interactive",
+        "--read-only",
+        "--read-only-tmpfs",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--userns",
+        "keep-id",
+        "--network",
+        &internal,
+        "--memory",
+        "4g",
+        "--cpus",
+        "2",
+        "--pids-limit",
+        "1024",
+        "--stop-timeout",
+        "5",
+        "--workdir",
+        root,
+        "--tmpfs",
+        "/home/u:rw,nosuid,nodev,exec,mode=0700,uid=1000,gid=1000",
+        "--volume",
+        &format!("{state}:/home/u/.pi/agent:rw,z"),
+        "--volume",
+        &format!("{root}:{root}:rw,z"),
+        "--volume",
+        &format!("/s/engine/masked:{root}/.env:ro,z"),
+        "--volume",
+        &format!("/s/engine/empty:{root}/corral.toml:ro,z"),
+        "--volume",
+        "/opt/c/corral:/usr/local/bin/corral:ro,z",
+        "--env",
+        "ALL_PROXY",
+        "--env",
+        "HOME",
+        "--env",
+        "HTTPS_PROXY",
+        "--env",
+        "HTTP_PROXY",
+        "--env",
+        "LANG",
+        "--env",
+        "NODE_USE_ENV_PROXY",
+        "--env",
+        "NO_PROXY",
+        "--env",
+        "PATH",
+        "--env",
+        "TERM",
+        "--env",
+        "TMPDIR",
+        "--env",
+        "all_proxy",
+        "--env",
+        "http_proxy",
+        "--env",
+        "https_proxy",
+        "--env",
+        "no_proxy",
+        "--entrypoint",
+        "/usr/bin/pi",
+        "localhost/corral-pi:latest",
+        "--x",
+    ]);
+    assert_eq!(run.argv(), expected_run);
+    let env: Vec<(String, String)> = run.env.clone().into_iter().collect();
+    let p = "http://proxy:3128";
+    let np = "localhost,127.0.0.1,::1";
+    let expected_env: Vec<(String, String)> = [
+        ("ALL_PROXY", p),
+        ("HOME", "/home/u"),
+        ("HTTPS_PROXY", p),
+        ("HTTP_PROXY", p),
+        ("LANG", "C.UTF-8"),
+        ("NODE_USE_ENV_PROXY", "1"),
+        ("NO_PROXY", np),
+        (
+            "PATH",
+            "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+        ),
+        ("TERM", "xterm"),
+        ("TMPDIR", "/tmp"),
+        ("all_proxy", p),
+        ("http_proxy", p),
+        ("https_proxy", p),
+        ("no_proxy", np),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(env, expected_env);
+}
+
+#[test]
+fn docker_whole_setup() {
+    let mut f = fixture();
+    f.plan.executor.target = ExecutorTarget::Compose("executor".into());
+    let mut c = ctx(EngineKind::Docker, false);
+    c.tty = true;
+    c.proxy_image = Some("localhost/corral-proxy:1".into());
+    let n = c.names(&f.plan);
+    let key = n.key.clone();
+    let root = &f.root;
+    let state = format!("{}/state", Path::new(root).parent().unwrap().display());
+    let setup = setup(&f.plan, &c).unwrap();
+    let internal = format!("corral-{key}-internal");
+    let proxy = format!("corral-{key}-proxy");
+    let label = format!("corral.project={key}");
+    let tmpfs = [
+        "--tmpfs",
+        "/tmp:rw,nosuid,nodev,mode=1777",
+        "--tmpfs",
+        "/var/tmp:rw,nosuid,nodev,mode=1777",
+        "--tmpfs",
+        "/run:rw,nosuid,nodev,mode=0755",
+    ];
+    let mut proxy_argv = strings(&[
+        "run",
+        "--detach",
+        "--name",
+        &proxy,
+        "--label",
+        &label,
+        "--label",
+        "corral.role=proxy",
+        "--pull",
+        "never",
+        "--read-only",
+    ]);
+    proxy_argv.extend(strings(&tmpfs));
+    proxy_argv.extend(strings(&[
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--user",
+        "1000:1000",
+        "--cpus",
+        "1",
+        "--memory",
+        "512m",
+        "--pids-limit",
+        "64",
+        "--stop-timeout",
+        "5",
+        "--network",
+        &internal,
+        "--network-alias",
+        "proxy",
+        "--volume",
+        "/opt/c/corral:/usr/local/bin/corral:ro",
+        "--volume",
+        "/s/engine/proxy:/etc/corral:ro",
+        "--volume",
+        "/s/log:/var/log/corral:rw",
+        "--env",
+        "CORRAL_AUDIT_LOG=/var/log/corral/audit.jsonl",
+        "--entrypoint",
+        "/usr/local/bin/corral",
+        "localhost/corral-proxy:1",
+        "proxy",
+        "--listen",
+        "0.0.0.0:3128",
+        "--policy",
+        "/etc/corral/policy.toml",
+    ]));
+    let expected_steps = vec![
+        Step::Ensure {
+            what: format!("internal network {internal}"),
+            check: Command::new("docker").args([
+                "network",
+                "inspect",
+                "--format",
+                "{{.Name}}",
+                &internal,
+            ]),
+            create: vec![Command::new("docker").args([
+                "network",
+                "create",
+                "--internal",
+                "--label",
+                &label,
+                &internal,
+            ])],
+        },
+        Step::Ensure {
+            what: "external network corral-external".into(),
+            check: Command::new("docker").args([
+                "network",
+                "inspect",
+                "--format",
+                "{{.Name}}",
+                "corral-external",
+            ]),
+            create: vec![Command::new("docker").args([
+                "network",
+                "create",
+                "--label",
+                "corral.role=external",
+                "corral-external",
+            ])],
+        },
+        Step::Ensure {
+            what: format!("proxy container {proxy}"),
+            check: Command::new("docker").args([
+                "container",
+                "inspect",
+                "--format",
+                "{{.Name}}",
+                &proxy,
+            ]),
+            create: vec![
+                Command::new("docker").args(proxy_argv),
+                Command::new("docker").args(["network", "connect", "corral-external", &proxy]),
+            ],
+        },
+    ];
+    assert_eq!(setup.steps[..3].to_vec(), expected_steps);
+    let mut expected_run = strings(&[
+        "docker",
+        "run",
+        "--rm",
+        "--name",
+        &format!("corral-{key}-j1"),
+        "--label",
+        &label,
+        "--label",
+        "corral.jail=j1",
+        "--pull",
+        "never",
+        "--interactive",
+        "--tty",
+        "--read-only",
+    ]);
+    expected_run.extend(strings(&tmpfs));
+    expected_run.extend(strings(&[
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--user",
+        "1000:1000",
+        "--network",
+        &internal,
+        "--memory",
+        "4g",
+        "--cpus",
+        "2",
+        "--pids-limit",
+        "1024",
+        "--stop-timeout",
+        "5",
+        "--workdir",
+        root,
+        "--tmpfs",
+        "/home/u:rw,nosuid,nodev,exec,mode=0700,uid=1000,gid=1000",
+        "--volume",
+        &format!("{state}:/home/u/.pi/agent:rw"),
+        "--volume",
+        &format!("{root}:{root}:rw"),
+        "--volume",
+        &format!("/s/engine/masked:{root}/.env:ro"),
+        "--volume",
+        &format!("/s/engine/empty:{root}/corral.toml:ro"),
+        "--volume",
+        "/opt/c/corral:/usr/local/bin/corral:ro",
+        "--env",
+        "ALL_PROXY",
+        "--env",
+        "CORRAL_EXECUTOR",
+        "--env",
+        "HOME",
+        "--env",
+        "HTTPS_PROXY",
+        "--env",
+        "HTTP_PROXY",
+        "--env",
+        "LANG",
+        "--env",
+        "NODE_USE_ENV_PROXY",
+        "--env",
+        "NO_PROXY",
+        "--env",
+        "PATH",
+        "--env",
+        "TERM",
+        "--env",
+        "TMPDIR",
+        "--env",
+        "all_proxy",
+        "--env",
+        "http_proxy",
+        "--env",
+        "https_proxy",
+        "--env",
+        "no_proxy",
+        "--entrypoint",
+        "/usr/bin/pi",
+        "localhost/corral-pi:latest",
+        "--x",
+    ]));
+    let run = setup.run_command().unwrap();
+    assert_eq!(run.argv(), expected_run);
+    assert_eq!(
+        run.env.get("CORRAL_EXECUTOR").map(String::as_str),
+        Some(format!("http://{}:8080", n.executor_alias).as_str())
+    );
+    assert_eq!(
+        run.env.get("NO_PROXY").cloned(),
+        Some(format!("localhost,127.0.0.1,::1,{}", n.executor_alias))
+    );
+}
+
+#[test]
+fn rootful_podman_keeps_the_uid_with_user_and_root_gets_a_nobody_proxy() {
+    let mut f = fixture();
+    f.plan.uid = 0;
+    f.plan.gid = 0;
+    let c = ctx(EngineKind::Podman, false);
+    let s = setup(&f.plan, &c).unwrap();
+    let Step::Ensure { create, .. } = &s.steps[2] else {
+        panic!("proxy step")
+    };
+    let a = &create[0].args;
+    let i = a.iter().position(|x| x == "--user").unwrap();
+    assert_eq!(a[i + 1], "65534:65534");
+    assert!(!a.contains(&"--userns".to_string()));
+    let r = &s.run_command().unwrap().args;
+    let i = r.iter().position(|x| x == "--user").unwrap();
+    assert_eq!(r[i + 1], "0:0");
+}
+
+#[test]
+fn network_none_and_host_have_no_proxy() {
+    let mut f = fixture();
+    for (mode, net) in [(NetworkMode::None, "none"), (NetworkMode::Host, "host")] {
+        f.plan.network.mode = mode;
+        let s = setup(&f.plan, &ctx(EngineKind::Podman, true)).unwrap();
+        assert_eq!(s.steps.len(), 1, "{mode:?}");
+        let run = s.run_command().unwrap();
+        let i = run.args.iter().position(|x| x == "--network").unwrap();
+        assert_eq!(run.args[i + 1], net);
+        assert!(!run.env.contains_key("HTTPS_PROXY"));
+        // The plan's own (native) proxy variable is kept as the plan says in these modes.
+        assert_eq!(run.env.get("HTTP_PROXY").unwrap(), "http://127.0.0.1:9");
+    }
+}
+
+#[test]
+fn what_cannot_be_enforced_is_refused() {
+    let f = fixture();
+    let mut c = ctx(EngineKind::Podman, true);
+    c.limits_enforceable = false;
+    let err = setup(&f.plan, &c).unwrap_err().to_string();
+    assert!(err.contains("limits"), "{err}");
+    let mut p = f.plan.clone();
+    p.limits.enforce = Enforce::BestEffort;
+    let run = setup(&p, &c).unwrap();
+    assert!(
+        !run.run_command()
+            .unwrap()
+            .args
+            .contains(&"--memory".to_string())
+    );
+
+    let c = ctx(EngineKind::Podman, true);
+    let mut p = f.plan.clone();
+    p.network.host_ports = vec![11434];
+    assert!(
+        setup(&p, &c)
+            .unwrap_err()
+            .to_string()
+            .contains("host_ports")
+    );
+    let mut p = f.plan.clone();
+    p.network.publish = vec![3000];
+    assert!(setup(&p, &c).unwrap_err().to_string().contains("publish"));
+    let mut p = f.plan.clone();
+    p.command.clear();
+    assert!(setup(&p, &c).is_err());
+    let mut p = f.plan.clone();
+    p.mounts.push(Mount {
+        source: PathBuf::from("/tmp/a:b"),
+        target: PathBuf::from("/x"),
+        kind: MountKind::Bind(Access::Ro),
+        optional: false,
+    });
+    let err = setup(&p, &c).unwrap_err().to_string();
+    assert!(err.contains("/tmp/a:b"), "{err}");
+}
+
+#[test]
+fn printed_commands_are_shell_words() {
+    let f = fixture();
+    let s = setup(&f.plan, &ctx(EngineKind::Podman, true)).unwrap();
+    let text = commands(&s);
+    let first = text.lines().nth(1).unwrap();
+    assert!(
+        first.starts_with("podman network exists corral-"),
+        "{first}"
+    );
+    assert!(
+        first.contains(" >/dev/null 2>&1 || { podman network create --internal"),
+        "{first}"
+    );
+    assert!(
+        text.contains("# the harness container\npodman run --rm"),
+        "{text}"
+    );
+    assert!(
+        text.contains("#   HTTPS_PROXY=http://proxy:3128\n"),
+        "{text}"
+    );
+}

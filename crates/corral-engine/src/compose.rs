@@ -1,0 +1,290 @@
+//! `corral init --compose`: the executor service of seed 003, written into the project's
+//! `docker-compose.override.yml` next to whatever the file already holds.
+//!
+//! The service builds the project's own image (`build: .`), runs `corral serve --no-auth` from a
+//! read-only volume holding the static corral binary, with the harness's hardening (read-only
+//! root, no capabilities, no new privileges, limits, the proxy variables), on the project's
+//! internal network under a unique alias: the harness's `corral exec` reaches it at
+//! `http://<alias>:8080`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use corral_policy::plan::{Limits, Plan};
+use serde::Serialize;
+use serde_yaml_ng::{Mapping, Value};
+
+use crate::argv::{AUDIT_LOG_ENV, CONTAINER_AUDIT_DIR, STOP_TIMEOUT, proxy_env};
+use crate::names::EXECUTOR_PORT;
+use crate::{Command, Context, EngineError, EngineKind, Result};
+
+/// The override file's name, at the project root.
+pub const OVERRIDE_FILE: &str = "docker-compose.override.yml";
+/// The service's name in it.
+pub const SERVICE: &str = "executor";
+/// Where the service sees the corral binary volume.
+pub const BIN_DIR: &str = "/opt/corral";
+
+#[derive(Debug, Serialize)]
+struct Service {
+    build: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    userns_mode: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<String>,
+    volumes: Vec<String>,
+    working_dir: String,
+    command: Vec<String>,
+    cap_drop: Vec<String>,
+    security_opt: Vec<String>,
+    read_only: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tmpfs: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpus: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mem_limit: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pids_limit: Option<u64>,
+    stop_grace_period: String,
+    environment: BTreeMap<String, String>,
+    networks: BTreeMap<String, Aliases>,
+}
+
+#[derive(Debug, Serialize)]
+struct Aliases {
+    aliases: Vec<String>,
+}
+
+fn bytes_to_compose(bytes: u64) -> String {
+    const M: u64 = 1024 * 1024;
+    if bytes % M == 0 {
+        format!("{}m", bytes / M)
+    } else {
+        format!("{bytes}b")
+    }
+}
+
+/// The executor service for `plan`, as a YAML value.
+pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
+    let names = ctx.names(plan);
+    let root = plan.project.root.display().to_string();
+    let limits: &Limits = plan
+        .executor
+        .jail
+        .as_ref()
+        .map(|j| &j.limits)
+        .unwrap_or(&plan.limits);
+    let (userns_mode, user) = match (ctx.engine, ctx.rootless) {
+        (EngineKind::Podman, true) => (Some("keep-id".to_string()), None),
+        _ => (None, Some(format!("{}:{}", plan.uid, plan.gid))),
+    };
+    let (project_opts, bin_opts) = match ctx.engine {
+        EngineKind::Podman => ("z", "z,ro"),
+        EngineKind::Docker => ("rw", "ro"),
+    };
+    let mut environment = proxy_env(&format!("localhost,127.0.0.1,::1,{}", names.executor_alias));
+    environment.insert(
+        AUDIT_LOG_ENV.into(),
+        format!("{CONTAINER_AUDIT_DIR}/audit.jsonl"),
+    );
+    let service = Service {
+        build: ".".into(),
+        userns_mode,
+        user,
+        volumes: vec![
+            format!("{root}:{root}:{project_opts}"),
+            format!("{}:{BIN_DIR}:{bin_opts}", names.bin_volume),
+            format!(
+                "{}:{CONTAINER_AUDIT_DIR}:{project_opts}",
+                ctx.audit_dir.display()
+            ),
+        ],
+        working_dir: root.clone(),
+        command: vec![
+            format!("{BIN_DIR}/corral"),
+            "serve".into(),
+            "--no-auth".into(),
+            "--listen".into(),
+            format!("0.0.0.0:{EXECUTOR_PORT}"),
+            "--root".into(),
+            root,
+        ],
+        cap_drop: vec!["ALL".into()],
+        security_opt: vec!["no-new-privileges:true".into()],
+        read_only: true,
+        // podman's --read-only already mounts tmpfs on /tmp, /var/tmp and /run.
+        tmpfs: match ctx.engine {
+            EngineKind::Podman => vec![],
+            EngineKind::Docker => vec!["/tmp".into(), "/var/tmp".into(), "/run".into()],
+        },
+        cpus: limits.cpus,
+        mem_limit: limits.memory.map(bytes_to_compose),
+        pids_limit: limits.pids,
+        stop_grace_period: format!("{STOP_TIMEOUT}s"),
+        environment,
+        networks: BTreeMap::from([(
+            names.internal_network.clone(),
+            Aliases {
+                aliases: vec![names.executor_alias.clone()],
+            },
+        )]),
+    };
+    serde_yaml_ng::to_value(service).expect("the service always serializes")
+}
+
+fn external() -> Value {
+    let mut m = Mapping::new();
+    m.insert("external".into(), Value::Bool(true));
+    Value::Mapping(m)
+}
+
+fn section<'a>(top: &'a mut Mapping, key: &str, file: &Path) -> Result<&'a mut Mapping> {
+    let entry = top
+        .entry(Value::String(key.into()))
+        .or_insert_with(|| Value::Mapping(Mapping::new()));
+    if entry.is_null() {
+        *entry = Value::Mapping(Mapping::new());
+    }
+    entry.as_mapping_mut().ok_or_else(|| {
+        EngineError::Compose(format!(
+            "{}: `{key}` is not a mapping; fix it by hand, then run `corral init --compose` again",
+            file.display()
+        ))
+    })
+}
+
+/// The override file with the executor service merged in: the `executor` service, the binary
+/// volume and the internal network (both external) are set; everything else is kept.
+pub fn merge(existing: Option<&str>, file: &Path, plan: &Plan, ctx: &Context) -> Result<String> {
+    let names = ctx.names(plan);
+    let mut top = match existing.map(str::trim) {
+        None | Some("") => Mapping::new(),
+        Some(text) => match serde_yaml_ng::from_str::<Value>(text) {
+            Ok(Value::Mapping(m)) => m,
+            Ok(Value::Null) => Mapping::new(),
+            Ok(_) => {
+                return Err(EngineError::Compose(format!(
+                    "{}: the top level is not a mapping; fix it by hand, then run `corral init --compose` again",
+                    file.display()
+                )));
+            }
+            Err(e) => {
+                return Err(EngineError::Compose(format!(
+                    "{}: not valid YAML ({e}); fix it by hand, then run `corral init --compose` again",
+                    file.display()
+                )));
+            }
+        },
+    };
+    section(&mut top, "volumes", file)?.insert(names.bin_volume.clone().into(), external());
+    section(&mut top, "networks", file)?.insert(names.internal_network.clone().into(), external());
+    section(&mut top, "services", file)?.insert(SERVICE.into(), executor_service(plan, ctx));
+    let body = serde_yaml_ng::to_string(&Value::Mapping(top))
+        .map_err(|e| EngineError::Compose(format!("{}: {e}", file.display())))?;
+    Ok(body)
+}
+
+/// Write the merged override file at the project root. Returns its path.
+pub fn write_override(plan: &Plan, ctx: &Context) -> Result<PathBuf> {
+    let path = plan.project.root.join(OVERRIDE_FILE);
+    let existing = match fs::read_to_string(&path) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => return Err(EngineError::Io { path, source }),
+    };
+    let text = merge(existing.as_deref(), &path, plan, ctx)?;
+    let text = format!(
+        "# The `executor` service (and the external volume and network it uses) is written by\n\
+         # `corral init --compose`; running it again replaces that service and keeps the rest.\n{}",
+        strip_header(&text)
+    );
+    fs::write(&path, text).map_err(|source| EngineError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
+}
+
+fn strip_header(text: &str) -> &str {
+    text.trim_start_matches("---\n")
+}
+
+/// A one-file ustar archive holding `name` (mode 0755) with `data`.
+pub fn tar_one_file(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    let mut field = |off: usize, value: &str| {
+        h[off..off + value.len()].copy_from_slice(value.as_bytes());
+    };
+    field(100, "0000755\0"); // mode
+    field(108, "0000000\0"); // uid
+    field(116, "0000000\0"); // gid
+    field(124, &format!("{:011o}\0", data.len())); // size
+    field(136, "00000000000\0"); // mtime
+    field(156, "0"); // regular file
+    field(257, "ustar\x0000"); // magic and version
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|b| u32::from(*b)).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    let mut out = h.to_vec();
+    out.extend_from_slice(data);
+    out.resize(out.len().div_ceil(512) * 512, 0);
+    out.extend_from_slice(&[0u8; 1024]);
+    out
+}
+
+/// The commands that put `bin` into the binary volume as `corral`. podman imports a tarball
+/// (`tarball` must hold [`tar_one_file`] of the binary); docker copies through a created, never
+/// started, container of `image`.
+pub fn install_binary(ctx: &Context, plan: &Plan, tarball: &Path, image: &str) -> Vec<Command> {
+    let names = ctx.names(plan);
+    let vol = names.bin_volume.as_str();
+    match ctx.engine {
+        EngineKind::Podman => vec![
+            Command::new("podman").args(["volume", "create", "--ignore", vol]),
+            Command::new("podman").args(["volume", "import", vol, &tarball.display().to_string()]),
+        ],
+        EngineKind::Docker => {
+            let tmp = format!("{}-install-{}", names.bin_volume, ctx.jail_id);
+            vec![
+                Command::new("docker").args(["volume", "create", vol]),
+                Command::new("docker").args([
+                    "container",
+                    "create",
+                    "--name",
+                    &tmp,
+                    "--volume",
+                    &format!("{vol}:{BIN_DIR}"),
+                    image,
+                ]),
+                Command::new("docker").args([
+                    "cp",
+                    &ctx.corral_bin.display().to_string(),
+                    &format!("{tmp}:{BIN_DIR}/corral"),
+                ]),
+                Command::new("docker").args(["rm", &tmp]),
+            ]
+        }
+    }
+}
+
+/// Write `data` to `path` through a temporary file and a rename.
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let io = |source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).map_err(io)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = fs::File::create(&tmp).map_err(io)?;
+    f.write_all(data).map_err(io)?;
+    fs::rename(&tmp, path).map_err(io)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,303 @@
+//! Executing a [`Setup`] against the real engine, and the host-side preparation it needs.
+
+use std::fs;
+use std::io::IsTerminal;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use corral_policy::plan::{NetworkMode, Plan};
+
+use crate::argv::PROXY_FALLBACK_USER;
+use crate::names::{DEFAULT_PREFIX, Names};
+use crate::{Command, Context, EngineError, EngineKind, Result, Setup, Step, proxy_policy};
+
+/// The variable naming the corral binary to mount into containers (default: this executable).
+pub const BIN_ENV: &str = "CORRAL_CONTAINER_BIN";
+
+/// Whether `program` is on PATH.
+pub fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            fs::metadata(dir.join(program)).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
+        })
+    })
+}
+
+/// `auto` for the container engines: podman, else docker.
+pub fn detect() -> Option<EngineKind> {
+    [EngineKind::Podman, EngineKind::Docker]
+        .into_iter()
+        .find(|e| on_path(e.program()))
+}
+
+fn euid() -> u32 {
+    fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0)
+}
+
+/// Whether an ELF executable is statically linked (has no program interpreter).
+pub fn is_static(path: &Path) -> Result<bool> {
+    let data = fs::read(path).map_err(|source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let bad = || EngineError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a 64-bit ELF executable",
+        ),
+    };
+    if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 || data[5] != 1 {
+        return Err(bad());
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(data[0x20..0x28].try_into().map_err(|_| bad())?) as usize;
+    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    for i in 0..phnum {
+        let o = phoff + i * phentsize;
+        let ty = data.get(o..o + 4).ok_or_else(bad)?;
+        if u32::from_le_bytes(ty.try_into().map_err(|_| bad())?) == 3 {
+            return Ok(false); // PT_INTERP
+        }
+    }
+    Ok(true)
+}
+
+/// The binary mounted into containers: `$CORRAL_CONTAINER_BIN`, else this executable.
+pub fn corral_bin() -> Result<PathBuf> {
+    let path = match std::env::var_os(BIN_ENV).filter(|v| !v.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe().map_err(|source| EngineError::Io {
+            path: PathBuf::from("/proc/self/exe"),
+            source,
+        })?,
+    };
+    fs::canonicalize(&path).map_err(|source| EngineError::Io { path, source })
+}
+
+/// The context of a run on this host.
+pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Context> {
+    let state = corral_audit::state_dir().map_err(|e| EngineError::Io {
+        path: PathBuf::from("$XDG_STATE_HOME"),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let audit =
+        corral_audit::AuditLog::for_project(&plan.project.root).map_err(|e| EngineError::Io {
+            path: PathBuf::from("$XDG_STATE_HOME"),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+    let audit_dir = audit
+        .path()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| state.clone());
+    let rootless = euid() != 0;
+    let limits_enforceable = match (engine, rootless) {
+        (EngineKind::Podman, true) => Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+        _ => true,
+    };
+    let prefix = std::env::var("CORRAL_ENGINE_PREFIX")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| DEFAULT_PREFIX.to_string());
+    Ok(Context {
+        engine,
+        rootless: rootless && engine == EngineKind::Podman,
+        state_dir: state
+            .join(corral_audit::project_key(&plan.project.root))
+            .join("engine"),
+        audit_dir,
+        corral_bin: corral_bin()?,
+        jail_id: jail_id.to_string(),
+        tty: std::io::stdin().is_terminal(),
+        proxy_image: std::env::var("CORRAL_PROXY_IMAGE")
+            .ok()
+            .filter(|v| !v.is_empty()),
+        limits_enforceable,
+        skill_source: None,
+        prefix,
+    })
+}
+
+/// The host files a setup refers to: the masking file, the empty policy stand-in, the audit
+/// directory, and the proxy policy. Returns whether the proxy policy changed (a running proxy
+/// container must then be replaced).
+pub fn prepare_host(plan: &Plan, ctx: &Context) -> Result<bool> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| EngineError::Io { path, source }
+    };
+    fs::create_dir_all(&ctx.state_dir).map_err(io(&ctx.state_dir))?;
+    for (path, mode) in [(ctx.masked_file(), 0o000), (ctx.empty_file(), 0o444)] {
+        if !path.exists() {
+            fs::write(&path, b"").map_err(io(&path))?;
+        }
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(io(&path))?;
+    }
+    if plan.network.mode != NetworkMode::Proxy {
+        return Ok(false);
+    }
+    fs::create_dir_all(&ctx.audit_dir).map_err(io(&ctx.audit_dir))?;
+    if plan.uid == 0 {
+        // The proxy runs as nobody when the caller is root: let it append to the log.
+        let log = ctx.audit_dir.join("audit.jsonl");
+        if !log.exists() {
+            fs::write(&log, b"").map_err(io(&log))?;
+        }
+        let (u, g) = PROXY_FALLBACK_USER.split_once(':').expect("uid:gid");
+        let (u, g): (u32, u32) = (u.parse().expect("uid"), g.parse().expect("gid"));
+        for p in [&ctx.audit_dir, &log] {
+            std::os::unix::fs::chown(p, Some(u), Some(g)).map_err(io(p))?;
+        }
+    }
+    let dir = ctx.proxy_dir();
+    let changed = proxy_policy::write(&dir, &plan.network)?;
+    // The engine user (nobody, or a keep-id uid) must read it.
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(io(&dir))?;
+    Ok(changed)
+}
+
+/// Run a command to completion, capturing its output; an error names the command and quotes
+/// its stderr.
+pub fn output(cmd: &Command) -> Result<String> {
+    let out = cmd
+        .to_std()
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| EngineError::Spawn {
+            program: cmd.program.clone(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(EngineError::Failed {
+            command: cmd.to_string(),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn succeeds(cmd: &Command) -> Result<bool> {
+    let status = cmd
+        .to_std()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|source| EngineError::Spawn {
+            program: cmd.program.clone(),
+            source,
+        })?;
+    Ok(status.success())
+}
+
+/// Bring up everything but the harness: networks and the proxy container, created when missing,
+/// reused otherwise; a proxy whose policy changed is replaced.
+pub fn ensure(setup: &Setup, ctx: &Context, replace_proxy: bool, names: &Names) -> Result<()> {
+    if replace_proxy {
+        // Ignore failure: there may be no proxy yet.
+        let _ = succeeds(&Command::new(ctx.engine.program()).args([
+            "rm",
+            "--force",
+            &names.proxy_container,
+        ]));
+    }
+    for step in &setup.steps {
+        if let Step::Ensure { check, create, .. } = step {
+            if succeeds(check)? {
+                continue;
+            }
+            for c in create {
+                output(c)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The whole run: prepare the host, ensure the shared objects, run the harness in the
+/// foreground and return its exit code (the engine's own errors are 125, as `podman run`'s).
+pub fn run(plan: &Plan, ctx: &Context, setup: &Setup) -> Result<i32> {
+    let changed = prepare_host(plan, ctx)?;
+    let names = ctx.names(plan);
+    ensure(setup, ctx, changed, &names)?;
+    let cmd = setup.run_command().ok_or(EngineError::NoCommand)?;
+    let status = cmd.to_std().status().map_err(|source| EngineError::Spawn {
+        program: cmd.program.clone(),
+        source,
+    })?;
+    use std::os::unix::process::ExitStatusExt;
+    Ok(match (status.code(), status.signal()) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        (None, None) => 125,
+    })
+}
+
+/// What `corral down` removed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    pub containers: Vec<String>,
+    pub networks: Vec<String>,
+}
+
+/// Remove every container labelled with the project, its internal network, and the shared
+/// external network when nothing else uses it.
+pub fn down(engine: EngineKind, names: &Names) -> Result<Removed> {
+    let p = engine.program();
+    let list = output(&Command::new(p).args([
+        "ps",
+        "--all",
+        "--filter",
+        &format!("label={}", names.label()),
+        "--format",
+        "{{.Names}}",
+    ]))?;
+    let mut removed = Removed::default();
+    let containers: Vec<String> = list
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    if !containers.is_empty() {
+        let mut rm = Command::new(p).args(["rm", "--force"]);
+        if engine == EngineKind::Podman {
+            rm = rm.args(["--time", "5"]);
+        }
+        output(&rm.args(containers.iter().cloned()))?;
+        removed.containers = containers;
+    }
+    let exists = |n: &str| match engine {
+        EngineKind::Podman => Command::new(p).args(["network", "exists", n]),
+        EngineKind::Docker => Command::new(p).args(["network", "inspect", n]),
+    };
+    if succeeds(&exists(&names.internal_network))? {
+        output(&Command::new(p).args(["network", "rm", &names.internal_network]))?;
+        removed.networks.push(names.internal_network.clone());
+    }
+    // Shared: removed only when no other project's proxy is attached (the engine refuses then).
+    if succeeds(&exists(&names.external_network))?
+        && succeeds(&Command::new(p).args(["network", "rm", &names.external_network]))?
+    {
+        removed.networks.push(names.external_network.clone());
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_detection_reads_the_program_headers() {
+        // /bin/sh on any Linux host is dynamically linked.
+        assert!(!is_static(Path::new("/bin/sh")).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("x");
+        fs::write(&f, b"#!/bin/sh\n").unwrap();
+        assert!(is_static(&f).is_err());
+    }
+}
