@@ -12,6 +12,8 @@ use clap::Parser;
 pub const EXIT_CORRAL_ERROR: u8 = 125;
 
 fn main() -> ExitCode {
+    // The jail's set-up process is this binary re-executed: it never reaches the CLI.
+    corral_sandbox::init_if_requested();
     let cli = cli::Cli::parse();
     match cmd::dispatch(cli) {
         Ok(code) => code,

@@ -9,6 +9,8 @@ use crate::cli::{Cli, Command};
 
 pub mod init;
 pub mod plan;
+mod run;
+mod shell;
 
 /// A command whose capability has not landed yet: a clear error, never a fake success.
 fn not_yet(what: &str) -> anyhow::Result<ExitCode> {
@@ -17,8 +19,8 @@ fn not_yet(what: &str) -> anyhow::Result<ExitCode> {
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run(_) => not_yet("run"),
-        Command::Shell(_) => not_yet("shell"),
+        Command::Run(args) => run::run(args),
+        Command::Shell(args) => shell::shell(args),
         Command::Exec(_) => not_yet("exec"),
         Command::Serve(_) => not_yet("serve"),
         Command::Proxy(_) => not_yet("proxy"),

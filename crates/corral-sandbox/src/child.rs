@@ -1,0 +1,403 @@
+//! Inside the jail: the set-up process, the jail's PID 1, and the command's process.
+//!
+//! `corral` re-executes itself as `corral __corral-jail-init` (a fresh, single-threaded process)
+//! with a control socket on fd 3. From there everything reads top to bottom in the order the
+//! kernel sees it:
+//!
+//! 1. set-up process: read the config, join the cgroup, unshare the namespaces (user, mount,
+//!    pid, ipc, uts, cgroup, and net unless `network.mode = "host"`), write the uid/gid maps
+//!    (setgroups denied, the caller's ids kept), set the hostname, bring lo up and create the
+//!    proxy/host_ports listeners, send them to corral, fork the jail's PID 1; then wait for it,
+//!    forwarding signals.
+//! 2. PID 1: die with the set-up process (PDEATHSIG), build the root (`mounts.rs`, ending in
+//!    pivot_root and the old root detached), become non-dumpable, fork the command's process;
+//!    then reap zombies and forward signals until the command exits, and exit with its status.
+//! 3. command's process: a new session (and the pty as controlling terminal when there is one),
+//!    working directory, rlimits (best-effort fallback only), Landlock, all capabilities
+//!    dropped with no_new_privs, every other fd closed, the seccomp filter, exec.
+//!
+//! Each step is a function whose error names the step and the path; a failure prints
+//! `corral: jail set-up: ...` on the jail's stderr and exits 125.
+
+use std::ffi::CString;
+use std::io::Read;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use corral_policy::plan::{NetworkMode, Plan};
+use nix::sched::CloneFlags;
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Pid, fork};
+use serde::{Deserialize, Serialize};
+
+use crate::error::JailError;
+use crate::sig::SignalPipe;
+use crate::{EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED, mounts, netns};
+
+/// The control socket's fd number in the set-up process.
+pub(crate) const CTL_FD: RawFd = 3;
+
+/// Signals the set-up process and PID 1 pass on to the jail.
+pub(crate) const FORWARDED: &[Signal] = &[
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGWINCH,
+];
+
+/// What corral sends the set-up process.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct InitConfig {
+    pub plan: Plan,
+    /// stdin/stdout/stderr are a pty of corral's: make it the command's controlling terminal.
+    pub tty: bool,
+    /// Files the set-up process writes its pid into before unsharing (cgroup membership).
+    pub cgroup_procs: Vec<PathBuf>,
+    /// The limits no cgroup enforces, applied as rlimits (the best-effort fallback; with
+    /// `strict` corral refused to start instead).
+    pub rlimits: corral_policy::plan::Limits,
+}
+
+/// Entry point of `corral __corral-jail-init`. Never returns.
+pub fn init_main() -> ! {
+    let code = match set_up_process() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("corral: jail set-up: {e}");
+            EXIT_SETUP_FAILED
+        }
+    };
+    std::process::exit(code)
+}
+
+fn set_up_process() -> Result<i32, JailError> {
+    // SAFETY: fd 3 was placed there by corral for this process alone.
+    let ctl = unsafe { OwnedFd::from_raw_fd(CTL_FD) };
+    let config = read_config(&ctl)?;
+    let plan = &config.plan;
+    join_cgroup(&config.cgroup_procs)?;
+    unshare_namespaces(plan.network.mode)?;
+    write_id_maps(plan.uid, plan.gid)?;
+    nix::unistd::sethostname("corral").map_err(|e| JailError::step("set the hostname", e))?;
+    let net = match plan.network.mode {
+        NetworkMode::None | NetworkMode::Proxy => {
+            netns::bring_up_loopback()?;
+            netns::create_listeners(
+                plan.network.mode == NetworkMode::Proxy,
+                &plan.network.host_ports,
+            )?
+        }
+        NetworkMode::Host => netns::JailNet::default(),
+    };
+    netns::send_listeners(CTL_FD, &net)?;
+    drop(net);
+    drop(ctl);
+    // SAFETY: this process is single-threaded (a fresh exec of corral that started no thread).
+    match unsafe { fork() }.map_err(|e| JailError::step("fork the jail's PID 1", e))? {
+        ForkResult::Child => {
+            let code = match pid_one(&config) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("corral: jail set-up: {e}");
+                    EXIT_SETUP_FAILED
+                }
+            };
+            std::process::exit(code)
+        }
+        ForkResult::Parent { child } => Ok(wait_forwarding(child, false)),
+    }
+}
+
+fn read_config(ctl: &OwnedFd) -> Result<InitConfig, JailError> {
+    let mut file = std::fs::File::from(
+        ctl.try_clone()
+            .map_err(|e| JailError::step("read the jail config", e))?,
+    );
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len)
+        .map_err(|e| JailError::step("read the jail config", e))?;
+    let mut body = vec![0u8; u64::from_le_bytes(len) as usize];
+    file.read_exact(&mut body)
+        .map_err(|e| JailError::step("read the jail config", e))?;
+    serde_json::from_slice(&body).map_err(|e| JailError::step("decode the jail config", e))
+}
+
+fn join_cgroup(procs: &[PathBuf]) -> Result<(), JailError> {
+    for file in procs {
+        std::fs::write(file, "0").map_err(|e| JailError::at("join the jail's cgroup", file, e))?;
+    }
+    Ok(())
+}
+
+fn unshare_namespaces(mode: NetworkMode) -> Result<(), JailError> {
+    let mut flags = CloneFlags::CLONE_NEWUSER
+        | CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWCGROUP;
+    match mode {
+        NetworkMode::None | NetworkMode::Proxy => flags |= CloneFlags::CLONE_NEWNET,
+        NetworkMode::Host => {}
+    }
+    nix::sched::unshare(flags).map_err(|e| {
+        JailError::step(
+            "unshare the namespaces (are unprivileged user namespaces enabled? see `corral doctor`)",
+            e,
+        )
+    })
+}
+
+/// The caller's uid and gid map to themselves: files keep their owners, and the jail's
+/// processes are the caller, not root. setgroups is denied first, as the kernel requires.
+fn write_id_maps(uid: u32, gid: u32) -> Result<(), JailError> {
+    let write = |path: &str, text: String| {
+        std::fs::write(path, text).map_err(|e| JailError::at("write the id maps", path, e))
+    };
+    write("/proc/self/setgroups", "deny".into())?;
+    write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))?;
+    write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
+}
+
+/// Wait for `child`, passing on forwarded signals, reaping every other child (as PID 1 must)
+/// when `reap_all`. Returns the child's exit status as a shell would (signal N: 128+N).
+fn wait_forwarding(child: Pid, reap_all: bool) -> i32 {
+    let mut watched = FORWARDED.to_vec();
+    watched.push(Signal::SIGCHLD);
+    let pipe = match SignalPipe::install(&watched) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!(
+                "corral: jail: cannot install signal handlers ({e}); signals are not forwarded"
+            );
+            None
+        }
+    };
+    loop {
+        // Reap first: the child may have exited before the handlers were in place.
+        loop {
+            let target = if reap_all { Pid::from_raw(-1) } else { child };
+            match waitpid(target, Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == child => return code,
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => return 128 + sig as i32,
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(_) => continue,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => return EXIT_SETUP_FAILED,
+            }
+        }
+        let signals = match &pipe {
+            Some(p) => p.wait(1000),
+            None => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                Vec::new()
+            }
+        };
+        for sig in signals {
+            if sig != Signal::SIGCHLD {
+                let _ = kill(child, sig);
+            }
+        }
+    }
+}
+
+/// The jail's PID 1.
+fn pid_one(config: &InitConfig) -> Result<i32, JailError> {
+    die_with_parent()?;
+    mounts::set_up_root(&config.plan)?;
+    make_non_dumpable()?;
+    // SAFETY: single-threaded (forked from the single-threaded set-up process).
+    match unsafe { fork() }.map_err(|e| JailError::step("fork the command's process", e))? {
+        ForkResult::Child => {
+            let code = match exec_command(config) {
+                Ok(never) => match never {},
+                Err(CommandError::Setup(e)) => {
+                    eprintln!("corral: jail set-up: {e}");
+                    EXIT_SETUP_FAILED
+                }
+                Err(CommandError::Exec(code, msg)) => {
+                    eprintln!("corral: {msg}");
+                    code
+                }
+            };
+            std::process::exit(code)
+        }
+        ForkResult::Parent { child } => {
+            // PID 1 keeps nothing it does not need: no capabilities, no new privileges.
+            crate::caps::drop_all().map_err(|e| JailError::step("drop PID 1's capabilities", e))?;
+            Ok(wait_forwarding(child, true))
+        }
+    }
+}
+
+fn die_with_parent() -> Result<(), JailError> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    } != 0
+    {
+        return Err(JailError::step(
+            "set PR_SET_PDEATHSIG",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// PID 1 holds the jail's control state; non-dumpable, the command cannot open its fds or memory
+/// through /proc/1 or ptrace it.
+fn make_non_dumpable() -> Result<(), JailError> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(JailError::step(
+            "set PR_SET_DUMPABLE 0",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+enum CommandError {
+    Setup(JailError),
+    Exec(i32, String),
+}
+
+impl From<JailError> for CommandError {
+    fn from(e: JailError) -> Self {
+        CommandError::Setup(e)
+    }
+}
+
+/// The command's process, from fork to exec.
+fn exec_command(config: &InitConfig) -> Result<std::convert::Infallible, CommandError> {
+    let plan = &config.plan;
+    crate::sig::reset_dispositions(FORWARDED);
+    crate::sig::reset_dispositions(&[Signal::SIGCHLD]);
+    new_session(config.tty)?;
+    enter_working_directory(&plan.cwd)?;
+    let (path, argv, envp) = resolve_command(plan)?;
+    apply_rlimits(config)?;
+    crate::landlock::restrict(plan).map_err(|e| JailError::step("apply Landlock", e))?;
+    crate::caps::drop_all().map_err(|e| JailError::step("drop capabilities", e))?;
+    close_other_fds()?;
+    crate::seccomp::install().map_err(|e| JailError::step("install the seccomp filter", e))?;
+    let err = nix::unistd::execve(&path, &argv, &envp).unwrap_err();
+    let code = match err {
+        nix::errno::Errno::ENOENT => EXIT_NOT_FOUND,
+        _ => EXIT_NOT_EXECUTABLE,
+    };
+    Err(CommandError::Exec(
+        code,
+        format!("{}: cannot execute: {}", path.to_string_lossy(), err.desc()),
+    ))
+}
+
+/// A session of its own: with a pty, the pty becomes the controlling terminal (job control and
+/// window-size signals work); without one, the jail has no controlling terminal at all.
+fn new_session(tty: bool) -> Result<(), JailError> {
+    nix::unistd::setsid().map_err(|e| JailError::step("start a new session", e))?;
+    if tty {
+        // SAFETY: TIOCSCTTY on fd 0 (the jail's pty) with argument 0.
+        if unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } != 0 {
+            return Err(JailError::step(
+                "make the pty the controlling terminal",
+                std::io::Error::last_os_error(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn enter_working_directory(cwd: &Path) -> Result<(), JailError> {
+    nix::unistd::chdir(cwd).map_err(|e| JailError::at("enter the working directory", cwd, e))
+}
+
+type Argv = (CString, Vec<CString>, Vec<CString>);
+
+/// argv[0] looked up on the jail's PATH (the Plan's), as `env` does: not found is 127.
+fn resolve_command(plan: &Plan) -> Result<Argv, CommandError> {
+    let Some(first) = plan.command.first() else {
+        return Err(JailError::Plan("the plan has no command to run".into()).into());
+    };
+    let cstr = |s: &[u8]| {
+        CString::new(s).map_err(|_| {
+            CommandError::Setup(JailError::Plan(format!(
+                "a NUL byte in the command or environment: {:?}",
+                String::from_utf8_lossy(s)
+            )))
+        })
+    };
+    let path = if first.contains('/') {
+        PathBuf::from(first)
+    } else {
+        let search = plan
+            .env
+            .get("PATH")
+            .map(String::as_str)
+            .unwrap_or("/usr/bin:/bin");
+        let found = search
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| Path::new(d).join(first))
+            .find(|p| p.is_file());
+        match found {
+            Some(p) => p,
+            None => {
+                return Err(CommandError::Exec(
+                    EXIT_NOT_FOUND,
+                    format!("{first}: command not found in the jail (PATH={search})"),
+                ));
+            }
+        }
+    };
+    if !path.exists() {
+        return Err(CommandError::Exec(
+            EXIT_NOT_FOUND,
+            format!("{}: no such file in the jail", path.display()),
+        ));
+    }
+    let argv = plan
+        .command
+        .iter()
+        .map(|a| cstr(a.as_bytes()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let envp = plan
+        .env
+        .iter()
+        .map(|(k, v)| cstr(format!("{k}={v}").as_bytes()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((cstr(path.as_os_str().as_bytes())?, argv, envp))
+}
+
+fn apply_rlimits(config: &InitConfig) -> Result<(), JailError> {
+    crate::rlimit::apply(&config.rlimits)
+        .map_err(|e| JailError::step("apply the fallback rlimits", e))
+}
+
+fn close_other_fds() -> Result<(), JailError> {
+    // SAFETY: close_range closes descriptors of this process only; none above 2 is in use by
+    // Rust code past this point.
+    if unsafe { libc::close_range(3, libc::c_uint::MAX, 0) } != 0 {
+        return Err(JailError::step(
+            "close inherited descriptors",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// Forward `sig` to `pid` (used by corral for the set-up process).
+pub(crate) fn forward(pid: Pid, sig: Signal) {
+    let _ = kill(pid, sig);
+}

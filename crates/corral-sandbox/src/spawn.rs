@@ -1,0 +1,298 @@
+//! corral's side of a jail: start the set-up process, hand it the Plan, receive the jail's
+//! listeners, then relay the terminal and signals until the jail exits.
+
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use corral_policy::plan::{Limits, Plan};
+use nix::sys::signal::Signal;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use crate::child::{CTL_FD, FORWARDED, InitConfig};
+use crate::error::JailError;
+use crate::netns::{self, JailNet};
+use crate::placeholder::Placeholder;
+use crate::sig::SignalPipe;
+use crate::term::{self, RawMode, Relay};
+use crate::{EXIT_SETUP_FAILED, INIT_ARG};
+
+/// How to start a jail, beyond the Plan.
+#[derive(Debug, Clone)]
+pub struct SpawnOptions {
+    /// The corral binary to re-execute as the jail's set-up process (`current_exe()`).
+    pub init_exe: PathBuf,
+    /// cgroup membership files (`cgroup.procs` / `tasks`) the jail joins before it unshares.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// Limits to apply as rlimits in the command's process (what no cgroup enforces).
+    pub rlimits: Limits,
+}
+
+impl SpawnOptions {
+    /// This binary as the set-up process, no cgroup, no rlimits.
+    pub fn new() -> Result<SpawnOptions, JailError> {
+        let init_exe = std::env::current_exe()
+            .map_err(|e| JailError::at("find corral's own binary", "/proc/self/exe", e))?;
+        Ok(SpawnOptions {
+            init_exe,
+            cgroup_procs: Vec::new(),
+            rlimits: Limits {
+                memory: None,
+                cpus: None,
+                pids: None,
+                enforce: corral_policy::plan::Enforce::BestEffort,
+            },
+        })
+    }
+}
+
+/// How the jail's stdio is wired.
+enum Io {
+    /// stdin is a terminal: the jail has a pty of its own, relayed by corral.
+    Pty(Relay),
+    /// Inherited descriptors; those of ours that are terminals replaced by pipes that corral
+    /// copies (so no jail process holds the user's terminal).
+    Plain(Vec<std::thread::JoinHandle<()>>),
+}
+
+/// A started jail. Call [`RunningJail::wait`] from the thread that spawned it (the set-up
+/// process dies with that thread: PR_SET_PDEATHSIG).
+pub struct RunningJail {
+    pid: Pid,
+    net: Option<JailNet>,
+    io: Io,
+    signals: SignalPipe,
+    _placeholder: Option<Placeholder>,
+}
+
+/// How a jail ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JailExit {
+    /// The command's exit code; 128+N when it died of signal N; 125 when the set-up failed.
+    pub code: i32,
+}
+
+/// Start a jail running `plan.command`. Returns once the jail's namespaces exist and its
+/// listeners (network mode `proxy`, `host_ports`) are in hand; the mounts and the command's
+/// exec proceed meanwhile.
+pub fn spawn(plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError> {
+    if plan.command.is_empty() {
+        return Err(JailError::Plan("the plan has no command to run".into()));
+    }
+    let placeholder = Placeholder::ensure(&plan.project.policy_file)?;
+    let mut watched = FORWARDED.to_vec();
+    watched.push(Signal::SIGCHLD);
+    let signals = SignalPipe::install(&watched)
+        .map_err(|e| JailError::step("install corral's signal handlers", e))?;
+
+    let (ctl, ctl_child) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| JailError::step("create the jail's control socket", e))?;
+
+    let stdin = std::io::stdin();
+    let tty = term::is_tty(stdin.as_fd());
+    let mut cmd = Command::new(&opts.init_exe);
+    cmd.arg(INIT_ARG).env_clear();
+    let mut master = None;
+    let mut pipes = Vec::new();
+    if tty {
+        let pty = term::open_pty(stdin.as_fd())?;
+        let slave = pty.slave;
+        let dup = |fd: &OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| JailError::step("duplicate the pty", e))
+        };
+        cmd.stdin(Stdio::from(dup(&slave)?))
+            .stdout(Stdio::from(dup(&slave)?))
+            .stderr(Stdio::from(slave));
+        master = Some(pty.master);
+    } else {
+        for (i, out) in [(1, true), (2, false)] {
+            let is_tty = if out {
+                term::is_tty(std::io::stdout().as_fd())
+            } else {
+                term::is_tty(std::io::stderr().as_fd())
+            };
+            if !is_tty {
+                continue;
+            }
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| JailError::step("create an output pipe", e))?;
+            if i == 1 {
+                cmd.stdout(Stdio::from(w));
+            } else {
+                cmd.stderr(Stdio::from(w));
+            }
+            pipes.push((i, r));
+        }
+    }
+
+    let parent = nix::unistd::getpid().as_raw();
+    let child_fd = ctl_child.as_raw_fd();
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+    // functions (dup2, prctl, getppid, setsid) with no allocation.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(child_fd, CTL_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| JailError::at("start the jail's set-up process", &opts.init_exe, e))?;
+    drop(cmd);
+    drop(ctl_child);
+    let pid = Pid::from_raw(child.id() as i32);
+
+    let io = match master {
+        Some(m) => Io::Pty(Relay::new(m)),
+        None => Io::Plain(
+            pipes
+                .into_iter()
+                .map(|(i, r)| std::thread::spawn(move || copy_out(r, i)))
+                .collect(),
+        ),
+    };
+    let mut jail = RunningJail {
+        pid,
+        net: None,
+        io,
+        signals,
+        _placeholder: placeholder,
+    };
+
+    let config = InitConfig {
+        plan: plan.clone(),
+        tty,
+        cgroup_procs: opts.cgroup_procs.clone(),
+        rlimits: opts.rlimits.clone(),
+    };
+    let body =
+        serde_json::to_vec(&config).map_err(|e| JailError::step("encode the jail config", e))?;
+    let mut stream = std::fs::File::from(ctl);
+    let sent = stream
+        .write_all(&(body.len() as u64).to_le_bytes())
+        .and_then(|()| stream.write_all(&body));
+    let net = match sent {
+        Ok(()) => netns::recv_listeners(stream.as_raw_fd())?,
+        Err(_) => None,
+    };
+    match net {
+        Some(net) => {
+            jail.net = Some(net);
+            Ok(jail)
+        }
+        None => {
+            let exit = jail.wait();
+            Err(JailError::SetupFailed(exit.code))
+        }
+    }
+}
+
+fn copy_out(from: OwnedFd, to: i32) {
+    let mut file = std::fs::File::from(from);
+    let _ = if to == 1 {
+        std::io::copy(&mut file, &mut std::io::stdout())
+    } else {
+        std::io::copy(&mut file, &mut std::io::stderr())
+    };
+}
+
+impl RunningJail {
+    /// The set-up process's pid (the jail's outermost process, in corral's namespaces).
+    pub fn pid(&self) -> u32 {
+        self.pid.as_raw() as u32
+    }
+
+    /// The listeners created in the jail's network namespace (once; later calls get empty).
+    pub fn take_net(&mut self) -> JailNet {
+        self.net.take().unwrap_or_default()
+    }
+
+    /// Relay terminal and signals until the jail exits; restores the terminal on every path.
+    pub fn wait(mut self) -> JailExit {
+        let code = match &mut self.io {
+            Io::Pty(relay) => {
+                let stdin = std::io::stdin();
+                let _raw = RawMode::enter(stdin.as_fd());
+                let code = loop {
+                    if let Some(code) = reap(self.pid) {
+                        break code;
+                    }
+                    relay.step(self.signals.fd().as_fd(), 1000);
+                    for sig in self.signals.drain() {
+                        match sig {
+                            Signal::SIGWINCH => {
+                                if let Some(ws) = term::window_size(stdin.as_fd()) {
+                                    term::set_window_size(relay.master(), &ws);
+                                }
+                            }
+                            Signal::SIGCHLD => {}
+                            other => crate::child::forward(self.pid, other),
+                        }
+                    }
+                };
+                relay.pump_output();
+                code
+            }
+            Io::Plain(threads) => {
+                let code = loop {
+                    if let Some(code) = reap(self.pid) {
+                        break code;
+                    }
+                    for sig in self.signals.wait(1000) {
+                        if sig != Signal::SIGCHLD {
+                            crate::child::forward(self.pid, sig);
+                        }
+                    }
+                };
+                for t in threads.drain(..) {
+                    let _ = t.join();
+                }
+                code
+            }
+        };
+        self.signals.restore_defaults();
+        JailExit { code }
+    }
+}
+
+/// The set-up process's status if it has ended.
+fn reap(pid: Pid) -> Option<i32> {
+    loop {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => return Some(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Some(128 + sig as i32),
+            Ok(WaitStatus::StillAlive) => return None,
+            Ok(_) => return None,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return Some(EXIT_SETUP_FAILED),
+        }
+    }
+}

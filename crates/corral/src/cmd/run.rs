@@ -1,0 +1,202 @@
+//! `corral run [PROFILE] [-- CMD]`: resolve the Plan, run it in the native jail, serve its
+//! network, write the audit records, exit with the command's code.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use corral_audit::{AuditLog, Event, JailEvent, Record};
+use corral_policy::plan::{Engine, NetworkMode, Plan};
+use corral_policy::resolve::{Flags, Request, resolve};
+
+use crate::cli::{EngineArg, JailOptions, NetworkArg, RunArgs};
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    run_jail(args.profile, &args.jail, args.command)
+}
+
+/// Resolve the plan for `profile`/`command` with the command-line layer `opts`, and run it.
+pub fn run_jail(
+    profile: Option<String>,
+    opts: &JailOptions,
+    command: Vec<String>,
+) -> anyhow::Result<ExitCode> {
+    let mut req = Request::from_process().context("cannot describe the caller")?;
+    req.profile = profile;
+    req.command = command;
+    req.flags = flags(opts);
+    let plan = resolve(&req)?;
+    let code = run_plan(&plan);
+    if plan.project.scratch {
+        if let Err(e) = std::fs::remove_dir_all(&plan.project.root) {
+            eprintln!(
+                "corral: cannot remove the scratch directory {}: {e}",
+                plan.project.root.display()
+            );
+        }
+    }
+    let code = code?;
+    Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+/// The command-line layer of the policy, as typed.
+pub fn flags(opts: &JailOptions) -> Flags {
+    Flags {
+        policy: opts.policy.clone(),
+        engine: opts.engine.map(|e| match e {
+            EngineArg::Native => Engine::Native,
+            EngineArg::Podman => Engine::Podman,
+            EngineArg::Docker => Engine::Docker,
+            EngineArg::Auto => Engine::Auto,
+        }),
+        network: opts.network.map(|n| match n {
+            NetworkArg::None => NetworkMode::None,
+            NetworkArg::Proxy => NetworkMode::Proxy,
+            NetworkArg::Host => NetworkMode::Host,
+        }),
+        allow: opts.allow.clone(),
+        rw: opts.rw.clone(),
+        ro: opts.ro.clone(),
+        env: opts.env.clone(),
+        memory: opts.memory.clone(),
+        cpus: opts.cpus,
+        pids: opts.pids,
+        publish: opts.publish.clone(),
+        scratch: opts.scratch,
+        allow_host_executor: false,
+    }
+}
+
+/// Run `plan` in the native jail; the command's exit code.
+pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
+    match plan.engine {
+        Engine::Native | Engine::Auto => {}
+        Engine::Podman | Engine::Docker => bail!(
+            "engine {:?}: `corral run` drives only the native backend in this version; use --engine native",
+            plan.engine
+        ),
+    }
+    if !plan.network.publish.is_empty() {
+        bail!(
+            "network.publish ({:?}) is not supported by the native backend yet; remove --publish / network.publish",
+            plan.network.publish
+        );
+    }
+    let jail_id = corral_audit::new_jail_id();
+    let audit = AuditLog::for_project(&plan.project.root).context("cannot open the audit log")?;
+
+    let limits = corral_sandbox::cgroup::setup(&jail_id, &plan.limits)?;
+    for note in &limits.notes {
+        eprintln!("corral: {note}");
+    }
+    let mut opts = corral_sandbox::SpawnOptions::new()?;
+    if let Some(cg) = &limits.cgroup {
+        opts.cgroup_procs = cg.paths().iter().map(|p| p.join("cgroup.procs")).collect();
+    }
+    opts.rlimits = limits.fallback.clone();
+
+    write(
+        &audit,
+        &jail_id,
+        JailEvent {
+            event: "start".into(),
+            exit_code: None,
+            detail: serde_json::to_value(plan).unwrap_or_default(),
+        },
+    );
+    let mut jail = match corral_sandbox::spawn(plan, &opts) {
+        Ok(jail) => jail,
+        Err(e) => {
+            write(
+                &audit,
+                &jail_id,
+                JailEvent {
+                    event: "error".into(),
+                    exit_code: Some(125),
+                    detail: serde_json::Value::String(e.to_string()),
+                },
+            );
+            return Err(e).context("cannot start the jail");
+        }
+    };
+    let proxy = serve_network(plan, &mut jail, &audit, &jail_id)?;
+    let exit = jail.wait();
+
+    if let Some(cg) = &limits.cgroup {
+        let events = cg.events();
+        if events.oom_kills > 0 || events.memory_limit_hits > 0 {
+            write(
+                &audit,
+                &jail_id,
+                JailEvent {
+                    event: "oom".into(),
+                    exit_code: None,
+                    detail: serde_json::to_value(events).unwrap_or_default(),
+                },
+            );
+        }
+        if events.pids_limit_hits > 0 {
+            write(
+                &audit,
+                &jail_id,
+                JailEvent {
+                    event: "pids".into(),
+                    exit_code: None,
+                    detail: serde_json::to_value(events).unwrap_or_default(),
+                },
+            );
+        }
+        for line in events.summary() {
+            eprintln!("corral: {line}");
+        }
+    }
+    if let Some(proxy) = proxy {
+        for line in proxy.summary() {
+            eprintln!("{line}");
+        }
+    }
+    write(
+        &audit,
+        &jail_id,
+        JailEvent {
+            event: "exit".into(),
+            exit_code: Some(exit.code),
+            detail: serde_json::Value::Null,
+        },
+    );
+    Ok(exit.code)
+}
+
+/// Network mode `proxy`: corral's proxy accepts on the jail's 127.0.0.1:3128, and each
+/// `host_ports` listener is bridged to the host's 127.0.0.1:PORT.
+fn serve_network(
+    plan: &Plan,
+    jail: &mut corral_sandbox::RunningJail,
+    audit: &AuditLog,
+    jail_id: &str,
+) -> anyhow::Result<Option<corral_net::ProxyHandle>> {
+    let net = jail.take_net();
+    let mut listeners = Vec::new();
+    if let Some(l) = net.proxy {
+        listeners.push(corral_net::Listener::Proxy(l));
+    }
+    for (port, listener) in net.host_ports {
+        listeners.push(corral_net::Listener::Forward {
+            listener,
+            target: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)),
+        });
+    }
+    if listeners.is_empty() {
+        return Ok(None);
+    }
+    let rules = corral_net::Rules::from_plan(&plan.network)?;
+    let proxy = Arc::new(corral_net::Proxy::new(rules, audit.clone(), jail_id));
+    Ok(Some(corral_net::spawn(proxy, listeners)?))
+}
+
+fn write(audit: &AuditLog, jail_id: &str, event: JailEvent) {
+    if let Err(e) = audit.write(&Record::now(jail_id, Event::Jail(event))) {
+        eprintln!("corral: cannot write the audit log: {e}");
+    }
+}

@@ -1,0 +1,18 @@
+//! `corral shell [PROFILE]`: an interactive shell in the jail the profile would get.
+
+use std::process::ExitCode;
+
+use crate::cli::ShellArgs;
+
+pub fn shell(args: ShellArgs) -> anyhow::Result<ExitCode> {
+    let shell = if std::path::Path::new("/bin/bash").exists() {
+        "bash"
+    } else {
+        "sh"
+    };
+    super::run::run_jail(
+        args.profile,
+        &args.jail,
+        vec![shell.to_string(), "-i".into()],
+    )
+}
