@@ -1,0 +1,195 @@
+//! Starting a command: the [`Spawner`] seam and the host implementation.
+//!
+//! The server never starts processes itself: it asks a `Spawner` for a process group running the
+//! request's command in its working directory, with pipes for its output. [`HostSpawner`] runs
+//! the command directly on the host (the compose container case, `executor.target = "host"`, and
+//! tests); a jailed spawner runs it inside a second jail built from `plan.executor.jail` and
+//! returns the jail's outermost process as the group leader, so killing the group tears down the
+//! whole jail. Whatever the implementation, the contract is the same: the returned `pgid` names a
+//! process group that contains every process the command starts (short of one that calls
+//! `setsid` itself, which a jail's PID namespace also catches), and killing it ends the command.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::Stdio;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::AsyncRead;
+
+use crate::confine::WorkDir;
+
+/// What to start.
+#[derive(Debug)]
+pub struct SpawnSpec<'a> {
+    /// Program and arguments (never empty; the program is looked up on PATH if it has no `/`).
+    pub argv: &'a [String],
+    /// The working directory, already confined to the project root.
+    pub workdir: &'a WorkDir,
+    /// Variables added to (or overriding) the spawner's base environment.
+    pub env: &'a BTreeMap<String, String>,
+    /// Give the command a stdin pipe (else /dev/null).
+    pub stdin: bool,
+    /// Send stdout and stderr to one pipe, so their interleaving is exactly the order the
+    /// command wrote them (seed 003's `/execute`, like Go's `CombinedOutput`).
+    pub merge_output: bool,
+}
+
+/// A started command.
+pub struct Spawned {
+    pub child: tokio::process::Child,
+    /// The process group holding the command: kill it with [`kill_group`].
+    pub pgid: i32,
+    pub stdin: Option<tokio::process::ChildStdin>,
+    /// Standard output (and standard error too when `merge_output`).
+    pub stdout: Box<dyn AsyncRead + Send + Unpin>,
+    /// Standard error, unless merged into `stdout`.
+    pub stderr: Option<Box<dyn AsyncRead + Send + Unpin>>,
+}
+
+/// Why a command could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// No such program (exit 127).
+    #[error("exec: {program:?}: executable file not found in $PATH")]
+    NotFound { program: String },
+    /// The program exists but cannot be executed (exit 126).
+    #[error("exec: {program:?}: permission denied")]
+    NotExecutable { program: String },
+    /// Anything else (exit 125).
+    #[error("exec: {program:?}: {source}")]
+    Other { program: String, source: io::Error },
+}
+
+impl SpawnError {
+    /// The exit status a client reports for this failure (as `env`, `timeout` and `podman run`
+    /// do).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            SpawnError::NotFound { .. } => 127,
+            SpawnError::NotExecutable { .. } => 126,
+            SpawnError::Other { .. } => 125,
+        }
+    }
+}
+
+/// Starts commands in their own process group.
+pub trait Spawner: Send + Sync + 'static {
+    fn spawn(&self, spec: SpawnSpec<'_>) -> Result<Spawned, SpawnError>;
+}
+
+/// Runs commands directly on the host, each as the leader of a new process group.
+#[derive(Debug, Clone, Default)]
+pub struct HostSpawner {
+    /// The base environment; `None` inherits the server's own.
+    pub base_env: Option<BTreeMap<String, String>>,
+    /// Variables removed from the inherited environment (the executor's own token file, ...).
+    pub remove_env: Vec<String>,
+}
+
+impl Spawner for HostSpawner {
+    fn spawn(&self, spec: SpawnSpec<'_>) -> Result<Spawned, SpawnError> {
+        let program = spec.argv[0].clone();
+        let mut cmd = tokio::process::Command::new(&program);
+        cmd.args(&spec.argv[1..]);
+        if let Some(base) = &self.base_env {
+            cmd.env_clear();
+            cmd.envs(base);
+        }
+        for name in &self.remove_env {
+            cmd.env_remove(name);
+        }
+        cmd.envs(spec.env);
+        cmd.env("PWD", &spec.workdir.path);
+        cmd.process_group(0);
+        cmd.kill_on_drop(false);
+        cmd.stdin(if spec.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+
+        let other = |source: io::Error| SpawnError::Other {
+            program: program.clone(),
+            source,
+        };
+        let mut merged_reader = None;
+        if spec.merge_output {
+            let (r, w) =
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| other(e.into()))?;
+            let w2 = w.try_clone().map_err(other)?;
+            cmd.stdout(Stdio::from(w));
+            cmd.stderr(Stdio::from(w2));
+            merged_reader = Some(r);
+        } else {
+            cmd.stdout(Stdio::piped());
+            cmd.stderr(Stdio::piped());
+        }
+
+        let dir_fd = spec.workdir.fd.as_raw_fd();
+        // SAFETY: the closure runs in the forked child before exec and only calls fchdir(2),
+        // which is async-signal-safe; `dir_fd` stays open in the parent until spawn returns
+        // (the WorkDir outlives this call), and the child inherits it across fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fchdir(dir_fd) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+
+        let mut child = cmd.spawn().map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => SpawnError::NotFound {
+                program: program.clone(),
+            },
+            io::ErrorKind::PermissionDenied => SpawnError::NotExecutable {
+                program: program.clone(),
+            },
+            _ => other(e),
+        })?;
+        // `cmd` holds the parent's copies of the merged pipe's write ends: drop them now so the
+        // reader sees end-of-file when the command's processes exit.
+        drop(cmd);
+        let pgid = child
+            .id()
+            .map(|p| p as i32)
+            .ok_or_else(|| other(io::Error::other("the child exited before its pid was read")))?;
+        let stdin = child.stdin.take();
+        let (stdout, stderr): (Box<dyn AsyncRead + Send + Unpin>, _) = match merged_reader {
+            Some(r) => (Box::new(pipe_reader(r).map_err(other)?), None),
+            None => {
+                let out = child.stdout.take().expect("stdout is piped");
+                let err = child.stderr.take().expect("stderr is piped");
+                (
+                    Box::new(out),
+                    Some(Box::new(err) as Box<dyn AsyncRead + Send + Unpin>),
+                )
+            }
+        };
+        Ok(Spawned {
+            child,
+            pgid,
+            stdin,
+            stdout,
+            stderr,
+        })
+    }
+}
+
+fn pipe_reader(fd: OwnedFd) -> io::Result<tokio::net::unix::pipe::Receiver> {
+    tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
+}
+
+/// Send `signal` to every process of group `pgid`. A group that is already gone is not an error.
+pub fn kill_group(pgid: i32, signal: Signal) {
+    if pgid > 1 {
+        let _ = killpg(Pid::from_raw(pgid), signal);
+    }
+}
+
+/// Whether any process (zombies included) is still in group `pgid`.
+pub fn group_alive(pgid: i32) -> bool {
+    pgid > 1 && killpg(Pid::from_raw(pgid), None).is_ok()
+}
