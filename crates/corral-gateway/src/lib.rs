@@ -1,0 +1,963 @@
+//! corral's credential gateway: real secrets never enter the jail.
+//!
+//! The jail's environment holds a random per-run *placeholder* for each `[secrets]` entry. For
+//! the hosts a secret names, corral's proxy hands the CONNECT stream to this gateway instead of
+//! tunnelling it: the gateway terminates TLS with a certificate from a per-run CA that only the
+//! jail trusts, parses each HTTP/1.1 request strictly, replaces the placeholder with the real
+//! value in credential headers, and re-encrypts to the real host with normal certificate
+//! verification. Every other host stays an opaque tunnel in the proxy.
+//!
+//! # Invariants
+//!
+//! - **The secret is chosen by the CONNECT host the proxy resolved and dialled**, never by a name
+//!   the client controls. The TLS SNI must equal that host (else the handshake is refused) and
+//!   every request's `Host` must equal it (else `421`); the upstream connection goes to the
+//!   address the proxy checked, with the CONNECT host as the verified server name. IP-literal
+//!   CONNECTs are never intercepted. Redirects are relayed to the client, never followed.
+//! - **The CA key never leaves this process's memory**: it is never serialised, written, or put
+//!   into the jail. The jail gets the CA *certificate* only. The CA has path length 0 and is
+//!   name-constrained to the secret-bound host names (every IP excluded), so even a stolen leaf
+//!   key cannot impersonate any other host.
+//! - **Real values go only into request headers towards a bound host**: `Authorization`
+//!   (`Bearer`, `token`, raw, and `Basic` decoded and re-encoded), `Proxy-Authorization` is
+//!   never touched, and the API-key headers in [`CREDENTIAL_HEADERS`]. Never into the URL or the
+//!   body, never into a response. A placeholder seen anywhere else (another header, the URL, a
+//!   host the secret is not bound to) is left as it is (useless upstream) and audited.
+//! - **The real value is never logged**: audit records name the secret, host, method and path
+//!   without query; `Debug` of every type here redacts values.
+//! - The jail side speaks HTTP/1.1 only (ALPN offers `http/1.1`), so one connection has one
+//!   `Host`; websocket upgrades get their headers swapped, then the two streams are spliced.
+//!
+//! # The seam with the proxy (corral-net)
+//!
+//! ```text
+//! let (gateway, trust) = Gateway::new(secrets, GatewayConfig { .. })?;
+//! // corral run: add trust.env to the jail's environment (placeholders + CA variables),
+//! //             add trust.mounts to its mounts (the CA files, read-only).
+//! // proxy, CONNECT host:port allowed and resolved to the checked address `addr`:
+//! if gateway.binds(&host, port) {
+//!     reply "HTTP/1.1 200 Connection established\r\n\r\n";
+//!     let stats = gateway.intercept(client_stream, &host, port, addr, &client_label).await;
+//! } else { tunnel as usual }
+//! // proxy, plain-HTTP request to host:port (absolute-form URL), before forwarding the head:
+//! match gateway.rewrite_plain(&mut head, &host, port, &client_label) {
+//!     Ok(_) => forward the (rewritten) head,
+//!     Err(refusal) => answer refusal.status with refusal.message,
+//! }
+//! ```
+//!
+//! Plain HTTP carries the real value in clear on the wire: it is served for harnesses
+//! configured with an `http://` base URL (a local or test model server), where the hop after the
+//! proxy is the caller's own choice.
+//!
+//! Limits: a placeholder inside TLS to a host that is *not* bound to any secret cannot be seen
+//! (that tunnel stays opaque, by design); it reaches that host as the useless placeholder.
+//! Chaining to `network.upstream_proxy` is not done by the gateway: an intercepted connection
+//! dials the checked address directly.
+
+pub mod http1;
+
+mod ca;
+mod placeholder;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
+use corral_policy::domain::{DomainPattern, Host, parse_authority};
+use corral_policy::plan::{Access, Mount, MountKind, SecretPlan};
+use rustls::RootCertStore;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub use ca::{CA_VALIDITY, LEAF_VALIDITY};
+pub use http1::{Header, Headers, RequestHead};
+pub use placeholder::{placeholder_for, vendor_prefix};
+
+/// Request headers whose placeholder is replaced by the real value on a bound host
+/// (compared case-insensitively). `authorization` also gets `Basic` credentials decoded,
+/// swapped and re-encoded.
+pub const CREDENTIAL_HEADERS: &[&str] = &[
+    "authorization",
+    "x-api-key",
+    "x-goog-api-key",
+    "api-key",
+    "x-auth-token",
+    "private-token",
+];
+
+/// How long an intercepted connection may sit idle between requests.
+const IDLE: Duration = Duration::from_secs(300);
+/// How long the TLS handshakes and the upstream connect may take.
+const HANDSHAKE: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("secret {name}: {reason}")]
+    Secret { name: String, reason: String },
+    #[error("credential gateway CA: {0}")]
+    Ca(String),
+    #[error("credential gateway TLS configuration: {0}")]
+    Tls(String),
+    #[error("reading random bytes for the credential gateway: {0}")]
+    Random(String),
+    #[error("writing the jail's CA file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{host}:{port} is not bound to any secret: the proxy must tunnel it, not hand it to the gateway"
+    )]
+    NotBound { host: String, port: u16 },
+    #[error("refused {host}:{port}: {reason}")]
+    Refused {
+        host: String,
+        port: u16,
+        reason: String,
+    },
+    #[error("TLS with the jail's client for {host}: {source}")]
+    ClientTls {
+        host: String,
+        source: std::io::Error,
+    },
+    #[error("connecting to {host} at {addr}: {source}")]
+    Upstream {
+        host: String,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("relaying {host}: {source}")]
+    Relay {
+        host: String,
+        source: std::io::Error,
+    },
+}
+
+/// Where the gateway writes its audit records.
+#[derive(Debug, Clone)]
+pub struct AuditSink {
+    pub log: AuditLog,
+    pub jail: String,
+}
+
+/// How to build a gateway.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Roots that verify the real upstream hosts; `None` is the system store
+    /// (rustls-native-certs). Tests pass their mock upstream's own test CA.
+    pub upstream_roots: Option<RootCertStore>,
+    /// A directory (host path) for the jail's CA files, created if missing; bound read-only into
+    /// the jail at the same path through [`JailTrust::mounts`].
+    pub trust_dir: PathBuf,
+    /// The system CA bundle B is built from; `None` is the first of the usual paths.
+    pub system_bundle: Option<PathBuf>,
+    pub audit: Option<AuditSink>,
+}
+
+/// What the jail needs to trust the gateway and use the secrets.
+#[derive(Debug, Clone)]
+pub struct JailTrust {
+    /// The run CA certificate (PEM). Never the key.
+    pub ca_pem: String,
+    /// C: the run CA alone.
+    pub ca_file: PathBuf,
+    /// B: the system roots plus the run CA.
+    pub bundle_file: PathBuf,
+    /// Set in the jail: each secret's name with its placeholder, and the CA variables
+    /// (`SSL_CERT_FILE`=B, `NODE_EXTRA_CA_CERTS`=C, `REQUESTS_CA_BUNDLE`=B, ...).
+    pub env: BTreeMap<String, String>,
+    /// Read-only binds: the trust directory at its own path, and B over the system bundle
+    /// paths that exist on this host (`/etc/ssl/certs/ca-certificates.crt`, ...), so programs
+    /// reading the system store directly trust the run CA too.
+    pub mounts: Vec<Mount>,
+}
+
+/// Why a request was refused, and what the client is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub message: String,
+}
+
+/// What [`Gateway::rewrite_plain`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RewriteReport {
+    /// Secrets whose placeholder was replaced, with the header it was in.
+    pub injected: Vec<(String, String)>,
+    /// Secrets whose placeholder was seen but left alone, with why.
+    pub left: Vec<(String, String)>,
+}
+
+/// Totals of one intercepted connection, for the proxy's `close` record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InterceptStats {
+    pub requests: u64,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+}
+
+struct Secret {
+    name: String,
+    hosts: Vec<DomainPattern>,
+    real: String,
+    placeholder: String,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secret")
+            .field("name", &self.name)
+            .field("hosts", &self.hosts)
+            .field("real", &"<redacted>")
+            .field("placeholder", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Where a request or connection goes, for audit records.
+struct Dest<'a> {
+    client: &'a str,
+    host: &'a Host,
+    port: u16,
+    addr: Option<SocketAddr>,
+}
+
+struct Inner {
+    ca: ca::RunCa,
+    secrets: Vec<Secret>,
+    upstream: Arc<rustls::ClientConfig>,
+    audit: Option<AuditSink>,
+}
+
+/// The credential gateway of one run. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("secrets", &self.inner.secrets)
+            .finish_non_exhaustive()
+    }
+}
+
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
+
+fn valid_header_value(v: &str) -> bool {
+    !v.is_empty() && v.bytes().all(|b| (0x21..=0x7e).contains(&b))
+}
+
+impl Gateway {
+    /// A gateway for `secrets` (each plan with its real value, read by the caller from its own
+    /// environment), with a fresh CA, and the files and variables the jail needs.
+    pub fn new(
+        secrets: Vec<(SecretPlan, String)>,
+        config: GatewayConfig,
+    ) -> Result<(Gateway, JailTrust), GatewayError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut permitted: Vec<String> = Vec::new();
+        let mut list = Vec::new();
+        for (plan, real) in secrets {
+            let bad = |reason: &str| GatewayError::Secret {
+                name: plan.name.clone(),
+                reason: reason.to_string(),
+            };
+            if real.is_empty() {
+                return Err(bad(&format!(
+                    "${} is empty or unset in corral's environment: set it, or remove the secret from [secrets]",
+                    plan.from_env
+                )));
+            }
+            if !valid_header_value(&real) {
+                return Err(bad(&format!(
+                    "${} holds characters that cannot go into an HTTP header (spaces, control or non-ASCII bytes)",
+                    plan.from_env
+                )));
+            }
+            if plan.hosts.is_empty() {
+                return Err(bad("`hosts` is empty: name the hosts the secret is for"));
+            }
+            for h in &plan.hosts {
+                let Some(name) = h.name() else {
+                    return Err(bad(&format!(
+                        "host {h} is an IP address: the gateway only serves names (an IP-literal CONNECT is never intercepted)"
+                    )));
+                };
+                if !permitted.iter().any(|p| p == name) {
+                    permitted.push(name.to_string());
+                }
+            }
+            let placeholder = placeholder_for(&real)?;
+            list.push(Secret {
+                name: plan.name,
+                hosts: plan.hosts,
+                real,
+                placeholder,
+            });
+        }
+        let ca = ca::RunCa::generate(permitted, provider.clone())?;
+
+        let roots = match config.upstream_roots {
+            Some(r) => r,
+            None => {
+                let mut r = RootCertStore::empty();
+                let loaded = rustls_native_certs::load_native_certs();
+                r.add_parsable_certificates(loaded.certs);
+                if r.is_empty() {
+                    return Err(GatewayError::Tls(
+                        "no system CA certificates found to verify the real hosts: install ca-certificates".into(),
+                    ));
+                }
+                r
+            }
+        };
+        let mut client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| GatewayError::Tls(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        client.alpn_protocols = vec![b"http/1.1".to_vec()];
+
+        let trust = write_trust(&config.trust_dir, config.system_bundle.as_deref(), &ca)?;
+        let mut trust = trust;
+        for s in &list {
+            trust.env.insert(s.name.clone(), s.placeholder.clone());
+        }
+        let gw = Gateway {
+            inner: Arc::new(Inner {
+                ca,
+                secrets: list,
+                upstream: Arc::new(client),
+                audit: config.audit,
+            }),
+        };
+        Ok((gw, trust))
+    }
+
+    /// The placeholder the jail sees for secret `name`.
+    pub fn placeholder(&self, name: &str) -> Option<&str> {
+        self.inner
+            .secrets
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.placeholder.as_str())
+    }
+
+    /// Whether a CONNECT to `host:port` must be handed to [`Gateway::intercept`]: a name (never
+    /// an IP literal) that some secret is bound to.
+    pub fn binds(&self, host: &Host, port: u16) -> bool {
+        matches!(host, Host::Name(_))
+            && self
+                .inner
+                .secrets
+                .iter()
+                .any(|s| s.hosts.iter().any(|p| p.matches(host, port)))
+    }
+
+    fn audit(&self, ev: NetEvent) {
+        if let Some(a) = &self.inner.audit {
+            // An audit failure must not break the agent's request; the proxy's own records
+            // still cover the connection.
+            let _ = a.log.write(&Record::now(&a.jail, Event::Net(ev)));
+        }
+    }
+
+    /// Write one gateway record for a request or connection to `d`.
+    fn record(
+        &self,
+        d: &Dest<'_>,
+        method: &str,
+        decision: Decision,
+        rule: String,
+        secret: Option<String>,
+    ) {
+        self.audit(NetEvent {
+            phase: "gateway".into(),
+            client: d.client.to_string(),
+            method: method.to_string(),
+            host: d.host.to_string(),
+            port: d.port,
+            address: d.addr.map(|a| a.to_string()),
+            decision: Some(decision),
+            rule,
+            secret,
+            ..NetEvent::default()
+        });
+    }
+
+    /// Swap placeholders in `head`'s headers for a request going to `host:port`; returns what
+    /// was done. Never touches the target or the body.
+    fn rewrite_headers(&self, head: &mut RequestHead, host: &Host, port: u16) -> RewriteReport {
+        let mut report = RewriteReport::default();
+        for s in &self.inner.secrets {
+            let bound =
+                matches!(host, Host::Name(_)) && s.hosts.iter().any(|p| p.matches(host, port));
+            let ph = s.placeholder.as_bytes();
+            for h in head.headers.iter_mut() {
+                let lname = h.name.to_ascii_lowercase();
+                let credential = CREDENTIAL_HEADERS.contains(&lname.as_str());
+                let is_basic = lname == "authorization"
+                    && h.value.len() > 6
+                    && h.value[..6].eq_ignore_ascii_case(b"basic ");
+                let decoded = if is_basic {
+                    base64::engine::general_purpose::STANDARD
+                        .decode(h.value[6..].trim_ascii())
+                        .ok()
+                } else {
+                    None
+                };
+                let in_plain = contains(&h.value, ph);
+                let in_basic = decoded.as_deref().is_some_and(|d| contains(d, ph));
+                if !in_plain && !in_basic {
+                    continue;
+                }
+                if !bound {
+                    report.left.push((
+                        s.name.clone(),
+                        format!("placeholder sent to unbound host (header {lname})"),
+                    ));
+                } else if !credential {
+                    report.left.push((
+                        s.name.clone(),
+                        format!("placeholder in non-credential header {lname} not replaced"),
+                    ));
+                } else {
+                    if in_plain {
+                        h.value = replace(&h.value, ph, s.real.as_bytes());
+                    }
+                    if let (true, Some(d)) = (in_basic, decoded) {
+                        let swapped = replace(&d, ph, s.real.as_bytes());
+                        let mut v = b"Basic ".to_vec();
+                        v.extend_from_slice(
+                            base64::engine::general_purpose::STANDARD
+                                .encode(swapped)
+                                .as_bytes(),
+                        );
+                        h.value = v;
+                    }
+                    report.injected.push((s.name.clone(), lname));
+                }
+            }
+            if contains(head.target.as_bytes(), ph) {
+                report.left.push((
+                    s.name.clone(),
+                    if bound {
+                        "placeholder in the URL not replaced (headers only)".into()
+                    } else {
+                        "placeholder sent to unbound host (in the URL)".into()
+                    },
+                ));
+            }
+        }
+        report
+    }
+
+    fn audit_report(
+        &self,
+        report: &RewriteReport,
+        client: &str,
+        head: &RequestHead,
+        host: &Host,
+        port: u16,
+        addr: Option<SocketAddr>,
+    ) {
+        let path = path_without_query(&head.target);
+        for (name, header) in &report.injected {
+            self.record(
+                &Dest {
+                    client,
+                    host,
+                    port,
+                    addr,
+                },
+                &head.method,
+                Decision::Allow,
+                format!(
+                    "secrets.{name}: injected into {header} for {} {path}",
+                    head.method
+                ),
+                Some(name.clone()),
+            );
+        }
+        for (name, why) in &report.left {
+            self.record(
+                &Dest {
+                    client,
+                    host,
+                    port,
+                    addr,
+                },
+                &head.method,
+                Decision::Deny,
+                format!("secrets.{name}: {why}; {} {path}", head.method),
+                Some(name.clone()),
+            );
+        }
+    }
+
+    /// Check `Host` against the host the proxy dialled.
+    fn check_host(head: &RequestHead, host: &Host, port: u16) -> Result<(), Refusal> {
+        let mut hosts = head.get_all("host");
+        let (Some(value), None) = (hosts.next(), hosts.next()) else {
+            return Err(Refusal {
+                status: 400,
+                message: "corral credential gateway: exactly one Host header is required".into(),
+            });
+        };
+        let ok = std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| parse_authority(v).ok())
+            .is_some_and(|(h, p)| h == *host && p.is_none_or(|p| p == port));
+        if ok {
+            Ok(())
+        } else {
+            Err(Refusal {
+                status: 421,
+                message: format!(
+                    "corral credential gateway: Host {:?} does not match the destination {host}:{port}",
+                    String::from_utf8_lossy(value)
+                ),
+            })
+        }
+    }
+
+    /// Rewrite a plain-HTTP request head going to `host:port` (the host of its absolute-form URL,
+    /// which the proxy resolved and dials). Call it for every plain-HTTP request, bound or not:
+    /// placeholders going to unbound hosts are audited. Refuses when `Host` disagrees with
+    /// `host` (the proxy answers `refusal.status`).
+    pub fn rewrite_plain(
+        &self,
+        head: &mut RequestHead,
+        host: &Host,
+        port: u16,
+        client: &str,
+    ) -> Result<RewriteReport, Refusal> {
+        if let Err(r) = Self::check_host(head, host, port) {
+            self.record(
+                &Dest {
+                    client,
+                    host,
+                    port,
+                    addr: None,
+                },
+                &head.method,
+                Decision::Deny,
+                format!("credential gateway: {}", r.message),
+                None,
+            );
+            return Err(r);
+        }
+        let report = self.rewrite_headers(head, host, port);
+        self.audit_report(&report, client, head, host, port, None);
+        Ok(report)
+    }
+
+    /// Serve one CONNECT to a secret-bound `host:port` whose `200` the proxy has already sent:
+    /// terminate the jail's TLS (SNI must be `host`), then relay requests one by one to the real
+    /// host at `addr` (the address the proxy checked), swapping placeholders in credential
+    /// headers. Returns when either side closes.
+    pub async fn intercept<S>(
+        &self,
+        client: S,
+        host: &Host,
+        port: u16,
+        addr: SocketAddr,
+        client_label: &str,
+    ) -> Result<InterceptStats, GatewayError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let name = match host {
+            Host::Name(n) if self.binds(host, port) => n.clone(),
+            _ => {
+                return Err(GatewayError::NotBound {
+                    host: host.to_string(),
+                    port,
+                });
+            }
+        };
+        let refuse = |reason: String| {
+            self.record(
+                &Dest {
+                    client: client_label,
+                    host,
+                    port,
+                    addr: Some(addr),
+                },
+                "CONNECT",
+                Decision::Deny,
+                format!("credential gateway: {reason}"),
+                None,
+            );
+            GatewayError::Refused {
+                host: name.clone(),
+                port,
+                reason,
+            }
+        };
+        let client_tls = |source| GatewayError::ClientTls {
+            host: name.clone(),
+            source,
+        };
+
+        let acceptor =
+            tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), client);
+        let start = tokio::time::timeout(HANDSHAKE, acceptor)
+            .await
+            .map_err(|_| client_tls(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(client_tls)?;
+        let sni = start
+            .client_hello()
+            .server_name()
+            .map(|s| s.trim_end_matches('.').to_ascii_lowercase());
+        if sni.as_deref() != Some(name.as_str()) {
+            return Err(refuse(format!(
+                "TLS SNI {} does not match the CONNECT host {name}",
+                sni.as_deref().unwrap_or("(none)")
+            )));
+        }
+        let config = self.inner.ca.server_config(&name)?;
+        let tls = tokio::time::timeout(HANDSHAKE, start.into_stream(config))
+            .await
+            .map_err(|_| client_tls(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(client_tls)?;
+
+        let mut down = http1::Buffered::new(tls);
+        let mut up: Option<http1::Buffered<tokio_rustls::client::TlsStream<TcpStream>>> = None;
+        let mut stats = InterceptStats::default();
+        let relay = |source| GatewayError::Relay {
+            host: name.clone(),
+            source,
+        };
+
+        loop {
+            let head = match tokio::time::timeout(IDLE, down.read_head(http1::parse_request)).await
+            {
+                Err(_) | Ok(Ok(None)) => break,
+                Ok(Ok(Some(h))) => h,
+                Ok(Err(http1::HeadError::Parse(e))) => {
+                    let _ = down
+                        .io
+                        .write_all(&http1::error_response(
+                            e.status(),
+                            "Bad Request",
+                            &format!("corral credential gateway: {e}\n"),
+                        ))
+                        .await;
+                    let _ = down.io.shutdown().await;
+                    return Err(refuse(format!("unparsable request: {e}")));
+                }
+                Ok(Err(e)) => {
+                    return Err(relay(std::io::Error::other(e.to_string())));
+                }
+            };
+            let mut head = head;
+            let refusal = if head.method.eq_ignore_ascii_case("CONNECT") {
+                Some(Refusal {
+                    status: 405,
+                    message: "corral credential gateway: CONNECT inside a tunnel is not allowed"
+                        .into(),
+                })
+            } else if !(head.target.starts_with('/')
+                || (head.target == "*" && head.method == "OPTIONS"))
+            {
+                Some(Refusal {
+                    status: 400,
+                    message: "corral credential gateway: only origin-form request targets inside a tunnel".into(),
+                })
+            } else {
+                Self::check_host(&head, host, port).err()
+            };
+            let body = match (refusal, head.body()) {
+                (Some(r), _) => Err(r),
+                (None, Err(e)) => Err(Refusal {
+                    status: e.status(),
+                    message: format!("corral credential gateway: {e}"),
+                }),
+                (None, Ok(b)) => Ok(b),
+            };
+            let body = match body {
+                Ok(b) => b,
+                Err(r) => {
+                    let _ = down
+                        .io
+                        .write_all(&http1::error_response(
+                            r.status,
+                            reason_phrase(r.status),
+                            &format!("{}\n", r.message),
+                        ))
+                        .await;
+                    let _ = down.io.shutdown().await;
+                    return Err(refuse(format!(
+                        "{} {}: {}",
+                        head.method,
+                        path_without_query(&head.target),
+                        r.message
+                    )));
+                }
+            };
+            let report = self.rewrite_headers(&mut head, host, port);
+            self.audit_report(&report, client_label, &head, host, port, Some(addr));
+
+            // `Expect: 100-continue` is answered here, so the body flows without a round trip.
+            if head
+                .get("expect")
+                .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"))
+            {
+                head.remove("expect");
+                down.io
+                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    .await
+                    .map_err(relay)?;
+            }
+            let upgrade = head.has_token("connection", "upgrade") && head.get("upgrade").is_some();
+            let client_close = head.has_token("connection", "close") || head.minor == 0;
+
+            if up.is_none() {
+                up = Some(http1::Buffered::new(
+                    self.connect_upstream(&name, addr).await?,
+                ));
+            }
+            let Some(upstream) = up.as_mut() else {
+                unreachable!("connected just above")
+            };
+            let bytes = head.to_bytes();
+            upstream.io.write_all(&bytes).await.map_err(relay)?;
+            stats.bytes_up += bytes.len() as u64;
+            stats.bytes_up += down
+                .relay_body(body, &mut upstream.io)
+                .await
+                .map_err(relay)?;
+            stats.requests += 1;
+
+            // The response, after any interim 1xx.
+            let resp = loop {
+                let r = upstream
+                    .read_head(http1::parse_response)
+                    .await
+                    .map_err(|e| {
+                        relay(std::io::Error::other(format!(
+                            "response from upstream: {e}"
+                        )))
+                    })?
+                    .ok_or_else(|| {
+                        relay(std::io::Error::other("upstream closed before responding"))
+                    })?;
+                let b = r.to_bytes();
+                down.io.write_all(&b).await.map_err(relay)?;
+                stats.bytes_down += b.len() as u64;
+                if (100..200).contains(&r.status) && r.status != 101 {
+                    continue;
+                }
+                break r;
+            };
+            if resp.status == 101 {
+                if !upgrade {
+                    return Err(relay(std::io::Error::other(
+                        "upstream switched protocols without an upgrade request",
+                    )));
+                }
+                // Websocket (or other upgrade): the swap happened on the upgrade request; from
+                // here the bytes are opaque in both directions.
+                let Some(mut upstream) = up.take() else {
+                    unreachable!()
+                };
+                if !down.buf.is_empty() {
+                    upstream.io.write_all(&down.buf).await.map_err(relay)?;
+                    stats.bytes_up += down.buf.len() as u64;
+                }
+                if !upstream.buf.is_empty() {
+                    down.io.write_all(&upstream.buf).await.map_err(relay)?;
+                    stats.bytes_down += upstream.buf.len() as u64;
+                }
+                down.io.flush().await.map_err(relay)?;
+                let (u, d) = tokio::io::copy_bidirectional(&mut down.io, &mut upstream.io)
+                    .await
+                    .unwrap_or((0, 0));
+                stats.bytes_up += u;
+                stats.bytes_down += d;
+                return Ok(stats);
+            }
+            let rbody = resp.body(&head.method).map_err(|e| {
+                relay(std::io::Error::other(format!(
+                    "response framing from upstream: {e}"
+                )))
+            })?;
+            stats.bytes_down += upstream
+                .relay_body(rbody, &mut down.io)
+                .await
+                .map_err(relay)?;
+            if client_close
+                || rbody == http1::Body::UntilClose
+                || resp.has_token("connection", "close")
+                || resp.minor == 0
+            {
+                break;
+            }
+        }
+        let _ = down.io.shutdown().await;
+        Ok(stats)
+    }
+
+    async fn connect_upstream(
+        &self,
+        name: &str,
+        addr: SocketAddr,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, GatewayError> {
+        let up_err = |source| GatewayError::Upstream {
+            host: name.to_string(),
+            addr,
+            source,
+        };
+        let tcp = tokio::time::timeout(HANDSHAKE, TcpStream::connect(addr))
+            .await
+            .map_err(|_| up_err(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(up_err)?;
+        let _ = tcp.set_nodelay(true);
+        let server_name = ServerName::try_from(name.to_string())
+            .map_err(|e| up_err(std::io::Error::other(e.to_string())))?;
+        let connector = tokio_rustls::TlsConnector::from(self.inner.upstream.clone());
+        tokio::time::timeout(HANDSHAKE, connector.connect(server_name, tcp))
+            .await
+            .map_err(|_| up_err(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(up_err)
+    }
+}
+
+fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        400 => "Bad Request",
+        405 => "Method Not Allowed",
+        421 => "Misdirected Request",
+        431 => "Request Header Fields Too Large",
+        501 => "Not Implemented",
+        _ => "Error",
+    }
+}
+
+fn path_without_query(target: &str) -> &str {
+    target.split(['?', '#']).next().unwrap_or(target)
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn replace(hay: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(hay.len() + with.len());
+    let mut i = 0;
+    while i < hay.len() {
+        if hay[i..].starts_with(needle) {
+            out.extend_from_slice(with);
+            i += needle.len();
+        } else {
+            out.push(hay[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn write_file(path: &Path, data: &[u8]) -> Result<(), GatewayError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |source| GatewayError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(path)
+        .map_err(io)?;
+    f.write_all(data).map_err(io)
+}
+
+fn write_trust(
+    dir: &Path,
+    system_bundle: Option<&Path>,
+    ca: &ca::RunCa,
+) -> Result<JailTrust, GatewayError> {
+    std::fs::create_dir_all(dir).map_err(|source| GatewayError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let ca_pem = ca.cert_pem();
+    let ca_file = dir.join("corral-run-ca.pem");
+    let bundle_file = dir.join("ca-bundle.pem");
+    write_file(&ca_file, ca_pem.as_bytes())?;
+    let system = match system_bundle {
+        Some(p) => Some(std::fs::read(p).map_err(|source| GatewayError::Io {
+            path: p.to_path_buf(),
+            source,
+        })?),
+        None => SYSTEM_BUNDLES.iter().find_map(|p| std::fs::read(p).ok()),
+    };
+    let mut bundle = system.unwrap_or_default();
+    if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+        bundle.push(b'\n');
+    }
+    bundle.extend_from_slice(ca_pem.as_bytes());
+    write_file(&bundle_file, &bundle)?;
+    debug_assert!(!ca.cert_der().is_empty());
+
+    let b = bundle_file.display().to_string();
+    let c = ca_file.display().to_string();
+    let mut env = BTreeMap::new();
+    for (k, v) in [
+        ("SSL_CERT_FILE", &b),
+        ("NODE_EXTRA_CA_CERTS", &c),
+        ("REQUESTS_CA_BUNDLE", &b),
+        ("CURL_CA_BUNDLE", &b),
+        ("GIT_SSL_CAINFO", &b),
+        ("PIP_CERT", &b),
+        ("NPM_CONFIG_CAFILE", &b),
+        ("CARGO_HTTP_CAINFO", &b),
+        ("DENO_CERT", &c),
+        ("CODEX_CA_CERTIFICATE", &b),
+        ("AWS_CA_BUNDLE", &b),
+        ("BUN_CA_BUNDLE_PATH", &b),
+    ] {
+        env.insert(k.to_string(), v.clone());
+    }
+    let mut mounts = vec![Mount {
+        source: dir.to_path_buf(),
+        target: dir.to_path_buf(),
+        kind: MountKind::Bind(Access::Ro),
+        optional: false,
+    }];
+    for p in SYSTEM_BUNDLES {
+        if Path::new(p).is_file() {
+            mounts.push(Mount {
+                source: bundle_file.clone(),
+                target: PathBuf::from(p),
+                kind: MountKind::Bind(Access::Ro),
+                optional: false,
+            });
+        }
+    }
+    Ok(JailTrust {
+        ca_pem,
+        ca_file,
+        bundle_file,
+        env,
+        mounts,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,721 @@
+//! The credential gateway attacked for real: a mock upstream HTTPS server with its own test CA on
+//! loopback records every byte it receives; clients (rustls, and curl through a CONNECT proxy)
+//! talk to it through the gateway with the jail's placeholder.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use base64::Engine as _;
+use corral_audit::{AuditLog, Decision, Event};
+use corral_gateway::http1::{self, Buffered, Headers};
+use corral_gateway::{AuditSink, Gateway, GatewayConfig, JailTrust, RequestHead};
+use corral_policy::domain::{DomainPattern, Host};
+use corral_policy::plan::SecretPlan;
+use rustls::RootCertStore;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const BOUND: &str = "api.model.test";
+const OTHER_BOUND: &str = "api.other.test";
+const REAL: &str = "sk-ant-api03-REALvalueREALvalueREALvalue0123456789";
+const REAL2: &str = "ghp_SECONDrealSECONDrealSECONDreal99";
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The mock upstream: TLS for BOUND and OTHER_BOUND with its own CA, records raw bytes.
+struct Upstream {
+    addr: SocketAddr,
+    roots: RootCertStore,
+    seen: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Upstream {
+    fn seen(&self) -> String {
+        String::from_utf8_lossy(&self.seen.lock().unwrap()).into_owned()
+    }
+}
+
+async fn upstream() -> Upstream {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::default();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec![BOUND.into(), OTHER_BOUND.into()])
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    let mut roots = RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let seen = seen2.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                serve_mock(tls, seen).await;
+            });
+        }
+    });
+    Upstream { addr, roots, seen }
+}
+
+/// Answers each request with 200 and a body naming the path; a websocket-style upgrade gets 101
+/// and then an echo. Everything received is appended to `seen`.
+async fn serve_mock<S>(io: S, seen: Arc<Mutex<Vec<u8>>>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut conn = Buffered::new(io);
+    loop {
+        let Ok(Some(head)) = conn.read_head(http1::parse_request).await else {
+            return;
+        };
+        seen.lock().unwrap().extend_from_slice(&head.to_bytes());
+        let mut body = Vec::new();
+        if conn
+            .relay_body(head.body().unwrap(), &mut body)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        seen.lock().unwrap().extend_from_slice(&body);
+        if head.get("upgrade").is_some() {
+            let _ = conn
+                .io
+                .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+                .await;
+            let mut buf = conn.buf.clone();
+            loop {
+                if !buf.is_empty() {
+                    seen.lock().unwrap().extend_from_slice(&buf);
+                    if conn.io.write_all(&buf).await.is_err() {
+                        return;
+                    }
+                    let _ = conn.io.flush().await;
+                }
+                buf = vec![0u8; 4096];
+                match conn.io.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.truncate(n),
+                }
+            }
+        }
+        let text = format!("hello from {}", head.target);
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{text}",
+            text.len()
+        );
+        if conn.io.write_all(resp.as_bytes()).await.is_err() {
+            return;
+        }
+        let _ = conn.io.flush().await;
+    }
+}
+
+fn secret(name: &str, host: &str) -> SecretPlan {
+    SecretPlan {
+        name: name.into(),
+        from_env: format!("CALLER_{name}"),
+        hosts: vec![DomainPattern::parse(host).unwrap()],
+    }
+}
+
+struct Setup {
+    gw: Gateway,
+    trust: JailTrust,
+    up: Upstream,
+    audit: AuditLog,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup() -> Setup {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let audit = AuditLog::at(dir.path().join("audit.jsonl"));
+    let (gw, trust) = Gateway::new(
+        vec![
+            (secret("ANTHROPIC_API_KEY", BOUND), REAL.into()),
+            (secret("GITHUB_TOKEN", OTHER_BOUND), REAL2.into()),
+        ],
+        GatewayConfig {
+            upstream_roots: Some(up.roots.clone()),
+            trust_dir: dir.path().join("trust"),
+            system_bundle: None,
+            audit: Some(AuditSink {
+                log: audit.clone(),
+                jail: "test-jail".into(),
+            }),
+        },
+    )
+    .unwrap();
+    Setup {
+        gw,
+        trust,
+        up,
+        audit,
+        _dir: dir,
+    }
+}
+
+/// A stand-in for the proxy: accepts `CONNECT host:port`, answers 200, hands the stream to the
+/// gateway with the upstream's real address as the checked address. Returns its address and
+/// how many connections the gateway finished with an error.
+async fn proxy(gw: Gateway, upstream: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let errors = Arc::new(AtomicUsize::new(0));
+    let errors2 = errors.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, peer)) = listener.accept().await {
+            let gw = gw.clone();
+            let errors = errors2.clone();
+            tokio::spawn(async move {
+                let mut conn = Buffered::new(tcp);
+                let Ok(Some(head)) = conn.read_head(http1::parse_request).await else {
+                    return;
+                };
+                assert_eq!(head.method, "CONNECT");
+                let (host, port) = head.target.rsplit_once(':').unwrap();
+                let host = Host::Name(host.to_string());
+                let port: u16 = port.parse().unwrap();
+                conn.io
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await
+                    .unwrap();
+                assert!(conn.buf.is_empty());
+                if gw
+                    .intercept(conn.io, &host, port, upstream, &peer.to_string())
+                    .await
+                    .is_err()
+                {
+                    errors.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (addr, errors)
+}
+
+/// A TLS client that trusts the jail's CA file only and opens a CONNECT tunnel with `sni`.
+async fn client(
+    trust: &JailTrust,
+    proxy: SocketAddr,
+    connect_host: &str,
+    sni: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let mut roots = RootCertStore::empty();
+    let der = pem_to_der(&trust.ca_pem);
+    roots.add(der).unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut tcp = TcpStream::connect(proxy).await?;
+    tcp.write_all(
+        format!("CONNECT {connect_host}:443 HTTP/1.1\r\nHost: {connect_host}:443\r\n\r\n")
+            .as_bytes(),
+    )
+    .await?;
+    let mut buf = [0u8; 39];
+    tcp.read_exact(&mut buf).await?;
+    assert_eq!(&buf[..], b"HTTP/1.1 200 Connection established\r\n\r\n");
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from(sni.to_string()).unwrap(), tcp)
+        .await
+}
+
+fn pem_to_der(pem: &str) -> CertificateDer<'static> {
+    let b64: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    CertificateDer::from(
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap(),
+    )
+}
+
+/// Send one request and read one response (Content-Length framed).
+async fn roundtrip<S>(conn: &mut Buffered<S>, req: &str) -> (u16, String)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    conn.io.write_all(req.as_bytes()).await.unwrap();
+    conn.io.flush().await.unwrap();
+    let resp = conn
+        .read_head(http1::parse_response)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut body = Vec::new();
+    conn.relay_body(resp.body("GET").unwrap(), &mut body)
+        .await
+        .unwrap();
+    (resp.status, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn records(audit: &AuditLog) -> Vec<corral_audit::NetEvent> {
+    let (recs, _) = audit.read_all().unwrap();
+    recs.into_iter()
+        .filter_map(|r| match r.event {
+            Event::Net(n) => Some(n),
+            _ => None,
+        })
+        .collect()
+}
+
+fn assert_no_real_value_in_audit(s: &Setup) {
+    let raw = std::fs::read_to_string(s.audit.path()).unwrap_or_default();
+    assert!(
+        !raw.contains(REAL) && !raw.contains(REAL2),
+        "real value in audit log: {raw}"
+    );
+}
+
+#[tokio::test]
+async fn placeholder_in_credential_headers_becomes_the_real_value_upstream() {
+    let s = setup().await;
+    let ph = s.trust.env["ANTHROPIC_API_KEY"].clone();
+    assert_eq!(s.gw.placeholder("ANTHROPIC_API_KEY"), Some(ph.as_str()));
+    assert_ne!(ph, REAL);
+    assert_eq!(ph.len(), REAL.len());
+    assert!(ph.starts_with("sk-ant-api03-"));
+
+    let (paddr, errors) = proxy(s.gw.clone(), s.up.addr).await;
+    let tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), None);
+    let mut c = Buffered::new(tls);
+    // Bearer, x-api-key, and Basic (user:placeholder) on one keep-alive connection.
+    let (st, body) = roundtrip(
+        &mut c,
+        &format!("GET /v1/models HTTP/1.1\r\nHost: {BOUND}\r\nAuthorization: Bearer {ph}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!((st, body.as_str()), (200, "hello from /v1/models"));
+    let (st, _) = roundtrip(
+        &mut c,
+        &format!(
+            "POST /v1/messages HTTP/1.1\r\nHost: {BOUND}\r\nx-api-key: {ph}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        ),
+    )
+    .await;
+    assert_eq!(st, 200);
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("user:{ph}"));
+    let (st, _) = roundtrip(
+        &mut c,
+        &format!(
+            "GET /basic HTTP/1.1\r\nHost: {BOUND}:443\r\nAuthorization: Basic {basic}\r\n\r\n"
+        ),
+    )
+    .await;
+    assert_eq!(st, 200);
+
+    let seen = s.up.seen();
+    assert!(
+        seen.contains(&format!("Authorization: Bearer {REAL}\r\n")),
+        "{seen}"
+    );
+    assert!(seen.contains(&format!("x-api-key: {REAL}\r\n")), "{seen}");
+    let real_basic = base64::engine::general_purpose::STANDARD.encode(format!("user:{REAL}"));
+    assert!(
+        seen.contains(&format!("Authorization: Basic {real_basic}\r\n")),
+        "{seen}"
+    );
+    assert!(
+        seen.contains("5\r\nhello\r\n0\r\n\r\n"),
+        "chunked body relayed: {seen}"
+    );
+    assert!(
+        !seen.contains(&ph),
+        "the placeholder reached the upstream: {seen}"
+    );
+    assert_eq!(errors.load(Ordering::SeqCst), 0);
+
+    let recs = records(&s.audit);
+    let injected: Vec<_> = recs
+        .iter()
+        .filter(|r| r.decision == Some(Decision::Allow))
+        .collect();
+    assert_eq!(injected.len(), 3, "{recs:?}");
+    assert!(
+        injected
+            .iter()
+            .all(|r| r.secret.as_deref() == Some("ANTHROPIC_API_KEY")
+                && r.host == BOUND
+                && r.address.as_deref() == Some(&*s.up.addr.to_string()))
+    );
+    assert!(
+        injected[0]
+            .rule
+            .contains("injected into authorization for GET /v1/models"),
+        "{:?}",
+        injected[0]
+    );
+    assert_no_real_value_in_audit(&s);
+}
+
+#[tokio::test]
+async fn curl_through_a_connect_proxy_trusting_the_jail_bundle() {
+    if std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipping: no curl binary");
+        return;
+    }
+    let s = setup().await;
+    let ph = s.trust.env["ANTHROPIC_API_KEY"].clone();
+    let (paddr, _) = proxy(s.gw.clone(), s.up.addr).await;
+    let trust = s.trust.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("curl")
+            .args(["-sS", "--noproxy", "", "--proxy"])
+            .arg(format!("http://{paddr}"))
+            .arg("--cacert")
+            .arg(&trust.bundle_file)
+            .args(["-H", &format!("Authorization: Bearer {ph}")])
+            .arg(format!("https://{BOUND}/from-curl?q=1"))
+            .env_remove("HTTPS_PROXY")
+            .env_remove("https_proxy")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello from /from-curl?q=1"
+    );
+    let seen = s.up.seen();
+    assert!(
+        seen.contains(&format!("Authorization: Bearer {REAL}")),
+        "{seen}"
+    );
+    // The audit names the path without its query.
+    let recs = records(&s.audit);
+    assert!(
+        recs.iter().any(|r| r.rule.ends_with("GET /from-curl")),
+        "{recs:?}"
+    );
+}
+
+#[tokio::test]
+async fn sni_that_differs_from_the_connect_host_is_refused() {
+    let s = setup().await;
+    let (paddr, errors) = proxy(s.gw.clone(), s.up.addr).await;
+    // CONNECT to the bound host, TLS SNI naming another (bound) host: refused at the handshake,
+    // so the secret cannot be steered by SNI.
+    let r = client(&s.trust, paddr, BOUND, OTHER_BOUND).await;
+    assert!(r.is_err(), "handshake with a foreign SNI succeeded");
+    let r = client(&s.trust, paddr, BOUND, "evil.example.com").await;
+    assert!(r.is_err());
+    // Let the proxy tasks finish and record.
+    for _ in 0..100 {
+        if errors.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(s.up.seen(), "", "nothing may reach the upstream");
+    let recs = records(&s.audit);
+    assert!(
+        recs.iter().any(|r| r.decision == Some(Decision::Deny)
+            && r.rule.contains(&format!(
+                "TLS SNI {OTHER_BOUND} does not match the CONNECT host {BOUND}"
+            ))),
+        "{recs:?}"
+    );
+}
+
+#[tokio::test]
+async fn host_header_that_differs_from_the_connect_host_is_refused() {
+    let s = setup().await;
+    let ph = s.trust.env["ANTHROPIC_API_KEY"].clone();
+    let (paddr, _) = proxy(s.gw.clone(), s.up.addr).await;
+    for bad_host in [
+        "evil.example.com",
+        OTHER_BOUND,
+        "api.model.test:444",
+        "api.model.test.evil.com",
+    ] {
+        let tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
+        let mut c = Buffered::new(tls);
+        let (st, body) = roundtrip(
+            &mut c,
+            &format!("GET / HTTP/1.1\r\nHost: {bad_host}\r\nAuthorization: Bearer {ph}\r\n\r\n"),
+        )
+        .await;
+        assert_eq!(st, 421, "Host {bad_host}: {body}");
+        assert!(body.contains("does not match the destination"), "{body}");
+    }
+    // Two Host headers, no Host, a nested CONNECT, an absolute-form target: all refused.
+    for (req, want) in [
+        (
+            format!("GET / HTTP/1.1\r\nHost: {BOUND}\r\nHost: evil.example.com\r\n\r\n"),
+            400,
+        ),
+        ("GET / HTTP/1.1\r\nX: y\r\n\r\n".to_string(), 400),
+        (
+            format!("CONNECT evil.example.com:443 HTTP/1.1\r\nHost: {BOUND}\r\n\r\n"),
+            405,
+        ),
+        (
+            format!("GET https://evil.example.com/ HTTP/1.1\r\nHost: {BOUND}\r\n\r\n"),
+            400,
+        ),
+        (
+            format!(
+                "POST / HTTP/1.1\r\nHost: {BOUND}\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            ),
+            400,
+        ),
+    ] {
+        let tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
+        let mut c = Buffered::new(tls);
+        let (st, _) = roundtrip(&mut c, &req).await;
+        assert_eq!(st, want, "{req:?}");
+    }
+    assert_eq!(s.up.seen(), "", "a refused request reached the upstream");
+    let recs = records(&s.audit);
+    assert!(
+        recs.iter().all(|r| r.decision == Some(Decision::Deny)),
+        "{recs:?}"
+    );
+    assert!(recs.len() >= 9, "{recs:?}");
+}
+
+#[tokio::test]
+async fn placeholder_for_another_host_stays_a_placeholder_and_is_audited() {
+    let s = setup().await;
+    let ph_github = s.trust.env["GITHUB_TOKEN"].clone();
+    let ph_model = s.trust.env["ANTHROPIC_API_KEY"].clone();
+    let (paddr, _) = proxy(s.gw.clone(), s.up.addr).await;
+    // GITHUB_TOKEN is bound to OTHER_BOUND only: sent to BOUND it must not be swapped.
+    let tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
+    let mut c = Buffered::new(tls);
+    let (st, _) = roundtrip(
+        &mut c,
+        &format!("GET /x HTTP/1.1\r\nHost: {BOUND}\r\nAuthorization: token {ph_github}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(st, 200);
+    // The bound placeholder in a non-credential header, the URL, and the body: left alone.
+    let body = format!("{{\"key\":\"{ph_model}\"}}");
+    let (st, _) = roundtrip(
+        &mut c,
+        &format!(
+            "POST /y?key={ph_model} HTTP/1.1\r\nHost: {BOUND}\r\nX-Debug: {ph_model}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .await;
+    assert_eq!(st, 200);
+    let seen = s.up.seen();
+    assert!(
+        seen.contains(&format!("Authorization: token {ph_github}")),
+        "{seen}"
+    );
+    assert!(
+        !seen.contains(REAL2) && !seen.contains(REAL),
+        "a real value leaked: {seen}"
+    );
+    assert!(seen.contains(&format!("/y?key={ph_model}")));
+    assert!(seen.contains(&format!("X-Debug: {ph_model}")));
+    assert!(seen.contains(&body));
+
+    let recs = records(&s.audit);
+    let gh: Vec<_> = recs
+        .iter()
+        .filter(|r| r.secret.as_deref() == Some("GITHUB_TOKEN"))
+        .collect();
+    assert_eq!(gh.len(), 1, "{recs:?}");
+    assert_eq!(gh[0].decision, Some(Decision::Deny));
+    assert!(
+        gh[0].rule.contains("placeholder sent to unbound host"),
+        "{:?}",
+        gh[0]
+    );
+    assert_eq!(gh[0].host, BOUND);
+    let left: Vec<_> = recs
+        .iter()
+        .filter(|r| r.secret.as_deref() == Some("ANTHROPIC_API_KEY"))
+        .map(|r| r.rule.as_str())
+        .collect();
+    assert!(
+        left.iter()
+            .any(|r| r.contains("non-credential header x-debug")),
+        "{left:?}"
+    );
+    assert!(
+        left.iter().any(|r| r.contains("in the URL not replaced")),
+        "{left:?}"
+    );
+    assert!(
+        left.iter().all(|r| !r.contains("?key")),
+        "query logged: {left:?}"
+    );
+    assert_no_real_value_in_audit(&s);
+}
+
+fn plain(req: &str) -> RequestHead {
+    http1::parse_request(req.as_bytes()).unwrap().unwrap().0
+}
+
+#[tokio::test]
+async fn plain_http_rewrite_swaps_on_bound_hosts_and_audits_elsewhere() {
+    let s = setup().await;
+    let ph = s.trust.env["ANTHROPIC_API_KEY"].clone();
+    let bound = Host::Name(BOUND.into());
+    let mut head = plain(&format!(
+        "POST http://{BOUND}/v1/chat/completions HTTP/1.1\r\nHost: {BOUND}\r\nAuthorization: Bearer {ph}\r\n\r\n"
+    ));
+    let report = s.gw.rewrite_plain(&mut head, &bound, 80, "jail").unwrap();
+    assert_eq!(
+        report.injected,
+        vec![("ANTHROPIC_API_KEY".to_string(), "authorization".to_string())]
+    );
+    assert_eq!(
+        head.get("authorization"),
+        Some(format!("Bearer {REAL}").as_bytes())
+    );
+
+    // To an unbound host the placeholder goes through untouched (useless) and is audited.
+    let other = Host::Name("collector.evil.test".into());
+    let mut head = plain(&format!(
+        "POST http://collector.evil.test/ HTTP/1.1\r\nHost: collector.evil.test\r\nx-api-key: {ph}\r\n\r\n"
+    ));
+    let before = head.clone();
+    let report = s.gw.rewrite_plain(&mut head, &other, 80, "jail").unwrap();
+    assert_eq!(head, before);
+    assert!(report.injected.is_empty());
+    assert_eq!(report.left.len(), 1);
+    let recs = records(&s.audit);
+    let r = recs
+        .iter()
+        .find(|r| r.host == "collector.evil.test")
+        .expect("audited");
+    assert_eq!(r.secret.as_deref(), Some("ANTHROPIC_API_KEY"));
+    assert_eq!(r.decision, Some(Decision::Deny));
+    assert!(r.rule.contains("placeholder sent to unbound host"), "{r:?}");
+
+    // Host header pointing at the bound host while the proxy dials another: refused.
+    let mut head = plain(&format!(
+        "GET http://collector.evil.test/ HTTP/1.1\r\nHost: {BOUND}\r\nAuthorization: Bearer {ph}\r\n\r\n"
+    ));
+    let refusal =
+        s.gw.rewrite_plain(&mut head, &other, 80, "jail")
+            .unwrap_err();
+    assert_eq!(refusal.status, 421);
+    assert!(!String::from_utf8_lossy(&head.to_bytes()).contains(REAL));
+    assert_no_real_value_in_audit(&s);
+}
+
+#[tokio::test]
+async fn websocket_upgrade_is_swapped_then_spliced() {
+    let s = setup().await;
+    let ph = s.trust.env["ANTHROPIC_API_KEY"].clone();
+    let (paddr, _) = proxy(s.gw.clone(), s.up.addr).await;
+    let mut tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
+    tls.write_all(
+        format!(
+            "GET /ws HTTP/1.1\r\nHost: {BOUND}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nAuthorization: Bearer {ph}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut c = Buffered::new(tls);
+    let resp = c.read_head(http1::parse_response).await.unwrap().unwrap();
+    assert_eq!(resp.status, 101);
+    // Opaque frames now; a placeholder inside them is not touched.
+    let frame = format!("frame with {ph}");
+    c.io.write_all(frame.as_bytes()).await.unwrap();
+    c.io.flush().await.unwrap();
+    let mut got = c.buf.clone();
+    while got.len() < frame.len() {
+        let mut b = [0u8; 256];
+        let n = c.io.read(&mut b).await.unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&b[..n]);
+    }
+    assert_eq!(String::from_utf8_lossy(&got), frame);
+    let seen = s.up.seen();
+    assert!(
+        seen.contains(&format!("Authorization: Bearer {REAL}")),
+        "{seen}"
+    );
+}
+
+#[tokio::test]
+async fn unbound_and_ip_literal_connects_are_not_intercepted() {
+    let s = setup().await;
+    let (a, _b) = tokio::io::duplex(1024);
+    let err =
+        s.gw.intercept(a, &Host::Name("example.org".into()), 443, s.up.addr, "jail")
+            .await
+            .unwrap_err();
+    assert!(err.to_string().contains("not bound to any secret"), "{err}");
+    let (a, _b) = tokio::io::duplex(1024);
+    let err =
+        s.gw.intercept(a, &Host::Ip(s.up.addr.ip()), 443, s.up.addr, "jail")
+            .await
+            .unwrap_err();
+    assert!(err.to_string().contains("not bound to any secret"), "{err}");
+}
+
+#[test]
+fn jail_trust_names_every_client_variable() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let s = rt.block_on(setup());
+    let b = s.trust.bundle_file.display().to_string();
+    let c = s.trust.ca_file.display().to_string();
+    for (k, v) in [
+        ("SSL_CERT_FILE", &b),
+        ("NODE_EXTRA_CA_CERTS", &c),
+        ("REQUESTS_CA_BUNDLE", &b),
+        ("CURL_CA_BUNDLE", &b),
+        ("GIT_SSL_CAINFO", &b),
+        ("PIP_CERT", &b),
+        ("NPM_CONFIG_CAFILE", &b),
+        ("CARGO_HTTP_CAINFO", &b),
+        ("DENO_CERT", &c),
+    ] {
+        assert_eq!(s.trust.env.get(k), Some(v), "{k}");
+    }
+    assert!(Path::new(&b).is_file() && Path::new(&c).is_file());
+    assert!(s.trust.env.values().all(|v| v != REAL && v != REAL2));
+    assert_eq!(
+        s.trust.mounts[0].target,
+        s.trust.bundle_file.parent().unwrap()
+    );
+}
