@@ -197,6 +197,7 @@ impl Server {
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         let _ = nix::sys::prctl::set_child_subreaper(true);
         let state = self.state;
+        let connections = hyper_util::server::graceful::GracefulShutdown::new();
         tokio::pin!(stop);
         loop {
             let accepted = tokio::select! {
@@ -205,21 +206,25 @@ impl Server {
             };
             let Some(io) = accepted else { continue };
             let st = state.clone();
+            let svc = hyper::service::service_fn(move |req| {
+                let st = st.clone();
+                async move { Ok::<_, Infallible>(handle(st, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(io, svc);
+            let conn = connections.watch(conn);
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let st = st.clone();
-                    async move { Ok::<_, Infallible>(handle(st, req).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .keep_alive(true)
-                    .serve_connection(io, svc)
-                    .await;
+                let _ = conn.await;
             });
         }
+        // Kill every running command, wait until they are all gone (each holds a slot until
+        // its final event is queued), then let the connections deliver those final events.
         let _ = state.shutdown_tx.send(true);
         let n = state.cfg.max_concurrent.max(1) as u32;
-        let wait = state.cfg.kill_grace + Duration::from_secs(2);
+        let wait = state.cfg.kill_grace + Duration::from_secs(3);
         let _ = tokio::time::timeout(wait, state.slots.acquire_many(n)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), connections.shutdown()).await;
         if let Listener::Unix(_, p) = &self.listener {
             let _ = std::fs::remove_file(p);
         }
@@ -653,7 +658,6 @@ fn run_v1(
                 )
                 .await;
                 audit_done(&st, &req, &workdir, started, Ok(&outcome));
-                drop(permit);
                 match outcome.ended {
                     Ended::Shutdown => {
                         sink.event(Event::Error {
@@ -678,6 +682,7 @@ fn run_v1(
                         sink.event(Event::Exit(outcome.exit)).await
                     }
                 }
+                drop(permit);
             });
         }
     }
