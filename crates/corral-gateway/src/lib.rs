@@ -34,10 +34,14 @@
 //! let (gateway, trust) = Gateway::new(secrets, GatewayConfig { .. })?;
 //! // corral run: add trust.env to the jail's environment (placeholders + CA variables),
 //! //             add trust.mounts to its mounts (the CA files, read-only).
-//! // proxy, CONNECT host:port allowed and resolved to the checked address `addr`:
+//! // proxy, CONNECT host:port allowed, dialled to the checked address `addr` as stream `up`
+//! // (direct, or through the upstream proxy):
 //! if gateway.binds(&host, port) {
 //!     reply "HTTP/1.1 200 Connection established\r\n\r\n";
-//!     let stats = gateway.intercept(client_stream, &host, port, addr, &client_label).await;
+//!     let client = Prefixed::new(bytes_already_read_after_the_connect, client_stream);
+//!     let stats = gateway.intercept_over(client, up, &host, port, addr, &client_label).await;
+//!     // (or `gateway.intercept(client, &host, port, addr, ..)` to let the gateway dial `addr`
+//!     //  itself, only when the first request passed its checks)
 //! } else { tunnel as usual }
 //! // proxy, plain-HTTP request to host:port (absolute-form URL), before forwarding the head:
 //! match gateway.rewrite_plain(&mut head, &host, port, &client_label) {
@@ -52,8 +56,8 @@
 //!
 //! Limits: a placeholder inside TLS to a host that is *not* bound to any secret cannot be seen
 //! (that tunnel stays opaque, by design); it reaches that host as the useless placeholder.
-//! Chaining to `network.upstream_proxy` is not done by the gateway: an intercepted connection
-//! dials the checked address directly.
+//! Chaining to `network.upstream_proxy` is the proxy's: with [`Gateway::intercept_over`] the
+//! gateway runs its TLS over whatever stream the proxy opened.
 
 pub mod http1;
 
@@ -399,13 +403,19 @@ impl Gateway {
 
     /// Swap placeholders in `head`'s headers for a request going to `host:port`; returns what
     /// was done. Never touches the target or the body.
-    fn rewrite_headers(&self, head: &mut RequestHead, host: &Host, port: u16) -> RewriteReport {
+    fn rewrite_headers(
+        &self,
+        target: &str,
+        headers: &mut [Header],
+        host: &Host,
+        port: u16,
+    ) -> RewriteReport {
         let mut report = RewriteReport::default();
         for s in &self.inner.secrets {
             let bound =
                 matches!(host, Host::Name(_)) && s.hosts.iter().any(|p| p.matches(host, port));
             let ph = s.placeholder.as_bytes();
-            for h in head.headers.iter_mut() {
+            for h in headers.iter_mut() {
                 let lname = h.name.to_ascii_lowercase();
                 let credential = CREDENTIAL_HEADERS.contains(&lname.as_str());
                 let is_basic = lname == "authorization"
@@ -450,7 +460,7 @@ impl Gateway {
                     report.injected.push((s.name.clone(), lname));
                 }
             }
-            if contains(head.target.as_bytes(), ph) {
+            if contains(target.as_bytes(), ph) {
                 report.left.push((
                     s.name.clone(),
                     if bound {
@@ -468,12 +478,12 @@ impl Gateway {
         &self,
         report: &RewriteReport,
         client: &str,
-        head: &RequestHead,
+        (method, target): (&str, &str),
         host: &Host,
         port: u16,
         addr: Option<SocketAddr>,
     ) {
-        let path = path_without_query(&head.target);
+        let path = path_without_query(target);
         for (name, header) in &report.injected {
             self.record(
                 &Dest {
@@ -482,12 +492,9 @@ impl Gateway {
                     port,
                     addr,
                 },
-                &head.method,
+                method,
                 Decision::Allow,
-                format!(
-                    "secrets.{name}: injected into {header} for {} {path}",
-                    head.method
-                ),
+                format!("secrets.{name}: injected into {header} for {method} {path}"),
                 Some(name.clone()),
             );
         }
@@ -499,17 +506,20 @@ impl Gateway {
                     port,
                     addr,
                 },
-                &head.method,
+                method,
                 Decision::Deny,
-                format!("secrets.{name}: {why}; {} {path}", head.method),
+                format!("secrets.{name}: {why}; {method} {path}"),
                 Some(name.clone()),
             );
         }
     }
 
     /// Check `Host` against the host the proxy dialled.
-    fn check_host(head: &RequestHead, host: &Host, port: u16) -> Result<(), Refusal> {
-        let mut hosts = head.get_all("host");
+    fn check_host(headers: &[Header], host: &Host, port: u16) -> Result<(), Refusal> {
+        let mut hosts = headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case("host"))
+            .map(|h| h.value.as_slice());
         let (Some(value), None) = (hosts.next(), hosts.next()) else {
             return Err(Refusal {
                 status: 400,
@@ -544,7 +554,28 @@ impl Gateway {
         port: u16,
         client: &str,
     ) -> Result<RewriteReport, Refusal> {
-        if let Err(r) = Self::check_host(head, host, port) {
+        self.rewrite_plain_headers(
+            &head.method,
+            &head.target,
+            &mut head.headers,
+            host,
+            port,
+            client,
+        )
+    }
+
+    /// [`Gateway::rewrite_plain`] for a head parsed elsewhere (the proxy's own parser): the
+    /// request's method and target, and its header fields, rewritten in place.
+    pub fn rewrite_plain_headers(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &mut [Header],
+        host: &Host,
+        port: u16,
+        client: &str,
+    ) -> Result<RewriteReport, Refusal> {
+        if let Err(r) = Self::check_host(headers, host, port) {
             self.record(
                 &Dest {
                     client,
@@ -552,15 +583,15 @@ impl Gateway {
                     port,
                     addr: None,
                 },
-                &head.method,
+                method,
                 Decision::Deny,
                 format!("credential gateway: {}", r.message),
                 None,
             );
             return Err(r);
         }
-        let report = self.rewrite_headers(head, host, port);
-        self.audit_report(&report, client, head, host, port, None);
+        let report = self.rewrite_headers(target, headers, host, port);
+        self.audit_report(&report, client, (method, target), host, port, None);
         Ok(report)
     }
 
@@ -579,6 +610,62 @@ impl Gateway {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
+        let name = host.to_string();
+        let dial = move || async move {
+            let up_err = |source| GatewayError::Upstream {
+                host: name.clone(),
+                addr,
+                source,
+            };
+            let tcp = tokio::time::timeout(HANDSHAKE, TcpStream::connect(addr))
+                .await
+                .map_err(|_| up_err(std::io::ErrorKind::TimedOut.into()))?
+                .map_err(up_err)?;
+            let _ = tcp.set_nodelay(true);
+            Ok(tcp)
+        };
+        self.serve(client, host, port, addr, client_label, dial)
+            .await
+    }
+
+    /// [`Gateway::intercept`] over an upstream byte stream the proxy already opened to `addr`
+    /// (directly, or through its upstream proxy's CONNECT): the gateway runs TLS to the real
+    /// host over it. Wrap the client in [`Prefixed`] when the proxy has already read bytes of
+    /// the client's TLS handshake.
+    pub async fn intercept_over<S, U>(
+        &self,
+        client: S,
+        upstream: U,
+        host: &Host,
+        port: u16,
+        addr: SocketAddr,
+        client_label: &str,
+    ) -> Result<InterceptStats, GatewayError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+        U: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let ready = move || async move { Ok(upstream) };
+        self.serve(client, host, port, addr, client_label, ready)
+            .await
+    }
+
+    async fn serve<S, U, F, Fut>(
+        &self,
+        client: S,
+        host: &Host,
+        port: u16,
+        addr: SocketAddr,
+        client_label: &str,
+        connect: F,
+    ) -> Result<InterceptStats, GatewayError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+        U: AsyncRead + AsyncWrite + Unpin + Send,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<U, GatewayError>>,
+    {
+        let mut connect = Some(connect);
         let name = match host {
             Host::Name(n) if self.binds(host, port) => n.clone(),
             _ => {
@@ -635,7 +722,7 @@ impl Gateway {
             .map_err(client_tls)?;
 
         let mut down = http1::Buffered::new(tls);
-        let mut up: Option<http1::Buffered<tokio_rustls::client::TlsStream<TcpStream>>> = None;
+        let mut up: Option<http1::Buffered<tokio_rustls::client::TlsStream<U>>> = None;
         let mut stats = InterceptStats::default();
         let relay = |source| GatewayError::Relay {
             host: name.clone(),
@@ -678,7 +765,7 @@ impl Gateway {
                     message: "corral credential gateway: only origin-form request targets inside a tunnel".into(),
                 })
             } else {
-                Self::check_host(&head, host, port).err()
+                Self::check_host(&head.headers, host, port).err()
             };
             let body = match (refusal, head.body()) {
                 (Some(r), _) => Err(r),
@@ -708,8 +795,15 @@ impl Gateway {
                     )));
                 }
             };
-            let report = self.rewrite_headers(&mut head, host, port);
-            self.audit_report(&report, client_label, &head, host, port, Some(addr));
+            let report = self.rewrite_headers(&head.target, &mut head.headers, host, port);
+            self.audit_report(
+                &report,
+                client_label,
+                (&head.method, &head.target),
+                host,
+                port,
+                Some(addr),
+            );
 
             // `Expect: 100-continue` is answered here, so the body flows without a round trip.
             if head
@@ -725,9 +819,10 @@ impl Gateway {
             let upgrade = head.has_token("connection", "upgrade") && head.get("upgrade").is_some();
             let client_close = head.has_token("connection", "close") || head.minor == 0;
 
-            if up.is_none() {
+            if let Some(connect) = connect.take() {
+                let raw = connect().await?;
                 up = Some(http1::Buffered::new(
-                    self.connect_upstream(&name, addr).await?,
+                    self.tls_upstream(&name, addr, raw).await?,
                 ));
             }
             let Some(upstream) = up.as_mut() else {
@@ -811,28 +906,84 @@ impl Gateway {
         Ok(stats)
     }
 
-    async fn connect_upstream(
+    async fn tls_upstream<U>(
         &self,
         name: &str,
         addr: SocketAddr,
-    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, GatewayError> {
+        raw: U,
+    ) -> Result<tokio_rustls::client::TlsStream<U>, GatewayError>
+    where
+        U: AsyncRead + AsyncWrite + Unpin,
+    {
         let up_err = |source| GatewayError::Upstream {
             host: name.to_string(),
             addr,
             source,
         };
-        let tcp = tokio::time::timeout(HANDSHAKE, TcpStream::connect(addr))
-            .await
-            .map_err(|_| up_err(std::io::ErrorKind::TimedOut.into()))?
-            .map_err(up_err)?;
-        let _ = tcp.set_nodelay(true);
         let server_name = ServerName::try_from(name.to_string())
             .map_err(|e| up_err(std::io::Error::other(e.to_string())))?;
         let connector = tokio_rustls::TlsConnector::from(self.inner.upstream.clone());
-        tokio::time::timeout(HANDSHAKE, connector.connect(server_name, tcp))
+        tokio::time::timeout(HANDSHAKE, connector.connect(server_name, raw))
             .await
             .map_err(|_| up_err(std::io::ErrorKind::TimedOut.into()))?
             .map_err(up_err)
+    }
+}
+
+/// A stream that first yields `prefix` (bytes a caller already read from `inner`), then reads
+/// from `inner`; writes go to `inner`.
+pub struct Prefixed<S> {
+    prefix: Vec<u8>,
+    pos: usize,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    pub fn new(prefix: Vec<u8>, inner: S) -> Self {
+        Self {
+            prefix,
+            pos: 0,
+            inner,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.pos < self.prefix.len() {
+            let n = (self.prefix.len() - self.pos).min(buf.remaining());
+            let start = self.pos;
+            buf.put_slice(&self.prefix[start..start + n]);
+            self.pos += n;
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

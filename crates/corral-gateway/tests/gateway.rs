@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use base64::Engine as _;
 use corral_audit::{AuditLog, Decision, Event};
 use corral_gateway::http1::{self, Buffered, Headers};
-use corral_gateway::{AuditSink, Gateway, GatewayConfig, JailTrust, RequestHead};
+use corral_gateway::{AuditSink, Gateway, GatewayConfig, JailTrust, Prefixed, RequestHead};
 use corral_policy::domain::{DomainPattern, Host};
 use corral_policy::plan::SecretPlan;
 use rustls::RootCertStore;
@@ -186,6 +186,16 @@ async fn setup() -> Setup {
 /// gateway with the upstream's real address as the checked address. Returns its address and
 /// how many connections the gateway finished with an error.
 async fn proxy(gw: Gateway, upstream: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+    proxy_with(gw, upstream, false).await
+}
+
+/// `over`: the proxy dials the upstream itself and hands the connected stream (and any bytes
+/// the client sent after its CONNECT) to `intercept_over`, as corral-net does.
+async fn proxy_with(
+    gw: Gateway,
+    upstream: SocketAddr,
+    over: bool,
+) -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let errors = Arc::new(AtomicUsize::new(0));
@@ -207,12 +217,17 @@ async fn proxy(gw: Gateway, upstream: SocketAddr) -> (SocketAddr, Arc<AtomicUsiz
                     .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
                     .await
                     .unwrap();
-                assert!(conn.buf.is_empty());
-                if gw
-                    .intercept(conn.io, &host, port, upstream, &peer.to_string())
-                    .await
-                    .is_err()
-                {
+                let result = if over {
+                    let up = TcpStream::connect(upstream).await.unwrap();
+                    let client = Prefixed::new(conn.buf.clone(), conn.io);
+                    gw.intercept_over(client, up, &host, port, upstream, &peer.to_string())
+                        .await
+                } else {
+                    assert!(conn.buf.is_empty());
+                    gw.intercept(conn.io, &host, port, upstream, &peer.to_string())
+                        .await
+                };
+                if result.is_err() {
                     errors.fetch_add(1, Ordering::SeqCst);
                 }
             });
@@ -390,7 +405,7 @@ async fn curl_through_a_connect_proxy_trusting_the_jail_bundle() {
     }
     let s = setup().await;
     let ph = s.trust.env["ANTHROPIC_API_KEY"].clone();
-    let (paddr, _) = proxy(s.gw.clone(), s.up.addr).await;
+    let (paddr, _) = proxy_with(s.gw.clone(), s.up.addr, true).await;
     let trust = s.trust.clone();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new("curl")
@@ -644,7 +659,7 @@ async fn plain_http_rewrite_swaps_on_bound_hosts_and_audits_elsewhere() {
 async fn websocket_upgrade_is_swapped_then_spliced() {
     let s = setup().await;
     let ph = s.trust.env["ANTHROPIC_API_KEY"].clone();
-    let (paddr, _) = proxy(s.gw.clone(), s.up.addr).await;
+    let (paddr, _) = proxy_with(s.gw.clone(), s.up.addr, true).await;
     let mut tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
     tls.write_all(
         format!(
