@@ -28,7 +28,7 @@ pub struct PolicyFile {
     pub filesystem: Option<FilesystemSection>,
     pub env: Option<EnvSection>,
     pub network: Option<NetworkSection>,
-    pub secrets: Option<BTreeMap<String, Spanned<SecretSpec>>>,
+    pub secrets: Option<BTreeMap<String, Spanned<SecretEntry>>>,
     pub limits: Option<LimitsSection>,
     pub executor: Option<ExecutorSection>,
 }
@@ -58,8 +58,9 @@ pub struct FilesystemSection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvSection {
+    /// Variable names, checked by the resolver so an error points at the entry itself.
     #[serde(default)]
-    pub pass: Vec<Spanned<EnvName>>,
+    pub pass: Vec<Spanned<String>>,
     #[serde(default)]
     pub set: BTreeMap<String, Spanned<String>>,
 }
@@ -68,10 +69,11 @@ pub struct EnvSection {
 #[serde(deny_unknown_fields)]
 pub struct NetworkSection {
     pub mode: Option<Spanned<NetworkMode>>,
+    /// Domain patterns, parsed by the resolver so an error points at the entry itself.
     #[serde(default)]
-    pub allow: Vec<Spanned<DomainPattern>>,
+    pub allow: Vec<Spanned<String>>,
     #[serde(default)]
-    pub deny: Vec<DomainPattern>,
+    pub deny: Vec<Spanned<String>>,
     #[serde(default)]
     pub allow_cidrs: Vec<Spanned<IpNet>>,
     #[serde(default)]
@@ -81,12 +83,43 @@ pub struct NetworkSection {
     pub publish: Vec<Spanned<u16>>,
 }
 
-/// `NAME = { from_env = "VAR", hosts = ["api.example.com"] }` under `[secrets]`.
+/// `NAME = { from_env = "VAR", hosts = ["api.example.com"] }` under `[secrets]`, as written.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct SecretEntry {
+    pub from_env: EnvName,
+    pub hosts: Vec<Spanned<String>>,
+}
+
+/// A secret, its host patterns parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecretSpec {
     pub from_env: EnvName,
     pub hosts: Vec<DomainPattern>,
+}
+
+/// Parse a domain pattern written at `span` of `text` (the content of `file`).
+pub fn pattern_at(
+    file: &Path,
+    text: &str,
+    raw: &Spanned<String>,
+) -> Result<DomainPattern, PolicyError> {
+    DomainPattern::parse(raw.get_ref())
+        .map_err(|e| PolicyError::at(file, text, raw.span().start, e.to_string()))
+}
+
+impl SecretEntry {
+    /// Parse the host patterns, each error at its own entry.
+    pub fn resolve(&self, file: &Path, text: &str) -> Result<SecretSpec, PolicyError> {
+        Ok(SecretSpec {
+            from_env: self.from_env.clone(),
+            hosts: self
+                .hosts
+                .iter()
+                .map(|h| pattern_at(file, text, h))
+                .collect::<Result<_, _>>()?,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -396,31 +429,31 @@ pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
 /// Reword serde's messages for people: suggest the closest key for an unknown one.
 fn explain(message: &str) -> String {
     let message = message.trim_end();
-    if let Some(rest) = message.strip_prefix("unknown field `") {
-        if let Some((name, tail)) = rest.split_once('`') {
-            let known: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
-            let closest = known
-                .iter()
-                .map(|k| (edit_distance(name, k), *k))
-                .filter(|(d, k)| *d <= (k.len().max(name.len()) / 2).max(2))
-                .min();
-            let expected = if known.is_empty() {
-                "no keys are allowed here".to_string()
-            } else {
-                format!(
-                    "expected one of {}",
-                    known
-                        .iter()
-                        .map(|k| format!("`{k}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            };
-            return match closest {
-                Some((_, k)) => format!("unknown key `{name}`: did you mean `{k}`? ({expected})"),
-                None => format!("unknown key `{name}` ({expected})"),
-            };
-        }
+    if let Some(rest) = message.strip_prefix("unknown field `")
+        && let Some((name, tail)) = rest.split_once('`')
+    {
+        let known: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
+        let closest = known
+            .iter()
+            .map(|k| (edit_distance(name, k), *k))
+            .filter(|(d, k)| *d <= (k.len().max(name.len()) / 2).max(2))
+            .min();
+        let expected = if known.is_empty() {
+            "no keys are allowed here".to_string()
+        } else {
+            format!(
+                "expected one of {}",
+                known
+                    .iter()
+                    .map(|k| format!("`{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        return match closest {
+            Some((_, k)) => format!("unknown key `{name}`: did you mean `{k}`? ({expected})"),
+            None => format!("unknown key `{name}` ({expected})"),
+        };
     }
     message.to_string()
 }

@@ -8,7 +8,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::config::{EnvSection, NetworkSection, SecretSpec, Spanned, parse_toml};
+use crate::config::{
+    EnvSection, NetworkSection, SecretEntry, SecretSpec, Spanned, parse_toml, pattern_at,
+};
 use crate::domain::DomainPattern;
 use crate::error::PolicyError;
 
@@ -73,7 +75,7 @@ struct ProfileFile {
     read_only: Vec<String>,
     env: Option<EnvSection>,
     network: Option<NetworkSection>,
-    secrets: Option<BTreeMap<String, Spanned<SecretSpec>>>,
+    secrets: Option<BTreeMap<String, Spanned<SecretEntry>>>,
     skill: Option<SkillSection>,
     image_build: ImageBuildSection,
 }
@@ -126,19 +128,23 @@ pub fn parse_profile(file: &Path, text: &str) -> Result<Profile, PolicyError> {
         state_dirs: f.state_dirs,
         state_files: f.state_files,
         read_only: f.read_only,
-        env_pass: env.pass.into_iter().map(|n| n.into_inner().0).collect(),
+        env_pass: env.pass.into_iter().map(Spanned::into_inner).collect(),
         env_set: env
             .set
             .into_iter()
             .map(|(k, v)| (k, v.into_inner()))
             .collect(),
-        allow: net.allow.into_iter().map(Spanned::into_inner).collect(),
+        allow: net
+            .allow
+            .iter()
+            .map(|a| pattern_at(file, text, a))
+            .collect::<Result<_, _>>()?,
         secrets: f
             .secrets
             .unwrap_or_default()
             .into_iter()
-            .map(|(k, v)| (k, v.into_inner()))
-            .collect(),
+            .map(|(k, v)| Ok((k, v.get_ref().resolve(file, text)?)))
+            .collect::<Result<_, PolicyError>>()?,
         skill_args: f.skill.map(|s| s.args),
         dockerfile: f.image_build.dockerfile,
     })

@@ -10,7 +10,9 @@ use std::path::{Component, Path, PathBuf};
 
 use ipnet::IpNet;
 
-use crate::config::{EnvName, NetworkSection, PolicyFile, SecretSpec, Size, Spanned, load_policy};
+use crate::config::{
+    EnvName, NetworkSection, PolicyFile, SecretSpec, Size, Spanned, load_policy, pattern_at,
+};
 use crate::domain::DomainPattern;
 use crate::error::{PolicyError, line_col};
 use crate::plan::{
@@ -413,21 +415,22 @@ fn span_loc<T>(file: &Path, text: &str, s: &Spanned<T>) -> Loc {
     Loc::in_file(file, text, s.span())
 }
 
-fn net_layer(file: &Path, text: &str, n: NetworkSection) -> NetLayer {
-    NetLayer {
+fn net_layer(file: &Path, text: &str, n: NetworkSection) -> Result<NetLayer, PolicyError> {
+    Ok(NetLayer {
         mode: n.mode.map(|m| {
             let at = span_loc(file, text, &m);
             (m.into_inner(), at)
         }),
         allow: n
             .allow
-            .into_iter()
-            .map(|a| {
-                let at = span_loc(file, text, &a);
-                (a.into_inner(), at)
-            })
-            .collect(),
-        deny: n.deny,
+            .iter()
+            .map(|a| Ok((pattern_at(file, text, a)?, span_loc(file, text, a))))
+            .collect::<Result<_, PolicyError>>()?,
+        deny: n
+            .deny
+            .iter()
+            .map(|a| pattern_at(file, text, a))
+            .collect::<Result<_, _>>()?,
         allow_cidrs: n
             .allow_cidrs
             .into_iter()
@@ -456,7 +459,7 @@ fn net_layer(file: &Path, text: &str, n: NetworkSection) -> NetLayer {
                 (a.into_inner(), at)
             })
             .collect(),
-    }
+    })
 }
 
 /// Credential and start-up locations a project file may not bind at all, and those it may not
@@ -515,10 +518,10 @@ fn check_project_bind(
     if ctx.home.starts_with(path) {
         return refuse("your whole home directory".into());
     }
-    if let Some(uc) = user_config {
-        if uc.starts_with(path) {
-            return refuse(format!("your corral user config {}", uc.display()));
-        }
+    if let Some(uc) = user_config
+        && uc.starts_with(path)
+    {
+        return refuse(format!("your corral user config {}", uc.display()));
     }
     let list: Vec<&&str> = if rw {
         NEVER_FROM_PROJECT
@@ -557,15 +560,15 @@ fn file_layer(
         l.profile = Some((name, at));
     }
     if let Some(run) = pf.run {
-        if let Some(c) = &run.command {
-            if c.is_empty() {
-                return Err(PolicyError::at(
-                    file,
-                    text,
-                    text.find("command").unwrap_or(0),
-                    "run.command: expected a non-empty list such as [\"pi\"]".into(),
-                ));
-            }
+        if let Some(c) = &run.command
+            && c.is_empty()
+        {
+            return Err(PolicyError::at(
+                file,
+                text,
+                text.find("command").unwrap_or(0),
+                "run.command: expected a non-empty list such as [\"pi\"]".into(),
+            ));
         }
         l.command = run.command;
         l.engine = run.engine;
@@ -616,7 +619,7 @@ fn file_layer(
     if let Some(env) = pf.env {
         for n in env.pass {
             let at = span_loc(file, text, &n);
-            let name = n.into_inner().0;
+            let name = EnvName::parse(n.get_ref()).map_err(|e| at.error(e))?.0;
             if project {
                 grants.push(format!("{at}: env.pass hands your {name} to the jail"));
             }
@@ -629,7 +632,7 @@ fn file_layer(
         }
     }
     if let Some(n) = pf.network {
-        l.net = net_layer(file, text, n);
+        l.net = net_layer(file, text, n)?;
         if project {
             check_project_network(&l.net, "network", grants)?;
         }
@@ -638,7 +641,7 @@ fn file_layer(
         for (name, spec) in secrets {
             let at = span_loc(file, text, &spec);
             EnvName::parse(&name).map_err(|e| at.error(format!("secrets: {e}")))?;
-            let spec = spec.into_inner();
+            let spec = spec.get_ref().resolve(file, text)?;
             if project {
                 grants.push(format!(
                     "{at}: secrets.{name} sends your {} to {}",
@@ -671,12 +674,10 @@ fn file_layer(
         if let Some(t) = ex.target {
             let at = span_loc(file, text, &t);
             let t = t.into_inner().0;
-            if project {
-                if let ExecutorTarget::Compose(svc) = &t {
-                    grants.push(format!(
-                        "{at}: executor.target runs the agent's commands in compose service {svc:?}"
-                    ));
-                }
+            if project && let ExecutorTarget::Compose(svc) = &t {
+                grants.push(format!(
+                    "{at}: executor.target runs the agent's commands in compose service {svc:?}"
+                ));
             }
             l.exec_target = Some((t, at));
         }
@@ -714,7 +715,7 @@ fn file_layer(
                 }
             }
             if let Some(n) = sb.network {
-                l.exec_net = net_layer(file, text, n);
+                l.exec_net = net_layer(file, text, n)?;
                 if project {
                     check_project_network(&l.exec_net, "executor.sandbox.network", grants)?;
                 }
@@ -848,12 +849,12 @@ fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, PolicyError>
                 .0,
         );
     }
-    if let Some(c) = f.cpus {
-        if !(c.is_finite() && c > 0.0) {
-            return Err(PolicyError::Invalid(format!(
-                "--cpus {c}: expected a positive number such as 2 or 0.5"
-            )));
-        }
+    if let Some(c) = f.cpus
+        && !(c.is_finite() && c > 0.0)
+    {
+        return Err(PolicyError::Invalid(format!(
+            "--cpus {c}: expected a positive number such as 2 or 0.5"
+        )));
     }
     l.net.publish = f
         .publish
@@ -957,16 +958,13 @@ pub fn package_dir(exe: &Path, home: &Path) -> PathBuf {
     if let Some(bin) = exe
         .parent()
         .filter(|b| b.file_name() == Some("bin".as_ref()))
+        && let Some(prefix) = bin.parent()
+        && prefix != home
+        && !home.starts_with(prefix)
+        && prefix.join("lib").is_dir()
+        && prefix.join("include").is_dir()
     {
-        if let Some(prefix) = bin.parent() {
-            if prefix != home
-                && !home.starts_with(prefix)
-                && prefix.join("lib").is_dir()
-                && prefix.join("include").is_dir()
-            {
-                return prefix.to_path_buf();
-            }
-        }
+        return prefix.to_path_buf();
     }
     exe.to_path_buf()
 }
@@ -1017,14 +1015,14 @@ fn resolve_command(
     out.argv[0] = canonical.display().to_string();
     out.binds.push(package_dir(&canonical, home));
     // A script's interpreter outside the system directories (node under nvm) comes along.
-    if let Some(interp) = shebang(&canonical) {
-        if let Some(ip) = which(&interp, path_var, cwd) {
-            let ic = ip.canonicalize().unwrap_or_else(|_| ip.clone());
-            if !is_system_path(&ic) {
-                out.binds.push(package_dir(&ic, home));
-                if let Some(d) = ic.parent() {
-                    out.path_dirs.push(d.to_path_buf());
-                }
+    if let Some(interp) = shebang(&canonical)
+        && let Some(ip) = which(&interp, path_var, cwd)
+    {
+        let ic = ip.canonicalize().unwrap_or_else(|_| ip.clone());
+        if !is_system_path(&ic) {
+            out.binds.push(package_dir(&ic, home));
+            if let Some(d) = ic.parent() {
+                out.path_dirs.push(d.to_path_buf());
             }
         }
     }

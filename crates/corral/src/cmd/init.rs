@@ -10,17 +10,16 @@ use corral_policy::resolve::project_root;
 use crate::cli::InitArgs;
 
 pub fn run(args: InitArgs) -> anyhow::Result<ExitCode> {
-    if args.compose {
-        bail!(
-            "`corral init --compose` (the executor service in docker-compose.override.yml) is not \
-             yet implemented in this version; run `corral init` without --compose"
-        );
-    }
     let name = args.profile.as_deref().unwrap_or("shell");
     let p = profile(name)?;
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let root = project_root(&cwd);
     let path = root.join("corral.toml");
+    if args.compose && path.exists() && !args.force {
+        // --compose on a project that has its policy already: only the compose service.
+        super::engine_run::init_compose_for(args.profile.clone())?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let text = template(&p);
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true);
@@ -45,6 +44,9 @@ pub fn run(args: InitArgs) -> anyhow::Result<ExitCode> {
         p.name,
         p.name
     );
+    if args.compose {
+        super::engine_run::init_compose_for(args.profile.clone())?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

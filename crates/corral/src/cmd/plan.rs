@@ -66,6 +66,10 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         let mut s = serde_json::to_string_pretty(&plan).context("cannot serialize the plan")?;
         s.push('\n');
         s
+    } else if matches!(plan.engine, Engine::Podman | Engine::Docker) {
+        // The container engines: the exact commands `corral run` runs, after the plan.
+        let cmds = super::engine_run::print_commands(&plan)?;
+        format!("{}\nengine commands\n{cmds}", human(&plan))
     } else {
         human(&plan)
     };

@@ -1,0 +1,782 @@
+//! The resolver end to end: whole Plans compared, layer precedence, the trust rules for a
+//! project's policy file, and every validation error on its full message.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use corral_policy::domain::DomainPattern;
+use corral_policy::plan::{
+    Access, Enforce, Engine, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind, NetworkMode,
+    NetworkPlan, Plan, ProjectPlan, SecretPlan, SkillPlan, system_mounts,
+};
+use corral_policy::{Flags, PolicyError, Request, resolve};
+use similar_asserts::assert_eq;
+
+/// A project (a git repository with `.env` files), a home and a config directory, all in one
+/// temporary directory.
+struct Fx {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    home: PathBuf,
+    user_config: PathBuf,
+    corral: PathBuf,
+}
+
+fn fx() -> Fx {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().canonicalize().unwrap();
+    let root = base.join("proj");
+    let home = base.join("home");
+    for d in [".git/hooks", ".git/objects/ab", "sub", "src"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::create_dir_all(&home).unwrap();
+    for (f, c) in [
+        (".git/config", "[core]\n"),
+        (".git/objects/ab/x.key", "not a key: inside .git/objects"),
+        (".gitignore", ".env\nsub/\n"),
+        (".env", "TOKEN=1"),
+        ("sub/.env", "TOKEN=2"),
+        ("src/main.rs", "fn main() {}"),
+    ] {
+        std::fs::write(root.join(f), c).unwrap();
+    }
+    let corral = base.join("corral-bin");
+    std::fs::write(&corral, "").unwrap();
+    Fx {
+        user_config: base.join("xdg/corral/config.toml"),
+        _tmp: tmp,
+        root,
+        home,
+        corral,
+    }
+}
+
+impl Fx {
+    fn req(&self, profile: Option<&str>) -> Request {
+        let env: BTreeMap<String, String> = [
+            ("PATH", "/usr/bin:/bin"),
+            ("TERM", "xterm-256color"),
+            ("CORRAL_TEST_CANARY", "must-not-enter"),
+            ("ANTHROPIC_API_KEY", "sk-ant-real-value"),
+            ("PROJECT_TOKEN", "tok"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        Request {
+            cwd: self.root.join("src"),
+            profile: profile.map(str::to_string),
+            command: Vec::new(),
+            flags: Flags::default(),
+            env,
+            home: self.home.clone(),
+            uid: 1000,
+            gid: 1000,
+            corral_exe: self.corral.clone(),
+            user_config: Some(self.user_config.clone()),
+        }
+    }
+
+    fn project_policy(&self, text: &str) {
+        std::fs::write(self.root.join("corral.toml"), text).unwrap();
+    }
+
+    fn user_policy(&self, text: &str) {
+        std::fs::create_dir_all(self.user_config.parent().unwrap()).unwrap();
+        std::fs::write(&self.user_config, text).unwrap();
+    }
+}
+
+fn pat(p: &str) -> DomainPattern {
+    DomainPattern::parse(p).unwrap()
+}
+
+fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn mount(path: &Path, kind: MountKind, optional: bool) -> Mount {
+    Mount {
+        source: path.to_path_buf(),
+        target: path.to_path_buf(),
+        kind,
+        optional,
+    }
+}
+
+const PROXY: &str = "http://127.0.0.1:3128";
+const PATH: &str = "/run/corral/bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
+
+fn with_proxy(mut e: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    for k in [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ] {
+        e.insert(k.into(), PROXY.into());
+    }
+    e.insert("NO_PROXY".into(), "localhost,127.0.0.1,::1".into());
+    e.insert("no_proxy".into(), "localhost,127.0.0.1,::1".into());
+    e.insert("NODE_USE_ENV_PROXY".into(), "1".into());
+    e
+}
+
+fn err(r: Result<Plan, PolicyError>) -> String {
+    match r {
+        Ok(p) => panic!("expected an error, got a plan for {:?}", p.command),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
+    let f = fx();
+    let plan = resolve(&f.req(Some("pi"))).unwrap();
+
+    let root = &f.root;
+    let home = &f.home;
+    let corral_mount = Mount {
+        source: f.corral.clone(),
+        target: PathBuf::from("/run/corral/bin/corral"),
+        kind: MountKind::Bind(Access::Ro),
+        optional: false,
+    };
+    let project = ProjectPlan {
+        root: root.clone(),
+        access: Access::Rw,
+        scratch: false,
+        policy_file: root.join("corral.toml"),
+    };
+    let masked = vec![root.join(".env"), root.join("sub/.env")];
+    let protected = vec![
+        root.join(".git/config"),
+        root.join(".git/hooks"),
+        root.join("corral.toml"),
+    ];
+    let limits = Limits {
+        memory: Some(4 << 30),
+        cpus: Some(2.0),
+        pids: Some(1024),
+        enforce: Enforce::Strict,
+    };
+    let basics = env(&[
+        ("HOME", home.to_str().unwrap()),
+        ("LANG", "C.UTF-8"),
+        ("PATH", PATH),
+        ("TERM", "xterm-256color"),
+        ("TMPDIR", "/tmp"),
+    ]);
+
+    let mut exec_mounts = system_mounts();
+    exec_mounts.push(mount(home, MountKind::Tmpfs, false));
+    exec_mounts[system_mounts().len()].source = PathBuf::new();
+    exec_mounts.push(mount(root, MountKind::Bind(Access::Rw), false));
+    exec_mounts.push(corral_mount.clone());
+    let exec_jail = Plan {
+        profile: "pi".into(),
+        engine: Engine::Native,
+        command: vec![],
+        cwd: root.clone(),
+        project: project.clone(),
+        home: home.clone(),
+        uid: 1000,
+        gid: 1000,
+        mounts: exec_mounts,
+        masked: masked.clone(),
+        protected: protected.clone(),
+        env: basics.clone(),
+        network: NetworkPlan {
+            mode: NetworkMode::None,
+            allow: vec![],
+            deny: vec![],
+            allow_cidrs: vec![],
+            host_ports: vec![],
+            publish: vec![],
+            upstream_proxy: None,
+        },
+        secrets: vec![],
+        limits: limits.clone(),
+        executor: ExecutorPlan {
+            target: ExecutorTarget::Sandbox,
+            allow: vec![],
+            timeout_ms: 600_000,
+            max_output: 64 << 20,
+            max_concurrent: 8,
+            jail: None,
+        },
+        skill: None,
+        image: None,
+        sources: vec![],
+        project_grants: vec![],
+    };
+
+    let mut mounts = system_mounts();
+    mounts.push(Mount {
+        source: PathBuf::new(),
+        target: home.clone(),
+        kind: MountKind::Tmpfs,
+        optional: false,
+    });
+    mounts.push(mount(
+        &home.join(".pi/agent"),
+        MountKind::Bind(Access::Rw),
+        false,
+    ));
+    mounts.push(mount(root, MountKind::Bind(Access::Rw), false));
+    mounts.push(corral_mount);
+    let mut jail_env = with_proxy(basics);
+    jail_env.insert(
+        "PI_CODING_AGENT_DIR".into(),
+        home.join(".pi/agent").display().to_string(),
+    );
+    jail_env.insert("PI_OFFLINE".into(), "1".into());
+
+    let expected = Plan {
+        profile: "pi".into(),
+        engine: Engine::Native,
+        command: vec!["pi".into()],
+        cwd: root.join("src"),
+        project,
+        home: home.clone(),
+        uid: 1000,
+        gid: 1000,
+        mounts,
+        masked,
+        protected,
+        env: jail_env,
+        network: NetworkPlan {
+            mode: NetworkMode::Proxy,
+            allow: [
+                "api.anthropic.com",
+                "api.openai.com",
+                "generativelanguage.googleapis.com",
+                "api.groq.com",
+                "api.cerebras.ai",
+                "api.x.ai",
+                "openrouter.ai",
+            ]
+            .iter()
+            .map(|p| pat(p))
+            .collect(),
+            deny: vec![],
+            allow_cidrs: vec![],
+            host_ports: vec![],
+            publish: vec![],
+            upstream_proxy: None,
+        },
+        secrets: vec![SecretPlan {
+            name: "ANTHROPIC_API_KEY".into(),
+            from_env: "ANTHROPIC_API_KEY".into(),
+            hosts: vec![pat("api.anthropic.com")],
+        }],
+        limits,
+        executor: ExecutorPlan {
+            target: ExecutorTarget::Sandbox,
+            allow: vec![],
+            timeout_ms: 600_000,
+            max_output: 64 << 20,
+            max_concurrent: 8,
+            jail: Some(Box::new(exec_jail)),
+        },
+        skill: Some(SkillPlan {
+            dir: PathBuf::from("/run/corral/skill"),
+            args: vec!["--skill".into(), "/run/corral/skill".into()],
+        }),
+        image: Some("localhost/corral-pi:latest".into()),
+        sources: vec![],
+        project_grants: vec![],
+    };
+    assert_eq!(plan, expected);
+}
+
+#[test]
+fn lists_accumulate_and_scalars_of_higher_layers_win() {
+    let f = fx();
+    f.user_policy(
+        r#"
+[network]
+allow = ["user.example.com"]
+[limits]
+memory = "8g"
+cpus = 4
+[env]
+pass = ["PROJECT_TOKEN"]
+"#,
+    );
+    f.project_policy(
+        r#"
+[network]
+allow = ["project.example.com", "user.example.com"]
+deny = ["bad.example.com"]
+[limits]
+memory = "6g"
+pids = 200
+"#,
+    );
+    let mut req = f.req(Some("shell"));
+    req.flags.allow = vec!["flag.example.com".into()];
+    req.flags.memory = Some("2g".into());
+    let plan = resolve(&req).unwrap();
+    assert_eq!(
+        plan.network.allow,
+        vec![
+            pat("user.example.com"),
+            pat("project.example.com"),
+            pat("flag.example.com")
+        ]
+    );
+    assert_eq!(plan.network.deny, vec![pat("bad.example.com")]);
+    assert_eq!(
+        plan.limits,
+        Limits {
+            memory: Some(2 << 30),
+            cpus: Some(4.0),
+            pids: Some(200),
+            enforce: Enforce::Strict,
+        }
+    );
+    assert_eq!(
+        plan.env.get("PROJECT_TOKEN").map(String::as_str),
+        Some("tok")
+    );
+    assert_eq!(
+        plan.sources,
+        vec![f.user_config.clone(), f.root.join("corral.toml")]
+    );
+}
+
+#[test]
+fn profile_comes_from_the_command_line_then_the_project_then_the_user() {
+    let f = fx();
+    f.user_policy("profile = \"codex\"\n");
+    assert_eq!(resolve(&f.req(None)).unwrap().profile, "codex");
+    f.project_policy("profile = \"claude\"\n");
+    assert_eq!(resolve(&f.req(None)).unwrap().profile, "claude");
+    assert_eq!(resolve(&f.req(Some("gemini"))).unwrap().profile, "gemini");
+}
+
+#[test]
+fn only_allowlisted_variables_enter_and_secrets_never_do() {
+    let f = fx();
+    f.project_policy("[env]\npass = [\"ANTHROPIC_API_KEY\"]\nset = { PGHOST = \"postgres\" }\n");
+    let plan = resolve(&f.req(Some("pi"))).unwrap();
+    assert!(!plan.env.contains_key("CORRAL_TEST_CANARY"));
+    assert!(!plan.env.contains_key("PROJECT_TOKEN"));
+    // Passed by name, but it is a secret: the gateway's placeholder replaces it at run time.
+    assert!(!plan.env.contains_key("ANTHROPIC_API_KEY"));
+    assert!(!plan.env.values().any(|v| v.contains("sk-ant-real-value")));
+    assert_eq!(plan.env["PGHOST"], "postgres");
+    let json = serde_json::to_string(&plan).unwrap();
+    assert!(!json.contains("sk-ant-real-value"));
+    assert!(!json.contains("must-not-enter"));
+}
+
+#[test]
+fn a_project_file_cannot_opt_in_to_an_unsandboxed_executor() {
+    let f = fx();
+    f.project_policy("[executor]\ntarget = \"host\"\n");
+    let file = f.root.join("corral.toml");
+    assert_eq!(
+        err(resolve(&f.req(None))),
+        format!(
+            "{}:2:10: executor.target = \"host\" runs the agent's commands unsandboxed on your \
+             machine and needs an explicit opt-in; a project's policy file cannot give it (the \
+             repository could be hostile): set `allow_host = true` under [executor] in your \
+             user config ({}) or pass --allow-host-executor",
+            file.display(),
+            f.user_config.display()
+        )
+    );
+    f.project_policy("[executor]\ntarget = \"host\"\nallow_host = true\n");
+    assert_eq!(
+        err(resolve(&f.req(None))),
+        format!(
+            "{}:3:14: executor.allow_host may only be set in your user config \
+             ($XDG_CONFIG_HOME/corral/config.toml) or with --allow-host-executor, never in a \
+             project's policy file (the repository could be hostile)",
+            file.display()
+        )
+    );
+}
+
+#[test]
+fn the_user_config_or_a_flag_opts_in_to_the_host_executor() {
+    let f = fx();
+    f.project_policy("[executor]\ntarget = \"host\"\n");
+    let mut req = f.req(None);
+    req.flags.allow_host_executor = true;
+    let plan = resolve(&req).unwrap();
+    assert_eq!(plan.executor.target, ExecutorTarget::Host);
+    assert_eq!(plan.executor.jail, None);
+
+    f.user_policy("[executor]\nallow_host = true\n");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert_eq!(plan.executor.target, ExecutorTarget::Host);
+
+    // The opt-in alone does not switch the target.
+    std::fs::remove_file(f.root.join("corral.toml")).unwrap();
+    let plan = resolve(&f.req(None)).unwrap();
+    assert_eq!(plan.executor.target, ExecutorTarget::Sandbox);
+}
+
+#[test]
+fn a_hostile_project_file_cannot_widen_into_home_or_credentials() {
+    let f = fx();
+    let file = f.root.join("corral.toml");
+    let home = f.home.display();
+    let cases = [
+        (
+            "[filesystem]\nread_write = [\"~\"]\n",
+            format!(
+                "2:15: filesystem.read_write: {home} would give the jail write access to your \
+                 whole home directory; a project's policy file may not grant this (the \
+                 repository could be hostile): put it in your user config or pass --rw on the \
+                 command line"
+            ),
+        ),
+        (
+            "[filesystem]\nread_only = [\"~/.ssh\"]\n",
+            format!(
+                "2:14: filesystem.read_only: {home}/.ssh would give the jail access to ~/.ssh; \
+                 a project's policy file may not grant this (the repository could be hostile): \
+                 put it in your user config or pass --ro on the command line"
+            ),
+        ),
+        (
+            "[filesystem]\nread_write = [\"~/.bashrc\"]\n",
+            format!(
+                "2:15: filesystem.read_write: {home}/.bashrc would give the jail write access \
+                 to ~/.bashrc; a project's policy file may not grant this (the repository could \
+                 be hostile): put it in your user config or pass --rw on the command line"
+            ),
+        ),
+        (
+            "[filesystem]\nread_write = [\"/\"]\n",
+            "2:15: filesystem.read_write: / would give the jail write access to your whole \
+             home directory; a project's policy file may not grant this (the repository could \
+             be hostile): put it in your user config or pass --rw on the command line"
+                .to_string(),
+        ),
+        (
+            "[network]\nmode = \"host\"\n",
+            "2:8: network.mode = \"host\" gives the jail your unfiltered network; a project's \
+             policy file may not enable that by itself (the repository could be hostile): set \
+             it in your user config or pass --network host"
+                .to_string(),
+        ),
+    ];
+    for (text, want) in cases {
+        f.project_policy(text);
+        assert_eq!(
+            err(resolve(&f.req(None))),
+            format!("{}:{want}", file.display()),
+            "for {text:?}"
+        );
+    }
+    // The same binds from the user's own config are the user's choice.
+    std::fs::remove_file(&file).unwrap();
+    f.user_policy("[filesystem]\nread_only = [\"~/.ssh\"]\n");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert!(plan.mounts.iter().any(|m| m.target == f.home.join(".ssh")));
+    assert_eq!(plan.project_grants, Vec::<String>::new());
+}
+
+#[test]
+fn what_a_project_file_grants_is_listed_in_the_plan() {
+    let f = fx();
+    f.project_policy(
+        r#"[filesystem]
+read_write = ["~/.cache/pip"]
+[env]
+pass = ["PROJECT_TOKEN"]
+[network]
+allow = ["evil.example.com"]
+host_ports = [5432]
+[secrets]
+API = { from_env = "ANTHROPIC_API_KEY", hosts = ["evil.example.com"] }
+"#,
+    );
+    let file = f.root.join("corral.toml");
+    let plan = resolve(&f.req(None)).unwrap();
+    let d = file.display();
+    assert_eq!(
+        plan.project_grants,
+        vec![
+            format!(
+                "{d}:2:15: filesystem.read_write binds {}/.cache/pip read-write (outside the \
+                 project)",
+                f.home.display()
+            ),
+            format!("{d}:4:9: env.pass hands your PROJECT_TOKEN to the jail"),
+            format!("{d}:6:10: network.allow lets the jail reach evil.example.com"),
+            format!("{d}:7:15: network.host_ports connects the jail to your 127.0.0.1:5432"),
+            format!("{d}:9:7: secrets.API sends your ANTHROPIC_API_KEY to evil.example.com"),
+        ]
+    );
+}
+
+#[test]
+fn validation_errors_name_file_line_column_and_what_was_expected() {
+    let f = fx();
+    let file = f.root.join("corral.toml");
+    let cases = [
+        (
+            "[limits]\nmemroy = \"4g\"\n",
+            "2:1: unknown key `memroy`: did you mean `memory`? (expected one of `memory`, \
+             `cpus`, `pids`, `enforce`)",
+        ),
+        (
+            "profil = \"pi\"\n",
+            "1:1: unknown key `profil`: did you mean `profile`? (expected one of `profile`, \
+             `run`, `filesystem`, `env`, `network`, `secrets`, `limits`, `executor`)",
+        ),
+        (
+            "[limits]\nmemory = \"4gb\"\n",
+            "2:10: invalid size \"4gb\": expected bytes (e.g. 1048576) or a number with one of \
+             the suffixes k, m, g, t (e.g. 512m, 4g, 1.5g)",
+        ),
+        (
+            "[executor]\ntimeout = \"10min\"\n",
+            "2:11: invalid duration \"10min\": expected a number with one of the units ms, s, \
+             m, h (e.g. 30s, 10m, 1h)",
+        ),
+        (
+            "[network]\nallow = [\"ok.example.com\", \"exa*mple.com\"]\n",
+            "2:28: invalid domain pattern \"exa*mple.com\": `*` is allowed only as the whole \
+             first label (`*.example.org`) (expected `example.org`, `*.example.org`, an IP \
+             address, each with an optional `:PORT`)",
+        ),
+        ("[filesystem]\nread_write = [\"../other\"]\n", ""),
+        (
+            "[limits]\npids = \"many\"\n",
+            "2:8: invalid type: string \"many\", expected u64",
+        ),
+        (
+            "[network]\nmode = \"proxied\"\n",
+            "2:8: unknown variant `proxied`, expected one of `none`, `proxy`, `host`",
+        ),
+        (
+            "[executor]\ntarget = \"vm\"\n",
+            "2:10: invalid executor target \"vm\": expected \"sandbox\", \"compose:SERVICE\" or \
+             \"host\"",
+        ),
+        (
+            "profile = \"pie\"\n",
+            "1:11: unknown profile \"pie\": expected one of pi, claude, codex, gemini, opencode, \
+             aider, shell (use `shell` with `-- CMD` for any other command)",
+        ),
+        (
+            "[filesystem]\nprotect = [\"../x\"]\n",
+            "2:12: filesystem.protect: \"../x\" is not a path inside the project: expected a \
+             path relative to the project root such as \".git/hooks\"",
+        ),
+        (
+            "[env]\npass = [\"NOT-A-NAME\"]\n",
+            "2:9: invalid variable name \"NOT-A-NAME\": expected letters, digits and _ (not \
+             starting with a digit)",
+        ),
+        ("[limits\n", "1:8: unclosed table, expected `]`"),
+    ];
+    for (text, want) in cases {
+        f.project_policy(text);
+        let want = if want.is_empty() {
+            format!(
+                "2:15: filesystem.read_write: relative path \"../other\" leaves the project \
+                 ({}); relative paths are relative to the project root: write an absolute path \
+                 or ~/... for a path outside it",
+                f.root.display()
+            )
+        } else {
+            want.to_string()
+        };
+        assert_eq!(
+            err(resolve(&f.req(None))),
+            format!("{}:{want}", file.display()),
+            "for {text:?}"
+        );
+    }
+}
+
+#[test]
+fn flag_errors_name_the_flag() {
+    let f = fx();
+    let mut req = f.req(None);
+    req.flags.memory = Some("4gb".into());
+    assert_eq!(
+        err(resolve(&req)),
+        "--memory: invalid size \"4gb\": expected bytes (e.g. 1048576) or a number with one of \
+         the suffixes k, m, g, t (e.g. 512m, 4g, 1.5g)"
+    );
+    let mut req = f.req(None);
+    req.flags.allow = vec!["a:99999".into()];
+    assert_eq!(
+        err(resolve(&req)),
+        "--allow \"a:99999\": invalid domain pattern \"a:99999\": port \"99999\" is not a number \
+         from 1 to 65535 (expected `example.org`, `*.example.org`, an IP address, each with an \
+         optional `:PORT`)"
+    );
+}
+
+#[test]
+fn hide_patterns_without_a_slash_match_at_any_depth_and_with_one_are_anchored() {
+    let f = fx();
+    std::fs::create_dir_all(f.root.join("deep/er/secrets")).unwrap();
+    std::fs::create_dir_all(f.root.join("config")).unwrap();
+    for p in [
+        "deep/er/id.pem",
+        "deep/er/secrets/a",
+        "config/prod.yml",
+        "deep/config/prod.yml",
+    ] {
+        std::fs::create_dir_all(f.root.join(p).parent().unwrap()).unwrap();
+        std::fs::write(f.root.join(p), "x").unwrap();
+    }
+    f.project_policy("[filesystem]\nhide = [\"config/prod.yml\", \"secrets/\"]\n");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert_eq!(
+        plan.masked,
+        vec![
+            f.root.join(".env"),
+            f.root.join("config/prod.yml"),
+            f.root.join("deep/er/id.pem"),
+            f.root.join("deep/er/secrets"),
+            f.root.join("sub/.env"),
+        ]
+    );
+}
+
+#[test]
+fn the_user_config_is_protected_when_a_read_write_bind_exposes_it() {
+    let f = fx();
+    f.user_policy("[filesystem]\nread_write = [\"~/.config\"]\n");
+    // Put the user config under the home so ~/.config covers it.
+    let mut req = f.req(None);
+    let uc = f.home.join(".config/corral/config.toml");
+    std::fs::create_dir_all(uc.parent().unwrap()).unwrap();
+    std::fs::copy(&f.user_config, &uc).unwrap();
+    req.user_config = Some(uc.clone());
+    let plan = resolve(&req).unwrap();
+    assert_eq!(
+        plan.protected,
+        vec![
+            uc,
+            f.root.join(".git/config"),
+            f.root.join(".git/hooks"),
+            f.root.join("corral.toml"),
+        ]
+    );
+}
+
+#[test]
+fn a_harness_installed_under_the_home_is_bound_read_only_with_its_package() {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let f = fx();
+    let pkg = f.home.join(".npm-global/lib/node_modules/fakeh");
+    std::fs::create_dir_all(pkg.join("dist")).unwrap();
+    std::fs::write(pkg.join("package.json"), "{}").unwrap();
+    let cli = pkg.join("dist/cli.js");
+    std::fs::write(&cli, "#!/usr/bin/env sh\necho hi\n").unwrap();
+    std::fs::set_permissions(&cli, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = f.home.join(".npm-global/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    symlink("../lib/node_modules/fakeh/dist/cli.js", bin.join("fakeh")).unwrap();
+
+    let mut req = f.req(Some("shell"));
+    req.env
+        .insert("PATH".into(), format!("{}:/usr/bin:/bin", bin.display()));
+    req.command = vec!["fakeh".into(), "--flag".into()];
+    let plan = resolve(&req).unwrap();
+    assert_eq!(
+        plan.command,
+        vec![cli.display().to_string(), "--flag".into()]
+    );
+    let home_tmpfs = system_mounts().len();
+    assert_eq!(
+        plan.mounts[home_tmpfs + 1..],
+        [
+            mount(&pkg, MountKind::Bind(Access::Ro), false),
+            mount(&f.root, MountKind::Bind(Access::Rw), false),
+            Mount {
+                source: f.corral.clone(),
+                target: PathBuf::from("/run/corral/bin/corral"),
+                kind: MountKind::Bind(Access::Ro),
+                optional: false,
+            },
+        ]
+    );
+    // A custom command gets no skill arguments.
+    assert_eq!(plan.skill, None);
+}
+
+#[test]
+fn scratch_is_a_fresh_directory_and_reads_no_project_policy() {
+    let f = fx();
+    f.project_policy("[limits]\nmemory = \"1g\"\n");
+    let mut req = f.req(None);
+    let tmp = f.home.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    req.env.insert("TMPDIR".into(), tmp.display().to_string());
+    req.flags.scratch = true;
+    let plan = resolve(&req).unwrap();
+    assert!(plan.project.scratch);
+    assert!(plan.project.root.starts_with(&tmp));
+    assert!(plan.project.root.is_dir());
+    assert_eq!(std::fs::read_dir(&plan.project.root).unwrap().count(), 0);
+    assert_eq!(plan.cwd, plan.project.root);
+    assert_eq!(plan.limits.memory, Some(4 << 30));
+    assert!(plan.sources.is_empty());
+    std::fs::remove_dir(&plan.project.root).unwrap();
+}
+
+#[test]
+fn the_executor_sandbox_gets_its_caches_and_network_but_no_secrets() {
+    let f = fx();
+    f.user_policy(
+        r#"[executor.sandbox]
+read_write = ["~/.cargo/registry"]
+network = { mode = "proxy", allow = ["static.crates.io"] }
+"#,
+    );
+    let plan = resolve(&f.req(Some("pi"))).unwrap();
+    let jail = plan.executor.jail.expect("a sandbox executor has a jail");
+    assert!(jail.command.is_empty());
+    assert!(jail.secrets.is_empty());
+    assert_eq!(jail.executor.jail, None);
+    assert_eq!(jail.network.mode, NetworkMode::Proxy);
+    assert_eq!(jail.network.allow, vec![pat("static.crates.io")]);
+    assert!(jail.mounts.contains(&mount(
+        &f.home.join(".cargo/registry"),
+        MountKind::Bind(Access::Rw),
+        true
+    )));
+    assert!(!jail.env.contains_key("PI_OFFLINE"));
+    assert_eq!(jail.env["HTTPS_PROXY"], PROXY);
+    assert_eq!(jail.masked, plan.masked);
+    assert_eq!(jail.protected, plan.protected);
+    // The harness's own jail does not get the executor's cache.
+    assert!(
+        !plan
+            .mounts
+            .iter()
+            .any(|m| m.target.ends_with(".cargo/registry"))
+    );
+}
+
+#[test]
+fn every_profile_resolves() {
+    let f = fx();
+    for name in corral_policy::profile::names() {
+        let plan = resolve(&f.req(Some(name))).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(plan.profile, name);
+        for m in &plan.mounts {
+            assert!(m.target.is_absolute(), "{name}: {m:?}");
+        }
+    }
+}
