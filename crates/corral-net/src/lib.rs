@@ -19,6 +19,8 @@ pub use run::{Listener, ProxyHandle, spawn};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
+    #[error(transparent)]
+    Policy(#[from] corral_policy::PolicyError),
     #[error("network policy: {0}")]
     Config(String),
     #[error("{what}: {source}")]

@@ -123,6 +123,39 @@ impl Rules {
         })
     }
 
+    /// The `[network]` rules of one policy file (`corral proxy --policy FILE`), validated by the
+    /// policy crate's schema (unknown keys, bad patterns and CIDRs are errors with file:line:col).
+    /// A file without a `[network]` table allows nothing.
+    pub fn from_policy_file(path: &std::path::Path) -> Result<Self, NetError> {
+        let (file, text) = corral_policy::config::load_policy(path)?;
+        let net = file.network.unwrap_or_default();
+        let pattern = |p: &corral_policy::config::Spanned<String>| {
+            DomainPattern::parse(p.get_ref()).map_err(|e| {
+                let before = &text[..p.span().start.min(text.len())];
+                corral_policy::PolicyError::At {
+                    file: path.to_path_buf(),
+                    line: before.matches('\n').count() + 1,
+                    col: before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1,
+                    message: e.to_string(),
+                }
+            })
+        };
+        let upstream = net
+            .upstream_proxy
+            .map(|u| Upstream::parse(&u.into_inner().0))
+            .transpose()?;
+        Ok(Rules {
+            allow: net.allow.iter().map(pattern).collect::<Result<_, _>>()?,
+            deny: net.deny.iter().map(pattern).collect::<Result<_, _>>()?,
+            allow_cidrs: net
+                .allow_cidrs
+                .into_iter()
+                .map(|c| c.into_inner())
+                .collect(),
+            upstream,
+        })
+    }
+
     /// The name-level decision: `Ok(rule)` naming the allow pattern, or the denial.
     pub fn check_name(&self, host: &Host, port: u16, kind: Kind) -> Result<String, Denial> {
         let shown = host_display(host);
@@ -161,7 +194,11 @@ impl Rules {
         }
         Err(Denial {
             rule: "not in network.allow".into(),
-            fix: format!("allow with: corral run --allow {shown}"),
+            fix: if port == kind.default_port() {
+                format!("allow with: corral run --allow {shown}")
+            } else {
+                format!("allow with: corral run --allow {shown}:{port}")
+            },
             status: 403,
         })
     }

@@ -174,9 +174,15 @@ pub struct ProxyArgs {
     /// Address to listen on: HOST:PORT or unix:PATH
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3128")]
     pub listen: String,
-    /// Policy file holding the [network] rules
+    /// Policy file holding the [network] rules (reloaded on SIGHUP and when it changes)
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
+    /// Audit log file (default: the project's log under $XDG_STATE_HOME/corral/)
+    #[arg(long, value_name = "FILE", env = "CORRAL_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
+    /// Jail id written into the audit records (default: a new id)
+    #[arg(long, value_name = "ID", env = "CORRAL_JAIL_ID")]
+    pub jail: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -8,7 +8,9 @@ use anyhow::bail;
 use crate::cli::{Cli, Command};
 
 pub mod init;
+pub mod log;
 pub mod plan;
+mod proxy;
 mod run;
 mod shell;
 
@@ -23,11 +25,11 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Shell(args) => shell::shell(args),
         Command::Exec(_) => not_yet("exec"),
         Command::Serve(_) => not_yet("serve"),
-        Command::Proxy(_) => not_yet("proxy"),
+        Command::Proxy(args) => proxy::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Init(args) => init::run(args),
         Command::Doctor(_) => not_yet("doctor"),
-        Command::Log(_) => not_yet("log"),
+        Command::Log(args) => log::run(args),
         Command::Image(_) => not_yet("image build"),
         Command::Down(_) => not_yet("down"),
         Command::Shim(_) => not_yet("shim"),
