@@ -515,12 +515,24 @@ impl Gateway {
     }
 
     /// Check `Host` against the host the proxy dialled.
-    fn check_host(headers: &[Header], host: &Host, port: u16) -> Result<(), Refusal> {
+    /// `required`: inside a tunnel the `Host` header is the only name a request carries; a
+    /// plain-HTTP request names its host in the absolute-form target, so there `Host` may be
+    /// absent (HTTP/1.0), but when present it must agree.
+    fn check_host(
+        headers: &[Header],
+        host: &Host,
+        port: u16,
+        required: bool,
+    ) -> Result<(), Refusal> {
         let mut hosts = headers
             .iter()
             .filter(|h| h.name.eq_ignore_ascii_case("host"))
             .map(|h| h.value.as_slice());
-        let (Some(value), None) = (hosts.next(), hosts.next()) else {
+        let first = hosts.next();
+        if first.is_none() && !required {
+            return Ok(());
+        }
+        let (Some(value), None) = (first, hosts.next()) else {
             return Err(Refusal {
                 status: 400,
                 message: "corral credential gateway: exactly one Host header is required".into(),
@@ -575,7 +587,7 @@ impl Gateway {
         port: u16,
         client: &str,
     ) -> Result<RewriteReport, Refusal> {
-        if let Err(r) = Self::check_host(headers, host, port) {
+        if let Err(r) = Self::check_host(headers, host, port, false) {
             self.record(
                 &Dest {
                     client,
@@ -650,7 +662,49 @@ impl Gateway {
             .await
     }
 
+    /// [`Gateway::serve_inner`], with every failure the gateway did not already record
+    /// (refusals are) written to the audit log.
     async fn serve<S, U, F, Fut>(
+        &self,
+        client: S,
+        host: &Host,
+        port: u16,
+        addr: SocketAddr,
+        client_label: &str,
+        connect: F,
+    ) -> Result<InterceptStats, GatewayError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+        U: AsyncRead + AsyncWrite + Unpin + Send,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<U, GatewayError>>,
+    {
+        let r = self
+            .serve_inner(client, host, port, addr, client_label, connect)
+            .await;
+        if let Err(e) = &r
+            && !matches!(
+                e,
+                GatewayError::Refused { .. } | GatewayError::NotBound { .. }
+            )
+        {
+            self.record(
+                &Dest {
+                    client: client_label,
+                    host,
+                    port,
+                    addr: Some(addr),
+                },
+                "CONNECT",
+                Decision::Deny,
+                format!("credential gateway: {e}"),
+                None,
+            );
+        }
+        r
+    }
+
+    async fn serve_inner<S, U, F, Fut>(
         &self,
         client: S,
         host: &Host,
@@ -765,7 +819,7 @@ impl Gateway {
                     message: "corral credential gateway: only origin-form request targets inside a tunnel".into(),
                 })
             } else {
-                Self::check_host(&head.headers, host, port).err()
+                Self::check_host(&head.headers, host, port, true).err()
             };
             let body = match (refusal, head.body()) {
                 (Some(r), _) => Err(r),
