@@ -1,0 +1,432 @@
+//! A process in the jail really tries what an agent must not do, and fails.
+
+mod jail_support;
+
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::process::Command;
+
+use jail_support::*;
+
+#[test]
+fn cannot_read_ssh_key_outside_dir_or_sibling_project() {
+    let w = World::new();
+    let script = format!(
+        "cat {ssh} {outside} {sibling} 2>&1; ls {home}/.ssh {outroot} {siblingdir} 2>&1; echo END",
+        ssh = w.home.join(".ssh/id_ed25519").display(),
+        outside = w.outside.join("secret.txt").display(),
+        sibling = w.sibling.join("secret.txt").display(),
+        home = w.home.display(),
+        outroot = w.outside.display(),
+        siblingdir = w.sibling.display(),
+    );
+    let out = w.sh("none", &script);
+    ran(&out, "END");
+    for secret in [SSH_SECRET, OUTSIDE_SECRET, SIBLING_SECRET] {
+        assert!(
+            !out.both().contains(secret),
+            "{secret} leaked:\n{}",
+            out.both()
+        );
+    }
+    // A listing prints bare names, one per line; errors name the path they could not reach.
+    for name in ["id_ed25519", "secret.txt"] {
+        assert!(
+            !out.stdout.lines().any(|l| l.trim() == name),
+            "{name} is listable in the jail:\n{}",
+            out.stdout
+        );
+    }
+}
+
+#[test]
+fn cannot_write_outside_the_project() {
+    let w = World::new();
+    let targets = [
+        w.outside.join("planted.txt"),
+        w.sibling.join("planted.txt"),
+        w.home.join("planted.txt"),
+        w.root.join("planted.txt"),
+    ];
+    let script = targets
+        .iter()
+        .map(|t| format!("echo x > {} 2>/dev/null; ", t.display()))
+        .collect::<String>()
+        + "echo END";
+    let out = w.sh("none", &script);
+    ran(&out, "END");
+    for t in &targets {
+        assert!(!t.exists(), "the jail wrote {} on the host", t.display());
+    }
+}
+
+#[test]
+fn masked_env_files_are_present_empty_and_unreadable() {
+    let w = World::new();
+    let out = w.sh(
+        "none",
+        "for f in .env sub/dir/.env; do \
+           test -e $f && echo PRESENT:$f; \
+           cat $f >/dev/null 2>&1 && echo READABLE:$f; \
+           test -s $f && echo NONEMPTY:$f; \
+           chmod 644 $f 2>/dev/null && echo CHMOD:$f; \
+           echo overwrite > $f 2>/dev/null && echo WRITABLE:$f; \
+           cat $f 2>/dev/null; \
+         done; echo END",
+    );
+    ran(&out, "END");
+    assert!(
+        !out.both().contains(ENV_SECRET),
+        "a masked .env leaked:\n{}",
+        out.both()
+    );
+    for f in [".env", "sub/dir/.env"] {
+        assert!(
+            out.stdout.contains(&format!("PRESENT:{f}")),
+            "{f} not present:\n{}",
+            out.stdout
+        );
+        for bad in ["READABLE", "NONEMPTY", "CHMOD", "WRITABLE"] {
+            assert!(
+                !out.stdout.contains(&format!("{bad}:{f}")),
+                "{f}: {bad}\n{}",
+                out.stdout
+            );
+        }
+    }
+    assert_eq!(
+        std::fs::read_to_string(w.project.join(".env")).unwrap(),
+        ENV_SECRET
+    );
+}
+
+#[test]
+fn cannot_write_git_hooks_git_config_or_existing_policy() {
+    let w = World::new();
+    write(&w.project.join("corral.toml"), "# the project's policy\n");
+    let config_before = std::fs::read_to_string(w.project.join(".git/config")).unwrap();
+    let out = w.sh(
+        "none",
+        "echo 'curl evil' > .git/hooks/pre-commit 2>/dev/null && echo WROTE:hook; \
+         echo 'x' > .git/hooks/post-checkout 2>/dev/null && echo WROTE:newhook; \
+         echo '[core] fsmonitor = evil' >> .git/config 2>/dev/null && echo WROTE:config; \
+         echo 'profile = \"x\"' >> corral.toml 2>/dev/null && echo WROTE:policy; \
+         rm -f corral.toml 2>/dev/null && echo REMOVED:policy; \
+         mv corral.toml c2 2>/dev/null && echo MOVED:policy; \
+         echo END",
+    );
+    ran(&out, "END");
+    assert!(!out.stdout.contains("WROTE"), "{}", out.stdout);
+    assert!(!out.stdout.contains("REMOVED"), "{}", out.stdout);
+    assert!(!out.stdout.contains("MOVED"), "{}", out.stdout);
+    assert_eq!(
+        std::fs::read_to_string(w.project.join(".git/hooks/pre-commit")).unwrap(),
+        "#!/bin/sh\nexit 0\n"
+    );
+    assert!(!w.project.join(".git/hooks/post-checkout").exists());
+    assert_eq!(
+        std::fs::read_to_string(w.project.join(".git/config")).unwrap(),
+        config_before
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("corral.toml")).unwrap(),
+        "# the project's policy\n"
+    );
+}
+
+#[test]
+fn cannot_create_an_absent_policy_file() {
+    let w = World::new();
+    assert!(!w.project.join("corral.toml").exists());
+    let out = w.sh(
+        "none",
+        "echo 'profile = \"shell\"' > corral.toml 2>/dev/null && echo WROTE:policy; \
+         test -s corral.toml && echo NONEMPTY; echo END",
+    );
+    ran(&out, "END");
+    assert!(!out.stdout.contains("WROTE"), "{}", out.stdout);
+    assert!(!out.stdout.contains("NONEMPTY"), "{}", out.stdout);
+    // The empty placeholder corral made while the jail ran is gone again.
+    assert!(
+        !w.project.join("corral.toml").exists(),
+        "corral.toml left behind on the host"
+    );
+}
+
+#[test]
+fn cannot_see_or_signal_a_host_process_or_read_its_environment() {
+    let w = World::new();
+    let mut host = Command::new("sleep")
+        .arg("300")
+        .env("HOST_ONLY_SECRET", "HOSTENV-7d793037a076")
+        .spawn()
+        .unwrap();
+    let pid = host.id();
+    let mut c = w.corral();
+    c.env("CALLER_ONLY_SECRET", "CALLERENV-1f3870be274f");
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "kill -9 {pid} 2>/dev/null && echo KILLED; \
+             test -e /proc/{pid}/cmdline && cat /proc/{pid}/cmdline; \
+             cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; \
+             env; ls /proc | grep -E '^[0-9]+$' | tr '\\n' ' '; echo; echo END"
+        ),
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    assert!(
+        host.try_wait().unwrap().is_none(),
+        "the jail killed a host process"
+    );
+    let _ = host.kill();
+    let _ = host.wait();
+    assert!(!out.stdout.contains("KILLED"), "{}", out.stdout);
+    assert!(!out.stdout.contains("sleep\0300"), "{}", out.stdout);
+    assert!(
+        !out.both().contains("HOSTENV-7d793037a076"),
+        "{}",
+        out.both()
+    );
+    assert!(
+        !out.both().contains("CALLERENV-1f3870be274f"),
+        "a caller variable entered:\n{}",
+        out.both()
+    );
+    // Only the jail's own processes are in its /proc: PID 1 and a handful of children.
+    let pids_line = out.stdout.lines().rev().nth(1).unwrap_or_default();
+    for p in pids_line.split_whitespace() {
+        let p: u32 = p.parse().unwrap();
+        assert!(p < 50, "a host-looking pid {p} is visible: {pids_line}");
+    }
+}
+
+#[test]
+fn cannot_reach_host_loopback_tcp_or_unix_sockets() {
+    let w = World::new();
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let sock_path = w.outside.join("host.sock");
+    let unix = UnixListener::bind(&sock_path).unwrap();
+    unix.set_nonblocking(true).unwrap();
+    let abstract_name = format!("corral-test-{}-{port}", std::process::id());
+    let abs = {
+        use std::os::linux::net::SocketAddrExt;
+        let addr =
+            std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
+        UnixListener::bind_addr(&addr).unwrap()
+    };
+    abs.set_nonblocking(true).unwrap();
+    let script = format!(
+        r#"
+import socket
+def attempt(name, fam, addr):
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect(addr)
+        print("CONNECTED:" + name)
+    except OSError as e:
+        print("refused:" + name + ":" + str(e))
+attempt("tcp", socket.AF_INET, ("127.0.0.1", {port}))
+attempt("path", socket.AF_UNIX, "{path}")
+attempt("abstract", socket.AF_UNIX, "\0{abstract_name}")
+print("END")
+"#,
+        path = sock_path.display()
+    );
+    for net in ["none", "proxy"] {
+        let mut c = w.corral();
+        c.args(["run", "--network", net, "--", "python3", "-c", &script]);
+        let out = run(c);
+        ran(&out, "END");
+        assert!(
+            !out.stdout.contains("CONNECTED"),
+            "network {net}:\n{}",
+            out.both()
+        );
+        assert!(
+            tcp.accept().is_err(),
+            "network {net}: the host TCP service got a connection"
+        );
+        assert!(
+            unix.accept().is_err(),
+            "network {net}: the host unix socket got a connection"
+        );
+        assert!(
+            abs.accept().is_err(),
+            "network {net}: the abstract socket got a connection"
+        );
+    }
+}
+
+#[test]
+fn cannot_create_a_user_namespace_or_mount() {
+    let w = World::new();
+    let out = w.sh(
+        "none",
+        "unshare -U true 2>/dev/null && echo USERNS; \
+         unshare -Ur true 2>/dev/null && echo USERNS_ROOT; \
+         unshare -m true 2>/dev/null && echo MOUNTNS; \
+         mount -t tmpfs none /tmp 2>/dev/null && echo MOUNTED; \
+         mount --bind / /tmp 2>/dev/null && echo BOUND; \
+         echo END",
+    );
+    ran(&out, "END");
+    for bad in ["USERNS", "MOUNTNS", "MOUNTED", "BOUND"] {
+        assert!(!out.stdout.contains(bad), "{bad}:\n{}", out.stdout);
+    }
+}
+
+#[test]
+fn cannot_open_raw_disks_or_kernel_devices() {
+    let w = World::new();
+    let out = w.sh(
+        "none",
+        "for d in /dev/sda /dev/vda /dev/nvme0n1 /dev/xvda /dev/kmsg /dev/mem /dev/kmem /dev/port \
+                  /dev/loop0 /dev/dm-0 /dev/sg0 /dev/console; do \
+           head -c1 $d >/dev/null 2>&1 && echo OPENED:$d; \
+         done; ls /dev | tr '\\n' ' '; echo; echo END",
+    );
+    ran(&out, "END");
+    assert!(!out.stdout.contains("OPENED"), "{}", out.stdout);
+    let listing: Vec<&str> = out
+        .stdout
+        .lines()
+        .rev()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let allowed = [
+        "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty",
+        "urandom", "zero",
+    ];
+    for entry in &listing {
+        assert!(
+            allowed.contains(entry),
+            "unexpected /dev entry {entry}: {listing:?}"
+        );
+    }
+}
+
+#[test]
+fn cannot_inject_into_the_terminal_corral_was_started_from() {
+    let w = World::new();
+    let (mut master, slave, mut child) = {
+        let mut c = w.corral();
+        c.args([
+            "run",
+            "--network",
+            "none",
+            "--",
+            "python3",
+            "-c",
+            r#"
+import fcntl, os, sys, termios
+fds = [0, 1, 2]
+try:
+    fds.append(os.open("/dev/tty", os.O_RDWR))
+except OSError as e:
+    print("no /dev/tty:", e)
+for fd in fds:
+    st = os.fstat(fd)
+    print("FD %d DEV %d RDEV %d" % (fd, st.st_dev, st.st_rdev))
+    for ch in b"INJECTED\n":
+        try:
+            fcntl.ioctl(fd, termios.TIOCSTI, bytes([ch]))
+            print("TIOCSTI-OK fd", fd)
+            break
+        except OSError as e:
+            pass
+print("END")
+"#,
+        ]);
+        under_pty(c, 24, 80)
+    };
+    let out = read_until(&mut master, "END", &mut child);
+    let status = child.wait().unwrap();
+    assert!(
+        out.contains("END"),
+        "the jail did not run: {status:?}\n{out}"
+    );
+    // No descriptor in the jail is the test's terminal (same devpts instance and tty number).
+    use std::os::unix::fs::MetadataExt;
+    let ours = slave.metadata().unwrap();
+    for line in out.lines().filter(|l| l.starts_with("FD ")) {
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        assert!(
+            !(f[1] == ours.dev() && f[2] == ours.rdev()),
+            "the jail holds corral's own terminal: {line}"
+        );
+    }
+    // Whatever TIOCSTI did inside, nothing is queued on the terminal corral was started from.
+    let mut pending: libc::c_int = 0;
+    use std::os::fd::AsRawFd;
+    // SAFETY: FIONREAD writes one int, which we provide.
+    unsafe { libc::ioctl(slave.as_raw_fd(), libc::FIONREAD, &mut pending) };
+    assert_eq!(pending, 0, "bytes were injected into the outer terminal");
+    assert!(
+        !out.contains("TIOCSTI-OK"),
+        "TIOCSTI is allowed in the jail:\n{out}"
+    );
+}
+
+#[test]
+fn pids_and_memory_limits_are_enforced_as_root() {
+    if !is_root() {
+        eprintln!("skipping: cgroup limits need a writable cgroup (root on this host)");
+        return;
+    }
+    let w = World::new();
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--pids",
+        "16",
+        "--",
+        "sh",
+        "-c",
+        "n=0; for i in $(seq 40); do sleep 5 2>/dev/null & done; wait; echo END",
+    ]);
+    let out = run(c);
+    assert!(
+        out.stderr.contains("process limit reached") || out.stderr.contains("fork"),
+        "no pids limit hit reported: code {}\n{}",
+        out.code,
+        out.both()
+    );
+    let mut c = w.corral();
+    c.args([
+        "run", "--network", "none", "--memory", "64m", "--", "python3", "-c",
+        "b = bytearray(400 * 1024 * 1024)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('ALLOCATED')",
+    ]);
+    let out = run(c);
+    assert!(
+        !out.stdout.contains("ALLOCATED"),
+        "allocated past the memory limit:\n{}",
+        out.both()
+    );
+    assert!(
+        out.code == 137 || out.code == 1,
+        "unexpected exit {}:\n{}",
+        out.code,
+        out.both()
+    );
+    assert!(
+        out.stderr.contains("out of memory"),
+        "no OOM reported:\n{}",
+        out.stderr
+    );
+}

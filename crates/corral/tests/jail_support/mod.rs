@@ -1,0 +1,229 @@
+//! Shared harness of the jail tests: a temporary world (home with a fake SSH key, the project,
+//! a sibling project, a directory outside), and a helper that runs corral in it.
+//!
+//! These binaries also run as an unprivileged user (scripts/test-rootless) with `CORRAL_BIN`
+//! pointing at a copy of corral, so nothing here assumes root.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub const SSH_SECRET: &str = "SSH-SECRET-d41d8cd98f00";
+pub const OUTSIDE_SECRET: &str = "OUTSIDE-SECRET-5f4dcc3b5aa7";
+pub const SIBLING_SECRET: &str = "SIBLING-SECRET-9e107d9d372b";
+pub const ENV_SECRET: &str = "ENV-SECRET-e4d909c290d0";
+
+pub fn corral_bin() -> PathBuf {
+    std::env::var_os("CORRAL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_corral")))
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The temporary world of one test. Removed on drop.
+pub struct World {
+    pub root: PathBuf,
+    pub home: PathBuf,
+    pub project: PathBuf,
+    pub sibling: PathBuf,
+    pub outside: PathBuf,
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+impl World {
+    pub fn new() -> World {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let root =
+            std::env::temp_dir().join(format!("corral-jail-test-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let home = root.join("home");
+        let project = root.join("work/project");
+        let sibling = root.join("work/sibling");
+        let outside = root.join("outside");
+        for d in [&home, &project, &sibling, &outside] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let w = World {
+            root: std::fs::canonicalize(&root).unwrap(),
+            home: std::fs::canonicalize(&home).unwrap(),
+            project: std::fs::canonicalize(&project).unwrap(),
+            sibling: std::fs::canonicalize(&sibling).unwrap(),
+            outside: std::fs::canonicalize(&outside).unwrap(),
+        };
+        write(&w.home.join(".ssh/id_ed25519"), SSH_SECRET);
+        write(&w.outside.join("secret.txt"), OUTSIDE_SECRET);
+        write(&w.sibling.join("secret.txt"), SIBLING_SECRET);
+        // The user layer of the policy: what every test project hides and protects. Limits are
+        // best-effort so the rootless pass (no delegated cgroup) can run; the limit tests set
+        // their own.
+        write(
+            &w.home.join(".config/corral/config.toml"),
+            "[filesystem]\n\
+             hide = [\".env\", \".env.*\"]\n\
+             protect = [\".git/hooks\", \".git/config\"]\n\
+             [limits]\n\
+             enforce = \"best-effort\"\n",
+        );
+        // A real git repository, so the project root is found by git and `git` works inside.
+        let git = Command::new("git")
+            .args(["init", "-q"])
+            .current_dir(&w.project)
+            .env("HOME", &w.home)
+            .status()
+            .expect("git");
+        assert!(git.success());
+        write(
+            &w.project.join(".git/hooks/pre-commit"),
+            "#!/bin/sh\nexit 0\n",
+        );
+        write(&w.project.join(".env"), ENV_SECRET);
+        write(&w.project.join("sub/dir/.env"), ENV_SECRET);
+        write(&w.project.join("README"), "hello from the project\n");
+        w
+    }
+
+    /// A `corral` command in this world: cwd the project, a clean environment with HOME set.
+    pub fn corral(&self) -> Command {
+        let mut c = Command::new(corral_bin());
+        c.current_dir(&self.project)
+            .env_clear()
+            .env("HOME", &self.home)
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("LANG", "C.UTF-8")
+            .env("TMPDIR", std::env::temp_dir());
+        c
+    }
+
+    /// `corral run --network NET -- sh -c SCRIPT` with stdin closed.
+    pub fn sh(&self, net: &str, script: &str) -> Out {
+        let mut c = self.corral();
+        c.args(["run", "--network", net, "--", "sh", "-c", script]);
+        run(c)
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+pub fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// What a corral run produced.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    pub fn both(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+}
+
+pub fn run(mut c: Command) -> Out {
+    let out = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run corral");
+    use std::os::unix::process::ExitStatusExt;
+    let code = out
+        .status
+        .code()
+        .unwrap_or_else(|| 128 + out.status.signal().unwrap_or(0));
+    Out {
+        code,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Assert the jail ran (the script's own marker is in stdout) and return its output.
+#[track_caller]
+pub fn ran(out: &Out, marker: &str) {
+    assert!(
+        out.stdout.contains(marker),
+        "the jail did not run to its end marker {marker:?}: code {}\nstdout:\n{}\nstderr:\n{}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+}
+
+/// Run corral with a pty of the test's as its controlling terminal. Returns the master, the
+/// slave (kept open by the test) and the child.
+pub fn under_pty(
+    mut c: Command,
+    rows: u16,
+    cols: u16,
+) -> (std::fs::File, std::fs::File, std::process::Child) {
+    let ws = nix::pty::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&ws), None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    c.stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave.try_clone().unwrap()));
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid and TIOCSCTTY on fd 0 are async-signal-safe syscalls.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = c.spawn().unwrap();
+    (std::fs::File::from(pty.master), slave, child)
+}
+
+pub fn read_until(
+    master: &mut std::fs::File,
+    needle: &str,
+    child: &mut std::process::Child,
+) -> String {
+    use std::os::fd::AsFd;
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        let mut fds = [nix::poll::PollFd::new(
+            master.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let n = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(200u16)).unwrap_or(0);
+        if n > 0 {
+            let mut buf = [0u8; 4096];
+            match master.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => seen.extend_from_slice(&buf[..k]),
+            }
+            if String::from_utf8_lossy(&seen).contains(needle) {
+                break;
+            }
+        } else if child.try_wait().unwrap().is_some() {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}

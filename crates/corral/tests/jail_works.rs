@@ -1,0 +1,228 @@
+//! What an agent needs works in the jail: the project, /tmp, $HOME, git, python3, node, a TUI
+//! under a pty with resizes; exit codes are the command's; the jail dies with corral.
+
+mod jail_support;
+
+use std::io::Write;
+use std::process::Command;
+
+use jail_support::*;
+
+#[test]
+fn reads_and_writes_the_project_tmp_and_home() {
+    let w = World::new();
+    let out = w.sh(
+        "none",
+        "cat README && echo made > made.txt && mkdir -p d/e && echo deep > d/e/f && \
+         echo t > /tmp/t && cat /tmp/t && echo h > $HOME/h && cat $HOME/h && \
+         test \"$(pwd)\" = \"$PWD\" && echo CWD:$(pwd) && echo END",
+    );
+    ran(&out, "END");
+    assert!(
+        out.stdout.contains("hello from the project"),
+        "{}",
+        out.both()
+    );
+    assert!(
+        out.stdout.contains(&format!("CWD:{}", w.project.display())),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("made.txt")).unwrap(),
+        "made\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("d/e/f")).unwrap(),
+        "deep\n"
+    );
+    // /tmp and $HOME are private: nothing reaches the host's.
+    assert!(
+        !w.home.join("h").exists(),
+        "the jail's $HOME write reached the host home"
+    );
+}
+
+#[test]
+fn runs_git_python_and_node() {
+    let w = World::new();
+    let out = w.sh(
+        "none",
+        "git status --short >/dev/null && echo GIT-OK; \
+         git -c user.email=a@example.invalid -c user.name=a commit -q --allow-empty -m jailed && echo COMMIT-OK; \
+         python3 -c 'print(\"PY-\" + \"OK\")'; \
+         if command -v node >/dev/null; then node -e 'console.log(\"NODE-\" + \"OK\")'; else echo NODE-MISSING; fi; \
+         echo END",
+    );
+    ran(&out, "END");
+    for marker in ["GIT-OK", "COMMIT-OK", "PY-OK"] {
+        assert!(
+            out.stdout.contains(marker),
+            "{marker} missing:\n{}",
+            out.both()
+        );
+    }
+    assert!(
+        out.stdout.contains("NODE-OK")
+            || (out.stdout.contains("NODE-MISSING") && which("node").is_none()),
+        "node failed:\n{}",
+        out.both()
+    );
+    let log = Command::new("git")
+        .args(["log", "--format=%s"])
+        .current_dir(&w.project)
+        .env("HOME", &w.home)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&log.stdout).trim(), "jailed");
+}
+
+fn which(name: &str) -> Option<std::path::PathBuf> {
+    ["/usr/local/bin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|d| std::path::Path::new(d).join(name))
+        .find(|p| p.exists())
+}
+
+#[test]
+fn exit_codes_are_the_commands_own() {
+    let w = World::new();
+    let cases: [(&[&str], i32); 5] = [
+        (&["true"], 0),
+        (&["sh", "-c", "exit 3"], 3),
+        (&["/etc/passwd"], 126),
+        (&["no-such-command-here"], 127),
+        (&["sh", "-c", "kill -9 $$"], 137),
+    ];
+    for (cmd, want) in cases {
+        let mut c = w.corral();
+        c.args(["run", "--network", "none", "--"]).args(cmd);
+        let out = run(c);
+        assert_eq!(out.code, want, "{cmd:?}:\n{}", out.both());
+    }
+}
+
+#[test]
+fn a_tui_gets_a_pty_and_resizes() {
+    let w = World::new();
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "python3",
+        "-c",
+        r#"
+import os, signal, sys, time
+got = []
+signal.signal(signal.SIGWINCH, lambda *a: got.append(1))
+sz = os.get_terminal_size(0)
+print("TTY", os.isatty(0), "SIZE", sz.lines, sz.columns, flush=True)
+print("READY", flush=True)
+deadline = time.time() + 20
+while not got and time.time() < deadline:
+    time.sleep(0.05)
+sz = os.get_terminal_size(0)
+print("AFTER", bool(got), sz.lines, sz.columns, flush=True)
+"#,
+    ]);
+    let (mut master, _slave, mut child) = under_pty(c, 24, 80);
+    let first = read_until(&mut master, "READY", &mut child);
+    assert!(first.contains("TTY True SIZE 24 80"), "{first}");
+    let ws = nix::pty::Winsize {
+        ws_row: 50,
+        ws_col: 132,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY: TIOCSWINSZ reads one winsize struct, which we provide.
+    unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    let rest = read_until(&mut master, "AFTER", &mut child);
+    let rest = rest + &read_until(&mut master, "\n", &mut child);
+    let _ = master.write_all(b"");
+    let status = child.wait().unwrap();
+    assert!(
+        rest.contains("AFTER True 50 132"),
+        "no resize delivered: {status:?}\n{first}{rest}"
+    );
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn killing_corral_leaves_no_process_behind() {
+    let w = World::new();
+    let marker = format!("corral-orphan-marker-{}", std::process::id());
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        &format!("sleep 300 & sleep 301; : {marker}"),
+    ])
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while processes_with(&marker).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the jail never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.kill().unwrap(); // SIGKILL: corral gets no chance to clean up
+    child.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left = processes_with(&marker);
+        let sleeps = descendants_gone(child.id());
+        if left.is_empty() && sleeps {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "processes outlived corral: {left:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Pids whose command line contains `needle` (as seen from the host).
+fn processes_with(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            if String::from_utf8_lossy(&cmd).contains(needle) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// No process has `pid` as its parent any more (the set-up process is gone too).
+fn descendants_gone(pid: u32) -> bool {
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) {
+            let after = stat.rsplit(')').next().unwrap_or("");
+            let ppid: u32 = after
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            if ppid == pid {
+                return false;
+            }
+        }
+    }
+    true
+}
