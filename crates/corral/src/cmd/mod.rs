@@ -7,6 +7,7 @@ use anyhow::bail;
 
 use crate::cli::{Cli, Command};
 
+mod doctor;
 pub mod init;
 pub mod log;
 pub mod plan;
@@ -28,7 +29,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Proxy(args) => proxy::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Init(args) => init::run(args),
-        Command::Doctor(_) => not_yet("doctor"),
+        Command::Doctor(args) => doctor::run(args),
         Command::Log(args) => log::run(args),
         Command::Image(_) => not_yet("image build"),
         Command::Down(_) => not_yet("down"),
