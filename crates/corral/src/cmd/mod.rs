@@ -7,6 +7,9 @@ use anyhow::bail;
 
 use crate::cli::{Cli, Command};
 
+mod generate;
+mod rules;
+mod shim;
 mod doctor;
 pub mod init;
 pub mod log;
@@ -33,10 +36,10 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Log(args) => log::run(args),
         Command::Image(_) => not_yet("image build"),
         Command::Down(_) => not_yet("down"),
-        Command::Shim(_) => not_yet("shim"),
-        Command::Allow(_) => not_yet("allow"),
-        Command::Deny(_) => not_yet("deny"),
+        Command::Shim(cmd) => shim::run(cmd),
+        Command::Allow(args) => rules::run(rules::Rule::Allow, args),
+        Command::Deny(args) => rules::run(rules::Rule::Deny, args),
         Command::Skill(_) => not_yet("skill"),
-        Command::Generate(_) => not_yet("generate"),
+        Command::Generate(cmd) => generate::run(cmd),
     }
 }
