@@ -15,8 +15,8 @@ use crate::{Command, EngineError, EngineKind, Result, proxy_policy};
 pub const CONTAINER_BIN: &str = "/usr/local/bin/corral";
 /// Where the proxy container sees the project's audit directory.
 pub const CONTAINER_AUDIT_DIR: &str = "/var/log/corral";
-/// The variable naming the audit log file for `corral proxy` / `corral serve` in a container.
-pub const AUDIT_LOG_ENV: &str = "CORRAL_AUDIT_LOG";
+/// The audit log file as the proxy and executor containers see it (`--audit-log`).
+pub const CONTAINER_AUDIT_LOG: &str = "/var/log/corral/audit.jsonl";
 /// Seconds the engine waits after SIGTERM before SIGKILL (seed 003's `--stop-timeout 5`).
 pub const STOP_TIMEOUT: u32 = 5;
 /// The proxy container's own limits (seed 003's squid container).
@@ -285,7 +285,7 @@ fn volume(engine: EngineKind, src: &Path, dst: &Path, access: Access) -> Result<
 fn format_size(bytes: u64) -> String {
     const K: u64 = 1024;
     for (unit, size) in [("g", K * K * K), ("m", K * K), ("k", K)] {
-        if bytes >= size && bytes % size == 0 {
+        if bytes >= size && bytes.is_multiple_of(size) {
             return format!("{}{unit}", bytes / size);
         }
     }
@@ -403,8 +403,6 @@ fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command
         Path::new(CONTAINER_AUDIT_DIR),
         Access::Rw,
     )?);
-    a.push("--env".into());
-    a.push(format!("{AUDIT_LOG_ENV}={CONTAINER_AUDIT_DIR}/audit.jsonl"));
     a.extend(["--entrypoint".into(), CONTAINER_BIN.into(), image]);
     a.extend([
         "proxy".into(),
@@ -412,6 +410,8 @@ fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command
         format!("0.0.0.0:{PROXY_PORT}"),
         "--policy".into(),
         proxy_policy::CONTAINER_FILE.into(),
+        "--audit-log".into(),
+        CONTAINER_AUDIT_LOG.into(),
     ]);
     let mut cmds = vec![Command::new(e.program()).args(a)];
     if e == EngineKind::Docker {
@@ -531,12 +531,16 @@ fn mount_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
     for m in &plan.mounts {
         match m.kind {
             MountKind::Tmpfs => {
+                // Owned by the jail's user: podman chowns with `U`; docker passes the kernel's
+                // tmpfs uid/gid options through.
+                let owner = match e {
+                    EngineKind::Podman => "U".to_string(),
+                    EngineKind::Docker => format!("uid={},gid={}", plan.uid, plan.gid),
+                };
                 a.push("--tmpfs".into());
                 a.push(format!(
-                    "{}:rw,nosuid,nodev,exec,mode=0700,uid={},gid={}",
-                    m.target.display(),
-                    plan.uid,
-                    plan.gid
+                    "{}:rw,nosuid,nodev,exec,mode=0700,{owner}",
+                    m.target.display()
                 ));
             }
             MountKind::Bind(access) => {

@@ -16,7 +16,7 @@ use corral_policy::plan::{Limits, Plan};
 use serde::Serialize;
 use serde_yaml_ng::{Mapping, Value};
 
-use crate::argv::{AUDIT_LOG_ENV, CONTAINER_AUDIT_DIR, STOP_TIMEOUT, proxy_env};
+use crate::argv::{CONTAINER_AUDIT_DIR, CONTAINER_AUDIT_LOG, STOP_TIMEOUT, proxy_env};
 use crate::names::EXECUTOR_PORT;
 use crate::{Command, Context, EngineError, EngineKind, Result};
 
@@ -60,7 +60,7 @@ struct Aliases {
 
 fn bytes_to_compose(bytes: u64) -> String {
     const M: u64 = 1024 * 1024;
-    if bytes % M == 0 {
+    if bytes.is_multiple_of(M) {
         format!("{}m", bytes / M)
     } else {
         format!("{bytes}b")
@@ -85,11 +85,7 @@ pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
         EngineKind::Podman => ("z", "z,ro"),
         EngineKind::Docker => ("rw", "ro"),
     };
-    let mut environment = proxy_env(&format!("localhost,127.0.0.1,::1,{}", names.executor_alias));
-    environment.insert(
-        AUDIT_LOG_ENV.into(),
-        format!("{CONTAINER_AUDIT_DIR}/audit.jsonl"),
-    );
+    let environment = proxy_env(&format!("localhost,127.0.0.1,::1,{}", names.executor_alias));
     let service = Service {
         build: ".".into(),
         userns_mode,
@@ -111,6 +107,8 @@ pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
             format!("0.0.0.0:{EXECUTOR_PORT}"),
             "--root".into(),
             root,
+            "--audit-log".into(),
+            CONTAINER_AUDIT_LOG.into(),
         ],
         cap_drop: vec!["ALL".into()],
         security_opt: vec!["no-new-privileges:true".into()],

@@ -122,7 +122,7 @@ pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Co
 
 /// The host files a setup refers to: the masking file, the empty policy stand-in, the audit
 /// directory, and the proxy policy. Returns whether the proxy policy changed (a running proxy
-/// container must then be replaced).
+/// container must then reload it).
 pub fn prepare_host(plan: &Plan, ctx: &Context) -> Result<bool> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -194,25 +194,44 @@ fn succeeds(cmd: &Command) -> Result<bool> {
 }
 
 /// Bring up everything but the harness: networks and the proxy container, created when missing,
-/// reused otherwise; a proxy whose policy changed is replaced.
-pub fn ensure(setup: &Setup, ctx: &Context, replace_proxy: bool, names: &Names) -> Result<()> {
-    if replace_proxy {
-        // Ignore failure: there may be no proxy yet.
-        let _ = succeeds(&Command::new(ctx.engine.program()).args([
-            "rm",
-            "--force",
-            &names.proxy_container,
-        ]));
-    }
+/// reused otherwise. A running proxy whose policy file changed is told to reload it (SIGHUP;
+/// it also notices the change by itself within a second).
+pub fn ensure(setup: &Setup, ctx: &Context, policy_changed: bool, names: &Names) -> Result<()> {
     for step in &setup.steps {
         if let Step::Ensure { check, create, .. } = step {
             if succeeds(check)? {
+                let is_proxy = create.first().is_some_and(|c| {
+                    c.args.first().map(String::as_str) == Some("run")
+                        && c.args.contains(&names.proxy_container)
+                });
+                if is_proxy {
+                    start_or_reload(ctx, names, policy_changed)?;
+                }
                 continue;
             }
             for c in create {
                 output(c)?;
             }
         }
+    }
+    Ok(())
+}
+
+/// An existing proxy container: started if it stopped (it then reads the current policy),
+/// else signalled to reload when the policy changed.
+fn start_or_reload(ctx: &Context, names: &Names, policy_changed: bool) -> Result<()> {
+    let p = ctx.engine.program();
+    let running = output(&Command::new(p).args([
+        "container",
+        "inspect",
+        "--format",
+        "{{.State.Running}}",
+        &names.proxy_container,
+    ]))?;
+    if running.trim() != "true" {
+        output(&Command::new(p).args(["start", &names.proxy_container]))?;
+    } else if policy_changed {
+        output(&Command::new(p).args(["kill", "--signal", "HUP", &names.proxy_container]))?;
     }
     Ok(())
 }

@@ -234,6 +234,12 @@ pub enum ImageCommand {
         profile: Option<String>,
         #[arg(long, value_enum)]
         engine: Option<EngineArg>,
+        /// Base image (default: the profile's, e.g. docker.io/library/node:22-bookworm-slim; or $CORRAL_BASE_IMAGE)
+        #[arg(long, value_name = "IMAGE")]
+        base: Option<String>,
+        /// Tag of the image built (default: run.image, else localhost/corral-PROFILE:latest)
+        #[arg(long, value_name = "TAG")]
+        tag: Option<String>,
     },
 }
 

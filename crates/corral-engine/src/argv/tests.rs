@@ -163,8 +163,6 @@ fn podman_rootless_whole_setup() {
                 "/s/engine/proxy:/etc/corral:ro,z",
                 "--volume",
                 "/s/log:/var/log/corral:rw,z",
-                "--env",
-                "CORRAL_AUDIT_LOG=/var/log/corral/audit.jsonl",
                 "--entrypoint",
                 "/usr/local/bin/corral",
                 "localhost/corral-pi:latest",
@@ -173,6 +171,8 @@ fn podman_rootless_whole_setup() {
                 "0.0.0.0:3128",
                 "--policy",
                 "/etc/corral/policy.toml",
+                "--audit-log",
+                "/var/log/corral/audit.jsonl",
             ]))],
         },
     ];
@@ -212,7 +212,7 @@ fn podman_rootless_whole_setup() {
         "--workdir",
         root,
         "--tmpfs",
-        "/home/u:rw,nosuid,nodev,exec,mode=0700,uid=1000,gid=1000",
+        "/home/u:rw,nosuid,nodev,exec,mode=0700,U",
         "--volume",
         &format!("{state}:/home/u/.pi/agent:rw,z"),
         "--volume",
@@ -347,8 +347,6 @@ fn docker_whole_setup() {
         "/s/engine/proxy:/etc/corral:ro",
         "--volume",
         "/s/log:/var/log/corral:rw",
-        "--env",
-        "CORRAL_AUDIT_LOG=/var/log/corral/audit.jsonl",
         "--entrypoint",
         "/usr/local/bin/corral",
         "localhost/corral-proxy:1",
@@ -357,6 +355,8 @@ fn docker_whole_setup() {
         "0.0.0.0:3128",
         "--policy",
         "/etc/corral/policy.toml",
+        "--audit-log",
+        "/var/log/corral/audit.jsonl",
     ]));
     let expected_steps = vec![
         Step::Ensure {

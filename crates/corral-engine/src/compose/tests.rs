@@ -69,6 +69,8 @@ services:
     - 0.0.0.0:8080
     - --root
     - /src/test-project
+    - --audit-log
+    - /var/log/corral/audit.jsonl
     cap_drop:
     - ALL
     security_opt:
@@ -80,7 +82,6 @@ services:
     stop_grace_period: 5s
     environment:
       ALL_PROXY: http://proxy:3128
-      CORRAL_AUDIT_LOG: /var/log/corral/audit.jsonl
       HTTPS_PROXY: http://proxy:3128
       HTTP_PROXY: http://proxy:3128
       NODE_USE_ENV_PROXY: '1'

@@ -11,6 +11,9 @@ mod generate;
 mod rules;
 mod shim;
 mod doctor;
+mod down;
+pub mod engine_run;
+mod image;
 pub mod init;
 pub mod log;
 pub mod plan;
@@ -34,8 +37,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Init(args) => init::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Log(args) => log::run(args),
-        Command::Image(_) => not_yet("image build"),
-        Command::Down(_) => not_yet("down"),
+        Command::Image(cmd) => image::run(cmd),
+        Command::Down(args) => down::run(args),
         Command::Shim(cmd) => shim::run(cmd),
         Command::Allow(args) => rules::run(rules::Rule::Allow, args),
         Command::Deny(args) => rules::run(rules::Rule::Deny, args),

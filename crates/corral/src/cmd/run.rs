@@ -72,10 +72,8 @@ pub fn flags(opts: &JailOptions) -> Flags {
 pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     match plan.engine {
         Engine::Native | Engine::Auto => {}
-        Engine::Podman | Engine::Docker => bail!(
-            "engine {:?}: `corral run` drives only the native backend in this version; use --engine native",
-            plan.engine
-        ),
+        // The container engines: cmd/engine_run.rs.
+        Engine::Podman | Engine::Docker => return super::engine_run::run_plan(plan),
     }
     if !plan.network.publish.is_empty() {
         bail!(

@@ -1,0 +1,67 @@
+//! `corral down`: remove this project's containers and networks (container engines).
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use corral_engine::runner;
+use corral_engine::{EngineKind, Names};
+
+use crate::cli::{DownArgs, EngineArg};
+
+pub fn run(args: DownArgs) -> anyhow::Result<ExitCode> {
+    let explicit = matches!(args.engine, Some(EngineArg::Podman | EngineArg::Docker));
+    let kinds: Vec<EngineKind> = match args.engine {
+        Some(EngineArg::Podman) => vec![EngineKind::Podman],
+        Some(EngineArg::Docker) => vec![EngineKind::Docker],
+        // Both, when present: a project may have used either.
+        Some(EngineArg::Auto) | Some(EngineArg::Native) | None => {
+            [EngineKind::Podman, EngineKind::Docker]
+                .into_iter()
+                .filter(|k| runner::on_path(k.program()))
+                .collect()
+        }
+    };
+    if kinds.is_empty() {
+        eprintln!("corral: neither podman nor docker is on PATH: nothing to remove");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let req =
+        corral_policy::Request::from_process().context("cannot describe the calling process")?;
+    let plan = corral_policy::resolve(&req)?;
+    let prefix = std::env::var("CORRAL_ENGINE_PREFIX")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| corral_engine::names::DEFAULT_PREFIX.to_string());
+    let names = Names::new(&prefix, &plan.project.root);
+    let mut failures = Vec::new();
+    let tried = kinds.len();
+    for kind in kinds {
+        let removed = match runner::down(kind, &names) {
+            Ok(r) => r,
+            // Without --engine, an engine whose client is installed but cannot reach its
+            // daemon (docker without dockerd) holds nothing of ours: say so and go on.
+            Err(e) if !explicit => {
+                eprintln!("corral: {kind}: skipped: {e}");
+                failures.push(e);
+                continue;
+            }
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot remove the project's {kind} objects"));
+            }
+        };
+        for c in &removed.containers {
+            eprintln!("corral: {kind}: removed container {c}");
+        }
+        for n in &removed.networks {
+            eprintln!("corral: {kind}: removed network {n}");
+        }
+        if removed.containers.is_empty() && removed.networks.is_empty() {
+            eprintln!("corral: {kind}: nothing of project {} to remove", names.key);
+        }
+    }
+    if failures.len() == tried {
+        anyhow::bail!("no container engine could be reached; see the messages above");
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,188 @@
+//! `corral run --engine podman|docker|auto`: the plan run by a container engine (SPEC section 4),
+//! and the engine half of `corral plan --engine ...` and `corral init --compose`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use corral_audit::{AuditLog, Event, JailEvent, Record};
+use corral_engine::runner;
+use corral_engine::{Context, EngineKind};
+use corral_policy::plan::{Engine, Plan};
+
+/// The container engine a plan asks for: podman or docker by name; `auto` (when the native
+/// backend cannot run here) podman, else docker.
+pub fn engine_of(plan: &Plan) -> anyhow::Result<EngineKind> {
+    let kind = match plan.engine {
+        Engine::Podman => EngineKind::Podman,
+        Engine::Docker => EngineKind::Docker,
+        Engine::Auto => runner::detect().context(
+            "--engine auto: the native backend cannot run here and neither podman nor docker is \
+             on PATH; install podman (apt-get install podman) or fix what `corral doctor` reports",
+        )?,
+        Engine::Native => bail!("engine native is not a container engine"),
+    };
+    if !runner::on_path(kind.program()) {
+        bail!("--engine {kind}: `{kind}` is not on PATH; install it, or run with --engine native",);
+    }
+    Ok(kind)
+}
+
+/// The host context of a plan, with a warning when the binary mounted into containers is not
+/// statically linked (it then runs only in images whose C library matches this host's).
+pub fn context(kind: EngineKind, plan: &Plan, jail_id: &str) -> anyhow::Result<Context> {
+    let ctx = runner::host_context(kind, plan, jail_id)?;
+    match runner::is_static(&ctx.corral_bin) {
+        Ok(true) => {}
+        Ok(false) => eprintln!(
+            "corral: {} is dynamically linked; containers run it only if their image has a \
+             compatible C library. Build a static one (RUSTFLAGS='-C target-feature=+crt-static' \
+             cargo build --release --target x86_64-unknown-linux-gnu) and point {} at it",
+            ctx.corral_bin.display(),
+            runner::BIN_ENV
+        ),
+        Err(e) => eprintln!("corral: cannot inspect {}: {e}", ctx.corral_bin.display()),
+    }
+    Ok(ctx)
+}
+
+/// The commands `corral plan --engine podman|docker` prints: exactly what `corral run` runs.
+pub fn print_commands(plan: &Plan) -> anyhow::Result<String> {
+    let kind = match plan.engine {
+        Engine::Podman => EngineKind::Podman,
+        Engine::Docker => EngineKind::Docker,
+        Engine::Auto => runner::detect().unwrap_or(EngineKind::Podman),
+        Engine::Native => bail!("engine native runs no engine commands"),
+    };
+    let ctx = runner::host_context(kind, plan, "JAILID")?;
+    let setup = corral_engine::setup(plan, &ctx)?;
+    Ok(corral_engine::commands(&setup))
+}
+
+fn audit(log: &AuditLog, jail: &str, event: JailEvent) {
+    if let Err(e) = log.write(&Record::now(jail, Event::Jail(event))) {
+        eprintln!("corral: audit log: {e}");
+    }
+}
+
+/// Run `plan` with its container engine; the harness's exit code.
+pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
+    let kind = engine_of(plan)?;
+    let jail_id = corral_audit::new_jail_id();
+    let mut ctx = context(kind, plan, &jail_id)?;
+    if plan.skill.is_some() {
+        let dir = ctx.state_dir.join("skill").join(&jail_id);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::write(dir.join("SKILL.md"), corral_exec::SKILL_MD)
+            .with_context(|| format!("cannot write {}/SKILL.md", dir.display()))?;
+        ctx.skill_source = Some(dir);
+    }
+    let setup = corral_engine::setup(plan, &ctx)?;
+    let log = AuditLog::for_project(&plan.project.root).context("cannot open the audit log")?;
+    audit(
+        &log,
+        &jail_id,
+        JailEvent {
+            event: "start".into(),
+            exit_code: None,
+            detail: serde_json::json!({ "engine": kind.program(), "plan": plan }),
+        },
+    );
+    let result = runner::run(plan, &ctx, &setup);
+    if let Some(src) = &ctx.skill_source {
+        let _ = std::fs::remove_dir_all(src);
+    }
+    match result {
+        Ok(code) => {
+            audit(
+                &log,
+                &jail_id,
+                JailEvent {
+                    event: "exit".into(),
+                    exit_code: Some(code),
+                    detail: serde_json::Value::Null,
+                },
+            );
+            Ok(code)
+        }
+        Err(e) => {
+            audit(
+                &log,
+                &jail_id,
+                JailEvent {
+                    event: "error".into(),
+                    exit_code: Some(125),
+                    detail: serde_json::Value::String(e.to_string()),
+                },
+            );
+            Err(e).with_context(|| format!("cannot run the jail with {kind}"))
+        }
+    }
+}
+
+/// `corral init [PROFILE] --compose`, from the calling process's plan.
+pub fn init_compose_for(profile: Option<String>) -> anyhow::Result<PathBuf> {
+    let mut req =
+        corral_policy::Request::from_process().context("cannot describe the calling process")?;
+    req.profile = profile;
+    let plan = corral_policy::resolve(&req)?;
+    init_compose(&plan)
+}
+
+/// `corral init --compose`: the executor service in docker-compose.override.yml, the networks it
+/// joins, and the corral binary in its volume.
+pub fn init_compose(plan: &Plan) -> anyhow::Result<PathBuf> {
+    let kind = match plan.engine {
+        Engine::Docker => EngineKind::Docker,
+        Engine::Podman => EngineKind::Podman,
+        Engine::Native | Engine::Auto => runner::detect().context(
+            "`corral init --compose` needs podman or docker on PATH to create the binary volume",
+        )?,
+    };
+    let jail_id = corral_audit::new_jail_id();
+    let ctx = context(kind, plan, &jail_id)?;
+    let path = corral_engine::compose::write_override(plan, &ctx)?;
+    // The networks the service joins (declared external in the file).
+    let mut net_plan = plan.clone();
+    net_plan.network.mode = corral_policy::plan::NetworkMode::Proxy;
+    net_plan.network.host_ports.clear();
+    net_plan.network.publish.clear();
+    net_plan.secrets.clear();
+    if net_plan.command.is_empty() {
+        net_plan.command = vec!["true".into()];
+    }
+    let setup = corral_engine::setup(&net_plan, &ctx)?;
+    let names = ctx.names(plan);
+    let only_networks = corral_engine::Setup {
+        steps: setup
+            .steps
+            .into_iter()
+            .filter(|s| matches!(s, corral_engine::Step::Ensure { what, .. } if what.contains("network")))
+            .collect(),
+    };
+    runner::ensure(&only_networks, &ctx, false, &names)?;
+    // The binary, into its volume.
+    let data = std::fs::read(&ctx.corral_bin)
+        .with_context(|| format!("cannot read {}", ctx.corral_bin.display()))?;
+    let tarball = ctx.state_dir.join("corral-bin.tar");
+    corral_engine::compose::write_atomic(
+        &tarball,
+        &corral_engine::compose::tar_one_file("corral", &data),
+    )?;
+    let image = corral_engine::argv::harness_image(plan);
+    for cmd in corral_engine::compose::install_binary(&ctx, plan, &tarball, &image) {
+        runner::output(&cmd)?;
+    }
+    let _ = std::fs::remove_file(&tarball);
+    eprintln!(
+        "corral: wrote the `executor` service into {} and installed {} into volume {}; \
+         start it with `{kind}-compose up -d executor` (or `docker compose up -d executor`); \
+         the harness reaches it at http://{}:{}",
+        path.display(),
+        ctx.corral_bin.display(),
+        names.bin_volume,
+        names.executor_alias,
+        corral_engine::names::EXECUTOR_PORT
+    );
+    Ok(path)
+}
