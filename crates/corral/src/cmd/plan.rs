@@ -207,13 +207,23 @@ pub fn human(p: &Plan) -> String {
     );
 
     let _ = writeln!(o, "\nmounts (in order)");
-    let width = p
-        .mounts
+    // The curated system directories are the same in every plan: one line, not forty.
+    let system = corral_policy::plan::system_mounts();
+    let (sys, rest): (Vec<_>, Vec<_>) = p.mounts.iter().partition(|m| system.contains(m));
+    if !sys.is_empty() {
+        let _ = writeln!(
+            o,
+            "  ro    {} system paths (programs, libraries, a curated /etc; see --json), \
+             each skipped if missing",
+            sys.len()
+        );
+    }
+    let width = rest
         .iter()
         .map(|m| m.target.display().to_string().len())
         .max()
         .unwrap_or(0);
-    for m in &p.mounts {
+    for m in rest {
         let (kind, src) = match m.kind {
             MountKind::Tmpfs => ("tmpfs".to_string(), String::new()),
             MountKind::Bind(a) => (access(a).to_string(), {
@@ -224,8 +234,7 @@ pub fn human(p: &Plan) -> String {
                 }
             }),
         };
-        let _ = writeln!(
-            o,
+        let line = format!(
             "  {kind:<5} {:<width$}{src}{}",
             m.target.display(),
             if m.optional {
@@ -234,6 +243,7 @@ pub fn human(p: &Plan) -> String {
                 ""
             }
         );
+        let _ = writeln!(o, "{}", line.trim_end());
     }
     let _ = writeln!(o, "\nmasked (present, empty, unreadable)");
     if p.masked.is_empty() {
