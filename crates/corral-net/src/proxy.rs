@@ -87,6 +87,9 @@ pub struct Proxy {
     config: ProxyConfig,
     slots: Arc<Semaphore>,
     blocked: Mutex<BlockedMap>,
+    /// The credential gateway: CONNECTs to secret-bound hosts are handed to it, plain-HTTP
+    /// heads are rewritten by it (crates/corral-gateway).
+    gateway: Option<corral_gateway::Gateway>,
 }
 
 /// Why a request was not served, for the answer and the log.
@@ -523,7 +526,15 @@ impl Proxy {
             slots: Arc::new(Semaphore::new(config.max_connections)),
             config,
             blocked: Mutex::new(BTreeMap::new()),
+            gateway: None,
         }
+    }
+
+    /// Serve `[secrets]` through `gateway`: allowed CONNECTs to the hosts it binds are
+    /// terminated and re-encrypted by it, plain-HTTP requests get their placeholders swapped.
+    pub fn with_gateway(mut self, gateway: corral_gateway::Gateway) -> Self {
+        self.gateway = Some(gateway);
+        self
     }
 
     /// Use `resolver` instead of the system resolver (tests, a pinned resolver).
@@ -1060,7 +1071,18 @@ impl Proxy {
         {
             return;
         }
-        let (bytes_up, bytes_down) = self.splice(client, up).await;
+        // A secret-bound name (never an IP literal): the gateway terminates TLS and swaps the
+        // placeholder, over the connection dialled above to the checked address.
+        let (bytes_up, bytes_down) = match self.gateway.as_ref().filter(|g| g.binds(&host, port)) {
+            Some(gw) => {
+                let stream = corral_gateway::Prefixed::new(client.buf.to_vec(), client.io);
+                // Failures are in the audit log (the gateway writes them).
+                gw.intercept_over(stream, up, &host, port, address, peer)
+                    .await
+                    .map_or((0, 0), |s| (s.bytes_up, s.bytes_down))
+            }
+            None => self.splice(client, up).await,
+        };
         self.log_close(
             peer, "CONNECT", &shown, port, address, bytes_up, bytes_down, started,
         );
@@ -1245,7 +1267,26 @@ impl Proxy {
             (_, 80) => shown.clone(),
             _ => authority_string(&host, port),
         };
-        let head = http::serialize_request(&method, &path, &host_header, &req.headers, req.framing);
+        let mut headers = req.headers.clone();
+        if let Some(gw) = &self.gateway {
+            let mut fields: Vec<corral_gateway::Header> = headers
+                .iter()
+                .map(|h| corral_gateway::Header {
+                    name: h.name.clone(),
+                    value: h.value.clone(),
+                })
+                .collect();
+            if let Err(r) = gw.rewrite_plain_headers(&method, &path, &mut fields, &host, port, peer)
+            {
+                self.reply_and_close(&mut client.io, r.status, &format!("{}\n", r.message))
+                    .await;
+                return false;
+            }
+            for (h, f) in headers.iter_mut().zip(fields) {
+                h.value = f.value;
+            }
+        }
+        let head = http::serialize_request(&method, &path, &host_header, &headers, req.framing);
         let t = self.config.idle_timeout;
         let sent = async {
             up.conn.io.write_all(&head).await.map_err(BodyError::Dest)?;
