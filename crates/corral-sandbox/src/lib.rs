@@ -11,7 +11,7 @@
 //! [`spawn`] takes a [`Plan`](corral_policy::plan::Plan) and returns a [`RunningJail`] whose
 //! [`JailNet`] holds the listeners made inside the jail's network namespace; [`RunningJail::wait`]
 //! relays the terminal and signals and returns the command's exit code. The binary that calls
-//! `spawn` must call [`init_main`] when its first argument is [`INIT_ARG`] (corral's `main`
+//! `spawn` must call [`init_if_requested`] first thing in `main` (it takes over when the first argument is [`INIT_ARG`]; corral's `main`
 //! does).
 //!
 //! Invariants (see docs/ARCHITECTURE.md, "Native backend"): the jail dies with corral

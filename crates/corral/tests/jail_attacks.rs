@@ -187,7 +187,7 @@ fn cannot_see_or_signal_a_host_process_or_read_its_environment() {
     let _ = host.kill();
     let _ = host.wait();
     assert!(!out.stdout.contains("KILLED"), "{}", out.stdout);
-    assert!(!out.stdout.contains("sleep\0300"), "{}", out.stdout);
+    assert!(!out.stdout.contains("sleep\u{0}300"), "{}", out.stdout);
     assert!(
         !out.both().contains("HOSTENV-7d793037a076"),
         "{}",

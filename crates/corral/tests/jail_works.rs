@@ -200,10 +200,10 @@ fn processes_with(needle: &str) -> Vec<u32> {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
-            if String::from_utf8_lossy(&cmd).contains(needle) {
-                out.push(pid);
-            }
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmd).contains(needle)
+        {
+            out.push(pid);
         }
     }
     out

@@ -28,13 +28,13 @@ pub fn run_jail(
     req.flags = flags(opts);
     let plan = resolve(&req)?;
     let code = run_plan(&plan);
-    if plan.project.scratch {
-        if let Err(e) = std::fs::remove_dir_all(&plan.project.root) {
-            eprintln!(
-                "corral: cannot remove the scratch directory {}: {e}",
-                plan.project.root.display()
-            );
-        }
+    if plan.project.scratch
+        && let Err(e) = std::fs::remove_dir_all(&plan.project.root)
+    {
+        eprintln!(
+            "corral: cannot remove the scratch directory {}: {e}",
+            plan.project.root.display()
+        );
     }
     let code = code?;
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
@@ -83,6 +83,9 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     }
     let jail_id = corral_audit::new_jail_id();
     let audit = AuditLog::for_project(&plan.project.root).context("cannot open the audit log")?;
+    // [secrets]: placeholders and the gateway's CA in the jail; real values stay in corral.
+    let secrets = super::secrets::prepare(plan, &jail_id, &audit)?;
+    let plan = secrets.plan(plan);
 
     let limits = corral_sandbox::cgroup::setup(&jail_id, &plan.limits)?;
     for note in &limits.notes {
@@ -118,7 +121,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             return Err(e).context("cannot start the jail");
         }
     };
-    let proxy = serve_network(plan, &mut jail, &audit, &jail_id)?;
+    let proxy = serve_network(plan, &mut jail, &audit, &jail_id, secrets.gateway())?;
     let exit = jail.wait();
 
     if let Some(cg) = &limits.cgroup {
@@ -173,6 +176,7 @@ fn serve_network(
     jail: &mut corral_sandbox::RunningJail,
     audit: &AuditLog,
     jail_id: &str,
+    gateway: Option<corral_gateway::Gateway>,
 ) -> anyhow::Result<Option<corral_net::ProxyHandle>> {
     let net = jail.take_net();
     let mut listeners = Vec::new();
@@ -189,7 +193,11 @@ fn serve_network(
         return Ok(None);
     }
     let rules = corral_net::Rules::from_plan(&plan.network)?;
-    let proxy = Arc::new(corral_net::Proxy::new(rules, audit.clone(), jail_id));
+    let mut proxy = corral_net::Proxy::new(rules, audit.clone(), jail_id);
+    if let Some(gw) = gateway {
+        proxy = proxy.with_gateway(gw);
+    }
+    let proxy = Arc::new(proxy);
     Ok(Some(corral_net::spawn(proxy, listeners)?))
 }
 
