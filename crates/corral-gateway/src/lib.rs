@@ -176,10 +176,14 @@ pub struct JailTrust {
     /// Set in the jail: each secret's name with its placeholder, and the CA variables
     /// (`SSL_CERT_FILE`=B, `NODE_EXTRA_CA_CERTS`=C, `REQUESTS_CA_BUNDLE`=B, ...).
     pub env: BTreeMap<String, String>,
-    /// Read-only binds: the trust directory at its own path, and B over the system bundle
-    /// paths that exist on this host (`/etc/ssl/certs/ca-certificates.crt`, ...), so programs
-    /// reading the system store directly trust the run CA too.
+    /// Read-only bind of the trust directory at its own path (the files the variables name).
     pub mounts: Vec<Mount>,
+    /// Read-only binds of B over the system bundle paths that exist on this host
+    /// (`/etc/ssl/certs/ca-certificates.crt`, ...), so programs that read the system store
+    /// directly, ignoring the variables, trust the run CA too. A backend applies them after
+    /// the system directories; the native backend does not yet (it would need to bind over a
+    /// file inside a read-only bind), so `corral run` relies on the variables.
+    pub system_overlays: Vec<Mount>,
 }
 
 /// Why a request was refused, and what the client is told.
@@ -1139,15 +1143,16 @@ fn write_trust(
     ] {
         env.insert(k.to_string(), v.clone());
     }
-    let mut mounts = vec![Mount {
+    let mounts = vec![Mount {
         source: dir.to_path_buf(),
         target: dir.to_path_buf(),
         kind: MountKind::Bind(Access::Ro),
         optional: false,
     }];
+    let mut system_overlays = Vec::new();
     for p in SYSTEM_BUNDLES {
         if Path::new(p).is_file() {
-            mounts.push(Mount {
+            system_overlays.push(Mount {
                 source: bundle_file.clone(),
                 target: PathBuf::from(p),
                 kind: MountKind::Bind(Access::Ro),
@@ -1161,6 +1166,7 @@ fn write_trust(
         bundle_file,
         env,
         mounts,
+        system_overlays,
     })
 }
 

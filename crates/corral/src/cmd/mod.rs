@@ -19,6 +19,7 @@ pub mod log;
 pub mod plan;
 mod proxy;
 mod run;
+mod secrets;
 mod shell;
 
 /// A command whose capability has not landed yet: a clear error, never a fake success.
