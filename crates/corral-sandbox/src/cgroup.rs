@@ -521,10 +521,17 @@ fn try_v2(
         why.push("no cgroup v2 hierarchy mounted".into());
         return Ok(None);
     };
-    let Some(base) = own_dir(&h, &own_cgroups()) else {
+    let Some(mut base) = own_dir(&h, &own_cgroups()) else {
         why.push("this process's cgroup v2 path is not visible".into());
         return Ok(None);
     };
+    // Already moved into our leaf by an earlier jail of this process: its parent is the base.
+    let in_leaf = base
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("corral-self-"));
+    if let Some(parent) = base.parent().filter(|_| in_leaf) {
+        base = parent.to_path_buf();
+    }
     let available = fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
     let available: Vec<&str> = available.split_whitespace().collect();
     let needed: Vec<&str> = [
