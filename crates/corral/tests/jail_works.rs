@@ -226,3 +226,72 @@ fn descendants_gone(pid: u32) -> bool {
     }
     true
 }
+
+#[test]
+fn the_audit_log_records_start_and_exit() {
+    let w = World::new();
+    let mut c = w.corral();
+    c.args(["run", "--network", "none", "--", "sh", "-c", "exit 7"]);
+    let out = run(c);
+    assert_eq!(out.code, 7, "{}", out.both());
+    let mut lines = Vec::new();
+    let mut stack = vec![w.home.join(".local/state/corral")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "jsonl") {
+                lines.extend(
+                    std::fs::read_to_string(&p)
+                        .unwrap()
+                        .lines()
+                        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()),
+                );
+            }
+        }
+    }
+    let jail: Vec<_> = lines.iter().filter(|v| v["kind"] == "jail").collect();
+    let start = jail
+        .iter()
+        .find(|v| v["event"] == "start")
+        .expect("no start record");
+    let exit = jail
+        .iter()
+        .find(|v| v["event"] == "exit")
+        .expect("no exit record");
+    assert_eq!(start["jail"], exit["jail"]);
+    assert_eq!(exit["exit_code"], 7);
+    assert_eq!(
+        start["detail"]["project"]["root"],
+        serde_json::Value::String(w.project.display().to_string()),
+        "the start record carries the plan"
+    );
+}
+
+#[test]
+fn scratch_runs_in_a_temporary_directory_removed_afterwards() {
+    let w = World::new();
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--scratch",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "echo x > made && pwd && ls -A",
+    ]);
+    let out = run(c);
+    assert_eq!(out.code, 0, "{}", out.both());
+    let dir = out.stdout.lines().next().unwrap().to_string();
+    assert_ne!(dir, w.project.display().to_string());
+    assert!(
+        !out.stdout.contains("README"),
+        "the project is visible: {}",
+        out.stdout
+    );
+    assert!(!std::path::Path::new(&dir).exists(), "{dir} left behind");
+    assert!(!w.project.join("made").exists());
+}
