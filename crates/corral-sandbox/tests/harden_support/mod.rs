@@ -54,14 +54,21 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-/// A fresh directory that is not under /tmp (the jail's rules grant /tmp), removed on drop.
+/// A fresh directory that is not under /tmp (the jail's rules grant /tmp), removed on drop:
+/// under the target directory, else (not writable, e.g. a copied binary run by another user)
+/// under /var/tmp.
 pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    std::fs::create_dir_all(&base).unwrap();
-    tempfile::Builder::new()
-        .prefix(&unique(prefix))
-        .tempdir_in(base)
-        .unwrap()
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let make = |base: &Path| {
+        std::fs::create_dir_all(base).ok()?;
+        tempfile::Builder::new()
+            .prefix(&unique(prefix))
+            .tempdir_in(base)
+            .ok()
+    };
+    make(&target)
+        .or_else(|| make(Path::new("/var/tmp")))
+        .expect("no writable directory outside /tmp for test files (target dir or /var/tmp)")
 }
 
 pub fn is_root() -> bool {
