@@ -292,6 +292,10 @@ pub struct SkillArgs {
 pub enum GenerateCommand {
     /// Shell completions
     Completions { shell: clap_complete::Shell },
-    /// The man page (roff)
-    Man,
+    /// The man page (roff) on standard output; with --dir, one page per command written there
+    Man {
+        /// Write corral.1 and corral-COMMAND.1 for every command into DIR (e.g. ~/.local/share/man/man1)
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
