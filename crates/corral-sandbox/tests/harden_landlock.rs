@@ -3,6 +3,10 @@
 //! Without pivot_root the Plan's in-jail paths are host paths here: the project, a read-only
 //! bind and a secret all live under the target directory (not under /tmp, which the rules
 //! grant), so the test shows the rules themselves doing the work.
+//!
+//! Landlock restricts the calling thread (and what it starts), so the restricted part runs on
+//! a thread of its own and the test's main thread removes the temporary directories after it:
+//! the restricted thread may not.
 
 mod harden_support;
 
@@ -14,6 +18,15 @@ use std::process::Command;
 use corral_policy::plan::{Access, Mount, MountKind, Plan};
 use corral_sandbox::landlock::{self, Enforcement};
 use harden_support::{isolated, scratch_dir};
+
+/// Run `f` on a thread of its own (the one Landlock restricts) and wait for it.
+fn restricted(f: impl FnOnce() + Send) {
+    std::thread::scope(|s| {
+        if let Err(panic) = s.spawn(f).join() {
+            std::panic::resume_unwind(panic);
+        }
+    });
+}
 
 #[test]
 fn landlock_confines_reads_and_writes_to_the_plan() {
@@ -40,66 +53,68 @@ fn landlock_confines_reads_and_writes_to_the_plan() {
             kind: MountKind::Bind(Access::Ro),
             optional: false,
         });
-        let status = landlock::restrict(&plan).expect("landlock::restrict");
-        assert_ne!(status.enforcement, Enforcement::None, "{status:?}");
+        restricted(|| {
+            let status = landlock::restrict(&plan).expect("landlock::restrict");
+            assert_ne!(status.enforcement, Enforcement::None, "{status:?}");
 
-        // Reading outside the Plan fails, directly and through a child process.
-        let e = std::fs::read_to_string(&secret).unwrap_err();
-        assert_eq!(
-            e.kind(),
-            ErrorKind::PermissionDenied,
-            "reading {}",
-            secret.display()
-        );
-        let e = std::fs::read_dir(outside.path()).unwrap_err();
-        assert_eq!(
-            e.kind(),
-            ErrorKind::PermissionDenied,
-            "listing {}",
-            outside.path().display()
-        );
-        let out = Command::new("cat").arg(&secret).output().unwrap();
-        assert!(
-            !out.status.success() && out.stdout.is_empty(),
-            "cat of the secret worked"
-        );
-        // Writing outside fails too.
-        let e = std::fs::write(outside.path().join("new"), "x").unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::PermissionDenied);
-        assert!(!outside.path().join("new").exists());
+            // Reading outside the Plan fails, directly and through a child process.
+            let e = std::fs::read_to_string(&secret).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                ErrorKind::PermissionDenied,
+                "reading {}",
+                secret.display()
+            );
+            let e = std::fs::read_dir(outside.path()).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                ErrorKind::PermissionDenied,
+                "listing {}",
+                outside.path().display()
+            );
+            let out = Command::new("cat").arg(&secret).output().unwrap();
+            assert!(
+                !out.status.success() && out.stdout.is_empty(),
+                "cat of the secret worked"
+            );
+            // Writing outside fails too.
+            let e = std::fs::write(outside.path().join("new"), "x").unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::PermissionDenied);
+            assert!(!outside.path().join("new").exists());
 
-        // The read-only bind reads but does not write.
-        assert_eq!(
-            std::fs::read_to_string(ro.path().join("config")).unwrap(),
-            "read me"
-        );
-        let e = std::fs::write(ro.path().join("config"), "changed").unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::PermissionDenied);
-        let e = std::fs::write(ro.path().join("new"), "x").unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::PermissionDenied);
-        // System directories are read-only.
-        assert!(std::fs::read_to_string("/etc/passwd").is_ok());
-        let e = std::fs::write("/usr/corral-landlock-probe", "x").unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::PermissionDenied);
+            // The read-only bind reads but does not write.
+            assert_eq!(
+                std::fs::read_to_string(ro.path().join("config")).unwrap(),
+                "read me"
+            );
+            let e = std::fs::write(ro.path().join("config"), "changed").unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::PermissionDenied);
+            let e = std::fs::write(ro.path().join("new"), "x").unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::PermissionDenied);
+            // System directories are read-only.
+            assert!(std::fs::read_to_string("/etc/passwd").is_ok());
+            let e = std::fs::write("/usr/corral-landlock-probe", "x").unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::PermissionDenied);
 
-        // The project, home and /tmp are read-write; programs still run.
-        std::fs::write(project.path().join("new.rs"), "// new").unwrap();
-        std::fs::create_dir(project.path().join("sub")).unwrap();
-        std::fs::rename(
-            project.path().join("new.rs"),
-            project.path().join("sub/new.rs"),
-        )
-        .unwrap();
-        std::fs::write(home.path().join(".bashrc"), "").unwrap();
-        let t = tempfile::NamedTempFile::new_in("/tmp").unwrap();
-        drop(t);
-        let out = Command::new("sh")
-            .args(["-c", "cat main.rs && ls sub"])
-            .current_dir(project.path())
-            .output()
+            // The project, home and /tmp are read-write; programs still run.
+            std::fs::write(project.path().join("new.rs"), "// new").unwrap();
+            std::fs::create_dir(project.path().join("sub")).unwrap();
+            std::fs::rename(
+                project.path().join("new.rs"),
+                project.path().join("sub/new.rs"),
+            )
             .unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "fn main() {}new.rs\n");
-        eprintln!("landlock status: {status:?}");
+            std::fs::write(home.path().join(".bashrc"), "").unwrap();
+            let t = tempfile::NamedTempFile::new_in("/tmp").unwrap();
+            drop(t);
+            let out = Command::new("sh")
+                .args(["-c", "cat main.rs && ls sub"])
+                .current_dir(project.path())
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "fn main() {}new.rs\n");
+            eprintln!("landlock status: {status:?}");
+        });
     });
 }
 
@@ -128,29 +143,31 @@ fn landlock_scopes_signals_and_abstract_sockets() {
 
         let home = scratch_dir("home");
         let plan = Plan::minimal(&PathBuf::from("/nonexistent-project"), home.path(), vec![]);
-        let status = landlock::restrict(&plan).expect("landlock::restrict");
-        assert!(status.scoped, "{status:?}");
+        restricted(|| {
+            let status = landlock::restrict(&plan).expect("landlock::restrict");
+            assert!(status.scoped, "{status:?}");
 
-        let e = nix::sys::signal::kill(opid, nix::sys::signal::Signal::SIGTERM).unwrap_err();
-        assert_eq!(
-            e,
-            nix::errno::Errno::EPERM,
-            "signalling a process outside the jail"
-        );
-        let e = UnixStream::connect_addr(&addr).unwrap_err();
-        assert_eq!(
-            e.raw_os_error(),
-            Some(libc::EPERM),
-            "connecting to an outside abstract socket"
-        );
-        // Our own children are inside the domain: signalling them works.
-        let mut inner = Command::new("sleep").arg("30").spawn().unwrap();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(inner.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .expect("signalling a process inside the domain");
-        inner.wait().unwrap();
+            let e = nix::sys::signal::kill(opid, nix::sys::signal::Signal::SIGTERM).unwrap_err();
+            assert_eq!(
+                e,
+                nix::errno::Errno::EPERM,
+                "signalling a process outside the jail"
+            );
+            let e = UnixStream::connect_addr(&addr).unwrap_err();
+            assert_eq!(
+                e.raw_os_error(),
+                Some(libc::EPERM),
+                "connecting to an outside abstract socket"
+            );
+            // Our own children are inside the domain: signalling them works.
+            let mut inner = Command::new("sleep").arg("30").spawn().unwrap();
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(inner.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .expect("signalling a process inside the domain");
+            inner.wait().unwrap();
+        });
         drop(listener);
         drop(outsider.stdin.take());
         outsider.wait().unwrap();
