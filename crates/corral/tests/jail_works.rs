@@ -295,3 +295,146 @@ fn scratch_runs_in_a_temporary_directory_removed_afterwards() {
     assert!(!std::path::Path::new(&dir).exists(), "{dir} left behind");
     assert!(!w.project.join("made").exists());
 }
+
+#[test]
+fn ctrl_c_reaches_the_tui_and_the_terminal_is_restored() {
+    use nix::sys::termios::{LocalFlags, tcgetattr};
+    let w = World::new();
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "python3",
+        "-c",
+        "import time\ntry:\n    print('READY', flush=True)\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    print('GOT-SIGINT', flush=True)\n",
+    ]);
+    let (mut master, slave, mut child) = under_pty(c, 24, 80);
+    let before = tcgetattr(&slave).unwrap();
+    assert!(before.local_flags.contains(LocalFlags::ICANON));
+    let first = read_until(&mut master, "READY", &mut child);
+    assert!(first.contains("READY"), "{first}");
+    // While the jail runs, the outer terminal is raw: ^C is a byte for the jail's own pty.
+    let during = tcgetattr(&slave).unwrap();
+    assert!(
+        !during.local_flags.contains(LocalFlags::ICANON),
+        "not in raw mode"
+    );
+    master.write_all(b"\x03").unwrap();
+    let rest = read_until(&mut master, "GOT-SIGINT", &mut child);
+    let status = child.wait().unwrap();
+    assert!(rest.contains("GOT-SIGINT"), "{status:?}: {rest}");
+    assert_eq!(status.code(), Some(0));
+    let after = tcgetattr(&slave).unwrap();
+    assert_eq!(
+        after.local_flags, before.local_flags,
+        "terminal not restored"
+    );
+}
+
+#[test]
+fn without_a_terminal_on_stdin_the_jail_gets_no_terminal_at_all() {
+    let w = World::new();
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "python3",
+        "-c",
+        r#"
+import os
+print("ISATTY", [os.isatty(fd) for fd in (0, 1, 2)])
+try:
+    os.open("/dev/tty", os.O_RDWR)
+    print("CTTY-OPEN")
+except OSError as e:
+    print("no ctty:", e.strerror)
+print("END", flush=True)
+"#,
+    ])
+    .stdin(std::process::Stdio::null());
+    // stdout and stderr are a terminal of the test's; stdin is not.
+    let ws = nix::pty::Winsize {
+        ws_row: 24,
+        ws_col: 80,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&ws), None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    c.stdout(std::process::Stdio::from(slave.try_clone().unwrap()))
+        .stderr(std::process::Stdio::from(slave.try_clone().unwrap()));
+    let mut child = c.spawn().unwrap();
+    let mut master = std::fs::File::from(pty.master);
+    let out = read_until(&mut master, "END", &mut child);
+    child.wait().unwrap();
+    assert!(out.contains("ISATTY [False, False, False]"), "{out}");
+    assert!(!out.contains("CTTY-OPEN"), "{out}");
+}
+
+#[test]
+fn sigterm_to_corral_reaches_the_command() {
+    let w = World::new();
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "trap 'echo GOT-TERM; exit 5' TERM; echo READY; sleep 60 & wait",
+    ])
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("READY") {
+        let n = std::io::Read::read(&mut stdout, &mut buf).unwrap();
+        assert!(n > 0, "the jail ended before READY");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    std::io::Read::read_to_end(&mut stdout, &mut seen).unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        String::from_utf8_lossy(&seen).contains("GOT-TERM"),
+        "{seen:?}"
+    );
+    assert_eq!(status.code(), Some(5));
+}
+
+#[test]
+fn pid_one_reaps_orphans() {
+    let w = World::new();
+    let out = w.sh(
+        "none",
+        "( sleep 0.2 & ) ; sleep 1; \
+         for s in /proc/[0-9]*/stat; do read -r line < $s 2>/dev/null && echo \"$line\"; done; echo END",
+    );
+    ran(&out, "END");
+    let zombies: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| {
+            l.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+        .collect();
+    assert!(zombies.is_empty(), "zombies in the jail: {zombies:?}");
+    assert!(
+        out.stdout.lines().any(|l| l.starts_with("1 (")),
+        "no PID 1 in the jail's /proc"
+    );
+}
