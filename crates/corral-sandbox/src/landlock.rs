@@ -92,6 +92,23 @@ pub fn kernel_abi() -> Option<u32> {
     (v > 0).then_some(v as u32)
 }
 
+/// What [`restrict`] will achieve on this kernel, without restricting anything: for the parent
+/// (which cannot see the child's result) to report in the run's start line and audit record.
+pub fn expected() -> LandlockStatus {
+    let kernel_abi = kernel_abi();
+    let enforcement = match kernel_abi {
+        None => Enforcement::None,
+        Some(v) if v >= 6 => Enforcement::Full,
+        Some(_) => Enforcement::Partial,
+    };
+    LandlockStatus {
+        kernel_abi,
+        enforcement,
+        scoped: kernel_abi.is_some_and(|v| v >= 6),
+        skipped: Vec::new(),
+    }
+}
+
 /// One rule: a path and the rights beneath it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {

@@ -56,6 +56,12 @@ fn landlock_confines_reads_and_writes_to_the_plan() {
         restricted(|| {
             let status = landlock::restrict(&plan).expect("landlock::restrict");
             assert_ne!(status.enforcement, Enforcement::None, "{status:?}");
+            // What the parent predicts is what the child got.
+            let expected = landlock::expected();
+            assert_eq!(
+                (expected.kernel_abi, expected.enforcement, expected.scoped),
+                (status.kernel_abi, status.enforcement, status.scoped)
+            );
 
             // Reading outside the Plan fails, directly and through a child process.
             let e = std::fs::read_to_string(&secret).unwrap_err();
