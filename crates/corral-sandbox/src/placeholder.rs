@@ -41,6 +41,16 @@ impl Placeholder {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(JailError::at("open the policy file", path, e)),
                 },
+                // The caller cannot create it, so neither can the jail (same uid, no
+                // capabilities): nothing to hold.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EACCES | libc::EPERM | libc::EROFS)
+                    ) =>
+                {
+                    return Ok(None);
+                }
                 Err(e) => {
                     return Err(JailError::at(
                         "create an empty policy file so it can be made read-only",
