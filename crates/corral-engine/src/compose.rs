@@ -16,7 +16,7 @@ use corral_policy::plan::{Limits, Plan};
 use serde::Serialize;
 use serde_yaml_ng::{Mapping, Value};
 
-use crate::argv::{CONTAINER_AUDIT_DIR, CONTAINER_AUDIT_LOG, STOP_TIMEOUT, proxy_env};
+use crate::argv::{STOP_TIMEOUT, proxy_env};
 use crate::names::EXECUTOR_PORT;
 use crate::{Command, Context, EngineError, EngineKind, Result};
 
@@ -24,12 +24,15 @@ use crate::{Command, Context, EngineError, EngineKind, Result};
 pub const OVERRIDE_FILE: &str = "docker-compose.override.yml";
 /// The service's name in it.
 pub const SERVICE: &str = "executor";
+/// The executor's own audit log, on its private tmpfs.
+pub const EXECUTOR_AUDIT_LOG: &str = "/tmp/corral-executor-audit.jsonl";
 /// Where the service sees the corral binary volume.
 pub const BIN_DIR: &str = "/opt/corral";
 
 #[derive(Debug, Serialize)]
 struct Service {
     build: String,
+    labels: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     userns_mode: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -86,18 +89,26 @@ pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
         EngineKind::Docker => ("rw", "ro"),
     };
     let environment = proxy_env(&format!("localhost,127.0.0.1,::1,{}", names.executor_alias));
+    // The project, then what the plan protects inside it (the policy file, .git/hooks, ...)
+    // read-only over it: the agent's commands run here and must not widen the next run's policy.
+    let mut volumes = vec![
+        format!("{root}:{root}:{project_opts}"),
+        format!("{}:{BIN_DIR}:{bin_opts}", names.bin_volume),
+    ];
+    let ro = match ctx.engine {
+        EngineKind::Podman => "z,ro",
+        EngineKind::Docker => "ro",
+    };
+    for p in plan.protected.iter().filter(|p| p.exists()) {
+        volumes.push(format!("{0}:{0}:{ro}", p.display()));
+    }
     let service = Service {
         build: ".".into(),
+        // `corral down` removes what carries the project's label.
+        labels: vec![names.label()],
         userns_mode,
         user,
-        volumes: vec![
-            format!("{root}:{root}:{project_opts}"),
-            format!("{}:{BIN_DIR}:{bin_opts}", names.bin_volume),
-            format!(
-                "{}:{CONTAINER_AUDIT_DIR}:{project_opts}",
-                ctx.audit_dir.display()
-            ),
-        ],
+        volumes,
         working_dir: root.clone(),
         command: vec![
             format!("{BIN_DIR}/corral"),
@@ -107,8 +118,10 @@ pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
             format!("0.0.0.0:{EXECUTOR_PORT}"),
             "--root".into(),
             root,
+            // The project's audit log is not mounted here: the agent's commands run in this
+            // container and could forge or truncate it. The executor's records stay inside.
             "--audit-log".into(),
-            CONTAINER_AUDIT_LOG.into(),
+            EXECUTOR_AUDIT_LOG.into(),
         ],
         cap_drop: vec!["ALL".into()],
         security_opt: vec!["no-new-privileges:true".into()],
@@ -234,21 +247,36 @@ pub fn tar_one_file(name: &str, data: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The commands that put `bin` into the binary volume as `corral`. podman imports a tarball
+/// The binary volume, created unless it exists.
+pub fn volume_step(ctx: &Context, plan: &Plan) -> crate::Step {
+    let vol = ctx.names(plan).bin_volume;
+    let p = ctx.engine.program();
+    crate::Step::Ensure {
+        what: format!("volume {vol}"),
+        check: match ctx.engine {
+            EngineKind::Podman => Command::new(p).args(["volume", "exists", &vol]),
+            EngineKind::Docker => Command::new(p).args(["volume", "inspect", &vol]),
+        },
+        create: vec![Command::new(p).args(["volume", "create", &vol])],
+    }
+}
+
+/// The commands that put `bin` into the binary volume (see [`volume_step`]) as `corral`. podman imports a tarball
 /// (`tarball` must hold [`tar_one_file`] of the binary); docker copies through a created, never
 /// started, container of `image`.
 pub fn install_binary(ctx: &Context, plan: &Plan, tarball: &Path, image: &str) -> Vec<Command> {
     let names = ctx.names(plan);
     let vol = names.bin_volume.as_str();
     match ctx.engine {
-        EngineKind::Podman => vec![
-            Command::new("podman").args(["volume", "create", "--ignore", vol]),
-            Command::new("podman").args(["volume", "import", vol, &tarball.display().to_string()]),
-        ],
+        EngineKind::Podman => vec![Command::new("podman").args([
+            "volume",
+            "import",
+            vol,
+            &tarball.display().to_string(),
+        ])],
         EngineKind::Docker => {
             let tmp = format!("{}-install-{}", names.bin_volume, ctx.jail_id);
             vec![
-                Command::new("docker").args(["volume", "create", vol]),
                 Command::new("docker").args([
                     "container",
                     "create",

@@ -104,9 +104,10 @@ pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Co
     Ok(Context {
         engine,
         rootless: rootless && engine == EngineKind::Podman,
+        // Not under the audit directory: that one is mounted writable into the proxy.
         state_dir: state
-            .join(corral_audit::project_key(&plan.project.root))
-            .join("engine"),
+            .join("engine")
+            .join(corral_audit::project_key(&plan.project.root)),
         audit_dir,
         corral_bin: corral_bin()?,
         jail_id: jail_id.to_string(),
@@ -138,24 +139,38 @@ pub fn prepare_host(plan: &Plan, ctx: &Context) -> Result<bool> {
     if plan.network.mode != NetworkMode::Proxy {
         return Ok(false);
     }
-    fs::create_dir_all(&ctx.audit_dir).map_err(io(&ctx.audit_dir))?;
-    if plan.uid == 0 {
-        // The proxy runs as nobody when the caller is root: let it append to the log.
-        let log = ctx.audit_dir.join("audit.jsonl");
-        if !log.exists() {
-            fs::write(&log, b"").map_err(io(&log))?;
-        }
-        let (u, g) = PROXY_FALLBACK_USER.split_once(':').expect("uid:gid");
-        let (u, g): (u32, u32) = (u.parse().expect("uid"), g.parse().expect("gid"));
-        for p in [&ctx.audit_dir, &log] {
-            std::os::unix::fs::chown(p, Some(u), Some(g)).map_err(io(p))?;
-        }
-    }
+    prepare_audit_dir(plan, ctx)?;
     let dir = ctx.proxy_dir();
     let changed = proxy_policy::write(&dir, &plan.network)?;
     // The engine user (nobody, or a keep-id uid) must read it.
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(io(&dir))?;
     Ok(changed)
+}
+
+/// The project's audit directory, shared with the proxy and executor containers. When the
+/// caller is root, the proxy runs as nobody and the executor as root without capabilities (so
+/// without CAP_DAC_OVERRIDE): the directory and log are owned by root with group nobody,
+/// group-writable, so both can append and neither needs a capability.
+pub fn prepare_audit_dir(plan: &Plan, ctx: &Context) -> Result<()> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| EngineError::Io { path, source }
+    };
+    fs::create_dir_all(&ctx.audit_dir).map_err(io(&ctx.audit_dir))?;
+    if plan.uid != 0 {
+        return Ok(());
+    }
+    let log = ctx.audit_dir.join("audit.jsonl");
+    if !log.exists() {
+        fs::write(&log, b"").map_err(io(&log))?;
+    }
+    let (_, g) = PROXY_FALLBACK_USER.split_once(':').expect("uid:gid");
+    let g: u32 = g.parse().expect("gid");
+    for (p, mode) in [(&ctx.audit_dir, 0o770), (&log, 0o660)] {
+        std::os::unix::fs::chown(p, Some(0), Some(g)).map_err(io(p))?;
+        fs::set_permissions(p, fs::Permissions::from_mode(mode)).map_err(io(p))?;
+    }
+    Ok(())
 }
 
 /// Run a command to completion, capturing its output; an error names the command and quotes

@@ -55,11 +55,12 @@ networks:
 services:
   executor:
     build: .
+    labels:
+    - corral.project={key}
     userns_mode: keep-id
     volumes:
     - /src/test-project:/src/test-project:z
     - corral-bin:/opt/corral:z,ro
-    - /s/log:/var/log/corral:z
     working_dir: /src/test-project
     command:
     - /opt/corral/corral
@@ -70,7 +71,7 @@ services:
     - --root
     - /src/test-project
     - --audit-log
-    - /var/log/corral/audit.jsonl
+    - /tmp/corral-executor-audit.jsonl
     cap_drop:
     - ALL
     security_opt:
@@ -96,6 +97,37 @@ services:
         - {alias}
 "#
         )
+    );
+}
+
+#[test]
+fn protected_paths_are_read_only_in_the_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("p");
+    std::fs::create_dir_all(root.join(".git/hooks")).unwrap();
+    std::fs::write(root.join("corral.toml"), "").unwrap();
+    let mut p = Plan::minimal(&root, Path::new("/home/u"), vec![]);
+    p.protected = vec![
+        root.join("corral.toml"),
+        root.join(".git/hooks"),
+        root.join(".git/config"),
+    ];
+    let v = executor_service(&p, &ctx(EngineKind::Podman, true));
+    let r = root.display();
+    let vols: Vec<&str> = v["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        vols,
+        vec![
+            format!("{r}:{r}:z"),
+            "corral-bin:/opt/corral:z,ro".to_string(),
+            format!("{r}/corral.toml:{r}/corral.toml:z,ro"),
+            format!("{r}/.git/hooks:{r}/.git/hooks:z,ro"),
+        ]
     );
 }
 
@@ -170,6 +202,19 @@ fn tarball_extracts_with_tar() {
 }
 
 #[test]
+fn volume_step_whole() {
+    let p = plan();
+    assert_eq!(
+        volume_step(&ctx(EngineKind::Podman, true), &p),
+        crate::Step::Ensure {
+            what: "volume corral-bin".into(),
+            check: Command::new("podman").args(["volume", "exists", "corral-bin"]),
+            create: vec![Command::new("podman").args(["volume", "create", "corral-bin"])],
+        }
+    );
+}
+
+#[test]
 fn install_argv_whole() {
     let p = plan();
     let c = ctx(EngineKind::Podman, true);
@@ -179,10 +224,13 @@ fn install_argv_whole() {
         .collect();
     assert_eq!(
         cmds,
-        vec![
-            vec!["podman", "volume", "create", "--ignore", "corral-bin"],
-            vec!["podman", "volume", "import", "corral-bin", "/s/bin.tar"],
-        ]
+        vec![vec![
+            "podman",
+            "volume",
+            "import",
+            "corral-bin",
+            "/s/bin.tar"
+        ]]
     );
     let c = ctx(EngineKind::Docker, false);
     let cmds: Vec<Vec<String>> = install_binary(&c, &p, Path::new("/s/bin.tar"), "img")
@@ -192,7 +240,6 @@ fn install_argv_whole() {
     assert_eq!(
         cmds,
         vec![
-            vec!["docker", "volume", "create", "corral-bin"],
             vec![
                 "docker",
                 "container",

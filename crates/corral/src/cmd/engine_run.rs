@@ -142,6 +142,7 @@ pub fn init_compose(plan: &Plan) -> anyhow::Result<PathBuf> {
     let jail_id = corral_audit::new_jail_id();
     let ctx = context(kind, plan, &jail_id)?;
     let path = corral_engine::compose::write_override(plan, &ctx)?;
+    runner::prepare_audit_dir(plan, &ctx)?;
     // The networks the service joins (declared external in the file).
     let mut net_plan = plan.clone();
     net_plan.network.mode = corral_policy::plan::NetworkMode::Proxy;
@@ -153,13 +154,16 @@ pub fn init_compose(plan: &Plan) -> anyhow::Result<PathBuf> {
     }
     let setup = corral_engine::setup(&net_plan, &ctx)?;
     let names = ctx.names(plan);
-    let only_networks = corral_engine::Setup {
+    let mut only_networks = corral_engine::Setup {
         steps: setup
             .steps
             .into_iter()
             .filter(|s| matches!(s, corral_engine::Step::Ensure { what, .. } if what.contains("network")))
             .collect(),
     };
+    only_networks
+        .steps
+        .push(corral_engine::compose::volume_step(&ctx, plan));
     runner::ensure(&only_networks, &ctx, false, &names)?;
     // The binary, into its volume.
     let data = std::fs::read(&ctx.corral_bin)
