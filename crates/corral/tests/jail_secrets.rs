@@ -1,0 +1,254 @@
+//! `[secrets]` for real: a jailed shell sees only the placeholder (in `env`, in
+//! /proc/self/environ, in every process's environ it can read), curl inside the jail reaches a
+//! TLS mock upstream through corral's proxy and the credential gateway, and the mock receives the
+//! real value in Authorization, never the placeholder. The audit log names the secret, never its
+//! value.
+
+mod jail_support;
+
+use std::io::{BufRead, BufReader};
+use std::net::ToSocketAddrs;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use jail_support::*;
+
+const REAL: &str = "sk-test-REALkeyREALkeyREALkey0123456789abc";
+const REAL_PART: &str = "REALkeyREALkey";
+
+/// The host name of this machine when it resolves to loopback only (Debian's /etc/hosts maps it
+/// to 127.0.1.1): the proxy resolves it itself, and NO_PROXY (localhost) does not apply to it.
+fn loopback_name() -> Option<String> {
+    let out = Command::new("hostname").output().ok()?;
+    let name = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if name.is_empty() || name == "localhost" {
+        return None;
+    }
+    let addrs: Vec<_> = (name.as_str(), 443).to_socket_addrs().ok()?.collect();
+    (!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())).then_some(name)
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let st = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl");
+    assert!(st.success(), "openssl {args:?}");
+}
+
+struct Mock {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TLS server for `host` with its own test CA (`dir/ca.pem`) on 127.0.0.1, appending each
+/// request's headers as a JSON line to `dir/seen.jsonl`.
+fn mock(dir: &Path, host: &str) -> Mock {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=corral test CA",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "leaf.key",
+            "-out",
+            "leaf.csr",
+            "-subj",
+            &format!("/CN={host}"),
+        ],
+    );
+    write(&dir.join("ext"), &format!("subjectAltName=DNS:{host}\n"));
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "leaf.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext",
+        ],
+    );
+    write(
+        &dir.join("mock.py"),
+        r#"import http.server, ssl, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        with open("seen.jsonl", "a") as f:
+            f.write(json.dumps({"path": self.path, "headers": dict(self.headers)}) + "\n")
+        b = b"mock-ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+c.load_cert_chain("leaf.pem", "leaf.key")
+s.socket = c.wrap_socket(s.socket, server_side=True)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#,
+    );
+    let mut child = Command::new("python3")
+        .arg("mock.py")
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().parse().expect("mock port");
+    Mock { child, port }
+}
+
+#[test]
+fn jail_sees_a_placeholder_and_the_upstream_gets_the_real_key() {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    if Command::new("openssl").arg("version").output().is_err()
+        || Command::new("curl").arg("--version").output().is_err()
+    {
+        eprintln!("skipping: openssl or curl missing");
+        return;
+    }
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    let m = mock(&mdir, &host);
+    let port = m.port;
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [secrets]\nMY_API_KEY = {{ from_env = \"CALLER_REAL_KEY\", hosts = [\"{host}\"] }}\n"
+        ),
+    );
+    // The script never spells the real value (its text is in the audit log's start record):
+    // the pattern is assembled at run time.
+    let half = &REAL_PART[..REAL_PART.len() / 2];
+    let script = format!(
+        "A={half}; PAT=$A$A; echo PH=$MY_API_KEY; \
+         if env | grep -q $PAT; then echo ENV-LEAK; else echo ENV-CLEAN; fi; \
+         if grep -q $PAT /proc/self/environ; then echo PROC-LEAK; else echo PROC-CLEAN; fi; \
+         if cat /proc/[0-9]*/environ 2>/dev/null | grep -q $PAT; then echo ALLPROC-LEAK; else echo ALLPROC-CLEAN; fi; \
+         if grep -rqs $PAT \"$(dirname \"$SSL_CERT_FILE\")\" /tmp $HOME; then echo FILE-LEAK; else echo FILE-CLEAN; fi; \
+         echo BODY=$(curl -sS https://{host}:{port}/jailed -H \"Authorization: Bearer $MY_API_KEY\"); \
+         echo MISDIRECTED=$(curl -s -o /dev/null -w '%{{http_code}}' https://{host}:{port}/spoof -H 'Host: evil.example' -H \"x-api-key: $MY_API_KEY\"); \
+         echo END"
+    );
+    let mut c = w.corral();
+    c.env("CALLER_REAL_KEY", REAL)
+        // The gateway verifies the real host with the system store; the mock's test CA is
+        // added the way a corporate CA would be.
+        .env("SSL_CERT_FILE", mdir.join("ca.pem"))
+        .args(["run", "--network", "proxy", "--", "sh", "-c", &script]);
+    let out = run(c);
+    ran(&out, "END");
+    let stdout = &out.stdout;
+    assert!(
+        !out.both().contains(REAL_PART),
+        "real value printed:\n{}",
+        out.both()
+    );
+    let ph = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("PH="))
+        .expect("placeholder line")
+        .to_string();
+    assert!(ph.starts_with("sk-test-") && ph.len() == REAL.len(), "{ph}");
+    for clean in ["ENV-CLEAN", "PROC-CLEAN", "ALLPROC-CLEAN", "FILE-CLEAN"] {
+        assert!(stdout.contains(clean), "{clean} missing:\n{}", out.both());
+    }
+    assert!(stdout.contains("BODY=mock-ok"), "{}", out.both());
+    assert!(stdout.contains("MISDIRECTED=421"), "{}", out.both());
+
+    let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap_or_default();
+    assert!(seen.contains(&format!("Bearer {REAL}")), "mock saw: {seen}");
+    assert!(
+        !seen.contains(&ph),
+        "the placeholder reached the upstream: {seen}"
+    );
+    assert!(
+        !seen.contains("/spoof"),
+        "a misdirected request reached the upstream: {seen}"
+    );
+
+    // The audit log names the secret and the rule, never the value.
+    let state = w.home.join(".local/state/corral");
+    let mut logs = String::new();
+    for e in walk(&state) {
+        logs.push_str(&std::fs::read_to_string(e).unwrap_or_default());
+    }
+    assert!(!logs.contains(REAL_PART), "real value in the audit log");
+    assert!(
+        logs.contains("\"secret\":\"MY_API_KEY\"") && logs.contains("injected into authorization"),
+        "no gateway record in the audit log:\n{logs}"
+    );
+    assert!(logs.contains("does not match the destination"), "{logs}");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
