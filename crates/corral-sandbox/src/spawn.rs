@@ -67,6 +67,8 @@ pub struct RunningJail {
     io: Io,
     signals: SignalPipe,
     _placeholder: Option<Placeholder>,
+    /// Set once `wait` has reaped the set-up process.
+    reaped: bool,
 }
 
 /// How a jail ended.
@@ -185,6 +187,7 @@ pub fn spawn(plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError>
         io,
         signals,
         _placeholder: placeholder,
+        reaped: false,
     };
 
     let config = InitConfig {
@@ -279,7 +282,20 @@ impl RunningJail {
             }
         };
         self.signals.restore_defaults();
+        self.reaped = true;
         JailExit { code }
+    }
+}
+
+impl Drop for RunningJail {
+    /// A jail that is dropped without `wait` (an error between spawn and wait) is killed and
+    /// reaped, never left running.
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = nix::sys::signal::kill(self.pid, Signal::SIGKILL);
+            let _ = waitpid(self.pid, None);
+            self.signals.restore_defaults();
+        }
     }
 }
 
