@@ -18,10 +18,10 @@ need=()
 for bin in podman runc netavark debootstrap; do
     command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/lib/podman/$bin" ] || need+=("$bin")
 done
-if [ ${#need[@]} -gt 0 ] || ! dpkg -s aardvark-dns >/dev/null 2>&1; then
-    echo "ci/podman-setup.sh: installing podman runc netavark aardvark-dns debootstrap"
+if [ ${#need[@]} -gt 0 ] || ! dpkg -s aardvark-dns python3-venv >/dev/null 2>&1; then
+    echo "ci/podman-setup.sh: installing podman runc netavark aardvark-dns debootstrap python3-venv"
     apt-get install -y -qq --no-install-recommends \
-        podman runc netavark aardvark-dns debootstrap uidmap >/dev/null
+        podman runc netavark aardvark-dns debootstrap uidmap python3-venv >/dev/null
 fi
 
 # This machine's cgroups are hybrid v1 (crun refuses them) and its default ulimits cannot be
@@ -47,6 +47,15 @@ events_logger = "file"
 [network]
 network_backend = "netavark"
 CONF
+
+# podman-compose from PyPI: Debian 12's 1.0.3 rejects a service's `networks:` mapping with
+# aliases (seed 003's shape). In a venv, so nothing of the system's Python changes.
+venv=${CORRAL_CI_VENV:-/opt/corral-ci-venv}
+if ! [ -x "$venv/bin/podman-compose" ]; then
+    echo "ci/podman-setup.sh: installing podman-compose into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q 'podman-compose==1.6.0'
+fi
 
 key=$(printf '%s\n' "$suite" "$packages" "$mirror" v1 | sha256sum | cut -c1-16)
 tarball="$cache/rootfs-$key.tar"

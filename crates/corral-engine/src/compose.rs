@@ -193,6 +193,11 @@ pub fn merge(existing: Option<&str>, file: &Path, plan: &Plan, ctx: &Context) ->
     section(&mut top, "volumes", file)?.insert(names.bin_volume.clone().into(), external());
     section(&mut top, "networks", file)?.insert(names.internal_network.clone().into(), external());
     section(&mut top, "services", file)?.insert(SERVICE.into(), executor_service(plan, ctx));
+    if ctx.engine == EngineKind::Podman {
+        // podman-compose would otherwise wrap the service in a pod that `corral down` (which
+        // removes what carries the project's label) cannot see; docker compose ignores `x-` keys.
+        section(&mut top, "x-podman", file)?.insert("in_pod".into(), Value::Bool(false));
+    }
     let body = serde_yaml_ng::to_string(&Value::Mapping(top))
         .map_err(|e| EngineError::Compose(format!("{}: {e}", file.display())))?;
     Ok(body)

@@ -95,6 +95,8 @@ services:
       corral-{key}-internal:
         aliases:
         - {alias}
+x-podman:
+  in_pod: false
 "#
         )
     );

@@ -1,0 +1,429 @@
+//! The podman backend for real: a harness container built from the plan, corral's proxy in its
+//! own container, the compose executor, and `corral down`.
+//!
+//! Needs root, podman (runc, cgroupfs, netavark) and the image `localhost/corral-ci-harness:latest`
+//! (a Debian minbase rootfs with bash, curl and python3), all set up by `ci/podman-setup.sh`,
+//! which `.ci/run` calls. Origins are containers the test starts on its own network; nothing
+//! leaves the machine. Every object carries a per-test prefix and is removed at the end.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+const IMAGE: &str = "localhost/corral-ci-harness:latest";
+
+fn on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
+}
+
+fn podman(args: &[&str]) -> Output {
+    Command::new("podman")
+        .args(args)
+        .output()
+        .expect("podman runs")
+}
+
+fn podman_ok(args: &[&str]) -> String {
+    let out = podman(args);
+    assert!(
+        out.status.success(),
+        "podman {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Whether this machine can run the test; prints why not.
+fn ready() -> bool {
+    if on_path("podman").is_none() {
+        eprintln!("skipping: podman is not installed (ci/podman-setup.sh installs it)");
+        return false;
+    }
+    if !is_root() {
+        eprintln!(
+            "skipping: run as root (CI does); rootless podman on this host's cgroup v1 cannot enforce the plan's limits"
+        );
+        return false;
+    }
+    let out = podman(&["image", "exists", IMAGE]);
+    assert!(
+        out.status.success(),
+        "podman is installed but {IMAGE} is missing: run ci/podman-setup.sh first"
+    );
+    true
+}
+
+/// One test's world: a unique prefix for every engine object, a project, a state directory.
+struct World {
+    dir: tempfile::TempDir,
+    prefix: String,
+    project: PathBuf,
+    state: PathBuf,
+}
+
+impl World {
+    fn new(tag: &str) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let prefix = format!(
+            "ct{}{}{}",
+            tag,
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("corral-engine-test-")
+            .tempdir()
+            .unwrap();
+        let project = dir.path().join(format!("{prefix}-proj"));
+        std::fs::create_dir_all(&project).unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        World {
+            dir,
+            prefix,
+            project,
+            state,
+        }
+    }
+
+    fn corral(&self, args: &[&str]) -> Output {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
+        c.args(args)
+            .current_dir(&self.project)
+            .env("XDG_STATE_HOME", &self.state)
+            .env("XDG_CONFIG_HOME", self.dir.path().join("config"))
+            .env("CORRAL_ENGINE_PREFIX", &self.prefix)
+            .stdin(std::process::Stdio::null());
+        if std::env::var_os("CORRAL_CONTAINER_BIN").is_none() {
+            // The test binary is dynamically linked; the CI image has this host's glibc.
+            c.env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"));
+        }
+        c.output().expect("corral runs")
+    }
+
+    fn key(&self) -> String {
+        corral_audit::project_key(&self.project)
+    }
+
+    fn audit(&self) -> String {
+        std::fs::read_to_string(
+            self.state
+                .join("corral")
+                .join(self.key())
+                .join("audit.jsonl"),
+        )
+        .unwrap_or_default()
+    }
+
+    /// Names of this test's containers (and pods) and networks still present.
+    fn leftovers(&self) -> (Vec<String>, Vec<String>) {
+        let pods = podman_ok(&["pod", "ls", "--format", "{{.Name}}"]);
+        let containers = podman_ok(&[
+            "ps",
+            "--all",
+            "--filter",
+            &format!("label=corral.project={}", self.key()),
+            "--format",
+            "{{.Names}}",
+        ]);
+        let networks = podman_ok(&["network", "ls", "--format", "{{.Name}}"]);
+        (
+            containers
+                .lines()
+                .chain(pods.lines().filter(|p| p.contains(&self.prefix)))
+                .map(String::from)
+                .collect(),
+            networks
+                .lines()
+                .filter(|n| n.starts_with(&self.prefix))
+                .map(String::from)
+                .collect(),
+        )
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // Whatever a failed assertion left behind: containers, networks, volumes, images.
+        let names = podman(&["ps", "--all", "--format", "{{.Names}}"]);
+        for n in String::from_utf8_lossy(&names.stdout).lines() {
+            if n.starts_with(&self.prefix) || n.contains(&self.key()) {
+                podman(&["rm", "--force", "--time", "0", n]);
+            }
+        }
+        let _ = podman(&[
+            "rm",
+            "--force",
+            "--time",
+            "0",
+            "--filter",
+            &format!("label=corral.project={}", self.key()),
+        ]);
+        let pods = podman(&["pod", "ls", "--format", "{{.Name}}"]);
+        for n in String::from_utf8_lossy(&pods.stdout).lines() {
+            if n.contains(&self.prefix) {
+                podman(&["pod", "rm", "--force", n]);
+            }
+        }
+        let nets = podman(&["network", "ls", "--format", "{{.Name}}"]);
+        for n in String::from_utf8_lossy(&nets.stdout).lines() {
+            if n.starts_with(&self.prefix) {
+                podman(&["network", "rm", "--force", n]);
+            }
+        }
+        podman(&["volume", "rm", "--force", &format!("{}-bin", self.prefix)]);
+        let images = podman(&["images", "--format", "{{.Repository}}"]);
+        for i in String::from_utf8_lossy(&images.stdout).lines() {
+            if i.contains(&self.prefix) {
+                podman(&["rmi", "--force", i]);
+            }
+        }
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// An HTTP origin on the external network: a container answering `body` on port 8000.
+fn start_origin(name: &str, network: &str, body: &str) {
+    podman_ok(&[
+        "run",
+        "--detach",
+        "--name",
+        name,
+        "--network",
+        network,
+        "--pull",
+        "never",
+        IMAGE,
+        "bash",
+        "-c",
+        &format!(
+            "mkdir -p /tmp/w && echo {body} > /tmp/w/index.html && cd /tmp/w && exec python3 -m http.server 8000"
+        ),
+    ]);
+}
+
+#[test]
+fn harness_container_sees_the_project_only_and_reaches_only_allowed_origins() {
+    if !ready() {
+        return;
+    }
+    let w = World::new("h");
+    let p = &w.project;
+    std::fs::write(p.join("input.txt"), "hello-from-host\n").unwrap();
+    std::fs::write(p.join(".env"), "TOPSECRET=1\n").unwrap();
+    let secret = w.dir.path().join("host-secret.txt");
+    std::fs::write(&secret, "HOSTSECRET\n").unwrap();
+
+    // The shared external network, made first so the test knows its subnet: the origins live
+    // there, on private addresses the proxy refuses unless allow_cidrs lists them.
+    let external = format!("{}-external", w.prefix);
+    podman_ok(&["network", "create", &external]);
+    let subnet = podman_ok(&[
+        "network",
+        "inspect",
+        "--format",
+        "{{range .Subnets}}{{.Subnet}}{{end}}",
+        &external,
+    ]);
+    let ok = format!("{}-ok", w.prefix);
+    let no = format!("{}-no", w.prefix);
+    start_origin(&ok, &external, "origin-ok-body");
+    start_origin(&no, &external, "origin-no-body");
+    std::fs::write(
+        p.join("corral.toml"),
+        format!(
+            "[run]\nimage = \"{IMAGE}\"\n\n[filesystem]\nhide = [\".env\"]\n\n\
+             [network]\nmode = \"proxy\"\nallow = [\"{ok}:8000\"]\nallow_cidrs = [\"{}\"]\n",
+            subnet.trim()
+        ),
+    )
+    .unwrap();
+
+    let script = format!(
+        r#"
+cat input.txt
+echo written-in-jail > output.txt
+cat {secret} 2>/dev/null && echo SECRET-READ || echo secret-unreadable
+grep -q TOPSECRET .env 2>/dev/null && echo ENV-READ || echo env-hidden
+echo widened >> corral.toml 2>/dev/null && echo POLICY-WRITTEN || echo policy-read-only
+for i in $(seq 50); do curl -s -o /dev/null http://{ok}:8000/ && break; sleep 0.2; done
+curl -sS -m 10 http://{ok}:8000/
+curl -sS -m 10 -o /dev/null -w 'denied-status=%{{http_code}}\n' http://{no}:8000/
+curl -sS -m 5 --noproxy '*' http://{ok}:8000/ 2>/dev/null && echo DIRECT-REACHED || echo direct-blocked
+curl -sS -m 5 --noproxy '*' http://{no}:8000/ 2>/dev/null && echo DIRECT-REACHED || echo direct-blocked
+"#,
+        secret = secret.display()
+    );
+    let out = w.corral(&[
+        "run",
+        "--engine",
+        "podman",
+        "--",
+        "/bin/bash",
+        "-c",
+        &script,
+    ]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "hello-from-host",
+            "secret-unreadable",
+            "env-hidden",
+            "policy-read-only",
+            "origin-ok-body",
+            "denied-status=403",
+            "direct-blocked",
+            "direct-blocked",
+        ],
+        "{t}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(p.join("output.txt")).unwrap(),
+        "written-in-jail\n"
+    );
+    assert!(
+        !std::fs::read_to_string(p.join("corral.toml"))
+            .unwrap()
+            .contains("widened")
+    );
+
+    // The proxy container's decisions are in the project's audit log, next to the run's own.
+    let audit = w.audit();
+    let records: Vec<serde_json::Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("audit lines are JSON"))
+        .collect();
+    let net = |host: &str, decision: &str| {
+        records
+            .iter()
+            .any(|r| r["kind"] == "net" && r["host"] == host && r["decision"] == decision)
+    };
+    assert!(net(&ok, "allow"), "no allow record for {ok}:\n{audit}");
+    assert!(net(&no, "deny"), "no deny record for {no}:\n{audit}");
+    assert!(
+        records
+            .iter()
+            .any(|r| r["kind"] == "jail" && r["event"] == "exit" && r["exit_code"] == 0),
+        "{audit}"
+    );
+
+    // A second run reuses the networks and the proxy.
+    let out = w.corral(&["run", "--engine", "podman", "--", "/bin/true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // The command's own exit code comes back.
+    let out = w.corral(&[
+        "run",
+        "--engine",
+        "podman",
+        "--",
+        "/bin/bash",
+        "-c",
+        "exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+
+    podman_ok(&["rm", "--force", "--time", "0", &ok, &no]);
+    let out = w.corral(&["down", "--engine", "podman"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(w.leftovers(), (vec![], vec![]), "{}", text(&out));
+}
+
+fn podman_compose() -> PathBuf {
+    std::env::var_os("CORRAL_CI_PODMAN_COMPOSE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let venv = Path::new("/opt/corral-ci-venv/bin/podman-compose");
+            venv.exists().then(|| venv.to_path_buf())
+        })
+        .or_else(|| on_path("podman-compose"))
+        .expect("podman-compose is missing: run ci/podman-setup.sh")
+}
+
+#[test]
+fn compose_executor_answers_corral_exec_from_the_harness() {
+    if !ready() {
+        return;
+    }
+    let w = World::new("x");
+    let p = &w.project;
+    std::fs::write(p.join("Dockerfile"), format!("FROM {IMAGE}\n")).unwrap();
+    std::fs::write(
+        p.join("corral.toml"),
+        format!(
+            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\n[executor]\ntarget = \"compose:executor\"\n"
+        ),
+    )
+    .unwrap();
+    // A file of the user's own next to which the executor service is merged.
+    std::fs::write(
+        p.join("docker-compose.override.yml"),
+        "# mine\nx-note: kept\n",
+    )
+    .unwrap();
+
+    let out = w.corral(&["init", "--compose"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let file = std::fs::read_to_string(p.join("docker-compose.override.yml")).unwrap();
+    assert!(file.contains("x-note: kept"), "{file}");
+    assert!(file.contains("- serve\n    - --no-auth"), "{file}");
+
+    let up = Command::new(podman_compose())
+        .args(["up", "--detach", "executor"])
+        .current_dir(p)
+        .output()
+        .unwrap();
+    assert!(up.status.success(), "podman-compose up: {}", text(&up));
+
+    let script = r#"
+for i in $(seq 50); do corral exec -- true 2>/dev/null && break; sleep 0.2; done
+echo "harness=$(hostname)"
+corral exec -- sh -c 'echo "executor=$(hostname)"; echo from-executor > made-by-executor.txt; exit 3'
+echo "exec-exit=$?"
+"#;
+    let out = w.corral(&["run", "--engine", "podman", "--", "/bin/bash", "-c", script]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let harness = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("harness="))
+        .expect(&t);
+    let executor = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("executor="))
+        .expect(&t);
+    assert_ne!(harness, executor, "{t}");
+    assert!(stdout.contains("exec-exit=3\n"), "{t}");
+    assert_eq!(
+        std::fs::read_to_string(p.join("made-by-executor.txt")).unwrap(),
+        "from-executor\n"
+    );
+
+    let out = w.corral(&["down", "--engine", "podman"]);
+    assert!(out.status.success(), "{}", text(&out));
+    // The shared external network belongs to this test's prefix only: down removed it too.
+    assert_eq!(w.leftovers(), (vec![], vec![]), "{}", text(&out));
+}
