@@ -4,7 +4,7 @@
 //! with a control socket on fd 3. From there everything reads top to bottom in the order the
 //! kernel sees it:
 //!
-//! 1. set-up process: read the config, join the cgroup, unshare the namespaces (user, mount,
+//! 1. set-up process: close inherited descriptors, read the config, join the cgroup, unshare the namespaces (user, mount,
 //!    pid, ipc, uts, cgroup, and net unless `network.mode = "host"`), write the uid/gid maps
 //!    (setgroups denied, the caller's ids kept), set the hostname, bring lo up and create the
 //!    proxy/host_ports listeners, send them to corral, fork the jail's PID 1; then wait for it,
@@ -78,6 +78,7 @@ pub fn init_main() -> ! {
 fn set_up_process() -> Result<i32, JailError> {
     // SAFETY: fd 3 was placed there by corral for this process alone.
     let ctl = unsafe { OwnedFd::from_raw_fd(CTL_FD) };
+    close_inherited_fds()?;
     let config = read_config(&ctl)?;
     let plan = &config.plan;
     join_cgroup(&config.cgroup_procs)?;
@@ -111,6 +112,20 @@ fn set_up_process() -> Result<i32, JailError> {
         }
         ForkResult::Parent { child } => Ok(wait_forwarding(child, false)),
     }
+}
+
+/// Descriptors the caller of corral leaked to it must not enter the jail, not even its PID 1:
+/// keep stdio and the control socket only.
+fn close_inherited_fds() -> Result<(), JailError> {
+    // SAFETY: close_range on descriptors above the control socket, none of which this process
+    // uses (it has opened nothing yet).
+    if unsafe { libc::close_range(CTL_FD as libc::c_uint + 1, libc::c_uint::MAX, 0) } != 0 {
+        return Err(JailError::step(
+            "close inherited descriptors",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
 }
 
 fn read_config(ctl: &OwnedFd) -> Result<InitConfig, JailError> {

@@ -430,3 +430,29 @@ fn pids_and_memory_limits_are_enforced_as_root() {
         out.stderr
     );
 }
+
+#[test]
+fn cannot_look_into_pid_one() {
+    let w = World::new();
+    let out = w.sh(
+        "none",
+        "readlink /proc/1/fd/0 >/dev/null 2>&1 && echo FDS; \
+         cat /proc/1/fd/3 </dev/null >/dev/null 2>&1 && echo FDS; \
+         cat /proc/1/environ >/dev/null 2>&1 && echo ENVIRON; \
+         ls /proc/1/root/ >/dev/null 2>&1 && echo ROOT; \
+         cat /proc/1/mem >/dev/null 2>&1 && echo MEM; \
+         kill -STOP 1 2>/dev/null; kill -KILL 1 2>/dev/null; sleep 0.2; \
+         ls -l /proc/self/fd | grep -c socket; echo END",
+    );
+    ran(&out, "END");
+    for bad in ["FDS", "ENVIRON", "ROOT", "MEM"] {
+        assert!(!out.stdout.contains(bad), "{bad}:\n{}", out.stdout);
+    }
+    // No socket descriptor (the control socket, corral's listeners) reached the command.
+    assert!(
+        out.stdout.contains("\n0\nEND") || out.stdout.starts_with("0\nEND"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(out.code, 0, "{}", out.both());
+}
