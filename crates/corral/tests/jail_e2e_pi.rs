@@ -1,0 +1,326 @@
+//! The real pi (`@mariozechner/pi-coding-agent` from npm) jailed end to end: `corral run pi`
+//! in the native jail, network through corral's proxy, the model API key served by the
+//! credential gateway. The model is a scripted OpenAI-compatible mock over HTTPS
+//! (tests/fixtures/mock-model/server.py) that answers with tool calls and records the tool
+//! results pi sends back, so the test reads what each attack did inside the jail.
+
+mod jail_support;
+
+use std::io::{BufRead, BufReader};
+use std::net::ToSocketAddrs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use jail_support::*;
+
+const REAL: &str = "sk-test-REALkeyREALkeyREALkey0123456789abc";
+const REAL_PART: &str = "REALkeyREALkey";
+
+fn loopback_name() -> Option<String> {
+    let out = Command::new("hostname").output().ok()?;
+    let name = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if name.is_empty() || name == "localhost" {
+        return None;
+    }
+    let addrs: Vec<_> = (name.as_str(), 443).to_socket_addrs().ok()?.collect();
+    (!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())).then_some(name)
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(name))
+            .find(|f| f.is_file())
+    })
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let st = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl");
+    assert!(st.success(), "openssl {args:?}");
+}
+
+/// A test CA and a leaf for `host` in `dir` (ca.pem, leaf.pem, leaf.key).
+fn certs(dir: &Path, host: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=corral test CA",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "leaf.key",
+            "-out",
+            "leaf.csr",
+            "-subj",
+            &format!("/CN={host}"),
+        ],
+    );
+    write(&dir.join("ext"), &format!("subjectAltName=DNS:{host}\n"));
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "leaf.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext",
+        ],
+    );
+}
+
+struct Mock {
+    child: Child,
+    port: u16,
+    record: PathBuf,
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Mock {
+    fn requests(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.record)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("mock record"))
+            .collect()
+    }
+}
+
+fn mock_model(dir: &Path, steps: &serde_json::Value) -> Mock {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mock-model/server.py");
+    // The rootless pass runs from a copy: the fixture is read from the source tree, which that
+    // user may not be able to read; copy it next to the certificates.
+    let server = dir.join("server.py");
+    std::fs::copy(&fixture, &server).expect("mock-model fixture");
+    write(&dir.join("steps.json"), &steps.to_string());
+    let record = dir.join("seen.jsonl");
+    let mut child = Command::new("python3")
+        .arg(&server)
+        .args(["--script", "steps.json", "--record", "seen.jsonl"])
+        .args(["--cert", "leaf.pem", "--key", "leaf.key"])
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().parse().expect("mock port");
+    Mock {
+        child,
+        port,
+        record,
+    }
+}
+
+#[test]
+fn pi_in_the_jail_edits_the_project_and_every_attack_fails() {
+    let Some(pi) = which("pi") else {
+        eprintln!(
+            "skipping: pi is not installed (npm install -g @mariozechner/pi-coding-agent; .ci/run does)"
+        );
+        return;
+    };
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    certs(&mdir, &host);
+    let steps = serde_json::json!({
+        "steps": [
+            {"tool": "bash", "arguments": {"command": "cat ~/.ssh/id_ed25519; echo rc=$?"}},
+            {"tool": "bash", "arguments": {"command": "curl -sS -m 20 https://example.com/ 2>&1; echo rc=$?"}},
+            // The pattern is assembled at run time, so the command text never holds the value.
+            {"tool": "bash", "arguments": {"command": format!(
+                "A={}; echo env=$(env | grep -c $A$A) proc=$(grep -c $A$A /proc/self/environ) all=$(cat /proc/[0-9]*/environ 2>/dev/null | grep -c $A$A); echo prefix=${{MOCK_API_KEY:0:8}}",
+                &REAL_PART[..REAL_PART.len() / 2]
+            )}},
+            {"tool": "edit", "arguments": {"path": "app.conf", "edits": [{"oldText": "version = 1", "newText": "version = 2"}]}},
+            {"tool": "bash", "arguments": {"command": "corral exec -- sh -c 'echo EXEC-$((40+2))'; echo rc=$?"}}
+        ],
+        "final": "all done"
+    });
+    let m = mock_model(&mdir, &steps);
+    let port = m.port;
+    write(&w.project.join("app.conf"), "version = 1\n");
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [secrets]\nMOCK_API_KEY = {{ from_env = \"CALLER_MOCK_KEY\", hosts = [\"{host}\"] }}\n"
+        ),
+    );
+    // pi's provider for the mock; `apiKey` names the variable pi reads (the placeholder).
+    write(
+        &w.home.join(".pi/agent/models.json"),
+        &serde_json::json!({"providers": {"mock": {
+            "baseUrl": format!("https://{host}:{port}/v1"),
+            "api": "openai-completions",
+            "apiKey": "MOCK_API_KEY",
+            "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+            "models": [{"id": "mock-1"}]
+        }}})
+        .to_string(),
+    );
+
+    let mut c = Command::new("timeout");
+    c.arg("300")
+        .arg(corral_bin())
+        .args(["run", "pi", "--network", "proxy", "--"])
+        .arg(&pi)
+        .args([
+            "-p",
+            "--provider",
+            "mock",
+            "--model",
+            "mock-1",
+            "Do the task.",
+        ])
+        .current_dir(&w.project)
+        .env_clear()
+        .env("HOME", &w.home)
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .env("TMPDIR", std::env::temp_dir())
+        .env("CALLER_MOCK_KEY", REAL)
+        // The gateway verifies the mock with the system store plus this test CA.
+        .env("SSL_CERT_FILE", mdir.join("ca.pem"));
+    let out = run(c);
+    assert_eq!(out.code, 0, "corral run pi failed:\n{}", out.both());
+    assert!(out.stdout.contains("all done"), "{}", out.both());
+    assert!(!out.both().contains(REAL_PART), "real value printed");
+
+    let reqs = m.requests();
+    let posts: Vec<_> = reqs.iter().filter(|r| r["method"] == "POST").collect();
+    assert_eq!(
+        posts.len(),
+        6,
+        "one model call per step plus the last: {reqs:#?}"
+    );
+    // The mock saw the real key on every call, never the placeholder.
+    for r in &reqs {
+        assert_eq!(r["authorization"], format!("Bearer {REAL}"), "{r}");
+    }
+    let results: Vec<String> = posts[5]["tool_results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(results.len(), 5, "{results:#?}");
+    // ~/.ssh: the jail's home is private, the host's key is not there.
+    assert!(
+        results[0].contains("No such file") && results[0].contains("rc=1"),
+        "{}",
+        results[0]
+    );
+    assert!(!results[0].contains(SSH_SECRET));
+    // A host not in network.allow: the proxy refused the CONNECT.
+    assert!(
+        results[1].contains("403") && !results[1].contains("rc=0"),
+        "{}",
+        results[1]
+    );
+    // The real key is in no environment the jail can read; the placeholder has its shape.
+    assert!(results[2].contains("env=0 proc=0 all=0"), "{}", results[2]);
+    assert!(results[2].contains("prefix=sk-test-"), "{}", results[2]);
+    // pi's edit tool changed the project file, seen on the host.
+    assert!(results[3].contains("Successfully"), "{}", results[3]);
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("app.conf")).unwrap(),
+        "version = 2\n"
+    );
+    // `corral exec` from inside the jail.
+    if results[4].contains("not yet implemented") || results[4].contains("no executor") {
+        eprintln!(
+            "NOT CHECKED: corral exec inside `corral run` is not available in this build: {}",
+            results[4]
+        );
+    } else {
+        assert!(
+            results[4].contains("EXEC-42") && results[4].contains("rc=0"),
+            "{}",
+            results[4]
+        );
+    }
+    // The denial is summarised on stderr; the audit log has the injections, never the value.
+    assert!(
+        out.stderr.contains("blocked CONNECT example.com:443"),
+        "{}",
+        out.stderr
+    );
+    let mut logs = String::new();
+    for f in walk(&w.home.join(".local/state/corral")) {
+        logs.push_str(&std::fs::read_to_string(f).unwrap_or_default());
+    }
+    assert!(!logs.contains(REAL_PART), "real value in the audit log");
+    assert!(
+        logs.contains("\"secret\":\"MOCK_API_KEY\"")
+            && logs.contains("injected into authorization"),
+        "{logs}"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
