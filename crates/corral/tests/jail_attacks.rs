@@ -429,6 +429,15 @@ fn pids_and_memory_limits_are_enforced_as_root() {
         "no OOM reported:\n{}",
         out.stderr
     );
+    let records = w.audit_records();
+    for event in ["oom", "pids"] {
+        assert!(
+            records
+                .iter()
+                .any(|r| r["kind"] == "jail" && r["event"] == event),
+            "no {event} record in the audit log: {records:?}"
+        );
+    }
 }
 
 #[test]

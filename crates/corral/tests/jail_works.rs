@@ -226,23 +226,7 @@ fn the_audit_log_records_start_and_exit() {
     c.args(["run", "--network", "none", "--", "sh", "-c", "exit 7"]);
     let out = run(c);
     assert_eq!(out.code, 7, "{}", out.both());
-    let mut lines = Vec::new();
-    let mut stack = vec![w.home.join(".local/state/corral")];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "jsonl") {
-                lines.extend(
-                    std::fs::read_to_string(&p)
-                        .unwrap()
-                        .lines()
-                        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()),
-                );
-            }
-        }
-    }
+    let lines = w.audit_records();
     let jail: Vec<_> = lines.iter().filter(|v| v["kind"] == "jail").collect();
     let start = jail
         .iter()

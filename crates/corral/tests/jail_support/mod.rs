@@ -102,6 +102,28 @@ impl World {
         c
     }
 
+    /// Every record of the audit logs under this world's home.
+    pub fn audit_records(&self) -> Vec<serde_json::Value> {
+        let mut lines = Vec::new();
+        let mut stack = vec![self.home.join(".local/state/corral")];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "jsonl") {
+                    lines.extend(
+                        std::fs::read_to_string(&p)
+                            .unwrap()
+                            .lines()
+                            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()),
+                    );
+                }
+            }
+        }
+        lines
+    }
+
     /// `corral run --network NET -- sh -c SCRIPT` with stdin closed.
     pub fn sh(&self, net: &str, script: &str) -> Out {
         let mut c = self.corral();
