@@ -57,7 +57,7 @@ if ! [ -x "$venv/bin/podman-compose" ]; then
     "$venv/bin/pip" install -q 'podman-compose==1.6.0'
 fi
 
-key=$(printf '%s\n' "$suite" "$packages" "$mirror" v1 | sha256sum | cut -c1-16)
+key=$(printf '%s\n' "$suite" "$packages" "$mirror" v2 | sha256sum | cut -c1-16)
 tarball="$cache/rootfs-$key.tar"
 if ! [ -s "$tarball" ]; then
     echo "ci/podman-setup.sh: building the rootfs ($suite minbase + $packages) into $tarball"
@@ -67,6 +67,7 @@ if ! [ -s "$tarball" ]; then
     debootstrap --variant=minbase --include="$packages" "$suite" "$root" "$mirror" >"$cache/debootstrap.log" 2>&1 \
         || { tail -20 "$cache/debootstrap.log"; exit 1; }
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+    chmod 755 "$root"  # mktemp made it 0700: non-root users in the container could not traverse /
     tar -C "$root" --numeric-owner -cf "$tarball.tmp" .
     mv "$tarball.tmp" "$tarball"
     rm -rf "$root"
