@@ -21,6 +21,9 @@ struct Setup {
     shims: PathBuf,
     decoy: PathBuf,
     real: PathBuf,
+    /// Only the programs the shim itself uses, so that no harness installed on the machine
+    /// (a real `pi` in /usr/bin) is found by accident.
+    tools: PathBuf,
 }
 
 fn write_exec(path: &Path, text: &str) {
@@ -40,6 +43,16 @@ fn setup() -> Setup {
     for d in [&bin, &shims, &decoy, &real] {
         std::fs::create_dir(d).unwrap();
     }
+    let tools = root.join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    for tool in ["dirname", "head", "grep"] {
+        let found = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(tool))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{tool} is not installed"));
+        std::os::unix::fs::symlink(found, tools.join(tool)).unwrap();
+    }
     let corral = bin.join("corral");
     std::fs::copy(env!("CARGO_BIN_EXE_corral"), &corral).unwrap();
     for name in ["pi", "claude"] {
@@ -55,16 +68,18 @@ fn setup() -> Setup {
         shims,
         decoy,
         real,
+        tools,
     }
 }
 
 impl Setup {
     fn path(&self) -> String {
         format!(
-            "{}:{}:{}:/usr/bin:/bin",
+            "{}:{}:{}:{tools}",
             self.shims.display(),
             self.decoy.display(),
-            self.real.display()
+            self.real.display(),
+            tools = self.tools.display()
         )
     }
 
@@ -142,10 +157,11 @@ fn the_shim_runs_the_real_binary_never_itself() {
         .env(
             "PATH",
             format!(
-                "{}:{}:{}:/usr/bin:/bin",
+                "{}:{}:{}:{tools}",
                 s.shims.display(),
                 s.decoy.display(),
-                elsewhere.display()
+                elsewhere.display(),
+                tools = s.tools.display()
             ),
         )
         .output()
@@ -180,9 +196,10 @@ fn relative_path_entries_are_never_used() {
         .env(
             "PATH",
             format!(
-                "{}:.::{}:/usr/bin:/bin",
+                "{}:.::{}:{tools}",
                 s.shims.display(),
-                s.real.display()
+                s.real.display(),
+                tools = s.tools.display()
             ),
         )
         .current_dir(&planted)
@@ -341,7 +358,12 @@ fn warns_when_the_shim_dir_is_not_first_on_path() {
         .args(["shim", "install", "pi", "--dir", s.shims.to_str().unwrap()])
         .env(
             "PATH",
-            format!("{}:{}:/usr/bin:/bin", s.real.display(), s.shims.display()),
+            format!(
+                "{}:{}:{tools}",
+                s.real.display(),
+                s.shims.display(),
+                tools = s.tools.display()
+            ),
         )
         .output()
         .unwrap();
@@ -356,7 +378,10 @@ fn warns_when_the_shim_dir_is_not_first_on_path() {
     );
     let o = Command::new(&s.corral)
         .args(["shim", "install", "pi", "--dir", s.shims.to_str().unwrap()])
-        .env("PATH", format!("{}:/usr/bin:/bin", s.real.display()))
+        .env(
+            "PATH",
+            format!("{}:{tools}", s.real.display(), tools = s.tools.display()),
+        )
         .output()
         .unwrap();
     ok(&o);

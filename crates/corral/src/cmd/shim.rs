@@ -13,8 +13,8 @@
 //! `DIR/.corral-shim-displaced/`, and `remove` puts it back; `remove` deletes only files that
 //! carry the marker.
 //!
-//! The command each profile runs is a small table here ([`HARNESSES`]): the profile data of the
-//! policy crate does not expose it yet.
+//! The name a shim is called by is the profile's own command (`corral_policy::profile`), for
+//! every built-in profile except `shell`, whose command is the user's shell itself.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -32,16 +32,25 @@ pub const MARKER: &str = "# corral-shim v1";
 /// Where displaced files wait, inside the shim directory.
 const DISPLACED: &str = ".corral-shim-displaced";
 
-/// (profile, the harness's command name). `shell` has no harness binary: `corral shell` is its
-/// way in.
-pub const HARNESSES: &[(&str, &str)] = &[
-    ("pi", "pi"),
-    ("claude", "claude"),
-    ("codex", "codex"),
-    ("gemini", "gemini"),
-    ("opencode", "opencode"),
-    ("aider", "aider"),
-];
+/// (profile, the harness's command name) for every built-in profile that wraps a harness.
+/// `shell` has none: its command is `bash`, and `corral shell` is its way in.
+pub fn harnesses() -> anyhow::Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for name in corral_policy::profile::names() {
+        if name == "shell" {
+            continue;
+        }
+        let profile = corral_policy::profile::profile(name)?;
+        let command = profile
+            .command
+            .first()
+            .and_then(|c| Path::new(c).file_name())
+            .map(|c| c.to_string_lossy().into_owned())
+            .with_context(|| format!("profile {name} names no command"))?;
+        out.push((name.to_string(), command));
+    }
+    Ok(out)
+}
 
 pub fn run(cmd: ShimCommand) -> anyhow::Result<ExitCode> {
     match cmd {
@@ -107,23 +116,23 @@ fn shim_dir(dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 }
 
 /// The command name a profile's shim is called by.
-pub fn command_of(profile: &str) -> anyhow::Result<&'static str> {
+pub fn command_of(profile: &str) -> anyhow::Result<String> {
     if profile == "shell" {
         bail!(
             "the `shell` profile has no harness binary to wrap; run `corral shell` or `corral run shell -- CMD`"
         );
     }
-    HARNESSES
-        .iter()
-        .find(|(p, _)| *p == profile)
-        .map(|(_, c)| *c)
-        .with_context(|| {
-            let known: Vec<&str> = HARNESSES.iter().map(|(p, _)| *p).collect();
-            format!(
+    let all = harnesses()?;
+    match all.iter().find(|(p, _)| p == profile) {
+        Some((_, c)) => Ok(c.clone()),
+        None => {
+            let known: Vec<&str> = all.iter().map(|(p, _)| p.as_str()).collect();
+            bail!(
                 "unknown profile {profile:?}; shims exist for {}",
                 known.join(", ")
             )
-        })
+        }
+    }
 }
 
 /// Whether the file at `path` is a shim (carries the marker in its first bytes).
@@ -237,18 +246,19 @@ pub fn install(
     corral: &Path,
 ) -> anyhow::Result<Vec<String>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut wanted: Vec<(&str, &str)> = Vec::new();
+    let mut wanted: Vec<(String, String)> = Vec::new();
     let explicit = !profiles.is_empty();
     if explicit {
         for p in profiles {
-            wanted.push((p.as_str(), command_of(p)?));
+            wanted.push((p.clone(), command_of(p)?));
         }
     } else {
-        wanted.extend_from_slice(HARNESSES);
+        wanted = harnesses()?;
     }
     let mut lines = Vec::new();
     let mut missing = Vec::new();
-    for (profile, name) in wanted {
+    for (profile, name) in &wanted {
+        let (profile, name) = (profile.as_str(), name.as_str());
         let target = dir.join(name);
         let real = match find_real(name, path, dir) {
             Some(r) => r,
