@@ -258,7 +258,15 @@ pub fn run(plan: &Plan, ctx: &Context, setup: &Setup) -> Result<i32> {
     let names = ctx.names(plan);
     ensure(setup, ctx, changed, &names)?;
     let cmd = setup.run_command().ok_or(EngineError::NoCommand)?;
-    let status = cmd.to_std().status().map_err(|source| EngineError::Spawn {
+    // An absent policy file is covered by an empty read-only one; the runtime leaves an empty
+    // mount point behind on the host, removed again below.
+    let policy = &plan.project.policy_file;
+    let policy_existed = policy.symlink_metadata().is_ok();
+    let status = cmd.to_std().status();
+    if !policy_existed && fs::metadata(policy).is_ok_and(|m| m.is_file() && m.len() == 0) {
+        let _ = fs::remove_file(policy);
+    }
+    let status = status.map_err(|source| EngineError::Spawn {
         program: cmd.program.clone(),
         source,
     })?;

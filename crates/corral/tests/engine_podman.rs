@@ -427,3 +427,41 @@ echo "exec-exit=$?"
     // The shared external network belongs to this test's prefix only: down removed it too.
     assert_eq!(w.leftovers(), (vec![], vec![]), "{}", text(&out));
 }
+
+#[test]
+fn an_absent_policy_file_cannot_be_created_from_inside() {
+    if !ready() {
+        return;
+    }
+    let w = World::new("p");
+    // No corral.toml: the policy comes from a file outside the project.
+    let policy = w.dir.path().join("outside.toml");
+    std::fs::write(
+        &policy,
+        format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"none\"\n"),
+    )
+    .unwrap();
+    let out = w.corral(&[
+        "run",
+        "--engine",
+        "podman",
+        "--policy",
+        policy.to_str().unwrap(),
+        "--",
+        "/bin/bash",
+        "-c",
+        "echo 'network = { mode = \"host\" }' > corral.toml && echo WROTE || echo refused; echo x > other.txt && echo other-ok",
+    ]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "refused\nother-ok\n",
+        "{t}"
+    );
+    // And no empty mount point is left in the project afterwards.
+    assert!(!w.project.join("corral.toml").exists(), "{t}");
+    assert!(w.project.join("other.txt").exists());
+    let out = w.corral(&["down", "--engine", "podman"]);
+    assert!(out.status.success(), "{}", text(&out));
+}
