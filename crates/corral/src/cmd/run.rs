@@ -71,6 +71,10 @@ pub fn flags(opts: &JailOptions) -> Flags {
 /// Run `plan` in the native jail; the command's exit code.
 pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     match plan.engine {
+        // auto: native where it runs here, else podman, else docker (cmd/engine_run.rs).
+        Engine::Auto if !corral_sandbox::probe::run().native_backend => {
+            return super::engine_run::run_plan(plan);
+        }
         Engine::Native | Engine::Auto => {}
         // The container engines: cmd/engine_run.rs.
         Engine::Podman | Engine::Docker => return super::engine_run::run_plan(plan),
