@@ -136,16 +136,33 @@ fn bad_pattern_is_refused_with_the_loaders_error() {
     ] {
         let o = corral(d.path(), &[], &["allow", bad]);
         assert_eq!(o.status.code(), Some(125), "{bad}");
-        let loader = corral_policy::domain::DomainPattern::parse(bad)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(text(&o.stderr), format!("corral: {loader}\n"), "{bad}");
         assert!(o.stdout.is_empty());
         assert_eq!(
             std::fs::read_to_string(d.path().join("corral.toml")).unwrap(),
             POLICY
         );
+        // What the policy loader says about the same pattern in a file, after FILE:LINE:COL.
+        let other = tempfile::tempdir().unwrap();
+        let file = other.path().join("corral.toml");
+        std::fs::write(
+            &file,
+            format!("[network]\nallow = [{}]\n", toml_string(bad)),
+        )
+        .unwrap();
+        let plan = corral(other.path(), &[], &["plan", "shell"]);
+        assert_eq!(plan.status.code(), Some(125), "{bad}");
+        let err = text(&plan.stderr);
+        let prefix = format!("corral: {}:2:10: ", file.display());
+        let loader = err
+            .strip_prefix(&prefix)
+            .unwrap_or_else(|| panic!("{err:?} does not start with {prefix:?}"))
+            .trim_end();
+        assert_eq!(text(&o.stderr), format!("corral: {loader}\n"), "{bad}");
     }
+}
+
+fn toml_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 #[test]

@@ -61,7 +61,7 @@ pub fn run(rule: Rule, args: RuleArgs) -> anyhow::Result<ExitCode> {
         user_config_path()?
     } else {
         let cwd = std::env::current_dir().context("cannot read the current directory")?;
-        project_root(&cwd).join("corral.toml")
+        corral_policy::resolve::project_root(&cwd).join("corral.toml")
     };
     let outcome = edit_file(&file, rule, &pattern)?;
     let list = format!("network.{}", rule.key());
@@ -84,14 +84,6 @@ pub fn run(rule: Rule, args: RuleArgs) -> anyhow::Result<ExitCode> {
         println!("{list} in {shown} already has {:?}", outcome.pattern);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The project: the git root of `cwd` (the nearest ancestor holding `.git`), else `cwd`.
-pub fn project_root(cwd: &Path) -> PathBuf {
-    cwd.ancestors()
-        .find(|d| d.join(".git").exists())
-        .unwrap_or(cwd)
-        .to_path_buf()
 }
 
 /// `$XDG_CONFIG_HOME/corral/config.toml`, else `~/.config/corral/config.toml`.
@@ -413,15 +405,5 @@ mod tests {
         assert!(edit_text("network = 1\n", Rule::Allow, &p).is_err());
         assert!(edit_text("[network]\nallow = \"a.com\"\n", Rule::Allow, &p).is_err());
         assert!(edit_text("[network\n", Rule::Allow, &p).is_err());
-    }
-
-    #[test]
-    fn project_root_is_the_git_root() {
-        let d = tempfile::tempdir().unwrap();
-        let sub = d.path().join("a/b");
-        std::fs::create_dir_all(&sub).unwrap();
-        assert_eq!(project_root(&sub), sub);
-        std::fs::create_dir(d.path().join(".git")).unwrap();
-        assert_eq!(project_root(&sub), d.path());
     }
 }
