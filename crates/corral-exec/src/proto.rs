@@ -214,32 +214,30 @@ impl Event {
     }
 }
 
-/// Seed 003's response, `{"exitCode":N,"output":"..."}`, encoded as Go's `json.NewEncoder`
-/// encodes it (the seed's server is Go): HTML-sensitive characters and U+2028/U+2029 escaped as
-/// `\u00XX`, invalid UTF-8 replaced by U+FFFD, a trailing newline. `jq -r .output` reads back
-/// exactly the text.
+/// Seed 003's response, `{"exitCode":N,"output":"..."}`, with a trailing newline as Go's
+/// `json.NewEncoder` writes it, invalid UTF-8 replaced by U+FFFD as Go does.
+///
+/// Every character a JSON string must or Go would escape (`"`, `\`, control characters, `<`,
+/// `>`, `&`, U+2028, U+2029) is written as `\u00XX`, never as `\n` or `\\`: the same JSON
+/// value, but one that survives the seed's `echo "$response" | jq` under Debian's dash, whose
+/// `echo` turns `\n` and `\\` into raw bytes (and breaks the JSON) while leaving `\u` alone.
 pub fn legacy_response(exit_code: i32, output: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(output.len() + 32);
     out.extend_from_slice(b"{\"exitCode\":");
     out.extend_from_slice(exit_code.to_string().as_bytes());
     out.extend_from_slice(b",\"output\":");
-    go_json_string(&String::from_utf8_lossy(output), &mut out);
+    echo_safe_json_string(&String::from_utf8_lossy(output), &mut out);
     out.extend_from_slice(b"}\n");
     out
 }
 
-/// A JSON string the way Go's encoding/json writes it with HTML escaping on (its default).
-fn go_json_string(s: &str, out: &mut Vec<u8>) {
+/// A JSON string with every escape in the `\uXXXX` form (see [`legacy_response`]).
+fn echo_safe_json_string(s: &str, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
     for c in s.chars() {
         match c {
-            '"' => out.extend_from_slice(b"\\\""),
-            '\\' => out.extend_from_slice(b"\\\\"),
-            '\n' => out.extend_from_slice(b"\\n"),
-            '\r' => out.extend_from_slice(b"\\r"),
-            '\t' => out.extend_from_slice(b"\\t"),
-            '<' | '>' | '&' | '\u{2028}' | '\u{2029}' | '\0'..='\u{1f}' => {
+            '"' | '\\' | '<' | '>' | '&' | '\u{2028}' | '\u{2029}' | '\0'..='\u{1f}' => {
                 let n = c as u32;
                 out.extend_from_slice(b"\\u");
                 for shift in [12, 8, 4, 0] {
@@ -419,10 +417,17 @@ mod tests {
     }
 
     #[test]
-    fn legacy_response_matches_go_encoding() {
+    fn legacy_response_escapes_only_with_u_escapes() {
+        let body = legacy_response(1, b"a<b>&\"c\"\n\\\x01\xff\t");
         assert_eq!(
-            String::from_utf8(legacy_response(1, b"a<b>&\"c\"\n\x01\xff\t")).unwrap(),
-            "{\"exitCode\":1,\"output\":\"a\\u003cb\\u003e\\u0026\\\"c\\\"\\n\\u0001\u{fffd}\\t\"}\n"
+            String::from_utf8(body.clone()).unwrap(),
+            "{\"exitCode\":1,\"output\":\"a\\u003cb\\u003e\\u0026\\u0022c\\u0022\\u000a\\u005c\\u0001\u{fffd}\\u0009\"}\n"
+        );
+        // The same JSON value a standard encoder writes.
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"exitCode": 1, "output": "a<b>&\"c\"\n\\\u{1}\u{fffd}\t"})
         );
     }
 

@@ -200,13 +200,13 @@ fn seed_execute_combines_output_in_order_as_go_does() {
     assert_eq!(status, 200);
     assert_eq!(
         body,
-        "{\"exitCode\":3,\"output\":\"a\\nb\\n\\u003cc\\u0026\\u003e\\n\"}\n"
+        "{\"exitCode\":3,\"output\":\"a\\u000ab\\u000a\\u003cc\\u0026\\u003e\\u000a\"}\n"
     );
     let (status, body) = s.raw("/execute", "", br#"{"command":["no-such-program-x"]}"#);
     assert_eq!(status, 200);
     assert_eq!(
         body,
-        "{\"exitCode\":127,\"output\":\"exec: \\\"no-such-program-x\\\": executable file not found in $PATH\"}\n"
+        "{\"exitCode\":127,\"output\":\"exec: \\u0022no-such-program-x\\u0022: executable file not found in $PATH\"}\n"
     );
 }
 
@@ -641,7 +641,7 @@ fn programs_outside_the_allowlist_are_refused_and_audited() {
     assert_eq!(err.exit_code(), 126);
     let (status, body) = s.raw("/execute", "", br#"{"command":["sh","-c","id"]}"#);
     assert_eq!(status, 403);
-    assert!(body.starts_with("{\"exitCode\":126,\"output\":\"corral serve: program \\\"sh\\\" is not in executor.allow"), "{body}");
+    assert!(body.starts_with("{\"exitCode\":126,\"output\":\"corral serve: program \\u0022sh\\u0022 is not in executor.allow"), "{body}");
     let recs = s.audit_records();
     let denied: Vec<_> = recs
         .iter()

@@ -143,9 +143,15 @@ pub struct ExecArgs {
     /// Kill the command after this long (e.g. 30s, 10m)
     #[arg(long, value_name = "D")]
     pub timeout: Option<String>,
-    /// Working directory, relative to the project root
+    /// Working directory, relative to the project root (default: the current directory's place in it)
     #[arg(long, value_name = "DIR")]
     pub cwd: Option<String>,
+    /// Send this process's standard input to the command (read to the end first; else /dev/null)
+    #[arg(long)]
+    pub stdin: bool,
+    /// Set a variable for the command (repeatable)
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
@@ -167,6 +173,21 @@ pub struct ServeArgs {
     /// Policy file for the executor's settings
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
+    /// Only these programs may run (repeatable; adds to the policy's executor.allow)
+    #[arg(long = "allow", value_name = "PROGRAM")]
+    pub allow: Vec<String>,
+    /// Longest a command may run, and the default when a request names none (e.g. 10m)
+    #[arg(long, value_name = "D")]
+    pub timeout: Option<String>,
+    /// Output kept per command; beyond it the output is cut with a marker (e.g. 64m)
+    #[arg(long, value_name = "SIZE")]
+    pub max_output: Option<String>,
+    /// Commands running at once; beyond it requests get 429
+    #[arg(long, value_name = "N")]
+    pub max_concurrent: Option<usize>,
+    /// Audit log file (default: the project's log under $XDG_STATE_HOME/corral/)
+    #[arg(long, value_name = "FILE")]
+    pub audit_log: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -3,36 +3,32 @@
 
 use std::process::ExitCode;
 
-use anyhow::bail;
-
 use crate::cli::{Cli, Command};
 
-mod generate;
-mod rules;
-mod shim;
 mod doctor;
 mod down;
 pub mod engine_run;
+mod exec;
+mod generate;
 mod image;
 pub mod init;
 pub mod log;
 pub mod plan;
 mod proxy;
+mod rules;
 mod run;
 mod secrets;
+mod serve;
 mod shell;
-
-/// A command whose capability has not landed yet: a clear error, never a fake success.
-fn not_yet(what: &str) -> anyhow::Result<ExitCode> {
-    bail!("`corral {what}` is not yet implemented in this version")
-}
+mod shim;
+mod skill;
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Shell(args) => shell::shell(args),
-        Command::Exec(_) => not_yet("exec"),
-        Command::Serve(_) => not_yet("serve"),
+        Command::Exec(args) => exec::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::Proxy(args) => proxy::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Init(args) => init::run(args),
@@ -43,7 +39,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Shim(cmd) => shim::run(cmd),
         Command::Allow(args) => rules::run(rules::Rule::Allow, args),
         Command::Deny(args) => rules::run(rules::Rule::Deny, args),
-        Command::Skill(_) => not_yet("skill"),
+        Command::Skill(args) => skill::run(args),
         Command::Generate(cmd) => generate::run(cmd),
     }
 }
