@@ -243,6 +243,35 @@ fn scratch_shims_and_list() {
 }
 
 #[test]
+fn the_only_real_binary_in_the_shim_dir_is_kept_and_run() {
+    // `npm install -g` with prefix ~/.local puts the harness into ~/.local/bin itself.
+    let s = setup();
+    let dir = s.shims.to_str().unwrap();
+    std::fs::rename(s.real.join("pi"), s.shims.join("pi")).unwrap();
+    let out = ok(&s.corral(&["shim", "install", "pi", "--scratch", "--dir", dir]));
+    let kept = s.shims.join(".corral-shim-displaced/pi");
+    assert_eq!(
+        out,
+        format!(
+            "moved the existing {dir}/pi to {0} (restored by `corral shim remove pi`)\n\
+             {dir}/pi: corral run pi -- {0}\n{dir}/pi-ns: corral run pi --scratch -- {0}\n",
+            kept.display()
+        )
+    );
+    s.fake_corral();
+    assert_eq!(
+        ok(&s.sh("pi x")),
+        format!("run\npi\n--\n{}\nx\n", kept.display())
+    );
+    assert_eq!(
+        ok(&s.sh("pi-ns")),
+        format!("run\npi\n--scratch\n--\n{}\n", kept.display())
+    );
+    // And the kept copy really is the harness.
+    assert_eq!(ok(&s.sh(&format!("{} y", kept.display()))), "real pi y\n");
+}
+
+#[test]
 fn remove_restores_the_previous_state() {
     let s = setup();
     let dir = s.shims.to_str().unwrap();

@@ -260,13 +260,24 @@ pub fn install(
     for (profile, name) in &wanted {
         let (profile, name) = (profile.as_str(), name.as_str());
         let target = dir.join(name);
-        let real = match find_real(name, path, dir) {
-            Some(r) => r,
+        // `None`: the real binary is the file at `target` itself, found at its new place once
+        // it has been moved aside.
+        let mut real = match find_real(name, path, dir) {
+            Some(r) => Some(r),
             // The only copy may be the one the shim is about to displace (an npm prefix of
-            // ~/.local puts `pi` in ~/.local/bin itself).
-            None if target.exists() && !is_shim(&target) && is_executable_file(&target) => target
-                .canonicalize()
-                .with_context(|| format!("cannot resolve {}", target.display()))?,
+            // ~/.local puts `pi` in ~/.local/bin itself). A symlink is resolved now (a relative
+            // one would break once moved); a file is used where it is moved to.
+            None if !is_shim(&target) && is_executable_file(&target) => {
+                if std::fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
+                    Some(
+                        target
+                            .canonicalize()
+                            .with_context(|| format!("cannot resolve {}", target.display()))?,
+                    )
+                } else {
+                    None
+                }
+            }
             None => {
                 missing.push(name);
                 continue;
@@ -284,7 +295,13 @@ pub fn install(
                     at.display(),
                     displaced.display()
                 ));
+                if real.is_none() && file == name {
+                    real = Some(displaced);
+                }
             }
+            let real = real
+                .clone()
+                .with_context(|| format!("lost track of the real {name} in {}", dir.display()))?;
             let text = script(profile, name, is_scratch, corral, &real);
             write_executable(&at, &text)?;
             let flag = if is_scratch { " --scratch" } else { "" };
