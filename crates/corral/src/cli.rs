@@ -188,6 +188,12 @@ pub struct ServeArgs {
     /// Audit log file (default: the project's log under $XDG_STATE_HOME/corral/)
     #[arg(long, value_name = "FILE")]
     pub audit_log: Option<PathBuf>,
+    /// Run each command in a jail built from this Plan (JSON: a plan's executor.jail), not on the host
+    #[arg(long, value_name = "FILE")]
+    pub jail_plan: Option<PathBuf>,
+    /// Internal: run one command's jail (started by the server for --jail-plan)
+    #[arg(long, hide = true)]
+    pub jail_helper: bool,
 }
 
 #[derive(Debug, Args)]

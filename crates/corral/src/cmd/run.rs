@@ -90,6 +90,11 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // [secrets]: placeholders and the gateway's CA in the jail; real values stay in corral.
     let secrets = super::secrets::prepare(plan, &jail_id, &audit)?;
     let plan = secrets.plan(plan);
+    // The executor (SPEC section 6): `corral serve` outside the jail, its unix socket and token
+    // bound into it read-only, CORRAL_EXECUTOR set (cmd/serve.rs). Stopped when this returns.
+    let mut with_executor = plan.clone();
+    let _executor = super::serve::attach_executor(&mut with_executor)?;
+    let plan = &with_executor;
 
     let limits = corral_sandbox::cgroup::setup(&jail_id, &plan.limits)?;
     for note in &limits.notes {

@@ -7,12 +7,19 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use corral_audit::AuditLog;
-use corral_exec::{HostSpawner, ListenAddr, Server, ServerConfig};
+use corral_exec::{
+    HostSpawner, ListenAddr, Server, ServerConfig, SpawnError, SpawnSpec, Spawned, Spawner,
+};
+use corral_policy::Plan;
 use corral_policy::config::{HumanDuration, Size, load_policy};
+use corral_policy::plan::{Access, ExecutorTarget, Mount, MountKind};
 
 use crate::cli::ServeArgs;
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    if args.jail_helper {
+        return jail_helper();
+    }
     let root = match &args.root {
         Some(r) => r.clone(),
         None => std::env::current_dir().context("cannot read the current directory")?,
@@ -77,13 +84,24 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         cfg.jail_id = id;
     }
     let listen = ListenAddr::parse(&args.listen)?;
-    let spawner = Arc::new(HostSpawner {
+    let host = HostSpawner {
         base_env: None,
         remove_env: vec![
             "CORRAL_EXECUTOR".into(),
             "CORRAL_EXECUTOR_TOKEN_FILE".into(),
+            JAIL_PLAN_ENV.into(),
         ],
-    });
+    };
+    let spawner: Arc<dyn Spawner> = match &args.jail_plan {
+        None => Arc::new(host),
+        Some(file) => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read the jail plan {}", file.display()))?;
+            let plan: Plan = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a corral Plan (JSON)", file.display()))?;
+            Arc::new(JailSpawner::new(plan, host)?)
+        }
+    };
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -151,4 +169,221 @@ async fn stop_signal() {
         _ = int.recv() => {}
     }
     eprintln!("corral serve: shutting down; killing running commands");
+}
+
+/// The variable that carries a command's jail Plan (JSON) to the helper process.
+const JAIL_PLAN_ENV: &str = "CORRAL_EXEC_JAIL_PLAN";
+
+/// Runs each command in a jail of its own, built from the executor's jail Plan (the policy's
+/// `[executor.sandbox]`, `plan.executor.jail`).
+///
+/// The command's process group is led by a helper process, `corral serve --jail-helper`, which
+/// starts the jail with the native backend (cgroups, its own proxy for `[executor.sandbox]
+/// network`, audit) and waits for it. A separate process because the backend takes over
+/// SIGCHLD and the terminal of the process that runs it, which the server's async runtime
+/// cannot share. SIGTERM to the group is forwarded into the jail; SIGKILL kills the helper, and
+/// the jail dies with it (its set-up process and PID 1 have PR_SET_PDEATHSIG).
+pub struct JailSpawner {
+    plan: Plan,
+    exe: PathBuf,
+    host: HostSpawner,
+}
+
+impl JailSpawner {
+    pub fn new(plan: Plan, host: HostSpawner) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("cannot find corral's own binary")?;
+        Ok(Self { plan, exe, host })
+    }
+}
+
+impl Spawner for JailSpawner {
+    fn spawn(&self, spec: SpawnSpec<'_>) -> Result<Spawned, SpawnError> {
+        let mut plan = self.plan.clone();
+        plan.command = spec.argv.to_vec();
+        // The project is mounted at its own path in the jail, so the confined directory's real
+        // path is the same place inside.
+        plan.cwd = spec.workdir.path.clone();
+        plan.env
+            .extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let json = serde_json::to_string(&plan).map_err(|e| SpawnError::Other {
+            program: spec.argv[0].clone(),
+            source: std::io::Error::other(e),
+        })?;
+        let argv = vec![
+            self.exe.display().to_string(),
+            "serve".to_string(),
+            "--jail-helper".to_string(),
+        ];
+        let mut env = std::collections::BTreeMap::new();
+        env.insert(JAIL_PLAN_ENV.to_string(), json);
+        self.host
+            .spawn(SpawnSpec {
+                argv: &argv,
+                workdir: spec.workdir,
+                env: &env,
+                stdin: spec.stdin,
+                merge_output: spec.merge_output,
+            })
+            .map_err(|e| match e {
+                SpawnError::Other { source, .. } => SpawnError::Other {
+                    program: spec.argv[0].clone(),
+                    source,
+                },
+                other => other,
+            })
+    }
+}
+
+/// `corral serve --jail-helper`: run the one command of the Plan in `CORRAL_EXEC_JAIL_PLAN` in
+/// its jail; exit with its code.
+fn jail_helper() -> anyhow::Result<ExitCode> {
+    let json = std::env::var(JAIL_PLAN_ENV)
+        .with_context(|| format!("--jail-helper needs the command's Plan in {JAIL_PLAN_ENV}"))?;
+    let plan: Plan = serde_json::from_str(&json).context("the jail helper's Plan is malformed")?;
+    let code = super::run::run_plan(&plan)?;
+    Ok(ExitCode::from((code & 0xff) as u8))
+}
+
+/// Where the executor's socket and token appear inside the agent's jail.
+pub const JAIL_EXECUTOR_DIR: &str = "/run/corral/executor";
+
+/// The executor of a native `corral run`: a `corral serve` child on a unix socket in a private
+/// directory (0700) with a fresh token (0600). Dropping it stops the server, which kills every
+/// command still running, and removes the directory.
+pub struct RunExecutor {
+    child: std::process::Child,
+    dir: PathBuf,
+}
+
+/// Start the executor `plan` asks for and give the jail access to it: the socket directory bound
+/// read-only at [`JAIL_EXECUTOR_DIR`], and `CORRAL_EXECUTOR`, `CORRAL_EXECUTOR_TOKEN_FILE`,
+/// `CORRAL_PROJECT_ROOT` set. `None` when the plan's executor is not started by corral run
+/// (`compose:SERVICE`, or a plan that is itself an executor's jail).
+pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
+    let jail_plan = match (&plan.executor.target, &plan.executor.jail) {
+        (ExecutorTarget::Sandbox, Some(jail)) => Some(jail.clone()),
+        (ExecutorTarget::Sandbox, None) | (ExecutorTarget::Compose(_), _) => return Ok(None),
+        (ExecutorTarget::Host, _) => None,
+    };
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|d| Path::new(d).is_dir())
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let mut rnd = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut rnd))
+        .context("cannot read /dev/urandom for the executor token")?;
+    let hex: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
+    let dir = base.join(format!("corral-exec-{}-{}", std::process::id(), &hex[..8]));
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let token = dir.join("token");
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&token)
+            .with_context(|| format!("cannot create {}", token.display()))?;
+        std::io::Write::write_all(&mut f, hex.as_bytes())?;
+    }
+    let sock = dir.join("exec.sock");
+    let exe = std::env::current_exe().context("cannot find corral's own binary")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("serve")
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .arg("--token-file")
+        .arg(&token)
+        .arg("--root")
+        .arg(&plan.project.root)
+        .arg("--timeout")
+        .arg(format!("{}ms", plan.executor.timeout_ms.max(1)))
+        .arg("--max-output")
+        .arg(plan.executor.max_output.max(1).to_string())
+        .arg("--max-concurrent")
+        .arg(plan.executor.max_concurrent.max(1).to_string())
+        // The policy is already resolved into these flags and the jail plan.
+        .arg("--policy")
+        .arg("/dev/null");
+    for a in &plan.executor.allow {
+        cmd.arg("--allow").arg(a);
+    }
+    if let Some(jail) = &jail_plan {
+        let file = dir.join("jail.json");
+        std::fs::write(&file, serde_json::to_vec(jail)?)
+            .with_context(|| format!("cannot write {}", file.display()))?;
+        cmd.arg("--jail-plan").arg(file);
+    }
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe; it makes the server die (and
+        // kill its commands) when corral does.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd
+        .spawn()
+        .context("cannot start the executor (corral serve)")?;
+    // Ready once it says where it listens; its later messages go to a log beside the socket,
+    // not into the harness's terminal.
+    let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr is piped"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut err, &mut line)?;
+    if !line.contains("listening on") {
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        bail!("the executor did not start: {}", line.trim());
+    }
+    let log = dir.join("serve.log");
+    std::thread::spawn(move || {
+        if let Ok(mut f) = std::fs::File::create(log) {
+            let _ = std::io::copy(&mut err, &mut f);
+        }
+    });
+
+    plan.mounts.push(Mount {
+        source: dir.clone(),
+        target: PathBuf::from(JAIL_EXECUTOR_DIR),
+        kind: MountKind::Bind(Access::Ro),
+        optional: false,
+    });
+    plan.env.insert(
+        "CORRAL_EXECUTOR".into(),
+        format!("unix:{JAIL_EXECUTOR_DIR}/exec.sock"),
+    );
+    plan.env.insert(
+        "CORRAL_EXECUTOR_TOKEN_FILE".into(),
+        format!("{JAIL_EXECUTOR_DIR}/token"),
+    );
+    plan.env.insert(
+        "CORRAL_PROJECT_ROOT".into(),
+        plan.project.root.display().to_string(),
+    );
+    Ok(Some(RunExecutor { child, dir }))
+}
+
+impl Drop for RunExecutor {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

@@ -1,0 +1,84 @@
+//! The native executor wiring: from inside an agent's jail, `corral exec` reaches the executor
+//! `corral run` started outside, and the command runs in a second jail built from
+//! `[executor.sandbox]`, not on the bare host. Runs as root and, through scripts/test-rootless,
+//! as an unprivileged user.
+
+mod jail_support;
+
+use jail_support::*;
+
+#[test]
+fn exec_from_inside_the_jail_runs_in_the_executors_own_jail() {
+    let w = World::new();
+    let script = "echo agent-sees=$CORRAL_EXECUTOR; \
+         corral exec -- sh -c 'echo exec-home=$HOME; cat ~/.ssh/id_ed25519; \
+           echo from-exec > exec-marker; ls -a ~; echo END-EXEC'; \
+         echo exec-rc=$?; echo END";
+    let out = w.sh("none", script);
+    ran(&out, "END");
+    assert!(out.stdout.contains("END-EXEC"), "{}", out.both());
+    assert!(
+        out.stdout
+            .contains("agent-sees=unix:/run/corral/executor/exec.sock"),
+        "{}",
+        out.both()
+    );
+    assert!(
+        out.stdout
+            .contains(&format!("exec-home={}", w.home.display())),
+        "{}",
+        out.both()
+    );
+    // The secret stays unreadable in the executor's jail too: its home is a fresh tmpfs.
+    assert!(
+        !out.both().contains(SSH_SECRET),
+        "the executor read the host's SSH key:\n{}",
+        out.both()
+    );
+    assert!(
+        out.stderr.contains(".ssh/id_ed25519: No such file"),
+        "{}",
+        out.both()
+    );
+    assert!(!out.stdout.lines().any(|l| l.trim() == ".ssh"));
+    // The project is the same directory, read-write, in both jails.
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("exec-marker")).unwrap(),
+        "from-exec\n"
+    );
+    // `cat` failed, `echo END-EXEC` succeeded: the command's own status came back.
+    assert!(out.stdout.contains("exec-rc=0"), "{}", out.both());
+    // The command is in the audit log with its exit status.
+    let recs = w.audit_records();
+    let exec: Vec<_> = recs.iter().filter(|r| r["kind"] == "exec").collect();
+    assert_eq!(exec.len(), 1, "{recs:#?}");
+    assert_eq!(exec[0]["command"][0], "sh");
+    assert_eq!(exec[0]["exit_code"], 0);
+    assert_eq!(exec[0]["cwd"], w.project.display().to_string());
+}
+
+#[test]
+fn exec_exit_codes_and_timeout_come_back_through_the_jails() {
+    let w = World::new();
+    let tag = 900_000 + std::process::id() % 90_000;
+    let script = format!(
+        "corral exec -- sh -c 'exit 7'; echo rc1=$?; \
+         corral exec -- no-such-tool-xyz; echo rc2=$?; \
+         corral exec --timeout 500ms -- sleep {tag}; echo rc3=$?; echo END"
+    );
+    let out = w.sh("none", &script);
+    ran(&out, "END");
+    for want in ["rc1=7", "rc2=127", "rc3=124"] {
+        assert!(out.stdout.contains(want), "{want}:\n{}", out.both());
+    }
+    // Nothing of the timed-out command survives anywhere on the host.
+    let left = std::process::Command::new("pgrep")
+        .args(["-f", &format!("sleep {tag}")])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "left behind: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+}
