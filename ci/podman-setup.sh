@@ -15,13 +15,13 @@ packages="bash,curl,ca-certificates,python3"
 image=localhost/corral-ci-harness
 
 need=()
-for bin in podman runc netavark debootstrap; do
+for bin in podman runc catatonit netavark debootstrap; do
     command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/lib/podman/$bin" ] || need+=("$bin")
 done
 if [ ${#need[@]} -gt 0 ] || ! dpkg -s aardvark-dns python3-venv >/dev/null 2>&1; then
     echo "ci/podman-setup.sh: installing podman runc netavark aardvark-dns debootstrap python3-venv"
     apt-get install -y -qq --no-install-recommends \
-        podman runc netavark aardvark-dns debootstrap uidmap python3-venv >/dev/null
+        podman runc catatonit netavark aardvark-dns debootstrap uidmap python3-venv >/dev/null
 fi
 
 # This machine's cgroups are hybrid v1 (crun refuses them) and its default ulimits cannot be

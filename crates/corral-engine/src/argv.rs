@@ -342,6 +342,7 @@ fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command
         "corral.role=proxy".into(),
         "--pull".into(),
         "never".into(),
+        "--init".into(),
     ];
     a.extend(hardening(e));
     // Its own non-root user: the caller's (so the audit lines it writes are the caller's), or
@@ -465,6 +466,9 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
     if ctx.tty {
         a.push("--tty".into());
     }
+    // A small init as PID 1 (podman: catatonit, docker: tini), as in the native jail: it reaps
+    // zombies and passes signals on, which a harness running as PID 1 would ignore.
+    a.push("--init".into());
     a.extend(hardening(e));
     a.extend(user_args(ctx, plan.uid, plan.gid));
     a.push("--network".into());

@@ -253,7 +253,14 @@ fn start_or_reload(ctx: &Context, names: &Names, policy_changed: bool) -> Result
 
 /// The whole run: prepare the host, ensure the shared objects, run the harness in the
 /// foreground and return its exit code (the engine's own errors are 125, as `podman run`'s).
-pub fn run(plan: &Plan, ctx: &Context, setup: &Setup) -> Result<i32> {
+/// `wait` runs the harness command and returns its status (the CLI passes one that keeps corral
+/// alive through the terminal's signals and forwards SIGTERM/SIGHUP).
+pub fn run_with(
+    plan: &Plan,
+    ctx: &Context,
+    setup: &Setup,
+    wait: impl FnOnce(&Command) -> std::io::Result<std::process::ExitStatus>,
+) -> Result<i32> {
     let changed = prepare_host(plan, ctx)?;
     let names = ctx.names(plan);
     ensure(setup, ctx, changed, &names)?;
@@ -262,7 +269,7 @@ pub fn run(plan: &Plan, ctx: &Context, setup: &Setup) -> Result<i32> {
     // mount point behind on the host, removed again below.
     let policy = &plan.project.policy_file;
     let policy_existed = policy.symlink_metadata().is_ok();
-    let status = cmd.to_std().status();
+    let status = wait(cmd);
     if !policy_existed && fs::metadata(policy).is_ok_and(|m| m.is_file() && m.len() == 0) {
         let _ = fs::remove_file(policy);
     }
@@ -276,6 +283,11 @@ pub fn run(plan: &Plan, ctx: &Context, setup: &Setup) -> Result<i32> {
         (None, Some(s)) => 128 + s,
         (None, None) => 125,
     })
+}
+
+/// [`run_with`] waiting plainly.
+pub fn run(plan: &Plan, ctx: &Context, setup: &Setup) -> Result<i32> {
+    run_with(plan, ctx, setup, |cmd| cmd.to_std().status())
 }
 
 /// What `corral down` removed.

@@ -66,7 +66,7 @@ fn podman_plan_prints_every_command() {
         cmds[2],
         format!(
             "podman container exists corral-{key}-proxy >/dev/null 2>&1 || {{ podman run --detach --name corral-{key}-proxy \
-             --label corral.project={key} --label corral.role=proxy --pull never --read-only --read-only-tmpfs \
+             --label corral.project={key} --label corral.role=proxy --pull never --init --read-only --read-only-tmpfs \
              --cap-drop ALL --security-opt no-new-privileges {user} --cpus 1 --memory 512m --pids-limit 64 \
              --stop-timeout 5 --network corral-{key}-internal:alias=proxy --network corral-external \
              --volume {bin}:/usr/local/bin/corral:ro,z --volume {state}/engine/{key}/proxy:/etc/corral:ro,z \
@@ -80,7 +80,7 @@ fn podman_plan_prints_every_command() {
     let project = project.display();
     for part in [
         format!("podman run --rm --name corral-{key}-JAILID --label corral.project={key} "),
-        "--pull never --interactive --read-only --read-only-tmpfs --cap-drop ALL --security-opt no-new-privileges ".into(),
+        "--pull never --interactive --init --read-only --read-only-tmpfs --cap-drop ALL --security-opt no-new-privileges ".into(),
         format!("--network corral-{key}-internal "),
         "--stop-timeout 5 ".into(),
         format!("--workdir {project} "),

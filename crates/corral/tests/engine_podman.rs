@@ -465,3 +465,53 @@ fn an_absent_policy_file_cannot_be_created_from_inside() {
     let out = w.corral(&["down", "--engine", "podman"]);
     assert!(out.status.success(), "{}", text(&out));
 }
+
+#[test]
+fn sigterm_to_corral_stops_the_container_and_the_run_is_audited() {
+    if !ready() {
+        return;
+    }
+    let w = World::new("s");
+    std::fs::write(
+        w.project.join("corral.toml"),
+        format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"none\"\n"),
+    )
+    .unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
+    c.args(["run", "--engine", "podman", "--", "/bin/sleep", "60"])
+        .current_dir(&w.project)
+        .env("XDG_STATE_HOME", &w.state)
+        .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
+        .env("CORRAL_ENGINE_PREFIX", &w.prefix)
+        .env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"))
+        .stdin(std::process::Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let label = format!("label=corral.project={}", w.key());
+    let started = std::time::Instant::now();
+    while podman_ok(&["ps", "--filter", &label, "--format", "{{.Names}}"])
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the harness container never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    // sleep dies of the forwarded SIGTERM: 128 + 15, as podman reports it.
+    assert_eq!(status.code(), Some(143));
+    assert!(
+        w.audit()
+            .lines()
+            .any(|l| l.contains("\"event\":\"exit\"") && l.contains("\"exit_code\":143")),
+        "{}",
+        w.audit()
+    );
+    assert_eq!(w.leftovers(), (vec![], vec![]));
+}

@@ -137,6 +137,7 @@ fn podman_rootless_whole_setup() {
                 "corral.role=proxy",
                 "--pull",
                 "never",
+                "--init",
                 "--read-only",
                 "--read-only-tmpfs",
                 "--cap-drop",
@@ -191,6 +192,7 @@ fn podman_rootless_whole_setup() {
         "--pull",
         "never",
         "--interactive",
+        "--init",
         "--read-only",
         "--read-only-tmpfs",
         "--cap-drop",
@@ -319,6 +321,7 @@ fn docker_whole_setup() {
         "corral.role=proxy",
         "--pull",
         "never",
+        "--init",
         "--read-only",
     ]);
     proxy_argv.extend(strings(&tmpfs));
@@ -424,6 +427,7 @@ fn docker_whole_setup() {
         "never",
         "--interactive",
         "--tty",
+        "--init",
         "--read-only",
     ]);
     expected_run.extend(strings(&tmpfs));

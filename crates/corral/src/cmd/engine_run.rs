@@ -64,6 +64,39 @@ fn audit(log: &AuditLog, jail: &str, event: JailEvent) {
     }
 }
 
+/// Run the harness command to its end. corral stays alive through the signals a terminal sends
+/// its whole foreground group (SIGINT, SIGQUIT: the engine gets them too, and with `--tty` the
+/// container's terminal does), so the run's exit is still audited; SIGTERM and SIGHUP sent to
+/// corral alone are passed on to the engine, which stops the container.
+fn wait_harness(cmd: &corral_engine::Command) -> std::io::Result<std::process::ExitStatus> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut quit = signal(SignalKind::quit())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        let mut child = tokio::process::Command::from(cmd.to_std()).spawn()?;
+        let pid = child.id().map(|p| nix::unistd::Pid::from_raw(p as i32));
+        let forward = |sig: nix::sys::signal::Signal| {
+            if let Some(pid) = pid {
+                let _ = nix::sys::signal::kill(pid, sig);
+            }
+        };
+        loop {
+            tokio::select! {
+                status = child.wait() => return status,
+                _ = int.recv() => {}
+                _ = quit.recv() => {}
+                _ = term.recv() => forward(nix::sys::signal::Signal::SIGTERM),
+                _ = hup.recv() => forward(nix::sys::signal::Signal::SIGHUP),
+            }
+        }
+    })
+}
+
 /// Run `plan` with its container engine; the harness's exit code.
 pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     let kind = engine_of(plan)?;
@@ -88,7 +121,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             detail: serde_json::json!({ "engine": kind.program(), "plan": plan }),
         },
     );
-    let result = runner::run(plan, &ctx, &setup);
+    let result = runner::run_with(plan, &ctx, &setup, wait_harness);
     if let Some(src) = &ctx.skill_source {
         let _ = std::fs::remove_dir_all(src);
     }
