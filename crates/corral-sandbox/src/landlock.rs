@@ -10,9 +10,10 @@
 //! `filesystem.read_only`) and /proc; everything on the project (when read-write), home, the
 //! read-write binds and state directories, /tmp and /dev/shm; read, write and device ioctls on
 //! the rest of /dev (the null, zero, random, tty and pty nodes the backend creates; creating
-//! nodes stays denied). Landlock rights only add up along a hierarchy, so paths that are
-//! read-only inside a read-write project (`protect`) rely on their read-only bind mount, and
-//! masked files on the mount that hides them.
+//! nodes stays denied); and directory listing (names, not contents) from / down, so `ls /`
+//! works in the jail's root of mount points. Landlock rights only add up along a hierarchy, so
+//! paths that are read-only inside a read-write project (`protect`) rely on their read-only
+//! bind mount, and masked files on the mount that hides them.
 //!
 //! ABI 6 scopes are requested too: the jail cannot connect to abstract unix sockets created
 //! outside it (the host's X11, D-Bus and similar listeners, relevant with `network.mode =
@@ -118,6 +119,8 @@ pub struct Rule {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuleAccess {
+    /// List directories only (no file contents).
+    List,
     /// Read and execute.
     Read,
     /// Everything.
@@ -155,11 +158,16 @@ pub fn rules(plan: &Plan) -> Vec<Rule> {
     push(Path::new("/dev/shm"), RuleAccess::Write);
     push(Path::new("/dev"), RuleAccess::Device);
     push(Path::new("/proc"), RuleAccess::Read);
+    // Directory listings of the whole tree, so `ls /` and `find / -name ...` work: the jail's
+    // root is a fresh tmpfs holding only the Plan's mount points, and a listing shows names,
+    // never contents.
+    push(Path::new("/"), RuleAccess::List);
     out
 }
 
 fn rights(access: RuleAccess, is_dir: bool) -> BitFlags<AccessFs> {
     let all = match access {
+        RuleAccess::List => AccessFs::ReadDir.into(),
         RuleAccess::Read => AccessFs::from_read(TARGET_ABI),
         RuleAccess::Write => AccessFs::from_all(TARGET_ABI),
         RuleAccess::Device => {
@@ -260,6 +268,7 @@ mod tests {
             ("/dev/shm", RuleAccess::Write),
             ("/dev", RuleAccess::Device),
             ("/proc", RuleAccess::Read),
+            ("/", RuleAccess::List),
         ] {
             expected.push(Rule {
                 path: p.into(),
