@@ -532,6 +532,17 @@ fn try_v2(
     if let Some(parent) = base.parent().filter(|_| in_leaf) {
         base = parent.to_path_buf();
     }
+    create_v2(&base, jail_id, limits, wanted, why)
+}
+
+/// The jail's cgroup under the v2 cgroup `base` (ours, or our leaf's parent).
+fn create_v2(
+    base: &Path,
+    jail_id: &str,
+    limits: &Limits,
+    wanted: Enforced,
+    why: &mut Vec<String>,
+) -> Result<Option<JailCgroup>, CgroupError> {
     let available = fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
     let available: Vec<&str> = available.split_whitespace().collect();
     let needed: Vec<&str> = [
@@ -829,6 +840,84 @@ mod tests {
     fn cpu_quota_has_the_kernel_minimum() {
         assert_eq!(cpu_quota(2.0, 100_000), 200_000);
         assert_eq!(cpu_quota(0.001, 100_000), 1_000);
+    }
+
+    /// cgroup v2 cannot be exercised on a host whose controllers are bound to v1, so this
+    /// checks the files `create_v2` writes on a directory shaped like a delegated cgroup.
+    #[test]
+    fn v2_writes_the_limits_into_a_delegated_cgroup() {
+        let base = tempfile::tempdir().unwrap();
+        let b = base.path();
+        fs::write(b.join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+        fs::write(b.join("cgroup.subtree_control"), "").unwrap();
+        let l = Limits {
+            memory: Some(256 << 20),
+            cpus: Some(1.5),
+            pids: Some(64),
+            enforce: Enforce::Strict,
+        };
+        let wanted = Enforced {
+            memory: true,
+            cpus: true,
+            pids: true,
+        };
+        let mut why = Vec::new();
+        let cg = create_v2(b, "unit", &l, wanted, &mut why)
+            .unwrap()
+            .expect("a cgroup");
+        assert!(why.is_empty(), "{why:?}");
+        assert_eq!(cg.version(), Version::V2);
+        assert_eq!(cg.enforced(), wanted);
+        let dir = b.join("corral-unit");
+        assert_eq!(cg.paths(), vec![dir.as_path()]);
+        let read = |f: &str| fs::read_to_string(dir.join(f)).unwrap();
+        assert_eq!(
+            fs::read_to_string(b.join("cgroup.subtree_control")).unwrap(),
+            "+memory +cpu +pids"
+        );
+        assert_eq!(
+            (read("memory.max"), read("pids.max"), read("cpu.max")),
+            (
+                "268435456".to_string(),
+                "64".to_string(),
+                "150000 100000".to_string()
+            )
+        );
+        for f in ["memory.max", "pids.max", "cpu.max"] {
+            fs::remove_file(dir.join(f)).unwrap();
+        }
+        cg.remove().unwrap();
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn v2_without_the_controllers_says_why() {
+        let base = tempfile::tempdir().unwrap();
+        fs::write(base.path().join("cgroup.controllers"), "cpuset io\n").unwrap();
+        let l = Limits {
+            memory: Some(1 << 30),
+            cpus: None,
+            pids: Some(10),
+            enforce: Enforce::Strict,
+        };
+        let wanted = Enforced {
+            memory: true,
+            cpus: false,
+            pids: true,
+        };
+        let mut why = Vec::new();
+        assert!(
+            create_v2(base.path(), "unit", &l, wanted, &mut why)
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(
+            why,
+            vec![format!(
+                "cgroup v2 {} offers no memory/pids controllers (bound to cgroup v1, or not delegated)",
+                base.path().display()
+            )]
+        );
     }
 
     #[test]
