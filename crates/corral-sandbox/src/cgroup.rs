@@ -568,7 +568,7 @@ fn create_v2(
         ));
         return Ok(None);
     }
-    if !writable(&base) || !writable(&base.join("cgroup.subtree_control")) {
+    if !writable(base) || !writable(&base.join("cgroup.subtree_control")) {
         why.push(format!(
             "cgroup v2 {} is not writable by this user (not delegated)",
             base.display()
