@@ -10,7 +10,7 @@ use jail_support::*;
 #[test]
 fn exec_from_inside_the_jail_runs_in_the_executors_own_jail() {
     let w = World::new();
-    let script = "echo agent-sees=$CORRAL_EXECUTOR; \
+    let script = "echo agent-sees=$CORRAL_EXECUTOR; ls -A /run/corral/executor | tr '\\n' ' '; echo; \
          corral exec -- sh -c 'echo exec-home=$HOME; cat ~/.ssh/id_ed25519; \
            echo from-exec > exec-marker; ls -a ~; echo END-EXEC'; \
          echo exec-rc=$?; echo END";
@@ -29,6 +29,8 @@ fn exec_from_inside_the_jail_runs_in_the_executors_own_jail() {
         "{}",
         out.both()
     );
+    // The agent sees the socket and the token, nothing else of the executor's state.
+    assert!(out.stdout.contains("\nexec.sock token \n"), "{}", out.both());
     // The secret stays unreadable in the executor's jail too: its home is a fresh tmpfs.
     assert!(
         !out.both().contains(SSH_SECRET),

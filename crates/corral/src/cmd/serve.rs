@@ -248,23 +248,28 @@ fn jail_helper() -> anyhow::Result<ExitCode> {
 pub const JAIL_EXECUTOR_DIR: &str = "/run/corral/executor";
 
 /// The executor of a native `corral run`: a `corral serve` child on a unix socket in a private
-/// directory (0700) with a fresh token (0600). Dropping it stops the server, which kills every
-/// command still running, and removes the directory.
+/// directory (0700) with a fresh token (0600), and the skill file. Dropping it stops the server,
+/// which kills every command still running, and removes the directory.
 pub struct RunExecutor {
-    child: std::process::Child,
+    child: Option<std::process::Child>,
     dir: PathBuf,
 }
 
-/// Start the executor `plan` asks for and give the jail access to it: the socket directory bound
-/// read-only at [`JAIL_EXECUTOR_DIR`], and `CORRAL_EXECUTOR`, `CORRAL_EXECUTOR_TOKEN_FILE`,
-/// `CORRAL_PROJECT_ROOT` set. `None` when the plan's executor is not started by corral run
-/// (`compose:SERVICE`, or a plan that is itself an executor's jail).
+/// Start the executor `plan` asks for and give the jail access to it: a directory holding only
+/// the socket and the token, bound read-only at [`JAIL_EXECUTOR_DIR`], and `CORRAL_EXECUTOR`,
+/// `CORRAL_EXECUTOR_TOKEN_FILE`, `CORRAL_PROJECT_ROOT` set. When the plan has a skill
+/// (`plan.skill`), SKILL.md is bound read-only at its directory and its arguments (pi:
+/// `--skill DIR`) are added to the command. `None` when there is neither (`compose:SERVICE`
+/// without a skill, or a plan that is itself an executor's jail).
 pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
-    let jail_plan = match (&plan.executor.target, &plan.executor.jail) {
-        (ExecutorTarget::Sandbox, Some(jail)) => Some(jail.clone()),
-        (ExecutorTarget::Sandbox, None) | (ExecutorTarget::Compose(_), _) => return Ok(None),
-        (ExecutorTarget::Host, _) => None,
+    let (start, jail_plan) = match (&plan.executor.target, &plan.executor.jail) {
+        (ExecutorTarget::Sandbox, Some(jail)) => (true, Some(jail.clone())),
+        (ExecutorTarget::Sandbox, None) | (ExecutorTarget::Compose(_), _) => (false, None),
+        (ExecutorTarget::Host, _) => (true, None),
     };
+    if !start && plan.skill.is_none() {
+        return Ok(None);
+    }
     let base = std::env::var_os("XDG_RUNTIME_DIR")
         .filter(|d| Path::new(d).is_dir())
         .map(PathBuf::from)
@@ -275,14 +280,35 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
         .context("cannot read /dev/urandom for the executor token")?;
     let hex: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
     let dir = base.join(format!("corral-exec-{}-{}", std::process::id(), &hex[..8]));
-    {
+    let shared = dir.join("jail");
+    for d in [&dir, &shared] {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .mode(0o700)
-            .create(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+            .create(d)
+            .with_context(|| format!("cannot create {}", d.display()))?;
     }
-    let token = dir.join("token");
+    let mut handle = RunExecutor {
+        child: None,
+        dir: dir.clone(),
+    };
+    if let Some(skill) = plan.skill.clone() {
+        let skill_dir = dir.join("skill");
+        std::fs::create_dir(&skill_dir)
+            .and_then(|_| std::fs::write(skill_dir.join("SKILL.md"), corral_exec::SKILL_MD))
+            .with_context(|| format!("cannot write {}/SKILL.md", skill_dir.display()))?;
+        plan.mounts.push(Mount {
+            source: skill_dir,
+            target: skill.dir.clone(),
+            kind: MountKind::Bind(Access::Ro),
+            optional: false,
+        });
+        plan.command.extend(skill.args.iter().cloned());
+    }
+    if !start {
+        return Ok(Some(handle));
+    }
+    let token = shared.join("token");
     {
         use std::os::unix::fs::OpenOptionsExt;
         let mut f = std::fs::OpenOptions::new()
@@ -293,7 +319,7 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
             .with_context(|| format!("cannot create {}", token.display()))?;
         std::io::Write::write_all(&mut f, hex.as_bytes())?;
     }
-    let sock = dir.join("exec.sock");
+    let sock = shared.join("exec.sock");
     let exe = std::env::current_exe().context("cannot find corral's own binary")?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("serve")
@@ -337,18 +363,17 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
             });
         }
     }
-    let mut child = cmd
-        .spawn()
-        .context("cannot start the executor (corral serve)")?;
+    let child = handle.child.insert(
+        cmd.spawn()
+            .context("cannot start the executor (corral serve)")?,
+    );
     // Ready once it says where it listens; its later messages go to a log beside the socket,
     // not into the harness's terminal.
     let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr is piped"));
     let mut line = String::new();
     std::io::BufRead::read_line(&mut err, &mut line)?;
     if !line.contains("listening on") {
-        let _ = child.kill();
-        let _ = child.wait();
-        let _ = std::fs::remove_dir_all(&dir);
+        // Dropping `handle` stops the child and removes the directory.
         bail!("the executor did not start: {}", line.trim());
     }
     let log = dir.join("serve.log");
@@ -359,7 +384,7 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
     });
 
     plan.mounts.push(Mount {
-        source: dir.clone(),
+        source: shared,
         target: PathBuf::from(JAIL_EXECUTOR_DIR),
         kind: MountKind::Bind(Access::Ro),
         optional: false,
@@ -376,14 +401,16 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
         "CORRAL_PROJECT_ROOT".into(),
         plan.project.root.display().to_string(),
     );
-    Ok(Some(RunExecutor { child, dir }))
+    Ok(Some(handle))
 }
 
 impl Drop for RunExecutor {
     fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let _ = child.wait();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
