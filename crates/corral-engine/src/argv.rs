@@ -516,13 +516,34 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
     }
     a.extend([
         "--entrypoint".into(),
-        plan.command[0].clone(),
+        container_program(plan),
         harness_image(plan),
     ]);
     a.extend(plan.command[1..].iter().cloned());
     let mut cmd = Command::new(e.program()).args(a);
     cmd.env = env;
     Ok(cmd)
+}
+
+/// The program the container runs. The plan resolved it on the host's PATH; a path under the
+/// system directories names the host's layout, not the image's (`/usr/bin/pi` on the host is
+/// `/usr/local/bin/pi` in a node image), so such a program is looked up on the image's PATH by
+/// name. A program the plan binds in (a harness under a user prefix) keeps its path.
+fn container_program(plan: &Plan) -> String {
+    let program = Path::new(&plan.command[0]);
+    if !program.is_absolute() {
+        return plan.command[0].clone();
+    }
+    let system: BTreeSet<PathBuf> = system_mounts().into_iter().map(|m| m.target).collect();
+    let bound = plan.mounts.iter().any(|m| {
+        matches!(m.kind, MountKind::Bind(_))
+            && !system.contains(&m.target)
+            && program.starts_with(&m.target)
+    });
+    match program.file_name() {
+        Some(name) if !bound => name.to_string_lossy().into_owned(),
+        _ => plan.command[0].clone(),
+    }
 }
 
 /// The plan's filesystem as engine mounts. The system directories come from the image, not the

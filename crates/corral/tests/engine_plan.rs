@@ -91,7 +91,7 @@ fn podman_plan_prints_every_command() {
         assert!(run.contains(&part), "{part:?} not in\n{run}");
     }
     assert!(
-        run.ends_with(" --entrypoint /bin/echo localhost/img:1 'hi there'"),
+        run.ends_with(" --entrypoint echo localhost/img:1 'hi there'"),
         "{run}"
     );
     assert!(out.contains("#   HTTPS_PROXY=http://proxy:3128\n"), "{out}");

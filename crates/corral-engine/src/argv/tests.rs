@@ -254,7 +254,7 @@ fn podman_rootless_whole_setup() {
         "--env",
         "no_proxy",
         "--entrypoint",
-        "/usr/bin/pi",
+        "pi",
         "localhost/corral-pi:latest",
         "--x",
     ]);
@@ -493,7 +493,7 @@ fn docker_whole_setup() {
         "--env",
         "no_proxy",
         "--entrypoint",
-        "/usr/bin/pi",
+        "pi",
         "localhost/corral-pi:latest",
         "--x",
     ]));
@@ -609,4 +609,22 @@ fn printed_commands_are_shell_words() {
         text.contains("#   HTTPS_PROXY=http://proxy:3128\n"),
         "{text}"
     );
+}
+
+#[test]
+fn host_system_paths_are_looked_up_in_the_image_and_bound_programs_keep_theirs() {
+    let mut f = fixture();
+    let c = ctx(EngineKind::Podman, true);
+    let entry = |p: &Plan| {
+        let s = setup(p, &c).unwrap();
+        let a = s.run_command().unwrap().args.clone();
+        let i = a.iter().position(|x| x == "--entrypoint").unwrap();
+        a[i + 1].clone()
+    };
+    assert_eq!(entry(&f.plan), "pi");
+    // Under a bind of the plan (the state directory stands in for a user prefix).
+    f.plan.command[0] = "/home/u/.pi/agent/bin/pi".into();
+    assert_eq!(entry(&f.plan), "/home/u/.pi/agent/bin/pi");
+    f.plan.command[0] = "pi".into();
+    assert_eq!(entry(&f.plan), "pi");
 }
