@@ -511,6 +511,36 @@ fn dir_name(jail_id: &str) -> String {
     format!("corral-{jail_id}")
 }
 
+/// A jail's cgroup older than this with no process left is stale.
+const STALE_AFTER: Duration = Duration::from_secs(60);
+
+/// Remove the cgroups of jails whose corral was killed (SIGKILL runs no destructor): sibling
+/// `corral-*` directories under `base` that hold no process and were created more than
+/// [`STALE_AFTER`] ago (a live corral moves its jail in within milliseconds of creating the
+/// cgroup). Errors are ignored: another corral may be sweeping too.
+fn sweep_stale(base: &Path) {
+    let Ok(entries) = fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if !name.starts_with("corral-") || name.starts_with("corral-self-") {
+            continue;
+        }
+        let dir = e.path();
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > STALE_AFTER);
+        if old && e.file_type().is_ok_and(|t| t.is_dir()) && pids_in(&dir).is_empty() {
+            let _ = fs::remove_dir(&dir);
+        }
+    }
+}
+
 fn try_v2(
     jail_id: &str,
     limits: &Limits,
@@ -606,6 +636,7 @@ fn create_v2(
             return Ok(None);
         }
     }
+    sweep_stale(base);
     let dir = base.join(dir_name(jail_id));
     fs::create_dir(&dir).map_err(io_err("creating", &dir))?;
     let mut cg = JailCgroup {
@@ -691,6 +722,7 @@ fn try_v1(
             ));
             continue;
         }
+        sweep_stale(&base);
         let dir = base.join(dir_name(jail_id));
         let shared = cg.dirs.iter().any(|(_, d)| *d == dir); // co-mounted controllers
         if shared {
@@ -917,6 +949,41 @@ mod tests {
                 "cgroup v2 {} offers no memory/pids controllers (bound to cgroup v1, or not delegated)",
                 base.path().display()
             )]
+        );
+    }
+
+    #[test]
+    fn sweep_removes_only_old_empty_jail_cgroups() {
+        let base = tempfile::tempdir().unwrap();
+        let b = base.path();
+        let long_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+        for (name, procs, old) in [
+            ("corral-stale", "", true),
+            ("corral-busy", "123\n", true),
+            ("corral-fresh", "", false),
+            ("corral-self-42", "", true),
+            ("other", "", true),
+        ] {
+            let d = b.join(name);
+            fs::create_dir(&d).unwrap();
+            // A real cgroup directory is removable while its control files exist; a plain
+            // directory is not, so the fake keeps cgroup.procs only where it must be read.
+            if !procs.is_empty() {
+                fs::write(d.join("cgroup.procs"), procs).unwrap();
+            }
+            if old {
+                fs::File::open(&d).unwrap().set_modified(long_ago).unwrap();
+            }
+        }
+        sweep_stale(b);
+        let mut left: Vec<String> = fs::read_dir(b)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            ["corral-busy", "corral-fresh", "corral-self-42", "other"]
         );
     }
 
