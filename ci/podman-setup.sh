@@ -70,6 +70,7 @@ if ! [ -s "$tarball" ]; then
     chmod 755 "$root"  # mktemp made it 0700: non-root users in the container could not traverse /
     tar -C "$root" --numeric-owner -cf "$tarball.tmp" .
     mv "$tarball.tmp" "$tarball"
+    find "$cache" -maxdepth 1 -name 'rootfs-*.tar' ! -name "rootfs-$key.tar" -delete
     rm -rf "$root"
     trap - EXIT
 fi
