@@ -36,9 +36,9 @@ pub struct PolicyFile {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunSection {
-    pub command: Option<Vec<String>>,
+    pub command: Option<Spanned<Vec<String>>>,
     pub engine: Option<Engine>,
-    pub image: Option<String>,
+    pub image: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

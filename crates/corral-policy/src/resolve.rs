@@ -560,19 +560,32 @@ fn file_layer(
         l.profile = Some((name, at));
     }
     if let Some(run) = pf.run {
-        if let Some(c) = &run.command
-            && c.is_empty()
-        {
-            return Err(PolicyError::at(
-                file,
-                text,
-                text.find("command").unwrap_or(0),
-                "run.command: expected a non-empty list such as [\"pi\"]".into(),
-            ));
+        if let Some(c) = run.command {
+            let at = span_loc(file, text, &c);
+            let c = c.into_inner();
+            if c.is_empty() {
+                return Err(
+                    at.error("run.command: expected a non-empty list such as [\"pi\"]".into())
+                );
+            }
+            if project {
+                grants.push(format!(
+                    "{at}: run.command replaces the harness command with {c:?}"
+                ));
+            }
+            l.command = Some(c);
         }
-        l.command = run.command;
+        if let Some(i) = run.image {
+            let at = span_loc(file, text, &i);
+            if project {
+                grants.push(format!(
+                    "{at}: run.image runs the harness in image {:?}",
+                    i.get_ref()
+                ));
+            }
+            l.image = Some(i.into_inner());
+        }
         l.engine = run.engine;
-        l.image = run.image;
     }
     if let Some(fs) = pf.filesystem {
         l.project_access = fs.project;
