@@ -114,6 +114,28 @@ fn exec_separates_streams_and_exits_with_the_commands_code() {
     let out = s.exec(&["--timeout", "300ms", "--", "sleep", "30"]);
     assert_eq!(out.status.code(), Some(124));
     assert!(text(&out.stderr).contains("timed out after 300ms"));
+    // A reader that goes away: corral exec ends like a program killed by SIGPIPE.
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("\"$0\" exec -- yes | head -n 2")
+        .arg(CORRAL)
+        .envs(
+            s.exec_cmd(&[])
+                .get_envs()
+                .filter_map(|(k, v)| Some((k, v?))),
+        )
+        .current_dir(s.proj())
+        .output()
+        .unwrap();
+    assert_eq!(
+        text(&out.stdout).lines().take(2).collect::<Vec<_>>(),
+        ["y", "y"]
+    );
+    assert!(
+        !text(&out.stderr).contains("corral exec:"),
+        "{}",
+        text(&out.stderr)
+    );
     // --env and --stdin.
     let mut c = s.exec_cmd(&["--stdin", "--env", "X=42", "--", "sh", "-c", "cat; echo $X"]);
     c.stdin(Stdio::piped()).stdout(Stdio::piped());

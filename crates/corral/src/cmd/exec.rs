@@ -75,6 +75,13 @@ pub fn run(args: ExecArgs) -> anyhow::Result<ExitCode> {
     };
     match client::run(&target, &req, &mut on_event) {
         Ok(code) => Ok(exit_code(code)),
+        // Our reader went away (`corral exec -- cmd | head`): end quietly, as a program killed
+        // by SIGPIPE would; closing the connection makes the server kill the command.
+        Err(client::ClientError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::BrokenPipe =>
+        {
+            Ok(exit_code(128 + libc::SIGPIPE))
+        }
         Err(e) => {
             eprintln!("corral exec: {e}");
             Ok(exit_code(e.exit_code()))
