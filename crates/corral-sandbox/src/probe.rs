@@ -52,6 +52,31 @@ pub struct Report {
     pub strict_limits: bool,
     /// The kernel's Landlock ABI, when it has Landlock.
     pub landlock_abi: Option<u32>,
+    /// The seccomp filter every jail gets: each rule and why.
+    pub seccomp_filter: Vec<FilterRule>,
+}
+
+/// One rule of the jail's seccomp filter.
+#[derive(Debug, Clone, Serialize)]
+pub struct FilterRule {
+    pub syscall: &'static str,
+    pub rule: &'static str,
+}
+
+fn filter_rules() -> Vec<FilterRule> {
+    let mut v: Vec<FilterRule> = crate::seccomp::ARGUMENT_RULES
+        .iter()
+        .map(|(syscall, rule)| FilterRule { syscall, rule })
+        .collect();
+    v.extend(
+        crate::seccomp::denied_syscalls()
+            .into_iter()
+            .map(|d| FilterRule {
+                syscall: d.name,
+                rule: d.reason,
+            }),
+    );
+    v
 }
 
 impl Report {
@@ -134,6 +159,7 @@ pub fn run() -> Report {
         native_backend,
         strict_limits,
         landlock_abi,
+        seccomp_filter: filter_rules(),
     }
 }
 

@@ -121,7 +121,7 @@ const AF_INET6: u32 = 10;
 const AF_NETLINK: u32 = 16;
 const NETLINK_ROUTE: u32 = 0;
 
-/// One syscall the filter denies, with the reason (shown by `corral doctor --json` and the docs).
+/// One syscall the filter denies with EPERM, with the reason (listed by `corral doctor --json`).
 #[derive(Debug, Clone, Copy)]
 pub struct DeniedSyscall {
     pub name: &'static str,

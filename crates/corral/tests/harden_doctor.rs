@@ -61,6 +61,23 @@ fn doctor_reports_every_probe_and_exits_by_what_it_found() {
         0
     };
     assert_eq!(code, expected, "{json:#}");
+    // The filter's rules are listed with their reasons.
+    let rules = json["seccomp_filter"].as_array().unwrap();
+    for name in [
+        "clone3",
+        "ioctl",
+        "socket",
+        "mount",
+        "ptrace",
+        "bpf",
+        "io_uring_setup",
+    ] {
+        let r = rules
+            .iter()
+            .find(|r| r["syscall"] == name)
+            .unwrap_or_else(|| panic!("no rule for {name}"));
+        assert!(!r["rule"].as_str().unwrap().is_empty());
+    }
     // The Landlock ABI reported is the kernel's own answer.
     let abi = corral_sandbox::landlock::kernel_abi();
     assert_eq!(json["landlock_abi"].as_u64(), abi.map(u64::from));
