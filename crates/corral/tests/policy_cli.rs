@@ -91,7 +91,10 @@ fn plan_pi_json_in_a_fresh_git_project() {
         Some(MountKind::Bind(Access::Rw))
     );
     assert_eq!(mode_of(&plan, &p.home), Some(MountKind::Tmpfs));
-    assert_eq!(plan.masked, vec![p.root.join(".env"), p.root.join("sub/.env")]);
+    assert_eq!(
+        plan.masked,
+        vec![p.root.join(".env"), p.root.join("sub/.env")]
+    );
     assert_eq!(
         plan.protected,
         vec![
@@ -129,7 +132,9 @@ fn plan_pi_json_in_a_fresh_git_project() {
         "generativelanguage.googleapis.com",
     ] {
         assert!(
-            plan.network.allow.contains(&DomainPattern::parse(host).unwrap()),
+            plan.network
+                .allow
+                .contains(&DomainPattern::parse(host).unwrap()),
             "{host} not allowed"
         );
     }
@@ -158,8 +163,16 @@ fn bad_policy_files_exit_125_with_file_line_column() {
     let p = project();
     let file = p.root.join("corral.toml");
     for (text, at, what) in [
-        ("[limits]\nmemroy = \"4g\"\n", "2:1", "did you mean `memory`?"),
-        ("[limits]\nmemory = \"4gb\"\n", "2:10", "invalid size \"4gb\""),
+        (
+            "[limits]\nmemroy = \"4g\"\n",
+            "2:1",
+            "did you mean `memory`?",
+        ),
+        (
+            "[limits]\nmemory = \"4gb\"\n",
+            "2:10",
+            "invalid size \"4gb\"",
+        ),
         (
             "[network]\nallow = [\"api.example.com\", \"evil.com:443.example.com\"]\n",
             "2:29",
@@ -180,7 +193,11 @@ fn bad_policy_files_exit_125_with_file_line_column() {
 fn init_writes_a_policy_that_loads_back_and_refuses_to_overwrite() {
     let p = project();
     let out = corral(&p, &["init", "pi"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let written = std::fs::read_to_string(p.root.join("corral.toml")).unwrap();
     assert!(written.starts_with("# corral.toml"));
     assert!(written.contains("profile = \"pi\""));

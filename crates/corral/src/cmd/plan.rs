@@ -92,7 +92,7 @@ fn size(bytes: u64) -> String {
         (1 << 10, "k"),
     ];
     for (mult, unit) in UNITS {
-        if bytes >= *mult && bytes % (mult / 1024).max(1) == 0 {
+        if bytes >= *mult && bytes.is_multiple_of((mult / 1024).max(1)) {
             let v = bytes as f64 / *mult as f64;
             return if v.fract() == 0.0 {
                 format!("{v}{unit}")
