@@ -78,6 +78,7 @@ const SYS_OPEN_TREE_ATTR: i64 = 467;
 // ioctl requests.
 const TIOCSTI: u32 = 0x5412;
 const TIOCLINUX: u32 = 0x541C;
+const TIOCSETD: u32 = 0x5423;
 
 // clone/unshare namespace flags.
 const CLONE_NEWTIME: u32 = 0x0000_0080;
@@ -310,7 +311,7 @@ pub const ARGUMENT_RULES: &[(&str, &str)] = &[
     ("unshare", "EPERM with any CLONE_NEW* flag: as clone"),
     (
         "ioctl",
-        "EPERM for TIOCSTI (injects input into a terminal) and TIOCLINUX (console control); low 32 bits compared",
+        "EPERM for TIOCSTI (injects input into a terminal), TIOCLINUX (console control) and TIOCSETD (line disciplines: rarely used kernel code); low 32 bits compared",
     ),
     (
         "personality",
@@ -510,12 +511,14 @@ pub fn build_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
 
     // ioctl: TIOCSTI pushes bytes into a terminal's input queue (a jailed process could type
     // commands into the user's shell if it held that terminal; the jail gets its own pty, this
-    // is the second wall); TIOCLINUX can do the same on a virtual console.
+    // is the second wall); TIOCLINUX can do the same on a virtual console; TIOCSETD switches a
+    // terminal's line discipline, which loads rarely used kernel code (n_hdlc, CVE-2017-2636).
     p.on_syscall(libc::SYS_ioctl, |p| {
         let deny = p.label();
         p.load(off_arg_lo(1));
         p.jump(BPF_JEQ, TIOCSTI, Target::To(deny), Target::Next);
         p.jump(BPF_JEQ, TIOCLINUX, Target::To(deny), Target::Next);
+        p.jump(BPF_JEQ, TIOCSETD, Target::To(deny), Target::Next);
         p.ret(SECCOMP_RET_ALLOW);
         p.mark(deny);
         p.ret(eperm);
@@ -711,6 +714,7 @@ mod tests {
             EPERM
         );
         assert_eq!(eval(libc::SYS_ioctl, [0, 0x541C, 0, 0, 0, 0]), EPERM);
+        assert_eq!(eval(libc::SYS_ioctl, [0, 0x5423, 0, 0, 0, 0]), EPERM);
         assert_eq!(
             eval(libc::SYS_ioctl, [0, 0x5413, 0, 0, 0, 0]),
             SECCOMP_RET_ALLOW

@@ -194,6 +194,11 @@ fn tiocsti_is_denied_on_a_pty() {
         let sub = [12u8; 1];
         let rc = unsafe { libc::ioctl(slave, libc::TIOCLINUX, sub.as_ptr()) };
         assert_eq!((rc, errno()), (-1, libc::EPERM), "TIOCLINUX");
+        // Switching the line discipline (N_HDLC = 13).
+        let ldisc: libc::c_int = 13;
+        // SAFETY: TIOCSETD reads one int.
+        let rc = unsafe { libc::ioctl(slave, libc::TIOCSETD, &ldisc) };
+        assert_eq!((rc, errno()), (-1, libc::EPERM), "TIOCSETD");
         // Ordinary terminal ioctls still work.
         let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
         // SAFETY: TIOCGWINSZ writes one winsize.
