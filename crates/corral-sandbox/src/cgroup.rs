@@ -733,32 +733,38 @@ fn try_v1(
         if !shared {
             cg.dirs.push((ctl, dir.clone()));
         }
-        match ctl {
+        // A controller whose files cannot be written (a kernel without CFS bandwidth control,
+        // say) is one limit not enforced, not a failed run: `setup` decides per `enforce`.
+        let applied = match ctl {
             "memory" => {
                 let m = limits.memory.unwrap_or(u64::MAX).to_string();
-                write(&dir, "memory.limit_in_bytes", &m)?;
-                // memsw (memory + swap) must be >= the memory limit; equal means no swap.
-                let memsw = dir.join("memory.memsw.limit_in_bytes");
-                if memsw.exists() {
-                    fs::write(&memsw, &m).map_err(io_err("writing", &memsw))?;
-                }
-                cg.enforced.memory = true;
+                write(&dir, "memory.limit_in_bytes", &m).and_then(|()| {
+                    // memsw (memory + swap) must be >= the memory limit; equal means no swap.
+                    let memsw = dir.join("memory.memsw.limit_in_bytes");
+                    if memsw.exists() {
+                        fs::write(&memsw, &m).map_err(io_err("writing", &memsw))
+                    } else {
+                        Ok(())
+                    }
+                })
             }
-            "pids" => {
-                write(
-                    &dir,
-                    "pids.max",
-                    &limits.pids.unwrap_or(u64::MAX).to_string(),
-                )?;
-                cg.enforced.pids = true;
-            }
+            "pids" => write(
+                &dir,
+                "pids.max",
+                &limits.pids.unwrap_or(u64::MAX).to_string(),
+            ),
             _ => {
                 let period = 100_000u64;
-                write(&dir, "cpu.cfs_period_us", &period.to_string())?;
                 let quota = cpu_quota(limits.cpus.unwrap_or(1.0), period);
-                write(&dir, "cpu.cfs_quota_us", &quota.to_string())?;
-                cg.enforced.cpus = true;
+                write(&dir, "cpu.cfs_period_us", &period.to_string())
+                    .and_then(|()| write(&dir, "cpu.cfs_quota_us", &quota.to_string()))
             }
+        };
+        match (applied, ctl) {
+            (Err(e), _) => why.push(e.to_string()),
+            (Ok(()), "memory") => cg.enforced.memory = true,
+            (Ok(()), "pids") => cg.enforced.pids = true,
+            (Ok(()), _) => cg.enforced.cpus = true,
         }
     }
     if cg.dirs.is_empty() {
