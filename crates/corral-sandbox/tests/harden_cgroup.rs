@@ -291,5 +291,23 @@ fn best_effort_falls_back_to_rlimits_and_says_so() {
             c.output().unwrap()
         };
         assert_eq!(String::from_utf8_lossy(&out.stdout), "524288\n100\n");
+        // And an allocation beyond the memory figure fails in that process.
+        let fallback = s.fallback.clone();
+        let out = {
+            use std::os::unix::process::CommandExt;
+            let mut c = Command::new("python3");
+            c.args(["-c", "b = bytearray(1 << 30)"]);
+            // SAFETY: as above.
+            unsafe {
+                c.pre_exec(move || {
+                    corral_sandbox::rlimit::apply(&fallback).map_err(std::io::Error::other)
+                });
+            }
+            c.output().unwrap()
+        };
+        assert!(
+            !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("MemoryError"),
+            "a 1 GiB allocation under a 512 MiB RLIMIT_DATA: {out:?}"
+        );
     });
 }
