@@ -530,6 +530,32 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #[test]
+        fn sizes_with_a_suffix_are_that_many_units(n in 1u64..1_000_000, u in 0usize..4) {
+            let (suffix, mult) = [("k", 1u64 << 10), ("m", 1 << 20), ("g", 1 << 30), ("t", 1 << 40)][u];
+            proptest::prop_assert_eq!(Size::parse(&format!("{n}{suffix}")), Ok(Size(n * mult)));
+            proptest::prop_assert_eq!(Size::parse(&n.to_string()), Ok(Size(n)));
+            let with_b = format!("{n}{suffix}b");
+            proptest::prop_assert!(Size::parse(&with_b).is_err());
+        }
+
+        #[test]
+        fn durations_are_that_many_milliseconds(n in 1u64..1_000_000, u in 0usize..4) {
+            let (unit, mult) = [("ms", 1u64), ("s", 1_000), ("m", 60_000), ("h", 3_600_000)][u];
+            proptest::prop_assert_eq!(
+                HumanDuration::parse(&format!("{n}{unit}")),
+                Ok(HumanDuration(n * mult))
+            );
+        }
+
+        #[test]
+        fn size_parsing_never_panics(s in "\\PC{0,12}") {
+            let _ = Size::parse(&s);
+            let _ = HumanDuration::parse(&s);
+        }
+    }
+
     #[test]
     fn distance() {
         assert_eq!(edit_distance("memroy", "memory"), 2);

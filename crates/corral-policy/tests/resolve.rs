@@ -791,3 +791,21 @@ fn every_profile_resolves() {
         }
     }
 }
+
+#[test]
+fn state_paths_are_created_private_and_existing_ones_are_left_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = fx();
+    std::fs::write(f.home.join(".claude.json"), "{\"keep\": true}").unwrap();
+    corral_policy::resolve::ensure_state_paths("claude", &f.home).unwrap();
+    let dir = std::fs::metadata(f.home.join(".claude")).unwrap();
+    assert!(dir.is_dir());
+    assert_eq!(dir.permissions().mode() & 0o777, 0o700);
+    assert_eq!(
+        std::fs::read_to_string(f.home.join(".claude.json")).unwrap(),
+        "{\"keep\": true}"
+    );
+    corral_policy::resolve::ensure_state_paths("opencode", &f.home).unwrap();
+    assert!(f.home.join(".local/share/opencode").is_dir());
+    assert!(f.home.join(".config/opencode").is_dir());
+}
