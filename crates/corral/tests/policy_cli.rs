@@ -240,3 +240,47 @@ fn the_user_config_layer_is_read_from_xdg_config_home() {
     let plan = plan_json(&p, &["plan", "shell", "--json", "--memory", "1.5g"]);
     assert_eq!(plan.limits.memory, Some(3 << 29));
 }
+
+#[test]
+fn a_project_file_alone_cannot_turn_on_the_host_executor() {
+    let p = project();
+    let file = p.root.join("corral.toml");
+    std::fs::write(&file, "[executor]\ntarget = \"host\"\n").unwrap();
+    let out = corral(&p, &["plan", "--json"]);
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!(
+            "corral: {}:2:10: executor.target = \"host\"",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("a project's policy file cannot give it"),
+        "{stderr}"
+    );
+
+    // Smuggling the opt-in into the project file is refused too.
+    std::fs::write(&file, "[executor]\ntarget = \"host\"\nallow_host = true\n").unwrap();
+    let out = corral(&p, &["plan", "--json"]);
+    assert_eq!(out.status.code(), Some(125));
+
+    // The user's own opt-in on the command line.
+    std::fs::write(&file, "[executor]\ntarget = \"host\"\n").unwrap();
+    let plan = plan_json(&p, &["plan", "--json", "--allow-host-executor"]);
+    assert_eq!(
+        plan.executor.target,
+        corral_policy::plan::ExecutorTarget::Host
+    );
+}
+
+#[test]
+fn plan_with_scratch_leaves_no_directory_behind() {
+    let p = project();
+    let plan = plan_json(&p, &["plan", "--scratch", "--json"]);
+    assert!(plan.project.scratch);
+    assert!(plan.project.root.starts_with(p.home.parent().unwrap()));
+    assert!(!plan.project.root.exists());
+    assert!(plan.sources.is_empty());
+}
