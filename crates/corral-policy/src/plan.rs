@@ -154,7 +154,10 @@ pub struct ExecutorPlan {
 pub struct SkillPlan {
     /// Directory inside the jail where corral writes SKILL.md (read-only inside).
     pub dir: PathBuf,
-    /// Arguments added to the command so the harness loads it (pi: `--skill DIR`).
+    /// Arguments that make the harness load it (pi: `--skill DIR`). Not part of
+    /// `Plan::command`: the runner that writes SKILL.md into `dir` appends them, so a harness is
+    /// never pointed at a skill directory that was not provided. Only set when the profile's own
+    /// command runs (not for `-- CMD` or `run.command`).
     pub args: Vec<String>,
 }
 
