@@ -960,14 +960,8 @@ fn is_executable(p: &Path) -> bool {
 /// installation prefix (`PREFIX/bin/PROG` beside `PREFIX/lib` and `PREFIX/include`, as nvm
 /// lays node out); else the program file alone. Never the home or `/` itself.
 pub fn package_dir(exe: &Path, home: &Path) -> PathBuf {
-    for dir in exe.ancestors().skip(1) {
-        if dir == home || dir.parent().is_none() || home.starts_with(dir) {
-            break;
-        }
-        if dir.join("package.json").is_file() || dir.join("pyvenv.cfg").is_file() {
-            return dir.to_path_buf();
-        }
-    }
+    // The installation prefix first: nvm's own checkout (~/.nvm) holds a package.json that must
+    // not turn one node binary into every version nvm has.
     if let Some(bin) = exe
         .parent()
         .filter(|b| b.file_name() == Some("bin".as_ref()))
@@ -978,6 +972,14 @@ pub fn package_dir(exe: &Path, home: &Path) -> PathBuf {
         && prefix.join("include").is_dir()
     {
         return prefix.to_path_buf();
+    }
+    for dir in exe.ancestors().skip(1) {
+        if dir == home || dir.parent().is_none() || home.starts_with(dir) {
+            break;
+        }
+        if dir.join("package.json").is_file() || dir.join("pyvenv.cfg").is_file() {
+            return dir.to_path_buf();
+        }
     }
     exe.to_path_buf()
 }

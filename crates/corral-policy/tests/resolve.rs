@@ -809,3 +809,56 @@ fn state_paths_are_created_private_and_existing_ones_are_left_alone() {
     assert!(f.home.join(".local/share/opencode").is_dir());
     assert!(f.home.join(".config/opencode").is_dir());
 }
+
+#[test]
+fn a_script_harness_brings_its_interpreter_from_an_nvm_prefix() {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let f = fx();
+    let exe = |p: &Path, text: &str| {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    let prefix = f.home.join(".nvm/versions/node/v22.1.0");
+    // nvm's own checkout has a package.json: the node binary still binds only its version.
+    std::fs::create_dir_all(f.home.join(".nvm")).unwrap();
+    std::fs::write(f.home.join(".nvm/package.json"), "{}").unwrap();
+    exe(&prefix.join("bin/node"), "#!/bin/sh\n");
+    std::fs::create_dir_all(prefix.join("include/node")).unwrap();
+    let pkg = prefix.join("lib/node_modules/@earendil-works/pi-coding-agent");
+    exe(&pkg.join("dist/cli.js"), "#!/usr/bin/env node\n");
+    std::fs::write(pkg.join("package.json"), "{}").unwrap();
+    symlink(
+        "../lib/node_modules/@earendil-works/pi-coding-agent/dist/cli.js",
+        prefix.join("bin/pi"),
+    )
+    .unwrap();
+
+    let mut req = f.req(Some("pi"));
+    req.env.insert(
+        "PATH".into(),
+        format!("{}:/usr/bin:/bin", prefix.join("bin").display()),
+    );
+    let plan = resolve(&req).unwrap();
+    assert_eq!(
+        plan.command,
+        vec![pkg.join("dist/cli.js").display().to_string()]
+    );
+    let state = system_mounts().len() + 1;
+    assert_eq!(
+        plan.mounts[state + 1..state + 3],
+        [
+            mount(&pkg, MountKind::Bind(Access::Ro), false),
+            mount(&prefix, MountKind::Bind(Access::Ro), false),
+        ]
+    );
+    assert_eq!(
+        plan.env["PATH"],
+        format!(
+            "/run/corral/bin:{}:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+            prefix.join("bin").display()
+        )
+    );
+    // The profile's own command keeps its skill.
+    assert!(plan.skill.is_some());
+}
