@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -326,87 +325,110 @@ where
     Ok(want)
 }
 
-/// A stream that counts the bytes read from it and notes when it last saw any.
-struct Tracked<S> {
-    inner: S,
-    bytes: Arc<AtomicU64>,
-    last: Arc<AtomicU64>,
-    epoch: Instant,
+/// One direction of a tunnel. Idle, it holds no buffer: data is read into a buffer on the poll
+/// function's stack and written straight on; only bytes the writer cannot take yet are copied to
+/// the heap, and freed once written. 1,000 idle tunnels thus cost sockets and tasks, not buffers.
+#[derive(Default)]
+struct Direction {
+    pending: Option<(Box<[u8]>, usize)>,
+    read_done: bool,
+    shut_down: bool,
+    bytes: u64,
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        if n > 0 {
-            self.bytes.fetch_add(n as u64, Ordering::Relaxed);
-            let now = self.epoch.elapsed().as_millis() as u64;
-            self.last.store(now, Ordering::Relaxed);
+const TUNNEL_READ: usize = 64 * 1024;
+
+fn poll_direction<R, W>(
+    cx: &mut Context<'_>,
+    mut r: Pin<&mut R>,
+    mut w: Pin<&mut W>,
+    d: &mut Direction,
+) -> Poll<io::Result<()>>
+where
+    R: AsyncRead + ?Sized,
+    W: AsyncWrite + ?Sized,
+{
+    // Bound the work done in one poll so the other direction and other tasks get their turn.
+    for _ in 0..32 {
+        if let Some((buf, pos)) = d.pending.as_mut() {
+            while *pos < buf.len() {
+                match w.as_mut().poll_write(cx, &buf[*pos..]) {
+                    Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                    Poll::Ready(Ok(n)) => *pos += n,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            d.pending = None;
         }
-        r
+        if d.read_done {
+            if !d.shut_down {
+                match w.as_mut().poll_shutdown(cx) {
+                    Poll::Ready(_) => d.shut_down = true,
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            return Poll::Ready(Ok(()));
+        }
+        let mut stack = [0u8; TUNNEL_READ];
+        let mut rb = ReadBuf::new(&mut stack);
+        match r.as_mut().poll_read(cx, &mut rb) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Ready(Ok(())) => {}
+        }
+        let n = rb.filled().len();
+        if n == 0 {
+            d.read_done = true;
+            continue;
+        }
+        d.bytes += n as u64;
+        let mut pos = 0;
+        while pos < n {
+            match w.as_mut().poll_write(cx, &stack[pos..n]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(k)) => pos += k,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    d.pending = Some((stack[pos..n].to_vec().into_boxed_slice(), 0));
+                    return Poll::Pending;
+                }
+            }
+        }
     }
+    cx.waker().wake_by_ref();
+    Poll::Pending
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// Relay bytes both ways until both sides close or nothing moves for `idle`. Returns
-/// (bytes client->upstream, bytes upstream->client).
-pub(crate) async fn tunnel<A, B>(a: A, b: B, idle: Duration) -> (u64, u64)
+/// Relay bytes both ways until both sides close, either fails, or nothing moves for `idle`.
+/// Returns (bytes a->b, bytes b->a).
+pub(crate) async fn tunnel<A, B>(mut a: A, mut b: B, idle: Duration) -> (u64, u64)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    let epoch = Instant::now();
-    let last = Arc::new(AtomicU64::new(0));
-    let up = Arc::new(AtomicU64::new(0));
-    let down = Arc::new(AtomicU64::new(0));
-    let mut a = Tracked {
-        inner: a,
-        bytes: up.clone(),
-        last: last.clone(),
-        epoch,
-    };
-    let mut b = Tracked {
-        inner: b,
-        bytes: down.clone(),
-        last: last.clone(),
-        epoch,
-    };
-    let watch = async {
-        loop {
-            let since = epoch
-                .elapsed()
-                .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
-            if since >= idle {
-                return;
-            }
-            tokio::time::sleep(idle - since).await;
+    let mut up = Direction::default();
+    let mut down = Direction::default();
+    let mut timer = Box::pin(tokio::time::sleep(idle));
+    std::future::poll_fn(|cx| {
+        let moved = up.bytes + down.bytes;
+        let r1 = poll_direction(cx, Pin::new(&mut a), Pin::new(&mut b), &mut up);
+        let r2 = poll_direction(cx, Pin::new(&mut b), Pin::new(&mut a), &mut down);
+        match (r1, r2) {
+            (Poll::Ready(Err(_)), _) | (_, Poll::Ready(Err(_))) => return Poll::Ready(()),
+            (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => return Poll::Ready(()),
+            _ => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::io::copy_bidirectional_with_sizes(&mut a, &mut b, 64 * 1024, 64 * 1024) => {}
-        _ = watch => {}
-    }
-    (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed))
+        if up.bytes + down.bytes != moved {
+            timer.as_mut().reset(tokio::time::Instant::now() + idle);
+        }
+        if timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    })
+    .await;
+    (up.bytes, down.bytes)
 }
 
 /// The upstream side of a kept-alive client connection: pinned to one host.
@@ -1093,11 +1115,13 @@ impl Proxy {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let early = client.buf.len() as u64;
-        if early > 0 && up.write_all(&client.buf).await.is_err() {
+        let BufConn { io, buf } = client;
+        let early = buf.len() as u64;
+        if early > 0 && up.write_all(&buf).await.is_err() {
             return (0, 0);
         }
-        let (u, d) = tunnel(client.io, up, self.config.idle_timeout).await;
+        drop(buf);
+        let (u, d) = tunnel(io, up, self.config.idle_timeout).await;
         (u + early, d)
     }
 
