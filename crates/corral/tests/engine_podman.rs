@@ -483,8 +483,10 @@ fn sigterm_to_corral_stops_the_container_and_the_run_is_audited() {
         .env("XDG_STATE_HOME", &w.state)
         .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
         .env("CORRAL_ENGINE_PREFIX", &w.prefix)
-        .env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"))
         .stdin(std::process::Stdio::null());
+    if std::env::var_os("CORRAL_CONTAINER_BIN").is_none() {
+        c.env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"));
+    }
     let mut child = c.spawn().unwrap();
     let label = format!("label=corral.project={}", w.key());
     let started = std::time::Instant::now();
