@@ -21,7 +21,8 @@ extern "C" fn on_signal(signo: libc::c_int) {
     }
 }
 
-/// The read end of this process's signal pipe. One per process.
+/// The read end of this process's signal pipe. One per process at a time (the handler writes to
+/// the most recently installed one): one jail per corral process.
 pub struct SignalPipe {
     read: OwnedFd,
     _write: OwnedFd,
@@ -87,6 +88,14 @@ impl SignalPipe {
     pub fn restore_defaults(&self) {
         WRITE_FD.store(-1, Ordering::Relaxed);
         reset_dispositions(&self.signals);
+    }
+}
+
+impl Drop for SignalPipe {
+    /// The handler must never write to this pipe's descriptor number once it is closed (the
+    /// number could be reused by an unrelated file).
+    fn drop(&mut self) {
+        self.restore_defaults();
     }
 }
 
