@@ -1265,6 +1265,27 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         .or_else(|| user.profile.as_ref().map(|(n, _)| n.clone()))
         .unwrap_or_else(|| "shell".to_string());
     let profile = crate::profile::profile(&profile_name)?;
+    // A profile chosen by the project file brings its state directories (and the credentials
+    // in them) into the jail: the user did not name it, so say so.
+    if req.profile.is_none()
+        && let Some((name, at)) = &project.profile
+    {
+        let state: Vec<String> = profile
+            .state_dirs
+            .iter()
+            .chain(&profile.state_files)
+            .cloned()
+            .collect();
+        if !state.is_empty() {
+            grants.insert(
+                0,
+                format!(
+                    "{at}: profile {name:?} binds {} read-write",
+                    state.join(", ")
+                ),
+            );
+        }
+    }
 
     let mut m = defaults();
     m.merge(profile_layer(&profile, &home));

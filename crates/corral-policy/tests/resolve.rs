@@ -358,10 +358,23 @@ pids = 200
 fn profile_comes_from_the_command_line_then_the_project_then_the_user() {
     let f = fx();
     f.user_policy("profile = \"codex\"\n");
-    assert_eq!(resolve(&f.req(None)).unwrap().profile, "codex");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert_eq!(plan.profile, "codex");
+    assert_eq!(plan.project_grants, Vec::<String>::new());
     f.project_policy("profile = \"claude\"\n");
-    assert_eq!(resolve(&f.req(None)).unwrap().profile, "claude");
-    assert_eq!(resolve(&f.req(Some("gemini"))).unwrap().profile, "gemini");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert_eq!(plan.profile, "claude");
+    // The project chose a profile whose state holds credentials: shown as a grant.
+    assert_eq!(
+        plan.project_grants,
+        vec![format!(
+            "{}:1:11: profile \"claude\" binds ~/.claude, ~/.claude.json read-write",
+            f.root.join("corral.toml").display()
+        )]
+    );
+    let plan = resolve(&f.req(Some("gemini"))).unwrap();
+    assert_eq!(plan.profile, "gemini");
+    assert_eq!(plan.project_grants, Vec::<String>::new());
 }
 
 #[test]

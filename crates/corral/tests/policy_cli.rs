@@ -205,7 +205,14 @@ fn init_writes_a_policy_that_loads_back_and_refuses_to_overwrite() {
     let plan = plan_json(&p, &["plan", "--json"]);
     assert_eq!(plan.profile, "pi");
     assert_eq!(plan.sources, vec![p.root.join("corral.toml")]);
-    assert_eq!(plan.project_grants, Vec::<String>::new());
+    // The template grants nothing but the profile it names.
+    assert_eq!(
+        plan.project_grants,
+        vec![format!(
+            "{}:10:11: profile \"pi\" binds ~/.pi/agent read-write",
+            p.root.join("corral.toml").display()
+        )]
+    );
 
     let again = corral(&p, &["init", "claude"]);
     assert_eq!(again.status.code(), Some(125));
