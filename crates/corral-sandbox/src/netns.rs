@@ -181,3 +181,70 @@ pub fn recv_listeners(ctl: RawFd) -> Result<Option<JailNet>, JailError> {
     }
     Ok(Some(net))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    use std::io::{Read, Write};
+
+    fn ephemeral() -> TcpListener {
+        TcpListener::bind("127.0.0.1:0").unwrap()
+    }
+
+    #[test]
+    fn listeners_cross_the_control_socket_and_still_accept() {
+        let (a, b) = socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let sent = JailNet {
+            proxy: Some(ephemeral()),
+            host_ports: vec![(11434, ephemeral()), (8080, ephemeral())],
+        };
+        let addrs: Vec<_> = sent
+            .proxy
+            .iter()
+            .chain(sent.host_ports.iter().map(|(_, l)| l))
+            .map(|l| l.local_addr().unwrap())
+            .collect();
+        send_listeners(a.as_raw_fd(), &sent).unwrap();
+        drop(sent); // the sender's copies are gone; the received ones keep the sockets open
+        let got = recv_listeners(b.as_raw_fd()).unwrap().expect("a message");
+        let ports: Vec<u16> = got.host_ports.iter().map(|(p, _)| *p).collect();
+        assert_eq!(ports, vec![11434, 8080]);
+        let got_addrs: Vec<_> = got
+            .proxy
+            .iter()
+            .chain(got.host_ports.iter().map(|(_, l)| l))
+            .map(|l| l.local_addr().unwrap())
+            .collect();
+        assert_eq!(got_addrs, addrs);
+        let proxy = got.proxy.unwrap();
+        let mut client = std::net::TcpStream::connect(addrs[0]).unwrap();
+        let (mut conn, _) = proxy.accept().unwrap();
+        client.write_all(b"hi").unwrap();
+        let mut buf = [0u8; 2];
+        conn.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hi");
+    }
+
+    #[test]
+    fn an_empty_message_means_ready_without_listeners_and_eof_means_failure() {
+        let (a, b) = socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        send_listeners(a.as_raw_fd(), &JailNet::default()).unwrap();
+        let got = recv_listeners(b.as_raw_fd()).unwrap().expect("a message");
+        assert!(got.proxy.is_none() && got.host_ports.is_empty());
+        drop(a);
+        assert!(recv_listeners(b.as_raw_fd()).unwrap().is_none());
+    }
+}
