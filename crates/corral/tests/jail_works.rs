@@ -439,3 +439,45 @@ fn corral_shell_is_interactive_with_job_control() {
     let _ = read_until(&mut master, "\u{0}never", &mut child);
     assert_eq!(child.wait().unwrap().code(), Some(4));
 }
+
+#[test]
+fn ro_and_rw_flags_bind_host_paths() {
+    let w = World::new();
+    let ro = w.outside.join("ro-dir");
+    let rw = w.outside.join("rw-dir");
+    write(&ro.join("data.txt"), "READ-ONLY-DATA");
+    write(&rw.join("data.txt"), "READ-WRITE-DATA");
+    let mut c = w.corral();
+    c.args(["run", "--network", "none"])
+        .arg("--ro")
+        .arg(&ro)
+        .arg("--rw")
+        .arg(&rw)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "cat {ro}/data.txt; echo; cat {rw}/data.txt; echo; \
+                 echo x > {ro}/new 2>/dev/null && echo WROTE-RO; \
+                 echo written > {rw}/new && echo WROTE-RW; \
+                 cat {outside}/secret.txt 2>/dev/null; echo END",
+                ro = ro.display(),
+                rw = rw.display(),
+                outside = w.outside.display()
+            ),
+        ]);
+    let out = run(c);
+    ran(&out, "END");
+    assert!(out.stdout.contains("READ-ONLY-DATA"), "{}", out.both());
+    assert!(out.stdout.contains("READ-WRITE-DATA"), "{}", out.both());
+    assert!(!out.stdout.contains("WROTE-RO"), "{}", out.both());
+    assert!(out.stdout.contains("WROTE-RW"), "{}", out.both());
+    // Binding two directories of `outside` shows those two, not their parent's other files.
+    assert!(!out.stdout.contains(OUTSIDE_SECRET), "{}", out.both());
+    assert!(!ro.join("new").exists());
+    assert_eq!(
+        std::fs::read_to_string(rw.join("new")).unwrap(),
+        "written\n"
+    );
+}
