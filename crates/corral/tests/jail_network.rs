@@ -85,3 +85,31 @@ fn host_ports_reach_the_hosts_loopback_port() {
     );
     server.join().unwrap();
 }
+
+#[test]
+fn network_host_shares_the_hosts_network_namespace() {
+    let w = World::new();
+    let service = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = service.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = service.accept().unwrap();
+        conn.write_all(b"HOST-NETWORK").unwrap();
+    });
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "host",
+        "--",
+        "python3",
+        "-c",
+        &format!(
+            "import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=10)\n\
+             print(s.recv(100).decode())\nprint('END')\n"
+        ),
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    assert!(out.stdout.contains("HOST-NETWORK"), "{}", out.both());
+    server.join().unwrap();
+}
