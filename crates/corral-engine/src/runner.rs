@@ -212,14 +212,29 @@ fn succeeds(cmd: &Command) -> Result<bool> {
 /// reused otherwise. A running proxy whose policy file changed is told to reload it (SIGHUP;
 /// it also notices the change by itself within a second).
 pub fn ensure(setup: &Setup, ctx: &Context, policy_changed: bool, names: &Names) -> Result<()> {
+    let is_proxy = |create: &[Command]| {
+        create.first().is_some_and(|c| {
+            c.args.first().map(String::as_str) == Some("run")
+                && c.args.contains(&names.proxy_container)
+        })
+    };
+    // The warm path, one engine call: a running proxy is attached to both networks, so they
+    // exist too and nothing needs checking.
+    let has_proxy = setup
+        .steps
+        .iter()
+        .any(|s| matches!(s, Step::Ensure { create, .. } if is_proxy(create)));
+    if has_proxy && proxy_running(ctx, names) {
+        if policy_changed {
+            let p = ctx.engine.program();
+            output(&Command::new(p).args(["kill", "--signal", "HUP", &names.proxy_container]))?;
+        }
+        return Ok(());
+    }
     for step in &setup.steps {
         if let Step::Ensure { check, create, .. } = step {
             if succeeds(check)? {
-                let is_proxy = create.first().is_some_and(|c| {
-                    c.args.first().map(String::as_str) == Some("run")
-                        && c.args.contains(&names.proxy_container)
-                });
-                if is_proxy {
+                if is_proxy(create) {
                     start_or_reload(ctx, names, policy_changed)?;
                 }
                 continue;
@@ -234,16 +249,20 @@ pub fn ensure(setup: &Setup, ctx: &Context, policy_changed: bool, names: &Names)
 
 /// An existing proxy container: started if it stopped (it then reads the current policy),
 /// else signalled to reload when the policy changed.
-fn start_or_reload(ctx: &Context, names: &Names, policy_changed: bool) -> Result<()> {
-    let p = ctx.engine.program();
-    let running = output(&Command::new(p).args([
+fn proxy_running(ctx: &Context, names: &Names) -> bool {
+    output(&Command::new(ctx.engine.program()).args([
         "container",
         "inspect",
         "--format",
         "{{.State.Running}}",
         &names.proxy_container,
-    ]))?;
-    if running.trim() != "true" {
+    ]))
+    .is_ok_and(|out| out.trim() == "true")
+}
+
+fn start_or_reload(ctx: &Context, names: &Names, policy_changed: bool) -> Result<()> {
+    let p = ctx.engine.program();
+    if !proxy_running(ctx, names) {
         output(&Command::new(p).args(["start", &names.proxy_container]))?;
     } else if policy_changed {
         output(&Command::new(p).args(["kill", "--signal", "HUP", &names.proxy_container]))?;
