@@ -52,7 +52,7 @@ impl SpawnOptions {
 
 /// How the jail's stdio is wired.
 enum Io {
-    /// stdin is a terminal: the jail has a pty of its own, relayed by corral.
+    /// stdin and stdout are a terminal: the jail has a pty of its own, relayed by corral.
     Pty(Relay),
     /// Inherited descriptors; those of ours that are terminals replaced by pipes that corral
     /// copies (so no jail process holds the user's terminal).
@@ -100,7 +100,9 @@ pub fn spawn(plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError>
     .map_err(|e| JailError::step("create the jail's control socket", e))?;
 
     let stdin = std::io::stdin();
-    let tty = term::is_tty(stdin.as_fd());
+    // A pty when the user is at a terminal on both ends; `corral run -- make > log` from a
+    // terminal gets plain pipes (no CR/LF rewriting of the output).
+    let tty = term::is_tty(stdin.as_fd()) && term::is_tty(std::io::stdout().as_fd());
     let mut cmd = Command::new(&opts.init_exe);
     cmd.arg(INIT_ARG).env_clear();
     let mut master = None;
@@ -117,6 +119,17 @@ pub fn spawn(plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError>
             .stderr(Stdio::from(slave));
         master = Some(pty.master);
     } else {
+        if term::is_tty(stdin.as_fd()) {
+            // The user's terminal as stdin, without a pty: the jail reads a pipe that corral
+            // fills, never the terminal itself. The copying thread is not joined: it ends at
+            // the terminal's EOF or the first write after the jail is gone.
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| JailError::step("create an input pipe", e))?;
+            cmd.stdin(Stdio::from(r));
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::fs::File::from(w));
+            });
+        }
         for (i, out) in [(1, true), (2, false)] {
             let is_tty = if out {
                 term::is_tty(std::io::stdout().as_fd())

@@ -481,3 +481,41 @@ fn ro_and_rw_flags_bind_host_paths() {
         "written\n"
     );
 }
+
+#[test]
+fn a_terminal_on_stdin_only_is_piped_not_passed() {
+    let w = World::new();
+    let ws = nix::pty::Winsize {
+        ws_row: 24,
+        ws_col: 80,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&ws), None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut master = std::fs::File::from(pty.master);
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "read line; echo GOT:$line; python3 -c 'import os; print(\"ISATTY\", os.isatty(0))'",
+    ])
+    .stdin(std::process::Stdio::from(slave.try_clone().unwrap()))
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    master.write_all(b"typed-at-the-terminal\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("GOT:typed-at-the-terminal\n"), "{stdout}");
+    assert!(stdout.contains("ISATTY False"), "{stdout}");
+    assert!(
+        !stdout.contains('\r'),
+        "pty line endings in piped output: {stdout:?}"
+    );
+    assert_eq!(out.status.code(), Some(0));
+}
