@@ -1,6 +1,7 @@
 //! The `corral` binary: parses the command line and wires the crates together. Behaviour lives
 //! in the libraries; each command's wiring lives in `cmd/`.
 
+mod changes;
 mod cli;
 mod cmd;
 

@@ -106,6 +106,8 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     }
     opts.rlimits = limits.fallback.clone();
 
+    // What the agent changes in the project, listed when it ends (changes.rs).
+    let baseline = crate::changes::start(plan, &jail_id);
     write(
         &audit,
         &jail_id,
@@ -166,6 +168,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             eprintln!("{line}");
         }
     }
+    crate::changes::finish(baseline, &audit, &jail_id);
     write(
         &audit,
         &jail_id,

@@ -1,0 +1,797 @@
+//! The change summary of a native `corral run`: what the agent created, modified and deleted
+//! in the project. A baseline is taken before the jail starts and compared with the project
+//! when it ends; the result is printed on stderr and recorded in the audit log (a `Jail` event
+//! `changes` with the full lists).
+//!
+//! Two methods:
+//! - **git**, where the project root holds a git repository: the files git reports as modified,
+//!   deleted or untracked (not ignored) relative to the index *as it was at the start*, at the
+//!   start and at the end, plus a fingerprint (metadata and, within a budget, a SHA-256 of the
+//!   content) of every file already dirty at the start, so a further edit of an
+//!   already-modified file is still noticed. Files under ignored paths (`node_modules/`,
+//!   `target/`, a gitignored `.env`) are not listed by this method.
+//! - **metadata**, everywhere else (and whenever git cannot be used): one parallel walk of the
+//!   whole tree (except `.git`) at each end, comparing type, mode, size, mtime, ctime and inode.
+//!   ctime cannot be set from user space, so a write whose mtime was put back is still seen.
+//!
+//! How git is run, given that the repository may be hostile (a `.git/config` that came with a
+//! tarball, or one the user never read): the repository's own configuration is never read.
+//! corral copies the index into a private git directory of its own under the state directory
+//! (outside the jail), with a `config` corral writes, no hooks, and no objects, and runs
+//! `git ls-files` with `GIT_DIR` pointing there and `GIT_WORK_TREE` at the project. So no
+//! `core.fsmonitor` command, filter driver (`filter.*.clean`), hook (`post-index-change`),
+//! `core.worktree`, `include.path` or `safe.directory` setting of the repository applies;
+//! system and global configuration are off too (`GIT_CONFIG_NOSYSTEM`, `GIT_CONFIG_GLOBAL`),
+//! and the few settings that matter are forced with `-c`. `.gitattributes` in the tree still
+//! apply, but without a driver configured they only select git's built-in conversions.
+//! Comparing against the start's copy of the index also means a change the agent committed
+//! (or staged) is still listed. Entries marked assume-unchanged or skip-worktree in the copy
+//! are unmarked first, so such a bit cannot hide a change. Anything unusual (a split or sparse
+//! index, a SHA-256 repository git rejects, no git) falls back to the metadata method.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+
+/// Files larger than this are compared by metadata only.
+const HASH_MAX_FILE: u64 = 8 << 20;
+/// Bytes hashed at the start at most; dirty files beyond it are compared by metadata only.
+const HASH_BUDGET: u64 = 256 << 20;
+/// Files named one by one in the printed summary before "and N more".
+const SHOW_MAX: usize = 50;
+/// Up to this many changes fit on the one-line form of the summary.
+const ONE_LINE_MAX: usize = 6;
+
+/// What `lstat` says about a path, as far as a change is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Meta {
+    /// `st_mode & S_IFMT`.
+    kind: u32,
+    /// Permission bits.
+    perm: u32,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+    ino: u64,
+}
+
+impl Meta {
+    fn of(m: &std::fs::Metadata) -> Meta {
+        Meta {
+            kind: m.mode() & libc::S_IFMT,
+            perm: m.mode() & 0o7777,
+            size: m.size(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+            ino: m.ino(),
+        }
+    }
+
+    fn is_dir(&self) -> bool {
+        self.kind == libc::S_IFDIR
+    }
+}
+
+/// A file of the git method: its metadata, and its content's SHA-256 (regular files within the
+/// budget) or link target (symlinks).
+#[derive(Debug, Clone)]
+struct Fingerprint {
+    meta: Meta,
+    sha256: Option<Vec<u8>>,
+    link: Option<PathBuf>,
+}
+
+/// The state of the project when the jail started.
+pub struct Baseline {
+    root: PathBuf,
+    kind: BaselineKind,
+}
+
+enum BaselineKind {
+    Git {
+        repo: PrivateGitDir,
+        /// Every path dirty at the start (relative, as git prints it): `None` when absent.
+        start: BTreeMap<OsString, Option<Fingerprint>>,
+    },
+    Metadata(HashMap<OsString, Meta>),
+}
+
+/// What changed, relative to the project root. Each list sorted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Changes {
+    pub root: PathBuf,
+    /// `git` or `metadata`.
+    pub method: String,
+    pub created: Vec<String>,
+    pub modified: Vec<String>,
+    pub deleted: Vec<String>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.created.is_empty() && self.modified.is_empty() && self.deleted.is_empty()
+    }
+
+    fn total(&self) -> usize {
+        self.created.len() + self.modified.len() + self.deleted.len()
+    }
+
+    /// The stderr summary: nothing when nothing changed; one line for a few changes; else a
+    /// header and one line per file, at most [`SHOW_MAX`], then "and N more". Names are
+    /// escaped so a file name cannot write control sequences to the user's terminal.
+    pub fn summary(&self) -> Vec<String> {
+        if self.is_empty() {
+            return Vec::new();
+        }
+        let root = escape(&self.root.to_string_lossy());
+        let items = self.items();
+        if items.len() <= ONE_LINE_MAX {
+            let list: Vec<String> = items
+                .iter()
+                .map(|(verb, name)| format!("{verb} {}", escape(name)))
+                .collect();
+            return vec![format!("corral: changed in {root}: {}", list.join(", "))];
+        }
+        let mut out = vec![format!(
+            "corral: changed in {root}: {} created, {} modified, {} deleted",
+            self.created.len(),
+            self.modified.len(),
+            self.deleted.len()
+        )];
+        for (verb, name) in items.iter().take(SHOW_MAX) {
+            out.push(format!("corral:   {verb:<8} {}", escape(name)));
+        }
+        if self.total() > SHOW_MAX {
+            out.push(format!(
+                "corral:   and {} more (corral log --json has the full list)",
+                self.total() - SHOW_MAX
+            ));
+        }
+        out
+    }
+
+    fn items(&self) -> Vec<(&'static str, &str)> {
+        let mut v = Vec::with_capacity(self.total());
+        v.extend(self.created.iter().map(|n| ("created", n.as_str())));
+        v.extend(self.modified.iter().map(|n| ("modified", n.as_str())));
+        v.extend(self.deleted.iter().map(|n| ("deleted", n.as_str())));
+        v
+    }
+}
+
+/// `name` with control characters (and backslashes) escaped.
+fn escape(name: &str) -> String {
+    if !name.chars().any(|c| c.is_control() || c == '\\') {
+        return name.to_string();
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        if c.is_control() || c == '\\' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl Baseline {
+    /// The state of the project at `root` now. `jail_id` names the private git directory.
+    pub fn take(root: &Path, jail_id: &str) -> anyhow::Result<Baseline> {
+        let root = root.to_path_buf();
+        if root.join(".git").symlink_metadata().is_ok() {
+            match git_baseline(&root, jail_id) {
+                Ok(kind) => return Ok(Baseline { root, kind }),
+                Err(e) => {
+                    // Not fatal: the metadata method works everywhere.
+                    if std::env::var_os("CORRAL_DEBUG").is_some() {
+                        eprintln!(
+                            "corral: change summary: git not usable here ({e:#}); using file metadata"
+                        );
+                    }
+                }
+            }
+        }
+        let snap = walk(&root).with_context(|| {
+            format!(
+                "cannot list the files of {} for the change summary",
+                root.display()
+            )
+        })?;
+        Ok(Baseline {
+            root,
+            kind: BaselineKind::Metadata(snap),
+        })
+    }
+
+    /// Compare the project now with the baseline.
+    pub fn compare(self) -> anyhow::Result<Changes> {
+        let mut ch = Changes {
+            root: self.root.clone(),
+            ..Changes::default()
+        };
+        match self.kind {
+            BaselineKind::Git { repo, start } => {
+                ch.method = "git".into();
+                let end = repo.dirty()?;
+                let mut paths: BTreeSet<&OsString> = start.keys().collect();
+                paths.extend(end.keys());
+                for rel in paths {
+                    let now = fingerprint(&self.root.join(Path::new(rel)), None);
+                    let name = String::from_utf8_lossy(rel.as_bytes()).into_owned();
+                    match start.get(rel) {
+                        // Dirty at the start: compare the fingerprints.
+                        Some(before) => match (before, &now) {
+                            (None, None) => {}
+                            (None, Some(_)) => ch.created.push(name),
+                            (Some(_), None) => ch.deleted.push(name),
+                            (Some(a), Some(b)) => {
+                                if !same(a, b, &self.root.join(Path::new(rel))) {
+                                    ch.modified.push(name)
+                                }
+                            }
+                        },
+                        // Clean (tracked and as in the index) or absent (untracked) at the start.
+                        None => match (end[rel], now) {
+                            (_, None) => ch.deleted.push(name),
+                            (Dirt::Untracked, Some(_)) => ch.created.push(name),
+                            (Dirt::Tracked, Some(_)) => ch.modified.push(name),
+                        },
+                    }
+                }
+            }
+            BaselineKind::Metadata(before) => {
+                ch.method = "metadata".into();
+                let after = walk(&self.root)
+                    .with_context(|| format!("cannot list the files of {}", self.root.display()))?;
+                let label = |rel: &OsString, m: &Meta| {
+                    let mut s = String::from_utf8_lossy(rel.as_bytes()).into_owned();
+                    if m.is_dir() {
+                        s.push('/');
+                    }
+                    s
+                };
+                for (rel, m) in &after {
+                    match before.get(rel) {
+                        None => ch.created.push(label(rel, m)),
+                        Some(old) if old.kind != m.kind => ch.modified.push(label(rel, m)),
+                        // A directory's times and size change with its entries: those are
+                        // listed themselves.
+                        Some(old) if m.is_dir() => {
+                            if old.perm != m.perm {
+                                ch.modified.push(label(rel, m))
+                            }
+                        }
+                        Some(old) if old != m => ch.modified.push(label(rel, m)),
+                        Some(_) => {}
+                    }
+                }
+                for (rel, m) in &before {
+                    if !after.contains_key(rel) {
+                        ch.deleted.push(label(rel, m));
+                    }
+                }
+            }
+        }
+        ch.created.sort();
+        ch.modified.sort();
+        ch.deleted.sort();
+        Ok(ch)
+    }
+}
+
+/// Whether two fingerprints of one path are the same file content, type and mode. Equal
+/// metadata (ctime and inode included) means unwritten; else the content decides where the
+/// start has a hash.
+fn same(a: &Fingerprint, b: &Fingerprint, path: &Path) -> bool {
+    if a.meta == b.meta {
+        return true;
+    }
+    if a.meta.kind != b.meta.kind || a.meta.perm != b.meta.perm {
+        return false;
+    }
+    if a.link.is_some() || b.link.is_some() {
+        return a.link == b.link;
+    }
+    match &a.sha256 {
+        Some(h) if a.meta.size == b.meta.size => sha256(path).is_ok_and(|now| &now == h),
+        _ => false,
+    }
+}
+
+/// The fingerprint of `path` (not following a final symlink); `None` when it does not exist.
+/// A regular file's content is hashed while `budget` (bytes) allows.
+fn fingerprint(path: &Path, budget: Option<&mut u64>) -> Option<Fingerprint> {
+    let m = path.symlink_metadata().ok()?;
+    let meta = Meta::of(&m);
+    let mut fp = Fingerprint {
+        meta,
+        sha256: None,
+        link: None,
+    };
+    if m.file_type().is_symlink() {
+        fp.link = std::fs::read_link(path).ok();
+    } else if m.file_type().is_file()
+        && let Some(budget) = budget
+        && m.size() <= HASH_MAX_FILE
+        && m.size() <= *budget
+    {
+        *budget -= m.size();
+        fp.sha256 = sha256(path).ok();
+    }
+    Some(fp)
+}
+
+fn sha256(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        ctx.update(&buf[..n]);
+    }
+    Ok(ctx.finish().as_ref().to_vec())
+}
+
+/// Every entry under `root` except `root/.git` (relative path → metadata), in one parallel
+/// walk with every ignore filter off, not following symlinks. The same walker configuration
+/// as the policy crate's `hide` search (`corral_policy::resolve::find_masked`).
+fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
+    let git = root.join(".git");
+    let found = std::sync::Mutex::new(Vec::new());
+    ignore::WalkBuilder::new(root)
+        .standard_filters(false)
+        .hidden(false)
+        .parents(false)
+        .ignore(false)
+        .git_ignore(false)
+        .git_global(false)
+        .git_exclude(false)
+        .require_git(false)
+        .follow_links(false)
+        .filter_entry(move |e| e.path() != git)
+        .build_parallel()
+        .run(|| {
+            let mut batch = Batch {
+                local: Vec::new(),
+                found: &found,
+            };
+            Box::new(move |entry| {
+                // An unreadable directory is unreadable at both ends: the rest is compared.
+                let Ok(entry) = entry else {
+                    return ignore::WalkState::Continue;
+                };
+                if entry.depth() > 0
+                    && let Ok(rel) = entry.path().strip_prefix(root)
+                    && let Ok(m) = entry.path().symlink_metadata()
+                {
+                    batch
+                        .local
+                        .push((rel.as_os_str().to_os_string(), Meta::of(&m)));
+                    if batch.local.len() >= 1024 {
+                        batch.flush();
+                    }
+                }
+                ignore::WalkState::Continue
+            })
+        });
+    let found = found.into_inner().unwrap_or_else(|p| p.into_inner());
+    Ok(found.into_iter().collect())
+}
+
+/// One walker thread's entries, moved to the shared list in batches and when the thread ends.
+struct Batch<'a> {
+    local: Vec<(OsString, Meta)>,
+    found: &'a std::sync::Mutex<Vec<(OsString, Meta)>>,
+}
+
+impl Batch<'_> {
+    fn flush(&mut self) {
+        self.found
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .append(&mut self.local);
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+/// How git lists a dirty path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dirt {
+    /// Modified or deleted relative to the index.
+    Tracked,
+    /// Not in the index, not ignored.
+    Untracked,
+}
+
+fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
+    let repo = PrivateGitDir::create(root, jail_id)?;
+    let listed = repo.ls_files(&["-c", "-m", "-d", "-o"])?;
+    // Bits that make git skip an entry: cleared in the private copy, then listed again.
+    let flagged: Vec<&OsString> = listed
+        .iter()
+        .filter(|(tag, _)| tag.is_ascii_lowercase() || *tag == b'S')
+        .map(|(_, p)| p)
+        .collect();
+    let listed = if flagged.is_empty() {
+        listed
+    } else {
+        let mut stdin = Vec::new();
+        for p in &flagged {
+            stdin.extend_from_slice(p.as_bytes());
+            stdin.push(0);
+        }
+        repo.git(
+            &[
+                "update-index",
+                "--no-assume-unchanged",
+                "--no-skip-worktree",
+                "-z",
+                "--stdin",
+            ],
+            Some(&stdin),
+        )?;
+        repo.refresh();
+        repo.ls_files(&["-m", "-d", "-o"])?
+    };
+    let mut budget = HASH_BUDGET;
+    let mut start = BTreeMap::new();
+    for (rel, _) in dirt_of(listed) {
+        let fp = fingerprint(&root.join(Path::new(&rel)), Some(&mut budget));
+        start.insert(rel, fp);
+    }
+    Ok(BaselineKind::Git { repo, start })
+}
+
+/// The dirty paths among `ls-files -v` records (cached entries left out).
+fn dirt_of(listed: Vec<(u8, OsString)>) -> BTreeMap<OsString, Dirt> {
+    let mut out = BTreeMap::new();
+    for (tag, path) in listed {
+        match tag.to_ascii_uppercase() {
+            b'C' | b'R' => {
+                out.insert(path, Dirt::Tracked);
+            }
+            b'?' => {
+                out.entry(path).or_insert(Dirt::Untracked);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// corral's own git directory for one run: a copy of the project's index, a config corral
+/// wrote, nothing else of the repository's. Removed when dropped.
+struct PrivateGitDir {
+    dir: PathBuf,
+    root: PathBuf,
+}
+
+impl PrivateGitDir {
+    fn create(root: &Path, jail_id: &str) -> anyhow::Result<PrivateGitDir> {
+        let gitdir = real_git_dir(root)?;
+        // A worktree's own directory holds its index; excludes and config live in the common one.
+        let common = match std::fs::read(gitdir.join("commondir")) {
+            Ok(c) => gitdir.join(OsString::from_vec(trim(c))),
+            Err(_) => gitdir.clone(),
+        };
+        let base = corral_audit::state_dir()?
+            .join(corral_audit::project_key(root))
+            .join("changes");
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&base)
+            .with_context(|| format!("cannot create {}", base.display()))?;
+        let dir = base.join(jail_id);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let repo = PrivateGitDir {
+            dir,
+            root: root.to_path_buf(),
+        };
+        for d in ["objects", "refs", "info"] {
+            std::fs::create_dir(repo.dir.join(d))?;
+        }
+        std::fs::write(repo.dir.join("HEAD"), "ref: refs/heads/corral-changes\n")?;
+        // The object format is the one thing of the repository's config that the index's
+        // layout depends on; nothing else is taken from it.
+        let sha256 = std::fs::read(common.join("config")).is_ok_and(|c| {
+            let c = String::from_utf8_lossy(&c).to_ascii_lowercase();
+            c.lines().any(|l| {
+                let l: String = l.chars().filter(|c| !c.is_whitespace()).collect();
+                l == "objectformat=sha256"
+            })
+        });
+        let config = if sha256 {
+            "[core]\n\trepositoryformatversion = 1\n\tbare = false\n[extensions]\n\tobjectformat = sha256\n"
+        } else {
+            "[core]\n\trepositoryformatversion = 0\n\tbare = false\n"
+        };
+        std::fs::write(repo.dir.join("config"), config)?;
+        copy_regular(&gitdir.join("index"), &repo.dir.join("index"))?;
+        copy_regular(&common.join("info/exclude"), &repo.dir.join("info/exclude"))?;
+        repo.refresh();
+        Ok(repo)
+    }
+
+    /// Record the current stat data of clean entries in the private index, so the comparison
+    /// at the end does not re-read every file whose stat data the index had out of date.
+    fn refresh(&self) {
+        let _ = self.git(
+            &["update-index", "-q", "--refresh", "--ignore-submodules"],
+            None,
+        );
+    }
+
+    /// `git ls-files -z -v --exclude-standard ARGS`: (tag, path) records.
+    fn ls_files(&self, args: &[&str]) -> anyhow::Result<Vec<(u8, OsString)>> {
+        let mut all = vec!["ls-files", "-z", "-v", "--exclude-standard"];
+        all.extend_from_slice(args);
+        let out = self.git(&all, None)?;
+        let mut records = Vec::new();
+        for rec in out.split(|b| *b == 0) {
+            if rec.len() < 3 || rec[1] != b' ' {
+                continue;
+            }
+            records.push((rec[0], OsString::from_vec(rec[2..].to_vec())));
+        }
+        Ok(records)
+    }
+
+    /// The paths dirty now relative to the private index.
+    fn dirty(&self) -> anyhow::Result<BTreeMap<OsString, Dirt>> {
+        Ok(dirt_of(self.ls_files(&["-m", "-d", "-o"])?))
+    }
+
+    /// Run git on the private directory and the project's work tree; its stdout.
+    fn git(&self, args: &[&str], stdin: Option<&[u8]>) -> anyhow::Result<Vec<u8>> {
+        let mut c = Command::new("git");
+        for (k, _) in std::env::vars_os() {
+            if k.as_bytes().starts_with(b"GIT_") {
+                c.env_remove(k);
+            }
+        }
+        c.env("GIT_DIR", &self.dir)
+            .env("GIT_WORK_TREE", &self.root)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_NO_REPLACE_OBJECTS", "1")
+            .env("LC_ALL", "C")
+            .current_dir(&self.root)
+            .args([
+                "-c",
+                "core.fsmonitor=false",
+                "-c",
+                "core.hooksPath=/dev/null",
+                "-c",
+                "core.untrackedCache=false",
+                "-c",
+                "core.splitIndex=false",
+                "-c",
+                "core.trustctime=true",
+                "-c",
+                "core.checkStat=default",
+                "-c",
+                "safe.directory=*",
+            ])
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().context("cannot run git")?;
+        if let Some(input) = stdin
+            && let Some(mut w) = child.stdin.take()
+        {
+            w.write_all(input).context("cannot write to git")?;
+        }
+        let out = child.wait_with_output().context("cannot run git")?;
+        if !out.status.success() {
+            bail!(
+                "git {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(out.stdout)
+    }
+}
+
+impl Drop for PrivateGitDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The repository directory of the work tree `root`: `root/.git`, or where a `.git` file
+/// (`gitdir: PATH`, a worktree or submodule) points.
+fn real_git_dir(root: &Path) -> anyhow::Result<PathBuf> {
+    let dotgit = root.join(".git");
+    let m = dotgit.symlink_metadata()?;
+    if m.is_dir() {
+        return Ok(dotgit);
+    }
+    if !m.is_file() {
+        bail!("{} is neither a directory nor a file", dotgit.display());
+    }
+    let text = std::fs::read(&dotgit)?;
+    let Some(rest) = text.strip_prefix(b"gitdir:") else {
+        bail!("{} does not start with gitdir:", dotgit.display());
+    };
+    let target = PathBuf::from(OsString::from_vec(trim(rest.to_vec())));
+    Ok(root.join(target))
+}
+
+fn trim(mut v: Vec<u8>) -> Vec<u8> {
+    while v.last().is_some_and(|b| b.is_ascii_whitespace()) {
+        v.pop();
+    }
+    let start = v
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(v.len());
+    v.split_off(start)
+}
+
+/// Copy `from` to `to` when `from` is a regular file (not a symlink); nothing when absent.
+fn copy_regular(from: &Path, to: &Path) -> anyhow::Result<()> {
+    match from.symlink_metadata() {
+        Ok(m) if m.is_file() => {
+            std::fs::copy(from, to)
+                .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
+            Ok(())
+        }
+        Ok(_) => bail!("{} is not a regular file", from.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", from.display())),
+    }
+}
+
+/// Take the baseline of a native run's project, where the jail can change it (not with
+/// `--scratch`, not a read-only project). A failure is reported and the run goes on.
+pub fn start(plan: &corral_policy::Plan, jail_id: &str) -> Option<Baseline> {
+    if plan.project.scratch || plan.project.access != corral_policy::plan::Access::Rw {
+        return None;
+    }
+    match Baseline::take(&plan.project.root, jail_id) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            eprintln!("corral: no change summary for this run: {e:#}");
+            None
+        }
+    }
+}
+
+/// Compare the project with `baseline`, print the summary on stderr and record it in the
+/// audit log (a `Jail` event `changes`, only when something changed).
+pub fn finish(baseline: Option<Baseline>, audit: &corral_audit::AuditLog, jail_id: &str) {
+    let Some(baseline) = baseline else { return };
+    let changes = match baseline.compare() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("corral: cannot list what changed in the project: {e:#}");
+            return;
+        }
+    };
+    if changes.is_empty() {
+        return;
+    }
+    for line in changes.summary() {
+        eprintln!("{line}");
+    }
+    let record = corral_audit::Record::now(
+        jail_id,
+        corral_audit::Event::Jail(corral_audit::JailEvent {
+            event: "changes".into(),
+            exit_code: None,
+            detail: serde_json::to_value(&changes).unwrap_or_default(),
+        }),
+    );
+    if let Err(e) = audit.write(&record) {
+        eprintln!("corral: cannot write the audit log: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changes(c: &[&str], m: &[&str], d: &[&str]) -> Changes {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect();
+        Changes {
+            root: PathBuf::from("/p"),
+            method: "git".into(),
+            created: v(c),
+            modified: v(m),
+            deleted: v(d),
+        }
+    }
+
+    #[test]
+    fn nothing_changed_prints_nothing() {
+        assert!(changes(&[], &[], &[]).summary().is_empty());
+    }
+
+    #[test]
+    fn few_changes_fit_one_line() {
+        let s = changes(&["a.txt"], &["src/lib.rs"], &["old.md"]).summary();
+        assert_eq!(
+            s,
+            vec!["corral: changed in /p: created a.txt, modified src/lib.rs, deleted old.md"]
+        );
+    }
+
+    #[test]
+    fn many_changes_are_a_capped_table() {
+        let names: Vec<String> = (0..120).map(|i| format!("f{i:03}")).collect();
+        let refs: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+        let s = changes(&refs[..100], &refs[100..110], &refs[110..]).summary();
+        assert_eq!(
+            s[0],
+            "corral: changed in /p: 100 created, 10 modified, 10 deleted"
+        );
+        assert_eq!(s.len(), 1 + SHOW_MAX + 1);
+        assert_eq!(s[1], "corral:   created  f000");
+        assert!(s.last().unwrap().contains("and 70 more"), "{s:?}");
+    }
+
+    #[test]
+    fn control_characters_in_names_are_escaped() {
+        let s = changes(&["evil\u{1b}[2Jname\n"], &[], &[]).summary();
+        assert_eq!(s.len(), 1);
+        assert!(!s[0].contains('\u{1b}') && !s[0].contains('\n'), "{s:?}");
+        assert!(s[0].contains("evil\\u{1b}[2Jname\\n"), "{s:?}");
+    }
+
+    #[test]
+    fn dirt_of_keeps_modified_deleted_and_untracked() {
+        let rec = |t: u8, p: &str| (t, OsString::from(p));
+        let d = dirt_of(vec![
+            rec(b'H', "clean"),
+            rec(b'C', "mod"),
+            rec(b'C', "gone"),
+            rec(b'R', "gone"),
+            rec(b'?', "new"),
+            rec(b'c', "lower"),
+        ]);
+        let got: Vec<(String, Dirt)> = d
+            .into_iter()
+            .map(|(k, v)| (k.to_string_lossy().into_owned(), v))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("gone".into(), Dirt::Tracked),
+                ("lower".into(), Dirt::Tracked),
+                ("mod".into(), Dirt::Tracked),
+                ("new".into(), Dirt::Untracked),
+            ]
+        );
+    }
+}

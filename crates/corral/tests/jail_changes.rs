@@ -1,0 +1,312 @@
+//! The end-of-run change summary: a jailed run that creates, edits and deletes project files
+//! (in a git repository and in a plain directory) ends with a line naming each one, and the
+//! audit log has a `changes` event with the full lists; a run that changes nothing prints no
+//! change line; a hostile repository's configuration runs nothing on the host.
+
+mod jail_support;
+
+use std::process::Command;
+
+use jail_support::*;
+
+/// git in the project, as the user outside the jail, with the world's home.
+fn git(w: &World, args: &[&str]) {
+    let st = Command::new("git")
+        .args([
+            "-c",
+            "user.email=t@example.invalid",
+            "-c",
+            "user.name=t",
+            "-c",
+            "core.hooksPath=/dev/null",
+        ])
+        .args(args)
+        .current_dir(&w.project)
+        .env("HOME", &w.home)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .status()
+        .expect("run git");
+    assert!(st.success(), "git {args:?} failed");
+}
+
+/// The `changes` events of the audit log.
+fn change_events(w: &World) -> Vec<serde_json::Value> {
+    w.audit_records()
+        .into_iter()
+        .filter(|r| r["kind"] == "jail" && r["event"] == "changes")
+        .collect()
+}
+
+fn list(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn change_lines(out: &Out) -> Vec<&str> {
+    out.stderr
+        .lines()
+        .filter(|l| l.starts_with("corral: changed in") || l.starts_with("corral:   "))
+        .collect()
+}
+
+/// A committed project with a file already modified and one untracked before the run.
+fn git_world() -> World {
+    let w = World::new();
+    for (name, text) in [
+        ("edit.txt", "one\n"),
+        ("gone.txt", "bye\n"),
+        ("keep.txt", "same\n"),
+        ("dirty.txt", "committed\n"),
+        ("src/lib.rs", "fn a() {}\n"),
+    ] {
+        write(&w.project.join(name), text);
+    }
+    write(&w.project.join(".gitignore"), ".env\nbuild/\n");
+    git(
+        &w,
+        &[
+            "add",
+            "edit.txt",
+            "gone.txt",
+            "keep.txt",
+            "dirty.txt",
+            "src",
+            ".gitignore",
+        ],
+    );
+    git(&w, &["commit", "-q", "-m", "start"]);
+    // Dirty before the run: a tracked file edited, an untracked file.
+    write(&w.project.join("dirty.txt"), "committed\nedited before\n");
+    write(&w.project.join("scratch.txt"), "untracked\n");
+    w
+}
+
+#[test]
+fn git_project_lists_created_modified_and_deleted_files() {
+    let w = git_world();
+    let out = w.sh(
+        "none",
+        "echo two >> edit.txt && rm gone.txt && echo n > new.txt && \
+         mkdir -p deep/er && echo f > deep/er/file && \
+         echo 'edited in the jail' >> dirty.txt && \
+         touch keep.txt && echo untracked > scratch.txt && \
+         mkdir -p build && echo o > build/out && \
+         echo END",
+    );
+    ran(&out, "END");
+    assert_eq!(out.code, 0, "{}", out.both());
+    let lines = change_lines(&out);
+    assert_eq!(
+        lines,
+        vec![format!(
+            "corral: changed in {}: created deep/er/file, created new.txt, \
+             modified dirty.txt, modified edit.txt, deleted gone.txt",
+            w.project.display()
+        )],
+        "{}",
+        out.stderr
+    );
+    let events = change_events(&w);
+    assert_eq!(events.len(), 1, "{events:?}");
+    let d = &events[0]["detail"];
+    assert_eq!(d["method"], "git", "{d}");
+    assert_eq!(d["root"], w.project.to_str().unwrap());
+    assert_eq!(list(&d["created"]), ["deep/er/file", "new.txt"]);
+    assert_eq!(list(&d["modified"]), ["dirty.txt", "edit.txt"]);
+    assert_eq!(list(&d["deleted"]), ["gone.txt"]);
+}
+
+#[test]
+fn a_change_the_agent_commits_is_still_listed() {
+    let w = git_world();
+    let out = w.sh(
+        "none",
+        "echo patched > src/lib.rs && echo x > added.txt && \
+         git add -A && git -c user.email=a@example.invalid -c user.name=a commit -q -m agent && \
+         git status --short && echo END",
+    );
+    ran(&out, "END");
+    let events = change_events(&w);
+    assert_eq!(events.len(), 1, "{}", out.both());
+    let d = &events[0]["detail"];
+    assert_eq!(list(&d["created"]), ["added.txt"], "{d}");
+    assert_eq!(list(&d["modified"]), ["src/lib.rs"], "{d}");
+    assert!(list(&d["deleted"]).is_empty(), "{d}");
+}
+
+#[test]
+fn plain_directory_lists_created_modified_and_deleted_files() {
+    let w = World::new();
+    std::fs::remove_dir_all(w.project.join(".git")).unwrap();
+    write(&w.project.join("a.txt"), "a\n");
+    write(&w.project.join("sub/old.md"), "old\n");
+    write(&w.project.join("same.txt"), "same\n");
+    let out = w.sh(
+        "none",
+        "echo more >> a.txt && rm sub/old.md && echo n > made.txt && chmod +x same.txt && \
+         echo END",
+    );
+    ran(&out, "END");
+    let lines = change_lines(&out);
+    assert_eq!(
+        lines,
+        vec![format!(
+            "corral: changed in {}: created made.txt, modified a.txt, modified same.txt, \
+             deleted sub/old.md",
+            w.project.display()
+        )],
+        "{}",
+        out.stderr
+    );
+    let events = change_events(&w);
+    assert_eq!(events.len(), 1, "{events:?}");
+    let d = &events[0]["detail"];
+    assert_eq!(d["method"], "metadata", "{d}");
+    assert_eq!(list(&d["created"]), ["made.txt"]);
+    assert_eq!(list(&d["modified"]), ["a.txt", "same.txt"]);
+    assert_eq!(list(&d["deleted"]), ["sub/old.md"]);
+}
+
+#[test]
+fn many_changes_are_capped() {
+    let w = World::new();
+    std::fs::remove_dir_all(w.project.join(".git")).unwrap();
+    let out = w.sh(
+        "none",
+        "mkdir many && i=0; while [ $i -lt 80 ]; do echo $i > many/f$i; i=$((i+1)); done; echo END",
+    );
+    ran(&out, "END");
+    let lines = change_lines(&out);
+    assert_eq!(
+        lines[0],
+        format!(
+            "corral: changed in {}: 81 created, 0 modified, 0 deleted",
+            w.project.display()
+        ),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(lines.len(), 1 + 50 + 1, "{}", out.stderr);
+    assert!(lines[51].contains("and 31 more"), "{}", out.stderr);
+    let d = &change_events(&w)[0]["detail"];
+    assert_eq!(
+        list(&d["created"]).len(),
+        81,
+        "the audit log has the full list"
+    );
+}
+
+#[test]
+fn a_run_that_changes_nothing_prints_no_change_line() {
+    for plain in [false, true] {
+        let w = git_world();
+        if plain {
+            std::fs::remove_dir_all(w.project.join(".git")).unwrap();
+        }
+        let out = w.sh(
+            "none",
+            "cat edit.txt >/dev/null && ls -R >/dev/null && echo END",
+        );
+        ran(&out, "END");
+        assert!(
+            change_lines(&out).is_empty(),
+            "plain={plain}: {}",
+            out.stderr
+        );
+        assert!(change_events(&w).is_empty(), "plain={plain}");
+        // The private git directory is gone once the run ends.
+        let leftovers: Vec<_> = walk_names(&w.home.join(".local/state/corral"))
+            .into_iter()
+            .filter(|p| p.contains("/changes/"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+}
+
+fn walk_names(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            out.push(p.to_string_lossy().into_owned());
+            if p.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// A repository whose own configuration would run a program on the host: an fsmonitor hook,
+/// a clean filter on every file, a post-index-change hook. corral's git queries run none of
+/// them. The same configuration does run them under a plain `git status` (checked last), so
+/// the test fails if the traps are not armed.
+#[test]
+fn a_hostile_repository_config_runs_nothing_on_the_host() {
+    let w = git_world();
+    let marker = w.outside.join("pwned");
+    let trap = w.outside.join("trap.sh");
+    write(
+        &trap,
+        &format!("#!/bin/sh\necho \"$0 $*\" >> {}\ncat\n", marker.display()),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&trap, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cfg = w.project.join(".git/config");
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(&format!(
+        "[core]\n\tfsmonitor = {t}\n\thooksPath = {h}\n[filter \"trap\"]\n\tclean = {t}\n\tsmudge = cat\n",
+        t = trap.display(),
+        h = w.outside.join("hooks").display(),
+    ));
+    std::fs::write(&cfg, text).unwrap();
+    write(
+        &w.outside.join("hooks/post-index-change"),
+        &format!("#!/bin/sh\necho hook >> {}\n", marker.display()),
+    );
+    std::fs::set_permissions(
+        w.outside.join("hooks/post-index-change"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    write(&w.project.join(".gitattributes"), "* filter=trap\n");
+    // Stat data out of date, so git would re-read (and filter) the files.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    for f in ["edit.txt", "keep.txt", "src/lib.rs"] {
+        let p = w.project.join(f);
+        let t = std::fs::read(&p).unwrap();
+        std::fs::write(&p, t).unwrap();
+    }
+
+    let out = w.sh("none", "echo changed >> edit.txt && echo END");
+    ran(&out, "END");
+    assert!(
+        !marker.exists(),
+        "corral's change summary ran the repository's configured program: {}",
+        std::fs::read_to_string(&marker).unwrap_or_default()
+    );
+    let d = &change_events(&w)[0]["detail"];
+    assert_eq!(d["method"], "git", "{d}");
+    assert!(
+        list(&d["modified"]).contains(&"edit.txt".to_string()),
+        "{d}"
+    );
+
+    // The control: the same repository under an ordinary `git status` runs the trap.
+    let _ = Command::new("git")
+        .args(["status", "--porcelain"])
+        .current_dir(&w.project)
+        .env("HOME", &w.home)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .expect("run git");
+    assert!(
+        marker.exists(),
+        "the trap is not armed: plain git status did not run it"
+    );
+}
