@@ -48,7 +48,12 @@ fn list(v: &serde_json::Value) -> Vec<String> {
 fn change_lines(out: &Out) -> Vec<&str> {
     out.stderr
         .lines()
-        .filter(|l| l.starts_with("corral: changed in") || l.starts_with("corral:   "))
+        .filter(|l| {
+            l.starts_with("corral: changed in")
+                || ["created ", "modified ", "deleted ", "and "]
+                    .iter()
+                    .any(|v| l.starts_with(&format!("corral:   {v}")))
+        })
         .collect()
 }
 
