@@ -245,3 +245,169 @@ async fn secret_bound_connect_and_plain_http_carry_the_real_value() {
     let raw = std::fs::read_to_string(log.path()).unwrap();
     assert!(!raw.contains(REAL), "real value in the audit log");
 }
+
+/// A client stream that hides the proxy's `200` answer from the TLS layer: lets a test send its
+/// ClientHello right behind the CONNECT head, before the answer arrives (pipelined).
+struct AfterConnect {
+    inner: tokio::net::TcpStream,
+    skipped: usize,
+}
+
+const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection established\r\n\r\n";
+
+impl tokio::io::AsyncRead for AfterConnect {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        while self.skipped < ESTABLISHED.len() {
+            let mut b = [0u8; 64];
+            let want = ESTABLISHED.len() - self.skipped;
+            let mut rb = tokio::io::ReadBuf::new(&mut b[..want]);
+            match std::pin::Pin::new(&mut self.inner).poll_read(cx, &mut rb) {
+                std::task::Poll::Ready(Ok(())) => {
+                    let got = rb.filled();
+                    if got.is_empty() {
+                        return std::task::Poll::Ready(Ok(()));
+                    }
+                    let at = self.skipped;
+                    assert_eq!(got, &ESTABLISHED[at..at + got.len()]);
+                    self.skipped += got.len();
+                }
+                other => return other,
+            }
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for AfterConnect {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_hello_pipelined_behind_the_connect_is_not_lost() {
+    let m = mocks().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::at(dir.path().join("audit.jsonl"));
+    let (gw, trust) = Gateway::new(
+        vec![(
+            SecretPlan {
+                name: "OPENAI_API_KEY".into(),
+                from_env: "OPENAI_API_KEY".into(),
+                hosts: vec![DomainPattern::parse(HOST).unwrap()],
+            },
+            REAL.into(),
+        )],
+        GatewayConfig {
+            upstream_roots: Some(m.roots.clone()),
+            trust_dir: dir.path().join("trust"),
+            system_bundle: None,
+            audit: None,
+        },
+    )
+    .unwrap();
+    let ph = trust.env["OPENAI_API_KEY"].clone();
+    let lo: IpAddr = "127.0.0.1".parse().unwrap();
+    let rules = Rules {
+        allow: vec![DomainPattern::parse(&format!("{HOST}:{}", m.tls.port())).unwrap()],
+        deny: Vec::new(),
+        allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
+        upstream: None,
+    };
+    let proxy = Proxy::new(rules, log, "testjail")
+        .with_resolver(Arc::new(StaticResolver::new().with(HOST, &[lo])))
+        .with_gateway(gw);
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let paddr = l.local_addr().unwrap();
+    let _handle = corral_net::spawn(Arc::new(proxy), vec![Listener::Proxy(l)]).unwrap();
+
+    // The CONNECT head, then at once the TLS handshake, without waiting for the 200.
+    let mut tcp = tokio::net::TcpStream::connect(paddr).await.unwrap();
+    let port = m.tls.port();
+    tcp.write_all(
+        format!("CONNECT {HOST}:{port} HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = trust
+        .ca_pem
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect::<String>();
+    roots
+        .add(rustls::pki_types::CertificateDer::from(b64(&pem)))
+        .unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let stream = AfterConnect {
+        inner: tcp,
+        skipped: 0,
+    };
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(
+            rustls::pki_types::ServerName::try_from(HOST.to_string()).unwrap(),
+            stream,
+        )
+        .await
+        .expect("TLS through the gateway with a pipelined ClientHello");
+    tls.write_all(
+        format!(
+            "GET /pipelined HTTP/1.1\r\nHost: {HOST}:{port}\r\nAuthorization: Bearer {ph}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut resp = Vec::new();
+    let _ = tls.read_to_end(&mut resp).await;
+    assert!(resp.ends_with(b"ok"), "{}", String::from_utf8_lossy(&resp));
+    let seen = m.seen.lock().unwrap().clone();
+    assert!(
+        seen.contains("GET /pipelined") && seen.contains(&format!("Bearer {REAL}")),
+        "{seen}"
+    );
+}
+
+/// Standard base64 decoding (the test crate has no base64 dependency).
+fn b64(s: &str) -> Vec<u8> {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in s.bytes().filter(|c| *c != b'=') {
+        let v = A.iter().position(|a| *a == c).expect("base64") as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    out
+}
