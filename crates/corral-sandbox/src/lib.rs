@@ -36,7 +36,7 @@ mod term;
 
 pub use error::JailError;
 pub use netns::{JailNet, PROXY_PORT};
-pub use spawn::{JailExit, RunningJail, SpawnOptions, spawn};
+pub use spawn::{JailExit, PreparedJail, RunningJail, SpawnOptions, prepare, spawn};
 
 /// The first argument that makes the corral binary the jail's set-up process.
 pub const INIT_ARG: &str = "__corral-jail-init";

@@ -65,10 +65,19 @@ pub struct RunningJail {
     pid: Pid,
     net: Option<JailNet>,
     io: Io,
-    signals: SignalPipe,
+    signals: Option<SignalPipe>,
     _placeholder: Option<Placeholder>,
     /// Set once `wait` has reaped the set-up process.
     reaped: bool,
+    /// The control socket, until the config is sent.
+    ctl: Option<std::fs::File>,
+    tty: bool,
+}
+
+/// A set-up process started ahead of its Plan (see [`prepare`]): it waits for the config.
+/// Dropping it kills it.
+pub struct PreparedJail {
+    jail: RunningJail,
 }
 
 /// How a jail ended.
@@ -82,15 +91,13 @@ pub struct JailExit {
 /// listeners (network mode `proxy`, `host_ports`) are in hand; the mounts and the command's
 /// exec proceed meanwhile.
 pub fn spawn(plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError> {
-    if plan.command.is_empty() {
-        return Err(JailError::Plan("the plan has no command to run".into()));
-    }
-    let placeholder = Placeholder::ensure(&plan.project.policy_file)?;
-    let mut watched = FORWARDED.to_vec();
-    watched.push(Signal::SIGCHLD);
-    let signals = SignalPipe::install(&watched)
-        .map_err(|e| JailError::step("install corral's signal handlers", e))?;
+    prepare(&opts.init_exe)?.start(plan, opts)
+}
 
+/// Start the jail's set-up process before the Plan is final, so that loading it overlaps
+/// corral's own preparations (secrets, executor, limits); [`PreparedJail::start`] hands it the
+/// Plan. The terminal wiring is decided here. Call from the thread that will `wait`.
+pub fn prepare(init_exe: &std::path::Path) -> Result<PreparedJail, JailError> {
     let (ctl, ctl_child) = socketpair(
         AddressFamily::Unix,
         SockType::Stream,
@@ -103,7 +110,7 @@ pub fn spawn(plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError>
     // A pty when the user is at a terminal on both ends; `corral run -- make > log` from a
     // terminal gets plain pipes (no CR/LF rewriting of the output).
     let tty = term::is_tty(stdin.as_fd()) && term::is_tty(std::io::stdout().as_fd());
-    let mut cmd = Command::new(&opts.init_exe);
+    let mut cmd = Command::new(init_exe);
     cmd.arg(INIT_ARG).env_clear();
     let mut master = None;
     let mut pipes = Vec::new();
@@ -180,7 +187,7 @@ pub fn spawn(plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError>
     }
     let child = cmd
         .spawn()
-        .map_err(|e| JailError::at("start the jail's set-up process", &opts.init_exe, e))?;
+        .map_err(|e| JailError::at("start the jail's set-up process", init_exe, e))?;
     drop(cmd);
     drop(ctl_child);
     let pid = Pid::from_raw(child.id() as i32);
@@ -194,39 +201,64 @@ pub fn spawn(plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError>
                 .collect(),
         ),
     };
-    let mut jail = RunningJail {
-        pid,
-        net: None,
-        io,
-        signals,
-        _placeholder: placeholder,
-        reaped: false,
-    };
+    Ok(PreparedJail {
+        jail: RunningJail {
+            pid,
+            net: None,
+            io,
+            signals: None,
+            _placeholder: None,
+            reaped: false,
+            ctl: Some(std::fs::File::from(ctl)),
+            tty,
+        },
+    })
+}
 
-    let config = InitConfig {
-        plan: plan.clone(),
-        tty,
-        cgroup_procs: opts.cgroup_procs.clone(),
-        rlimits: opts.rlimits.clone(),
-    };
-    let body =
-        serde_json::to_vec(&config).map_err(|e| JailError::step("encode the jail config", e))?;
-    let mut stream = std::fs::File::from(ctl);
-    let sent = stream
-        .write_all(&(body.len() as u64).to_le_bytes())
-        .and_then(|()| stream.write_all(&body));
-    let net = match sent {
-        Ok(()) => netns::recv_listeners(stream.as_raw_fd())?,
-        Err(_) => None,
-    };
-    match net {
-        Some(net) => {
-            jail.net = Some(net);
-            Ok(jail)
+impl PreparedJail {
+    /// Hand the set-up process `plan` and wait until the jail's namespaces exist and its
+    /// listeners (network mode `proxy`, `host_ports`) are in hand; the mounts and the
+    /// command's exec proceed meanwhile.
+    pub fn start(self, plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError> {
+        let mut jail = self.jail;
+        if plan.command.is_empty() {
+            return Err(JailError::Plan("the plan has no command to run".into()));
         }
-        None => {
-            let exit = jail.wait();
-            Err(JailError::SetupFailed(exit.code))
+        jail._placeholder = Placeholder::ensure(&plan.project.policy_file)?;
+        let mut watched = FORWARDED.to_vec();
+        watched.push(Signal::SIGCHLD);
+        jail.signals = Some(
+            SignalPipe::install(&watched)
+                .map_err(|e| JailError::step("install corral's signal handlers", e))?,
+        );
+        let config = InitConfig {
+            plan: plan.clone(),
+            tty: jail.tty,
+            cgroup_procs: opts.cgroup_procs.clone(),
+            rlimits: opts.rlimits.clone(),
+        };
+        let body = serde_json::to_vec(&config)
+            .map_err(|e| JailError::step("encode the jail config", e))?;
+        let mut stream = jail
+            .ctl
+            .take()
+            .ok_or_else(|| JailError::Plan("this jail was already started".into()))?;
+        let sent = stream
+            .write_all(&(body.len() as u64).to_le_bytes())
+            .and_then(|()| stream.write_all(&body));
+        let net = match sent {
+            Ok(()) => netns::recv_listeners(stream.as_raw_fd())?,
+            Err(_) => None,
+        };
+        match net {
+            Some(net) => {
+                jail.net = Some(net);
+                Ok(jail)
+            }
+            None => {
+                let exit = jail.wait();
+                Err(JailError::SetupFailed(exit.code))
+            }
         }
     }
 }
@@ -253,6 +285,27 @@ impl RunningJail {
 
     /// Relay terminal and signals until the jail exits; restores the terminal on every path.
     pub fn wait(mut self) -> JailExit {
+        let signals = match self.signals.take() {
+            Some(s) => s,
+            None => {
+                let mut watched = FORWARDED.to_vec();
+                watched.push(Signal::SIGCHLD);
+                match SignalPipe::install(&watched) {
+                    Ok(s) => s,
+                    Err(_) => {
+                        // Without handlers nothing is forwarded; still wait for the jail.
+                        let code = loop {
+                            if let Some(code) = reap(self.pid) {
+                                break code;
+                            }
+                            std::thread::sleep(std::time::Duration::from_millis(20));
+                        };
+                        self.reaped = true;
+                        return JailExit { code };
+                    }
+                }
+            }
+        };
         let code = match &mut self.io {
             Io::Pty(relay) => {
                 let stdin = std::io::stdin();
@@ -261,8 +314,8 @@ impl RunningJail {
                     if let Some(code) = reap(self.pid) {
                         break code;
                     }
-                    relay.step(self.signals.fd().as_fd(), 1000);
-                    for sig in self.signals.drain() {
+                    relay.step(signals.fd().as_fd(), 1000);
+                    for sig in signals.drain() {
                         match sig {
                             Signal::SIGWINCH => {
                                 if let Some(ws) = term::window_size(stdin.as_fd()) {
@@ -282,7 +335,7 @@ impl RunningJail {
                     if let Some(code) = reap(self.pid) {
                         break code;
                     }
-                    for sig in self.signals.wait(1000) {
+                    for sig in signals.wait(1000) {
                         if sig != Signal::SIGCHLD {
                             crate::child::forward(self.pid, sig);
                         }
@@ -294,7 +347,7 @@ impl RunningJail {
                 code
             }
         };
-        self.signals.restore_defaults();
+        drop(signals);
         self.reaped = true;
         JailExit { code }
     }
@@ -307,7 +360,6 @@ impl Drop for RunningJail {
         if !self.reaped {
             let _ = nix::sys::signal::kill(self.pid, Signal::SIGKILL);
             let _ = waitpid(self.pid, None);
-            self.signals.restore_defaults();
         }
     }
 }

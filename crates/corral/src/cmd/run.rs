@@ -85,6 +85,10 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             plan.network.publish
         );
     }
+    // The jail's set-up process starts now and loads while corral prepares the rest; it waits
+    // for the final plan (a dropped PreparedJail is killed).
+    let mut opts = corral_sandbox::SpawnOptions::new()?;
+    let prepared = corral_sandbox::prepare(&opts.init_exe)?;
     let jail_id = corral_audit::new_jail_id();
     let audit = AuditLog::for_project(&plan.project.root).context("cannot open the audit log")?;
     // [secrets]: placeholders and the gateway's CA in the jail; real values stay in corral.
@@ -100,7 +104,6 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     for note in &limits.notes {
         eprintln!("corral: {note}");
     }
-    let mut opts = corral_sandbox::SpawnOptions::new()?;
     if let Some(cg) = &limits.cgroup {
         opts.cgroup_procs = cg.paths().iter().map(|p| p.join("cgroup.procs")).collect();
     }
@@ -117,7 +120,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             detail: serde_json::to_value(plan).unwrap_or_default(),
         },
     );
-    let mut jail = match corral_sandbox::spawn(plan, &opts) {
+    let mut jail = match prepared.start(plan, &opts) {
         Ok(jail) => jail,
         Err(e) => {
             write(
