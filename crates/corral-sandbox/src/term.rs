@@ -39,8 +39,14 @@ pub(crate) fn set_window_size(fd: BorrowedFd<'_>, ws: &Winsize) {
 pub(crate) fn open_pty(user: BorrowedFd<'_>) -> Result<OpenptyResult, JailError> {
     let termios = tcgetattr(user).ok();
     let ws = window_size(user);
-    openpty(ws.as_ref(), termios.as_ref())
-        .map_err(|e| JailError::step("open a pty for the jail", e))
+    let pty = openpty(ws.as_ref(), termios.as_ref())
+        .map_err(|e| JailError::step("open a pty for the jail", e))?;
+    // openpty(3) leaves both ends inheritable: no other child of corral may get them.
+    for fd in [pty.master.as_fd(), pty.slave.as_fd()] {
+        fcntl(fd, FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+            .map_err(|e| JailError::step("mark the pty close-on-exec", e))?;
+    }
+    Ok(pty)
 }
 
 /// The user's terminal in raw mode until dropped (every exit path of the relay restores it).
