@@ -51,8 +51,9 @@
 //! ```
 //!
 //! Plain HTTP carries the real value in clear on the wire: it is served for harnesses
-//! configured with an `http://` base URL (a local or test model server), where the hop after the
-//! proxy is the caller's own choice.
+//! configured with an `http://` base URL (a local or test model server), and only when one of
+//! the secret's host patterns names the port (`hosts = ["models.lan:8080"]`), so a secret for
+//! `api.example.com` is never swapped into a clear-text request to port 80.
 //!
 //! Limits: a placeholder inside TLS to a host that is *not* bound to any secret cannot be seen
 //! (that tunnel stays opaque, by design); it reaches that host as the useless placeholder.
@@ -407,17 +408,23 @@ impl Gateway {
 
     /// Swap placeholders in `head`'s headers for a request going to `host:port`; returns what
     /// was done. Never touches the target or the body.
+    /// `plain`: the request travels unencrypted after the proxy; a secret is swapped into it
+    /// only when one of its host patterns names the port explicitly (`host:8080`), so that
+    /// `hosts = ["api.example.com"]` never sends the real value in clear text to port 80.
     fn rewrite_headers(
         &self,
         target: &str,
         headers: &mut [Header],
         host: &Host,
         port: u16,
+        plain: bool,
     ) -> RewriteReport {
         let mut report = RewriteReport::default();
         for s in &self.inner.secrets {
+            let matching = |p: &&DomainPattern| p.matches(host, port);
+            let named = matches!(host, Host::Name(_)) && s.hosts.iter().any(|p| matching(&p));
             let bound =
-                matches!(host, Host::Name(_)) && s.hosts.iter().any(|p| p.matches(host, port));
+                named && (!plain || s.hosts.iter().filter(matching).any(|p| p.port().is_some()));
             let ph = s.placeholder.as_bytes();
             for h in headers.iter_mut() {
                 let lname = h.name.to_ascii_lowercase();
@@ -437,7 +444,14 @@ impl Gateway {
                 if !in_plain && !in_basic {
                     continue;
                 }
-                if !bound {
+                if named && !bound {
+                    report.left.push((
+                        s.name.clone(),
+                        format!(
+                            "placeholder over plain HTTP not replaced (header {lname}; name the port in the secret's hosts, `{host}:{port}`, to allow it)"
+                        ),
+                    ));
+                } else if !bound {
                     report.left.push((
                         s.name.clone(),
                         format!("placeholder sent to unbound host (header {lname})"),
@@ -561,7 +575,9 @@ impl Gateway {
 
     /// Rewrite a plain-HTTP request head going to `host:port` (the host of its absolute-form URL,
     /// which the proxy resolved and dials). Call it for every plain-HTTP request, bound or not:
-    /// placeholders going to unbound hosts are audited. Refuses when `Host` disagrees with
+    /// placeholders going to unbound hosts are audited. Over plain HTTP a secret is swapped only
+    /// when one of its host patterns names this port (`hosts = ["models.lan:8080"]`): the real
+    /// value then crosses the network in clear text, which the policy must say explicitly. Refuses when `Host` disagrees with
     /// `host` (the proxy answers `refusal.status`).
     pub fn rewrite_plain(
         &self,
@@ -606,7 +622,7 @@ impl Gateway {
             );
             return Err(r);
         }
-        let report = self.rewrite_headers(target, headers, host, port);
+        let report = self.rewrite_headers(target, headers, host, port, true);
         self.audit_report(&report, client, (method, target), host, port, None);
         Ok(report)
     }
@@ -853,7 +869,7 @@ impl Gateway {
                     )));
                 }
             };
-            let report = self.rewrite_headers(&head.target, &mut head.headers, host, port);
+            let report = self.rewrite_headers(&head.target, &mut head.headers, host, port, false);
             self.audit_report(
                 &report,
                 client_label,

@@ -611,18 +611,52 @@ async fn plain_http_rewrite_swaps_on_bound_hosts_and_audits_elsewhere() {
     let s = setup().await;
     let ph = s.trust.env["ANTHROPIC_API_KEY"].clone();
     let bound = Host::Name(BOUND.into());
+    // The secret names BOUND without a port: never swapped into clear text to port 80.
     let mut head = plain(&format!(
         "POST http://{BOUND}/v1/chat/completions HTTP/1.1\r\nHost: {BOUND}\r\nAuthorization: Bearer {ph}\r\n\r\n"
     ));
+    let before = head.clone();
     let report = s.gw.rewrite_plain(&mut head, &bound, 80, "jail").unwrap();
+    assert_eq!(head, before);
+    assert!(report.injected.is_empty());
+    assert!(
+        report.left[0]
+            .1
+            .contains("placeholder over plain HTTP not replaced"),
+        "{report:?}"
+    );
+
+    // A secret whose hosts name the port explicitly is swapped over plain HTTP.
+    let dir = tempfile::tempdir().unwrap();
+    let (gw, trust) = Gateway::new(
+        vec![(secret("LOCAL_KEY", &format!("{BOUND}:8080")), REAL.into())],
+        GatewayConfig {
+            upstream_roots: Some(RootCertStore::empty()),
+            trust_dir: dir.path().join("trust"),
+            system_bundle: None,
+            audit: None,
+        },
+    )
+    .unwrap();
+    let ph_local = trust.env["LOCAL_KEY"].clone();
+    let mut head = plain(&format!(
+        "POST http://{BOUND}:8080/v1/chat/completions HTTP/1.1\r\nHost: {BOUND}:8080\r\nAuthorization: Bearer {ph_local}\r\n\r\n"
+    ));
+    let report = gw.rewrite_plain(&mut head, &bound, 8080, "jail").unwrap();
     assert_eq!(
         report.injected,
-        vec![("ANTHROPIC_API_KEY".to_string(), "authorization".to_string())]
+        vec![("LOCAL_KEY".to_string(), "authorization".to_string())]
     );
     assert_eq!(
         head.get("authorization"),
         Some(format!("Bearer {REAL}").as_bytes())
     );
+    // The same secret on another port of that host: not swapped.
+    let mut head = plain(&format!(
+        "GET http://{BOUND}:8081/ HTTP/1.1\r\nHost: {BOUND}:8081\r\nAuthorization: Bearer {ph_local}\r\n\r\n"
+    ));
+    let report = gw.rewrite_plain(&mut head, &bound, 8081, "jail").unwrap();
+    assert!(report.injected.is_empty(), "{report:?}");
 
     // To an unbound host the placeholder goes through untouched (useless) and is audited.
     let other = Host::Name("collector.evil.test".into());

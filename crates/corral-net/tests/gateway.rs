@@ -115,7 +115,11 @@ async fn secret_bound_connect_and_plain_http_carry_the_real_value() {
             SecretPlan {
                 name: "OPENAI_API_KEY".into(),
                 from_env: "OPENAI_API_KEY".into(),
-                hosts: vec![DomainPattern::parse(HOST).unwrap()],
+                // The name for TLS; plain HTTP only on the port named explicitly.
+                hosts: vec![
+                    DomainPattern::parse(HOST).unwrap(),
+                    DomainPattern::parse(&format!("{HOST}:{}", m.plain.port())).unwrap(),
+                ],
             },
             REAL.into(),
         )],
