@@ -10,6 +10,9 @@ use std::process::{Child, Command, Stdio};
 
 use crate::jail_support::write;
 
+/// tests/fixtures/mock-model/server.py
+const MOCK_MODEL: &str = include_str!("../fixtures/mock-model/server.py");
+
 /// This machine's host name when it resolves to loopback only (Debian's /etc/hosts maps it to
 /// 127.0.1.1): the proxy resolves it itself, and NO_PROXY (localhost) does not apply to it.
 pub fn loopback_name() -> Option<String> {
@@ -127,11 +130,10 @@ impl Mock {
 }
 
 pub fn mock_model(dir: &Path, steps: &serde_json::Value) -> Mock {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mock-model/server.py");
-    // The rootless pass runs from a copy: the fixture is read from the source tree, which that
-    // user may not be able to read; copy it next to the certificates.
+    // Compiled into the test binary: the rootless pass runs a copy of it as a user who may not
+    // be able to read the source tree.
     let server = dir.join("server.py");
-    std::fs::copy(&fixture, &server).expect("mock-model fixture");
+    write(&server, MOCK_MODEL);
     write(&dir.join("steps.json"), &steps.to_string());
     let record = dir.join("seen.jsonl");
     let mut child = Command::new("python3")
