@@ -517,3 +517,77 @@ fn sigterm_to_corral_stops_the_container_and_the_run_is_audited() {
     );
     assert_eq!(w.leftovers(), (vec![], vec![]));
 }
+
+#[test]
+fn two_projects_never_see_each_others_containers() {
+    if !ready() {
+        return;
+    }
+    // Same prefix (so the same shared external network), two projects.
+    let w = World::new("t");
+    let other = w.dir.path().join(format!("{}-other", w.prefix));
+    std::fs::create_dir_all(&other).unwrap();
+    let toml = format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n");
+    std::fs::write(w.project.join("corral.toml"), &toml).unwrap();
+    std::fs::write(other.join("corral.toml"), &toml).unwrap();
+    let run_in = |dir: &Path, script: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
+        c.args(["run", "--engine", "podman", "--", "/bin/bash", "-c", script])
+            .current_dir(dir)
+            .env("XDG_STATE_HOME", &w.state)
+            .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
+            .env("CORRAL_ENGINE_PREFIX", &w.prefix)
+            .stdin(std::process::Stdio::null());
+        if std::env::var_os("CORRAL_CONTAINER_BIN").is_none() {
+            c.env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"));
+        }
+        c.output().unwrap()
+    };
+    // The other project's proxy exists and listens.
+    let out = run_in(&other, "true");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let other_key = corral_audit::project_key(&other);
+    let other_proxy = format!("{}-{other_key}-proxy", w.prefix);
+    let other_ip = podman_ok(&[
+        "container",
+        "inspect",
+        "--format",
+        "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+        &other_proxy,
+    ]);
+    let mut script = format!(
+        "curl -sS -m 5 --noproxy '*' http://{other_proxy}:3128/ >/dev/null 2>&1 && echo REACHED-BY-NAME || echo unreachable-by-name\n"
+    );
+    for ip in other_ip.split_whitespace() {
+        script.push_str(&format!(
+            "curl -sS -m 5 --noproxy '*' http://{ip}:3128/ >/dev/null 2>&1 && echo REACHED-{ip} || echo unreachable\n"
+        ));
+    }
+    let out = run_in(&w.project, &script);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut want = vec!["unreachable-by-name"];
+    want.extend(other_ip.split_whitespace().map(|_| "unreachable"));
+    assert_eq!(stdout.lines().collect::<Vec<_>>(), want, "{t}");
+    assert_eq!(other_ip.split_whitespace().count(), 2, "{other_ip}");
+
+    for dir in [&w.project, &other] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
+        let out = c
+            .args(["down", "--engine", "podman"])
+            .current_dir(dir)
+            .env("XDG_STATE_HOME", &w.state)
+            .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
+            .env("CORRAL_ENGINE_PREFIX", &w.prefix)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    assert_eq!(w.leftovers(), (vec![], vec![]));
+    assert!(
+        !podman(&["container", "exists", &other_proxy])
+            .status
+            .success()
+    );
+}
