@@ -264,7 +264,7 @@ echo written-in-jail > output.txt
 cat {secret} 2>/dev/null && echo SECRET-READ || echo secret-unreadable
 grep -q TOPSECRET .env 2>/dev/null && echo ENV-READ || echo env-hidden
 echo widened >> corral.toml 2>/dev/null && echo POLICY-WRITTEN || echo policy-read-only
-for i in $(seq 50); do curl -s -o /dev/null http://{ok}:8000/ && break; sleep 0.2; done
+for i in $(seq 150); do curl -s -o /dev/null http://{ok}:8000/ && break; sleep 0.2; done
 curl -sS -m 10 http://{ok}:8000/
 curl -sS -m 10 -o /dev/null -w 'denied-status=%{{http_code}}\n' http://{no}:8000/
 curl -sS -m 5 --noproxy '*' http://{ok}:8000/ 2>/dev/null && echo DIRECT-REACHED || echo direct-blocked
@@ -398,7 +398,7 @@ fn compose_executor_answers_corral_exec_from_the_harness() {
     assert!(up.status.success(), "podman-compose up: {}", text(&up));
 
     let script = r#"
-for i in $(seq 50); do corral exec -- true 2>/dev/null && break; sleep 0.2; done
+for i in $(seq 150); do corral exec -- true 2>/dev/null && break; sleep 0.2; done
 echo "harness=$(hostname)"
 corral exec -- sh -c 'echo "executor=$(hostname)"; echo from-executor > made-by-executor.txt; exit 3'
 echo "exec-exit=$?"
