@@ -264,7 +264,7 @@ echo written-in-jail > output.txt
 cat {secret} 2>/dev/null && echo SECRET-READ || echo secret-unreadable
 grep -q TOPSECRET .env 2>/dev/null && echo ENV-READ || echo env-hidden
 echo widened >> corral.toml 2>/dev/null && echo POLICY-WRITTEN || echo policy-read-only
-for i in $(seq 150); do curl -s -o /dev/null http://{ok}:8000/ && break; sleep 0.2; done
+for i in $(seq 150); do curl -sf -o /dev/null http://{ok}:8000/ && break; sleep 0.2; done
 curl -sS -m 10 http://{ok}:8000/
 curl -sS -m 10 -o /dev/null -w 'denied-status=%{{http_code}}\n' http://{no}:8000/
 curl -sS -m 5 --noproxy '*' http://{ok}:8000/ 2>/dev/null && echo DIRECT-REACHED || echo direct-blocked
