@@ -242,7 +242,45 @@ pub fn ensure(setup: &Setup, ctx: &Context, policy_changed: bool, names: &Names)
             for c in create {
                 output(c)?;
             }
+            if is_proxy(create) {
+                wait_proxy_ready(ctx, names)?;
+            }
         }
+    }
+    Ok(())
+}
+
+/// Wait until a new proxy container says it listens (its log's `listening on` line), so the
+/// harness's first request does not race it. A proxy that exits instead (a policy it cannot
+/// load, a binary the image cannot run) is an error quoting its log.
+fn wait_proxy_ready(ctx: &Context, names: &Names) -> Result<()> {
+    let p = ctx.engine.program();
+    let logs = Command::new(p).args(["logs", &names.proxy_container]);
+    for _ in 0..50 {
+        let out = logs
+            .to_std()
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| EngineError::Spawn {
+                program: p.to_string(),
+                source,
+            })?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if text.contains("listening on") {
+            return Ok(());
+        }
+        if !proxy_running(ctx, names) {
+            return Err(EngineError::Failed {
+                command: format!("the proxy container {}", names.proxy_container),
+                status: "exited".into(),
+                stderr: text.trim().to_string(),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
     Ok(())
 }
