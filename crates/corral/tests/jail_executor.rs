@@ -30,7 +30,11 @@ fn exec_from_inside_the_jail_runs_in_the_executors_own_jail() {
         out.both()
     );
     // The agent sees the socket and the token, nothing else of the executor's state.
-    assert!(out.stdout.contains("\nexec.sock token \n"), "{}", out.both());
+    assert!(
+        out.stdout.contains("\nexec.sock token \n"),
+        "{}",
+        out.both()
+    );
     // The secret stays unreadable in the executor's jail too: its home is a fresh tmpfs.
     assert!(
         !out.both().contains(SSH_SECRET),
