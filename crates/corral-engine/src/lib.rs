@@ -154,6 +154,14 @@ pub enum EngineError {
         status: String,
         stderr: String,
     },
+    #[error(
+        "the proxy container {container} exited instead of listening: {log}; see `{engine} logs {container}`"
+    )]
+    ProxyExited {
+        engine: EngineKind,
+        container: String,
+        log: String,
+    },
     #[error("cannot start `{program}`: {source}; is {program} installed and on PATH?")]
     Spawn {
         program: String,

@@ -274,10 +274,10 @@ fn wait_proxy_ready(ctx: &Context, names: &Names) -> Result<()> {
             return Ok(());
         }
         if !proxy_running(ctx, names) {
-            return Err(EngineError::Failed {
-                command: format!("the proxy container {}", names.proxy_container),
-                status: "exited".into(),
-                stderr: text.trim().to_string(),
+            return Err(EngineError::ProxyExited {
+                engine: ctx.engine,
+                container: names.proxy_container.clone(),
+                log: text.trim().to_string(),
             });
         }
         std::thread::sleep(std::time::Duration::from_millis(100));

@@ -591,3 +591,44 @@ fn two_projects_never_see_each_others_containers() {
             .success()
     );
 }
+
+#[test]
+fn a_proxy_that_cannot_start_is_an_error_that_quotes_its_log() {
+    if !ready() {
+        return;
+    }
+    let Some(busybox) = on_path("busybox").filter(|_| Path::new("/bin/busybox").exists()) else {
+        panic!("busybox is missing: .ci/run installs busybox-static");
+    };
+    let w = World::new("f");
+    std::fs::write(
+        w.project.join("corral.toml"),
+        format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n"),
+    )
+    .unwrap();
+    // A static binary that is not corral: `busybox proxy ...` exits at once.
+    let out = Command::new(env!("CARGO_BIN_EXE_corral"))
+        .args(["run", "--engine", "podman", "--", "/bin/true"])
+        .current_dir(&w.project)
+        .env("XDG_STATE_HOME", &w.state)
+        .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
+        .env("CORRAL_ENGINE_PREFIX", &w.prefix)
+        .env("CORRAL_CONTAINER_BIN", &busybox)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{t}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("the proxy container {}-", w.prefix)),
+        "{t}"
+    );
+    assert!(
+        stderr.contains("exited instead of listening: ") && stderr.contains("applet not found"),
+        "{t}"
+    );
+    let out = w.corral(&["down", "--engine", "podman"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(w.leftovers(), (vec![], vec![]));
+}
