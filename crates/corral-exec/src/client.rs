@@ -275,7 +275,25 @@ fn connect(target: &Target) -> Result<Conn, ClientError> {
         source,
     };
     match &target.endpoint {
-        Endpoint::Unix(p) => UnixStream::connect(p).map(Conn::Unix).map_err(cerr),
+        Endpoint::Unix(p) => {
+            // `corral run` does not wait for its executor to listen before starting the jail:
+            // give a socket that is not there yet (or not accepting yet) a moment.
+            let until = std::time::Instant::now() + Duration::from_secs(3);
+            loop {
+                match UnixStream::connect(p) {
+                    Ok(s) => return Ok(Conn::Unix(s)),
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                        ) && std::time::Instant::now() < until =>
+                    {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(e) => return Err(cerr(e)),
+                }
+            }
+        }
         Endpoint::Tcp { host, port } => {
             let addrs: Vec<_> = (host.as_str(), *port)
                 .to_socket_addrs()

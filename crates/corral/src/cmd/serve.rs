@@ -347,9 +347,12 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
             .with_context(|| format!("cannot write {}", file.display()))?;
         cmd.arg("--jail-plan").arg(file);
     }
+    let log = dir.join("serve.log");
+    let log_file =
+        std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
+        .stderr(log_file);
     {
         use std::os::unix::process::CommandExt;
         // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe; it makes the server die (and
@@ -363,25 +366,13 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
             });
         }
     }
-    let child = handle.child.insert(
+    handle.child = Some(
         cmd.spawn()
             .context("cannot start the executor (corral serve)")?,
     );
-    // Ready once it says where it listens; its later messages go to a log beside the socket,
-    // not into the harness's terminal.
-    let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr is piped"));
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut err, &mut line)?;
-    if !line.contains("listening on") {
-        // Dropping `handle` stops the child and removes the directory.
-        bail!("the executor did not start: {}", line.trim());
-    }
-    let log = dir.join("serve.log");
-    std::thread::spawn(move || {
-        if let Ok(mut f) = std::fs::File::create(log) {
-            let _ = std::io::copy(&mut err, &mut f);
-        }
-    });
+    // Not waited for: the socket appears in the directory already bound into the jail, and
+    // `corral exec` waits briefly for a socket that is not there yet. Its messages go to a log
+    // beside the socket, not into the harness's terminal; the log is shown if it fails.
 
     plan.mounts.push(Mount {
         source: shared,
@@ -407,6 +398,12 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
 impl Drop for RunExecutor {
     fn drop(&mut self) {
         if let Some(child) = &mut self.child {
+            if let Ok(Some(status)) = child.try_wait()
+                && !status.success()
+            {
+                let log = std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default();
+                eprintln!("corral: the executor (corral serve) failed: {}", log.trim());
+            }
             let pid = nix::unistd::Pid::from_raw(child.id() as i32);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
             let _ = child.wait();
