@@ -70,11 +70,11 @@ fn follow(path: &Path, printer: &mut Printer, out: &mut impl Write) -> anyhow::R
     let mut current: Option<(BufReader<File>, u64)> = None;
     let mut partial = String::new();
     loop {
-        if current.is_none() {
-            if let Some(f) = open_if_exists(path)? {
-                let ino = f.metadata().map(|m| m.ino()).unwrap_or(0);
-                current = Some((BufReader::new(f), ino));
-            }
+        if current.is_none()
+            && let Some(f) = open_if_exists(path)?
+        {
+            let ino = f.metadata().map(|m| m.ino()).unwrap_or(0);
+            current = Some((BufReader::new(f), ino));
         }
         let mut rotated = false;
         if let Some((reader, ino)) = current.as_mut() {
