@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use corral_audit::{AuditLog, Event, JailEvent, Record};
-use corral_policy::plan::{Engine, NetworkMode, Plan};
-use corral_policy::resolve::{Flags, Request, resolve};
+use corral_policy::plan::{Engine, Plan};
+use corral_policy::resolve::{ensure_state_paths, resolve};
 
-use crate::cli::{EngineArg, JailOptions, NetworkArg, RunArgs};
+use crate::cli::{JailOptions, RunArgs};
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     run_jail(args.profile, &args.jail, args.command)
@@ -22,11 +22,10 @@ pub fn run_jail(
     opts: &JailOptions,
     command: Vec<String>,
 ) -> anyhow::Result<ExitCode> {
-    let mut req = Request::from_process().context("cannot describe the caller")?;
-    req.profile = profile;
-    req.command = command;
-    req.flags = flags(opts);
+    let req = super::plan::request(profile, opts, command)?;
     let plan = resolve(&req)?;
+    // A first run of a harness: its state directories do not exist yet, and binds need them.
+    ensure_state_paths(&plan.profile, &req.home)?;
     let code = run_plan(&plan);
     if plan.project.scratch
         && let Err(e) = std::fs::remove_dir_all(&plan.project.root)
@@ -38,34 +37,6 @@ pub fn run_jail(
     }
     let code = code?;
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
-}
-
-/// The command-line layer of the policy, as typed.
-pub fn flags(opts: &JailOptions) -> Flags {
-    Flags {
-        policy: opts.policy.clone(),
-        engine: opts.engine.map(|e| match e {
-            EngineArg::Native => Engine::Native,
-            EngineArg::Podman => Engine::Podman,
-            EngineArg::Docker => Engine::Docker,
-            EngineArg::Auto => Engine::Auto,
-        }),
-        network: opts.network.map(|n| match n {
-            NetworkArg::None => NetworkMode::None,
-            NetworkArg::Proxy => NetworkMode::Proxy,
-            NetworkArg::Host => NetworkMode::Host,
-        }),
-        allow: opts.allow.clone(),
-        rw: opts.rw.clone(),
-        ro: opts.ro.clone(),
-        env: opts.env.clone(),
-        memory: opts.memory.clone(),
-        cpus: opts.cpus,
-        pids: opts.pids,
-        publish: opts.publish.clone(),
-        scratch: opts.scratch,
-        allow_host_executor: false,
-    }
 }
 
 /// Run `plan` in the native jail; the command's exit code.
@@ -100,6 +71,9 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     let _executor = super::serve::attach_executor(&mut with_executor)?;
     let plan = &with_executor;
 
+    if !audit.path().exists() {
+        eprintln!("{}", first_run_line(plan, audit.path()));
+    }
     let limits = corral_sandbox::cgroup::setup(&jail_id, &plan.limits)?;
     for note in &limits.notes {
         eprintln!("corral: {note}");
@@ -220,4 +194,29 @@ fn write(audit: &AuditLog, jail_id: &str, event: JailEvent) {
     if let Err(e) = audit.write(&Record::now(jail_id, Event::Jail(event))) {
         eprintln!("corral: cannot write the audit log: {e}");
     }
+}
+
+/// The one line a project's first jailed run prints: what the jail allows and where the audit
+/// log is, so nobody has to guess what `corral run` did (`corral plan` shows all of it).
+fn first_run_line(plan: &Plan, audit: &std::path::Path) -> String {
+    let access = match plan.project.access {
+        corral_policy::plan::Access::Rw => "read-write",
+        corral_policy::plan::Access::Ro => "read-only",
+    };
+    let network = match plan.network.mode {
+        corral_policy::plan::NetworkMode::None => "no network".to_string(),
+        corral_policy::plan::NetworkMode::Host => "the host's network, unfiltered".to_string(),
+        corral_policy::plan::NetworkMode::Proxy if plan.network.allow.is_empty() => {
+            "no destination allowed through the proxy".to_string()
+        }
+        corral_policy::plan::NetworkMode::Proxy => {
+            let hosts: Vec<String> = plan.network.allow.iter().map(|p| p.to_string()).collect();
+            format!("only {} through the proxy", hosts.join(", "))
+        }
+    };
+    format!(
+        "corral: first jailed run here: {} {access}, {network}; audit log {} (details: corral plan, corral log)",
+        plan.project.root.display(),
+        audit.display()
+    )
 }
