@@ -437,6 +437,12 @@ fn mkdir_all(path: &Path) -> Result<(), JailError> {
 }
 
 fn touch(path: &Path) -> Result<(), JailError> {
+    // A file that is already there (e.g. a system file under a read-only bind, which a
+    // credential-gateway CA bundle overlays) is its own mount point: opening it for writing
+    // would fail on the read-only mount for nothing.
+    if path.symlink_metadata().is_ok() {
+        return Ok(());
+    }
     match fs::OpenOptions::new()
         .write(true)
         .create(true)

@@ -184,6 +184,7 @@ fn jail_sees_a_placeholder_and_the_upstream_gets_the_real_key() {
          if cat /proc/[0-9]*/environ 2>/dev/null | grep -q $PAT; then echo ALLPROC-LEAK; else echo ALLPROC-CLEAN; fi; \
          if grep -rqs $PAT \"$(dirname \"$SSL_CERT_FILE\")\" /tmp $HOME; then echo FILE-LEAK; else echo FILE-CLEAN; fi; \
          echo BODY=$(curl -sS https://{host}:{port}/jailed -H \"Authorization: Bearer $MY_API_KEY\"); \
+         echo SYSBODY=$(env -u SSL_CERT_FILE -u CURL_CA_BUNDLE curl -sS https://{host}:{port}/system -H \"Authorization: Bearer $MY_API_KEY\"); \
          echo MISDIRECTED=$(curl -s -o /dev/null -w '%{{http_code}}' https://{host}:{port}/spoof -H 'Host: evil.example' -H \"x-api-key: $MY_API_KEY\"); \
          echo END"
     );
@@ -211,6 +212,9 @@ fn jail_sees_a_placeholder_and_the_upstream_gets_the_real_key() {
         assert!(stdout.contains(clean), "{clean} missing:\n{}", out.both());
     }
     assert!(stdout.contains("BODY=mock-ok"), "{}", out.both());
+    // A program that ignores every CA variable and reads only the system bundle trusts the
+    // run CA too: the bundle is overlaid on /etc/ssl/certs/ca-certificates.crt.
+    assert!(stdout.contains("SYSBODY=mock-ok"), "{}", out.both());
     assert!(stdout.contains("MISDIRECTED=421"), "{}", out.both());
 
     let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap_or_default();

@@ -124,6 +124,9 @@ pub fn prepare(plan: &Plan, jail_id: &str, audit: &AuditLog) -> anyhow::Result<S
             )?;
             jailed.env.extend(trust.env);
             jailed.mounts.extend(trust.mounts);
+            // The system bundles themselves (system roots + run CA), for programs that read
+            // only /etc/ssl and ignore every CA variable.
+            jailed.mounts.extend(trust.system_overlays);
             Ok(Secrets {
                 plan: Some(jailed),
                 gateway: Some(gateway),
