@@ -515,11 +515,15 @@ fn check_project_bind(
             if rw { "rw" } else { "ro" }
         )))
     };
-    if ctx.home.starts_with(path) {
+    // The home as given and as it really is (HOME=/home/u with /home -> var/home): a path
+    // spelled either way is the same directory.
+    let real_home = real_path(ctx.home);
+    let homes = [ctx.home, real_home.as_path()];
+    if homes.iter().any(|h| h.starts_with(path)) {
         return refuse("your whole home directory".into());
     }
     if let Some(uc) = user_config
-        && uc.starts_with(path)
+        && (uc.starts_with(path) || real_path(uc).starts_with(path))
     {
         return refuse(format!("your corral user config {}", uc.display()));
     }
@@ -532,9 +536,11 @@ fn check_project_bind(
         NEVER_FROM_PROJECT.iter().collect()
     };
     for sensitive in list {
-        let s = ctx.home.join(sensitive);
-        if s.starts_with(path) || path.starts_with(&s) {
-            return refuse(format!("~/{sensitive}"));
+        for home in homes {
+            let s = home.join(sensitive);
+            if s.starts_with(path) || path.starts_with(&s) {
+                return refuse(format!("~/{sensitive}"));
+            }
         }
     }
     Ok(())
@@ -603,19 +609,14 @@ fn file_layer(
                 "filesystem.read_write",
             ),
         ] {
-            for raw in list {
-                let at = span_loc(file, text, &raw);
-                let p = ctx.expand(raw.get_ref(), key, &at)?;
-                if project && !p.starts_with(ctx.project) {
-                    check_project_bind(&p, rw, key, &at, ctx, user_config)?;
-                    grants.push(format!(
-                        "{at}: {key} binds {} {} (outside the project)",
-                        p.display(),
-                        if rw { "read-write" } else { "read-only" }
-                    ));
-                }
-                out.push((p, at));
-            }
+            let site = BindSite {
+                file,
+                text,
+                key,
+                rw,
+                project,
+            };
+            out.extend(bind_paths(list, &site, ctx, user_config, grants)?);
         }
         for raw in fs.hide {
             let at = span_loc(file, text, &raw);
@@ -713,19 +714,14 @@ fn file_layer(
                     "executor.sandbox.read_write",
                 ),
             ] {
-                for raw in list {
-                    let at = span_loc(file, text, &raw);
-                    let p = ctx.expand(raw.get_ref(), key, &at)?;
-                    if project && !p.starts_with(ctx.project) {
-                        check_project_bind(&p, rw, key, &at, ctx, user_config)?;
-                        grants.push(format!(
-                            "{at}: {key} binds {} {} (outside the project)",
-                            p.display(),
-                            if rw { "read-write" } else { "read-only" }
-                        ));
-                    }
-                    out.push((p, at));
-                }
+                let site = BindSite {
+                    file,
+                    text,
+                    key,
+                    rw,
+                    project,
+                };
+                out.extend(bind_paths(list, &site, ctx, user_config, grants)?);
             }
             if let Some(n) = sb.network {
                 l.exec_net = net_layer(file, text, n)?;
@@ -736,6 +732,77 @@ fn file_layer(
         }
     }
     Ok(l)
+}
+
+/// Where a list of bind paths comes from: its file, key, access and trust.
+struct BindSite<'a> {
+    file: &'a Path,
+    text: &'a str,
+    key: &'static str,
+    rw: bool,
+    project: bool,
+}
+
+/// Expand a list of bind paths. For a project's file, a path is judged by where it really
+/// leads (symlinks resolved, as the backends bind it): a repository can commit `evil -> ..`,
+/// and `evil/.ssh` is then the home's `.ssh`, not a path inside the project.
+fn bind_paths(
+    list: Vec<Spanned<String>>,
+    site: &BindSite,
+    ctx: &PathCtx,
+    user_config: Option<&Path>,
+    grants: &mut Vec<String>,
+) -> Result<Vec<(PathBuf, Loc)>, PolicyError> {
+    let BindSite {
+        file,
+        text,
+        key,
+        rw,
+        project,
+    } = *site;
+    let mut out = Vec::new();
+    for raw in list {
+        let at = span_loc(file, text, &raw);
+        let p = ctx.expand(raw.get_ref(), key, &at)?;
+        if project {
+            let real = real_path(&p);
+            if !p.starts_with(ctx.project) || !real.starts_with(ctx.project) {
+                check_project_bind(&p, rw, key, &at, ctx, user_config)?;
+                let shown = if real == p {
+                    p.display().to_string()
+                } else {
+                    check_project_bind(&real, rw, key, &at, ctx, user_config)?;
+                    format!("{} (really {})", p.display(), real.display())
+                };
+                grants.push(format!(
+                    "{at}: {key} binds {shown} {} (outside the project)",
+                    if rw { "read-write" } else { "read-only" }
+                ));
+            }
+        }
+        out.push((p, at));
+    }
+    Ok(out)
+}
+
+/// `p` with every symlink in its existing part resolved; the part that does not exist yet is
+/// appended as written (`p` is absolute and lexically normalized).
+fn real_path(p: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut existing = p;
+    loop {
+        if let Ok(mut real) = existing.canonicalize() {
+            real.extend(rest.iter().rev());
+            return real;
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name);
+                existing = parent;
+            }
+            _ => return p.to_path_buf(),
+        }
+    }
 }
 
 /// What a project file's network section grants, and the one thing it may not do alone.

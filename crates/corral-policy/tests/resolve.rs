@@ -504,6 +504,69 @@ fn a_hostile_project_file_cannot_widen_into_home_or_credentials() {
 }
 
 #[test]
+fn a_hostile_project_file_cannot_reach_out_through_a_committed_symlink() {
+    let f = fx();
+    let file = f.root.join("corral.toml");
+    let home = f.home.display();
+    std::fs::create_dir_all(f.home.join(".ssh")).unwrap();
+    // A repository can commit symlinks: `up` leads to the project's parent, where the fixture
+    // keeps the home.
+    std::os::unix::fs::symlink("..", f.root.join("up")).unwrap();
+    f.project_policy("[filesystem]\nread_write = [\"up/home/.ssh\"]\n");
+    assert_eq!(
+        err(resolve(&f.req(None))),
+        format!(
+            "{}:2:15: filesystem.read_write: {home}/.ssh would give the jail write access to \
+             ~/.ssh; a project's policy file may not grant this (the repository could be \
+             hostile): put it in your user config or pass --rw on the command line",
+            file.display()
+        )
+    );
+    f.project_policy("[executor.sandbox]\nread_only = [\"up/home\"]\n");
+    assert_eq!(
+        err(resolve(&f.req(None))),
+        format!(
+            "{}:2:14: executor.sandbox.read_only: {home} would give the jail access to your \
+             whole home directory; a project's policy file may not grant this (the repository \
+             could be hostile): put it in your user config or pass --ro on the command line",
+            file.display()
+        )
+    );
+    // A home reached through a symlink (HOME=/home/u with /home -> var/home) is the same home.
+    let linked = f.root.parent().unwrap().join("home-link");
+    std::os::unix::fs::symlink(&f.home, &linked).unwrap();
+    let mut req = f.req(None);
+    req.home = linked;
+    f.project_policy(&format!(
+        "[filesystem]\nread_only = [\"{}\"]\n",
+        f.home.join(".ssh").display()
+    ));
+    assert_eq!(
+        err(resolve(&req)),
+        format!(
+            "{}:2:14: filesystem.read_only: {home}/.ssh would give the jail access to ~/.ssh; \
+             a project's policy file may not grant this (the repository could be hostile): \
+             put it in your user config or pass --ro on the command line",
+            file.display()
+        )
+    );
+    // Elsewhere outside the project it is allowed, and listed as what it is.
+    let other = f.root.parent().unwrap().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    f.project_policy("[filesystem]\nread_only = [\"up/other\"]\n");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert_eq!(
+        plan.project_grants,
+        vec![format!(
+            "{}:2:14: filesystem.read_only binds {} (really {}) read-only (outside the project)",
+            file.display(),
+            f.root.join("up/other").display(),
+            other.display()
+        )]
+    );
+}
+
+#[test]
 fn what_a_project_file_grants_is_listed_in_the_plan() {
     let f = fx();
     f.project_policy(
