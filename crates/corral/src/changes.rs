@@ -44,6 +44,9 @@ use serde::Serialize;
 const HASH_MAX_FILE: u64 = 8 << 20;
 /// Bytes hashed at the start at most; dirty files beyond it are compared by metadata only.
 const HASH_BUDGET: u64 = 256 << 20;
+/// Entries of a metadata walk at most: beyond, the run has no change summary (a home
+/// directory run as a project, say) rather than seconds of walking at both ends.
+const WALK_MAX: usize = 1_000_000;
 /// Files named one by one in the printed summary before "and N more".
 const SHOW_MAX: usize = 50;
 /// Up to this many changes fit on the one-line form of the summary.
@@ -92,6 +95,8 @@ struct Fingerprint {
 pub struct Baseline {
     root: PathBuf,
     kind: BaselineKind,
+    /// Why the git method was not used in a git project.
+    note: Option<String>,
 }
 
 enum BaselineKind {
@@ -112,6 +117,9 @@ pub struct Changes {
     pub created: Vec<String>,
     pub modified: Vec<String>,
     pub deleted: Vec<String>,
+    /// Why a git project was compared by metadata.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 impl Changes {
@@ -186,17 +194,18 @@ impl Baseline {
     /// The state of the project at `root` now. `jail_id` names the private git directory.
     pub fn take(root: &Path, jail_id: &str) -> anyhow::Result<Baseline> {
         let root = root.to_path_buf();
+        let mut note = None;
         if root.join(".git").symlink_metadata().is_ok() {
             match git_baseline(&root, jail_id) {
-                Ok(kind) => return Ok(Baseline { root, kind }),
-                Err(e) => {
-                    // Not fatal: the metadata method works everywhere.
-                    if std::env::var_os("CORRAL_DEBUG").is_some() {
-                        eprintln!(
-                            "corral: change summary: git not usable here ({e:#}); using file metadata"
-                        );
-                    }
+                Ok(kind) => {
+                    return Ok(Baseline {
+                        root,
+                        kind,
+                        note: None,
+                    });
                 }
+                // Not fatal: the metadata method works everywhere. The reason is audited.
+                Err(e) => note = Some(format!("git not usable: {e:#}")),
             }
         }
         let snap = walk(&root).with_context(|| {
@@ -208,6 +217,7 @@ impl Baseline {
         Ok(Baseline {
             root,
             kind: BaselineKind::Metadata(snap),
+            note,
         })
     }
 
@@ -215,6 +225,7 @@ impl Baseline {
     pub fn compare(self) -> anyhow::Result<Changes> {
         let mut ch = Changes {
             root: self.root.clone(),
+            note: self.note.clone(),
             ..Changes::default()
         };
         match self.kind {
@@ -352,6 +363,7 @@ fn sha256(path: &Path) -> std::io::Result<Vec<u8>> {
 fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
     let git = root.join(".git");
     let found = std::sync::Mutex::new(Vec::new());
+    let over = std::sync::atomic::AtomicBool::new(false);
     ignore::WalkBuilder::new(root)
         .standard_filters(false)
         .hidden(false)
@@ -368,8 +380,12 @@ fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
             let mut batch = Batch {
                 local: Vec::new(),
                 found: &found,
+                over: &over,
             };
             Box::new(move |entry| {
+                if batch.over.load(std::sync::atomic::Ordering::Relaxed) {
+                    return ignore::WalkState::Quit;
+                }
                 // An unreadable directory is unreadable at both ends: the rest is compared.
                 let Ok(entry) = entry else {
                     return ignore::WalkState::Continue;
@@ -388,6 +404,12 @@ fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
                 ignore::WalkState::Continue
             })
         });
+    if over.into_inner() {
+        bail!(
+            "more than {WALK_MAX} files under {} (CORRAL_CHANGES=off skips this walk)",
+            root.display()
+        );
+    }
     let found = found.into_inner().unwrap_or_else(|p| p.into_inner());
     Ok(found.into_iter().collect())
 }
@@ -396,14 +418,16 @@ fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
 struct Batch<'a> {
     local: Vec<(OsString, Meta)>,
     found: &'a std::sync::Mutex<Vec<(OsString, Meta)>>,
+    over: &'a std::sync::atomic::AtomicBool,
 }
 
 impl Batch<'_> {
     fn flush(&mut self) {
-        self.found
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .append(&mut self.local);
+        let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        found.append(&mut self.local);
+        if found.len() > WALK_MAX {
+            self.over.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 
@@ -531,7 +555,9 @@ impl PrivateGitDir {
         std::fs::write(repo.dir.join("config"), config)?;
         copy_regular(&gitdir.join("index"), &repo.dir.join("index"))?;
         copy_regular(&common.join("info/exclude"), &repo.dir.join("info/exclude"))?;
-        repo.refresh();
+        // No `update-index --refresh` here: it costs a stat of every tracked file and a write
+        // of the index, on every run, to spare re-reading files whose stat data the user's
+        // index had out of date (normally none: git status keeps it fresh).
         Ok(repo)
     }
 
@@ -674,12 +700,35 @@ fn copy_regular(from: &Path, to: &Path) -> anyhow::Result<()> {
 }
 
 /// Take the baseline of a native run's project, where the jail can change it (not with
-/// `--scratch`, not a read-only project). A failure is reported and the run goes on.
-pub fn start(plan: &corral_policy::Plan, jail_id: &str) -> Option<Baseline> {
-    if plan.project.scratch || plan.project.access != corral_policy::plan::Access::Rw {
-        return None;
+/// `--scratch`, not a read-only project, not with `CORRAL_CHANGES=off` in corral's
+/// environment). A failure is reported and the run goes on.
+///
+/// The baseline is taken on a thread, so it overlaps the rest of the set-up; [`ready`] waits
+/// for it and must be called before the jail starts.
+pub fn start(plan: &corral_policy::Plan, jail_id: &str) -> Pending {
+    if plan.project.scratch
+        || plan.project.access != corral_policy::plan::Access::Rw
+        || std::env::var_os("CORRAL_CHANGES").is_some_and(|v| v == "off")
+    {
+        return Pending(None);
     }
-    match Baseline::take(&plan.project.root, jail_id) {
+    let root = plan.project.root.clone();
+    let jail_id = jail_id.to_string();
+    Pending(Some(std::thread::spawn(move || {
+        Baseline::take(&root, &jail_id)
+    })))
+}
+
+/// A baseline being taken.
+pub struct Pending(Option<std::thread::JoinHandle<anyhow::Result<Baseline>>>);
+
+/// Wait for the baseline. Call before the jail starts.
+pub fn ready(pending: Pending) -> Option<Baseline> {
+    let result = match pending.0?.join() {
+        Ok(r) => r,
+        Err(_) => Err(anyhow::anyhow!("the snapshot thread panicked")),
+    };
+    match result {
         Ok(b) => Some(b),
         Err(e) => {
             eprintln!("corral: no change summary for this run: {e:#}");
@@ -730,6 +779,7 @@ mod tests {
             created: v(c),
             modified: v(m),
             deleted: v(d),
+            note: None,
         }
     }
 

@@ -62,6 +62,9 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     let prepared = corral_sandbox::prepare(&opts.init_exe)?;
     let jail_id = corral_audit::new_jail_id();
     let audit = AuditLog::for_project(&plan.project.root).context("cannot open the audit log")?;
+    // What the agent changes in the project, listed when it ends (changes.rs): the baseline is
+    // taken while the rest is set up, and complete before the jail starts.
+    let baseline = crate::changes::start(plan, &jail_id);
     // [secrets]: placeholders and the gateway's CA in the jail; real values stay in corral.
     let secrets = super::secrets::prepare(plan, &jail_id, &audit)?;
     let plan = secrets.plan(plan);
@@ -83,8 +86,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     }
     opts.rlimits = limits.fallback.clone();
 
-    // What the agent changes in the project, listed when it ends (changes.rs).
-    let baseline = crate::changes::start(plan, &jail_id);
+    let baseline = crate::changes::ready(baseline);
     write(
         &audit,
         &jail_id,
