@@ -450,29 +450,35 @@ fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
     let repo = PrivateGitDir::create(root, jail_id)?;
     let listed = repo.ls_files(&["-c", "-m", "-d", "-o"])?;
     // Bits that make git skip an entry: cleared in the private copy, then listed again.
-    let flagged: Vec<&OsString> = listed
+    // `-v` tags an assume-unchanged entry in lower case, a skip-worktree one `S`/`s`.
+    // update-index applies one of these options per call, so one call each.
+    let assume: Vec<&OsString> = listed
         .iter()
-        .filter(|(tag, _)| tag.is_ascii_lowercase() || *tag == b'S')
+        .filter(|(tag, _)| tag.is_ascii_lowercase())
         .map(|(_, p)| p)
         .collect();
-    let listed = if flagged.is_empty() {
+    let skip: Vec<&OsString> = listed
+        .iter()
+        .filter(|(tag, _)| tag.eq_ignore_ascii_case(&b'S'))
+        .map(|(_, p)| p)
+        .collect();
+    let listed = if assume.is_empty() && skip.is_empty() {
         listed
     } else {
-        let mut stdin = Vec::new();
-        for p in &flagged {
-            stdin.extend_from_slice(p.as_bytes());
-            stdin.push(0);
+        for (flag, paths) in [
+            ("--no-assume-unchanged", &assume),
+            ("--no-skip-worktree", &skip),
+        ] {
+            if paths.is_empty() {
+                continue;
+            }
+            let mut stdin = Vec::new();
+            for p in paths.iter() {
+                stdin.extend_from_slice(p.as_bytes());
+                stdin.push(0);
+            }
+            repo.git(&["update-index", flag, "-z", "--stdin"], Some(&stdin))?;
         }
-        repo.git(
-            &[
-                "update-index",
-                "--no-assume-unchanged",
-                "--no-skip-worktree",
-                "-z",
-                "--stdin",
-            ],
-            Some(&stdin),
-        )?;
         repo.refresh();
         repo.ls_files(&["-m", "-d", "-o"])?
     };

@@ -315,3 +315,52 @@ fn a_hostile_repository_config_runs_nothing_on_the_host() {
         "the trap is not armed: plain git status did not run it"
     );
 }
+
+/// A file marked assume-unchanged (or skip-worktree) in the index is still compared: the bit
+/// cannot hide an edit.
+#[test]
+fn an_assume_unchanged_bit_does_not_hide_an_edit() {
+    let w = git_world();
+    git(&w, &["update-index", "--assume-unchanged", "edit.txt"]);
+    git(&w, &["update-index", "--skip-worktree", "keep.txt"]);
+    let out = w.sh(
+        "none",
+        "echo hidden >> edit.txt && echo hidden >> keep.txt && echo END",
+    );
+    ran(&out, "END");
+    let events = change_events(&w);
+    assert_eq!(events.len(), 1, "{}", out.both());
+    let d = &events[0]["detail"];
+    assert_eq!(d["method"], "git", "{d}");
+    assert_eq!(list(&d["modified"]), ["edit.txt", "keep.txt"], "{d}");
+}
+
+/// A linked worktree (`.git` is a `gitdir:` file) uses its own index.
+#[test]
+fn a_linked_worktree_is_compared_with_its_own_index() {
+    let w = git_world();
+    let side = w.root.join("work/side");
+    git(&w, &["worktree", "add", "-q", side.to_str().unwrap()]);
+    let mut c = w.corral();
+    c.current_dir(&side).args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "echo x >> edit.txt && rm gone.txt && echo n > wt-new.txt && echo END",
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    let lines = change_lines(&out);
+    assert_eq!(
+        lines,
+        vec![format!(
+            "corral: changed in {}: created wt-new.txt, modified edit.txt, deleted gone.txt",
+            side.display()
+        )],
+        "{}",
+        out.stderr
+    );
+}
