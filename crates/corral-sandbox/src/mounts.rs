@@ -42,6 +42,7 @@ pub fn set_up_root(plan: &Plan) -> Result<(), JailError> {
     for path in &plan.masked {
         mask_path(path)?;
     }
+    pin_protected_ancestors(plan)?;
     for path in &plan.protected {
         protect_path(path)?;
     }
@@ -365,6 +366,46 @@ fn mask_path(path: &Path) -> Result<(), JailError> {
     };
     let source = if meta.is_dir() { MASK_DIR } else { MASK_FILE };
     bind(Path::new(source), &target, Access::Ro, path)
+}
+
+/// A read-only bind cannot be renamed or removed, but its parent directory can: with `.git`
+/// renamed away, a fresh `.git/hooks` is the host's. Every directory between a protected path
+/// and the read-write bind holding it is bound onto itself (writable as before), which makes
+/// it a mount point the jail cannot rename or remove either.
+fn pin_protected_ancestors(plan: &Plan) -> Result<(), JailError> {
+    let rw_roots: Vec<&Path> = plan
+        .mounts
+        .iter()
+        .filter(|m| m.kind == MountKind::Bind(Access::Rw))
+        .map(|m| m.target.as_path())
+        .collect();
+    let mut dirs = std::collections::BTreeSet::new();
+    for path in &plan.protected {
+        let Some(root) = rw_roots
+            .iter()
+            .filter(|r| path.starts_with(r) && path != *r)
+            .max_by_key(|r| r.components().count())
+        else {
+            continue;
+        };
+        dirs.extend(
+            path.ancestors()
+                .skip(1)
+                .take_while(|d| d != root && d.starts_with(root))
+                .map(Path::to_path_buf),
+        );
+    }
+    // Parents first (a BTreeSet of paths orders a directory before what it holds).
+    for dir in dirs {
+        let target = under(NEW, &dir);
+        match fs::symlink_metadata(&target) {
+            Ok(meta) if meta.is_dir() => bind(&target, &target, Access::Rw, &dir)?,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(JailError::at("find a protected path's directory", &dir, e)),
+        }
+    }
+    Ok(())
 }
 
 /// Make a protected path read-only by binding it onto itself. A path that does not exist is

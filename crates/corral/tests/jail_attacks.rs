@@ -113,6 +113,7 @@ fn cannot_write_git_hooks_git_config_or_existing_policy() {
          echo 'profile = \"x\"' >> corral.toml 2>/dev/null && echo WROTE:policy; \
          rm -f corral.toml 2>/dev/null && echo REMOVED:policy; \
          mv corral.toml c2 2>/dev/null && echo MOVED:policy; \
+         mv .git .git-old 2>/dev/null && echo MOVED:git; \
          echo END",
     );
     ran(&out, "END");
