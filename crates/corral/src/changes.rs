@@ -104,6 +104,8 @@ enum BaselineKind {
         repo: PrivateGitDir,
         /// Every path dirty at the start (relative, as git prints it): `None` when absent.
         start: BTreeMap<OsString, Option<Fingerprint>>,
+        /// The ignored untracked entries at the start, a wholly ignored directory as one `dir/`.
+        ignored: BTreeSet<OsString>,
     },
     Metadata(HashMap<OsString, Meta>),
 }
@@ -229,9 +231,25 @@ impl Baseline {
             ..Changes::default()
         };
         match self.kind {
-            BaselineKind::Git { repo, start } => {
+            BaselineKind::Git {
+                repo,
+                start,
+                ignored,
+            } => {
                 ch.method = "git".into();
                 let end = repo.dirty()?;
+                // An ignored entry that appeared or went: a new directory whose own
+                // `.gitignore` ignores everything in it is listed, not hidden; a new file in a
+                // directory already ignored at the start (`node_modules/`) is not seen.
+                for rel in repo.ignored()?.symmetric_difference(&ignored) {
+                    let name = String::from_utf8_lossy(rel.as_bytes()).into_owned();
+                    let exists = self.root.join(Path::new(rel)).symlink_metadata().is_ok();
+                    match (ignored.contains(rel), exists) {
+                        (false, true) => ch.created.push(name),
+                        (true, false) => ch.deleted.push(name),
+                        _ => {}
+                    }
+                }
                 let mut paths: BTreeSet<&OsString> = start.keys().collect();
                 paths.extend(end.keys());
                 for rel in paths {
@@ -488,7 +506,12 @@ fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
         let fp = fingerprint(&root.join(Path::new(&rel)), Some(&mut budget));
         start.insert(rel, fp);
     }
-    Ok(BaselineKind::Git { repo, start })
+    let ignored = repo.ignored()?;
+    Ok(BaselineKind::Git {
+        repo,
+        start,
+        ignored,
+    })
 }
 
 /// The dirty paths among `ls-files -v` records (cached entries left out).
@@ -592,6 +615,26 @@ impl PrivateGitDir {
     }
 
     /// The paths dirty now relative to the private index.
+    /// `git ls-files --others --ignored --exclude-standard --directory`.
+    fn ignored(&self) -> anyhow::Result<BTreeSet<OsString>> {
+        let out = self.git(
+            &[
+                "ls-files",
+                "-z",
+                "--others",
+                "--ignored",
+                "--exclude-standard",
+                "--directory",
+            ],
+            None,
+        )?;
+        Ok(out
+            .split(|b| *b == 0)
+            .filter(|r| !r.is_empty())
+            .map(|r| OsString::from_vec(r.to_vec()))
+            .collect())
+    }
+
     fn dirty(&self) -> anyhow::Result<BTreeMap<OsString, Dirt>> {
         Ok(dirt_of(self.ls_files(&["-m", "-d", "-o"])?))
     }

@@ -107,7 +107,7 @@ fn git_project_lists_created_modified_and_deleted_files() {
     assert_eq!(
         lines,
         vec![format!(
-            "corral: changed in {}: created deep/er/file, created new.txt, \
+            "corral: changed in {}: created build/, created deep/er/file, created new.txt, \
              modified dirty.txt, modified edit.txt, deleted gone.txt",
             w.project.display()
         )],
@@ -119,7 +119,7 @@ fn git_project_lists_created_modified_and_deleted_files() {
     let d = &events[0]["detail"];
     assert_eq!(d["method"], "git", "{d}");
     assert_eq!(d["root"], w.project.to_str().unwrap());
-    assert_eq!(list(&d["created"]), ["deep/er/file", "new.txt"]);
+    assert_eq!(list(&d["created"]), ["build/", "deep/er/file", "new.txt"]);
     assert_eq!(list(&d["modified"]), ["dirty.txt", "edit.txt"]);
     assert_eq!(list(&d["deleted"]), ["gone.txt"]);
 }
@@ -363,4 +363,24 @@ fn a_linked_worktree_is_compared_with_its_own_index() {
         "{}",
         out.stderr
     );
+}
+
+/// A new directory whose own `.gitignore` ignores everything in it (itself included) is still
+/// listed; a new file in a directory ignored at the start is the documented blind spot.
+#[test]
+fn a_self_ignoring_directory_is_still_listed() {
+    let w = git_world();
+    write(&w.project.join("build/old"), "o\n");
+    let out = w.sh(
+        "none",
+        "mkdir x && echo '*' > x/.gitignore && echo evil > x/payload && rm -r build && echo END",
+    );
+    ran(&out, "END");
+    let events = change_events(&w);
+    assert_eq!(events.len(), 1, "{}", out.both());
+    let d = &events[0]["detail"];
+    assert_eq!(d["method"], "git", "{d}");
+    let created = list(&d["created"]);
+    assert!(created.iter().any(|c| c == "x/" || c == "x/payload"), "{d}");
+    assert_eq!(list(&d["deleted"]), ["build/"], "{d}");
 }
