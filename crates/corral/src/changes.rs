@@ -8,8 +8,10 @@
 //!   deleted or untracked (not ignored) relative to the index *as it was at the start*, at the
 //!   start and at the end, plus a fingerprint (metadata and, within a budget, a SHA-256 of the
 //!   content) of every file already dirty at the start, so a further edit of an
-//!   already-modified file is still noticed. Files under ignored paths (`node_modules/`,
-//!   `target/`, a gitignored `.env`) are not listed by this method.
+//!   already-modified file is still noticed. Ignored untracked entries (a wholly ignored
+//!   directory as one `dir/`) that appear or go are listed too; a file changed or created inside
+//!   a directory ignored at the start (`node_modules/`, `target/`), or a changed ignored file
+//!   (`.env`), is not seen by this method.
 //! - **metadata**, everywhere else (and whenever git cannot be used): one parallel walk of the
 //!   whole tree (except `.git`) at each end, comparing type, mode, size, mtime, ctime and inode.
 //!   ctime cannot be set from user space, so a write whose mtime was put back is still seen.
