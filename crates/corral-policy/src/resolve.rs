@@ -1413,6 +1413,9 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     for b in &cmd.binds {
         mounts.push(bind(b, b, Access::Ro, false));
     }
+    // Policy binds, split into those outside the project and those inside it. Mounts apply in
+    // order, so a bind inside the project (`--ro vendor`) must come after the project's own
+    // mount, which would otherwise cover it (and the jail would run without it).
     let policy_binds = |ro: &[(PathBuf, Loc)], rw: &[(PathBuf, Loc)]| {
         let mut out = Vec::new();
         for (p, _) in dedup(ro.iter().cloned()) {
@@ -1421,9 +1424,13 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         for (p, _) in dedup(rw.iter().cloned()) {
             out.push(bind(&p, &p, Access::Rw, true));
         }
-        out
+        let (inside, outside): (Vec<Mount>, Vec<Mount>) = out
+            .into_iter()
+            .partition(|b: &Mount| b.target.starts_with(&root) && b.target != root);
+        (outside, inside)
     };
-    mounts.extend(policy_binds(&m.read_only, &m.read_write));
+    let (outside, inside) = policy_binds(&m.read_only, &m.read_write);
+    mounts.extend(outside);
     let project_mount = bind(&root, &root, access, false);
     let corral_mount = bind(
         &req.corral_exe,
@@ -1433,6 +1440,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     );
     mounts.push(project_mount.clone());
     mounts.push(corral_mount.clone());
+    mounts.extend(inside);
 
     // Masked and protected files of the project.
     let hide: Vec<String> = dedup(m.hide.iter().map(|(h, _)| h.clone()));
@@ -1522,9 +1530,11 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
                 kind: MountKind::Tmpfs,
                 optional: false,
             });
-            exec_mounts.extend(policy_binds(&m.exec_read_only, &m.exec_read_write));
+            let (outside, inside) = policy_binds(&m.exec_read_only, &m.exec_read_write);
+            exec_mounts.extend(outside);
             exec_mounts.push(project_mount.clone());
             exec_mounts.push(corral_mount.clone());
+            exec_mounts.extend(inside);
             let mut exec_env = base_env(req, &[]);
             for (name, _) in &m.env_pass {
                 if let Some(v) = req.env.get(name) {

@@ -567,6 +567,32 @@ fn a_hostile_project_file_cannot_reach_out_through_a_committed_symlink() {
 }
 
 #[test]
+fn binds_inside_the_project_come_after_the_project_mount() {
+    let f = fx();
+    let outside = f.root.parent().unwrap().join("data");
+    std::fs::create_dir_all(&outside).unwrap();
+    f.user_policy(&format!(
+        "[filesystem]\nread_only = [\"{}\", \"{}\"]\n\
+         [executor.sandbox]\nread_only = [\"{}\"]\n",
+        f.root.join("src").display(),
+        outside.display(),
+        f.root.join("src").display()
+    ));
+    let plan = resolve(&f.req(None)).unwrap();
+    let at = |mounts: &[Mount], target: &Path| {
+        mounts
+            .iter()
+            .position(|m| m.target == target)
+            .unwrap_or_else(|| panic!("no mount at {}", target.display()))
+    };
+    // Mounts apply in order: the project's own mount would cover a bind made before it.
+    assert!(at(&plan.mounts, &f.root) < at(&plan.mounts, &f.root.join("src")));
+    assert!(at(&plan.mounts, &outside) < at(&plan.mounts, &f.root));
+    let jail = plan.executor.jail.as_ref().unwrap();
+    assert!(at(&jail.mounts, &f.root) < at(&jail.mounts, &f.root.join("src")));
+}
+
+#[test]
 fn what_a_project_file_grants_is_listed_in_the_plan() {
     let f = fx();
     f.project_policy(
