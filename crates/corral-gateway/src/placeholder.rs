@@ -4,8 +4,10 @@
 //! `sk-ant-oat` in the value, some tools check a prefix or a length. So a placeholder keeps:
 //!
 //! - the real value's *vendor prefix*: its leading segments ending in `-` or `_`, each 1 to 8
-//!   characters of `[a-z0-9]`, at most 4 of them (`sk-ant-api03-`, `sk-ant-oat01-`, `sk-proj-`,
-//!   `ghp_`, `github_pat_`, `xoxb-`); a value with no such prefix (`AIza...`) keeps none;
+//!   characters of `[a-z0-9]` with at least one letter beyond `f` (so no segment of a UUID or
+//!   a hex or decimal value is kept), at most 4 of them (`sk-ant-api03-`, `sk-ant-oat01-`,
+//!   `sk-proj-`, `ghp_`, `github_pat_`, `xoxb-`); a value with no such prefix (`AIza...`) keeps
+//!   none;
 //! - its length, and the position of every character that is not ASCII alphanumeric (`-`, `_`,
 //!   `.`) in the rest;
 //! - its alphabet: a rest made only of lower-case hex digits gets hex digits, any other rest gets
@@ -39,11 +41,14 @@ pub fn vendor_prefix(real: &str) -> &str {
     for (i, &b) in bytes.iter().enumerate() {
         if b == b'-' || b == b'_' {
             let seg = &bytes[start..i];
+            // A segment made of hex digits only (a UUID's `3f2a9c1d-`, a number) is part of
+            // the secret, not a vendor's name: it is never kept.
             let ok = !seg.is_empty()
                 && seg.len() <= MAX_SEGMENT
                 && seg
                     .iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && seg.iter().any(|c| (b'g'..=b'z').contains(c));
             if !ok || segments == MAX_SEGMENTS {
                 break;
             }
@@ -118,6 +123,11 @@ mod tests {
         assert_eq!(vendor_prefix("AIzaSyAbCdEf"), "");
         assert_eq!(vendor_prefix("plainsecretvalue"), "");
         assert_eq!(vendor_prefix(""), "");
+        // Segments of the secret itself are never kept.
+        assert_eq!(vendor_prefix("3f2a9c1d-8b7e-4f6a-9c2d-1e3b5a7f9d0c"), "");
+        assert_eq!(vendor_prefix("abcd1234-8b7e-4f6a-9c2d-1e3b5a7f9d0c"), "");
+        assert_eq!(vendor_prefix("1234_5678_9012"), "");
+        assert_eq!(vendor_prefix("sk-3f2a9c1d-8b7e"), "sk-");
     }
 
     #[test]
