@@ -6,11 +6,11 @@ use std::process::Command;
 
 use serde_json::Value;
 
+mod etxtbsy;
+use etxtbsy::OutputRetrying;
+
 fn doctor(cmd: &mut Command) -> (i32, Value) {
-    let out = cmd
-        .args(["doctor", "--json"])
-        .output()
-        .expect("running corral doctor");
+    let out = cmd.args(["doctor", "--json"]).output_retrying();
     let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "doctor --json printed no JSON ({e}):\n{}",
@@ -84,8 +84,7 @@ fn doctor_reports_every_probe_and_exits_by_what_it_found() {
     // Human output ends with the summary and the exit code.
     let out = Command::new(env!("CARGO_BIN_EXE_corral"))
         .arg("doctor")
-        .output()
-        .unwrap();
+        .output_retrying();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(&format!("(exit {code})")), "{text}");
 }

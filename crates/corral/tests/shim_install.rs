@@ -14,6 +14,9 @@ use std::process::{Command, Output};
 
 use similar_asserts::assert_eq;
 
+mod etxtbsy;
+use etxtbsy::OutputRetrying;
+
 struct Setup {
     _tmp: tempfile::TempDir,
     root: PathBuf,
@@ -89,8 +92,7 @@ impl Setup {
             .env("PATH", self.path())
             .env("HOME", &self.root)
             .current_dir(&self.root)
-            .output()
-            .unwrap()
+            .output_retrying()
     }
 
     /// From now on "corral" prints its arguments, one per line.
@@ -104,8 +106,7 @@ impl Setup {
             .args(["-c", cmdline])
             .env("PATH", self.path())
             .current_dir(&self.root)
-            .output()
-            .unwrap()
+            .output_retrying()
     }
 }
 
@@ -164,8 +165,7 @@ fn the_shim_runs_the_real_binary_never_itself() {
                 tools = s.tools.display()
             ),
         )
-        .output()
-        .unwrap();
+        .output_retrying();
     assert_eq!(
         ok(&o),
         format!("run\npi\n--\n{}\n", elsewhere.join("pi").display())
@@ -203,8 +203,7 @@ fn relative_path_entries_are_never_used() {
             ),
         )
         .current_dir(&planted)
-        .output()
-        .unwrap();
+        .output_retrying();
     assert_eq!(
         ok(&o),
         format!("run\npi\n--\n{}\n", s.real.join("pi").display())
@@ -394,8 +393,7 @@ fn warns_when_the_shim_dir_is_not_first_on_path() {
                 tools = s.tools.display()
             ),
         )
-        .output()
-        .unwrap();
+        .output_retrying();
     ok(&o);
     assert_eq!(
         text(&o.stderr),
@@ -411,8 +409,7 @@ fn warns_when_the_shim_dir_is_not_first_on_path() {
             "PATH",
             format!("{}:{tools}", s.real.display(), tools = s.tools.display()),
         )
-        .output()
-        .unwrap();
+        .output_retrying();
     ok(&o);
     assert!(
         text(&o.stderr).contains("is not on PATH; add it in front"),

@@ -7,6 +7,9 @@ use std::process::Command;
 
 use similar_asserts::assert_eq;
 
+mod etxtbsy;
+use etxtbsy::OutputRetrying;
+
 #[test]
 fn a_shim_runs_the_real_binary_jailed() {
     let tmp = tempfile::tempdir().unwrap();
@@ -51,8 +54,7 @@ fn a_shim_runs_the_real_binary_jailed() {
         .args(["shim", "install", "pi", "--dir", shims.to_str().unwrap()])
         .env("PATH", &path)
         .env("HOME", &home)
-        .output()
-        .unwrap();
+        .output_retrying();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
     // By its usual name, from a subdirectory of the project.
@@ -63,8 +65,7 @@ fn a_shim_runs_the_real_binary_jailed() {
         .env("HOME", &home)
         .env("TERM", "dumb")
         .current_dir(proj.join("src"))
-        .output()
-        .unwrap();
+        .output_retrying();
     assert!(
         o.status.success(),
         "status {:?}\nstdout: {}\nstderr: {}",
