@@ -274,12 +274,19 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
         .filter(|d| Path::new(d).is_dir())
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
-    let mut rnd = [0u8; 16];
+    // 16 random bytes for the token and 4 more for the directory's name: the name is in the
+    // server's command line (`ps`) and in the jail's mountinfo, so it holds no token bits.
+    let mut rnd = [0u8; 20];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut rnd))
         .context("cannot read /dev/urandom for the executor token")?;
-    let hex: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
-    let dir = base.join(format!("corral-exec-{}-{}", std::process::id(), &hex[..8]));
+    let to_hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
+    let hex = to_hex(&rnd[..16]);
+    let dir = base.join(format!(
+        "corral-exec-{}-{}",
+        std::process::id(),
+        to_hex(&rnd[16..])
+    ));
     let shared = dir.join("jail");
     for d in [&dir, &shared] {
         use std::os::unix::fs::DirBuilderExt;
