@@ -239,11 +239,17 @@ impl Baseline {
                 ignored,
             } => {
                 ch.method = "git".into();
-                let end = repo.dirty()?;
+                // The two listings run side by side.
+                let (end, ignored_now) = std::thread::scope(|sc| {
+                    let ig = sc.spawn(|| repo.ignored());
+                    let end = repo.dirty();
+                    (end, join(ig))
+                });
+                let (end, ignored_now) = (end?, ignored_now?);
                 // An ignored entry that appeared or went: a new directory whose own
                 // `.gitignore` ignores everything in it is listed, not hidden; a new file in a
                 // directory already ignored at the start (`node_modules/`) is not seen.
-                for rel in repo.ignored()?.symmetric_difference(&ignored) {
+                for rel in ignored_now.symmetric_difference(&ignored) {
                     let name = String::from_utf8_lossy(rel.as_bytes()).into_owned();
                     let exists = self.root.join(Path::new(rel)).symlink_metadata().is_ok();
                     match (ignored.contains(rel), exists) {
@@ -468,7 +474,13 @@ enum Dirt {
 
 fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
     let repo = PrivateGitDir::create(root, jail_id)?;
-    let listed = repo.ls_files(&["-c", "-m", "-d", "-o"])?;
+    // The ignored entries are listed beside the rest.
+    let (listed, ignored) = std::thread::scope(|sc| {
+        let ig = sc.spawn(|| repo.ignored());
+        let listed = repo.ls_files(&["-c", "-m", "-d", "-o"]);
+        (listed, join(ig))
+    });
+    let (listed, ignored) = (listed?, ignored?);
     // Bits that make git skip an entry: cleared in the private copy, then listed again.
     // `-v` tags an assume-unchanged entry in lower case, a skip-worktree one `S`/`s`.
     // update-index applies one of these options per call, so one call each.
@@ -508,12 +520,17 @@ fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
         let fp = fingerprint(&root.join(Path::new(&rel)), Some(&mut budget));
         start.insert(rel, fp);
     }
-    let ignored = repo.ignored()?;
     Ok(BaselineKind::Git {
         repo,
         start,
         ignored,
     })
+}
+
+/// The result of a listing thread.
+fn join<T>(h: std::thread::ScopedJoinHandle<'_, anyhow::Result<T>>) -> anyhow::Result<T> {
+    h.join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("a git listing thread panicked")))
 }
 
 /// The dirty paths among `ls-files -v` records (cached entries left out).
