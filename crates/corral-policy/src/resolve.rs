@@ -41,6 +41,8 @@ pub struct Flags {
     pub memory: Option<String>,
     pub cpus: Option<f64>,
     pub pids: Option<u64>,
+    /// `--enforce strict|best-effort`: what happens when a limit cannot be enforced here.
+    pub enforce: Option<Enforce>,
     pub publish: Vec<u16>,
     /// A fresh temporary directory instead of the project.
     pub scratch: bool,
@@ -886,6 +888,7 @@ fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, PolicyError>
         exec_allow_host: f.allow_host_executor,
         cpus: f.cpus,
         pids: f.pids,
+        enforce: f.enforce,
         ..Layer::default()
     };
     if let Some(m) = f.network {

@@ -355,6 +355,17 @@ pids = 200
 }
 
 #[test]
+fn enforce_comes_from_the_project_file_then_the_flag() {
+    let f = fx();
+    f.project_policy("[limits]\nenforce = \"best-effort\"\n");
+    let req = f.req(Some("shell"));
+    assert_eq!(resolve(&req).unwrap().limits.enforce, Enforce::BestEffort);
+    let mut req = f.req(Some("shell"));
+    req.flags.enforce = Some(Enforce::Strict);
+    assert_eq!(resolve(&req).unwrap().limits.enforce, Enforce::Strict);
+}
+
+#[test]
 fn profile_comes_from_the_command_line_then_the_project_then_the_user() {
     let f = fx();
     f.user_policy("profile = \"codex\"\n");

@@ -67,6 +67,12 @@ pub enum EngineArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EnforceArg {
+    Strict,
+    BestEffort,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum NetworkArg {
     None,
     Proxy,
@@ -106,6 +112,10 @@ pub struct JailOptions {
     /// Process limit
     #[arg(long, value_name = "N")]
     pub pids: Option<u64>,
+    /// When a limit cannot be enforced here: refuse to run (strict), or fall back to rlimits
+    /// and say so (best-effort)
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub enforce: Option<EnforceArg>,
     /// Make the jail's loopback PORT reachable from the host's 127.0.0.1:PORT; repeatable
     #[arg(long = "publish", value_name = "PORT")]
     pub publish: Vec<u16>,

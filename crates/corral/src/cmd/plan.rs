@@ -11,7 +11,7 @@ use corral_policy::plan::{
 };
 use corral_policy::{Flags, Request};
 
-use crate::cli::{EngineArg, JailOptions, NetworkArg, PlanArgs};
+use crate::cli::{EnforceArg, EngineArg, JailOptions, NetworkArg, PlanArgs};
 
 /// The policy request for this process: its cwd, environment, home and ids, with the
 /// command-line layer taken from `opts`.
@@ -49,6 +49,10 @@ pub fn flags(opts: &JailOptions) -> Flags {
         memory: opts.memory.clone(),
         cpus: opts.cpus,
         pids: opts.pids,
+        enforce: opts.enforce.map(|e| match e {
+            EnforceArg::Strict => Enforce::Strict,
+            EnforceArg::BestEffort => Enforce::BestEffort,
+        }),
         publish: opts.publish.clone(),
         scratch: opts.scratch,
         allow_host_executor: opts.allow_host_executor,
