@@ -88,3 +88,40 @@ fn exec_exit_codes_and_timeout_come_back_through_the_jails() {
         String::from_utf8_lossy(&left.stdout)
     );
 }
+
+/// The unjailed host executor (an explicit opt-in) still never hands out a real secret: the
+/// gateway's values stay in corral alone, out of every executor's environment.
+#[test]
+fn the_host_executor_does_not_inherit_real_secrets() {
+    let w = World::new();
+    write(
+        &w.project.join("corral.toml"),
+        "[executor]\n\
+         target = \"host\"\n\
+         [secrets]\n\
+         MY_KEY = { from_env = \"CALLER_REAL_KEY\", hosts = [\"api.example.com\"] }\n",
+    );
+    let mut c = w.corral();
+    c.env("CALLER_REAL_KEY", "real-value-0123456789")
+        .args([
+            "run",
+            "--network",
+            "none",
+            "--allow-host-executor",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(
+            "corral exec -- sh -c 'echo host-sees=[$CALLER_REAL_KEY][$MY_KEY]; echo END-EXEC'; \
+             echo END",
+        );
+    let out = run(c);
+    ran(&out, "END");
+    assert!(out.stdout.contains("END-EXEC"), "{}", out.both());
+    assert!(
+        !out.both().contains("real-value-0123456789"),
+        "the host executor handed out the real secret:\n{}",
+        out.both()
+    );
+}

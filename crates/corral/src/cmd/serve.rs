@@ -354,6 +354,11 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
             .with_context(|| format!("cannot write {}", file.display()))?;
         cmd.arg("--jail-plan").arg(file);
     }
+    // Real secret values stay in corral alone: the gateway holds them, and no executor
+    // (least of all the unjailed host one, which inherits this environment) may hand them out.
+    for s in &plan.secrets {
+        cmd.env_remove(&s.from_env);
+    }
     let log = dir.join("serve.log");
     let log_file =
         std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
