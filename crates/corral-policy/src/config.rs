@@ -407,11 +407,38 @@ pub fn parse_policy(file: &Path, text: &str) -> Result<PolicyFile, PolicyError> 
 
 /// Read and parse a policy file.
 pub fn load_policy(file: &Path) -> Result<(PolicyFile, String), PolicyError> {
-    let text = std::fs::read_to_string(file).map_err(|source| PolicyError::Read {
+    let text = read_policy_text(file).map_err(|source| PolicyError::Read {
         path: file.to_path_buf(),
         source,
     })?;
     Ok((parse_policy(file, &text)?, text))
+}
+
+/// The largest policy file corral reads.
+pub const MAX_POLICY_BYTES: u64 = 1 << 20;
+
+/// A policy file's text. The file may come from a hostile repository: it must be a regular file
+/// (a committed `corral.toml -> /dev/zero` or a FIFO must not hang corral; the open does not
+/// block and the type is checked on the opened descriptor) of at most [`MAX_POLICY_BYTES`].
+fn read_policy_text(file: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(file)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut text = String::new();
+    f.take(MAX_POLICY_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_POLICY_BYTES {
+        return Err(std::io::Error::other(format!(
+            "larger than {MAX_POLICY_BYTES} bytes"
+        )));
+    }
+    Ok(text)
 }
 
 /// Deserialize TOML, turning the parser's error into `FILE:LINE:COL: message`, with the closest
@@ -476,6 +503,27 @@ fn edit_distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_that_is_a_fifo_a_device_or_huge_is_refused_without_hanging() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("corral.toml");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let e = load_policy(&fifo).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+
+        let zero = dir.path().join("zero.toml");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let e = load_policy(&zero).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+
+        let huge = dir.path().join("huge.toml");
+        std::fs::write(&huge, "#".repeat(MAX_POLICY_BYTES as usize + 1)).unwrap();
+        let e = load_policy(&huge).unwrap_err().to_string();
+        assert!(e.contains("larger than"), "{e}");
+    }
 
     #[test]
     fn sizes() {
