@@ -497,8 +497,24 @@ const NEVER_RW_FROM_PROJECT: &[&str] = &[
     ".gitconfig",
 ];
 
+/// Host places a project file may not bind at all, nor any ancestor of them: runtime
+/// directories full of unix sockets (systemd, D-Bus, the docker and podman sockets, X11: each a
+/// way out of the jail; SPEC section 1 says no host unix sockets), and the kernel's own trees.
+const NEVER_SYSTEM_FROM_PROJECT: &[&str] = &[
+    "/run",
+    "/var/run",
+    "/tmp/.X11-unix",
+    "/tmp/.ICE-unix",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/var/lib/docker",
+    "/var/lib/containers",
+];
+
 /// Refuse binds a repository's policy file must never make (it may be hostile): the home or any
-/// ancestor of it, the credential stores, and read-write binds of shell start-up files.
+/// ancestor of it, the credential stores, runtime socket directories and kernel trees, and
+/// read-write binds of shell start-up files.
 fn check_project_bind(
     path: &Path,
     rw: bool,
@@ -528,6 +544,12 @@ fn check_project_bind(
         && (uc.starts_with(path) || real_path(uc).starts_with(path))
     {
         return refuse(format!("your corral user config {}", uc.display()));
+    }
+    for sensitive in NEVER_SYSTEM_FROM_PROJECT {
+        let s = Path::new(sensitive);
+        if s.starts_with(path) || path.starts_with(s) {
+            return refuse(format!("the host's {sensitive}"));
+        }
     }
     let list: Vec<&&str> = if rw {
         NEVER_FROM_PROJECT

@@ -491,6 +491,20 @@ fn a_hostile_project_file_cannot_widen_into_home_or_credentials() {
                 .to_string(),
         ),
         (
+            "[filesystem]\nread_only = [\"/run/user\"]\n",
+            "2:14: filesystem.read_only: /run/user would give the jail access to the host's \
+             /run; a project's policy file may not grant this (the repository could be \
+             hostile): put it in your user config or pass --ro on the command line"
+                .to_string(),
+        ),
+        (
+            "[filesystem]\nread_write = [\"/var\"]\n",
+            "2:15: filesystem.read_write: /var would give the jail write access to the host's \
+             /var/run; a project's policy file may not grant this (the repository could be \
+             hostile): put it in your user config or pass --rw on the command line"
+                .to_string(),
+        ),
+        (
             "[network]\nmode = \"host\"\n",
             "2:8: network.mode = \"host\" gives the jail your unfiltered network; a project's \
              policy file may not enable that by itself (the repository could be hostile): set \
