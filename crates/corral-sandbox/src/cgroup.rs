@@ -192,9 +192,9 @@ fn refusal(missing: &[&str], why: &[String]) -> String {
          \x20   older distributions, and controller delegation to user@.service:\n\
          \x20   `systemctl edit user@.service` with [Service] Delegate=memory pids cpu, then re-login);\n\
          \x20 - or run as root, where cgroup v1 controllers are writable;\n\
-         \x20 - or relax the policy: set `limits.enforce = \"best-effort\"` in corral.toml (per-process\n\
-         \x20   rlimits instead, reported on stderr), or remove the limit ([limits] in corral.toml, or\n\
-         \x20   leave out --memory/--cpus/--pids).\n\
+         \x20 - or relax the policy: pass --enforce best-effort, or set `limits.enforce = \"best-effort\"`\n\
+         \x20   in corral.toml (per-process rlimits instead, reported on stderr), or remove the limit\n\
+         \x20   ([limits] in corral.toml, or leave out --memory/--cpus/--pids).\n\
          `corral doctor` shows what this host supports.",
         missing = missing.join(", "),
         why = why.join("; ")
