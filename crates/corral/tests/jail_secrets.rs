@@ -4,40 +4,18 @@
 //! real value in Authorization, never the placeholder. The audit log names the secret, never its
 //! value.
 
+mod e2e_support;
 mod jail_support;
 
 use std::io::{BufRead, BufReader};
-use std::net::ToSocketAddrs;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+use e2e_support::{certs, loopback_name, walk};
 use jail_support::*;
 
 const REAL: &str = "sk-test-REALkeyREALkeyREALkey0123456789abc";
 const REAL_PART: &str = "REALkeyREALkey";
-
-/// The host name of this machine when it resolves to loopback only (Debian's /etc/hosts maps it
-/// to 127.0.1.1): the proxy resolves it itself, and NO_PROXY (localhost) does not apply to it.
-fn loopback_name() -> Option<String> {
-    let out = Command::new("hostname").output().ok()?;
-    let name = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if name.is_empty() || name == "localhost" {
-        return None;
-    }
-    let addrs: Vec<_> = (name.as_str(), 443).to_socket_addrs().ok()?.collect();
-    (!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())).then_some(name)
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let st = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl");
-    assert!(st.success(), "openssl {args:?}");
-}
 
 struct Mock {
     child: Child,
@@ -54,64 +32,7 @@ impl Drop for Mock {
 /// A TLS server for `host` with its own test CA (`dir/ca.pem`) on 127.0.0.1, appending each
 /// request's headers as a JSON line to `dir/seen.jsonl`.
 fn mock(dir: &Path, host: &str) -> Mock {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=corral test CA",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "leaf.key",
-            "-out",
-            "leaf.csr",
-            "-subj",
-            &format!("/CN={host}"),
-        ],
-    );
-    write(&dir.join("ext"), &format!("subjectAltName=DNS:{host}\n"));
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "leaf.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "leaf.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "ext",
-        ],
-    );
+    certs(dir, host);
     write(
         &dir.join("mock.py"),
         r#"import http.server, ssl, json, sys
@@ -240,19 +161,4 @@ fn jail_sees_a_placeholder_and_the_upstream_gets_the_real_key() {
         "no gateway record in the audit log:\n{logs}"
     );
     assert!(logs.contains("does not match the destination"), "{logs}");
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
 }
