@@ -414,6 +414,12 @@ pub fn load_policy(file: &Path) -> Result<(PolicyFile, String), PolicyError> {
     Ok((parse_policy(file, &text)?, text))
 }
 
+/// Whether `meta` is the null device (character device 1:3): empty, never blocks.
+fn is_dev_null(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    meta.file_type().is_char_device() && meta.rdev() == libc::makedev(1, 3)
+}
+
 /// The largest policy file corral reads.
 pub const MAX_POLICY_BYTES: u64 = 1 << 20;
 
@@ -428,6 +434,11 @@ fn read_policy_text(file: &Path) -> std::io::Result<String> {
         .custom_flags(libc::O_NONBLOCK)
         .open(file)?;
     let meta = f.metadata()?;
+    if is_dev_null(&meta) {
+        // `--policy /dev/null`: explicitly no policy file (the executor corral run starts
+        // gets its settings as flags).
+        return Ok(String::new());
+    }
     if !meta.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
@@ -518,6 +529,10 @@ mod tests {
         std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
         let e = load_policy(&zero).unwrap_err().to_string();
         assert!(e.contains("not a regular file"), "{e}");
+
+        // The null device is an explicitly empty policy (`--policy /dev/null`).
+        let (_, text) = load_policy(Path::new("/dev/null")).unwrap();
+        assert_eq!(text, "");
 
         let huge = dir.path().join("huge.toml");
         std::fs::write(&huge, "#".repeat(MAX_POLICY_BYTES as usize + 1)).unwrap();

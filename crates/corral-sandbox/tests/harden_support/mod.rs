@@ -66,7 +66,13 @@ pub fn scratch_dir(prefix: &str) -> tempfile::TempDir {
             .tempdir_in(base)
             .ok()
     };
-    make(&target)
+    // The Landlock rules open /tmp and /dev/shm (the jail's private ones) read-write, so a
+    // directory meant to be outside the Plan must not lie under them, even when the checkout
+    // (and so the target dir) does.
+    let inside_open_dirs = |p: &Path| p.starts_with("/tmp") || p.starts_with("/dev/shm");
+    (!inside_open_dirs(&target))
+        .then(|| make(&target))
+        .flatten()
         .or_else(|| make(Path::new("/var/tmp")))
         .expect("no writable directory outside /tmp for test files (target dir or /var/tmp)")
 }
