@@ -3,9 +3,9 @@
 //! Every run has a jail id; every network decision, executor command and lifecycle event of a run
 //! is one JSON line in the project's log under `$XDG_STATE_HOME/corral/` (default
 //! `~/.local/state/corral/`). Writers in several processes append to the same file: each record is
-//! written with a single `write(2)` on an `O_APPEND` descriptor while holding an exclusive `flock`,
-//! so lines never interleave. When the file passes `max_bytes` it is renamed to `audit.jsonl.1`
-//! (one generation kept) under the same lock.
+//! written with a single `write(2)` on an `O_APPEND` descriptor while holding an exclusive `flock`
+//! on `audit.jsonl.lock`, so lines never interleave. When the file passes `max_bytes` it is renamed
+//! to `audit.jsonl.1` (one generation kept) under the same lock.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
@@ -244,21 +244,30 @@ impl AuditLog {
         if let Some(dir) = self.path.parent() {
             fs::create_dir_all(dir).map_err(|e| self.io_err(e))?;
         }
+        // One lock file that is never renamed serialises every writer, so rotation (a rename
+        // of the log itself) cannot race another writer holding the old inode.
+        let guard = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(self.lock_path())
+            .map_err(|e| self.io_err(e))?;
+        lock(&guard).map_err(|e| self.io_err(e))?;
         let mut file = self.open_append()?;
-        lock(&file).map_err(|e| self.io_err(e))?;
-        // Rotate under the lock; the next writer reopens the new file because its own
-        // descriptor's inode no longer matches the path (checked below).
         let len = file.metadata().map_err(|e| self.io_err(e))?.len();
         if len > 0 && len + line.len() as u64 > self.max_bytes {
             fs::rename(&self.path, self.rotated_path()).map_err(|e| self.io_err(e))?;
             file = self.open_append()?;
-            lock(&file).map_err(|e| self.io_err(e))?;
-        } else if !same_file(&file, &self.path) {
-            // Another writer rotated between our open and our lock.
-            file = self.open_append()?;
-            lock(&file).map_err(|e| self.io_err(e))?;
         }
-        file.write_all(&line).map_err(|e| self.io_err(e))
+        let written = file.write_all(&line).map_err(|e| self.io_err(e));
+        drop(guard);
+        written
+    }
+
+    fn lock_path(&self) -> PathBuf {
+        let mut name = self.path.file_name().unwrap_or_default().to_os_string();
+        name.push(".lock");
+        self.path.with_file_name(name)
     }
 
     fn open_append(&self) -> Result<File, AuditError> {
@@ -296,14 +305,6 @@ impl AuditLog {
             }
         }
         Ok((out, bad))
-    }
-}
-
-fn same_file(file: &File, path: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (file.metadata(), fs::metadata(path)) {
-        (Ok(a), Ok(b)) => a.ino() == b.ino() && a.dev() == b.dev(),
-        _ => false,
     }
 }
 
@@ -381,11 +382,36 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
+        // The last records written, whichever generation they landed in, survive rotation.
+        let finals: Vec<_> = (0..8)
+            .map(|t| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    let host = format!("final{t}.example.org");
+                    log.write(&Record::now("j", net(&host, Decision::Allow)))
+                        .unwrap();
+                })
+            })
+            .collect();
+        for t in finals {
+            t.join().unwrap();
+        }
         // Every line of both generations parses; the newest records are all present.
         let (records, bad) = log.read_all().unwrap();
         assert_eq!(bad, 0);
         assert!(log.rotated_path().exists(), "the log should have rotated");
         assert!(records.len() < 1600, "only one rotated generation is kept");
+        let hosts: std::collections::HashSet<String> = records
+            .iter()
+            .filter_map(|r| match &r.event {
+                Event::Net(n) => Some(n.host.clone()),
+                _ => None,
+            })
+            .collect();
+        for t in 0..8 {
+            let last = format!("final{t}.example.org");
+            assert!(hosts.contains(&last), "{last} was lost in rotation");
+        }
         let cur = fs::metadata(log.path()).unwrap().len();
         assert!(
             cur <= 64 * 1024,
