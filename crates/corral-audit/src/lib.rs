@@ -256,8 +256,14 @@ impl AuditLog {
         let mut file = self.open_append()?;
         let len = file.metadata().map_err(|e| self.io_err(e))?.len();
         if len > 0 && len + line.len() as u64 > self.max_bytes {
+            let old = file.metadata().map_err(|e| self.io_err(e))?;
             fs::rename(&self.path, self.rotated_path()).map_err(|e| self.io_err(e))?;
             file = self.open_append()?;
+            // The new generation keeps the old one's group and mode, so writers of another user
+            // that share the log (the proxy container's, corral-engine) can still append.
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            let _ = std::os::unix::fs::fchown(&file, None, Some(old.gid()));
+            let _ = file.set_permissions(fs::Permissions::from_mode(old.mode() & 0o660));
         }
         let written = file.write_all(&line).map_err(|e| self.io_err(e));
         drop(guard);

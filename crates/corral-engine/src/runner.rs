@@ -160,13 +160,18 @@ pub fn prepare_audit_dir(plan: &Plan, ctx: &Context) -> Result<()> {
     if plan.uid != 0 {
         return Ok(());
     }
+    // The log and the lock file every writer takes (corral-audit): both must be openable by
+    // the proxy's user, whoever created them first.
     let log = ctx.audit_dir.join("audit.jsonl");
-    if !log.exists() {
-        fs::write(&log, b"").map_err(io(&log))?;
+    let lock = ctx.audit_dir.join("audit.jsonl.lock");
+    for f in [&log, &lock] {
+        if !f.exists() {
+            fs::write(f, b"").map_err(io(f))?;
+        }
     }
     let (_, g) = PROXY_FALLBACK_USER.split_once(':').expect("uid:gid");
     let g: u32 = g.parse().expect("gid");
-    for (p, mode) in [(&ctx.audit_dir, 0o770), (&log, 0o660)] {
+    for (p, mode) in [(&ctx.audit_dir, 0o770), (&log, 0o660), (&lock, 0o660)] {
         std::os::unix::fs::chown(p, Some(0), Some(g)).map_err(io(p))?;
         fs::set_permissions(p, fs::Permissions::from_mode(mode)).map_err(io(p))?;
     }
