@@ -44,7 +44,7 @@ fn openssl(dir: &Path, args: &[&str]) {
     assert!(st.success(), "openssl {args:?}");
 }
 
-/// A test CA and a leaf for `host` in `dir` (ca.pem, leaf.pem, leaf.key).
+/// A test CA and a leaf for `host` (a name or an IP literal) in `dir` (ca.pem, leaf.pem, leaf.key).
 pub fn certs(dir: &Path, host: &str) {
     openssl(
         dir,
@@ -83,7 +83,13 @@ pub fn certs(dir: &Path, host: &str) {
             &format!("/CN={host}"),
         ],
     );
-    write(&dir.join("ext"), &format!("subjectAltName=DNS:{host}\n"));
+    // An IP literal gets an IP SAN (what TLS clients check for `https://10.0.0.2/`).
+    let san = if host.parse::<std::net::IpAddr>().is_ok() {
+        "IP"
+    } else {
+        "DNS"
+    };
+    write(&dir.join("ext"), &format!("subjectAltName={san}:{host}\n"));
     openssl(
         dir,
         &[
