@@ -5,9 +5,12 @@
 //! - [`proxy`]: the proxy itself (plain HTTP, CONNECT, SOCKS5 on one listener).
 //! - [`forward`]: `host_ports` (a listener bridged to one host loopback port).
 //! - [`run`]: running a proxy on a background thread for the native jail.
+//! - [`netcap`]: `--publish` (the host's loopback port to the jail's) through sockets made in
+//!   the jail's network namespace.
 
 pub mod forward;
 pub mod http;
+pub mod netcap;
 pub mod proxy;
 pub mod rules;
 pub mod run;

@@ -8,7 +8,8 @@
 //!    pid, ipc, uts, cgroup, and net unless `network.mode = "host"`), write the uid/gid maps
 //!    (setgroups denied, the caller's ids kept), set the hostname, bring lo up and create the
 //!    proxy/host_ports listeners, send them to corral, fork the jail's PID 1; then wait for it,
-//!    forwarding signals.
+//!    forwarding signals and serving corral's socket requests on the control socket (sockets
+//!    made in the jail's network namespace, for `--publish`).
 //! 2. PID 1: die with the set-up process (PDEATHSIG), build the root (`mounts.rs`, ending in
 //!    pivot_root and the old root detached), become non-dumpable, fork the command's process;
 //!    then reap zombies and forward signals until the command exits, and exit with its status.
@@ -21,7 +22,7 @@
 
 use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -97,10 +98,13 @@ fn set_up_process() -> Result<i32, JailError> {
     };
     netns::send_listeners(CTL_FD, &net)?;
     drop(net);
-    drop(ctl);
+    // The control socket stays open: it is now corral's socket factory for the jail's network
+    // namespace (`--publish`), served from the wait loop below. The jail never holds it.
     // SAFETY: this process is single-threaded (a fresh exec of corral that started no thread).
     match unsafe { fork() }.map_err(|e| JailError::step("fork the jail's PID 1", e))? {
         ForkResult::Child => {
+            // PID 1 and everything it starts must never reach the factory.
+            drop(ctl);
             let code = match pid_one(&config) {
                 Ok(code) => code,
                 Err(e) => {
@@ -110,7 +114,7 @@ fn set_up_process() -> Result<i32, JailError> {
             };
             std::process::exit(code)
         }
-        ForkResult::Parent { child } => Ok(wait_forwarding(child, false)),
+        ForkResult::Parent { child } => Ok(wait_forwarding(child, false, Some(ctl))),
     }
 }
 
@@ -180,8 +184,9 @@ fn write_id_maps(uid: u32, gid: u32) -> Result<(), JailError> {
 }
 
 /// Wait for `child`, passing on forwarded signals, reaping every other child (as PID 1 must)
-/// when `reap_all`. Returns the child's exit status as a shell would (signal N: 128+N).
-fn wait_forwarding(child: Pid, reap_all: bool) -> i32 {
+/// when `reap_all`, and answering corral's socket requests on `ctl` (the set-up process) until
+/// corral closes it. Returns the child's exit status as a shell would (signal N: 128+N).
+fn wait_forwarding(child: Pid, reap_all: bool, mut ctl: Option<OwnedFd>) -> i32 {
     let mut watched = FORWARDED.to_vec();
     watched.push(Signal::SIGCHLD);
     let pipe = match SignalPipe::install(&watched) {
@@ -206,9 +211,24 @@ fn wait_forwarding(child: Pid, reap_all: bool) -> i32 {
                 Err(_) => return EXIT_SETUP_FAILED,
             }
         }
-        let signals = match &pipe {
-            Some(p) => p.wait(1000),
-            None => {
+        if let Some(fd) = &ctl
+            && control_readable(fd, pipe.as_ref())
+        {
+            match netns::serve_socket_request(fd.as_raw_fd()) {
+                Ok(true) => {}
+                Ok(false) => ctl = None,
+                Err(e) => {
+                    eprintln!("corral: jail: socket factory stopped: {e}");
+                    ctl = None;
+                }
+            }
+            continue;
+        }
+        let signals = match (&pipe, ctl.is_some()) {
+            // control_readable already waited on the signal pipe too.
+            (Some(p), true) => p.drain(),
+            (Some(p), false) => p.wait(1000),
+            (None, _) => {
                 std::thread::sleep(std::time::Duration::from_millis(50));
                 Vec::new()
             }
@@ -218,6 +238,21 @@ fn wait_forwarding(child: Pid, reap_all: bool) -> i32 {
                 let _ = kill(child, sig);
             }
         }
+    }
+}
+
+/// Block until the control socket or the signal pipe is readable (or a second passes); true
+/// when the control socket has a request (or was closed) to handle.
+fn control_readable(ctl: &OwnedFd, pipe: Option<&SignalPipe>) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = vec![PollFd::new(ctl.as_fd(), PollFlags::POLLIN)];
+    if let Some(p) = pipe {
+        fds.push(PollFd::new(p.fd().as_fd(), PollFlags::POLLIN));
+    }
+    let timeout = if pipe.is_some() { 1000u16 } else { 50 };
+    match poll(&mut fds, PollTimeout::from(timeout)) {
+        Ok(n) if n > 0 => fds[0].revents().is_some_and(|r| !r.is_empty()),
+        _ => false,
     }
 }
 
@@ -245,7 +280,7 @@ fn pid_one(config: &InitConfig) -> Result<i32, JailError> {
         ForkResult::Parent { child } => {
             // PID 1 keeps nothing it does not need: no capabilities, no new privileges.
             crate::caps::drop_all().map_err(|e| JailError::step("drop PID 1's capabilities", e))?;
-            Ok(wait_forwarding(child, true))
+            Ok(wait_forwarding(child, true, None))
         }
     }
 }

@@ -92,33 +92,50 @@ pub fn send_listeners(ctl: RawFd, net: &JailNet) -> Result<(), JailError> {
     };
     let body =
         serde_json::to_vec(&msg).map_err(|e| JailError::step("encode the net message", e))?;
-    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
-    frame.extend_from_slice(&body);
     let fds: Vec<RawFd> = net
         .proxy
         .iter()
         .map(|l| l.as_raw_fd())
         .chain(net.host_ports.iter().map(|(_, l)| l.as_raw_fd()))
         .collect();
+    send_frame(ctl, &body, &fds)
+        .map_err(|e| JailError::step("send the jail's listeners to corral", e))
+}
+
+/// One frame on the control socket: a little-endian u32 length, the JSON body, and `fds` as
+/// SCM_RIGHTS, in one `sendmsg`.
+fn send_frame(ctl: RawFd, body: &[u8], fds: &[RawFd]) -> nix::Result<()> {
+    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(body);
     let cmsgs = if fds.is_empty() {
         vec![]
     } else {
-        vec![ControlMessage::ScmRights(&fds)]
+        vec![ControlMessage::ScmRights(fds)]
     };
-    sendmsg::<()>(
-        ctl,
-        &[IoSlice::new(&frame)],
-        &cmsgs,
-        MsgFlags::empty(),
-        None,
-    )
-    .map_err(|e| JailError::step("send the jail's listeners to corral", e))?;
+    let mut sent = 0;
+    while sent < frame.len() {
+        // The descriptors travel with the first byte only.
+        let c = if sent == 0 { &cmsgs[..] } else { &[][..] };
+        match sendmsg::<()>(
+            ctl,
+            &[IoSlice::new(&frame[sent..])],
+            c,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(n) => sent += n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
     Ok(())
 }
 
-/// Receive the message `send_listeners` sent. `Ok(None)`: the set-up process closed the socket
-/// first (it failed; it printed why).
-pub fn recv_listeners(ctl: RawFd) -> Result<Option<JailNet>, JailError> {
+/// A frame's JSON body and the descriptors that came with it.
+type Frame = (Vec<u8>, Vec<OwnedFd>);
+
+/// Receive one frame `send_frame` sent. `Ok(None)`: the peer closed the socket first.
+fn recv_frame(ctl: RawFd) -> Result<Option<Frame>, JailError> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut cmsg_space = nix::cmsg_space!([RawFd; 256]);
     let (n, fds) = {
@@ -134,7 +151,7 @@ pub fn recv_listeners(ctl: RawFd) -> Result<Option<JailNet>, JailError> {
                 other => break other,
             }
         }
-        .map_err(|e| JailError::step("receive the jail's listeners", e))?;
+        .map_err(|e| JailError::step("read the jail's control socket", e))?;
         let mut fds = Vec::new();
         for c in msg
             .cmsgs()
@@ -147,7 +164,7 @@ pub fn recv_listeners(ctl: RawFd) -> Result<Option<JailNet>, JailError> {
         (msg.bytes, fds)
     };
     // SAFETY: the kernel just installed these descriptors in this process for us alone.
-    let mut owned: std::collections::VecDeque<OwnedFd> = fds
+    let owned: Vec<OwnedFd> = fds
         .into_iter()
         .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
         .collect();
@@ -160,12 +177,34 @@ pub fn recv_listeners(ctl: RawFd) -> Result<Option<JailNet>, JailError> {
         ));
     }
     let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    if n != 4 + len {
+    let mut got = n;
+    // A frame the kernel split (large bodies): read the rest, without descriptors.
+    while got < 4 + len && 4 + len <= buf.len() {
+        // SAFETY: `ctl` is a descriptor the caller holds open for the duration of this call.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(ctl) };
+        match nix::unistd::read(fd, &mut buf[got..4 + len]) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(JailError::step("read the jail's control socket", e)),
+        }
+    }
+    if got != 4 + len {
         return Err(JailError::Plan(
             "truncated message on the jail's control socket".into(),
         ));
     }
-    let msg: NetMessage = serde_json::from_slice(&buf[4..n])
+    Ok(Some((buf[4..got].to_vec(), owned)))
+}
+
+/// Receive the message `send_listeners` sent. `Ok(None)`: the set-up process closed the socket
+/// first (it failed; it printed why).
+pub fn recv_listeners(ctl: RawFd) -> Result<Option<JailNet>, JailError> {
+    let Some((body, fds)) = recv_frame(ctl)? else {
+        return Ok(None);
+    };
+    let mut owned: std::collections::VecDeque<OwnedFd> = fds.into();
+    let msg: NetMessage = serde_json::from_slice(&body)
         .map_err(|e| JailError::step("decode the jail's net message", e))?;
     let mut take = || {
         owned.pop_front().map(TcpListener::from).ok_or_else(|| {
@@ -180,6 +219,104 @@ pub fn recv_listeners(ctl: RawFd) -> Result<Option<JailNet>, JailError> {
         net.host_ports.push((port, take()?));
     }
     Ok(Some(net))
+}
+
+/// What corral may ask the set-up process for once the jail runs.
+#[derive(Debug, Serialize, Deserialize)]
+enum SocketRequest {
+    /// An unbound, unconnected IPv4 TCP socket (corral connects it to the jail's loopback).
+    Tcp4,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SocketReply {
+    /// Why no socket came back.
+    error: Option<String>,
+}
+
+/// corral's end of the jail's socket factory: the control socket, kept open after the
+/// listeners arrived. The set-up process (outside the jail's PID namespace, never reachable
+/// from the jail) answers each request with a socket made in the jail's network namespace;
+/// a socket keeps the namespace it was created in, so corral connects it from outside.
+#[derive(Debug)]
+pub struct SocketFactory {
+    ctl: std::sync::Mutex<OwnedFd>,
+}
+
+impl SocketFactory {
+    pub(crate) fn new(ctl: OwnedFd) -> SocketFactory {
+        SocketFactory {
+            ctl: std::sync::Mutex::new(ctl),
+        }
+    }
+
+    /// A fresh IPv4 TCP socket in the jail's network namespace (blocking mode, close-on-exec).
+    /// Blocks for one round trip to the set-up process; fails once the jail has exited.
+    pub fn tcp4(&self) -> std::io::Result<std::net::TcpStream> {
+        let ctl = self
+            .ctl
+            .lock()
+            .map_err(|_| std::io::Error::other("the jail's socket factory is poisoned"))?;
+        let body = serde_json::to_vec(&SocketRequest::Tcp4).map_err(std::io::Error::other)?;
+        send_frame(ctl.as_raw_fd(), &body, &[]).map_err(std::io::Error::from)?;
+        let (reply, mut fds) = recv_frame(ctl.as_raw_fd())
+            .map_err(std::io::Error::other)?
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "the jail has exited (its set-up process closed the socket factory)",
+                )
+            })?;
+        let reply: SocketReply = serde_json::from_slice(&reply).map_err(std::io::Error::other)?;
+        if let Some(e) = reply.error {
+            return Err(std::io::Error::other(format!(
+                "the jail's set-up process could not make a socket: {e}"
+            )));
+        }
+        match fds.pop() {
+            Some(fd) if fds.is_empty() => Ok(std::net::TcpStream::from(fd)),
+            _ => Err(std::io::Error::other(
+                "the jail's socket factory answered without exactly one socket",
+            )),
+        }
+    }
+}
+
+/// The set-up process's side: answer one request waiting on `ctl`. `Ok(false)`: corral closed
+/// the socket (no more requests will come).
+pub(crate) fn serve_socket_request(ctl: RawFd) -> Result<bool, JailError> {
+    let Some((body, fds)) = recv_frame(ctl)? else {
+        return Ok(false);
+    };
+    drop(fds); // corral sends none; never keep what arrives
+    let made = match serde_json::from_slice::<SocketRequest>(&body) {
+        Ok(SocketRequest::Tcp4) => {
+            // SAFETY: plain socket(2); the result is checked and owned below.
+            let fd =
+                unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+            if fd < 0 {
+                Err(std::io::Error::last_os_error().to_string())
+            } else {
+                // SAFETY: `fd` is a fresh descriptor we own.
+                Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+            }
+        }
+        Err(e) => Err(format!("unknown request: {e}")),
+    };
+    let (reply, fds) = match &made {
+        Ok(fd) => (SocketReply { error: None }, vec![fd.as_raw_fd()]),
+        Err(e) => (
+            SocketReply {
+                error: Some(e.clone()),
+            },
+            vec![],
+        ),
+    };
+    let body =
+        serde_json::to_vec(&reply).map_err(|e| JailError::step("encode a socket reply", e))?;
+    send_frame(ctl, &body, &fds)
+        .map_err(|e| JailError::step("answer corral's socket request", e))?;
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -246,5 +383,53 @@ mod tests {
         assert!(got.proxy.is_none() && got.host_ports.is_empty());
         drop(a);
         assert!(recv_listeners(b.as_raw_fd()).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_socket_factory_hands_out_fresh_sockets_until_corral_closes_it() {
+        let (corral, setup) = socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let server = std::thread::spawn(move || {
+            let mut served = 0;
+            while serve_socket_request(setup.as_raw_fd()).unwrap() {
+                served += 1;
+            }
+            served
+        });
+        let factory = SocketFactory::new(corral);
+        let origin = ephemeral();
+        for _ in 0..2 {
+            let sock = factory.tcp4().unwrap();
+            // An unconnected socket: connect it where corral wants.
+            assert!(sock.peer_addr().is_err());
+            let port = origin.local_addr().unwrap().port();
+            // SAFETY: sockaddr_in is plain old data; all-zero is valid before we fill it.
+            let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = port.to_be();
+            sin.sin_addr.s_addr = u32::from(Ipv4Addr::LOCALHOST).to_be();
+            // SAFETY: connect(2) on a socket we own with a sockaddr_in of the size we pass.
+            let rc = unsafe {
+                libc::connect(
+                    sock.as_raw_fd(),
+                    (&sin as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+            let (mut conn, _) = origin.accept().unwrap();
+            let mut sock = sock;
+            sock.write_all(b"ok").unwrap();
+            let mut buf = [0u8; 2];
+            conn.read_exact(&mut buf).unwrap();
+            assert_eq!(&buf, b"ok");
+        }
+        drop(factory);
+        assert_eq!(server.join().unwrap(), 2);
     }
 }

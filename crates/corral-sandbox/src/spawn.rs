@@ -64,6 +64,8 @@ enum Io {
 pub struct RunningJail {
     pid: Pid,
     net: Option<JailNet>,
+    /// The control socket once the jail runs: sockets made in its network namespace.
+    factory: Option<netns::SocketFactory>,
     io: Io,
     signals: Option<SignalPipe>,
     _placeholder: Option<Placeholder>,
@@ -205,6 +207,7 @@ pub fn prepare(init_exe: &std::path::Path) -> Result<PreparedJail, JailError> {
         jail: RunningJail {
             pid,
             net: None,
+            factory: None,
             io,
             signals: None,
             _placeholder: None,
@@ -252,6 +255,8 @@ impl PreparedJail {
         };
         match net {
             Some(net) => {
+                // The control socket stays open as the jail's socket factory.
+                jail.factory = Some(netns::SocketFactory::new(OwnedFd::from(stream)));
                 jail.net = Some(net);
                 Ok(jail)
             }
@@ -281,6 +286,12 @@ impl RunningJail {
     /// The listeners created in the jail's network namespace (once; later calls get empty).
     pub fn take_net(&mut self) -> JailNet {
         self.net.take().unwrap_or_default()
+    }
+
+    /// The jail's socket factory (once): fresh sockets in the jail's network namespace, made by
+    /// its set-up process, for as long as the jail runs. `None` before `start` or when taken.
+    pub fn take_socket_factory(&mut self) -> Option<netns::SocketFactory> {
+        self.factory.take()
     }
 
     /// Relay terminal and signals until the jail exits; restores the terminal on every path.

@@ -5,9 +5,9 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use corral_audit::{AuditLog, Event, JailEvent, Record};
-use corral_policy::plan::{Engine, Plan};
+use corral_policy::plan::{Engine, NetworkMode, Plan};
 use corral_policy::resolve::{ensure_state_paths, resolve};
 
 use crate::cli::{JailOptions, RunArgs};
@@ -50,12 +50,9 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         // The container engines: cmd/engine_run.rs.
         Engine::Podman | Engine::Docker => return super::engine_run::run_plan(plan),
     }
-    if !plan.network.publish.is_empty() {
-        bail!(
-            "network.publish ({:?}) is not supported by the native backend yet; remove --publish / network.publish",
-            plan.network.publish
-        );
-    }
+    // --publish: the host's 127.0.0.1:PORT, bound before the jail starts so a taken port fails
+    // the run at once.
+    let published = publish_listeners(plan)?;
     // The jail's set-up process starts now and loads while corral prepares the rest; it waits
     // for the final plan (a dropped PreparedJail is killed).
     let mut opts = corral_sandbox::SpawnOptions::new()?;
@@ -112,6 +109,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         }
     };
     let proxy = serve_network(plan, &mut jail, &audit, &jail_id, secrets.gateway())?;
+    let _netcap = serve_published(published, &mut jail, &audit, &jail_id)?;
     let exit = jail.wait();
 
     if let Some(cg) = &limits.cgroup {
@@ -190,6 +188,59 @@ fn serve_network(
     }
     let proxy = Arc::new(proxy);
     Ok(Some(corral_net::spawn(proxy, listeners)?))
+}
+
+/// The host listeners of `network.publish`. With `network.mode = "host"` the jail already
+/// shares the host's loopback: nothing to bind (it would take the port from the jail).
+fn publish_listeners(plan: &Plan) -> anyhow::Result<Vec<(u16, std::net::TcpListener)>> {
+    match plan.network.mode {
+        NetworkMode::Host => {
+            if !plan.network.publish.is_empty() {
+                eprintln!(
+                    "corral: network.publish {:?}: with network.mode = \"host\" the jail's ports are the host's already",
+                    plan.network.publish
+                );
+            }
+            Ok(Vec::new())
+        }
+        NetworkMode::None | NetworkMode::Proxy => plan
+            .network
+            .publish
+            .iter()
+            .map(|&port| Ok((port, corral_net::netcap::bind_published(port)?)))
+            .collect(),
+    }
+}
+
+/// `--publish PORT`: each connection to the host's 127.0.0.1:PORT is bridged to the jail's
+/// 127.0.0.1:PORT over a socket the jail's set-up process makes in the jail's namespace.
+fn serve_published(
+    published: Vec<(u16, std::net::TcpListener)>,
+    jail: &mut corral_sandbox::RunningJail,
+    audit: &AuditLog,
+    jail_id: &str,
+) -> anyhow::Result<Option<corral_net::netcap::NetcapHandle>> {
+    if published.is_empty() {
+        return Ok(None);
+    }
+    let factory = jail
+        .take_socket_factory()
+        .context("the jail has no socket factory for --publish")?;
+    let factory = Arc::new(factory);
+    let make: corral_net::netcap::JailSocket = Arc::new(move || factory.tcp4());
+    let tasks = published
+        .into_iter()
+        .map(|(port, listener)| corral_net::netcap::Task::Publish {
+            listener,
+            port,
+            make: make.clone(),
+        })
+        .collect();
+    Ok(Some(corral_net::netcap::spawn(
+        tasks,
+        audit.clone(),
+        jail_id,
+    )?))
 }
 
 fn write(audit: &AuditLog, jail_id: &str, event: JailEvent) {
