@@ -201,6 +201,25 @@ pub struct Plan {
     /// hostile: `corral plan` shows these so the user sees what the project asks for.
     #[serde(default)]
     pub project_grants: Vec<String>,
+    /// The project's own `corral.toml` as read for this plan (auto-discovered, not a
+    /// `--policy` file), and what in it needs the user's trust before a jail starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project_trust: Option<ProjectTrust>,
+}
+
+/// What a project's own policy file asks for that only the user may give. A repository may be
+/// hostile, so `corral run`/`shell` start a jail from such a file only after the user trusted
+/// exactly this content (`corral trust`, recorded by path and SHA-256).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProjectTrust {
+    /// The file (absolute): the project's `corral.toml`.
+    pub file: PathBuf,
+    /// SHA-256 of the exact bytes that were parsed, lower-case hex.
+    pub sha256: String,
+    /// What it grants beyond the user's own layers (defaults, profile, user config, flags), one
+    /// `FILE:LINE:COL: what` line each, in file order. Empty when the file only narrows or sets
+    /// harmless things (profile, command, image, env.set, hide, protect, deny rules).
+    pub grants: Vec<String>,
 }
 
 /// System directories bound read-only into every jail: the programs and libraries, and a
@@ -334,6 +353,7 @@ impl Plan {
             image: None,
             sources: Vec::new(),
             project_grants: Vec::new(),
+            project_trust: None,
         }
     }
 }

@@ -17,7 +17,7 @@ use crate::domain::DomainPattern;
 use crate::error::{PolicyError, line_col};
 use crate::plan::{
     Access, Enforce, Engine, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind, NetworkMode,
-    NetworkPlan, Plan, ProjectPlan, SecretPlan, SkillPlan, system_mounts,
+    NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan, SkillPlan, system_mounts,
 };
 use crate::profile::Profile;
 
@@ -346,6 +346,8 @@ fn defaults() -> Layer {
 struct PathCtx<'a> {
     home: &'a Path,
     project: &'a Path,
+    /// corral's own config and state directories (user config, trust store, audit logs).
+    corral_dirs: &'a [PathBuf],
 }
 
 impl PathCtx<'_> {
@@ -545,6 +547,15 @@ fn check_project_bind(
     {
         return refuse(format!("your corral user config {}", uc.display()));
     }
+    // corral's own directories: the user config, the trust store, the audit logs.
+    for dir in ctx.corral_dirs {
+        if dir.starts_with(path) || path.starts_with(dir) || real_path(dir).starts_with(path) {
+            return refuse(format!(
+                "corral's own directory {} (your trust store, config or audit logs)",
+                dir.display()
+            ));
+        }
+    }
     for sensitive in NEVER_SYSTEM_FROM_PROJECT {
         let s = Path::new(sensitive);
         if s.starts_with(path) || path.starts_with(s) {
@@ -568,6 +579,58 @@ fn check_project_bind(
         }
     }
     Ok(())
+}
+
+/// The plain words of each grant a project file can make (shared by `Plan::project_grants` and
+/// the list that needs the user's trust, so both say the same).
+fn env_pass_text(name: &str) -> String {
+    format!("env.pass hands your {name} to the jail")
+}
+
+fn secret_text(name: &str, spec: &SecretSpec) -> String {
+    format!(
+        "secrets.{name} sends your {} to {}",
+        spec.from_env.0,
+        join(&spec.hosts)
+    )
+}
+
+fn compose_text(svc: &str) -> String {
+    format!("executor.target runs the agent's commands in compose service {svc:?}")
+}
+
+/// A bind outside the project, judged by where it really leads.
+fn bind_text(key: &str, p: &Path, rw: bool) -> String {
+    let real = real_path(p);
+    let shown = if real == p {
+        p.display().to_string()
+    } else {
+        format!("{} (really {})", p.display(), real.display())
+    };
+    format!(
+        "{key} binds {shown} {} (outside the project)",
+        if rw { "read-write" } else { "read-only" }
+    )
+}
+
+fn allow_text(key: &str, a: &DomainPattern) -> String {
+    format!("{key}.allow lets the jail reach {a}")
+}
+
+fn cidr_text(key: &str, c: &IpNet) -> String {
+    format!("{key}.allow_cidrs opens the non-public range {c}")
+}
+
+fn host_port_text(key: &str, p: u16) -> String {
+    format!("{key}.host_ports connects the jail to your 127.0.0.1:{p}")
+}
+
+fn upstream_text(key: &str, u: &str) -> String {
+    format!("{key}.upstream_proxy sends all traffic through {u}")
+}
+
+fn publish_text(key: &str, p: u16) -> String {
+    format!("{key}.publish exposes the jail's port {p} on your 127.0.0.1:{p}")
 }
 
 /// Turn one parsed policy file into a layer: expand and check paths, locate every value, and
@@ -659,7 +722,7 @@ fn file_layer(
             let at = span_loc(file, text, &n);
             let name = EnvName::parse(n.get_ref()).map_err(|e| at.error(e))?.0;
             if project {
-                grants.push(format!("{at}: env.pass hands your {name} to the jail"));
+                grants.push(format!("{at}: {}", env_pass_text(&name)));
             }
             l.env_pass.push((name, at));
         }
@@ -681,11 +744,7 @@ fn file_layer(
             EnvName::parse(&name).map_err(|e| at.error(format!("secrets: {e}")))?;
             let spec = spec.get_ref().resolve(file, text)?;
             if project {
-                grants.push(format!(
-                    "{at}: secrets.{name} sends your {} to {}",
-                    spec.from_env.0,
-                    join(&spec.hosts)
-                ));
+                grants.push(format!("{at}: {}", secret_text(&name, &spec)));
             }
             l.secrets.insert(name, (spec, at));
         }
@@ -713,9 +772,7 @@ fn file_layer(
             let at = span_loc(file, text, &t);
             let t = t.into_inner().0;
             if project && let ExecutorTarget::Compose(svc) = &t {
-                grants.push(format!(
-                    "{at}: executor.target runs the agent's commands in compose service {svc:?}"
-                ));
+                grants.push(format!("{at}: {}", compose_text(svc)));
             }
             l.exec_target = Some((t, at));
         }
@@ -792,16 +849,10 @@ fn bind_paths(
             let real = real_path(&p);
             if !p.starts_with(ctx.project) || !real.starts_with(ctx.project) {
                 check_project_bind(&p, rw, key, &at, ctx, user_config)?;
-                let shown = if real == p {
-                    p.display().to_string()
-                } else {
+                if real != p {
                     check_project_bind(&real, rw, key, &at, ctx, user_config)?;
-                    format!("{} (really {})", p.display(), real.display())
-                };
-                grants.push(format!(
-                    "{at}: {key} binds {shown} {} (outside the project)",
-                    if rw { "read-write" } else { "read-only" }
-                ));
+                }
+                grants.push(format!("{at}: {}", bind_text(key, &p, rw)));
             }
         }
         out.push((p, at));
@@ -843,29 +894,321 @@ fn check_project_network(
         )));
     }
     for (a, at) in &n.allow {
-        grants.push(format!("{at}: {key}.allow lets the jail reach {a}"));
+        grants.push(format!("{at}: {}", allow_text(key, a)));
     }
     for (c, at) in &n.allow_cidrs {
-        grants.push(format!(
-            "{at}: {key}.allow_cidrs opens the non-public range {c}"
-        ));
+        grants.push(format!("{at}: {}", cidr_text(key, c)));
     }
     for (p, at) in &n.host_ports {
-        grants.push(format!(
-            "{at}: {key}.host_ports connects the jail to your 127.0.0.1:{p}"
-        ));
+        grants.push(format!("{at}: {}", host_port_text(key, *p)));
     }
     if let Some((u, at)) = &n.upstream_proxy {
-        grants.push(format!(
-            "{at}: {key}.upstream_proxy sends all traffic through {u}"
-        ));
+        grants.push(format!("{at}: {}", upstream_text(key, u)));
     }
     for (p, at) in &n.publish {
-        grants.push(format!(
-            "{at}: {key}.publish exposes the jail's port {p} on your 127.0.0.1:{p}"
-        ));
+        grants.push(format!("{at}: {}", publish_text(key, *p)));
     }
     Ok(())
+}
+
+/// The location of a key in a policy file's text (`keys` is its path of table names), for
+/// values the schema does not keep spans of; the start of the file when it cannot be found.
+fn key_loc(file: &Path, text: &str, keys: &[&str]) -> Loc {
+    let found = toml_edit::Document::parse(text).ok().and_then(|doc| {
+        let mut item = doc.as_item();
+        let mut span = None;
+        for k in keys {
+            let (key, next) = item.as_table_like()?.get_key_value(k)?;
+            span = key.span();
+            item = next;
+        }
+        span
+    });
+    Loc::in_file(file, text, found.unwrap_or(0..0))
+}
+
+/// How far a network mode opens: none < proxy < host.
+fn mode_rank(m: NetworkMode) -> u8 {
+    match m {
+        NetworkMode::None => 0,
+        NetworkMode::Proxy => 1,
+        NetworkMode::Host => 2,
+    }
+}
+
+/// A value of a project's layer that is in force (no higher layer replaced it).
+fn in_force<T: PartialEq>(project: &Option<T>, merged: &Option<T>) -> bool {
+    project.is_some() && project == merged
+}
+
+/// The network grants of a project's layer beyond the user's own (`without`).
+fn net_trust(
+    key: &str,
+    project: &NetLayer,
+    with: &NetLayer,
+    without: &NetLayer,
+    default_mode: NetworkMode,
+    out: &mut Vec<(Loc, String)>,
+) {
+    if let Some((m, at)) = &project.mode {
+        let in_force = with.mode.as_ref().map(|(w, _)| w) == Some(m);
+        let before = without.mode.as_ref().map(|(w, _)| *w).unwrap_or(default_mode);
+        if in_force && mode_rank(*m) > mode_rank(before) {
+            out.push((
+                at.clone(),
+                format!(
+                    "{key}.mode = {:?} opens the network (your settings say {:?})",
+                    mode_name(*m),
+                    mode_name(before)
+                ),
+            ));
+        }
+    }
+    for (a, at) in &project.allow {
+        if !without.allow.iter().any(|(w, _)| w == a) {
+            out.push((at.clone(), allow_text(key, a)));
+        }
+    }
+    for (c, at) in &project.allow_cidrs {
+        if !without.allow_cidrs.iter().any(|(w, _)| w.contains(c)) {
+            out.push((at.clone(), cidr_text(key, c)));
+        }
+    }
+    for (p, at) in &project.host_ports {
+        if !without.host_ports.iter().any(|(w, _)| w == p) {
+            out.push((at.clone(), host_port_text(key, *p)));
+        }
+    }
+    if let Some((u, at)) = &project.upstream_proxy
+        && with.upstream_proxy.as_ref().map(|(w, _)| w) == Some(u)
+        && without.upstream_proxy.as_ref().map(|(w, _)| w) != Some(u)
+    {
+        out.push((at.clone(), upstream_text(key, u)));
+    }
+    for (p, at) in &project.publish {
+        if !without.publish.iter().any(|(w, _)| w == p) {
+            out.push((at.clone(), publish_text(key, *p)));
+        }
+    }
+}
+
+fn mode_name(m: NetworkMode) -> &'static str {
+    match m {
+        NetworkMode::None => "none",
+        NetworkMode::Proxy => "proxy",
+        NetworkMode::Host => "host",
+    }
+}
+
+fn size_text(bytes: u64) -> String {
+    for (mult, unit) in [(1u64 << 40, "t"), (1 << 30, "g"), (1 << 20, "m"), (1 << 10, "k")] {
+        if bytes >= mult && bytes.is_multiple_of(mult) {
+            return format!("{}{unit}", bytes / mult);
+        }
+    }
+    format!("{bytes} bytes")
+}
+
+/// Everything a project's own policy file grants beyond the user's own layers (defaults,
+/// profile, user config, flags): what needs the user's trust before a jail starts. `with` is
+/// the merged policy with the project's layer, `without` the same layers without it. What only
+/// narrows (deny rules, lower limits, `ro`, hide, protect) or stays inside the jail (profile,
+/// command, image, engine, env.set) is not here.
+fn trust_grants(
+    file: &Path,
+    text: &str,
+    project: &Layer,
+    with: &Layer,
+    without: &Layer,
+    ctx: &PathCtx,
+) -> Vec<(Loc, String)> {
+    let mut out: Vec<(Loc, String)> = Vec::new();
+    let at = |keys: &[&str]| key_loc(file, text, keys);
+    let ro_project = without.project_access == Some(Access::Ro);
+    if ro_project && in_force(&project.project_access, &with.project_access) {
+        out.push((
+            at(&["filesystem", "project"]),
+            "filesystem.project = \"rw\" makes the project writable (your settings say \"ro\")"
+                .into(),
+        ));
+    }
+    let binds = [
+        (&project.read_only, "filesystem.read_only", false),
+        (&project.read_write, "filesystem.read_write", true),
+        (&project.exec_read_only, "executor.sandbox.read_only", false),
+        (&project.exec_read_write, "executor.sandbox.read_write", true),
+    ];
+    for (list, key, rw) in binds {
+        let exec = key.starts_with("executor");
+        let (w_ro, w_rw) = if exec {
+            (&without.exec_read_only, &without.exec_read_write)
+        } else {
+            (&without.read_only, &without.read_write)
+        };
+        for (p, loc) in list {
+            let given = w_rw.iter().any(|(q, _)| q == p)
+                || (!rw && w_ro.iter().any(|(q, _)| q == p));
+            if given {
+                continue;
+            }
+            let outside = !p.starts_with(ctx.project) || !real_path(p).starts_with(ctx.project);
+            if outside {
+                out.push((loc.clone(), bind_text(key, p, rw)));
+            } else if rw && ro_project {
+                out.push((
+                    loc.clone(),
+                    format!(
+                        "{key} makes {} writable in a project your settings make read-only",
+                        p.display()
+                    ),
+                ));
+            }
+        }
+    }
+    for (name, loc) in &project.env_pass {
+        if !without.env_pass.iter().any(|(w, _)| w == name) {
+            out.push((loc.clone(), env_pass_text(name)));
+        }
+    }
+    net_trust(
+        "network",
+        &project.net,
+        &with.net,
+        &without.net,
+        NetworkMode::Proxy,
+        &mut out,
+    );
+    for (name, (spec, loc)) in &project.secrets {
+        if without.secrets.get(name).map(|(w, _)| w) != Some(spec) {
+            out.push((loc.clone(), secret_text(name, spec)));
+        }
+    }
+    // Limits: a higher value than the user's layers give, or best-effort instead of strict.
+    let raised = |key: &str, p: Option<u64>, w: Option<u64>, merged: Option<u64>, show: &dyn Fn(u64) -> String| {
+        match (p, w) {
+            (Some(p), Some(w)) if p > w && merged == Some(p) => {
+                Some(format!("{key} raises the limit from {} to {}", show(w), show(p)))
+            }
+            _ => None,
+        }
+    };
+    let num = |n: u64| n.to_string();
+    let ms = |n: u64| humantime::format_duration(std::time::Duration::from_millis(n)).to_string();
+    let lims: [(&[&str], Option<String>); 6] = [
+        (
+            &["limits", "memory"],
+            raised("limits.memory", project.memory, without.memory, with.memory, &size_text),
+        ),
+        (
+            &["limits", "pids"],
+            raised("limits.pids", project.pids, without.pids, with.pids, &num),
+        ),
+        (
+            &["executor", "timeout"],
+            raised(
+                "executor.timeout",
+                project.exec_timeout_ms,
+                without.exec_timeout_ms,
+                with.exec_timeout_ms,
+                &ms,
+            ),
+        ),
+        (
+            &["executor", "max_output"],
+            raised(
+                "executor.max_output",
+                project.exec_max_output,
+                without.exec_max_output,
+                with.exec_max_output,
+                &size_text,
+            ),
+        ),
+        (
+            &["executor", "max_concurrent"],
+            raised(
+                "executor.max_concurrent",
+                project.exec_max_concurrent.map(|n| n as u64),
+                without.exec_max_concurrent.map(|n| n as u64),
+                with.exec_max_concurrent.map(|n| n as u64),
+                &num,
+            ),
+        ),
+        (
+            &["limits", "cpus"],
+            match (project.cpus, without.cpus) {
+                (Some(p), Some(w)) if p > w && with.cpus == Some(p) => {
+                    Some(format!("limits.cpus raises the limit from {w} to {p}"))
+                }
+                _ => None,
+            },
+        ),
+    ];
+    for (keys, text) in lims {
+        if let Some(t) = text {
+            out.push((at(keys), t));
+        }
+    }
+    if project.enforce == Some(Enforce::BestEffort)
+        && with.enforce == Some(Enforce::BestEffort)
+        && without.enforce == Some(Enforce::Strict)
+    {
+        out.push((
+            at(&["limits", "enforce"]),
+            "limits.enforce = \"best-effort\" runs the jail even where a limit cannot be \
+             enforced (your settings say \"strict\": refuse)"
+                .into(),
+        ));
+    }
+    // The executor: programs beyond the user's allowlist, where its commands run, its jail.
+    if let (Some(p), Some(w)) = (&project.exec_allow, &without.exec_allow)
+        && in_force(&project.exec_allow, &with.exec_allow)
+        && !w.is_empty()
+    {
+        let extra: Vec<&String> = p.iter().filter(|x| !w.contains(x)).collect();
+        let text = if p.is_empty() {
+            Some(format!(
+                "executor.allow = [] lets the executor run any program (your settings allow only {})",
+                w.join(", ")
+            ))
+        } else if !extra.is_empty() {
+            Some(format!(
+                "executor.allow adds {} to the programs the executor may run",
+                extra.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        } else {
+            None
+        };
+        if let Some(t) = text {
+            out.push((at(&["executor", "allow"]), t));
+        }
+    }
+    if let Some((t, loc)) = &project.exec_target
+        && with.exec_target.as_ref().map(|(w, _)| w) == Some(t)
+        && without.exec_target.as_ref().map(|(w, _)| w) != Some(t)
+    {
+        match t {
+            ExecutorTarget::Sandbox => {}
+            ExecutorTarget::Compose(svc) => out.push((loc.clone(), compose_text(svc))),
+            ExecutorTarget::Host => out.push((
+                loc.clone(),
+                "executor.target = \"host\" runs the agent's commands unsandboxed on your machine"
+                    .into(),
+            )),
+        }
+    }
+    net_trust(
+        "executor.sandbox.network",
+        &project.exec_net,
+        &with.exec_net,
+        &without.exec_net,
+        NetworkMode::None,
+        &mut out,
+    );
+    out.sort_by_key(|(loc, _)| match loc {
+        Loc::File { line, col, .. } => (*line, *col),
+        _ => (0, 0),
+    });
+    out
 }
 
 fn join<T: fmt::Display>(items: &[T]) -> String {
@@ -1314,9 +1657,14 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     } else {
         (project_root(&cwd), false)
     };
+    let corral_dirs = [
+        crate::trust::config_dir(&req.env, &home),
+        crate::trust::state_dir(&req.env, &home),
+    ];
     let ctx = PathCtx {
         home: &home,
         project: &root,
+        corral_dirs: &corral_dirs,
     };
     let project_policy_path = root.join("corral.toml");
     let user_config = req.user_config.as_deref();
@@ -1335,8 +1683,10 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         None => None,
     };
     let mut project = Layer::default();
+    let mut project_text = String::new();
     if let Some(pf_path) = &project_file {
         let (pf, text) = load_policy(pf_path)?;
+        project_text = text.clone();
         project = file_layer(
             pf_path,
             &text,
@@ -1379,11 +1729,43 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         }
     }
 
+    // The same layers without the project's file: what the user's own word gives, against
+    // which the project's grants are measured.
+    let mut without = defaults();
+    without.merge(profile_layer(&profile, &home));
+    without.merge(user.clone());
+    without.merge(flags.clone());
+    let project_layer = project.clone();
+
     let mut m = defaults();
     m.merge(profile_layer(&profile, &home));
     m.merge(user);
     m.merge(project);
     m.merge(flags);
+
+    // What the project's file grants that needs the user's trust; `corral plan` lists those not
+    // already in the grants list too (relaxed limits, modes and allowlists).
+    let mut project_trust = None;
+    if let Some(pf_path) = &project_file {
+        let gated = trust_grants(pf_path, &project_text, &project_layer, &m, &without, &ctx);
+        let gated: Vec<String> = gated
+            .into_iter()
+            .map(|(at, text)| format!("{at}: {text}"))
+            .collect();
+        for g in &gated {
+            if !grants.contains(g) {
+                grants.push(g.clone());
+            }
+        }
+        // Only the project's own corral.toml is gated: a `--policy` file is one the user named.
+        if req.flags.policy.is_none() {
+            project_trust = Some(ProjectTrust {
+                file: pf_path.clone(),
+                sha256: crate::trust::sha256_hex(project_text.as_bytes()),
+                grants: gated,
+            });
+        }
+    }
 
     // The executor's opt-in comes from the user config or a flag only (project layers refuse
     // `allow_host` above).
@@ -1485,6 +1867,19 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     for f in user_config.into_iter().chain(project_file.as_deref()) {
         if rw_roots.iter().any(|r| f.starts_with(r)) {
             protected.push(f.to_path_buf());
+        }
+    }
+    // corral's own directories (user config, trust store, audit logs) when a read-write bind
+    // the user asked for covers them: the agent must not trust a policy for itself, plant a
+    // user config or rewrite the audit log. A directory that holds the project is left alone
+    // (covering it would make the project read-only); the trust store alone is protected then.
+    for dir in &corral_dirs {
+        if rw_roots.iter().any(|r| dir.starts_with(r)) {
+            if root.starts_with(dir) {
+                protected.push(dir.join(crate::trust::STORE_FILE));
+            } else {
+                protected.push(dir.clone());
+            }
         }
     }
     protected.sort();
@@ -1607,6 +2002,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
                 image: None,
                 sources: sources.clone(),
                 project_grants: Vec::new(),
+                project_trust: None,
             }))
         }
         ExecutorTarget::Compose(_) | ExecutorTarget::Host => None,
@@ -1648,6 +2044,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         image: m.image.clone(),
         sources,
         project_grants: grants,
+        project_trust,
     })
 }
 
