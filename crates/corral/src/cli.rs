@@ -53,6 +53,16 @@ pub enum Command {
     Deny(RuleArgs),
     /// Print the agent-facing instructions (SKILL.md) for `corral exec`
     Skill(SkillArgs),
+    /// Trust this project's corral.toml: show what it grants and record its SHA-256
+    #[command(
+        long_about = "A project's corral.toml comes with the repository, which may be hostile. \
+                      What it grants beyond your own settings (secrets, passed variables, hosts, \
+                      host ports, binds outside the project, relaxed limits, ...) is used by \
+                      `corral run`/`shell` only after you trusted exactly that content. `corral \
+                      trust` shows those grants and records the file's path and SHA-256 in \
+                      $XDG_CONFIG_HOME/corral/trusted.json; an edited file must be trusted again."
+    )]
+    Trust(TrustArgs),
     /// Print shell completions or the man page
     #[command(subcommand)]
     Generate(GenerateCommand),
@@ -318,6 +328,19 @@ pub struct RuleArgs {
     /// Edit the user config instead of the project's corral.toml
     #[arg(long)]
     pub user: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TrustArgs {
+    /// The project directory or its corral.toml (default: the current directory's project)
+    #[arg(value_name = "PATH")]
+    pub path: Option<PathBuf>,
+    /// List the trusted files and whether each still has the content you trusted
+    #[arg(long, conflicts_with_all = ["revoke", "path"])]
+    pub list: bool,
+    /// Forget the trust of the project's corral.toml
+    #[arg(long)]
+    pub revoke: bool,
 }
 
 #[derive(Debug, Args)]

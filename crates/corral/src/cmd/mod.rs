@@ -22,6 +22,7 @@ mod serve;
 mod shell;
 mod shim;
 mod skill;
+pub mod trust;
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
@@ -40,6 +41,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Allow(args) => rules::run(rules::Rule::Allow, args),
         Command::Deny(args) => rules::run(rules::Rule::Deny, args),
         Command::Skill(args) => skill::run(args),
+        Command::Trust(args) => trust::run(args),
         Command::Generate(cmd) => generate::run(cmd),
     }
 }

@@ -351,6 +351,14 @@ pub fn human(p: &Plan) -> String {
             let _ = writeln!(o, "  {g}");
         }
     }
+    if let Some(t) = p.project_trust.as_ref().filter(|t| !t.grants.is_empty()) {
+        let _ = writeln!(
+            o,
+            "\nneeds your trust ({} of these; `corral trust` accepts this content)\n  {}",
+            t.grants.len(),
+            super::trust::status(t)
+        );
+    }
     o
 }
 

@@ -24,6 +24,8 @@ pub fn run_jail(
 ) -> anyhow::Result<ExitCode> {
     let req = super::plan::request(profile, opts, command)?;
     let plan = resolve(&req)?;
+    // What the project's own corral.toml grants needs the user's trust (cmd/trust.rs).
+    super::trust::gate(&plan)?;
     // A first run of a harness: its state directories do not exist yet, and binds need them.
     ensure_state_paths(&plan.profile, &req.home)?;
     let code = run_plan(&plan);

@@ -1,0 +1,225 @@
+//! `corral trust [PATH] [--list | --revoke]`, and the gate `corral run`/`shell` pass before a
+//! jail starts.
+//!
+//! A project's `corral.toml` comes with the repository. What it grants beyond the user's own
+//! layers (`Plan::project_trust`, computed by the policy crate with each grant's place in the
+//! file) is used only when the user trusted exactly that content: the store
+//! (`corral_policy::trust`) holds the file's path and the SHA-256 of the bytes the plan was
+//! resolved from, so an edited file is refused again. On a terminal the gate asks (default no);
+//! elsewhere it refuses (exit 125) with the list and the command that accepts it.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead as _, IsTerminal as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use corral_policy::Plan;
+use corral_policy::plan::ProjectTrust;
+use corral_policy::trust::{self, TrustStore};
+
+use crate::cli::{JailOptions, TrustArgs};
+
+/// The caller's environment and home, as the policy crate sees them.
+fn env_home() -> anyhow::Result<(BTreeMap<String, String>, PathBuf)> {
+    let env: BTreeMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let home = env
+        .get("HOME")
+        .filter(|h| h.starts_with('/'))
+        .map(PathBuf::from)
+        .context("HOME is not set to an absolute path; set HOME to your home directory")?;
+    Ok((env, home))
+}
+
+/// Before a jail starts from `plan`: corral's own directories that the plan protects exist (so
+/// the jail cannot create them), and what the project's `corral.toml` grants is trusted.
+pub fn gate(plan: &Plan) -> anyhow::Result<()> {
+    let (env, home) = env_home()?;
+    trust::ensure_protected_dirs(plan, &env, &home)?;
+    let Some(t) = plan.project_trust.as_ref().filter(|t| !t.grants.is_empty()) else {
+        return Ok(());
+    };
+    let store_path = trust::store_path(&env, &home);
+    let mut store = TrustStore::load(&store_path)?;
+    if store.is_trusted(&t.file, &t.sha256) {
+        return Ok(());
+    }
+    let changed = store.get(&t.file).is_some();
+    let listing = listing(t, changed);
+    if std::io::stdin().is_terminal() && std::io::stderr().is_terminal() {
+        eprint!("corral: {listing}\ncorral: trust exactly this content and run? [y/N] ");
+        let _ = std::io::stderr().flush();
+        let mut answer = String::new();
+        std::io::stdin()
+            .lock()
+            .read_line(&mut answer)
+            .context("cannot read the answer from the terminal")?;
+        if matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+            store.trust(&t.file, &t.sha256);
+            store.save(&store_path)?;
+            eprintln!(
+                "corral: trusted {} (sha256 {}); recorded in {}",
+                t.file.display(),
+                t.sha256,
+                store_path.display()
+            );
+            return Ok(());
+        }
+        bail!(
+            "not trusted: nothing was run; review {} and run `corral trust` when you accept it",
+            t.file.display()
+        );
+    }
+    let root = t.file.parent().unwrap_or(Path::new("/"));
+    bail!(
+        "{listing}\n\
+         Review the file, then trust exactly this content with:  corral trust {}\n\
+         (or run with your own settings only:  --policy /dev/null)",
+        shell_quote(&root.display().to_string())
+    )
+}
+
+/// What the file grants, one line each, and why it is asked.
+fn listing(t: &ProjectTrust, changed: bool) -> String {
+    let mut s = format!(
+        "the project's policy file {} grants what only you may grant (a repository may be \
+         hostile), and {}:",
+        t.file.display(),
+        if changed {
+            "it changed since you trusted it"
+        } else {
+            "it is not trusted"
+        }
+    );
+    for g in &t.grants {
+        s.push_str("\n  ");
+        s.push_str(g);
+    }
+    s
+}
+
+fn shell_quote(s: &str) -> String {
+    if s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// The project directory named by PATH (a directory or a file in it), else the current one.
+fn project_dir(path: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let p = match path {
+        Some(p) => p.to_path_buf(),
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    let dir = if p.is_dir() {
+        p.clone()
+    } else {
+        p.parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."))
+    };
+    dir.canonicalize()
+        .with_context(|| format!("cannot find the project directory {}", dir.display()))
+}
+
+pub fn run(args: TrustArgs) -> anyhow::Result<ExitCode> {
+    let (env, home) = env_home()?;
+    let store_path = trust::store_path(&env, &home);
+    let mut store = TrustStore::load(&store_path)?;
+    if args.list {
+        if store.files.is_empty() {
+            println!("no trusted project policy files ({})", store_path.display());
+        }
+        for f in &store.files {
+            let state = match std::fs::read(&f.path) {
+                Ok(bytes) if trust::sha256_hex(&bytes) == f.sha256 => "current",
+                Ok(_) => "CHANGED since trusted (not in force)",
+                Err(_) => "missing",
+            };
+            println!(
+                "{}  sha256 {}  trusted {}  {state}",
+                f.path.display(),
+                f.sha256,
+                f.trusted_at
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let dir = project_dir(args.path.as_deref())?;
+    let file = corral_policy::resolve::project_root(&dir).join("corral.toml");
+    if args.revoke {
+        if store.revoke(&file) {
+            store.save(&store_path)?;
+            eprintln!("corral: no longer trusted: {}", file.display());
+        } else {
+            eprintln!("corral: {} was not trusted", file.display());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(p) = &args.path
+        && p.is_file()
+        && p.canonicalize().ok().as_ref() != Some(&file)
+    {
+        bail!(
+            "{} is not the project's corral.toml ({}): only that file is gated; a file you pass \
+             with --policy is your own choice and needs no trust",
+            p.display(),
+            file.display()
+        );
+    }
+    if !file.is_file() {
+        bail!(
+            "no policy file to trust: {} does not exist",
+            file.display()
+        );
+    }
+    // The plan as `corral run` in that directory would resolve it: the grants are measured
+    // against your user config and the profile the file picks.
+    let mut req = super::plan::request(None, &JailOptions::default(), Vec::new())?;
+    req.cwd = dir;
+    let plan = corral_policy::resolve(&req)?;
+    let t = plan
+        .project_trust
+        .with_context(|| format!("{} was not read as the project's policy", file.display()))?;
+    if t.grants.is_empty() {
+        println!(
+            "{} grants nothing beyond your own settings (it only narrows or sets harmless things)",
+            t.file.display()
+        );
+    } else {
+        println!("{} grants (a repository may be hostile: review these):", t.file.display());
+        for g in &t.grants {
+            println!("  {g}");
+        }
+    }
+    store.trust(&t.file, &t.sha256);
+    store.save(&store_path)?;
+    eprintln!(
+        "corral: trusted {} (sha256 {}) in {}; any change to the file must be trusted again",
+        t.file.display(),
+        t.sha256,
+        store_path.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// For `corral plan`: whether the file's grants are trusted.
+pub fn status(t: &ProjectTrust) -> &'static str {
+    let Ok((env, home)) = env_home() else {
+        return "unknown (no HOME)";
+    };
+    match TrustStore::load(&trust::store_path(&env, &home)) {
+        Ok(s) if s.is_trusted(&t.file, &t.sha256) => "trusted (this content, by corral trust)",
+        Ok(s) if s.get(&t.file).is_some() => {
+            "CHANGED since you trusted it: corral run refuses until you run `corral trust` again"
+        }
+        Ok(_) => "NOT trusted: corral run refuses until you run `corral trust`",
+        Err(_) => "unknown (the trust store cannot be read)",
+    }
+}
