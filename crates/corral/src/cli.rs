@@ -341,6 +341,10 @@ pub struct TrustArgs {
     /// Forget the trust of the project's corral.toml
     #[arg(long)]
     pub revoke: bool,
+    /// The options you run with (`--allow-host-executor`, `--env`, ...): the grants are
+    /// measured against your own settings as `corral run` would have them
+    #[command(flatten)]
+    pub jail: JailOptions,
 }
 
 #[derive(Debug, Args)]

@@ -256,6 +256,9 @@ fn harness_container_sees_the_project_only_and_reaches_only_allowed_origins() {
         ),
     )
     .unwrap();
+    // It opens destinations: the user trusts it, as after reviewing it.
+    let out = w.corral(&["trust"]);
+    assert!(out.status.success(), "{}", text(&out));
 
     let script = format!(
         r#"
@@ -377,6 +380,9 @@ fn compose_executor_answers_corral_exec_from_the_harness() {
         ),
     )
     .unwrap();
+    // A compose executor runs the agent's commands elsewhere: the user trusts the file.
+    let out = w.corral(&["trust"]);
+    assert!(out.status.success(), "{}", text(&out));
     // A file of the user's own next to which the executor service is merged.
     std::fs::write(
         p.join("docker-compose.override.yml"),

@@ -42,6 +42,7 @@ fn claude_starts_in_the_jail_and_reaches_its_model_through_the_gateway() {
              [secrets]\nANTHROPIC_API_KEY = {{ from_env = \"CALLER_ANTHROPIC_KEY\", hosts = [\"{host}\"] }}\n"
         ),
     );
+    w.trust_project(&[]);
     // Claude Code's state, as after a first run on the host.
     std::fs::create_dir_all(w.home.join(".claude")).unwrap();
     write(&w.home.join(".claude.json"), "{}");

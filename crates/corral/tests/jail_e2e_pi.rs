@@ -56,6 +56,7 @@ fn pi_in_the_jail_edits_the_project_and_every_attack_fails() {
              [secrets]\nMOCK_API_KEY = {{ from_env = \"CALLER_MOCK_KEY\", hosts = [\"{host}\"] }}\n"
         ),
     );
+    w.trust_project(&[]);
     // pi's provider for the mock; `apiKey` names the variable pi reads (the placeholder).
     write(
         &w.home.join(".pi/agent/models.json"),

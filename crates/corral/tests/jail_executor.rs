@@ -101,6 +101,7 @@ fn the_host_executor_does_not_inherit_real_secrets() {
          [secrets]\n\
          MY_KEY = { from_env = \"CALLER_REAL_KEY\", hosts = [\"api.example.com\"] }\n",
     );
+    w.trust_project(&["--allow-host-executor"]);
     let mut c = w.corral();
     c.env("CALLER_REAL_KEY", "real-value-0123456789")
         .args([

@@ -95,6 +95,7 @@ fn jail_sees_a_placeholder_and_the_upstream_gets_the_real_key() {
              [secrets]\nMY_API_KEY = {{ from_env = \"CALLER_REAL_KEY\", hosts = [\"{host}\"] }}\n"
         ),
     );
+    w.trust_project(&[]);
     // The script never spells the real value (its text is in the audit log's start record):
     // the pattern is assembled at run time.
     let half = &REAL_PART[..REAL_PART.len() / 2];

@@ -18,7 +18,7 @@ use corral_policy::Plan;
 use corral_policy::plan::ProjectTrust;
 use corral_policy::trust::{self, TrustStore};
 
-use crate::cli::{JailOptions, TrustArgs};
+use crate::cli::TrustArgs;
 
 /// The caller's environment and home, as the policy crate sees them.
 fn env_home() -> anyhow::Result<(BTreeMap<String, String>, PathBuf)> {
@@ -179,9 +179,12 @@ pub fn run(args: TrustArgs) -> anyhow::Result<ExitCode> {
             file.display()
         );
     }
+    if args.jail.policy.is_some() {
+        bail!("a file you pass with --policy is your own choice and needs no trust");
+    }
     // The plan as `corral run` in that directory would resolve it: the grants are measured
-    // against your user config and the profile the file picks.
-    let mut req = super::plan::request(None, &JailOptions::default(), Vec::new())?;
+    // against your user config, your options and the profile the file picks.
+    let mut req = super::plan::request(None, &args.jail, Vec::new())?;
     req.cwd = dir;
     let plan = corral_policy::resolve(&req)?;
     let t = plan

@@ -124,6 +124,15 @@ impl World {
         lines
     }
 
+    /// `corral trust` for the project's corral.toml (with the run options `args`), as the user
+    /// does after reviewing what it grants.
+    pub fn trust_project(&self, args: &[&str]) {
+        let mut c = self.corral();
+        c.arg("trust").args(args);
+        let out = run(c);
+        assert_eq!(out.code, 0, "corral trust failed:\n{}", out.both());
+    }
+
     /// `corral run --network NET -- sh -c SCRIPT` with stdin closed.
     pub fn sh(&self, net: &str, script: &str) -> Out {
         let mut c = self.corral();
