@@ -952,7 +952,11 @@ fn net_trust(
 ) {
     if let Some((m, at)) = &project.mode {
         let in_force = with.mode.as_ref().map(|(w, _)| w) == Some(m);
-        let before = without.mode.as_ref().map(|(w, _)| *w).unwrap_or(default_mode);
+        let before = without
+            .mode
+            .as_ref()
+            .map(|(w, _)| *w)
+            .unwrap_or(default_mode);
         if in_force && mode_rank(*m) > mode_rank(before) {
             out.push((
                 at.clone(),
@@ -1001,7 +1005,12 @@ fn mode_name(m: NetworkMode) -> &'static str {
 }
 
 fn size_text(bytes: u64) -> String {
-    for (mult, unit) in [(1u64 << 40, "t"), (1 << 30, "g"), (1 << 20, "m"), (1 << 10, "k")] {
+    for (mult, unit) in [
+        (1u64 << 40, "t"),
+        (1 << 30, "g"),
+        (1 << 20, "m"),
+        (1 << 10, "k"),
+    ] {
         if bytes >= mult && bytes.is_multiple_of(mult) {
             return format!("{}{unit}", bytes / mult);
         }
@@ -1036,7 +1045,11 @@ fn trust_grants(
         (&project.read_only, "filesystem.read_only", false),
         (&project.read_write, "filesystem.read_write", true),
         (&project.exec_read_only, "executor.sandbox.read_only", false),
-        (&project.exec_read_write, "executor.sandbox.read_write", true),
+        (
+            &project.exec_read_write,
+            "executor.sandbox.read_write",
+            true,
+        ),
     ];
     for (list, key, rw) in binds {
         let exec = key.starts_with("executor");
@@ -1046,8 +1059,8 @@ fn trust_grants(
             (&without.read_only, &without.read_write)
         };
         for (p, loc) in list {
-            let given = w_rw.iter().any(|(q, _)| q == p)
-                || (!rw && w_ro.iter().any(|(q, _)| q == p));
+            let given =
+                w_rw.iter().any(|(q, _)| q == p) || (!rw && w_ro.iter().any(|(q, _)| q == p));
             if given {
                 continue;
             }
@@ -1084,11 +1097,17 @@ fn trust_grants(
         }
     }
     // Limits: a higher value than the user's layers give, or best-effort instead of strict.
-    let raised = |key: &str, p: Option<u64>, w: Option<u64>, merged: Option<u64>, show: &dyn Fn(u64) -> String| {
+    let raised = |key: &str,
+                  p: Option<u64>,
+                  w: Option<u64>,
+                  merged: Option<u64>,
+                  show: &dyn Fn(u64) -> String| {
         match (p, w) {
-            (Some(p), Some(w)) if p > w && merged == Some(p) => {
-                Some(format!("{key} raises the limit from {} to {}", show(w), show(p)))
-            }
+            (Some(p), Some(w)) if p > w && merged == Some(p) => Some(format!(
+                "{key} raises the limit from {} to {}",
+                show(w),
+                show(p)
+            )),
             _ => None,
         }
     };
@@ -1097,7 +1116,13 @@ fn trust_grants(
     let lims: [(&[&str], Option<String>); 6] = [
         (
             &["limits", "memory"],
-            raised("limits.memory", project.memory, without.memory, with.memory, &size_text),
+            raised(
+                "limits.memory",
+                project.memory,
+                without.memory,
+                with.memory,
+                &size_text,
+            ),
         ),
         (
             &["limits", "pids"],
@@ -1173,7 +1198,11 @@ fn trust_grants(
         } else if !extra.is_empty() {
             Some(format!(
                 "executor.allow adds {} to the programs the executor may run",
-                extra.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                extra
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))
         } else {
             None

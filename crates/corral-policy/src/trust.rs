@@ -110,8 +110,7 @@ impl TrustStore {
         self.files.push(TrustedFile {
             path: file.to_path_buf(),
             sha256: sha256.to_string(),
-            trusted_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now())
-                .to_string(),
+            trusted_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         });
         self.files.sort_by(|a, b| a.path.cmp(&b.path));
     }

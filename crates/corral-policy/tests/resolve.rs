@@ -1064,7 +1064,11 @@ network = { mode = "proxy", allow = ["pkg.example.org"] }
     );
     // `corral plan` lists them all, the relaxations too.
     for g in &trust.grants {
-        assert!(plan.project_grants.contains(g), "{g} not in {:?}", plan.project_grants);
+        assert!(
+            plan.project_grants.contains(g),
+            "{g} not in {:?}",
+            plan.project_grants
+        );
     }
     // Another content is another hash.
     f.project_policy("[network]\nhost_ports = [5433]\n");
@@ -1135,7 +1139,9 @@ fn relaxing_what_the_user_config_set_needs_trust() {
                  make read-only",
                 f.root.join("src").display()
             ),
-            format!("{d}:5:8: network.mode = \"proxy\" opens the network (your settings say \"none\")"),
+            format!(
+                "{d}:5:8: network.mode = \"proxy\" opens the network (your settings say \"none\")"
+            ),
             format!(
                 "{d}:7:1: executor.allow = [] lets the executor run any program (your settings \
                  allow only cargo)"
@@ -1198,7 +1204,10 @@ fn a_project_file_may_not_bind_corrals_own_directories() {
         .insert("XDG_STATE_HOME".into(), state.display().to_string());
     let file = f.root.join("corral.toml");
     for (text, what) in [
-        ("read_only = [\"~/xdg-config/corral/trusted.json\"]", "xdg-config/corral"),
+        (
+            "read_only = [\"~/xdg-config/corral/trusted.json\"]",
+            "xdg-config/corral",
+        ),
         ("read_write = [\"~/xdg-config\"]", "xdg-config/corral"),
         ("read_write = [\"~/xdg-state/corral\"]", "xdg-state/corral"),
         ("read_only = [\"~/.local/state\"]", ".local/state/corral"),
@@ -1210,7 +1219,13 @@ fn a_project_file_may_not_bind_corrals_own_directories() {
         }
         let e = err(resolve(&req));
         assert!(e.starts_with(&format!("{}:2:", file.display())), "{e}");
-        assert!(e.contains(&format!("corral's own directory {}", f.home.join(what).display())), "{e}");
+        assert!(
+            e.contains(&format!(
+                "corral's own directory {}",
+                f.home.join(what).display()
+            )),
+            "{e}"
+        );
     }
 }
 
@@ -1220,9 +1235,23 @@ fn corrals_directories_are_protected_when_a_read_write_bind_of_the_user_covers_t
     let mut req = f.req(None);
     req.flags.rw = vec![f.home.clone()];
     let plan = resolve(&req).unwrap();
-    for dir in [f.home.join(".config/corral"), f.home.join(".local/state/corral")] {
-        assert!(plan.protected.contains(&dir), "{dir:?} not in {:?}", plan.protected);
-        assert!(plan.executor.jail.as_ref().unwrap().protected.contains(&dir));
+    for dir in [
+        f.home.join(".config/corral"),
+        f.home.join(".local/state/corral"),
+    ] {
+        assert!(
+            plan.protected.contains(&dir),
+            "{dir:?} not in {:?}",
+            plan.protected
+        );
+        assert!(
+            plan.executor
+                .jail
+                .as_ref()
+                .unwrap()
+                .protected
+                .contains(&dir)
+        );
     }
     // The config directory inside the project: the directory holds the project, so only the
     // store is protected.

@@ -343,7 +343,10 @@ pub struct TrustArgs {
     pub revoke: bool,
     /// The options you run with (`--allow-host-executor`, `--env`, ...): the grants are
     /// measured against your own settings as `corral run` would have them
-    #[command(flatten)]
+    #[command(
+        flatten,
+        next_help_heading = "Run options (grants are measured as `corral run` with these would)"
+    )]
     pub jail: JailOptions,
 }
 

@@ -49,7 +49,10 @@ fn attack_fails(w: &World, mut c: std::process::Command, store: &Path, envs: &[(
     let policy = w.project.join("corral.toml");
     let before = std::fs::read(store).ok();
     let policy_before = std::fs::read_to_string(&policy).unwrap();
-    c.arg("--").arg("sh").arg("-c").arg(plant_script(store, &policy));
+    c.arg("--")
+        .arg("sh")
+        .arg("-c")
+        .arg(plant_script(store, &policy));
     let out = run(c);
     ran(&out, "END");
     for bad in ["WROTE", "MOVED", "REMOVED", "REPLACED"] {
@@ -86,7 +89,12 @@ fn attack_fails(w: &World, mut c: std::process::Command, store: &Path, envs: &[(
     // Control: the store the jail meant to write does open the gate when it is really there.
     write(store, plant.trim());
     let out = attempt("CONTROL-RAN");
-    assert_eq!(out.code, 0, "the planted store was not a valid one:\n{}", out.both());
+    assert_eq!(
+        out.code,
+        0,
+        "the planted store was not a valid one:\n{}",
+        out.both()
+    );
     assert!(out.stdout.contains("CONTROL-RAN"), "{}", out.both());
 }
 
@@ -143,8 +151,15 @@ fn on_a_terminal_the_gate_asks_and_no_is_the_default() {
     let store = w.home.join(".config/corral/trusted.json");
     let ask = |answer: &[u8]| {
         let mut c = w.corral();
-        c.env("TERM", "dumb")
-            .args(["run", "--network", "none", "--", "sh", "-c", "echo JAIL-RAN"]);
+        c.env("TERM", "dumb").args([
+            "run",
+            "--network",
+            "none",
+            "--",
+            "sh",
+            "-c",
+            "echo JAIL-RAN",
+        ]);
         let (mut master, _slave, mut child) = under_pty(c, 24, 80);
         let seen = read_until(&mut master, "[y/N]", &mut child);
         assert!(seen.contains("[y/N]"), "no question asked:\n{seen}");

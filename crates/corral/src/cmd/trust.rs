@@ -174,10 +174,10 @@ pub fn run(args: TrustArgs) -> anyhow::Result<ExitCode> {
         );
     }
     if !file.is_file() {
-        bail!(
-            "no policy file to trust: {} does not exist",
-            file.display()
-        );
+        bail!("no policy file to trust: {} does not exist", file.display());
+    }
+    if args.jail.scratch {
+        bail!("--scratch reads no project policy: there is nothing to trust");
     }
     if args.jail.policy.is_some() {
         bail!("a file you pass with --policy is your own choice and needs no trust");
@@ -196,7 +196,10 @@ pub fn run(args: TrustArgs) -> anyhow::Result<ExitCode> {
             t.file.display()
         );
     } else {
-        println!("{} grants (a repository may be hostile: review these):", t.file.display());
+        println!(
+            "{} grants (a repository may be hostile: review these):",
+            t.file.display()
+        );
         for g in &t.grants {
             println!("  {g}");
         }
