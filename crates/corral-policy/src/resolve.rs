@@ -1018,6 +1018,39 @@ fn size_text(bytes: u64) -> String {
     format!("{bytes} bytes")
 }
 
+fn profile_switch_text(at: &Loc, profile: &Profile, users: &str) -> String {
+    let mut parts = Vec::new();
+    let state: Vec<&str> = profile
+        .state_dirs
+        .iter()
+        .chain(&profile.state_files)
+        .map(String::as_str)
+        .collect();
+    if !state.is_empty() {
+        parts.push(format!("binds {} read-write", state.join(", ")));
+    }
+    if !profile.env_pass.is_empty() {
+        parts.push(format!("passes {}", profile.env_pass.join(", ")));
+    }
+    if !profile.secrets.is_empty() {
+        let names: Vec<&str> = profile.secrets.keys().map(String::as_str).collect();
+        parts.push(format!("serves the secrets {}", names.join(", ")));
+    }
+    if !profile.allow.is_empty() {
+        let hosts: Vec<String> = profile.allow.iter().map(|d| d.to_string()).collect();
+        parts.push(format!("reaches {}", hosts.join(", ")));
+    }
+    let what = if parts.is_empty() {
+        String::new()
+    } else {
+        format!(": it {}", parts.join("; "))
+    };
+    format!(
+        "{at}: profile = {:?} replaces your profile {users:?}{what}",
+        profile.name
+    )
+}
+
 /// Everything a project's own policy file grants beyond the user's own layers (defaults,
 /// profile, user config, flags): what needs the user's trust before a jail starts. `with` is
 /// the merged policy with the project's layer, `without` the same layers without it. What only
@@ -1736,28 +1769,12 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         .or_else(|| user.profile.as_ref().map(|(n, _)| n.clone()))
         .unwrap_or_else(|| "shell".to_string());
     let profile = crate::profile::profile(&profile_name)?;
-    // A profile chosen by the project file brings its state directories (and the credentials
-    // in them) into the jail: the user did not name it, so say so.
-    if req.profile.is_none()
-        && let Some((name, at)) = &project.profile
-    {
-        let state: Vec<String> = profile
-            .state_dirs
-            .iter()
-            .chain(&profile.state_files)
-            .cloned()
-            .collect();
-        if !state.is_empty() {
-            grants.insert(
-                0,
-                format!(
-                    "{at}: profile {name:?} binds {} read-write",
-                    state.join(", ")
-                ),
-            );
-        }
-    }
-
+    // The profile the user's own word (flags, user config, the default) would give.
+    let users_profile = req
+        .profile
+        .clone()
+        .or_else(|| user.profile.as_ref().map(|(n, _)| n.clone()))
+        .unwrap_or_else(|| "shell".to_string());
     // The same layers without the project's file: what the user's own word gives, against
     // which the project's grants are measured.
     let mut without = defaults();
@@ -1777,10 +1794,18 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     let mut project_trust = None;
     if let Some(pf_path) = &project_file {
         let gated = trust_grants(pf_path, &project_text, &project_layer, &m, &without, &ctx);
-        let gated: Vec<String> = gated
+        let mut gated: Vec<String> = gated
             .into_iter()
             .map(|(at, text)| format!("{at}: {text}"))
             .collect();
+        // A profile the project file switches to brings that harness's state directories
+        // (read-write: its settings, hooks and credentials), its variables, secrets and hosts.
+        if let Some((name, at)) = &project_layer.profile
+            && *name != users_profile
+            && req.profile.is_none()
+        {
+            gated.insert(0, profile_switch_text(at, &profile, &users_profile));
+        }
         for g in &gated {
             if !grants.contains(g) {
                 grants.push(g.clone());

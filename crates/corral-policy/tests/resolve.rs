@@ -378,12 +378,15 @@ fn profile_comes_from_the_command_line_then_the_project_then_the_user() {
     let plan = resolve(&f.req(None)).unwrap();
     assert_eq!(plan.profile, "claude");
     // The project chose a profile whose state holds credentials: shown as a grant.
-    assert_eq!(
-        plan.project_grants,
-        vec![format!(
-            "{}:1:11: profile \"claude\" binds ~/.claude, ~/.claude.json read-write",
+    assert_eq!(plan.project_grants.len(), 1, "{:?}", plan.project_grants);
+    assert!(
+        plan.project_grants[0].starts_with(&format!(
+            "{}:1:11: profile = \"claude\" replaces your profile \"codex\": it binds ~/.claude, \
+             ~/.claude.json read-write; passes ",
             f.root.join("corral.toml").display()
-        )]
+        )),
+        "{:?}",
+        plan.project_grants
     );
     let plan = resolve(&f.req(Some("gemini"))).unwrap();
     assert_eq!(plan.profile, "gemini");
@@ -1107,7 +1110,8 @@ read_write = ["target"]
 network = { mode = "none" }
 "#,
     );
-    let plan = resolve(&f.req(None)).unwrap();
+    // The user picked pi themselves (`corral run pi`): the file's `profile` only repeats it.
+    let plan = resolve(&f.req(Some("pi"))).unwrap();
     assert_eq!(gated(&plan), Vec::<String>::new());
     // The profile's hosts are the profile's: a project repeating one adds nothing.
     assert!(plan.network.allow.contains(&pat("api.anthropic.com")));
@@ -1265,4 +1269,28 @@ fn corrals_directories_are_protected_when_a_read_write_bind_of_the_user_covers_t
     // Nothing covers them by default.
     let plan = resolve(&f.req(None)).unwrap();
     assert!(!plan.protected.iter().any(|p| p.starts_with(&f.home)));
+}
+
+#[test]
+fn a_project_file_that_switches_the_profile_needs_trust() {
+    let f = fx();
+    f.project_policy("profile = \"claude\"\n");
+    // Bare `corral run`: the project's file alone chose claude, whose state directory (settings,
+    // hooks, credentials) would be bound read-write.
+    let plan = resolve(&f.req(None)).unwrap();
+    let g = gated(&plan);
+    assert_eq!(g.len(), 1, "{g:?}");
+    assert!(
+        g[0].contains("profile = \"claude\" replaces your profile \"shell\"")
+            && g[0].contains("~/.claude")
+            && g[0].contains("read-write"),
+        "{g:?}"
+    );
+    // The same profile named by the user (flag or user config) needs no trust.
+    assert_eq!(
+        gated(&resolve(&f.req(Some("claude"))).unwrap()),
+        Vec::<String>::new()
+    );
+    f.user_policy("profile = \"claude\"\n");
+    assert_eq!(gated(&resolve(&f.req(None)).unwrap()), Vec::<String>::new());
 }

@@ -205,14 +205,24 @@ fn init_writes_a_policy_that_loads_back_and_refuses_to_overwrite() {
     let plan = plan_json(&p, &["plan", "--json"]);
     assert_eq!(plan.profile, "pi");
     assert_eq!(plan.sources, vec![p.root.join("corral.toml")]);
-    // The template grants nothing but the profile it names.
-    assert_eq!(
-        plan.project_grants,
-        vec![format!(
-            "{}:10:11: profile \"pi\" binds ~/.pi/agent read-write",
+    // The template grants nothing but the profile it names, and the user's own `init` trusted
+    // exactly what it wrote.
+    assert_eq!(plan.project_grants.len(), 1, "{:?}", plan.project_grants);
+    assert!(
+        plan.project_grants[0].starts_with(&format!(
+            "{}:10:11: profile = \"pi\" replaces your profile \"shell\": it binds ~/.pi/agent \
+             read-write",
             p.root.join("corral.toml").display()
-        )]
+        )),
+        "{:?}",
+        plan.project_grants
     );
+    let trust = plan
+        .project_trust
+        .as_ref()
+        .expect("the project file is gated");
+    let store = std::fs::read_to_string(p.xdg.join("corral/trusted.json")).unwrap();
+    assert!(store.contains(&trust.sha256), "{store}");
 
     let again = corral(&p, &["init", "claude"]);
     assert_eq!(again.status.code(), Some(125));

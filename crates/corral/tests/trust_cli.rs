@@ -297,3 +297,27 @@ fn plan_shows_what_needs_trust_and_whether_it_is_trusted() {
         text(&out)
     );
 }
+
+#[test]
+fn the_users_own_allow_keeps_a_trusted_file_trusted_and_an_untrusted_one_untrusted() {
+    let p = project();
+    // A file the user trusted, then edited by the user's own `corral allow`: still trusted.
+    p.policy("[network]\nmode = \"proxy\"\nhost_ports = [11434]\n");
+    assert!(p.corral(&["trust"]).status.success());
+    let allow = p.corral(&["allow", "example.org"]);
+    assert!(allow.status.success(), "{}", text(&allow));
+    let run = p.corral(&["run", "--enforce", "best-effort", "--", "true"]);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run));
+
+    // A hostile file nobody trusted: `corral allow` does not launder the rest of it.
+    p.policy("[env]\npass = [\"CALLER_TOKEN\"]\n");
+    let allow = p.corral(&["allow", "example.com"]);
+    assert!(allow.status.success(), "{}", text(&allow));
+    let run = p.corral(&["run", "--enforce", "best-effort", "--", "true"]);
+    assert_eq!(run.status.code(), Some(125), "{}", text(&run));
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("CALLER_TOKEN"),
+        "{}",
+        text(&run)
+    );
+}

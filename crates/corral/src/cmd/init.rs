@@ -38,6 +38,9 @@ pub fn run(args: InitArgs) -> anyhow::Result<ExitCode> {
     };
     f.write_all(text.as_bytes())
         .with_context(|| format!("cannot write {}", path.display()))?;
+    drop(f);
+    // The user's own command wrote it: what it grants (the profile) needs no second question.
+    super::trust::carry_over(&path, None)?;
     eprintln!(
         "corral: wrote {} for profile {}; review it with `corral plan {}`",
         path.display(),

@@ -63,7 +63,16 @@ pub fn run(rule: Rule, args: RuleArgs) -> anyhow::Result<ExitCode> {
         let cwd = std::env::current_dir().context("cannot read the current directory")?;
         corral_policy::resolve::project_root(&cwd).join("corral.toml")
     };
+    let before = match std::fs::read(&file) {
+        Ok(b) => Some(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
+    };
     let outcome = edit_file(&file, rule, &pattern)?;
+    if !args.user {
+        // The project's file, edited by the user's own command: still trusted if it was.
+        super::trust::carry_over(&file, before.as_deref())?;
+    }
     let list = format!("network.{}", rule.key());
     let shown = file.display();
     if outcome.removed_from_opposite {

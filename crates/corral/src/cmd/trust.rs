@@ -82,6 +82,26 @@ pub fn gate(plan: &Plan) -> anyhow::Result<()> {
 }
 
 /// What the file grants, one line each, and why it is asked.
+/// A project policy file the user's own corral command outside any jail just wrote (`corral
+/// init`) or edited (`corral allow`/`deny`): its new content is trusted when the file is new or
+/// its previous content was trusted, since the user reviewed that and added only this change. A
+/// file never trusted stays untrusted: the user has not read the rest of it.
+pub fn carry_over(file: &Path, before: Option<&[u8]>) -> anyhow::Result<()> {
+    let (env, home) = env_home()?;
+    let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    let store_path = trust::store_path(&env, &home);
+    let mut store = TrustStore::load(&store_path)?;
+    if let Some(before) = before
+        && !store.is_trusted(&file, &trust::sha256_hex(before))
+    {
+        return Ok(());
+    }
+    let after = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+    store.trust(&file, &trust::sha256_hex(&after));
+    store.save(&store_path)?;
+    Ok(())
+}
+
 fn listing(t: &ProjectTrust, changed: bool) -> String {
     let mut s = format!(
         "the project's policy file {} grants what only you may grant (a repository may be \
