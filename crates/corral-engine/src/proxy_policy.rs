@@ -96,6 +96,7 @@ mod tests {
             host_ports: vec![],
             publish: vec![],
             upstream_proxy: Some("http://proxy.corp:3128".into()),
+            dns: Default::default(),
         };
         similar_asserts::assert_eq!(
             render(&net),

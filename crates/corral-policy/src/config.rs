@@ -17,7 +17,7 @@ pub use toml::Spanned;
 
 use crate::domain::DomainPattern;
 use crate::error::PolicyError;
-use crate::plan::{Access, Enforce, Engine, ExecutorTarget, NetworkMode};
+use crate::plan::{Access, Dns, Enforce, Engine, ExecutorTarget, NetworkMode};
 
 /// One policy file: the project's `corral.toml`, the user config, or a `--policy` file.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -81,6 +81,8 @@ pub struct NetworkSection {
     pub upstream_proxy: Option<Spanned<ProxyUrl>>,
     #[serde(default)]
     pub publish: Vec<Spanned<u16>>,
+    /// `"none"` (default) or `"stub"`.
+    pub dns: Option<Spanned<Dns>>,
 }
 
 /// `NAME = { from_env = "VAR", hosts = ["api.example.com"] }` under `[secrets]`, as written.

@@ -42,6 +42,25 @@ pub enum NetworkMode {
     Host,
 }
 
+/// What the jail gets for name resolution (network mode `proxy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dns {
+    /// No DNS at all: names are resolved by the proxy only.
+    #[default]
+    None,
+    /// A stub resolver on the jail's 127.0.0.1:53 that answers only names the proxy's rules
+    /// allow, each with a synthetic address whose connections corral captures and decides as
+    /// proxy requests (for programs that ignore the proxy variables).
+    Stub,
+}
+
+impl Dns {
+    pub fn is_none(&self) -> bool {
+        *self == Dns::None
+    }
+}
+
 /// Whether a limit that cannot be enforced stops the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -110,6 +129,9 @@ pub struct NetworkPlan {
     pub publish: Vec<u16>,
     /// Chain every allowed request through this proxy (`http://host:port`).
     pub upstream_proxy: Option<String>,
+    /// `network.dns`: none (the default) or the stub resolver with transparent capture.
+    #[serde(default, skip_serializing_if = "Dns::is_none")]
+    pub dns: Dns,
 }
 
 /// A secret served by the credential gateway: the jail sees a placeholder, the named hosts get
@@ -332,6 +354,7 @@ impl Plan {
                 allow_cidrs: Vec::new(),
                 host_ports: Vec::new(),
                 publish: Vec::new(),
+                dns: Dns::None,
                 upstream_proxy: None,
             },
             secrets: Vec::new(),

@@ -16,8 +16,9 @@ use crate::config::{
 use crate::domain::DomainPattern;
 use crate::error::{PolicyError, line_col};
 use crate::plan::{
-    Access, Enforce, Engine, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind, NetworkMode,
-    NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan, SkillPlan, system_mounts,
+    Access, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind,
+    NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan, SkillPlan,
+    system_mounts,
 };
 use crate::profile::Profile;
 
@@ -220,6 +221,7 @@ struct NetLayer {
     host_ports: Vec<(u16, Loc)>,
     upstream_proxy: Option<(String, Loc)>,
     publish: Vec<(u16, Loc)>,
+    dns: Option<(Dns, Loc)>,
 }
 
 impl NetLayer {
@@ -235,6 +237,9 @@ impl NetLayer {
             self.upstream_proxy = o.upstream_proxy;
         }
         self.publish.extend(o.publish);
+        if o.dns.is_some() {
+            self.dns = o.dns;
+        }
     }
 }
 
@@ -463,6 +468,10 @@ fn net_layer(file: &Path, text: &str, n: NetworkSection) -> Result<NetLayer, Pol
                 (a.into_inner(), at)
             })
             .collect(),
+        dns: n.dns.map(|d| {
+            let at = span_loc(file, text, &d);
+            (d.into_inner(), at)
+        }),
     })
 }
 
@@ -1649,6 +1658,23 @@ fn bind(source: &Path, target: &Path, access: Access, optional: bool) -> Mount {
     }
 }
 
+/// `dns = "stub"` answers for the proxy's rules and hands its connections to the proxy: it needs
+/// network mode `proxy`.
+fn check_dns(n: &NetLayer, plan: &NetworkPlan, key: &str) -> Result<(), PolicyError> {
+    let mode = match plan.mode {
+        NetworkMode::None => "none",
+        NetworkMode::Host => "host",
+        NetworkMode::Proxy => return Ok(()),
+    };
+    match &n.dns {
+        Some((Dns::Stub, at)) => Err(at.error(format!(
+            "{key}.dns = \"stub\" needs {key}.mode = \"proxy\" (the stub answers only names the \
+             proxy allows, and the proxy takes their connections); the mode here is \"{mode}\""
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn network_plan(n: &NetLayer, default_mode: NetworkMode) -> NetworkPlan {
     NetworkPlan {
         mode: n.mode.as_ref().map(|(m, _)| *m).unwrap_or(default_mode),
@@ -1658,6 +1684,7 @@ fn network_plan(n: &NetLayer, default_mode: NetworkMode) -> NetworkPlan {
         host_ports: dedup(n.host_ports.iter().map(|(p, _)| *p)),
         publish: dedup(n.publish.iter().map(|(p, _)| *p)),
         upstream_proxy: n.upstream_proxy.as_ref().map(|(u, _)| u.clone()),
+        dns: n.dns.as_ref().map(|(d, _)| *d).unwrap_or_default(),
     }
 }
 
@@ -1953,6 +1980,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     // Environment: the basics, passed names, set values, proxy variables; never a secret's
     // real value (the gateway sets placeholders at run time).
     let network = network_plan(&m.net, NetworkMode::Proxy);
+    check_dns(&m.net, &network, "network")?;
     let mut env = base_env(req, &cmd.path_dirs);
     for (name, _) in &m.env_pass {
         if let Some(v) = req.env.get(name) {
@@ -1997,6 +2025,13 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     let exec_jail = match target {
         ExecutorTarget::Sandbox => {
             let exec_net = network_plan(&m.exec_net, NetworkMode::None);
+            if let Some((Dns::Stub, at)) = &m.exec_net.dns {
+                return Err(at.error(
+                    "executor.sandbox.network.dns = \"stub\" is not supported for the executor's \
+                     jail; remove it (the executor's commands use the proxy variables)"
+                        .into(),
+                ));
+            }
             let mut exec_mounts = system_mounts();
             exec_mounts.push(Mount {
                 source: PathBuf::new(),

@@ -202,6 +202,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
             host_ports: vec![],
             publish: vec![],
             upstream_proxy: None,
+            dns: Default::default(),
         },
         secrets: vec![],
         limits: limits.clone(),
@@ -273,6 +274,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
             host_ports: vec![],
             publish: vec![],
             upstream_proxy: None,
+            dns: Default::default(),
         },
         secrets: vec![SecretPlan {
             name: "ANTHROPIC_API_KEY".into(),
@@ -1293,4 +1295,38 @@ fn a_project_file_that_switches_the_profile_needs_trust() {
     );
     f.user_policy("profile = \"claude\"\n");
     assert_eq!(gated(&resolve(&f.req(None)).unwrap()), Vec::<String>::new());
+}
+
+#[test]
+fn network_dns_is_none_by_default_stub_on_request_and_only_with_the_proxy() {
+    use corral_policy::plan::Dns;
+    let f = fx();
+    assert_eq!(resolve(&f.req(None)).unwrap().network.dns, Dns::None);
+    f.project_policy("[network]\ndns = \"stub\"\nallow = [\"example.org\"]\n");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert_eq!(plan.network.dns, Dns::Stub);
+    assert_eq!(plan.network.mode, NetworkMode::Proxy);
+    // The Plan's JSON names it only when it is not the default.
+    let json = serde_json::to_value(&plan).unwrap();
+    assert_eq!(json["network"]["dns"], "stub");
+
+    let file = f.root.join("corral.toml");
+    f.project_policy("[network]\nmode = \"none\"\ndns = \"stub\"\n");
+    assert_eq!(
+        err(resolve(&f.req(None))),
+        format!(
+            "{}:3:7: network.dns = \"stub\" needs network.mode = \"proxy\" (the stub answers only \
+             names the proxy allows, and the proxy takes their connections); the mode here is \
+             \"none\"",
+            file.display()
+        )
+    );
+    f.project_policy("[network]\ndns = \"google\"\n");
+    assert_eq!(
+        err(resolve(&f.req(None))),
+        format!(
+            "{}:2:7: unknown variant `google`, expected `none` or `stub`",
+            file.display()
+        )
+    );
 }

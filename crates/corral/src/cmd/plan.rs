@@ -157,6 +157,15 @@ fn network(out: &mut String, n: &NetworkPlan, indent: &str) {
     if let Some(u) = &n.upstream_proxy {
         let _ = writeln!(out, "{indent}upstream      {u}");
     }
+    match n.dns {
+        corral_policy::plan::Dns::None => {}
+        corral_policy::plan::Dns::Stub => {
+            let _ = writeln!(
+                out,
+                "{indent}dns           stub: allowed names only, their connections through the proxy"
+            );
+        }
+    }
 }
 
 /// The plan for people: what the jail sees, reaches and may use.
