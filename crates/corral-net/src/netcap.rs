@@ -5,14 +5,28 @@
 //!   in and rootless corral cannot enter the jail's, so each connection's socket is made inside
 //!   the jail's namespace by the jail's set-up process (the native backend's socket factory,
 //!   passed in as a [`JailSocket`]) and connected from here.
+//! - `network.dns = "stub"` ([`serve_dns_udp`], [`serve_dns_tcp`], [`serve_capture`]): a DNS
+//!   server on the jail's 127.0.0.1:53 that answers A queries only for names the proxy's rules
+//!   would allow (deny wins), each with a synthetic address from [`StubPool`] (stable for the
+//!   run), AAAA and other types of allowed names with an empty NOERROR, every other name with
+//!   NXDOMAIN; it never forwards a query anywhere. The pool is local inside the jail's
+//!   namespace, so a connection to one of its addresses lands on a capture listener
+//!   (0.0.0.0:443, :80, each port a pattern names); the address tells the name, and the
+//!   connection goes through exactly the proxy's decision path ([`Proxy::capture`]).
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
 
-use crate::NetError;
+use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
+use corral_policy::domain::{Host, normalize_host};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::{NetError, Proxy, Rules};
 
 /// Makes an unconnected TCP socket in the jail's network namespace (blocking call).
 pub type JailSocket = Arc<dyn Fn() -> std::io::Result<std::net::TcpStream> + Send + Sync>;
@@ -111,6 +125,404 @@ async fn connect_in_jail(
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
 }
 
+/// The stub's synthetic addresses: one per name, handed out in order from a pool, stable for
+/// the run, and mapped back when a captured connection arrives.
+#[derive(Debug)]
+pub struct StubPool {
+    first: u32,
+    last: u32,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    next: u32,
+    by_name: HashMap<String, Ipv4Addr>,
+    by_addr: HashMap<Ipv4Addr, String>,
+}
+
+impl StubPool {
+    /// The pool `network/prefix`, skipping its network address and `reserved` (the address on
+    /// the jail's `lo`), and its broadcast address.
+    pub fn new(network: Ipv4Addr, prefix: u8, reserved: Ipv4Addr) -> StubPool {
+        let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+        let base = u32::from(network) & mask;
+        let first = base + 1 + u32::from(u32::from(reserved) == base + 1);
+        StubPool {
+            first,
+            last: base | !mask,
+            state: Mutex::new(PoolState {
+                next: first,
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// The address of `name`, given out now if it has none yet; `None` when the pool is used up.
+    pub fn address_for(&self, name: &str) -> Option<Ipv4Addr> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = st.by_name.get(name) {
+            return Some(*a);
+        }
+        if st.next >= self.last {
+            return None;
+        }
+        let a = Ipv4Addr::from(st.next);
+        st.next += 1;
+        st.by_name.insert(name.to_string(), a);
+        st.by_addr.insert(a, name.to_string());
+        Some(a)
+    }
+
+    /// The name `addr` was given out for.
+    pub fn name_for(&self, addr: IpAddr) -> Option<String> {
+        let IpAddr::V4(v4) = addr else { return None };
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.by_addr.get(&v4).cloned()
+    }
+
+    /// Whether `addr` lies in the pool's range.
+    fn contains(&self, addr: Ipv4Addr) -> bool {
+        (self.first..=self.last).contains(&u32::from(addr))
+    }
+}
+
+/// Whether the stub answers for `host`: `Ok(rule)` when an allow pattern names it (for any
+/// port) and no port-less deny pattern does; the rule that refused it otherwise. The proxy
+/// still decides each connection on its port.
+pub fn stub_decision(rules: &Rules, host: &Host) -> Result<String, String> {
+    if let Host::Ip(_) = host {
+        return Err("an IP address is not a name to resolve".into());
+    }
+    if let Some(p) = rules
+        .deny
+        .iter()
+        .find(|p| p.port().is_none() && p.matches(host, 0))
+    {
+        return Err(format!("network.deny: {p}"));
+    }
+    match rules
+        .allow
+        .iter()
+        .find(|p| p.matches(host, p.port().unwrap_or(0)))
+    {
+        Some(p) => Ok(format!("network.allow: {p}")),
+        None => Err("not in network.allow".into()),
+    }
+}
+
+const RCODE_NOERROR: u16 = 0;
+const RCODE_FORMERR: u16 = 1;
+const RCODE_SERVFAIL: u16 = 2;
+const RCODE_NXDOMAIN: u16 = 3;
+const RCODE_NOTIMP: u16 = 4;
+const RCODE_REFUSED: u16 = 5;
+const TYPE_A: u16 = 1;
+const CLASS_IN: u16 = 1;
+/// Seconds a synthetic answer may be cached (the address is stable for the run anyway).
+const STUB_TTL: u32 = 60;
+
+/// What one query was, for the audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StubQuery {
+    pub name: String,
+    pub qtype: u16,
+    pub allowed: bool,
+    pub rule: String,
+    pub address: Option<Ipv4Addr>,
+}
+
+/// The stub's answer to one DNS message: the reply (`None`: not a query, dropped) and what was
+/// asked (`None` when no question could be read).
+pub fn stub_reply(
+    query: &[u8],
+    rules: &Rules,
+    pool: &StubPool,
+) -> (Option<Vec<u8>>, Option<StubQuery>) {
+    if query.len() < 12 {
+        return (None, None);
+    }
+    let flags = u16::from_be_bytes([query[2], query[3]]);
+    if flags & 0x8000 != 0 {
+        return (None, None); // a response: never answered
+    }
+    let opcode = (flags >> 11) & 0xf;
+    let header = |rcode: u16, qd: u16, an: u16| {
+        let mut h = Vec::with_capacity(512);
+        h.extend_from_slice(&query[0..2]);
+        // QR, the opcode, RD copied, AA (the stub is authoritative for what it says), RA 0.
+        let f = 0x8000 | 0x0400 | (opcode << 11) | (flags & 0x0100) | rcode;
+        h.extend_from_slice(&f.to_be_bytes());
+        for n in [qd, an, 0, 0] {
+            h.extend_from_slice(&n.to_be_bytes());
+        }
+        h
+    };
+    if opcode != 0 {
+        return (Some(header(RCODE_NOTIMP, 0, 0)), None);
+    }
+    if u16::from_be_bytes([query[4], query[5]]) != 1 {
+        return (Some(header(RCODE_REFUSED, 0, 0)), None);
+    }
+    // The question: uncompressed labels, then type and class.
+    let mut pos = 12;
+    let mut labels: Vec<&[u8]> = Vec::new();
+    loop {
+        let Some(&len) = query.get(pos) else {
+            return (Some(header(RCODE_FORMERR, 0, 0)), None);
+        };
+        pos += 1;
+        if len == 0 {
+            break;
+        }
+        if len & 0xc0 != 0 || pos + len as usize > query.len() || pos > 12 + 255 {
+            return (Some(header(RCODE_FORMERR, 0, 0)), None);
+        }
+        labels.push(&query[pos..pos + len as usize]);
+        pos += len as usize;
+    }
+    let Some(tail) = query.get(pos..pos + 4) else {
+        return (Some(header(RCODE_FORMERR, 0, 0)), None);
+    };
+    let qtype = u16::from_be_bytes([tail[0], tail[1]]);
+    let qclass = u16::from_be_bytes([tail[2], tail[3]]);
+    let question = &query[12..pos + 4];
+    let reply = |rcode: u16, answer: Option<Ipv4Addr>| {
+        let mut r = header(rcode, 1, u16::from(answer.is_some()));
+        r.extend_from_slice(question);
+        if let Some(a) = answer {
+            r.extend_from_slice(&[0xc0, 0x0c]); // the question's name
+            r.extend_from_slice(&TYPE_A.to_be_bytes());
+            r.extend_from_slice(&CLASS_IN.to_be_bytes());
+            r.extend_from_slice(&STUB_TTL.to_be_bytes());
+            r.extend_from_slice(&4u16.to_be_bytes());
+            r.extend_from_slice(&a.octets());
+        }
+        r
+    };
+    // Only plain hostname characters make a name; anything else (a dot or NUL inside a label,
+    // bytes IDNA would map) is refused here rather than reinterpreted.
+    let shown: String = labels
+        .iter()
+        .map(|l| String::from_utf8_lossy(l).into_owned())
+        .collect::<Vec<_>>()
+        .join(".");
+    let plain = !labels.is_empty()
+        && labels.iter().all(|l| {
+            l.iter()
+                .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_')
+        });
+    let host = if plain {
+        normalize_host(&shown).map_err(|e| e.to_string())
+    } else {
+        Err("not a plain host name".into())
+    };
+    let decision = match (&host, qclass) {
+        (_, c) if c != CLASS_IN => Err(format!("class {c} is not IN")),
+        (Ok(h), _) => stub_decision(rules, h),
+        (Err(e), _) => Err(e.clone()),
+    };
+    let name = match &host {
+        Ok(Host::Name(n)) => n.clone(),
+        _ => shown.chars().take(253).collect(),
+    };
+    let mut asked = StubQuery {
+        name: name.clone(),
+        qtype,
+        allowed: decision.is_ok(),
+        rule: String::new(),
+        address: None,
+    };
+    let out = match decision {
+        Err(rule) => {
+            asked.rule = rule;
+            reply(RCODE_NXDOMAIN, None)
+        }
+        Ok(rule) => {
+            asked.rule = rule;
+            if qtype != TYPE_A {
+                reply(RCODE_NOERROR, None)
+            } else {
+                match pool.address_for(&name) {
+                    Some(a) => {
+                        asked.address = Some(a);
+                        reply(RCODE_NOERROR, Some(a))
+                    }
+                    None => {
+                        asked.allowed = false;
+                        asked.rule = "the stub's address pool is used up".into();
+                        reply(RCODE_SERVFAIL, None)
+                    }
+                }
+            }
+        }
+    };
+    (Some(out), Some(asked))
+}
+
+fn qtype_name(t: u16) -> String {
+    match t {
+        1 => "A".into(),
+        28 => "AAAA".into(),
+        5 => "CNAME".into(),
+        15 => "MX".into(),
+        16 => "TXT".into(),
+        33 => "SRV".into(),
+        65 => "HTTPS".into(),
+        other => format!("TYPE{other}"),
+    }
+}
+
+fn audit_query(proxy: &Proxy, peer: &str, q: &StubQuery) {
+    let ev = NetEvent {
+        phase: "decision".into(),
+        client: peer.to_string(),
+        method: format!("DNS {}", qtype_name(q.qtype)),
+        host: q.name.clone(),
+        port: 53,
+        address: q.address.map(|a| a.to_string()),
+        decision: Some(if q.allowed {
+            Decision::Allow
+        } else {
+            Decision::Deny
+        }),
+        rule: q.rule.clone(),
+        ..Default::default()
+    };
+    if let Err(e) = proxy
+        .audit()
+        .write(&Record::now(proxy.jail(), Event::Net(ev)))
+    {
+        eprintln!("corral: stub resolver: cannot write the audit log: {e}");
+    }
+}
+
+/// Answer DNS over UDP on `socket` (the jail's 127.0.0.1:53) until the runtime stops.
+pub async fn serve_dns_udp(
+    socket: std::net::UdpSocket,
+    proxy: Arc<Proxy>,
+    pool: Arc<StubPool>,
+) -> std::io::Result<()> {
+    socket.set_nonblocking(true)?;
+    let socket = tokio::net::UdpSocket::from_std(socket)?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let (n, peer) = match socket.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let (reply, asked) = stub_reply(&buf[..n], &proxy.rules(), &pool);
+        if let Some(q) = &asked {
+            audit_query(&proxy, &peer.to_string(), q);
+        }
+        if let Some(r) = reply {
+            let _ = socket.send_to(&r, peer).await;
+        }
+    }
+}
+
+/// Answer DNS over TCP on `listener` (the jail's 127.0.0.1:53) until the runtime stops.
+pub async fn serve_dns_tcp(
+    listener: std::net::TcpListener,
+    proxy: Arc<Proxy>,
+    pool: Arc<StubPool>,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    loop {
+        let Ok((mut conn, peer)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let (proxy, pool) = (proxy.clone(), pool.clone());
+        tokio::spawn(async move {
+            let idle = Duration::from_secs(10);
+            loop {
+                let mut len = [0u8; 2];
+                match tokio::time::timeout(idle, conn.read_exact(&mut len)).await {
+                    Ok(Ok(_)) => {}
+                    _ => return,
+                }
+                let mut msg = vec![0u8; u16::from_be_bytes(len) as usize];
+                match tokio::time::timeout(idle, conn.read_exact(&mut msg)).await {
+                    Ok(Ok(_)) => {}
+                    _ => return,
+                }
+                let (reply, asked) = stub_reply(&msg, &proxy.rules(), &pool);
+                if let Some(q) = &asked {
+                    audit_query(&proxy, &peer.to_string(), q);
+                }
+                let Some(r) = reply else { return };
+                let mut framed = (r.len() as u16).to_be_bytes().to_vec();
+                framed.extend_from_slice(&r);
+                if conn.write_all(&framed).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// Take the connections made to the jail's `port` on any local address: those to an address
+/// the stub gave out go through the proxy's decision for that name ([`Proxy::capture`]); any
+/// other (an address nobody resolved, the jail's own loopback) is refused and audited.
+pub async fn serve_capture(
+    listener: std::net::TcpListener,
+    port: u16,
+    proxy: Arc<Proxy>,
+    pool: Arc<StubPool>,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    loop {
+        let (conn, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("corral: stub capture on port {port}: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let local = conn.local_addr().ok().map(|a| a.ip());
+        match local.and_then(|ip| pool.name_for(ip)) {
+            Some(name) => {
+                let _ = conn.set_nodelay(true);
+                tokio::spawn(
+                    proxy
+                        .clone()
+                        .capture(conn, peer.to_string(), Host::Name(name), port),
+                );
+            }
+            None => {
+                let addr = local.map_or_else(|| "?".to_string(), |ip| ip.to_string());
+                let why = match local {
+                    Some(IpAddr::V4(v4)) if pool.contains(v4) => {
+                        "an address of the stub's pool that it never handed out"
+                    }
+                    _ => "not an address the stub resolver handed out",
+                };
+                let ev = NetEvent {
+                    phase: "decision".into(),
+                    client: peer.to_string(),
+                    method: "CAPTURE".into(),
+                    host: addr.clone(),
+                    port,
+                    decision: Some(Decision::Deny),
+                    rule: format!("direct connection to {addr}:{port}: {why}"),
+                    ..Default::default()
+                };
+                let _ = proxy
+                    .audit()
+                    .write(&Record::now(proxy.jail(), Event::Net(ev)));
+                drop(conn);
+            }
+        }
+    }
+}
+
 /// A task of the jail-side network thread.
 pub enum Task {
     /// `--publish PORT`: the host listener and the jail's socket factory.
@@ -118,6 +530,15 @@ pub enum Task {
         listener: std::net::TcpListener,
         port: u16,
         make: JailSocket,
+    },
+    /// `network.dns = "stub"`: the jail's DNS sockets and capture listeners, served with the
+    /// jail's proxy (its rules, audit log and decision path).
+    Stub {
+        udp: std::net::UdpSocket,
+        tcp: std::net::TcpListener,
+        capture: Vec<(u16, std::net::TcpListener)>,
+        proxy: Arc<Proxy>,
+        pool: Arc<StubPool>,
     },
 }
 
@@ -168,6 +589,19 @@ pub fn spawn(tasks: Vec<Task>, audit: AuditLog, jail: &str) -> Result<NetcapHand
                                 jail.clone(),
                                 Duration::from_secs(3600),
                             ));
+                        }
+                        Task::Stub {
+                            udp,
+                            tcp,
+                            capture,
+                            proxy,
+                            pool,
+                        } => {
+                            tokio::spawn(serve_dns_udp(udp, proxy.clone(), pool.clone()));
+                            tokio::spawn(serve_dns_tcp(tcp, proxy.clone(), pool.clone()));
+                            for (port, l) in capture {
+                                tokio::spawn(serve_capture(l, port, proxy.clone(), pool.clone()));
+                            }
                         }
                     }
                 }

@@ -1062,26 +1062,82 @@ impl Proxy {
                 .reply_and_close(&mut client.io, 400, &format!("corral: {why}\n"))
                 .await;
         }
+        self.tunnel_decided(client, host, port, peer, "CONNECT", Kind::Connect, true)
+            .await;
+    }
+
+    /// A connection a jail process made directly to an address the stub resolver handed out
+    /// for `host` (corral-net's `netcap.rs`, `network.dns = "stub"`): decided, resolved,
+    /// checked, dialled and audited exactly as `CONNECT host:port` (with plain HTTP's default
+    /// port when `port` is 80), as method `CAPTURE`, without the CONNECT exchange: a denial or
+    /// a failure closes the connection.
+    pub async fn capture<S>(self: Arc<Self>, stream: S, client: String, host: Host, port: u16)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let Ok(_permit) = self.slots.clone().try_acquire_owned() else {
+            return;
+        };
+        let kind = if port == 80 {
+            Kind::Http
+        } else {
+            Kind::Connect
+        };
+        self.tunnel_decided(
+            BufConn::new(stream),
+            host,
+            port,
+            &client,
+            "CAPTURE",
+            kind,
+            false,
+        )
+        .await;
+    }
+
+    /// The decision and tunnel of a CONNECT (answered when `answer`) or a captured connection.
+    #[allow(clippy::too_many_arguments)]
+    async fn tunnel_decided<S>(
+        &self,
+        mut client: BufConn<S>,
+        host: Host,
+        port: u16,
+        peer: &str,
+        method: &str,
+        kind: Kind,
+        answer: bool,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let shown = host_display(&host);
         let rules = self.rules();
-        let rule = match rules.check_name(&host, port, Kind::Connect) {
+        let rule = match rules.check_name(&host, port, kind) {
             Ok(rule) => rule,
             Err(d) => {
-                self.log_denial(peer, "CONNECT", &shown, port, &d);
-                let body = Self::denial_body("CONNECT", &authority_string(&host, port), &d);
-                return self.reply_and_close(&mut client.io, d.status, &body).await;
+                self.log_denial(peer, method, &shown, port, &d);
+                if answer {
+                    let body = Self::denial_body(method, &authority_string(&host, port), &d);
+                    self.reply_and_close(&mut client.io, d.status, &body).await;
+                }
+                return;
             }
         };
         let (up, address) = match Box::pin(self.dial(&rules, &host, port)).await {
             Ok(x) => x,
-            Err(r) => {
+            Err(r) if answer => {
                 return self
-                    .refuse(&mut client.io, peer, "CONNECT", &host, port, r)
+                    .refuse(&mut client.io, peer, method, &host, port, r)
                     .await;
+            }
+            Err(r) => {
+                // No channel to answer on: the refusal is logged and the connection closed.
+                let mut sink = tokio::io::sink();
+                return self.refuse(&mut sink, peer, method, &host, port, r).await;
             }
         };
         self.log_decision(
             peer,
-            "CONNECT",
+            method,
             &shown,
             port,
             Some(address),
@@ -1089,11 +1145,12 @@ impl Proxy {
             &rule,
         );
         let started = Instant::now();
-        if client
-            .io
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .await
-            .is_err()
+        if answer
+            && client
+                .io
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await
+                .is_err()
         {
             return;
         }
@@ -1110,7 +1167,7 @@ impl Proxy {
             None => self.splice(client, up).await,
         };
         self.log_close(
-            peer, "CONNECT", &shown, port, address, bytes_up, bytes_down, started,
+            peer, method, &shown, port, address, bytes_up, bytes_down, started,
         );
     }
 

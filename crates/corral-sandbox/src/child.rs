@@ -26,7 +26,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use corral_policy::plan::{NetworkMode, Plan};
+use corral_policy::plan::{Dns, NetworkMode, Plan};
 use nix::sched::CloneFlags;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -89,10 +89,18 @@ fn set_up_process() -> Result<i32, JailError> {
     let net = match plan.network.mode {
         NetworkMode::None | NetworkMode::Proxy => {
             netns::bring_up_loopback()?;
-            netns::create_listeners(
+            let mut net = netns::create_listeners(
                 plan.network.mode == NetworkMode::Proxy,
                 &plan.network.host_ports,
-            )?
+            )?;
+            match (plan.network.mode, plan.network.dns) {
+                (NetworkMode::Proxy, Dns::Stub) => {
+                    netns::add_stub_pool()?;
+                    netns::create_stub_sockets(&mut net, &netns::capture_ports(&plan.network))?;
+                }
+                (_, Dns::None) | (NetworkMode::None | NetworkMode::Host, Dns::Stub) => {}
+            }
+            net
         }
         NetworkMode::Host => netns::JailNet::default(),
     };

@@ -35,7 +35,7 @@ mod spawn;
 mod term;
 
 pub use error::JailError;
-pub use netns::{JailNet, PROXY_PORT, SocketFactory};
+pub use netns::{JailNet, PROXY_PORT, STUB_LO_ADDRESS, STUB_POOL, SocketFactory, capture_ports};
 pub use spawn::{JailExit, PreparedJail, RunningJail, SpawnOptions, prepare, spawn};
 
 /// The first argument that makes the corral binary the jail's set-up process.

@@ -2,11 +2,13 @@
 //! outside (a socket keeps the namespace it was created in, so no bridge process is needed).
 
 use std::io::{IoSlice, IoSliceMut};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use serde::{Deserialize, Serialize};
+
+use corral_policy::plan::NetworkPlan;
 
 use crate::error::JailError;
 
@@ -21,10 +23,79 @@ pub struct JailNet {
     pub proxy: Option<TcpListener>,
     /// The jail's 127.0.0.1:PORT for each `network.host_ports` entry.
     pub host_ports: Vec<(u16, TcpListener)>,
+    /// `network.dns = "stub"`: the jail's 127.0.0.1:53, UDP and TCP.
+    pub dns: Option<(UdpSocket, TcpListener)>,
+    /// `network.dns = "stub"`: 0.0.0.0:PORT for each captured port (the stub's addresses are
+    /// local to the jail's namespace, so these listeners take their connections).
+    pub capture: Vec<(u16, TcpListener)>,
 }
 
-/// Bring `lo` up with SIOCSIFFLAGS (no `ip` binary).
-pub fn bring_up_loopback() -> Result<(), JailError> {
+/// The stub resolver's address pool (RFC 2544's benchmarking range, never routed): local to the
+/// jail's namespace as a whole (an address with this prefix on `lo`), one address per name.
+pub const STUB_POOL: (Ipv4Addr, u8) = (Ipv4Addr::new(198, 18, 0, 0), 15);
+/// The pool address put on `lo` (never handed out for a name).
+pub const STUB_LO_ADDRESS: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+
+/// The ports the stub's capture listeners take: 443, 80 and every port an allow pattern names,
+/// except those the jail's loopback already uses for something else (the proxy's 3128,
+/// `host_ports`, `publish`: a listener on 0.0.0.0:PORT would take them).
+pub fn capture_ports(net: &NetworkPlan) -> Vec<u16> {
+    let mut ports = vec![443, 80];
+    ports.extend(net.allow.iter().filter_map(|p| p.port()));
+    ports.sort_unstable();
+    ports.dedup();
+    ports.retain(|p| *p != PROXY_PORT && !net.host_ports.contains(p) && !net.publish.contains(p));
+    ports
+}
+
+/// Put [`STUB_LO_ADDRESS`] with the pool's prefix on `lo` (SIOCSIFADDR + SIOCSIFNETMASK on the
+/// label `lo:corral`; no `ip` binary): the kernel then treats the whole pool as local.
+pub fn add_stub_pool() -> Result<(), JailError> {
+    let (_, prefix) = STUB_POOL;
+    let mask = Ipv4Addr::from(u32::MAX << (32 - prefix as u32));
+    let sock = config_socket()?;
+    for (request, addr, what) in [
+        (
+            libc::SIOCSIFADDR,
+            STUB_LO_ADDRESS,
+            "add the stub's address pool to lo",
+        ),
+        (
+            libc::SIOCSIFNETMASK,
+            mask,
+            "set the prefix of the stub's address pool",
+        ),
+    ] {
+        // SAFETY: ifreq is plain old data; all-zero is a valid value.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        for (dst, src) in req.ifr_name.iter_mut().zip(b"lo:corral\0") {
+            *dst = *src as libc::c_char;
+        }
+        // SAFETY: sockaddr_in is plain old data; all-zero is a valid value.
+        let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sin.sin_family = libc::AF_INET as libc::sa_family_t;
+        sin.sin_addr.s_addr = u32::from(addr).to_be();
+        // SAFETY: ifru_addr is a sockaddr, large enough for a sockaddr_in (both 16 bytes).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&sin as *const libc::sockaddr_in).cast::<u8>(),
+                (&mut req.ifr_ifru.ifru_addr as *mut libc::sockaddr).cast::<u8>(),
+                std::mem::size_of::<libc::sockaddr_in>(),
+            );
+        }
+        // SAFETY: the ioctl reads an `ifreq` we own, on our own socket.
+        if unsafe { libc::ioctl(sock.as_raw_fd(), request, &req) } < 0 {
+            return Err(JailError::at(
+                what,
+                format!("{addr} on lo"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn config_socket() -> Result<OwnedFd, JailError> {
     // SAFETY: plain socket(2); the result is checked and owned below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
@@ -34,7 +105,12 @@ pub fn bring_up_loopback() -> Result<(), JailError> {
         ));
     }
     // SAFETY: `fd` is a fresh descriptor we own.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Bring `lo` up with SIOCSIFFLAGS (no `ip` binary).
+pub fn bring_up_loopback() -> Result<(), JailError> {
+    let sock = config_socket()?;
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
@@ -61,6 +137,25 @@ pub fn bring_up_loopback() -> Result<(), JailError> {
     Ok(())
 }
 
+/// The sockets of the stub resolver (`network.dns = "stub"`), created in the current (the
+/// jail's) network namespace after [`add_stub_pool`]. Port 53 and the capture ports are
+/// privileged: the set-up process holds CAP_NET_BIND_SERVICE in the jail's user namespace.
+pub fn create_stub_sockets(net: &mut JailNet, capture: &[u16]) -> Result<(), JailError> {
+    let dns = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 53);
+    let udp = UdpSocket::bind(dns)
+        .map_err(|e| JailError::at("listen inside the jail", format!("udp {dns}"), e))?;
+    let tcp = TcpListener::bind(dns)
+        .map_err(|e| JailError::at("listen inside the jail", format!("tcp {dns}"), e))?;
+    net.dns = Some((udp, tcp));
+    for &port in capture {
+        let addr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port);
+        let l = TcpListener::bind(addr)
+            .map_err(|e| JailError::at("listen inside the jail", addr.to_string(), e))?;
+        net.capture.push((port, l));
+    }
+    Ok(())
+}
+
 /// The listeners of a jail, created in the current (the jail's) network namespace.
 pub fn create_listeners(proxy: bool, host_ports: &[u16]) -> Result<JailNet, JailError> {
     let listen = |port: u16| {
@@ -81,6 +176,10 @@ pub fn create_listeners(proxy: bool, host_ports: &[u16]) -> Result<JailNet, Jail
 struct NetMessage {
     proxy: bool,
     host_ports: Vec<u16>,
+    #[serde(default)]
+    dns: bool,
+    #[serde(default)]
+    capture: Vec<u16>,
 }
 
 /// Send the listeners to corral over the control socket (SCM_RIGHTS). One message, also sent
@@ -89,6 +188,8 @@ pub fn send_listeners(ctl: RawFd, net: &JailNet) -> Result<(), JailError> {
     let msg = NetMessage {
         proxy: net.proxy.is_some(),
         host_ports: net.host_ports.iter().map(|(p, _)| *p).collect(),
+        dns: net.dns.is_some(),
+        capture: net.capture.iter().map(|(p, _)| *p).collect(),
     };
     let body =
         serde_json::to_vec(&msg).map_err(|e| JailError::step("encode the net message", e))?;
@@ -97,6 +198,12 @@ pub fn send_listeners(ctl: RawFd, net: &JailNet) -> Result<(), JailError> {
         .iter()
         .map(|l| l.as_raw_fd())
         .chain(net.host_ports.iter().map(|(_, l)| l.as_raw_fd()))
+        .chain(
+            net.dns
+                .iter()
+                .flat_map(|(u, t)| [u.as_raw_fd(), t.as_raw_fd()]),
+        )
+        .chain(net.capture.iter().map(|(_, l)| l.as_raw_fd()))
         .collect();
     send_frame(ctl, &body, &fds)
         .map_err(|e| JailError::step("send the jail's listeners to corral", e))
@@ -207,16 +314,22 @@ pub fn recv_listeners(ctl: RawFd) -> Result<Option<JailNet>, JailError> {
     let msg: NetMessage = serde_json::from_slice(&body)
         .map_err(|e| JailError::step("decode the jail's net message", e))?;
     let mut take = || {
-        owned.pop_front().map(TcpListener::from).ok_or_else(|| {
+        owned.pop_front().ok_or_else(|| {
             JailError::Plan("the jail sent fewer listeners than it announced".into())
         })
     };
     let mut net = JailNet::default();
     if msg.proxy {
-        net.proxy = Some(take()?);
+        net.proxy = Some(take()?.into());
     }
     for port in msg.host_ports {
-        net.host_ports.push((port, take()?));
+        net.host_ports.push((port, take()?.into()));
+    }
+    if msg.dns {
+        net.dns = Some((take()?.into(), take()?.into()));
+    }
+    for port in msg.capture {
+        net.capture.push((port, take()?.into()));
     }
     Ok(Some(net))
 }
@@ -341,6 +454,7 @@ mod tests {
         let sent = JailNet {
             proxy: Some(ephemeral()),
             host_ports: vec![(11434, ephemeral()), (8080, ephemeral())],
+            ..Default::default()
         };
         let addrs: Vec<_> = sent
             .proxy

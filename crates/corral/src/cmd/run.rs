@@ -71,6 +71,8 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // bound into it read-only, CORRAL_EXECUTOR set (cmd/serve.rs). Stopped when this returns.
     let mut with_executor = plan.clone();
     let _executor = super::serve::attach_executor(&mut with_executor)?;
+    // network.dns = "stub": the jail's resolv.conf names its 127.0.0.1:53 (removed at the end).
+    let _stub_files = stub_files(&mut with_executor)?;
     let plan = &with_executor;
 
     if !audit.path().exists() {
@@ -110,8 +112,17 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             return Err(e).context("cannot start the jail");
         }
     };
-    let proxy = serve_network(plan, &mut jail, &audit, &jail_id, secrets.gateway())?;
-    let _netcap = serve_published(published, &mut jail, &audit, &jail_id)?;
+    let mut net = jail.take_net();
+    let stub_sockets = (net.dns.take(), std::mem::take(&mut net.capture));
+    let proxy = serve_network(plan, net, &audit, &jail_id, secrets.gateway())?;
+    let _netcap = serve_netcap(
+        published,
+        stub_sockets,
+        proxy.as_ref(),
+        &mut jail,
+        &audit,
+        &jail_id,
+    )?;
     let exit = jail.wait();
 
     if let Some(cg) = &limits.cgroup {
@@ -164,12 +175,11 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
 /// `host_ports` listener is bridged to the host's 127.0.0.1:PORT.
 fn serve_network(
     plan: &Plan,
-    jail: &mut corral_sandbox::RunningJail,
+    net: corral_sandbox::JailNet,
     audit: &AuditLog,
     jail_id: &str,
     gateway: Option<corral_gateway::Gateway>,
 ) -> anyhow::Result<Option<corral_net::ProxyHandle>> {
-    let net = jail.take_net();
     let mut listeners = Vec::new();
     if let Some(l) = net.proxy {
         listeners.push(corral_net::Listener::Proxy(l));
@@ -214,35 +224,117 @@ fn publish_listeners(plan: &Plan) -> anyhow::Result<Vec<(u16, std::net::TcpListe
     }
 }
 
+/// The stub's sockets made in the jail: its 127.0.0.1:53 (UDP, TCP) and the capture listeners.
+type StubSockets = (
+    Option<(std::net::UdpSocket, std::net::TcpListener)>,
+    Vec<(u16, std::net::TcpListener)>,
+);
+
 /// `--publish PORT`: each connection to the host's 127.0.0.1:PORT is bridged to the jail's
 /// 127.0.0.1:PORT over a socket the jail's set-up process makes in the jail's namespace.
-fn serve_published(
+/// `network.dns = "stub"`: the stub resolver and its capture listeners, decided by `proxy`.
+fn serve_netcap(
     published: Vec<(u16, std::net::TcpListener)>,
+    stub: StubSockets,
+    proxy: Option<&corral_net::ProxyHandle>,
     jail: &mut corral_sandbox::RunningJail,
     audit: &AuditLog,
     jail_id: &str,
 ) -> anyhow::Result<Option<corral_net::netcap::NetcapHandle>> {
-    if published.is_empty() {
-        return Ok(None);
-    }
-    let factory = jail
-        .take_socket_factory()
-        .context("the jail has no socket factory for --publish")?;
-    let factory = Arc::new(factory);
-    let make: corral_net::netcap::JailSocket = Arc::new(move || factory.tcp4());
-    let tasks = published
-        .into_iter()
-        .map(|(port, listener)| corral_net::netcap::Task::Publish {
+    use corral_net::netcap::{JailSocket, StubPool, Task};
+    let mut tasks = Vec::new();
+    if !published.is_empty() {
+        let factory = jail
+            .take_socket_factory()
+            .context("the jail has no socket factory for --publish")?;
+        let factory = Arc::new(factory);
+        let make: JailSocket = Arc::new(move || factory.tcp4());
+        tasks.extend(published.into_iter().map(|(port, listener)| Task::Publish {
             listener,
             port,
             make: make.clone(),
-        })
-        .collect();
+        }));
+    }
+    if let ((Some((udp, tcp)), capture), Some(proxy)) = (stub, proxy) {
+        let (network, prefix) = corral_sandbox::STUB_POOL;
+        tasks.push(Task::Stub {
+            udp,
+            tcp,
+            capture,
+            proxy: proxy.proxy().clone(),
+            pool: Arc::new(StubPool::new(
+                network,
+                prefix,
+                corral_sandbox::STUB_LO_ADDRESS,
+            )),
+        });
+    }
+    if tasks.is_empty() {
+        return Ok(None);
+    }
     Ok(Some(corral_net::netcap::spawn(
         tasks,
         audit.clone(),
         jail_id,
     )?))
+}
+
+/// Files bound over the jail's /etc with `network.dns = "stub"`: resolv.conf naming the stub
+/// on 127.0.0.1 (no search domains), and a hosts file with localhost and the jail's hostname
+/// only (the host's own names must not bypass the stub). Removed when the guard drops.
+fn stub_files(plan: &mut Plan) -> anyhow::Result<Option<StubFiles>> {
+    use corral_policy::plan::{Access, Dns, Mount, MountKind};
+    match (plan.network.mode, plan.network.dns) {
+        (NetworkMode::Proxy, Dns::Stub) => {}
+        (_, Dns::None) | (NetworkMode::None | NetworkMode::Host, Dns::Stub) => return Ok(None),
+    }
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|d| std::path::Path::new(d).is_dir())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = base.join(format!(
+        "corral-dns-{}-{}",
+        std::process::id(),
+        corral_audit::new_jail_id()
+    ));
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let guard = StubFiles { dir: dir.clone() };
+    for (name, text) in [
+        (
+            "resolv.conf",
+            "# corral: the jail's stub resolver (allowlisted names only)\nnameserver 127.0.0.1\n",
+        ),
+        (
+            "hosts",
+            "127.0.0.1\tlocalhost corral\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+        ),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        plan.mounts.push(Mount {
+            source: path,
+            target: std::path::Path::new("/etc").join(name),
+            kind: MountKind::Bind(Access::Ro),
+            optional: false,
+        });
+    }
+    Ok(Some(guard))
+}
+
+struct StubFiles {
+    dir: std::path::PathBuf,
+}
+
+impl Drop for StubFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 fn write(audit: &AuditLog, jail_id: &str, event: JailEvent) {
