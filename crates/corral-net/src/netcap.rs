@@ -622,6 +622,163 @@ pub fn spawn(tasks: Vec<Task>, audit: AuditLog, jail: &str) -> Result<NetcapHand
 #[cfg(test)]
 mod tests {
     use super::*;
+    use corral_policy::domain::DomainPattern;
+
+    fn rules(allow: &[&str], deny: &[&str]) -> Rules {
+        let p = |v: &[&str]| v.iter().map(|s| DomainPattern::parse(s).unwrap()).collect();
+        Rules {
+            allow: p(allow),
+            deny: p(deny),
+            ..Default::default()
+        }
+    }
+
+    fn query(id: u16, flags: u16, labels: &[&[u8]], qtype: u16) -> Vec<u8> {
+        let mut q = id.to_be_bytes().to_vec();
+        q.extend_from_slice(&flags.to_be_bytes());
+        q.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, 0]);
+        for l in labels {
+            q.push(l.len() as u8);
+            q.extend_from_slice(l);
+        }
+        q.push(0);
+        q.extend_from_slice(&qtype.to_be_bytes());
+        q.extend_from_slice(&CLASS_IN.to_be_bytes());
+        q
+    }
+
+    fn rcode(reply: &[u8]) -> u16 {
+        u16::from_be_bytes([reply[2], reply[3]]) & 0xf
+    }
+
+    fn pool() -> StubPool {
+        StubPool::new(
+            Ipv4Addr::new(198, 18, 0, 0),
+            15,
+            Ipv4Addr::new(198, 18, 0, 1),
+        )
+    }
+
+    #[test]
+    fn the_pool_gives_each_name_one_stable_address_and_maps_it_back() {
+        let p = pool();
+        let a = p.address_for("a.example").unwrap();
+        assert_eq!(
+            a,
+            Ipv4Addr::new(198, 18, 0, 2),
+            "the lo address is never handed out"
+        );
+        let b = p.address_for("b.example").unwrap();
+        assert_ne!(a, b);
+        assert_eq!(p.address_for("a.example"), Some(a));
+        assert_eq!(p.name_for(IpAddr::V4(b)).as_deref(), Some("b.example"));
+        assert_eq!(p.name_for("198.18.0.99".parse().unwrap()), None);
+        assert_eq!(p.name_for("::1".parse().unwrap()), None);
+        // A tiny pool runs out instead of wrapping onto an address already given.
+        let tiny = StubPool::new(Ipv4Addr::new(10, 0, 0, 0), 30, Ipv4Addr::new(10, 0, 0, 1));
+        assert_eq!(tiny.address_for("x"), Some(Ipv4Addr::new(10, 0, 0, 2)));
+        assert_eq!(tiny.address_for("y"), None);
+    }
+
+    #[test]
+    fn the_stub_answers_allowed_names_only_and_deny_wins() {
+        let r = rules(
+            &["example.org", "*.github.com", "models.lan:8080"],
+            &["gist.github.com"],
+        );
+        let p = pool();
+        let (reply, asked) = stub_reply(&query(0xbeef, 0x0100, &[b"Example", b"ORG"], 1), &r, &p);
+        let reply = reply.unwrap();
+        let asked = asked.unwrap();
+        assert_eq!(&reply[0..2], &[0xbe, 0xef]);
+        assert_eq!(reply[2] & 0x80, 0x80, "a response");
+        assert_eq!(reply[2] & 0x01, 0x01, "RD copied");
+        assert_eq!(rcode(&reply), RCODE_NOERROR);
+        assert_eq!(&reply[6..8], &[0, 1], "one answer");
+        let addr = p.address_for("example.org").unwrap();
+        assert_eq!(&reply[reply.len() - 4..], &addr.octets());
+        assert_eq!(
+            asked,
+            StubQuery {
+                name: "example.org".into(),
+                qtype: 1,
+                allowed: true,
+                rule: "network.allow: example.org".into(),
+                address: Some(addr),
+            }
+        );
+        // A pattern with a port still makes the name resolvable.
+        let (reply, _) = stub_reply(&query(1, 0, &[b"models", b"lan"], 1), &r, &p);
+        assert_eq!(rcode(&reply.unwrap()), RCODE_NOERROR);
+        // AAAA of an allowed name: empty NOERROR (IPv4 only).
+        let (reply, asked) = stub_reply(&query(2, 0, &[b"example", b"org"], 28), &r, &p);
+        let reply = reply.unwrap();
+        assert_eq!(
+            (rcode(&reply), &reply[6..8]),
+            (RCODE_NOERROR, &[0u8, 0][..])
+        );
+        assert!(asked.unwrap().allowed);
+        for (labels, rule) in [
+            (
+                &[&b"gist"[..], b"github", b"com"][..],
+                "network.deny: gist.github.com",
+            ),
+            (&[&b"github"[..], b"com"][..], "not in network.allow"),
+            (&[&b"evil"[..], b"example"][..], "not in network.allow"),
+            (
+                &[&b"127"[..], b"0", b"0", b"1"][..],
+                "an IP address is not a name to resolve",
+            ),
+        ] {
+            let (reply, asked) = stub_reply(&query(3, 0, labels, 1), &r, &p);
+            assert_eq!(rcode(&reply.unwrap()), RCODE_NXDOMAIN, "{labels:?}");
+            let asked = asked.unwrap();
+            assert!(!asked.allowed && asked.rule == rule, "{asked:?}");
+            assert_eq!(asked.address, None);
+        }
+        // A dot or a NUL inside a label is not the name it looks like.
+        for bad in [&b"example.org"[..], b"example\0"] {
+            let (reply, asked) = stub_reply(&query(4, 0, &[bad, b"org"], 1), &r, &p);
+            assert_eq!(rcode(&reply.unwrap()), RCODE_NXDOMAIN);
+            assert!(!asked.unwrap().allowed);
+        }
+    }
+
+    #[test]
+    fn malformed_messages_get_an_error_or_nothing() {
+        let r = rules(&["example.org"], &[]);
+        let p = pool();
+        let q = query(5, 0, &[b"example", b"org"], 1);
+        // Responses and runts are dropped.
+        assert_eq!(
+            stub_reply(&query(5, 0x8000, &[b"x"], 1), &r, &p),
+            (None, None)
+        );
+        assert_eq!(stub_reply(&q[..11], &r, &p), (None, None));
+        // Truncated question, compression in the question: FORMERR.
+        let (reply, asked) = stub_reply(&q[..q.len() - 2], &r, &p);
+        assert_eq!((rcode(&reply.unwrap()), asked), (RCODE_FORMERR, None));
+        let mut ptr = q[..12].to_vec();
+        ptr.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1]);
+        assert_eq!(rcode(&stub_reply(&ptr, &r, &p).0.unwrap()), RCODE_FORMERR);
+        // Another opcode, two questions: NOTIMP, REFUSED.
+        assert_eq!(
+            rcode(&stub_reply(&query(5, 0x2000, &[b"x"], 1), &r, &p).0.unwrap()),
+            RCODE_NOTIMP
+        );
+        let mut two = q.clone();
+        two[5] = 2;
+        assert_eq!(rcode(&stub_reply(&two, &r, &p).0.unwrap()), RCODE_REFUSED);
+        // Class CHAOS for an allowed name: refused as a decision (NXDOMAIN), audited.
+        let mut chaos = q.clone();
+        let n = chaos.len();
+        chaos[n - 1] = 3;
+        let (reply, asked) = stub_reply(&chaos, &r, &p);
+        assert_eq!(rcode(&reply.unwrap()), RCODE_NXDOMAIN);
+        assert_eq!(asked.unwrap().rule, "class 3 is not IN");
+        // Nothing was handed out for any of these.
+        assert_eq!(p.name_for("198.18.0.2".parse().unwrap()), None);
+    }
 
     #[test]
     fn a_published_port_is_taken_clearly() {
@@ -631,6 +788,84 @@ mod tests {
         assert!(
             err.contains(&format!("127.0.0.1:{port} is already in use")),
             "{err}"
+        );
+    }
+
+    /// A captured port-80 connection goes through the proxy's HTTP path pinned to the name the
+    /// stub resolved: an origin-form request is a request for that name; a Host header or an
+    /// absolute URL naming another host is refused and audited.
+    #[tokio::test]
+    async fn a_captured_port_80_connection_is_pinned_to_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::at(dir.path().join("audit.jsonl"));
+        let mut r = rules(&["plain.test", "other.test"], &[]);
+        r.allow_cidrs = vec!["127.0.0.1/32".parse().unwrap()];
+        let resolver = crate::StaticResolver::new()
+            .with("plain.test", &["127.0.0.1".parse().unwrap()])
+            .with("other.test", &["127.0.0.1".parse().unwrap()]);
+        let proxy = Arc::new(Proxy::new(r, log.clone(), "j").with_resolver(Arc::new(resolver)));
+        let host = || Host::Name("plain.test".into());
+        let exchange = |req: &'static str| {
+            let proxy = proxy.clone();
+            async move {
+                let (mut jail, corral) = tokio::io::duplex(64 * 1024);
+                let task = tokio::spawn(proxy.capture(corral, "198.18.0.1:5".into(), host(), 80));
+                jail.write_all(req.as_bytes()).await.unwrap();
+                let mut out = Vec::new();
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(20), jail.read_to_end(&mut out)).await;
+                drop(jail);
+                let _ = task.await;
+                String::from_utf8_lossy(&out).into_owned()
+            }
+        };
+        // Origin-form for the captured name: decided and dialled as plain.test:80 (whether
+        // anything answers on this machine's port 80 does not matter here).
+        exchange("GET /x HTTP/1.1\r\nHost: plain.test\r\nConnection: close\r\n\r\n").await;
+        let other_host =
+            exchange("GET /x HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n").await;
+        assert!(other_host.starts_with("HTTP/1.1 400"), "{other_host}");
+        let absolute =
+            exchange("GET http://other.test/ HTTP/1.1\r\nHost: other.test\r\n\r\n").await;
+        assert!(absolute.starts_with("HTTP/1.1 403"), "{absolute}");
+
+        let decisions: Vec<(String, String, u16, Option<Decision>, String)> = log
+            .read_all()
+            .unwrap()
+            .0
+            .into_iter()
+            .filter_map(|r| match r.event {
+                Event::Net(n) if n.phase == "decision" => {
+                    Some((n.method, n.host, n.port, n.decision, n.rule))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(decisions.len(), 3, "{decisions:#?}");
+        let (m, h, p, d, _) = &decisions[0];
+        assert_eq!(
+            (m.as_str(), h.as_str(), *p, *d),
+            ("GET", "plain.test", 80, Some(Decision::Allow))
+        );
+        assert_eq!(
+            decisions[1],
+            (
+                "GET".into(),
+                "plain.test".into(),
+                80,
+                Some(Decision::Deny),
+                "Host header names other.test, the request target names plain.test:80".into()
+            )
+        );
+        assert_eq!(
+            decisions[2],
+            (
+                "GET".into(),
+                "other.test".into(),
+                80,
+                Some(Decision::Deny),
+                "connection pinned to plain.test:80".into()
+            )
         );
     }
 }

@@ -778,11 +778,29 @@ impl Proxy {
         )
     }
 
-    async fn http<S>(&self, mut client: BufConn<S>, peer: &str)
+    async fn http<S>(&self, client: BufConn<S>, peer: &str)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let mut pinned: Option<Pinned> = None;
+        self.http_pinned(client, peer, None).await
+    }
+
+    /// Plain HTTP requests, on a connection pinned from the start to `captured` (a captured
+    /// port-80 connection: origin-form requests are taken as requests for that host, and the
+    /// `Host` header must name it) or to the first host allowed.
+    async fn http_pinned<S>(
+        &self,
+        mut client: BufConn<S>,
+        peer: &str,
+        captured: Option<(Host, u16)>,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let mut pinned: Option<Pinned> = captured.clone().map(|(host, port)| Pinned {
+            host,
+            port,
+            up: None,
+        });
         let mut first_wait = self.config.header_timeout;
         loop {
             let head = match client
@@ -821,7 +839,7 @@ impl Proxy {
                 Err(ReadError::Io(_)) => break,
             };
             first_wait = self.config.idle_timeout;
-            let req = match parse_request_head(&head) {
+            let mut req = match parse_request_head(&head) {
                 Ok(r) => r,
                 Err(ParseError::TooLarge) => {
                     self.reply_and_close(&mut client.io, 431, "corral: too many header fields\n")
@@ -838,6 +856,11 @@ impl Proxy {
                     break;
                 }
             };
+            if let Some((host, port)) = &captured
+                && req.target.starts_with('/')
+            {
+                req.target = format!("http://{}{}", authority_string(host, *port), req.target);
+            }
             if req.method == "CONNECT" {
                 if pinned.is_some() {
                     self.log_bad(
@@ -1068,9 +1091,10 @@ impl Proxy {
 
     /// A connection a jail process made directly to an address the stub resolver handed out
     /// for `host` (corral-net's `netcap.rs`, `network.dns = "stub"`): decided, resolved,
-    /// checked, dialled and audited exactly as `CONNECT host:port` (with plain HTTP's default
-    /// port when `port` is 80), as method `CAPTURE`, without the CONNECT exchange: a denial or
-    /// a failure closes the connection.
+    /// checked, dialled and audited exactly as `CONNECT host:port`, as method `CAPTURE`,
+    /// without the CONNECT exchange: a denial or a failure closes the connection. Port 80 goes
+    /// through the plain-HTTP path instead, each request pinned to `host` (its `Host` header
+    /// must name it), answered and audited as proxied requests are.
     pub async fn capture<S>(self: Arc<Self>, stream: S, client: String, host: Host, port: u16)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
@@ -1078,18 +1102,19 @@ impl Proxy {
         let Ok(_permit) = self.slots.clone().try_acquire_owned() else {
             return;
         };
-        let kind = if port == 80 {
-            Kind::Http
-        } else {
-            Kind::Connect
-        };
+        if port == 80 {
+            // Plain HTTP: the proxy's own HTTP path, every request's Host pinned to the name.
+            return self
+                .http_pinned(BufConn::new(stream), &client, Some((host, port)))
+                .await;
+        }
         self.tunnel_decided(
             BufConn::new(stream),
             host,
             port,
             &client,
             "CAPTURE",
-            kind,
+            Kind::Connect,
             false,
         )
         .await;

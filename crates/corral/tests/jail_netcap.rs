@@ -1,6 +1,15 @@
-//! The native jail's network capabilities beyond the proxy: `--publish PORT` (the host's
-//! 127.0.0.1:PORT reaches the jail's loopback PORT, and no other jail port is reachable).
+//! The native jail's network capabilities beyond the proxy:
+//! - `--publish PORT`: the host's 127.0.0.1:PORT reaches the jail's loopback PORT, and no other
+//!   jail port is reachable;
+//! - `network.dns = "stub"`: allowlisted names resolve (to the stub's synthetic addresses), and
+//!   programs that ignore the proxy variables reach an allowed origin through the proxy's
+//!   decision while denied names do not resolve and other direct connections fail; without it
+//!   (the default) the jail has no DNS at all.
+//!
+//! The allowed origin is this machine's loopback name (the proxy resolves it itself) opened with
+//! `allow_cidrs`, as in jail_net_proxy.rs.
 
+mod e2e_support;
 mod jail_support;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -160,4 +169,246 @@ fn publishing_a_port_the_host_already_uses_fails_before_the_jail_starts() {
         out.both()
     );
     drop(held);
+}
+
+/// A loopback HTTP origin answering every request with `ORIGIN-OK PATH`.
+fn origin() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut tmp) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&buf);
+                let path = line.split(' ').nth(1).unwrap_or("?").to_string();
+                let body = format!("ORIGIN-OK {path}");
+                let _ = s.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+            });
+        }
+    });
+    port
+}
+
+fn in_pool(addr: &str) -> bool {
+    addr.parse::<std::net::Ipv4Addr>()
+        .is_ok_and(|a| a.octets()[0] == 198 && (a.octets()[1] & 0xfe) == 18)
+}
+
+#[test]
+fn with_the_stub_resolver_allowed_names_resolve_and_direct_connections_go_through_the_proxy() {
+    let Some(name) = e2e_support::loopback_name() else {
+        eprintln!(
+            "skipping: this machine's host name does not resolve to loopback only, so there is \
+             no name the proxy can resolve to a test origin"
+        );
+        return;
+    };
+    let w = World::new();
+    let port = origin();
+    // A second port some pattern names (so the stub captures it) that the allowed name's own
+    // pattern does not: the proxy's decision, not the capture, must refuse it.
+    let other = free_port();
+    let policy = w.outside.join("net.toml");
+    write(
+        &policy,
+        &format!(
+            "[network]\nmode = \"proxy\"\ndns = \"stub\"\n\
+             allow = [\"{name}:{port}\", \"unused.invalid:{other}\"]\n\
+             deny = [\"denied-by-rule.{name}\"]\n\
+             allow_cidrs = [\"127.0.0.1/32\"]\n[limits]\nenforce = \"best-effort\"\n"
+        ),
+    );
+    let script = format!(
+        r#"
+echo "RESOLV $(grep -v '^#' /etc/resolv.conf)"
+echo "GETENT-ALLOWED $(getent hosts {name})"
+getent hosts denied.example >/dev/null; echo "GETENT-DENIED rc=$?"
+# Programs that ignore the proxy variables: curl told so, and a raw Python socket.
+echo "CURL-ALLOWED $(curl -s --max-time 20 --noproxy '*' http://{name}:{port}/captured)"
+curl -s --max-time 20 --noproxy '*' http://denied.example:{port}/x >/dev/null; echo "CURL-DENIED rc=$?"
+python3 - <<'PY'
+import socket
+def get(host, port):
+    try:
+        s = socket.create_connection((host, port), timeout=20)
+        s.sendall(b"GET /raw HTTP/1.0\r\nHost: x\r\n\r\n")
+        data = b""
+        while True:
+            c = s.recv(4096)
+            if not c:
+                break
+            data += c
+        return data.decode(errors="replace").split("\r\n\r\n")[-1] or "closed"
+    except OSError as e:
+        return "failed %s" % type(e).__name__
+print("PY-ALLOWED", get("{name}", {port}))
+print("PY-OTHER-PORT", get("{name}", {other}))
+print("PY-UNASSIGNED", get("198.19.255.1", {port}))
+print("PY-EXTERNAL", get("192.0.2.1", {port}))
+try:
+    socket.getaddrinfo("denied-by-rule.{name}", 443)
+    print("PY-DENY-RULE resolved")
+except OSError as e:
+    print("PY-DENY-RULE failed")
+PY
+echo END
+"#
+    );
+    let mut c = w.corral();
+    c.arg("run")
+        .arg("--policy")
+        .arg(&policy)
+        .args(["--", "sh", "-c", &script]);
+    let out = run(c);
+    ran(&out, "END");
+    let o = out.both();
+    let line = |prefix: &str| {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line in\n{o}"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(line("RESOLV "), "nameserver 127.0.0.1", "{o}");
+    let resolved = line("GETENT-ALLOWED ");
+    let addr = resolved.split_whitespace().next().unwrap_or("");
+    assert!(
+        in_pool(addr) && resolved.ends_with(&name),
+        "{resolved}\n{o}"
+    );
+    assert_eq!(line("GETENT-DENIED "), "rc=2", "{o}");
+    assert_eq!(line("CURL-ALLOWED "), "ORIGIN-OK /captured", "{o}");
+    // curl: (6) could not resolve host.
+    assert_eq!(line("CURL-DENIED "), "rc=6", "{o}");
+    assert_eq!(line("PY-ALLOWED "), "ORIGIN-OK /raw", "{o}");
+    // Captured, then closed unanswered (a reset when the request was already in): by the
+    // proxy's rules (the name is allowed on {port} only), and for an address nobody resolved.
+    let closed = |s: String| s == "closed" || s == "failed ConnectionResetError";
+    assert!(closed(line("PY-OTHER-PORT ")), "{o}");
+    assert!(closed(line("PY-UNASSIGNED ")), "{o}");
+    assert!(line("PY-EXTERNAL ").starts_with("failed"), "{o}");
+    assert_eq!(line("PY-DENY-RULE "), "failed", "{o}");
+
+    let net: Vec<_> = w
+        .audit_records()
+        .into_iter()
+        .filter(|r| r["kind"] == "net" && r["phase"] == "decision")
+        .collect();
+    let has = |f: &dyn Fn(&serde_json::Value) -> bool| net.iter().any(f);
+    assert!(
+        has(&|r| r["method"] == "DNS A"
+            && r["host"] == name.as_str()
+            && r["decision"] == "allow"
+            && r["address"].as_str().is_some_and(in_pool)),
+        "{net:#?}"
+    );
+    assert!(
+        has(&|r| r["method"] == "DNS A"
+            && r["host"] == "denied.example"
+            && r["decision"] == "deny"
+            && r["rule"] == "not in network.allow"),
+        "{net:#?}"
+    );
+    assert!(
+        has(&|r| r["method"] == "DNS A"
+            && r["host"] == format!("denied-by-rule.{name}")
+            && r["decision"] == "deny"
+            && r["rule"] == format!("network.deny: denied-by-rule.{name}")),
+        "{net:#?}"
+    );
+    assert_eq!(
+        net.iter()
+            .filter(|r| r["method"] == "CAPTURE"
+                && r["host"] == name.as_str()
+                && r["port"] == port
+                && r["decision"] == "allow"
+                && r["address"] == "127.0.0.1")
+            .count(),
+        2,
+        "{net:#?}"
+    );
+    assert!(
+        has(&|r| r["method"] == "CAPTURE"
+            && r["host"] == name.as_str()
+            && r["port"] == other
+            && r["decision"] == "deny"),
+        "{net:#?}"
+    );
+    assert!(
+        has(&|r| r["method"] == "CAPTURE"
+            && r["host"] == "198.19.255.1"
+            && r["decision"] == "deny"),
+        "{net:#?}"
+    );
+    // Nothing else was allowed: every allow is the name's, on its port.
+    assert!(
+        net.iter()
+            .filter(|r| r["decision"] == "allow")
+            .all(|r| r["host"] == name.as_str()),
+        "{net:#?}"
+    );
+}
+
+#[test]
+fn without_the_stub_the_jail_has_no_dns_at_all() {
+    let w = World::new();
+    let policy = w.outside.join("net.toml");
+    write(
+        &policy,
+        "[network]\nmode = \"proxy\"\nallow = [\"example.org\"]\n[limits]\nenforce = \"best-effort\"\n",
+    );
+    let script = r#"
+test -e /etc/resolv.conf && echo "RESOLV present" || echo "RESOLV absent"
+getent hosts example.org >/dev/null; echo "GETENT rc=$?"
+python3 - <<'PY'
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5)
+s.connect(("127.0.0.1", 53))
+# A well-formed query for example.org A to the jail's 127.0.0.1:53.
+q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x03org\x00\x00\x01\x00\x01"
+try:
+    s.send(q)
+    s.recv(512)
+    print("UDP53 answered")
+except OSError as e:
+    print("UDP53 failed", type(e).__name__)
+PY
+echo END
+"#;
+    let mut c = w.corral();
+    c.arg("run")
+        .arg("--policy")
+        .arg(&policy)
+        .args(["--", "sh", "-c", script]);
+    let out = run(c);
+    ran(&out, "END");
+    let o = out.both();
+    assert!(out.stdout.contains("RESOLV absent"), "{o}");
+    assert!(out.stdout.contains("GETENT rc=2"), "{o}");
+    assert!(
+        out.stdout.contains("UDP53 failed ConnectionRefusedError"),
+        "{o}"
+    );
+    assert!(
+        !w.audit_records()
+            .iter()
+            .any(|r| r["method"].as_str().is_some_and(|m| m.starts_with("DNS"))),
+        "{o}"
+    );
 }
