@@ -181,6 +181,9 @@ fn check_supported(plan: &Plan, ctx: &Context) -> Result<()> {
     if !plan.network.publish.is_empty() {
         return unsupported("network.publish / --publish");
     }
+    if plan.network.dns != corral_policy::plan::Dns::None {
+        return unsupported("network.dns = \"stub\"");
+    }
     if plan.command.is_empty() {
         return Err(EngineError::NoCommand);
     }

@@ -574,6 +574,14 @@ fn what_cannot_be_enforced_is_refused() {
     p.network.publish = vec![3000];
     assert!(setup(&p, &c).unwrap_err().to_string().contains("publish"));
     let mut p = f.plan.clone();
+    p.network.dns = corral_policy::plan::Dns::Stub;
+    assert!(
+        setup(&p, &c)
+            .unwrap_err()
+            .to_string()
+            .contains("network.dns = \"stub\"")
+    );
+    let mut p = f.plan.clone();
     p.command.clear();
     assert!(setup(&p, &c).is_err());
     let mut p = f.plan.clone();
