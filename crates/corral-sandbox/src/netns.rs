@@ -37,14 +37,16 @@ pub const STUB_POOL: (Ipv4Addr, u8) = (Ipv4Addr::new(198, 18, 0, 0), 15);
 pub const STUB_LO_ADDRESS: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 
 /// The ports the stub's capture listeners take: 443, 80 and every port an allow pattern names,
-/// except those the jail's loopback already uses for something else (the proxy's 3128,
-/// `host_ports`, `publish`: a listener on 0.0.0.0:PORT would take them).
+/// except those the jail's loopback already uses for something else (the stub's own 53, the
+/// proxy's 3128, `host_ports`, `publish`: a listener on 0.0.0.0:PORT would take them).
 pub fn capture_ports(net: &NetworkPlan) -> Vec<u16> {
     let mut ports = vec![443, 80];
     ports.extend(net.allow.iter().filter_map(|p| p.port()));
     ports.sort_unstable();
     ports.dedup();
-    ports.retain(|p| *p != PROXY_PORT && !net.host_ports.contains(p) && !net.publish.contains(p));
+    ports.retain(|p| {
+        *p != PROXY_PORT && *p != 53 && !net.host_ports.contains(p) && !net.publish.contains(p)
+    });
     ports
 }
 
@@ -545,5 +547,30 @@ mod tests {
         }
         drop(factory);
         assert_eq!(server.join().unwrap(), 2);
+    }
+
+    #[test]
+    fn capture_ports_leave_the_jails_own_loopback_ports_alone() {
+        let mut net = corral_policy::plan::Plan::minimal(
+            std::path::Path::new("/p"),
+            std::path::Path::new("/h"),
+            vec!["true".into()],
+        )
+        .network;
+        net.allow = [
+            "a.example:8443",
+            "b.example",
+            "c.example:53",
+            "d.example:3128",
+            "e.example:11434",
+            "f.example:3000",
+            "g.example:8443",
+        ]
+        .iter()
+        .map(|p| corral_policy::domain::DomainPattern::parse(p).unwrap())
+        .collect();
+        net.host_ports = vec![11434, 80];
+        net.publish = vec![3000];
+        assert_eq!(capture_ports(&net), vec![443, 8443]);
     }
 }

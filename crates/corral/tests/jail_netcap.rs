@@ -259,6 +259,22 @@ print("PY-ALLOWED", get("{name}", {port}))
 print("PY-OTHER-PORT", get("{name}", {other}))
 print("PY-UNASSIGNED", get("198.19.255.1", {port}))
 print("PY-EXTERNAL", get("192.0.2.1", {port}))
+def tcp_dns(qname):
+    q = b"\x00\x07\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+    q += b"".join(bytes([len(l)]) + l.encode() for l in qname.split(".")) + b"\x00\x00\x01\x00\x01"
+    s = socket.create_connection(("127.0.0.1", 53), timeout=20)
+    s.sendall(len(q).to_bytes(2, "big") + q)
+    data = b""
+    while len(data) < 2 or len(data) < 2 + int.from_bytes(data[:2], "big"):
+        c = s.recv(4096)
+        if not c:
+            break
+        data += c
+    r = data[2:]
+    an = int.from_bytes(r[6:8], "big")
+    return "rcode=%d %s" % (r[3] & 0xf, socket.inet_ntoa(r[-4:]) if an else "-")
+print("TCP-DNS-ALLOWED", tcp_dns("{name}"))
+print("TCP-DNS-DENIED", tcp_dns("denied.example"))
 try:
     socket.getaddrinfo("denied-by-rule.{name}", 443)
     print("PY-DENY-RULE resolved")
@@ -292,6 +308,9 @@ echo END
         "{resolved}\n{o}"
     );
     assert_eq!(line("GETENT-DENIED "), "rc=2", "{o}");
+    // Over TCP too, with the same (stable) address.
+    assert_eq!(line("TCP-DNS-ALLOWED "), format!("rcode=0 {addr}"), "{o}");
+    assert_eq!(line("TCP-DNS-DENIED "), "rcode=3 -", "{o}");
     assert_eq!(line("CURL-ALLOWED "), "ORIGIN-OK /captured", "{o}");
     // curl: (6) could not resolve host.
     assert_eq!(line("CURL-DENIED "), "rc=6", "{o}");
