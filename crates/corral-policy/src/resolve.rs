@@ -1933,10 +1933,9 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     // Masked and protected files of the project.
     let hide: Vec<String> = dedup(m.hide.iter().map(|(h, _)| h.clone()));
     let masked = find_masked(&root, &hide)?;
-    let mut protected: Vec<PathBuf> = dedup(m.protect.iter().map(|(p, _)| root.join(p)))
-        .into_iter()
-        .filter(|p| p.symlink_metadata().is_ok())
-        .collect();
+    // Absent ones too: the native jail creates a read-only placeholder so the jail cannot
+    // create them (a fresh repository's `.git/hooks`).
+    let mut protected: Vec<PathBuf> = dedup(m.protect.iter().map(|(p, _)| root.join(p)));
     // Every policy file that the jail could otherwise see writable: the project's corral.toml
     // always (even when absent, so its creation is blocked too), and the user config or
     // --policy file when a read-write bind covers it.

@@ -6,14 +6,17 @@
 //! order, masked files, protected paths), then pivot into /newroot and detach the old root. After
 //! that no host path the Plan does not name is reachable from the jail.
 
-use std::ffi::CString;
+use std::ffi::CStr;
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use corral_policy::plan::{Access, Mount, MountKind, Plan};
+use corral_policy::plan::{Access, MountKind, Plan};
+use nix::errno::Errno;
+use nix::fcntl::{AT_FDCWD, OFlag, OpenHow, ResolveFlag, openat, openat2, readlinkat};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::stat::{Mode, mkdirat};
 
 use crate::error::JailError;
 
@@ -35,16 +38,18 @@ pub fn set_up_root(plan: &Plan) -> Result<(), JailError> {
     mount_private_tmp()?;
     mount_dev()?;
     mount_proc()?;
-    for m in &plan.mounts {
-        apply_plan_mount(m)?;
+    for index in 0..plan.mounts.len() {
+        apply_plan_mount(plan, index)?;
     }
     make_mask_sources()?;
+    let masks = Masks::open()?;
     for path in &plan.masked {
-        mask_path(path)?;
+        mask_path(plan, path, &masks)?;
     }
+    drop(masks);
     pin_protected_ancestors(plan)?;
     for path in &plan.protected {
-        protect_path(path)?;
+        protect_path(plan, path)?;
     }
     pivot_into_new_root()?;
     detach_old_root()?;
@@ -178,14 +183,15 @@ fn mount_proc() -> Result<(), JailError> {
     })
 }
 
-fn apply_plan_mount(m: &Mount) -> Result<(), JailError> {
-    let target = under(NEW, &m.target);
+fn apply_plan_mount(plan: &Plan, index: usize) -> Result<(), JailError> {
+    let m = &plan.mounts[index];
     match m.kind {
         MountKind::Tmpfs => {
-            mkdir_all(&target)?;
+            let target = mount_point(plan, index, true)?;
+            let path = proc_fd_path(&target);
             mount(
                 Some("tmpfs"),
-                &target,
+                path.as_str(),
                 Some("tmpfs"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
                 Some("mode=0755"),
@@ -193,71 +199,241 @@ fn apply_plan_mount(m: &Mount) -> Result<(), JailError> {
             .map_err(|e| JailError::at("mount a tmpfs", &m.target, e))
         }
         MountKind::Bind(access) => {
-            let source = under(OLD, &m.source);
-            let meta = match fs::symlink_metadata(&source) {
-                Ok(meta) => meta,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && m.optional => return Ok(()),
-                Err(e) => return Err(JailError::at("find a mount's source", &m.source, e)),
+            let roots = writable_roots(plan);
+            let source = match deepest_below(roots.iter().copied(), &m.source) {
+                // Below a directory a jail can write: no symlink is followed.
+                Some(root) => {
+                    let base = open_path(&under(OLD, root))
+                        .map_err(|e| JailError::at("open a mount's source", root, e))?;
+                    let rel = m.source.strip_prefix(root).unwrap_or(&m.source);
+                    let w = walk(base, root, rel)
+                        .map_err(|e| JailError::at("open a mount's source", &m.source, e))?;
+                    if let Kind::Link(to) = &w.kind {
+                        return Err(JailError::at(
+                            "open a mount's source",
+                            &m.source,
+                            planted_link(&w.at, to, root, "a bind's source"),
+                        ));
+                    }
+                    if !w.complete() {
+                        if m.optional && w.kind == Kind::Dir {
+                            return Ok(());
+                        }
+                        return Err(JailError::at(
+                            "find a mount's source",
+                            &m.source,
+                            std::io::Error::from(std::io::ErrorKind::NotFound),
+                        ));
+                    }
+                    w.fd
+                }
+                None => {
+                    let source = under(OLD, &m.source);
+                    let meta = match fs::symlink_metadata(&source) {
+                        Ok(meta) => meta,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound && m.optional => {
+                            return Ok(());
+                        }
+                        Err(e) => {
+                            return Err(JailError::at("find a mount's source", &m.source, e));
+                        }
+                    };
+                    // A top-level symlink of the system (/bin -> usr/bin on merged-/usr hosts)
+                    // is recreated as the same symlink, so the jail's layout matches the host's.
+                    if meta.file_type().is_symlink() && m.source == m.target {
+                        let to = fs::read_link(&source)
+                            .map_err(|e| JailError::at("read a symlink", &m.source, e))?;
+                        let target = under(NEW, &m.target);
+                        if let Some(parent) = target.parent() {
+                            mkdir_all(parent)?;
+                        }
+                        return std::os::unix::fs::symlink(&to, &target)
+                            .map_err(|e| JailError::at("recreate a symlink", &m.target, e));
+                    }
+                    open_path(&source)
+                        .map_err(|e| JailError::at("open a mount's source", &m.source, e))?
+                }
             };
-            // A top-level symlink of the system (/bin -> usr/bin on merged-/usr hosts) is
-            // recreated as the same symlink, so the jail's layout matches the host's.
-            if meta.file_type().is_symlink() && m.source == m.target {
-                let to = fs::read_link(&source)
-                    .map_err(|e| JailError::at("read a symlink", &m.source, e))?;
-                if let Some(parent) = target.parent() {
-                    mkdir_all(parent)?;
-                }
-                return std::os::unix::fs::symlink(&to, &target)
-                    .map_err(|e| JailError::at("recreate a symlink", &m.target, e));
-            }
-            let is_dir = fs::metadata(&source)
+            let is_dir = kind_of(&source, None)
                 .map_err(|e| JailError::at("find a mount's source", &m.source, e))?
-                .is_dir();
-            if is_dir {
-                mkdir_all(&target)?;
-            } else {
-                if let Some(parent) = target.parent() {
-                    mkdir_all(parent)?;
-                }
-                touch(&target)?;
-            }
-            bind(&source, &target, access, &m.target)
+                == Kind::Dir;
+            let target = mount_point(plan, index, is_dir)?;
+            bind_fd(&source, &target, access, &m.target)
         }
     }
 }
 
-/// Bind `source` at `target` (recursively) and set its flags: nosuid, nodev, and read-only for
-/// `Access::Ro`, applied to every mount below it too.
-fn bind(source: &Path, target: &Path, access: Access, shown: &Path) -> Result<(), JailError> {
-    mount(
-        Some(source),
-        target,
-        NONE,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        NONE,
-    )
-    .map_err(|e| JailError::at("bind", shown, e))?;
+/// The mount point of `plan.mounts[index]` in the new root, created (a directory, or an empty
+/// file) when missing. Below an earlier bind (the project holds `--ro vendor`) it is walked and
+/// created without following symlinks; elsewhere it lies in the jail's own skeleton.
+fn mount_point(plan: &Plan, index: usize, dir: bool) -> Result<OwnedFd, JailError> {
+    let m = &plan.mounts[index];
+    let earlier = plan.mounts[..index]
+        .iter()
+        .filter(|e| matches!(e.kind, MountKind::Bind(_)))
+        .map(|e| e.target.as_path());
+    let Some(root) = deepest_below(earlier, &m.target) else {
+        let target = under(NEW, &m.target);
+        if dir {
+            mkdir_all(&target)?;
+        } else {
+            if let Some(parent) = target.parent() {
+                mkdir_all(parent)?;
+            }
+            touch(&target)?;
+        }
+        return open_path(&target).map_err(|e| JailError::at("open a mount point", &m.target, e));
+    };
+    let rel = m.target.strip_prefix(root).unwrap_or(&m.target);
+    let step = "create a mount point";
+    loop {
+        let base = open_path(&under(NEW, root)).map_err(|e| JailError::at(step, root, e))?;
+        let w = walk(base, root, rel).map_err(|e| JailError::at(step, &m.target, e))?;
+        if let Kind::Link(to) = &w.kind {
+            return Err(JailError::at(
+                step,
+                &m.target,
+                planted_link(&w.at, to, root, "a mount point"),
+            ));
+        }
+        if w.complete() {
+            return Ok(w.fd);
+        }
+        if w.kind != Kind::Dir {
+            return Err(JailError::at(
+                step,
+                &m.target,
+                std::io::Error::other(format!("{} is not a directory", w.at.display())),
+            ));
+        }
+        let name = w.rest[0].as_os_str();
+        let last = w.rest.len() == 1;
+        let made = if dir || !last {
+            mkdirat(&w.fd, name, Mode::from_bits_truncate(0o755))
+        } else {
+            openat(
+                &w.fd,
+                name,
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o644),
+            )
+            .map(drop)
+        };
+        match made {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(JailError::at(step, w.at.join(name), e)),
+        }
+    }
+}
+
+/// `/proc/self/fd/N` of the new root's fresh procfs: a path that reaches exactly the entry of
+/// descriptor N, for the calls that take a path only.
+fn proc_fd_path(fd: &OwnedFd) -> String {
+    format!("{NEW}/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// Where a masked or protected `path` is looked up: the deepest bind of the Plan that holds
+/// it (the project, usually), opened in the new root, and `path` relative to it. Paths held by
+/// no bind are in the jail's own skeleton.
+fn beneath_bind<'p>(
+    plan: &Plan,
+    path: &'p Path,
+) -> Result<(OwnedFd, PathBuf, &'p Path), JailError> {
+    let binds = plan
+        .mounts
+        .iter()
+        .filter(|m| matches!(m.kind, MountKind::Bind(_)))
+        .map(|m| m.target.as_path());
+    let root = deepest_below(binds, path)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    let base =
+        open_path(&under(NEW, &root)).map_err(|e| JailError::at("open a directory", &root, e))?;
+    let rel = path
+        .strip_prefix(&root)
+        .map_err(|_| JailError::Plan(format!("{} is not absolute", path.display())))?;
+    Ok((base, root, rel))
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+
+/// Bind the entry `source` (recursively) onto the entry `target`, both descriptors (O_PATH is
+/// enough), with nosuid, nodev, and read-only for `Access::Ro` set on every mount of the copy
+/// before it is attached. Nothing is resolved by path, so what is bound is exactly what the
+/// caller opened and checked. A target may be a symlink: the mount then covers the link itself.
+fn bind_fd(
+    source: &OwnedFd,
+    target: &OwnedFd,
+    access: Access,
+    shown: &Path,
+) -> Result<(), JailError> {
+    let empty = c"";
+    // SAFETY: `source` is an open descriptor and `empty` a NUL-terminated string; open_tree
+    // returns a new descriptor or -1.
+    let tree = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            source.as_raw_fd(),
+            empty.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE | AT_EMPTY_PATH,
+        )
+    };
+    if tree < 0 {
+        return Err(JailError::at(
+            "copy a mount (open_tree, Linux 5.2 or later)",
+            shown,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: open_tree returned a new descriptor that nothing else owns.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
     let mut attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     if access == Access::Ro {
         attrs |= MOUNT_ATTR_RDONLY;
     }
-    set_mount_attrs(target, attrs).map_err(|e| {
+    mount_setattr(tree.as_raw_fd(), empty, AT_EMPTY_PATH | AT_RECURSIVE, attrs).map_err(|e| {
         JailError::at(
             if access == Access::Ro {
-                "make a bind read-only"
+                "make a bind read-only (mount_setattr, Linux 5.12 or later)"
             } else {
-                "make a bind nosuid,nodev"
+                "make a bind nosuid,nodev (mount_setattr, Linux 5.12 or later)"
             },
             shown,
             e,
         )
-    })
+    })?;
+    // SAFETY: both descriptors are open and the paths are NUL-terminated empty strings.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            target.as_raw_fd(),
+            empty.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if rc != 0 {
+        return Err(JailError::at(
+            "attach a bind (move_mount)",
+            shown,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
 }
 
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
+const AT_EMPTY_PATH: libc::c_uint = libc::AT_EMPTY_PATH as libc::c_uint;
 
 #[repr(C)]
 struct MountAttr {
@@ -267,60 +443,38 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// Add `attrs` to the mount at `path` and every mount below it. `mount_setattr(2)` only sets
-/// the given flags, so flags the kernel locked (inherited from a more privileged namespace)
-/// stay as they are. Falls back to a plain remount that preserves them on kernels before 5.12.
-fn set_mount_attrs(path: &Path, attrs: u64) -> std::io::Result<()> {
-    let c = CString::new(path.as_os_str().as_bytes())?;
+/// Add `attrs` to the mount at `dirfd`/`path` (and every mount below it with `AT_RECURSIVE`).
+/// `mount_setattr(2)` only sets the given flags, so flags the kernel locked (inherited from a
+/// more privileged namespace) stay as they are.
+fn mount_setattr(
+    dirfd: RawFd,
+    path: &CStr,
+    flags: libc::c_uint,
+    attrs: u64,
+) -> std::io::Result<()> {
     let attr = MountAttr {
         attr_set: attrs,
         attr_clr: 0,
         propagation: 0,
         userns_fd: 0,
     };
-    // SAFETY: `c` is a valid NUL-terminated path and `attr` a properly laid out `struct
-    // mount_attr` whose size we pass; the kernel only reads them.
+    // SAFETY: `path` is NUL-terminated and `attr` a properly laid out `struct mount_attr`
+    // whose size we pass; the kernel only reads them.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            AT_RECURSIVE,
+            dirfd,
+            path.as_ptr(),
+            flags,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
     };
     if rc == 0 {
-        return Ok(());
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() != Some(libc::ENOSYS) {
-        return Err(err);
-    }
-    remount_preserving_locked(path, attrs & MOUNT_ATTR_RDONLY != 0)
-}
-
-/// Remount a bind with nosuid,nodev (and rdonly) plus whatever flags it already carries.
-fn remount_preserving_locked(path: &Path, read_only: bool) -> std::io::Result<()> {
-    let st = nix::sys::statvfs::statvfs(path)?;
-    use nix::sys::statvfs::FsFlags;
-    let f = st.flags();
-    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    if read_only || f.contains(FsFlags::ST_RDONLY) {
-        flags |= MsFlags::MS_RDONLY;
-    }
-    for (have, want) in [
-        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
-        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
-        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
-        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
-    ] {
-        if f.contains(have) {
-            flags |= want;
-        }
-    }
-    mount(NONE, path, NONE, flags, NONE)?;
-    Ok(())
 }
 
 /// An empty mode-000 file and directory on a read-only tmpfs: masked paths are bound to them,
@@ -356,16 +510,73 @@ fn make_mask_sources() -> Result<(), JailError> {
     .map_err(|e| JailError::at("make the mask tmpfs read-only", "/mask", e))
 }
 
-/// Cover a masked path. A path that no longer exists is left alone (nothing to read).
-fn mask_path(path: &Path) -> Result<(), JailError> {
-    let target = under(NEW, path);
-    let meta = match fs::symlink_metadata(&target) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(JailError::at("find a masked path", path, e)),
-    };
-    let source = if meta.is_dir() { MASK_DIR } else { MASK_FILE };
-    bind(Path::new(source), &target, Access::Ro, path)
+/// Cover a masked path. A path that no longer exists is left alone (nothing to read). A
+/// masked symlink is covered itself (the jail sees an empty unreadable file, not the link), and
+/// what it points to inside the same bind is covered too, so reading through the link shows
+/// nothing either way.
+fn mask_path(plan: &Plan, path: &Path, masks: &Masks) -> Result<(), JailError> {
+    let step = "find a masked path";
+    let (base, root, rel) = beneath_bind(plan, path)?;
+    let beneath = base
+        .try_clone()
+        .map_err(|e| JailError::at(step, &root, e))?;
+    let w = walk(base, &root, rel).map_err(|e| JailError::at(step, path, e))?;
+    if !w.complete() {
+        if let Kind::Link(to) = &w.kind {
+            return Err(JailError::at(
+                step,
+                path,
+                planted_link(&w.at, to, &root, "a hidden path's directory"),
+            ));
+        }
+        return Ok(());
+    }
+    if matches!(w.kind, Kind::Link(_)) {
+        // What the link points to, resolved as the jail would but never leaving `root` (an
+        // absolute link or one that climbs out fails: outside the bind is the Plan's business).
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        if let Ok(target) = openat2(&beneath, rel, how) {
+            let kind = kind_of(&target, None).map_err(|e| JailError::at(step, path, e))?;
+            if !same_entry(&target, &beneath) {
+                bind_fd(masks.for_kind(&kind), &target, Access::Ro, path)?;
+            }
+        }
+    }
+    bind_fd(masks.for_kind(&w.kind), &w.fd, Access::Ro, path)
+}
+
+/// The mode-000 sources masked paths are covered with.
+struct Masks {
+    file: OwnedFd,
+    dir: OwnedFd,
+}
+
+impl Masks {
+    fn open() -> Result<Masks, JailError> {
+        Ok(Masks {
+            file: open_path(Path::new(MASK_FILE))
+                .map_err(|e| JailError::at("open the mask file", MASK_FILE, e))?,
+            dir: open_path(Path::new(MASK_DIR))
+                .map_err(|e| JailError::at("open the mask directory", MASK_DIR, e))?,
+        })
+    }
+
+    fn for_kind(&self, kind: &Kind) -> &OwnedFd {
+        if *kind == Kind::Dir {
+            &self.dir
+        } else {
+            &self.file
+        }
+    }
+}
+
+fn same_entry(a: &OwnedFd, b: &OwnedFd) -> bool {
+    match (nix::sys::stat::fstat(a), nix::sys::stat::fstat(b)) {
+        (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+        _ => false,
+    }
 }
 
 /// A read-only bind cannot be renamed or removed, but its parent directory can: with `.git`
@@ -381,42 +592,56 @@ fn pin_protected_ancestors(plan: &Plan) -> Result<(), JailError> {
         .collect();
     let mut dirs = std::collections::BTreeSet::new();
     for path in &plan.protected {
-        let Some(root) = rw_roots
-            .iter()
-            .filter(|r| path.starts_with(r) && path != *r)
-            .max_by_key(|r| r.components().count())
-        else {
+        let Some(root) = deepest_below(rw_roots.iter().copied(), path) else {
             continue;
         };
         dirs.extend(
             path.ancestors()
                 .skip(1)
-                .take_while(|d| d != root && d.starts_with(root))
+                .take_while(|d| *d != root && d.starts_with(root))
                 .map(Path::to_path_buf),
         );
     }
     // Parents first (a BTreeSet of paths orders a directory before what it holds).
     for dir in dirs {
-        let target = under(NEW, &dir);
-        match fs::symlink_metadata(&target) {
-            Ok(meta) if meta.is_dir() => bind(&target, &target, Access::Rw, &dir)?,
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(JailError::at("find a protected path's directory", &dir, e)),
+        let step = "find a protected path's directory";
+        let (base, root, rel) = beneath_bind(plan, &dir)?;
+        let w = walk(base, &root, rel).map_err(|e| JailError::at(step, &dir, e))?;
+        match &w.kind {
+            Kind::Link(to) => {
+                return Err(JailError::at(
+                    step,
+                    &dir,
+                    planted_link(&w.at, to, &root, "a protected path's directory"),
+                ));
+            }
+            Kind::Dir if w.complete() => bind_fd(&w.fd, &w.fd, Access::Rw, &dir)?,
+            _ => {}
         }
     }
     Ok(())
 }
 
-/// Make a protected path read-only by binding it onto itself. A path that does not exist is
-/// left alone: corral creates a placeholder for the policy file before the jail starts (see
-/// `placeholder.rs`), so that one always exists here.
-fn protect_path(path: &Path) -> Result<(), JailError> {
-    let target = under(NEW, path);
-    match fs::symlink_metadata(&target) {
-        Ok(_) => bind(&target, &target, Access::Ro, path),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(JailError::at("find a protected path", path, e)),
+/// Make a protected path read-only by binding it onto itself. corral creates a placeholder
+/// for each absent one before the jail starts (`placeholder.rs`) and adds it to the Plan, so
+/// what is still missing here could not be created by this user, hence not by the jail either.
+/// When a file stands where the path needs a directory (a worktree's `.git` file under
+/// `.git/hooks`), that file is made read-only: replacing it by a directory would create the
+/// path. A symlink at the path or on the way refuses the run: protecting what it points to
+/// would leave the path itself to whoever wrote the link.
+fn protect_path(plan: &Plan, path: &Path) -> Result<(), JailError> {
+    let step = "find a protected path";
+    let (base, root, rel) = beneath_bind(plan, path)?;
+    let w = walk(base, &root, rel).map_err(|e| JailError::at(step, path, e))?;
+    match &w.kind {
+        Kind::Link(to) => Err(JailError::at(
+            step,
+            path,
+            planted_link(&w.at, to, &root, "a protected path"),
+        )),
+        _ if w.complete() => bind_fd(&w.fd, &w.fd, Access::Ro, path),
+        Kind::Other if w.at != root => bind_fd(&w.fd, &w.fd, Access::Ro, path),
+        _ => Ok(()),
     }
 }
 
@@ -503,6 +728,147 @@ fn shown(path: &Path) -> PathBuf {
         }
     }
     path.to_path_buf()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opening paths that a jail could have changed.
+//
+// The project (and every read-write bind, every state directory) is writable in the jail, so
+// any of its entries may be a symlink a previous run planted. Below such a root nothing is
+// resolved by path: each component is opened with `openat(O_PATH|O_NOFOLLOW)` from its parent's
+// descriptor, a symlink is never followed, and mounts are made by descriptor (`open_tree` +
+// `move_mount`), so what gets bound is exactly the entry that was checked.
+
+/// What a component-by-component walk reached.
+pub(crate) struct Walked {
+    /// O_PATH descriptor of the deepest entry reached: the path itself when `rest` is empty.
+    pub(crate) fd: OwnedFd,
+    /// That entry's path, as shown to the user.
+    pub(crate) at: PathBuf,
+    pub(crate) kind: Kind,
+    /// Components not reached: empty when the whole path exists. The walk stops at a missing
+    /// component, at a symlink, and at an entry that is not a directory.
+    pub(crate) rest: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Dir,
+    /// A symlink, and what it points to.
+    Link(PathBuf),
+    /// Anything else: a regular file, a socket, a device...
+    Other,
+}
+
+impl Walked {
+    pub(crate) fn complete(&self) -> bool {
+        self.rest.is_empty()
+    }
+}
+
+/// Walk `rel` below the directory `base` (shown as `base_at`) without following any symlink.
+pub(crate) fn walk(base: OwnedFd, base_at: &Path, rel: &Path) -> std::io::Result<Walked> {
+    let parts: Vec<std::ffi::OsString> = rel
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(p) => Some(p.to_os_string()),
+            _ => None,
+        })
+        .collect();
+    let mut w = Walked {
+        kind: kind_of(&base, None)?,
+        fd: base,
+        at: base_at.to_path_buf(),
+        rest: Vec::new(),
+    };
+    for (i, part) in parts.iter().enumerate() {
+        if w.kind != Kind::Dir {
+            w.rest = parts[i..].to_vec();
+            return Ok(w);
+        }
+        match openat(
+            &w.fd,
+            part.as_os_str(),
+            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(next) => {
+                w.kind = kind_of(&next, Some((&w.fd, part)))?;
+                w.fd = next;
+                w.at.push(part);
+            }
+            Err(Errno::ENOENT) => {
+                w.rest = parts[i..].to_vec();
+                return Ok(w);
+            }
+            Err(e) => return Err(std::io::Error::from(e)),
+        }
+    }
+    Ok(w)
+}
+
+/// The kind of the entry `fd` (an O_PATH descriptor); for a symlink its text, read through
+/// its parent directory and name.
+fn kind_of(fd: &OwnedFd, parent: Option<(&OwnedFd, &std::ffi::OsString)>) -> std::io::Result<Kind> {
+    let st = nix::sys::stat::fstat(fd)?;
+    Ok(match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => Kind::Dir,
+        libc::S_IFLNK => Kind::Link(match parent {
+            Some((dir, name)) => PathBuf::from(readlinkat(dir, name.as_os_str())?),
+            None => PathBuf::from("?"),
+        }),
+        _ => Kind::Other,
+    })
+}
+
+/// O_PATH descriptor of `path`, resolved normally (its components are the host's or the
+/// user's own layout, or the jail's skeleton).
+pub(crate) fn open_path(path: &Path) -> std::io::Result<OwnedFd> {
+    Ok(openat(
+        AT_FDCWD,
+        path,
+        OFlag::O_PATH | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// The deepest of `roots` that holds `path` strictly below it.
+pub(crate) fn deepest_below<'a>(
+    roots: impl IntoIterator<Item = &'a Path>,
+    path: &Path,
+) -> Option<&'a Path> {
+    roots
+        .into_iter()
+        .filter(|r| path.starts_with(r) && path != *r)
+        .max_by_key(|r| r.components().count())
+}
+
+/// The directories a jail could write into on the host, by the Plan: the project (whatever
+/// this run's access, an earlier run may have had it read-write) and every read-write bind
+/// (state directories, `--rw`). Their own paths are the user's choice; what lies below them
+/// is not followed through symlinks.
+pub(crate) fn writable_roots(plan: &Plan) -> Vec<&Path> {
+    let mut roots: Vec<&Path> = plan
+        .mounts
+        .iter()
+        .filter(|m| m.kind == MountKind::Bind(Access::Rw))
+        .map(|m| m.source.as_path())
+        .collect();
+    roots.push(plan.project.root.as_path());
+    roots
+}
+
+/// The error for a symlink found where a jail could have planted it.
+pub(crate) fn planted_link(at: &Path, to: &Path, root: &Path, what: &str) -> std::io::Error {
+    std::io::Error::other(format!(
+        "{} is a symbolic link to {} inside {}, which a jail can write; corral does not follow \
+         it ({what}). A previous run may have planted it: check it, then remove the link \
+         (rm {}) or name the real path",
+        at.display(),
+        to.display(),
+        root.display(),
+        at.display()
+    ))
 }
 
 #[cfg(test)]

@@ -1,91 +1,217 @@
-//! The policy file is read-only inside the jail even when it does not exist yet.
+//! Protected paths are read-only inside the jail even when they do not exist yet.
 //!
-//! A mount needs an existing path to cover, and nothing in the kernel denies creating one file
-//! name in an otherwise writable directory. So when the project's `corral.toml` is absent, corral
-//! creates it empty (an empty policy adds nothing) before the jail starts, the jail binds it
-//! read-only, and corral removes it when the run ends if it is still the empty file corral
-//! made. Every run holds a shared `flock` on the file while it runs; the run that created it
-//! removes it only if it gets the lock exclusively, i.e. no other jail of the project is using it.
+//! A mount needs an existing path to cover, and nothing in the kernel denies creating one name
+//! in an otherwise writable directory. So for every protected path that is absent (the
+//! project's `corral.toml`, `.git/hooks` in a repository without one, `.git` itself in a
+//! directory that is no repository yet), corral creates its first missing component on the host
+//! before the jail starts, the jail binds it read-only, and corral removes it when the run ends
+//! if it is still empty and still the one corral made. Below the placeholder nothing can be
+//! created either, so one placeholder covers every protected path under it (`.git` covers
+//! `.git/hooks` and `.git/config`: a directory that is no repository cannot become one inside
+//! the jail, `git init` there fails read-only; run it on the host first).
+//!
+//! The placeholder is an empty file for a policy file (an empty policy adds nothing) and an
+//! empty directory otherwise. It is created by descriptor below the directory the jail can
+//! write, never through a symlink (one a previous run planted is refused, naming it). Every run
+//! holds a shared `flock` on each placeholder while it runs; the run that created one removes
+//! it only if it gets the lock exclusively, i.e. no other jail of the project is using it.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::MetadataExt;
+use std::ffi::OsString;
+use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{Flock, FlockArg};
+use corral_policy::plan::Plan;
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg, OFlag, openat};
+use nix::sys::stat::{FileStat, Mode, fstat, fstatat, mkdirat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
 
 use crate::error::JailError;
+use crate::mounts::{Kind, deepest_below, open_path, planted_link, walk, writable_roots};
 
+/// The placeholders and protected paths one run holds. Dropping it removes what it created.
 pub(crate) struct Placeholder {
-    path: PathBuf,
+    /// Kept for their `Drop`, which removes what this run created.
+    _held: Vec<Held>,
+}
+
+struct Held {
+    /// O_PATH descriptor of the directory holding it, and its name there.
+    parent: OwnedFd,
+    name: OsString,
     lock: Option<Flock<File>>,
     created: bool,
+    dir: bool,
 }
 
 impl Placeholder {
-    /// Make sure `path` exists (creating it empty when its directory does), and hold a shared
-    /// lock on it. `Ok(None)` when the directory itself is missing (then no file is made).
-    pub(crate) fn ensure(path: &Path) -> Result<Option<Placeholder>, JailError> {
-        if !path.parent().is_some_and(Path::is_dir) {
-            return Ok(None);
-        }
-        for _ in 0..8 {
-            let (file, created) = match OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(path)
-            {
-                Ok(f) => (f, true),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match File::open(path) {
-                    Ok(f) => (f, false),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(JailError::at("open the policy file", path, e)),
-                },
-                // The caller cannot create it, so neither can the jail (same uid, no
-                // capabilities): nothing to hold.
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EACCES | libc::EPERM | libc::EROFS)
-                    ) =>
-                {
-                    return Ok(None);
-                }
-                Err(e) => {
-                    return Err(JailError::at(
-                        "create an empty policy file so it can be made read-only",
-                        path,
-                        e,
-                    ));
-                }
+    /// Make sure every protected path of `plan` exists, or a placeholder above it that the
+    /// jail will bind read-only; returns the plan to run, with the placeholders added to its
+    /// protected paths.
+    pub(crate) fn ensure(plan: &Plan) -> Result<(Option<Placeholder>, Plan), JailError> {
+        let mut out = plan.clone();
+        let mut held: Vec<Held> = Vec::new();
+        let mut made: Vec<PathBuf> = Vec::new();
+        let roots = writable_roots(plan);
+        for path in &plan.protected {
+            // Only where the jail could write: elsewhere it cannot create the path either.
+            let Some(root) = deepest_below(roots.iter().copied(), path) else {
+                continue;
             };
-            let lock = Flock::lock(file, FlockArg::LockShared)
-                .map_err(|(_, e)| JailError::at("lock the policy file", path, e))?;
-            // The file may have been removed by a run that ended meanwhile: retry on a new one.
-            if same_file(&lock, path) {
-                return Ok(Some(Placeholder {
-                    path: path.to_path_buf(),
-                    lock: Some(lock),
-                    created,
-                }));
+            if made.iter().any(|m| path.starts_with(m)) {
+                continue; // under a placeholder of this run: covered by it
+            }
+            let is_policy = *path == plan.project.policy_file || plan.sources.contains(path);
+            if let Some((h, created_at)) = hold(root, path, is_policy)? {
+                if let Some(at) = created_at {
+                    if !out.protected.contains(&at) {
+                        out.protected.push(at.clone());
+                    }
+                    made.push(at);
+                }
+                held.push(h);
             }
         }
-        Err(JailError::at(
-            "hold the policy file (it keeps being replaced)",
-            path,
-            std::io::Error::from(std::io::ErrorKind::WouldBlock),
-        ))
+        out.protected.sort();
+        Ok((Some(Placeholder { _held: held }), out))
     }
 }
 
-fn same_file(file: &File, path: &Path) -> bool {
-    match (file.metadata(), std::fs::symlink_metadata(path)) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
+/// Hold `path` below `root`: lock it when it exists, else create its first missing component
+/// and lock that. Returns what is held and, when it was created, its path.
+fn hold(
+    root: &Path,
+    path: &Path,
+    is_policy: bool,
+) -> Result<Option<(Held, Option<PathBuf>)>, JailError> {
+    let step = "hold a protected path";
+    let rel = path.strip_prefix(root).unwrap_or(path);
+    for _ in 0..8 {
+        let base = match open_path(root) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(JailError::at(step, root, e)),
+        };
+        let w = walk(base, root, rel).map_err(|e| JailError::at(step, path, e))?;
+        if let Kind::Link(to) = &w.kind {
+            return Err(JailError::at(
+                step,
+                path,
+                planted_link(&w.at, to, root, "a protected path"),
+            ));
+        }
+        if w.complete() {
+            // It exists: hold it so that a run that created it does not remove it under us.
+            let (Some(parent_rel), Some(name)) = (rel.parent(), rel.file_name()) else {
+                return Ok(None);
+            };
+            let base = open_path(root).map_err(|e| JailError::at(step, root, e))?;
+            let parent = walk(base, root, parent_rel).map_err(|e| JailError::at(step, path, e))?;
+            if !parent.complete() || parent.kind != Kind::Dir {
+                continue; // changed meanwhile
+            }
+            return Ok(
+                lock(parent.fd, name.to_os_string(), false, w.kind == Kind::Dir).map(|h| (h, None)),
+            );
+        }
+        if w.kind != Kind::Dir {
+            return Ok(None); // a file on the way: the jail makes that one read-only
+        }
+        let name = w.rest[0].clone();
+        let at = w.at.join(&name);
+        let dir = !(is_policy && w.rest.len() == 1);
+        let made = if dir {
+            mkdirat(&w.fd, name.as_os_str(), Mode::from_bits_truncate(0o755))
+        } else {
+            openat(
+                &w.fd,
+                name.as_os_str(),
+                OFlag::O_RDONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o644),
+            )
+            .map(drop)
+        };
+        let created = match made {
+            Ok(()) => true,
+            Err(Errno::EEXIST) => false,
+            // The caller cannot create it, so neither can the jail (same uid, no
+            // capabilities): nothing to hold.
+            Err(Errno::EACCES | Errno::EPERM | Errno::EROFS) => return Ok(None),
+            Err(e) => {
+                return Err(JailError::at(
+                    "create a placeholder so that a protected path can be made read-only",
+                    &at,
+                    e,
+                ));
+            }
+        };
+        if !created {
+            continue; // someone made it meanwhile: walk again and hold what is there
+        }
+        return match lock(w.fd, name, true, dir) {
+            Some(h) => Ok(Some((h, Some(at)))),
+            None => Err(JailError::at(
+                "lock a placeholder",
+                &at,
+                std::io::Error::from(std::io::ErrorKind::WouldBlock),
+            )),
+        };
+    }
+    Err(JailError::at(
+        "hold a protected path (it keeps being replaced)",
+        path,
+        std::io::Error::from(std::io::ErrorKind::WouldBlock),
+    ))
+}
+
+/// Open `parent`/`name` without following a link and hold a shared lock on it. `None` when
+/// it cannot be opened (an unreadable protected file needs no lock: nobody made it) or is not
+/// the entry at that name any more.
+fn lock(parent: OwnedFd, name: OsString, created: bool, dir: bool) -> Option<Held> {
+    let mut flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+    if dir {
+        flags |= OFlag::O_DIRECTORY;
+    }
+    let fd = openat(&parent, name.as_os_str(), flags, Mode::empty()).ok()?;
+    let lock = Flock::lock(File::from(fd), FlockArg::LockShared).ok()?;
+    let held = Held {
+        parent,
+        name,
+        lock: Some(lock),
+        created,
+        dir,
+    };
+    held.is_there().then_some(held)
+}
+
+fn same(a: &FileStat, b: &FileStat) -> bool {
+    a.st_dev == b.st_dev && a.st_ino == b.st_ino
+}
+
+impl Held {
+    /// Whether the locked entry is still the one at its name.
+    fn is_there(&self) -> bool {
+        let Some(lock) = &self.lock else { return false };
+        match (
+            fstat(&**lock),
+            fstatat(
+                &self.parent,
+                self.name.as_os_str(),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            ),
+        ) {
+            (Ok(a), Ok(b)) => same(&a, &b),
+            _ => false,
+        }
     }
 }
 
-impl Drop for Placeholder {
+impl Drop for Held {
     fn drop(&mut self) {
         let Some(lock) = self.lock.take() else { return };
         if !self.created {
@@ -98,9 +224,30 @@ impl Drop for Placeholder {
         let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
             return; // another jail of this project still binds it
         };
-        let empty = lock.metadata().map(|m| m.len() == 0).unwrap_or(false);
-        if empty && same_file(&lock, &self.path) {
-            let _ = std::fs::remove_file(&self.path);
+        self.lock = Some(lock);
+        if !self.is_there() {
+            return;
+        }
+        if self.dir {
+            // Fails on a directory that is not empty any more: then it is the user's now.
+            let _ = unlinkat(
+                &self.parent,
+                self.name.as_os_str(),
+                UnlinkatFlags::RemoveDir,
+            );
+        } else {
+            let empty = self
+                .lock
+                .as_ref()
+                .and_then(|l| l.metadata().ok())
+                .is_some_and(|m| m.len() == 0);
+            if empty {
+                let _ = unlinkat(
+                    &self.parent,
+                    self.name.as_os_str(),
+                    UnlinkatFlags::NoRemoveDir,
+                );
+            }
         }
     }
 }

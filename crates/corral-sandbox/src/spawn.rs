@@ -227,7 +227,10 @@ impl PreparedJail {
         if plan.command.is_empty() {
             return Err(JailError::Plan("the plan has no command to run".into()));
         }
-        jail._placeholder = Placeholder::ensure(&plan.project.policy_file)?;
+        // Absent protected paths get placeholders, which the plan sent to the jail protects.
+        let (held, plan) = Placeholder::ensure(plan)?;
+        jail._placeholder = held;
+        let plan = &plan;
         let mut watched = FORWARDED.to_vec();
         watched.push(Signal::SIGCHLD);
         jail.signals = Some(

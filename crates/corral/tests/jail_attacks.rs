@@ -466,3 +466,174 @@ fn cannot_look_into_pid_one() {
     );
     assert_eq!(out.code, 0, "{}", out.both());
 }
+
+/// A relative symlink from `dir` (a directory in the project) to `to`, as an agent would plant
+/// it: it resolves to `to` on the host.
+fn relative_link(dir: &std::path::Path, to: &std::path::Path) -> std::path::PathBuf {
+    let ups = dir.components().count() - 1;
+    let mut p = std::path::PathBuf::new();
+    for _ in 0..ups {
+        p.push("..");
+    }
+    p.join(to.strip_prefix("/").unwrap())
+}
+
+fn plant(link: &std::path::Path, to: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(link);
+    let _ = std::fs::remove_file(link);
+    let text = relative_link(link.parent().unwrap(), to);
+    std::os::unix::fs::symlink(&text, link).unwrap();
+    // It really leads to the secret on the host.
+    assert!(std::fs::read_dir(link).is_ok(), "{}", link.display());
+}
+
+#[test]
+fn a_symlink_planted_in_the_project_never_exposes_a_host_directory() {
+    // A previous run replaced `vendor` (bound read-only by the user with `--ro vendor`) by a
+    // relative link that leads to the home directory on the host, and in the new root to the
+    // jail's own (private) home: following it would bind the host's home, keys included.
+    let w = World::new();
+    plant(&w.project.join("vendor"), &w.home);
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--ro",
+        "vendor",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "cat vendor/.ssh/id_ed25519 {home}/.ssh/id_ed25519 2>&1; ls vendor/.ssh {home}/.ssh 2>&1; echo END",
+            home = w.home.display()
+        ),
+    ]);
+    let out = run(c);
+    assert!(
+        !out.both().contains(SSH_SECRET),
+        "the host's key leaked through a planted link:\n{}",
+        out.both()
+    );
+    assert!(
+        !out.stdout.lines().any(|l| l.trim() == "id_ed25519"),
+        "{}",
+        out.both()
+    );
+    // Refused, naming the link and where it points.
+    assert_ne!(out.code, 0, "{}", out.both());
+    assert!(
+        out.stderr.contains("vendor") && out.stderr.contains("symbolic link"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_symlink_planted_at_a_protected_path_refuses_the_run() {
+    // `.git/hooks` replaced by a link to a directory the jail can write (and to ~/.ssh): the
+    // protection would land on the link's target while host git follows the link.
+    for to in ["writable-hooks", "ssh"] {
+        let w = World::new();
+        let target = if to == "ssh" {
+            w.home.join(".ssh")
+        } else {
+            std::fs::create_dir_all(w.project.join(to)).unwrap();
+            w.project.join(to)
+        };
+        plant(&w.project.join(".git/hooks"), &target);
+        let out = w.sh(
+            "none",
+            "echo evil > .git/hooks/post-checkout 2>/dev/null && echo WROTE; \
+             cat .git/hooks/id_ed25519 2>&1; echo END",
+        );
+        assert!(!out.both().contains(SSH_SECRET), "{}", out.both());
+        assert!(!out.stdout.contains("WROTE"), "{to}: {}", out.both());
+        assert!(!target.join("post-checkout").exists(), "{to}");
+        assert_ne!(out.code, 0, "{to}: {}", out.both());
+        assert!(
+            out.stderr.contains(".git/hooks") && out.stderr.contains("symbolic link"),
+            "{to}: {}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn a_masked_symlink_and_what_it_points_to_are_unreadable() {
+    let w = World::new();
+    write(&w.project.join("config/prod.txt"), ENV_SECRET);
+    std::os::unix::fs::symlink("config/prod.txt", w.project.join(".env.prod")).unwrap();
+    // One that leads out of the project to the host's key: the jail does not see that file at
+    // all, and the mask never lands on it on the host.
+    plant(&w.project.join(".env.ssh"), &w.home.join(".ssh"));
+    let out = w.sh(
+        "none",
+        "cat .env.prod config/prod.txt 2>&1; cat .env.ssh/id_ed25519 2>&1; \
+         test -e .env.prod && echo PRESENT; echo END",
+    );
+    ran(&out, "END");
+    assert!(!out.both().contains(ENV_SECRET), "{}", out.both());
+    assert!(!out.both().contains(SSH_SECRET), "{}", out.both());
+    assert!(out.stdout.contains("PRESENT"), "{}", out.both());
+    // The host's files are untouched.
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("config/prod.txt")).unwrap(),
+        ENV_SECRET
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.home.join(".ssh/id_ed25519")).unwrap(),
+        SSH_SECRET
+    );
+}
+
+#[test]
+fn a_repository_without_hooks_gets_none_from_the_jail() {
+    let w = World::new();
+    std::fs::remove_dir_all(w.project.join(".git/hooks")).unwrap();
+    let out = w.sh(
+        "none",
+        "mkdir -p .git/hooks 2>/dev/null; \
+         echo 'curl evil' > .git/hooks/post-checkout 2>/dev/null && echo WROTE; \
+         chmod +x .git/hooks/post-checkout 2>/dev/null; \
+         rmdir .git/hooks 2>/dev/null && echo REMOVED; \
+         mv .git/hooks .git/h2 2>/dev/null && echo MOVED; \
+         git status >/dev/null 2>&1 && echo GIT_OK; echo END",
+    );
+    ran(&out, "END");
+    for bad in ["WROTE", "REMOVED", "MOVED"] {
+        assert!(!out.stdout.contains(bad), "{bad}:\n{}", out.both());
+    }
+    assert!(out.stdout.contains("GIT_OK"), "git broke:\n{}", out.both());
+    assert!(!w.project.join(".git/hooks/post-checkout").exists());
+    // The empty placeholder corral made for the run is gone again.
+    assert!(
+        !w.project.join(".git/hooks").exists(),
+        ".git/hooks left behind on the host"
+    );
+}
+
+#[test]
+fn git_init_in_the_jail_cannot_plant_hooks_or_config() {
+    let w = World::new();
+    std::fs::remove_dir_all(w.project.join(".git")).unwrap();
+    let out = w.sh(
+        "none",
+        "git init -q 2>/dev/null && echo INIT; \
+         mkdir -p .git/hooks 2>/dev/null; \
+         echo 'curl evil' > .git/hooks/post-checkout 2>/dev/null && echo WROTE:hook; \
+         printf '[core]\\n\\tfsmonitor = evil\\n' > .git/config 2>/dev/null && echo WROTE:config; \
+         mv .git .git-old 2>/dev/null && echo MOVED; echo END",
+    );
+    ran(&out, "END");
+    for bad in ["WROTE", "MOVED", "INIT"] {
+        assert!(!out.stdout.contains(bad), "{bad}:\n{}", out.both());
+    }
+    // Nothing of the jail's is left: no hook, no config, and no `.git` at all.
+    assert!(
+        !w.project.join(".git").exists(),
+        "the jail left a .git on the host: {:?}",
+        std::fs::read_dir(w.project.join(".git"))
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
+}
