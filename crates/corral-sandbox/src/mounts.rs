@@ -199,6 +199,7 @@ fn apply_plan_mount(plan: &Plan, index: usize) -> Result<(), JailError> {
             .map_err(|e| JailError::at("mount a tmpfs", &m.target, e))
         }
         MountKind::Bind(access) => {
+            check_named_path(plan, &m.target)?;
             let roots = writable_roots(plan);
             let source = match deepest_below(roots.iter().copied(), &m.source) {
                 // Below a directory a jail can write: no symlink is followed.
@@ -212,11 +213,11 @@ fn apply_plan_mount(plan: &Plan, index: usize) -> Result<(), JailError> {
                         return Err(JailError::at(
                             "open a mount's source",
                             &m.source,
-                            planted_link(&w.at, to, root, "a bind's source"),
+                            planted_link(&w.at, to, root),
                         ));
                     }
                     if !w.complete() {
-                        if m.optional && w.kind == Kind::Dir {
+                        if m.optional {
                             return Ok(());
                         }
                         return Err(JailError::at(
@@ -263,14 +264,43 @@ fn apply_plan_mount(plan: &Plan, index: usize) -> Result<(), JailError> {
     }
 }
 
+/// The resolver gives a bind's source with every symlink resolved (so that it can be found
+/// from the old root), and its target as named: the state directory, the `--ro` path. When
+/// that named path lies below a directory a jail can write, no link below that directory may
+/// be on it: the link could have been planted, and the source would be wherever it points.
+fn check_named_path(plan: &Plan, named: &Path) -> Result<(), JailError> {
+    let step = "check a bind's path";
+    let roots = writable_roots(plan);
+    let Some(root) = deepest_below(roots.iter().copied(), named) else {
+        return Ok(());
+    };
+    let base = match open_path(&under(OLD, root)) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(JailError::at(step, root, e)),
+    };
+    let rel = named.strip_prefix(root).unwrap_or(named);
+    let w = walk(base, root, rel).map_err(|e| JailError::at(step, named, e))?;
+    match &w.kind {
+        Kind::Link(to) => Err(JailError::at(step, named, planted_link(&w.at, to, root))),
+        _ => Ok(()),
+    }
+}
+
 /// The mount point of `plan.mounts[index]` in the new root, created (a directory, or an empty
-/// file) when missing. Below an earlier bind (the project holds `--ro vendor`) it is walked and
-/// created without following symlinks; elsewhere it lies in the jail's own skeleton.
+/// file) when missing. Below an earlier bind the jail can write (the project holds
+/// `--ro vendor`) it is walked and created without following symlinks; elsewhere it lies in
+/// the jail's own skeleton or a system directory.
 fn mount_point(plan: &Plan, index: usize, dir: bool) -> Result<OwnedFd, JailError> {
     let m = &plan.mounts[index];
+    // Below an earlier bind the jail can write (below a read-only system directory the links
+    // are the host's own: a CA bundle overlaid in /etc/ssl is found as before).
     let earlier = plan.mounts[..index]
         .iter()
-        .filter(|e| matches!(e.kind, MountKind::Bind(_)))
+        .filter(|e| {
+            e.kind == MountKind::Bind(Access::Rw)
+                || (matches!(e.kind, MountKind::Bind(_)) && e.target == plan.project.root)
+        })
         .map(|e| e.target.as_path());
     let Some(root) = deepest_below(earlier, &m.target) else {
         let target = under(NEW, &m.target);
@@ -286,14 +316,15 @@ fn mount_point(plan: &Plan, index: usize, dir: bool) -> Result<OwnedFd, JailErro
     };
     let rel = m.target.strip_prefix(root).unwrap_or(&m.target);
     let step = "create a mount point";
-    loop {
+    // Each round creates one missing component (or finds it made meanwhile).
+    for _ in 0..=rel.components().count() * 2 {
         let base = open_path(&under(NEW, root)).map_err(|e| JailError::at(step, root, e))?;
         let w = walk(base, root, rel).map_err(|e| JailError::at(step, &m.target, e))?;
         if let Kind::Link(to) = &w.kind {
             return Err(JailError::at(
                 step,
                 &m.target,
-                planted_link(&w.at, to, root, "a mount point"),
+                planted_link(&w.at, to, root),
             ));
         }
         if w.complete() {
@@ -328,6 +359,11 @@ fn mount_point(plan: &Plan, index: usize, dir: bool) -> Result<OwnedFd, JailErro
             Err(e) => return Err(JailError::at(step, w.at.join(name), e)),
         }
     }
+    Err(JailError::at(
+        step,
+        &m.target,
+        std::io::Error::other("it keeps changing while it is created"),
+    ))
 }
 
 /// `/proc/self/fd/N` of the new root's fresh procfs: a path that reaches exactly the entry of
@@ -523,11 +559,7 @@ fn mask_path(plan: &Plan, path: &Path, masks: &Masks) -> Result<(), JailError> {
     let w = walk(base, &root, rel).map_err(|e| JailError::at(step, path, e))?;
     if !w.complete() {
         if let Kind::Link(to) = &w.kind {
-            return Err(JailError::at(
-                step,
-                path,
-                planted_link(&w.at, to, &root, "a hidden path's directory"),
-            ));
+            return Err(JailError::at(step, path, planted_link(&w.at, to, &root)));
         }
         return Ok(());
     }
@@ -609,11 +641,7 @@ fn pin_protected_ancestors(plan: &Plan) -> Result<(), JailError> {
         let w = walk(base, &root, rel).map_err(|e| JailError::at(step, &dir, e))?;
         match &w.kind {
             Kind::Link(to) => {
-                return Err(JailError::at(
-                    step,
-                    &dir,
-                    planted_link(&w.at, to, &root, "a protected path's directory"),
-                ));
+                return Err(JailError::at(step, &dir, planted_link(&w.at, to, &root)));
             }
             Kind::Dir if w.complete() => bind_fd(&w.fd, &w.fd, Access::Rw, &dir)?,
             _ => {}
@@ -634,11 +662,7 @@ fn protect_path(plan: &Plan, path: &Path) -> Result<(), JailError> {
     let (base, root, rel) = beneath_bind(plan, path)?;
     let w = walk(base, &root, rel).map_err(|e| JailError::at(step, path, e))?;
     match &w.kind {
-        Kind::Link(to) => Err(JailError::at(
-            step,
-            path,
-            planted_link(&w.at, to, &root, "a protected path"),
-        )),
+        Kind::Link(to) => Err(JailError::at(step, path, planted_link(&w.at, to, &root))),
         _ if w.complete() => bind_fd(&w.fd, &w.fd, Access::Ro, path),
         Kind::Other if w.at != root => bind_fd(&w.fd, &w.fd, Access::Ro, path),
         _ => Ok(()),
@@ -859,15 +883,14 @@ pub(crate) fn writable_roots(plan: &Plan) -> Vec<&Path> {
 }
 
 /// The error for a symlink found where a jail could have planted it.
-pub(crate) fn planted_link(at: &Path, to: &Path, root: &Path, what: &str) -> std::io::Error {
+pub(crate) fn planted_link(at: &Path, to: &Path, root: &Path) -> std::io::Error {
     std::io::Error::other(format!(
-        "{} is a symbolic link to {} inside {}, which a jail can write; corral does not follow \
-         it ({what}). A previous run may have planted it: check it, then remove the link \
-         (rm {}) or name the real path",
+        "{} is a symbolic link (to {}) inside {}, which a jail can write, so corral does not \
+         follow it; a previous run may have planted it: check it, then remove it or name the \
+         real path",
         at.display(),
         to.display(),
         root.display(),
-        at.display()
     ))
 }
 
@@ -896,5 +919,48 @@ mod tests {
         );
         assert_eq!(shown(Path::new("/oldroot/etc")), PathBuf::from("/etc"));
         assert_eq!(shown(Path::new("/mask/file")), PathBuf::from("/mask/file"));
+    }
+
+    #[test]
+    fn deepest_below_picks_the_nearest_strict_ancestor() {
+        let roots = [Path::new("/p"), Path::new("/p/sub"), Path::new("/q")];
+        assert_eq!(
+            deepest_below(roots, Path::new("/p/sub/x")),
+            Some(Path::new("/p/sub"))
+        );
+        assert_eq!(
+            deepest_below(roots, Path::new("/p/sub")),
+            Some(Path::new("/p"))
+        );
+        assert_eq!(deepest_below(roots, Path::new("/p")), None);
+        assert_eq!(deepest_below(roots, Path::new("/pq/x")), None);
+    }
+
+    #[test]
+    fn walk_stops_at_links_missing_entries_and_files() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        fs::create_dir_all(root.join("a/b")).unwrap();
+        fs::write(root.join("a/f"), "x").unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("a/link")).unwrap();
+        let w = |rel: &str| walk(open_path(root).unwrap(), root, Path::new(rel)).unwrap();
+
+        let full = w("a/b");
+        assert!(full.complete());
+        assert_eq!(full.kind, Kind::Dir);
+        assert_eq!(full.at, root.join("a/b"));
+
+        let missing = w("a/b/c/d");
+        assert_eq!(missing.at, root.join("a/b"));
+        assert_eq!(missing.rest, vec!["c", "d"]);
+
+        let link = w("a/link/passwd");
+        assert_eq!(link.kind, Kind::Link(PathBuf::from("/etc")));
+        assert_eq!(link.at, root.join("a/link"));
+        assert_eq!(link.rest, vec!["passwd"]);
+
+        let file = w("a/f/x");
+        assert_eq!(file.kind, Kind::Other);
+        assert_eq!(file.rest, vec!["x"]);
     }
 }

@@ -95,11 +95,7 @@ fn hold(
         };
         let w = walk(base, root, rel).map_err(|e| JailError::at(step, path, e))?;
         if let Kind::Link(to) = &w.kind {
-            return Err(JailError::at(
-                step,
-                path,
-                planted_link(&w.at, to, root, "a protected path"),
-            ));
+            return Err(JailError::at(step, path, planted_link(&w.at, to, root)));
         }
         if w.complete() {
             // It exists: hold it so that a run that created it does not remove it under us.

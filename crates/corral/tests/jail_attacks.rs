@@ -637,3 +637,34 @@ fn git_init_in_the_jail_cannot_plant_hooks_or_config() {
             .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
     );
 }
+
+#[test]
+fn a_state_directory_replaced_by_a_link_in_a_writable_bind_is_refused() {
+    // With `--rw ~/.config` an earlier run could replace opencode's state directory
+    // (~/.config/opencode, bound read-write into every opencode jail) by a link to ~/.ssh.
+    let w = World::new();
+    std::fs::create_dir_all(w.home.join(".config")).unwrap();
+    plant(&w.home.join(".config/opencode"), &w.home.join(".ssh"));
+    let config = w.home.join(".config");
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--rw",
+        config.to_str().unwrap(),
+        "opencode",
+        "--",
+        "sh",
+        "-c",
+        "cat ~/.config/opencode/id_ed25519 ~/.ssh/id_ed25519 2>&1; echo END",
+    ]);
+    let out = run(c);
+    assert!(!out.both().contains(SSH_SECRET), "{}", out.both());
+    assert_ne!(out.code, 0, "{}", out.both());
+    assert!(
+        out.stderr.contains(".config/opencode") && out.stderr.contains("symbolic link"),
+        "{}",
+        out.stderr
+    );
+}
