@@ -10,8 +10,9 @@
 //! `.git/hooks` and `.git/config`: a directory that is no repository cannot become one inside
 //! the jail, `git init` there fails read-only; run it on the host first).
 //!
-//! The placeholder is an empty file for a policy file (an empty policy adds nothing) and an
-//! empty directory otherwise. It is created by descriptor below the directory the jail can
+//! The placeholder is an empty file for a policy file (an empty policy adds nothing) or a name
+//! with an extension (`trusted.json`: an empty trust store trusts nothing), and an empty
+//! directory otherwise. It is created by descriptor below the directory the jail can
 //! write, never through a symlink (one a previous run planted is refused, naming it). Every run
 //! holds a shared `flock` on each placeholder while it runs; the run that created one removes
 //! it only if it gets the lock exclusively, i.e. no other jail of the project is using it.
@@ -116,7 +117,10 @@ fn hold(
         }
         let name = w.rest[0].clone();
         let at = w.at.join(&name);
-        let dir = !(is_policy && w.rest.len() == 1);
+        // The path itself: a file when it is a policy file or its name has an extension
+        // (`trusted.json`), a directory otherwise (`.git/hooks`). Above it: a directory.
+        let file = w.rest.len() == 1 && (is_policy || Path::new(&name).extension().is_some());
+        let dir = !file;
         let made = if dir {
             mkdirat(&w.fd, name.as_os_str(), Mode::from_bits_truncate(0o755))
         } else {
