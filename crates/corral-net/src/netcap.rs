@@ -219,6 +219,8 @@ const RCODE_NOTIMP: u16 = 4;
 const RCODE_REFUSED: u16 = 5;
 const TYPE_A: u16 = 1;
 const CLASS_IN: u16 = 1;
+/// At most this many DNS-over-TCP connections at once (more are closed at once).
+const DNS_TCP_CONNECTIONS: usize = 64;
 /// Seconds a synthetic answer may be cached (the address is stable for the run anyway).
 const STUB_TTL: u32 = 60;
 
@@ -432,13 +434,20 @@ pub async fn serve_dns_tcp(
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
+    // Resolvers open a TCP connection only after a truncated UDP answer: a few suffice.
+    let slots = Arc::new(tokio::sync::Semaphore::new(DNS_TCP_CONNECTIONS));
     loop {
         let Ok((mut conn, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            drop(conn);
+            continue;
+        };
         let (proxy, pool) = (proxy.clone(), pool.clone());
         tokio::spawn(async move {
+            let _permit = permit;
             let idle = Duration::from_secs(10);
             loop {
                 let mut len = [0u8; 2];

@@ -49,6 +49,21 @@ fn dev_servers(ports: &[u16]) -> String {
     format!(
         r#"
 import http.server, os, threading, time
+# The socket factory (corral's control socket) is nowhere in the jail: no socket among this
+# process's descriptors, and PID 1's cannot be read.
+def links(d):
+    out = []
+    for f in os.listdir(d):
+        try:
+            out.append(os.readlink(d + "/" + f))
+        except OSError:
+            pass
+    return out
+print("SOCKETS", [l for l in links("/proc/self/fd") if l.startswith("socket:")], flush=True)
+try:
+    print("PID1-FDS", links("/proc/1/fd"), flush=True)
+except OSError as e:
+    print("PID1-FDS", type(e).__name__, flush=True)
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = ("JAIL-DEV-SERVER %d %s" % (self.server.server_address[1], self.path)).encode()
@@ -116,6 +131,17 @@ fn a_published_port_reaches_the_jails_dev_server_and_no_other_port_does() {
     let status = child.wait().unwrap();
     let o = format!("{seen}{rest}{err}");
     assert!(rest.contains("END") && status.success(), "{status:?} {o}");
+
+    assert!(seen.contains("SOCKETS []"), "{o}");
+    // PID 1 is non-dumpable: its descriptors cannot be read (and hold no socket either).
+    let pid1 = seen
+        .lines()
+        .find(|l| l.starts_with("PID1-FDS"))
+        .unwrap_or_default();
+    assert!(
+        pid1 == "PID1-FDS []" || pid1 == "PID1-FDS PermissionError",
+        "{o}"
+    );
 
     let reply = reply.unwrap_or_else(|e| panic!("published port {published}: {e}\n{o}"));
     assert!(
