@@ -18,7 +18,7 @@ pub mod run;
 pub use forward::forward_port;
 pub use proxy::{Blocked, Proxy, ProxyConfig};
 pub use rules::{Denial, Kind, Resolver, Rules, StaticResolver, SystemResolver, Upstream};
-pub use run::{Listener, ProxyHandle, spawn};
+pub use run::{Listener, ProxyHandle, runtime, spawn};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -86,6 +87,10 @@ pub struct Proxy {
     config: ProxyConfig,
     slots: Arc<Semaphore>,
     blocked: Mutex<BlockedMap>,
+    /// Client connections finished so far (the memory trimmer looks at it).
+    closed: AtomicU64,
+    /// Whether the memory trimmer runs (started by the first `serve`).
+    trimming: AtomicBool,
     /// The credential gateway: CONNECTs to secret-bound hosts are handed to it, plain-HTTP
     /// heads are rewritten by it (crates/corral-gateway).
     gateway: Option<corral_gateway::Gateway>,
@@ -401,34 +406,66 @@ where
 }
 
 /// Relay bytes both ways until both sides close, either fails, or nothing moves for `idle`.
-/// Returns (bytes a->b, bytes b->a).
-pub(crate) async fn tunnel<A, B>(mut a: A, mut b: B, idle: Duration) -> (u64, u64)
+/// Resolves to (bytes a->b, bytes b->a).
+pub(crate) fn tunnel<A, B>(a: A, b: B, idle: Duration) -> Relay<A, B>
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut up = Direction::default();
-    let mut down = Direction::default();
-    let mut timer = Box::pin(tokio::time::sleep(idle));
-    std::future::poll_fn(|cx| {
-        let moved = up.bytes + down.bytes;
-        let r1 = poll_direction(cx, Pin::new(&mut a), Pin::new(&mut b), &mut up);
-        let r2 = poll_direction(cx, Pin::new(&mut b), Pin::new(&mut a), &mut down);
+    Relay {
+        a,
+        b,
+        up: Direction::default(),
+        down: Direction::default(),
+        timer: None,
+        idle,
+    }
+}
+
+/// The future of [`tunnel`], written out by hand so an idle tunnel holds exactly this: the two
+/// streams, two small `Direction`s and its idle timer (created at the first poll).
+pub(crate) struct Relay<A, B> {
+    a: A,
+    b: B,
+    up: Direction,
+    down: Direction,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    idle: Duration,
+}
+
+impl<A, B> Future for Relay<A, B>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    type Output = (u64, u64);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(u64, u64)> {
+        let r = self.get_mut();
+        let moved = r.up.bytes + r.down.bytes;
+        let r1 = poll_direction(cx, Pin::new(&mut r.a), Pin::new(&mut r.b), &mut r.up);
+        let r2 = poll_direction(cx, Pin::new(&mut r.b), Pin::new(&mut r.a), &mut r.down);
         match (r1, r2) {
-            (Poll::Ready(Err(_)), _) | (_, Poll::Ready(Err(_))) => return Poll::Ready(()),
-            (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => return Poll::Ready(()),
+            (Poll::Ready(Err(_)), _) | (_, Poll::Ready(Err(_))) => {
+                return Poll::Ready((r.up.bytes, r.down.bytes));
+            }
+            (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => {
+                return Poll::Ready((r.up.bytes, r.down.bytes));
+            }
             _ => {}
         }
-        if up.bytes + down.bytes != moved {
+        let idle = r.idle;
+        let timer = r
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        if r.up.bytes + r.down.bytes != moved {
             timer.as_mut().reset(tokio::time::Instant::now() + idle);
         }
         if timer.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(());
+            return Poll::Ready((r.up.bytes, r.down.bytes));
         }
         Poll::Pending
-    })
-    .await;
-    (up.bytes, down.bytes)
+    }
 }
 
 /// The upstream side of a kept-alive client connection: pinned to one host.
@@ -445,6 +482,58 @@ struct Upstream {
     bytes_up: u64,
     bytes_down: u64,
     method: String,
+}
+
+/// An established tunnel, handed out of the phase that decided it (whose state is then freed).
+struct Tunnel<S> {
+    client: S,
+    up: TcpStream,
+    meta: TunnelMeta,
+}
+
+/// What the close line of a tunnel says besides the byte counts.
+struct TunnelMeta {
+    method: &'static str,
+    host: String,
+    port: u16,
+    address: SocketAddr,
+    started: Instant,
+    /// Bytes the client sent before the tunnel was established, already written upstream.
+    early: u64,
+}
+
+/// The task of an established tunnel: the relay, then its close line; the connection's slot is
+/// released when it ends.
+struct TunnelTask<S> {
+    relay: Relay<S, TcpStream>,
+    proxy: Arc<Proxy>,
+    peer: String,
+    meta: TunnelMeta,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Future for TunnelTask<S> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let t = self.get_mut();
+        let Poll::Ready((up, down)) = Pin::new(&mut t.relay).poll(cx) else {
+            return Poll::Pending;
+        };
+        t.proxy.closed.fetch_add(1, Ordering::Relaxed);
+        let m = &t.meta;
+        t.proxy.log_close(
+            &t.peer,
+            m.method,
+            &m.host,
+            m.port,
+            m.address,
+            up + m.early,
+            down,
+            m.started,
+        );
+        Poll::Ready(())
+    }
 }
 
 fn status_text(status: u16) -> &'static str {
@@ -548,6 +637,8 @@ impl Proxy {
             slots: Arc::new(Semaphore::new(config.max_connections)),
             config,
             blocked: Mutex::new(BTreeMap::new()),
+            closed: AtomicU64::new(0),
+            trimming: AtomicBool::new(false),
             gateway: None,
         }
     }
@@ -678,6 +769,7 @@ impl Proxy {
     pub async fn serve(self: Arc<Self>, listener: std::net::TcpListener) -> io::Result<()> {
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
+        self.start_trimmer();
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(x) => x,
@@ -700,6 +792,7 @@ impl Proxy {
     ) -> io::Result<()> {
         listener.set_nonblocking(true)?;
         let listener = tokio::net::UnixListener::from_std(listener)?;
+        self.start_trimmer();
         loop {
             let (stream, _) = match listener.accept().await {
                 Ok(x) => x,
@@ -713,6 +806,40 @@ impl Proxy {
         }
     }
 
+    /// Give the memory that finished connections freed back to the system: every 10 s, if a
+    /// connection ended since the last look, `malloc_trim(0)`. glibc otherwise keeps freed
+    /// chunks in its arenas, so one burst of connections would set the proxy's footprint for
+    /// good. Started once per proxy; ends with it. No-op on other C libraries.
+    fn start_trimmer(self: &Arc<Self>) {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            if self.trimming.swap(true, Ordering::Relaxed) {
+                return;
+            }
+            let weak = Arc::downgrade(self);
+            tokio::spawn(async move {
+                let mut seen = 0;
+                let mut tick = tokio::time::interval(Duration::from_secs(10));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(closed) = weak.upgrade().map(|p| p.closed.load(Ordering::Relaxed))
+                    else {
+                        return;
+                    };
+                    if closed != seen {
+                        seen = closed;
+                        // SAFETY: malloc_trim only hands the allocator's free pages back to
+                        // the kernel; it takes the arenas' locks itself.
+                        unsafe {
+                            libc::malloc_trim(0);
+                        }
+                    }
+                }
+            });
+        }
+    }
+
     fn spawn_client<S>(self: Arc<Self>, stream: S, client: String)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -720,8 +847,13 @@ impl Proxy {
         match self.slots.clone().try_acquire_owned() {
             Ok(permit) => {
                 tokio::spawn(async move {
-                    self.handle(stream, client).await;
-                    drop(permit);
+                    let Some(t) = self.clone().handle(stream, &client).await else {
+                        self.closed.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    };
+                    // A task of its own, holding only the tunnel: this one, with the state of
+                    // the phases that decided it, ends here.
+                    tokio::spawn(self.run_tunnel(t, client, permit));
                 });
             }
             Err(_) => {
@@ -743,22 +875,22 @@ impl Proxy {
 
     /// Serve one client connection (HTTP or SOCKS5, told apart by the first byte).
     ///
-    /// The phases are boxed futures (`Box::pin` below) so that what stays allocated for an
-    /// established tunnel is the tunnel's small state, not the largest phase (parsing,
-    /// resolving, forwarding): a task per idle tunnel costs about 1 KiB instead of 24 KiB.
-    pub async fn handle<S>(self: Arc<Self>, stream: S, client: String)
+    /// The phases that decide (parsing, resolving, forwarding) are boxed futures that end by
+    /// handing back an established tunnel, so their state and read buffer are freed before the
+    /// tunnel runs: what an idle tunnel keeps is its task and two sockets, no buffer.
+    async fn handle<S>(self: Arc<Self>, stream: S, client: &str) -> Option<Tunnel<S>>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
         let mut conn = BufConn::new(stream);
         match conn.fill(self.config.header_timeout).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return None,
             Ok(_) => {}
         }
         if conn.buf[0] == 0x05 {
-            Box::pin(self.socks(conn, &client)).await;
+            Box::pin(self.socks(conn, client)).await
         } else {
-            Box::pin(self.http(conn, &client)).await;
+            Box::pin(self.http(conn, client)).await
         }
     }
 
@@ -778,7 +910,7 @@ impl Proxy {
         )
     }
 
-    async fn http<S>(&self, client: BufConn<S>, peer: &str)
+    async fn http<S>(&self, client: BufConn<S>, peer: &str) -> Option<Tunnel<S>>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
@@ -793,7 +925,8 @@ impl Proxy {
         mut client: BufConn<S>,
         peer: &str,
         captured: Option<(Host, u16)>,
-    ) where
+    ) -> Option<Tunnel<S>>
+    where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
         let mut pinned: Option<Pinned> = captured.clone().map(|(host, port)| Pinned {
@@ -870,37 +1003,51 @@ impl Proxy {
                         "CONNECT on a connection already used for plain HTTP",
                     );
                     self.reply_and_close(&mut client.io, 400, "corral: CONNECT on a connection already used for plain HTTP; open a new connection\n").await;
-                } else {
-                    Box::pin(self.connect(client, req, peer)).await;
+                    break;
                 }
-                return;
+                return Box::pin(self.connect(client, req, peer)).await;
             }
             match Box::pin(self.forward_one(&mut client, req, peer, &mut pinned)).await {
                 true => continue,
                 false => break,
             }
         }
-        if let Some(Pinned {
-            host,
-            port,
-            up: Some(up),
-        }) = pinned
-        {
-            self.close_upstream(peer, &host, port, up);
+        if let Some(mut p) = pinned {
+            self.drop_upstream(peer, &mut p);
+        }
+        None
+    }
+
+    /// Close the pinned upstream connection, if any (its `close` line is logged).
+    fn drop_upstream(&self, peer: &str, p: &mut Pinned) {
+        if let Some(up) = p.up.take() {
+            self.log_close(
+                peer,
+                &up.method,
+                &host_display(&p.host),
+                p.port,
+                up.address,
+                up.bytes_up,
+                up.bytes_down,
+                up.started,
+            );
         }
     }
 
-    fn close_upstream(&self, peer: &str, host: &Host, port: u16, up: Upstream) {
-        self.log_close(
-            peer,
-            &up.method,
-            &host_display(host),
-            port,
-            up.address,
-            up.bytes_up,
-            up.bytes_down,
-            up.started,
-        );
+    /// The request cannot be completed: the upstream connection is closed (so the origin never
+    /// completes a half-sent request), the client gets `status` and `body`, then a close.
+    /// Returns `false`: the client connection does not continue.
+    async fn abandon<S: AsyncWrite + Unpin>(
+        &self,
+        io: &mut S,
+        peer: &str,
+        p: &mut Pinned,
+        status: u16,
+        body: &str,
+    ) -> bool {
+        self.drop_upstream(peer, p);
+        self.reply_and_close(io, status, body).await;
+        false
     }
 
     /// A malformed-but-parsed request that names a target: logged as a denial.
@@ -1040,7 +1187,15 @@ impl Proxy {
         Ok((conn.io, SocketAddr::new(checked, port)))
     }
 
-    async fn connect<S>(&self, mut client: BufConn<S>, req: RequestHead, peer: &str)
+    /// Decide and dial a CONNECT. An established plain tunnel is handed back (the caller runs
+    /// it once this phase's state is freed); refusals and gateway-intercepted tunnels are
+    /// finished here.
+    async fn connect<S>(
+        &self,
+        mut client: BufConn<S>,
+        req: RequestHead,
+        peer: &str,
+    ) -> Option<Tunnel<S>>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
@@ -1052,27 +1207,27 @@ impl Proxy {
             Ok((h, Some(p))) => (h, p),
             Ok((_, None)) => {
                 self.log_bad(peer, "CONNECT", &target, "CONNECT target without a port");
-                return self
-                    .reply_and_close(&mut client.io, 400, "corral: CONNECT needs HOST:PORT\n")
+                self.reply_and_close(&mut client.io, 400, "corral: CONNECT needs HOST:PORT\n")
                     .await;
+                return None;
             }
             Err(e) => {
                 self.log_bad(peer, "CONNECT", &target, &e);
-                return self
-                    .reply_and_close(
-                        &mut client.io,
-                        400,
-                        &format!("corral: invalid CONNECT target {target:?}: {e}\n"),
-                    )
-                    .await;
+                self.reply_and_close(
+                    &mut client.io,
+                    400,
+                    &format!("corral: invalid CONNECT target {target:?}: {e}\n"),
+                )
+                .await;
+                return None;
             }
         };
         let shown = host_display(&host);
         if req.framing != Framing::None {
             self.log_bad(peer, "CONNECT", &target, "CONNECT with a body");
-            return self
-                .reply_and_close(&mut client.io, 400, "corral: CONNECT with a body\n")
+            self.reply_and_close(&mut client.io, 400, "corral: CONNECT with a body\n")
                 .await;
+            return None;
         }
         if let Err(why) = host_header_agrees(&req, &host, port, 443) {
             let d = Denial {
@@ -1081,12 +1236,12 @@ impl Proxy {
                 status: 400,
             };
             self.log_denial(peer, "CONNECT", &shown, port, &d);
-            return self
-                .reply_and_close(&mut client.io, 400, &format!("corral: {why}\n"))
+            self.reply_and_close(&mut client.io, 400, &format!("corral: {why}\n"))
                 .await;
+            return None;
         }
         self.tunnel_decided(client, host, port, peer, "CONNECT", Kind::Connect, true)
-            .await;
+            .await
     }
 
     /// A connection a jail process made directly to an address the stub resolver handed out
@@ -1099,25 +1254,49 @@ impl Proxy {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let Ok(_permit) = self.slots.clone().try_acquire_owned() else {
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
             return;
         };
-        if port == 80 {
+        let decided = if port == 80 {
             // Plain HTTP: the proxy's own HTTP path, every request's Host pinned to the name.
-            return self
-                .http_pinned(BufConn::new(stream), &client, Some((host, port)))
-                .await;
+            Box::pin(self.http_pinned(BufConn::new(stream), &client, Some((host, port)))).await
+        } else {
+            Box::pin(self.tunnel_decided(
+                BufConn::new(stream),
+                host,
+                port,
+                &client,
+                "CAPTURE",
+                Kind::Connect,
+                false,
+            ))
+            .await
+        };
+        match decided {
+            Some(t) => self.run_tunnel(t, client, permit).await,
+            None => {
+                self.closed.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        self.tunnel_decided(
-            BufConn::new(stream),
-            host,
-            port,
-            &client,
-            "CAPTURE",
-            Kind::Connect,
-            false,
-        )
-        .await;
+    }
+
+    /// Relay a decided tunnel until it ends, then log its close line (see [`TunnelTask`]).
+    fn run_tunnel<S>(
+        self: Arc<Self>,
+        t: Tunnel<S>,
+        peer: String,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> TunnelTask<S>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        TunnelTask {
+            relay: tunnel(t.client, t.up, self.config.idle_timeout),
+            proxy: self,
+            peer,
+            meta: t.meta,
+            _permit: permit,
+        }
     }
 
     /// The decision and tunnel of a CONNECT (answered when `answer`) or a captured connection.
@@ -1128,10 +1307,11 @@ impl Proxy {
         host: Host,
         port: u16,
         peer: &str,
-        method: &str,
+        method: &'static str,
         kind: Kind,
         answer: bool,
-    ) where
+    ) -> Option<Tunnel<S>>
+    where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
         let shown = host_display(&host);
@@ -1144,20 +1324,21 @@ impl Proxy {
                     let body = Self::denial_body(method, &authority_string(&host, port), &d);
                     self.reply_and_close(&mut client.io, d.status, &body).await;
                 }
-                return;
+                return None;
             }
         };
-        let (up, address) = match Box::pin(self.dial(&rules, &host, port)).await {
+        let (mut up, address) = match Box::pin(self.dial(&rules, &host, port)).await {
             Ok(x) => x,
             Err(r) if answer => {
-                return self
-                    .refuse(&mut client.io, peer, method, &host, port, r)
+                self.refuse(&mut client.io, peer, method, &host, port, r)
                     .await;
+                return None;
             }
             Err(r) => {
                 // No channel to answer on: the refusal is logged and the connection closed.
                 let mut sink = tokio::io::sink();
-                return self.refuse(&mut sink, peer, method, &host, port, r).await;
+                self.refuse(&mut sink, peer, method, &host, port, r).await;
+                return None;
             }
         };
         self.log_decision(
@@ -1177,38 +1358,41 @@ impl Proxy {
                 .await
                 .is_err()
         {
-            return;
+            return None;
         }
         // A secret-bound name (never an IP literal): the gateway terminates TLS and swaps the
         // placeholder, over the connection dialled above to the checked address.
-        let (bytes_up, bytes_down) = match self.gateway.as_ref().filter(|g| g.binds(&host, port)) {
-            Some(gw) => {
-                let stream = corral_gateway::Prefixed::new(client.buf.to_vec(), client.io);
-                // Failures are in the audit log (the gateway writes them).
+        if let Some(gw) = self.gateway.as_ref().filter(|g| g.binds(&host, port)) {
+            let stream = corral_gateway::Prefixed::new(client.buf.to_vec(), client.io);
+            // Failures are in the audit log (the gateway writes them).
+            let (bytes_up, bytes_down) =
                 Box::pin(gw.intercept_over(stream, up, &host, port, address, peer))
                     .await
-                    .map_or((0, 0), |s| (s.bytes_up, s.bytes_down))
-            }
-            None => self.splice(client, up).await,
-        };
-        self.log_close(
-            peer, method, &shown, port, address, bytes_up, bytes_down, started,
-        );
-    }
-
-    /// Tunnel a client (with any bytes it already sent) to an upstream stream.
-    async fn splice<S>(&self, client: BufConn<S>, mut up: TcpStream) -> (u64, u64)
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send,
-    {
+                    .map_or((0, 0), |s| (s.bytes_up, s.bytes_down));
+            self.log_close(
+                peer, method, &shown, port, address, bytes_up, bytes_down, started,
+            );
+            return None;
+        }
+        // Bytes the client sent after the CONNECT head (a TLS hello, say) go first.
         let BufConn { io, buf } = client;
         let early = buf.len() as u64;
         if early > 0 && up.write_all(&buf).await.is_err() {
-            return (0, 0);
+            self.log_close(peer, method, &shown, port, address, 0, 0, started);
+            return None;
         }
-        drop(buf);
-        let (u, d) = tunnel(io, up, self.config.idle_timeout).await;
-        (u + early, d)
+        Some(Tunnel {
+            client: io,
+            up,
+            meta: TunnelMeta {
+                method,
+                host: shown,
+                port,
+                address,
+                started,
+                early,
+            },
+        })
     }
 
     async fn refuse<S: AsyncWrite + Unpin>(
@@ -1407,9 +1591,7 @@ impl Proxy {
             Ok(n) => up.bytes_up += head.len() as u64 + n,
             Err(BodyError::Source(e)) => {
                 // The origin got an incomplete request: drop that connection so it never completes.
-                if let Some(up) = p.up.take() {
-                    self.close_upstream(peer, &host, port, up);
-                }
+                self.drop_upstream(peer, p);
                 let (status, msg) = match e {
                     ReadError::Parse(e) => (400, format!("corral: malformed request body: {e}\n")),
                     ReadError::Timeout => {
@@ -1422,16 +1604,15 @@ impl Proxy {
                 return false;
             }
             Err(BodyError::Dest(e)) => {
-                if let Some(up) = p.up.take() {
-                    self.close_upstream(peer, &host, port, up);
-                }
-                self.reply_and_close(
-                    &mut client.io,
-                    502,
-                    &format!("corral: sending the request to {shown}: {e}\n"),
-                )
-                .await;
-                return false;
+                return self
+                    .abandon(
+                        &mut client.io,
+                        peer,
+                        p,
+                        502,
+                        &format!("corral: sending the request to {shown}: {e}\n"),
+                    )
+                    .await;
             }
         }
         // The response: 1xx heads relayed, then the final one.
@@ -1444,31 +1625,29 @@ impl Proxy {
                         Err(e) => e.to_string(),
                         _ => "closed the connection".to_string(),
                     };
-                    if let Some(up) = p.up.take() {
-                        self.close_upstream(peer, &host, port, up);
-                    }
-                    self.reply_and_close(
-                        &mut client.io,
-                        502,
-                        &format!("corral: no valid response from {shown}: {why}\n"),
-                    )
-                    .await;
-                    return false;
+                    return self
+                        .abandon(
+                            &mut client.io,
+                            peer,
+                            p,
+                            502,
+                            &format!("corral: no valid response from {shown}: {why}\n"),
+                        )
+                        .await;
                 }
             };
             up.bytes_down += head.len() as u64;
             match parse_response_head(&head) {
                 Ok(r) if r.status == 101 || r.status < 100 => {
-                    if let Some(up) = p.up.take() {
-                        self.close_upstream(peer, &host, port, up);
-                    }
-                    self.reply_and_close(
-                        &mut client.io,
-                        502,
-                        "corral: protocol upgrades are not forwarded\n",
-                    )
-                    .await;
-                    return false;
+                    return self
+                        .abandon(
+                            &mut client.io,
+                            peer,
+                            p,
+                            502,
+                            "corral: protocol upgrades are not forwarded\n",
+                        )
+                        .await;
                 }
                 Ok(r) if r.status < 200 => {
                     if req.version == Version::Http11 {
@@ -1480,32 +1659,30 @@ impl Proxy {
                 }
                 Ok(r) => break r,
                 Err(e) => {
-                    if let Some(up) = p.up.take() {
-                        self.close_upstream(peer, &host, port, up);
-                    }
-                    self.reply_and_close(
-                        &mut client.io,
-                        502,
-                        &format!("corral: invalid response from {shown}: {e}\n"),
-                    )
-                    .await;
-                    return false;
+                    return self
+                        .abandon(
+                            &mut client.io,
+                            peer,
+                            p,
+                            502,
+                            &format!("corral: invalid response from {shown}: {e}\n"),
+                        )
+                        .await;
                 }
             }
         };
         let framing = match http::response_framing(&resp, &method) {
             Ok(f) => f,
             Err(e) => {
-                if let Some(up) = p.up.take() {
-                    self.close_upstream(peer, &host, port, up);
-                }
-                self.reply_and_close(
-                    &mut client.io,
-                    502,
-                    &format!("corral: invalid response from {shown}: {e}\n"),
-                )
-                .await;
-                return false;
+                return self
+                    .abandon(
+                        &mut client.io,
+                        peer,
+                        p,
+                        502,
+                        &format!("corral: invalid response from {shown}: {e}\n"),
+                    )
+                    .await;
             }
         };
         let origin_close = framing == Framing::UntilClose
@@ -1526,15 +1703,13 @@ impl Proxy {
             Ok(n) => up.bytes_down += n,
             Err(_) => {
                 // Partial response: the client sees a truncated body and a closed connection.
-                if let Some(up) = p.up.take() {
-                    self.close_upstream(peer, &host, port, up);
-                }
+                self.drop_upstream(peer, p);
                 let _ = client.io.shutdown().await;
                 return false;
             }
         }
-        if origin_close && let Some(up) = p.up.take() {
-            self.close_upstream(peer, &host, port, up);
+        if origin_close {
+            self.drop_upstream(peer, p);
         }
         if close {
             let _ = client.io.shutdown().await;
@@ -1543,37 +1718,37 @@ impl Proxy {
         true
     }
 
-    async fn socks<S>(&self, mut client: BufConn<S>, peer: &str)
+    async fn socks<S>(&self, mut client: BufConn<S>, peer: &str) -> Option<Tunnel<S>>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
         let t = self.config.header_timeout;
         // Greeting: VER NMETHODS METHODS...
         let Ok(hdr) = client.read_exact_buf(2, t).await else {
-            return;
+            return None;
         };
         let Ok(methods) = client.read_exact_buf(hdr[1] as usize, t).await else {
-            return;
+            return None;
         };
         if !methods.contains(&0) {
             let _ = client.io.write_all(&[5, 0xff]).await;
-            return;
+            return None;
         }
         if client.io.write_all(&[5, 0]).await.is_err() {
-            return;
+            return None;
         }
         // Request: VER CMD RSV ATYP DST.ADDR DST.PORT
         let Ok(req) = client.read_exact_buf(4, t).await else {
-            return;
+            return None;
         };
         let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
         if req[0] != 5 || req[2] != 0 {
-            return;
+            return None;
         }
         let host: Result<Host, String> = match req[3] {
             1 => match client.read_exact_buf(4, t).await {
                 Ok(b) => Ok(Host::Ip(IpAddr::from([b[0], b[1], b[2], b[3]]))),
-                Err(_) => return,
+                Err(_) => return None,
             },
             4 => match client.read_exact_buf(16, t).await {
                 Ok(b) => {
@@ -1581,11 +1756,11 @@ impl Proxy {
                     a.copy_from_slice(&b);
                     Ok(Host::Ip(IpAddr::from(a)))
                 }
-                Err(_) => return,
+                Err(_) => return None,
             },
             3 => {
                 let Ok(len) = client.read_exact_buf(1, t).await else {
-                    return;
+                    return None;
                 };
                 match client.read_exact_buf(len[0] as usize, t).await {
                     Ok(name) => match std::str::from_utf8(&name) {
@@ -1597,16 +1772,16 @@ impl Proxy {
                             String::from_utf8_lossy(&name)
                         )),
                     },
-                    Err(_) => return,
+                    Err(_) => return None,
                 }
             }
             _ => {
                 let _ = client.io.write_all(&reply(8)).await;
-                return;
+                return None;
             }
         };
         let Ok(port) = client.read_exact_buf(2, t).await else {
-            return;
+            return None;
         };
         let port = u16::from_be_bytes([port[0], port[1]]);
         let host = match host {
@@ -1614,7 +1789,7 @@ impl Proxy {
             Err(why) => {
                 self.log_bad(peer, "SOCKS5", "?", &why);
                 let _ = client.io.write_all(&reply(1)).await;
-                return;
+                return None;
             }
         };
         let shown = host_display(&host);
@@ -1626,7 +1801,7 @@ impl Proxy {
             };
             self.log_denial(peer, "SOCKS5", &shown, port, &d);
             let _ = client.io.write_all(&reply(7)).await;
-            return;
+            return None;
         }
         let rules = self.rules();
         let rule = match rules.check_name(&host, port, Kind::Socks) {
@@ -1634,15 +1809,15 @@ impl Proxy {
             Err(d) => {
                 self.log_denial(peer, "SOCKS5", &shown, port, &d);
                 let _ = client.io.write_all(&reply(2)).await;
-                return;
+                return None;
             }
         };
-        let (up, address) = match Box::pin(self.dial(&rules, &host, port)).await {
+        let (mut up, address) = match Box::pin(self.dial(&rules, &host, port)).await {
             Ok(x) => x,
             Err(Refusal::Denied(d)) => {
                 self.log_denial(peer, "SOCKS5", &shown, port, &d);
                 let _ = client.io.write_all(&reply(2)).await;
-                return;
+                return None;
             }
             Err(Refusal::Failed { rule, .. }) => {
                 self.log_decision(
@@ -1655,7 +1830,7 @@ impl Proxy {
                     &format!("allowed, but {rule}"),
                 );
                 let _ = client.io.write_all(&reply(4)).await;
-                return;
+                return None;
             }
         };
         self.log_decision(
@@ -1668,10 +1843,26 @@ impl Proxy {
             &rule,
         );
         if client.io.write_all(&reply(0)).await.is_err() {
-            return;
+            return None;
         }
         let started = Instant::now();
-        let (u, d) = self.splice(client, up).await;
-        self.log_close(peer, "SOCKS5", &shown, port, address, u, d, started);
+        let BufConn { io, buf } = client;
+        let early = buf.len() as u64;
+        if early > 0 && up.write_all(&buf).await.is_err() {
+            self.log_close(peer, "SOCKS5", &shown, port, address, 0, 0, started);
+            return None;
+        }
+        Some(Tunnel {
+            client: io,
+            up,
+            meta: TunnelMeta {
+                method: "SOCKS5",
+                host: shown,
+                port,
+                address,
+                started,
+                early,
+            },
+        })
     }
 }

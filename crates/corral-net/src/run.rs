@@ -56,9 +56,13 @@ impl Drop for ProxyHandle {
     }
 }
 
-/// Serve `listeners` with `proxy` on a new thread with its own tokio runtime.
-pub fn spawn(proxy: Arc<Proxy>, listeners: Vec<Listener>) -> Result<ProxyHandle, NetError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+/// The proxy's tokio runtime (`corral proxy` and the in-process proxy of `corral run`): two
+/// worker threads whatever the number of cores (the proxy is I/O-bound; two keep one slow
+/// decision from stalling every tunnel), and the process's allocator limited to two arenas
+/// (see [`limit_malloc_arenas`]).
+pub fn runtime() -> Result<tokio::runtime::Runtime, NetError> {
+    limit_malloc_arenas();
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("corral-proxy")
         .enable_all()
@@ -66,7 +70,24 @@ pub fn spawn(proxy: Arc<Proxy>, listeners: Vec<Listener>) -> Result<ProxyHandle,
         .map_err(|source| NetError::Io {
             what: "cannot start the proxy runtime".into(),
             source,
-        })?;
+        })
+}
+
+/// glibc gives each thread that meets contention an arena of its own (up to 8 per core), and
+/// each arena keeps the memory freed into it; the proxy's worker and blocking (resolver)
+/// threads would each hold one. Two arenas serve two workers. No-op on other C libraries.
+pub fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; M_ARENA_MAX is valid at any time (it
+    // bounds arenas created from then on).
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+/// Serve `listeners` with `proxy` on a new thread with its own tokio runtime.
+pub fn spawn(proxy: Arc<Proxy>, listeners: Vec<Listener>) -> Result<ProxyHandle, NetError> {
+    let rt = runtime()?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let p = proxy.clone();
     let thread = std::thread::Builder::new()

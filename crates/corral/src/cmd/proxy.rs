@@ -51,10 +51,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         audit.path().display()
     );
     let proxy = Arc::new(Proxy::new(rules, audit.clone(), jail.clone()));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let rt = corral_net::runtime().context("cannot start the proxy")?;
     rt.block_on(async move {
         let serve = if let Some(path) = args.listen.strip_prefix("unix:") {
             let _ = std::fs::remove_file(path);
