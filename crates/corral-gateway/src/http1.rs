@@ -1,51 +1,32 @@
-//! A small, strict HTTP/1.1 head parser and message-body relay.
+//! The gateway's HTTP/1.1 side: request and response heads parsed by `corral-http1` (the
+//! parser corral-net's proxy uses: one parser, one set of smuggling rules), re-serialised in
+//! canonical form, and message bodies relayed (chunked bodies verbatim).
 //!
-//! The gateway parses every request it forwards and re-serialises it in canonical form, so what
-//! the upstream receives is exactly what was checked: CRLF line ends only, no obs-fold, no
-//! whitespace before the colon, one `Host`, never both `Content-Length` and
-//! `Transfer-Encoding`, `Transfer-Encoding` only as `chunked`, a bounded head size.
-//!
-//! Duplication note: corral-net's proxy parses request heads for the same reasons. When it
-//! exposes its parser, the gateway should use that one (one parser, one set of smuggling rules);
-//! until then this module is the gateway's own.
+//! What the upstream receives is exactly what was checked: CRLF line ends only, no obs-fold,
+//! no whitespace before the colon, no control bytes, at most one `Content-Length` of plain
+//! digits and one `Transfer-Encoding` that is exactly `chunked`, never both, a bounded head.
 
+use corral_http1::{Framing, Version};
+pub use corral_http1::{Header, ParseError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// Largest request or response head accepted.
-pub const MAX_HEAD: usize = 64 * 1024;
-/// Most header fields accepted in one head.
-pub const MAX_HEADERS: usize = 128;
+/// Largest request or response head accepted (the shared parser's bound).
+pub const MAX_HEAD: usize = corral_http1::MAX_HEAD_BYTES;
 /// Longest chunk-size or trailer line.
 const MAX_LINE: usize = 8 * 1024;
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ParseError {
-    #[error("header section larger than {MAX_HEAD} bytes")]
-    TooLarge,
-    #[error("more than {MAX_HEADERS} header fields")]
-    TooManyHeaders,
-    #[error("malformed {0}")]
-    Malformed(&'static str),
-    #[error("unsupported: {0}")]
-    Unsupported(&'static str),
+/// The status a client gets for a parse error.
+pub trait ErrorStatus {
+    fn status(&self) -> u16;
 }
 
-impl ParseError {
-    /// The status a client gets for this error.
-    pub fn status(&self) -> u16 {
+impl ErrorStatus for ParseError {
+    fn status(&self) -> u16 {
         match self {
-            ParseError::TooLarge | ParseError::TooManyHeaders => 431,
+            ParseError::TooLarge => 431,
             ParseError::Malformed(_) => 400,
-            ParseError::Unsupported(_) => 501,
         }
     }
-}
-
-/// One header field, name as received (compared case-insensitively), value without OWS.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Header {
-    pub name: String,
-    pub value: Vec<u8>,
 }
 
 /// A parsed request line and header fields.
@@ -56,6 +37,8 @@ pub struct RequestHead {
     /// HTTP/1.`minor` (0 or 1).
     pub minor: u8,
     pub headers: Vec<Header>,
+    /// The body framing the shared parser derived (and checked) from the head.
+    framing: Body,
 }
 
 /// A parsed status line and header fields.
@@ -77,164 +60,55 @@ pub enum Body {
     UntilClose,
 }
 
-fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
-fn is_field_byte(b: u8) -> bool {
-    b == b'\t' || (0x20..=0x7e).contains(&b) || b >= 0x80
-}
-
-/// Index just past the blank line ending a head, if the buffer holds one.
-fn head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
-}
-
-/// Split a head (without its final blank line) into CRLF lines; a bare CR or LF is an error.
-fn lines(head: &[u8]) -> Result<Vec<&[u8]>, ParseError> {
-    let body = &head[..head.len() - 4];
-    let mut out = Vec::new();
-    let mut rest = body;
-    loop {
-        match rest.windows(2).position(|w| w == b"\r\n") {
-            Some(i) => {
-                out.push(&rest[..i]);
-                rest = &rest[i + 2..];
-            }
-            None => {
-                out.push(rest);
-                break;
-            }
+impl From<Framing> for Body {
+    fn from(f: Framing) -> Body {
+        match f {
+            Framing::None | Framing::Length(0) => Body::None,
+            Framing::Length(n) => Body::Length(n),
+            Framing::Chunked => Body::Chunked,
+            Framing::UntilClose => Body::UntilClose,
         }
     }
-    for l in &out {
-        if l.contains(&b'\r') || l.contains(&b'\n') {
-            return Err(ParseError::Malformed("line ending (bare CR or LF)"));
-        }
-    }
-    Ok(out)
 }
 
-fn parse_headers(lines: &[&[u8]]) -> Result<Vec<Header>, ParseError> {
-    if lines.len() > MAX_HEADERS {
-        return Err(ParseError::TooManyHeaders);
-    }
-    let mut headers = Vec::with_capacity(lines.len());
-    for line in lines {
-        let colon = line
-            .iter()
-            .position(|&b| b == b':')
-            .ok_or(ParseError::Malformed("header field (no colon)"))?;
-        let name = &line[..colon];
-        if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
-            // Covers obs-fold (leading whitespace) and whitespace before the colon.
-            return Err(ParseError::Malformed("header field name"));
-        }
-        let value = &line[colon + 1..];
-        if !value.iter().all(|&b| is_field_byte(b)) {
-            return Err(ParseError::Malformed("header field value"));
-        }
-        let start = value
-            .iter()
-            .position(|&b| b != b' ' && b != b'\t')
-            .unwrap_or(value.len());
-        let end = value
-            .iter()
-            .rposition(|&b| b != b' ' && b != b'\t')
-            .map_or(start, |i| i + 1);
-        headers.push(Header {
-            name: String::from_utf8(name.to_vec()).map_err(|_| ParseError::Malformed("name"))?,
-            value: value[start..end].to_vec(),
-        });
-    }
-    Ok(headers)
-}
-
-fn parse_version(v: &[u8]) -> Result<u8, ParseError> {
+fn minor(v: Version) -> u8 {
     match v {
-        b"HTTP/1.1" => Ok(1),
-        b"HTTP/1.0" => Ok(0),
-        _ => Err(ParseError::Unsupported(
-            "HTTP version other than 1.0 and 1.1",
-        )),
+        Version::Http10 => 0,
+        Version::Http11 => 1,
     }
 }
 
 /// Parse a request head at the start of `buf`: `Ok(None)` while it is incomplete, else the head
-/// and the number of bytes it used.
+/// and the number of bytes it used. Ambiguous framing is an error here already.
 pub fn parse_request(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, ParseError> {
-    let Some(end) = head_end(buf) else {
-        return if buf.len() > MAX_HEAD {
-            Err(ParseError::TooLarge)
-        } else {
-            Ok(None)
-        };
+    let Some(end) = corral_http1::find_head_end(buf)? else {
+        return Ok(None);
     };
-    if end > MAX_HEAD {
-        return Err(ParseError::TooLarge);
-    }
-    let lines = lines(&buf[..end])?;
-    let mut parts = lines[0].split(|&b| b == b' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(ParseError::Malformed("request line"));
-    };
-    if method.is_empty() || !method.iter().all(|&b| is_tchar(b)) {
-        return Err(ParseError::Malformed("request method"));
-    }
-    if target.is_empty() || !target.iter().all(|&b| (0x21..=0x7e).contains(&b)) {
-        return Err(ParseError::Malformed("request target"));
-    }
-    let minor = parse_version(version)?;
-    let head = RequestHead {
-        method: String::from_utf8(method.to_vec()).map_err(|_| ParseError::Malformed("method"))?,
-        target: String::from_utf8(target.to_vec()).map_err(|_| ParseError::Malformed("target"))?,
-        minor,
-        headers: parse_headers(&lines[1..])?,
-    };
-    Ok(Some((head, end)))
+    let h = corral_http1::parse_request_head(&buf[..end])?;
+    Ok(Some((
+        RequestHead {
+            method: h.method,
+            target: h.target,
+            minor: minor(h.version),
+            headers: h.headers,
+            framing: h.framing.into(),
+        },
+        end,
+    )))
 }
 
 /// Parse a response head at the start of `buf` (same contract as [`parse_request`]).
 pub fn parse_response(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, ParseError> {
-    let Some(end) = head_end(buf) else {
-        return if buf.len() > MAX_HEAD {
-            Err(ParseError::TooLarge)
-        } else {
-            Ok(None)
-        };
+    let Some(end) = corral_http1::find_head_end(buf)? else {
+        return Ok(None);
     };
-    if end > MAX_HEAD {
-        return Err(ParseError::TooLarge);
-    }
-    let lines = lines(&buf[..end])?;
-    let line = lines[0];
-    if line.len() < 12 || line[8] != b' ' || (line.len() > 12 && line[12] != b' ') {
-        return Err(ParseError::Malformed("status line"));
-    }
-    let minor = parse_version(&line[..8])?;
-    let code = &line[9..12];
-    if !code.iter().all(u8::is_ascii_digit) {
-        return Err(ParseError::Malformed("status code"));
-    }
-    let status = code
-        .iter()
-        .fold(0u16, |acc, d| acc * 10 + u16::from(d - b'0'));
-    let reason = if line.len() > 13 {
-        line[13..].to_vec()
-    } else {
-        Vec::new()
-    };
-    if !reason.iter().all(|&b| is_field_byte(b)) {
-        return Err(ParseError::Malformed("reason phrase"));
-    }
+    let h = corral_http1::parse_response_head(&buf[..end])?;
     Ok(Some((
         ResponseHead {
-            minor,
-            status,
-            reason,
-            headers: parse_headers(&lines[1..])?,
+            minor: minor(h.version),
+            status: h.status,
+            reason: h.reason,
+            headers: h.headers,
         },
         end,
     )))
@@ -292,47 +166,10 @@ impl Headers for ResponseHead {
     }
 }
 
-fn content_length<H: Headers>(h: &H) -> Result<Option<u64>, ParseError> {
-    let mut values = h.get_all("content-length");
-    let Some(v) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err(ParseError::Malformed("Content-Length (repeated)"));
-    }
-    if v.is_empty() || v.len() > 18 || !v.iter().all(u8::is_ascii_digit) {
-        return Err(ParseError::Malformed("Content-Length"));
-    }
-    Ok(Some(
-        v.iter().fold(0u64, |acc, d| acc * 10 + u64::from(d - b'0')),
-    ))
-}
-
 impl RequestHead {
-    /// How this request's body is delimited; ambiguous framing is an error (no smuggling).
+    /// How this request's body is delimited (checked when the head was parsed).
     pub fn body(&self) -> Result<Body, ParseError> {
-        let te: Vec<&[u8]> = self.get_all("transfer-encoding").collect();
-        let cl = content_length(self)?;
-        if !te.is_empty() {
-            if cl.is_some() {
-                return Err(ParseError::Malformed(
-                    "request with both Content-Length and Transfer-Encoding",
-                ));
-            }
-            if self.minor == 0 {
-                return Err(ParseError::Malformed("Transfer-Encoding in HTTP/1.0"));
-            }
-            if te.len() != 1 || !te[0].eq_ignore_ascii_case(b"chunked") {
-                return Err(ParseError::Unsupported(
-                    "Transfer-Encoding other than exactly `chunked`",
-                ));
-            }
-            return Ok(Body::Chunked);
-        }
-        Ok(match cl {
-            Some(0) | None => Body::None,
-            Some(n) => Body::Length(n),
-        })
+        Ok(self.framing)
     }
 
     /// The canonical bytes of this head.
@@ -352,31 +189,17 @@ impl RequestHead {
 }
 
 impl ResponseHead {
-    /// How this response's body is delimited, given the request method.
+    /// How this response's body is delimited, given the request method (the shared rules:
+    /// ambiguous framing is an error).
     pub fn body(&self, request_method: &str) -> Result<Body, ParseError> {
-        if request_method.eq_ignore_ascii_case("HEAD")
-            || (100..200).contains(&self.status)
-            || self.status == 204
-            || self.status == 304
-        {
-            return Ok(Body::None);
-        }
-        let te: Vec<&[u8]> = self.get_all("transfer-encoding").collect();
-        if !te.is_empty() {
-            let last = te
-                .last()
-                .and_then(|v| v.rsplit(|&b| b == b',').next())
-                .map(|t| t.trim_ascii());
-            return Ok(match last {
-                Some(t) if t.eq_ignore_ascii_case(b"chunked") => Body::Chunked,
-                _ => Body::UntilClose,
-            });
-        }
-        Ok(match content_length(self)? {
-            Some(0) => Body::None,
-            Some(n) => Body::Length(n),
-            None => Body::UntilClose,
-        })
+        let version = if self.minor == 0 {
+            Version::Http10
+        } else {
+            Version::Http11
+        };
+        let method = request_method.to_ascii_uppercase();
+        corral_http1::response_body_framing(self.status, version, &self.headers, &method)
+            .map(Body::from)
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -517,23 +340,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Buffered<S> {
                 let mut total = 0u64;
                 loop {
                     let line = self.read_line().await?;
-                    let digits = &line[..line.len() - 2];
-                    let size_part = digits
-                        .split(|&b| b == b';')
-                        .next()
-                        .unwrap_or_default()
-                        .trim_ascii_end();
-                    if size_part.is_empty()
-                        || size_part.len() > 15
-                        || !size_part.iter().all(u8::is_ascii_hexdigit)
-                    {
-                        return Err(invalid("malformed chunk size"));
-                    }
-                    let size = u64::from_str_radix(
-                        std::str::from_utf8(size_part).map_err(|_| invalid("chunk size"))?,
-                        16,
-                    )
-                    .map_err(|_| invalid("chunk size"))?;
+                    let size = corral_http1::parse_chunk_size(&line[..line.len() - 2])
+                        .map_err(|_| invalid("malformed chunk size"))?;
                     out.write_all(&line).await?;
                     total += line.len() as u64;
                     if size == 0 {
@@ -615,8 +423,13 @@ mod tests {
             "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
         ];
         for b in framing {
-            let (h, _) = req(b).unwrap().unwrap();
-            assert!(h.body().is_err(), "{b:?} framing accepted");
+            // Rejected when the head is parsed (the shared parser checks framing there).
+            let rejected = match req(b) {
+                Err(_) => true,
+                Ok(Some((h, _))) => h.body().is_err(),
+                Ok(None) => false,
+            };
+            assert!(rejected, "{b:?} framing accepted");
         }
         let huge = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(MAX_HEAD));
         assert_eq!(req(&huge).unwrap_err(), ParseError::TooLarge);

@@ -75,6 +75,7 @@ use base64::Engine as _;
 use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
 use corral_policy::domain::{DomainPattern, Host, parse_authority};
 use corral_policy::plan::{Access, Mount, MountKind, SecretPlan};
+use http1::ErrorStatus as _;
 use rustls::RootCertStore;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};

@@ -1,6 +1,7 @@
 //! corral's egress proxy, the jail's network bridge, and the network audit.
 //!
-//! - [`http`]: the strict HTTP/1.1 head parser and framing rules (fuzzed).
+//! - [`http`]: the strict HTTP/1.1 head parser and framing rules (fuzzed): the `corral-http1`
+//!   crate, shared with the credential gateway.
 //! - [`rules`]: the rules a proxy decides with, built from a `NetworkPlan`; the resolver seam.
 //! - [`proxy`]: the proxy itself (plain HTTP, CONNECT, SOCKS5 on one listener).
 //! - [`forward`]: `host_ports` (a listener bridged to one host loopback port).
@@ -9,12 +10,12 @@
 //!   the jail's network namespace.
 
 pub mod forward;
-pub mod http;
 pub mod netcap;
 pub mod proxy;
 pub mod rules;
 pub mod run;
 
+pub use corral_http1 as http;
 pub use forward::forward_port;
 pub use proxy::{Blocked, Proxy, ProxyConfig};
 pub use rules::{Denial, Kind, Resolver, Rules, StaticResolver, SystemResolver, Upstream};

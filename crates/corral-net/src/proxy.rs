@@ -1,6 +1,6 @@
 //! The egress proxy: plain HTTP forwarding, CONNECT tunnels and SOCKS5 on one listener.
 //!
-//! Per request: parse exactly (`http.rs`) -> normalize the host (`corral_policy::domain`) ->
+//! Per request: parse exactly (`corral-http1`) -> normalize the host (`corral_policy::domain`) ->
 //! deny list -> allow list (`Rules::check_name`) -> resolve (the proxy's [`Resolver`]) -> check
 //! EVERY resolved address (`corral_policy::addr::check_destination`) -> connect to one of exactly
 //! those addresses, never by name. A kept-alive client connection is pinned to the first host it

@@ -1,6 +1,8 @@
-//! A strict HTTP/1.1 message-head parser and the framing rules the proxy relies on.
+//! A strict HTTP/1.1 message-head parser and the framing rules corral's egress proxy
+//! (corral-net, re-exported there as `corral_net::http`) and its credential gateway
+//! (corral-gateway's `http1.rs`) both rely on: one parser, one set of smuggling rules.
 //!
-//! Everything ambiguous is an error: the proxy never forwards a request it could not parse
+//! Everything ambiguous is an error: neither forwards a request it could not parse
 //! exactly (request smuggling lives in the gap between two lenient parsers). Rejected: bare LF,
 //! obs-fold, control characters (NUL, CR, DEL, ...) in names or values, whitespace before the
 //! colon, more than one Content-Length (even equal ones), a Content-Length that is not plain
@@ -311,10 +313,20 @@ pub fn parse_response_head(head: &[u8]) -> Result<ResponseHead, ParseError> {
 
 /// The body framing of a response to a request with `method`.
 pub fn response_framing(resp: &ResponseHead, method: &str) -> Result<Framing, ParseError> {
-    if method == "HEAD" || resp.status < 200 || resp.status == 204 || resp.status == 304 {
+    response_body_framing(resp.status, resp.version, &resp.headers, method)
+}
+
+/// [`response_framing`] from the parts of a response head.
+pub fn response_body_framing(
+    status: u16,
+    version: Version,
+    headers: &[Header],
+    method: &str,
+) -> Result<Framing, ParseError> {
+    if method == "HEAD" || status < 200 || status == 204 || status == 304 {
         return Ok(Framing::None);
     }
-    match declared_framing(&resp.headers, resp.version)? {
+    match declared_framing(headers, version)? {
         Framing::None => Ok(Framing::UntilClose),
         f => Ok(f),
     }
