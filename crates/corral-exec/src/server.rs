@@ -68,8 +68,13 @@ impl ServerConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("listen address {addr:?} is neither HOST:PORT nor unix:/PATH")]
+    #[error("listen address {addr:?} is neither HOST:PORT, unix:/PATH nor fd:N")]
     BadAddress { addr: String },
+    #[error(
+        "cannot listen on fd:{fd}: {reason} (fd:N takes a listening socket the parent process \
+         passed down open, as with socket activation)"
+    )]
+    BadFd { fd: i32, reason: String },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: String,
@@ -84,6 +89,10 @@ pub enum ServeError {
 pub enum ListenAddr {
     Tcp(String),
     Unix(PathBuf),
+    /// A listening socket (unix or TCP) inherited open at this descriptor number (socket
+    /// activation: `corral run` binds the executor's socket itself and starts the server only
+    /// when the first client connects; that connection waits in the backlog).
+    Fd(i32),
 }
 
 impl ListenAddr {
@@ -93,6 +102,12 @@ impl ListenAddr {
                 return Err(ServeError::BadAddress { addr: s.into() });
             }
             return Ok(ListenAddr::Unix(PathBuf::from(p)));
+        }
+        if let Some(n) = s.strip_prefix("fd:") {
+            return match n.parse::<i32>() {
+                Ok(fd) if fd >= 0 => Ok(ListenAddr::Fd(fd)),
+                _ => Err(ServeError::BadAddress { addr: s.into() }),
+            };
         }
         let s2 = s.strip_prefix("http://").unwrap_or(s);
         if s2
@@ -108,7 +123,8 @@ impl ListenAddr {
 
 enum Listener {
     Tcp(TcpListener),
-    Unix(UnixListener, PathBuf),
+    /// The socket's path, and whether the server created it (and so removes it at the end).
+    Unix(UnixListener, PathBuf, bool),
 }
 
 /// A bound server, ready to run.
@@ -160,8 +176,9 @@ impl Server {
                 let l = UnixListener::bind(p).map_err(err)?;
                 use std::os::unix::fs::PermissionsExt;
                 std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-                Listener::Unix(l, p.clone())
+                Listener::Unix(l, p.clone(), true)
             }
+            ListenAddr::Fd(fd) => inherited_listener(*fd)?,
         };
         let (shutdown_tx, shutdown) = watch::channel(false);
         let slots = Arc::new(Semaphore::new(cfg.max_concurrent.max(1)));
@@ -185,7 +202,7 @@ impl Server {
                 .local_addr()
                 .map(|a| a.to_string())
                 .unwrap_or_else(|_| "?".into()),
-            Listener::Unix(_, p) => format!("unix:{}", p.display()),
+            Listener::Unix(_, p, _) => format!("unix:{}", p.display()),
         }
     }
 
@@ -225,9 +242,63 @@ impl Server {
         let wait = state.cfg.kill_grace + Duration::from_secs(3);
         let _ = tokio::time::timeout(wait, state.slots.acquire_many(n)).await;
         let _ = tokio::time::timeout(Duration::from_secs(2), connections.shutdown()).await;
-        if let Listener::Unix(_, p) = &self.listener {
+        if let Listener::Unix(_, p, true) = &self.listener {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+/// Take over the listening socket inherited at `fd`: it must be open, a socket, listening, and
+/// unix or TCP. It is made close-on-exec at once, so no command the server runs inherits it.
+fn inherited_listener(fd: i32) -> Result<Listener, ServeError> {
+    use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+    use nix::sys::socket::{AddressFamily, SockaddrLike, SockaddrStorage, getsockname, sockopt};
+    use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+    let bad = |reason: String| ServeError::BadFd { fd, reason };
+    if fd <= 2 {
+        return Err(bad("descriptors 0-2 are stdio, not a listener".into()));
+    }
+    // SAFETY: only borrowed for the checks below; F_GETFD on a closed descriptor fails with
+    // EBADF instead of touching anything.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    fcntl(borrowed, FcntlArg::F_GETFD).map_err(|e| bad(format!("not an open descriptor ({e})")))?;
+    let listening = nix::sys::socket::getsockopt(&borrowed, sockopt::AcceptConn)
+        .map_err(|e| bad(format!("not a socket ({e})")))?;
+    if !listening {
+        return Err(bad("the socket is not listening".into()));
+    }
+    let addr: SockaddrStorage =
+        getsockname(fd).map_err(|e| bad(format!("cannot read its address ({e})")))?;
+    fcntl(borrowed, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))
+        .map_err(|e| bad(format!("cannot make it close-on-exec ({e})")))?;
+    // SAFETY: the descriptor is open (checked above), was passed down to this process for the
+    // server alone, and nothing else in the process owns it; ownership moves here exactly once
+    // (the one `bind` of this address).
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let io = |e: std::io::Error| bad(e.to_string());
+    match addr.family() {
+        Some(AddressFamily::Unix) => {
+            let path = addr
+                .as_unix_addr()
+                .and_then(|u| u.path())
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| PathBuf::from(format!("(fd {fd})")));
+            let std = std::os::unix::net::UnixListener::from(owned);
+            std.set_nonblocking(true).map_err(io)?;
+            Ok(Listener::Unix(
+                UnixListener::from_std(std).map_err(io)?,
+                path,
+                false,
+            ))
+        }
+        Some(AddressFamily::Inet | AddressFamily::Inet6) => {
+            let std = std::net::TcpListener::from(owned);
+            std.set_nonblocking(true).map_err(io)?;
+            Ok(Listener::Tcp(TcpListener::from_std(std).map_err(io)?))
+        }
+        other => Err(bad(format!(
+            "a socket of family {other:?}, not unix or TCP"
+        ))),
     }
 }
 
@@ -243,7 +314,7 @@ async fn accept(l: &Listener) -> Option<Conn> {
             let _ = s.set_nodelay(true);
             Conn::Tcp(TokioIo::new(s))
         }),
-        Listener::Unix(l, _) => l.accept().await.map(|(s, _)| Conn::Unix(TokioIo::new(s))),
+        Listener::Unix(l, _, _) => l.accept().await.map(|(s, _)| Conn::Unix(TokioIo::new(s))),
     };
     match r {
         Ok(c) => Some(c),
@@ -769,6 +840,9 @@ mod tests {
             ListenAddr::Unix("/run/x.sock".into())
         );
         assert!(ListenAddr::parse("unix:").is_err());
+        assert_eq!(ListenAddr::parse("fd:3").unwrap(), ListenAddr::Fd(3));
+        assert!(ListenAddr::parse("fd:").is_err());
+        assert!(ListenAddr::parse("fd:-1").is_err());
         assert!(ListenAddr::parse("localhost").is_err());
     }
 

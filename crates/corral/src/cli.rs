@@ -178,7 +178,7 @@ pub struct ExecArgs {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address to listen on: HOST:PORT or unix:PATH
+    /// Address to listen on: HOST:PORT, unix:PATH, or fd:N (a listening socket inherited open)
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8080")]
     pub listen: String,
     /// File holding the bearer token clients must present

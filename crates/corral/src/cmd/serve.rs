@@ -247,18 +247,29 @@ fn jail_helper() -> anyhow::Result<ExitCode> {
 /// Where the executor's socket and token appear inside the agent's jail.
 pub const JAIL_EXECUTOR_DIR: &str = "/run/corral/executor";
 
-/// The executor of a native `corral run`: a `corral serve` child on a unix socket in a private
-/// directory (0700) with a fresh token (0600), and the skill file. Dropping it stops the server,
-/// which kills every command still running, and removes the directory.
+/// The executor of a native `corral run`, socket-activated: corral binds the unix socket itself
+/// in a private directory (0700) beside a fresh token (0600), and a thread of corral's starts
+/// `corral serve --listen fd:N` with that listener only when the first client connects (the
+/// connection waits in the backlog meanwhile). A run that never calls the executor never starts
+/// it. Dropping the handle stops the server, if one started (which kills every command still
+/// running), reports a server that failed, and removes the directory.
 pub struct RunExecutor {
-    child: Option<std::process::Child>,
     dir: PathBuf,
+    activator: Option<Activator>,
+}
+
+/// The thread that waits for the executor's first client, and the pipe that stops it.
+struct Activator {
+    /// Closing this (the pipe's write end) tells the thread the run is over.
+    stop: Option<std::os::fd::OwnedFd>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// Start the executor `plan` asks for and give the jail access to it: a directory holding only
 /// the socket and the token, bound read-only at [`JAIL_EXECUTOR_DIR`], and `CORRAL_EXECUTOR`,
-/// `CORRAL_EXECUTOR_TOKEN_FILE`, `CORRAL_PROJECT_ROOT` set. When the plan has a skill
-/// (`plan.skill`), SKILL.md is bound read-only at its directory and its arguments (pi:
+/// `CORRAL_EXECUTOR_TOKEN_FILE`, `CORRAL_PROJECT_ROOT` set. The socket listens from here on;
+/// the server behind it starts on the first connection ([`RunExecutor`]). When the plan has a
+/// skill (`plan.skill`), SKILL.md is bound read-only at its directory and its arguments (pi:
 /// `--skill DIR`) are added to the command. `None` when there is neither (`compose:SERVICE`
 /// without a skill, or a plan that is itself an executor's jail).
 pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
@@ -296,8 +307,8 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
             .with_context(|| format!("cannot create {}", d.display()))?;
     }
     let mut handle = RunExecutor {
-        child: None,
         dir: dir.clone(),
+        activator: None,
     };
     if let Some(skill) = plan.skill.clone() {
         let skill_dir = dir.join("skill");
@@ -327,64 +338,53 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
         std::io::Write::write_all(&mut f, hex.as_bytes())?;
     }
     let sock = shared.join("exec.sock");
-    let exe = std::env::current_exe().context("cannot find corral's own binary")?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("serve")
-        .arg("--listen")
-        .arg(format!("unix:{}", sock.display()))
-        .arg("--token-file")
-        .arg(&token)
-        .arg("--root")
-        .arg(&plan.project.root)
-        .arg("--timeout")
-        .arg(format!("{}ms", plan.executor.timeout_ms.max(1)))
-        .arg("--max-output")
-        .arg(plan.executor.max_output.max(1).to_string())
-        .arg("--max-concurrent")
-        .arg(plan.executor.max_concurrent.max(1).to_string())
-        // The policy is already resolved into these flags and the jail plan.
-        .arg("--policy")
-        .arg("/dev/null");
-    for a in &plan.executor.allow {
-        cmd.arg("--allow").arg(a);
-    }
-    if let Some(jail) = &jail_plan {
-        let file = dir.join("jail.json");
-        std::fs::write(&file, serde_json::to_vec(jail)?)
-            .with_context(|| format!("cannot write {}", file.display()))?;
-        cmd.arg("--jail-plan").arg(file);
-    }
-    // Real secret values stay in corral alone: the gateway holds them, and no executor
-    // (least of all the unjailed host one, which inherits this environment) may hand them out.
-    for s in &plan.secrets {
-        cmd.env_remove(&s.from_env);
-    }
-    let log = dir.join("serve.log");
-    let log_file =
-        std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log_file);
+    let listener = std::os::unix::net::UnixListener::bind(&sock)
+        .with_context(|| format!("cannot listen on the executor's socket {}", sock.display()))?;
     {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe; it makes the server die (and
-        // kill its commands) when corral does.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("cannot make {} private", sock.display()))?;
     }
-    handle.child = Some(
-        cmd.spawn()
-            .context("cannot start the executor (corral serve)")?,
-    );
-    // Not waited for: the socket appears in the directory already bound into the jail, and
-    // `corral exec` waits briefly for a socket that is not there yet. Its messages go to a log
-    // beside the socket, not into the harness's terminal; the log is shown if it fails.
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "serve".into(),
+        "--token-file".into(),
+        token.into(),
+        "--root".into(),
+        plan.project.root.clone().into(),
+        "--timeout".into(),
+        format!("{}ms", plan.executor.timeout_ms.max(1)).into(),
+        "--max-output".into(),
+        plan.executor.max_output.max(1).to_string().into(),
+        "--max-concurrent".into(),
+        plan.executor.max_concurrent.max(1).to_string().into(),
+        // The policy is already resolved into these flags and the jail plan.
+        "--policy".into(),
+        "/dev/null".into(),
+    ];
+    for a in &plan.executor.allow {
+        args.push("--allow".into());
+        args.push(a.into());
+    }
+    let launch = Launch {
+        exe: std::env::current_exe().context("cannot find corral's own binary")?,
+        args,
+        jail_plan,
+        // Real secret values stay in corral alone: the gateway holds them, and no executor
+        // (least of all the unjailed host one, which inherits this environment) may hand them
+        // out.
+        env_remove: plan.secrets.iter().map(|s| s.from_env.clone()).collect(),
+        dir: dir.clone(),
+    };
+    let (stop_r, stop_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .context("cannot create the executor's stop pipe")?;
+    let thread = std::thread::Builder::new()
+        .name("corral-executor".into())
+        .spawn(move || activate(listener, launch, stop_r))
+        .context("cannot start the executor's activation thread")?;
+    handle.activator = Some(Activator {
+        stop: Some(stop_w),
+        thread: Some(thread),
+    });
 
     plan.mounts.push(Mount {
         source: shared,
@@ -407,18 +407,134 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
     Ok(Some(handle))
 }
 
+/// How to start the executor's server once a client connects.
+struct Launch {
+    exe: PathBuf,
+    /// Every argument but `--listen` and `--jail-plan`.
+    args: Vec<std::ffi::OsString>,
+    /// The executor's jail (`[executor.sandbox]`), written beside the socket when it starts.
+    jail_plan: Option<Box<Plan>>,
+    /// Variables the server must not inherit (the real values of secrets).
+    env_remove: Vec<String>,
+    /// The private directory: `jail.json` and `serve.log` go here.
+    dir: PathBuf,
+}
+
+/// Whether `fd` has an event, waiting for one on `fds` (retrying on EINTR). An error of poll
+/// itself counts as an event on every descriptor, so the caller stops waiting.
+fn wait_readable(fds: &[std::os::fd::BorrowedFd<'_>]) -> Vec<bool> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut pfds: Vec<PollFd> = fds
+        .iter()
+        .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+        .collect();
+    loop {
+        match poll(&mut pfds, PollTimeout::NONE) {
+            Ok(_) => {
+                return pfds
+                    .iter()
+                    .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
+                    .collect();
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return vec![true; fds.len()],
+        }
+    }
+}
+
+/// The activation thread: wait until the jail's first client connects or the run ends (`stop`
+/// reaches EOF); on a connection, start `corral serve` with the listener, then wait for the end
+/// of the run, report a server that failed, and stop it. The server is this thread's child
+/// with PR_SET_PDEATHSIG, so it dies with corral; this thread lives as long as the run.
+fn activate(listener: std::os::unix::net::UnixListener, launch: Launch, stop: std::os::fd::OwnedFd) {
+    use std::os::fd::{AsFd, AsRawFd};
+    let ready = wait_readable(&[listener.as_fd(), stop.as_fd()]);
+    if ready[1] || !ready[0] {
+        // The run ended and nothing ever called the executor.
+        return;
+    }
+    let log = launch.dir.join("serve.log");
+    let fail = |what: String| {
+        eprintln!("corral: the executor (corral serve) failed: {what}");
+    };
+    let child = match server_command(&launch, listener.as_raw_fd(), &log) {
+        Ok(mut cmd) => cmd.spawn().context("cannot start corral serve"),
+        Err(e) => Err(e),
+    };
+    // The server holds the listener now; without corral's copy, a server that dies leaves a
+    // socket that refuses connections instead of one where clients wait forever. On failure the
+    // waiting clients are reset the same way.
+    drop(listener);
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            wait_readable(&[stop.as_fd()]);
+            fail(format!("{e:#}"));
+            return;
+        }
+    };
+    wait_readable(&[stop.as_fd()]);
+    if let Ok(Some(status)) = child.try_wait()
+        && !status.success()
+    {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        fail(text.trim().to_string());
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let _ = child.wait();
+}
+
+/// `corral serve --listen fd:N ...` with the listener at `fd` (inherited: its close-on-exec
+/// flag is cleared in the child alone), its messages going to `log`.
+fn server_command(
+    launch: &Launch,
+    fd: std::os::fd::RawFd,
+    log: &Path,
+) -> anyhow::Result<std::process::Command> {
+    let mut cmd = std::process::Command::new(&launch.exe);
+    cmd.args(&launch.args).arg("--listen").arg(format!("fd:{fd}"));
+    if let Some(jail) = &launch.jail_plan {
+        let file = launch.dir.join("jail.json");
+        std::fs::write(&file, serde_json::to_vec(jail)?)
+            .with_context(|| format!("cannot write {}", file.display()))?;
+        cmd.arg("--jail-plan").arg(file);
+    }
+    for name in &launch.env_remove {
+        cmd.env_remove(name);
+    }
+    let log_file =
+        std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log_file);
+    use std::os::unix::process::CommandExt;
+    // SAFETY: fcntl and prctl are async-signal-safe and allocate nothing. The listener is
+    // close-on-exec in corral (no other child inherits it); here, in the server's process alone,
+    // the flag is cleared so the server receives it. PR_SET_PDEATHSIG makes the server die (and
+    // kill its commands) when corral's activation thread, and so corral, does.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(cmd)
+}
+
 impl Drop for RunExecutor {
     fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            if let Ok(Some(status)) = child.try_wait()
-                && !status.success()
-            {
-                let log = std::fs::read_to_string(self.dir.join("serve.log")).unwrap_or_default();
-                eprintln!("corral: the executor (corral serve) failed: {}", log.trim());
+        if let Some(a) = &mut self.activator {
+            // EOF on the stop pipe: the thread stops the server (if one started) and returns.
+            drop(a.stop.take());
+            if let Some(t) = a.thread.take() {
+                let _ = t.join();
             }
-            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let _ = child.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
