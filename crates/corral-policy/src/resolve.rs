@@ -1570,9 +1570,13 @@ fn hide_glob(pattern: &str) -> Result<globset::Glob, String> {
         .map_err(|e| format!("filesystem.hide: invalid pattern {pattern:?}: {e}"))
 }
 
-/// Every entry under `root` matched by one of the `hide` patterns, found in one parallel walk
-/// with every ignore filter off (a `.gitignore` must not hide `.env` from this search), not
-/// descending into `.git/objects` or into a matched directory. Sorted.
+/// Entries [`find_masked`] visits on the calling thread before it starts over in parallel.
+const SEQUENTIAL_WALK_MAX: usize = 4096;
+
+/// Every entry under `root` matched by one of the `hide` patterns, found with every ignore
+/// filter off (a `.gitignore` must not hide `.env` from this search), not descending into
+/// `.git/objects` or into a matched directory: on this thread for a tree of at most
+/// [`SEQUENTIAL_WALK_MAX`] entries, else in one parallel walk. Sorted.
 pub fn find_masked(root: &Path, patterns: &[String]) -> Result<Vec<PathBuf>, PolicyError> {
     let mut b = globset::GlobSetBuilder::new();
     for p in patterns {
@@ -1585,9 +1589,8 @@ pub fn find_masked(root: &Path, patterns: &[String]) -> Result<Vec<PathBuf>, Pol
         return Ok(Vec::new());
     }
     let objects = root.join(".git/objects");
-    let found = std::sync::Mutex::new(Vec::new());
-    let errors = std::sync::Mutex::new(None);
-    ignore::WalkBuilder::new(root)
+    let mut builder = ignore::WalkBuilder::new(root);
+    builder
         .standard_filters(false)
         .hidden(false)
         .parents(false)
@@ -1597,41 +1600,75 @@ pub fn find_masked(root: &Path, patterns: &[String]) -> Result<Vec<PathBuf>, Pol
         .git_exclude(false)
         .require_git(false)
         .follow_links(false)
-        .filter_entry(move |e| e.path() != objects)
-        .build_parallel()
-        .run(|| {
-            let set = &set;
-            let found = &found;
-            let errors = &errors;
-            Box::new(move |entry| {
-                use ignore::WalkState;
-                let entry = match entry {
-                    Ok(e) => e,
-                    Err(e) => {
-                        // An unreadable directory cannot be listed by the jail's user either;
-                        // remember the first error for the report and keep walking.
-                        let mut slot = errors.lock().unwrap_or_else(|p| p.into_inner());
-                        slot.get_or_insert_with(|| e.to_string());
-                        return WalkState::Continue;
-                    }
-                };
-                let Ok(rel) = entry.path().strip_prefix(root) else {
-                    return WalkState::Continue;
-                };
-                if rel.as_os_str().is_empty() || !set.is_match(rel) {
+        .filter_entry(move |e| e.path() != objects);
+    // A small project is walked on this thread: starting the walker's threads (and waiting for
+    // every one of them to be scheduled and go idle) costs more than the walk on a busy
+    // machine, and this walk is on the path of every `corral run`. Beyond
+    // SEQUENTIAL_WALK_MAX entries, start over in parallel.
+    let mut small = Vec::new();
+    // Matched directories: what lies below them is not listed (their mount covers it).
+    let mut covered: Vec<PathBuf> = Vec::new();
+    let mut complete = true;
+    for (seen, entry) in builder.build().enumerate() {
+        if seen >= SEQUENTIAL_WALK_MAX {
+            complete = false;
+            break;
+        }
+        // An unreadable directory cannot be listed by the jail's user either.
+        let Ok(entry) = entry else { continue };
+        let Ok(rel) = entry.path().strip_prefix(root) else {
+            continue;
+        };
+        if rel.as_os_str().is_empty()
+            || !set.is_match(rel)
+            || covered.iter().any(|d| entry.path().starts_with(d))
+        {
+            continue;
+        }
+        if entry.file_type().is_some_and(|t| t.is_dir()) {
+            covered.push(entry.path().to_path_buf());
+        }
+        small.push(entry.path().to_path_buf());
+    }
+    if complete {
+        small.sort();
+        return Ok(small);
+    }
+    let found = std::sync::Mutex::new(Vec::new());
+    let errors = std::sync::Mutex::new(None);
+    builder.build_parallel().run(|| {
+        let set = &set;
+        let found = &found;
+        let errors = &errors;
+        Box::new(move |entry| {
+            use ignore::WalkState;
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => {
+                    // An unreadable directory cannot be listed by the jail's user either;
+                    // remember the first error for the report and keep walking.
+                    let mut slot = errors.lock().unwrap_or_else(|p| p.into_inner());
+                    slot.get_or_insert_with(|| e.to_string());
                     return WalkState::Continue;
                 }
-                found
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(entry.path().to_path_buf());
-                if entry.file_type().is_some_and(|t| t.is_dir()) {
-                    WalkState::Skip
-                } else {
-                    WalkState::Continue
-                }
-            })
-        });
+            };
+            let Ok(rel) = entry.path().strip_prefix(root) else {
+                return WalkState::Continue;
+            };
+            if rel.as_os_str().is_empty() || !set.is_match(rel) {
+                return WalkState::Continue;
+            }
+            found
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(entry.path().to_path_buf());
+            if entry.file_type().is_some_and(|t| t.is_dir()) {
+                WalkState::Skip
+            } else {
+                WalkState::Continue
+            }
+        })
+    });
     let mut found = found.into_inner().unwrap_or_else(|p| p.into_inner());
     found.sort();
     Ok(found)

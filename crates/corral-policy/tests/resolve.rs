@@ -796,6 +796,46 @@ fn hide_patterns_without_a_slash_match_at_any_depth_and_with_one_are_anchored() 
     );
 }
 
+/// A tree too large for the walk on the calling thread is searched in parallel with the same
+/// rules: matches at any depth, `.git/objects` skipped, nothing listed below a masked directory.
+#[test]
+fn the_hide_search_finds_the_same_files_in_a_tree_too_large_for_one_thread() {
+    let f = fx();
+    let hide: Vec<String> = [".env", "*.key", "*.pem", "secrets/"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let expected = |root: &Path| {
+        vec![
+            root.join(".env"),
+            root.join("filler/d07/x.pem"),
+            root.join("filler/d49/secrets"),
+            root.join("sub/.env"),
+        ]
+    };
+    for p in ["filler/d07/x.pem", "filler/d49/secrets/inner.pem"] {
+        std::fs::create_dir_all(f.root.join(p).parent().unwrap()).unwrap();
+        std::fs::write(f.root.join(p), "x").unwrap();
+    }
+    // Small: walked on this thread.
+    assert_eq!(
+        corral_policy::resolve::find_masked(&f.root, &hide).unwrap(),
+        expected(&f.root)
+    );
+    // 5,000 more entries: beyond the sequential walk.
+    for d in 0..50 {
+        let dir = f.root.join(format!("filler/d{d:02}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..100 {
+            std::fs::write(dir.join(format!("f{i}")), "").unwrap();
+        }
+    }
+    assert_eq!(
+        corral_policy::resolve::find_masked(&f.root, &hide).unwrap(),
+        expected(&f.root)
+    );
+}
+
 #[test]
 fn the_user_config_is_protected_when_a_read_write_bind_exposes_it() {
     let f = fx();

@@ -383,14 +383,19 @@ fn sha256(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(ctx.finish().as_ref().to_vec())
 }
 
-/// Every entry under `root` except `root/.git` (relative path → metadata), in one parallel
-/// walk with every ignore filter off, not following symlinks. The same walker configuration
-/// as the policy crate's `hide` search (`corral_policy::resolve::find_masked`).
+/// Entries a walk visits on the calling thread before it starts over in parallel: a small
+/// project is listed without starting (and waiting for) walker threads, which on a busy
+/// machine costs more than the walk (the end-of-run walk is on `corral run`'s critical path).
+const SEQUENTIAL_MAX: usize = 4096;
+
+/// Every entry under `root` except `root/.git` (relative path → metadata), with every ignore
+/// filter off, not following symlinks: on this thread when there are at most
+/// [`SEQUENTIAL_MAX`], else in one parallel walk. The same walker configuration as the policy
+/// crate's `hide` search (`corral_policy::resolve::find_masked`).
 fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
     let git = root.join(".git");
-    let found = std::sync::Mutex::new(Vec::new());
-    let over = std::sync::atomic::AtomicBool::new(false);
-    ignore::WalkBuilder::new(root)
+    let mut builder = ignore::WalkBuilder::new(root);
+    builder
         .standard_filters(false)
         .hidden(false)
         .parents(false)
@@ -400,36 +405,57 @@ fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
         .git_exclude(false)
         .require_git(false)
         .follow_links(false)
-        .filter_entry(move |e| e.path() != git)
-        .build_parallel()
-        .run(|| {
-            let mut batch = Batch {
-                local: Vec::new(),
-                found: &found,
-                over: &over,
+        .filter_entry(move |e| e.path() != git);
+    let mut small = HashMap::new();
+    let mut complete = true;
+    for entry in builder.build() {
+        // An unreadable directory is unreadable at both ends: the rest is compared.
+        let Ok(entry) = entry else { continue };
+        if entry.depth() > 0
+            && let Ok(rel) = entry.path().strip_prefix(root)
+            && let Ok(m) = entry.path().symlink_metadata()
+        {
+            small.insert(rel.as_os_str().to_os_string(), Meta::of(&m));
+            if small.len() > SEQUENTIAL_MAX {
+                complete = false;
+                break;
+            }
+        }
+    }
+    if complete {
+        return Ok(small);
+    }
+    drop(small);
+    let found = std::sync::Mutex::new(Vec::new());
+    let over = std::sync::atomic::AtomicBool::new(false);
+    builder.build_parallel().run(|| {
+        let mut batch = Batch {
+            local: Vec::new(),
+            found: &found,
+            over: &over,
+        };
+        Box::new(move |entry| {
+            if batch.over.load(std::sync::atomic::Ordering::Relaxed) {
+                return ignore::WalkState::Quit;
+            }
+            // An unreadable directory is unreadable at both ends: the rest is compared.
+            let Ok(entry) = entry else {
+                return ignore::WalkState::Continue;
             };
-            Box::new(move |entry| {
-                if batch.over.load(std::sync::atomic::Ordering::Relaxed) {
-                    return ignore::WalkState::Quit;
+            if entry.depth() > 0
+                && let Ok(rel) = entry.path().strip_prefix(root)
+                && let Ok(m) = entry.path().symlink_metadata()
+            {
+                batch
+                    .local
+                    .push((rel.as_os_str().to_os_string(), Meta::of(&m)));
+                if batch.local.len() >= 1024 {
+                    batch.flush();
                 }
-                // An unreadable directory is unreadable at both ends: the rest is compared.
-                let Ok(entry) = entry else {
-                    return ignore::WalkState::Continue;
-                };
-                if entry.depth() > 0
-                    && let Ok(rel) = entry.path().strip_prefix(root)
-                    && let Ok(m) = entry.path().symlink_metadata()
-                {
-                    batch
-                        .local
-                        .push((rel.as_os_str().to_os_string(), Meta::of(&m)));
-                    if batch.local.len() >= 1024 {
-                        batch.flush();
-                    }
-                }
-                ignore::WalkState::Continue
-            })
-        });
+            }
+            ignore::WalkState::Continue
+        })
+    });
     if over.into_inner() {
         bail!(
             "more than {WALK_MAX} files under {} (CORRAL_CHANGES=off skips this walk)",
@@ -849,6 +875,41 @@ mod tests {
             deleted: v(d),
             note: None,
         }
+    }
+
+    /// The walk lists every entry but `.git`, whether it fits the walk on the calling thread or
+    /// starts over in parallel.
+    #[test]
+    fn walk_lists_every_entry_small_or_large() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join(".git/objects")).unwrap();
+        std::fs::write(root.join(".git/HEAD"), "x").unwrap();
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::write(root.join("a/b/c"), "x").unwrap();
+        let mut names: Vec<String> = walk(root)
+            .unwrap()
+            .keys()
+            .map(|k| k.to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["a", "a/b", "a/b/c"]);
+        for d in 0..50 {
+            let sub = root.join(format!("many/d{d}"));
+            std::fs::create_dir_all(&sub).unwrap();
+            for i in 0..100 {
+                std::fs::write(sub.join(format!("f{i}")), "").unwrap();
+            }
+        }
+        let large = walk(root).unwrap();
+        // a, a/b, a/b/c, many, 50 directories, 5,000 files.
+        assert_eq!(large.len(), 3 + 1 + 50 + 5000);
+        assert!(large.contains_key(std::ffi::OsStr::new("many/d49/f99")));
+        assert!(
+            large
+                .keys()
+                .all(|k| !k.to_string_lossy().starts_with(".git"))
+        );
     }
 
     #[test]

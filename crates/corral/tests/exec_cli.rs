@@ -280,6 +280,110 @@ fn serve_refuses_to_run_without_a_token_or_explicit_no_auth() {
     );
 }
 
+/// `corral serve --listen fd:N` takes a listening socket it inherits (how `corral run` starts its
+/// executor on first use): a request sent before the server existed waits in the backlog and is
+/// served, and the command the server runs does not inherit the listener.
+#[test]
+fn serve_takes_an_inherited_listener_and_keeps_it_from_its_commands() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let proj = dir.path().join("proj");
+    std::fs::create_dir_all(&proj).unwrap();
+    std::fs::write(dir.path().join("token"), "tok-fd\n").unwrap();
+    let sock = dir.path().join("exec.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let fd = listener.as_raw_fd();
+    let inode = std::fs::metadata(format!("/proc/self/fd/{fd}"))
+        .map(|m| m.ino())
+        .unwrap_or(0);
+    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
+    let link = link.to_string_lossy().into_owned();
+    assert!(link.starts_with("socket:["), "{link} (inode {inode})");
+
+    // The whole request is sent before any server runs.
+    let mut client = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let body = r#"{"command":["sh","-c","ls -l /proc/self/fd/; echo from-exec"]}"#;
+    write!(
+        client,
+        "POST /v1/exec HTTP/1.1\r\nHost: executor\r\nAuthorization: Bearer tok-fd\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+
+    let mut cmd = Command::new(CORRAL);
+    cmd.args(["serve", "--listen", &format!("fd:{fd}"), "--token-file"])
+        .arg(dir.path().join("token"))
+        .arg("--root")
+        .arg(&proj)
+        .arg("--audit-log")
+        .arg(dir.path().join("audit.jsonl"))
+        .stderr(Stdio::piped());
+    // SAFETY: fcntl is async-signal-safe; it clears close-on-exec on the listener in the child
+    // alone, which is how the server inherits it.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut server = cmd.spawn().unwrap();
+    drop(listener);
+    client
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut resp = String::new();
+    let read = client.read_to_string(&mut resp);
+    let _ = kill(Pid::from_raw(server.id() as i32), Signal::SIGTERM);
+    let out = server.wait_with_output().unwrap();
+    read.unwrap_or_else(|e| panic!("{e}; server: {}", text(&out.stderr)));
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(resp.contains("from-exec"), "{resp}");
+    assert!(
+        text(&out.stderr).contains(&format!("listening on unix:{}", sock.display())),
+        "{}",
+        text(&out.stderr)
+    );
+    // The command's descriptors: stdio and `ls`'s own; the listener never reaches it.
+    assert!(resp.contains("0 -> /dev/null"), "{resp}");
+    assert!(
+        !resp.contains(&link),
+        "the command inherited the listener {link}:\n{resp}"
+    );
+}
+
+#[test]
+fn serve_refuses_an_fd_that_is_not_a_listening_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("token"), "tok\n").unwrap();
+    for (addr, want) in [
+        ("fd:1", "descriptors 0-2 are stdio"),
+        ("fd:987", "not an open descriptor"),
+        ("fd:x", "neither HOST:PORT, unix:/PATH nor fd:N"),
+    ] {
+        let out = Command::new(CORRAL)
+            .args(["serve", "--listen", addr, "--token-file"])
+            .arg(dir.path().join("token"))
+            .arg("--root")
+            .arg(dir.path())
+            .arg("--audit-log")
+            .arg(dir.path().join("audit.jsonl"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(125), "{addr}");
+        assert!(
+            text(&out.stderr).contains(want),
+            "{addr}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
 #[test]
 fn skill_prints_the_pi_skill() {
     let out = Command::new(CORRAL).args(["skill", "pi"]).output().unwrap();

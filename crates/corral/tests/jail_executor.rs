@@ -126,3 +126,113 @@ fn the_host_executor_does_not_inherit_real_secrets() {
         out.both()
     );
 }
+
+/// The pids of `pid`'s children whose command line is `corral serve ...`.
+fn serve_children(pid: u32) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // The parent pid is the second field after the command name's closing parenthesis.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(pid) {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.get(1).map(String::as_str) == Some("serve") {
+            found.push((child, args.join(" ")));
+        }
+    }
+    found
+}
+
+/// Wait until `file` exists; fail (with corral's output) if corral ends first or a minute
+/// passes.
+fn wait_for(file: &std::path::Path, child: &mut std::process::Child) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !file.exists() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!(
+                "corral ended ({status}) before {} appeared: {err}",
+                file.display()
+            );
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{} did not appear within a minute", file.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The executor's server is socket-activated: while the jail has not called it, no
+/// `corral serve` runs; the first `corral exec` starts it (its connection waits in the socket's
+/// backlog meanwhile), and it is gone when the run ends.
+#[test]
+fn the_executor_server_starts_on_first_use_only() {
+    let w = World::new();
+    let script = "echo > phase1; while [ ! -e go1 ]; do sleep 0.05; done; \
+         corral exec -- sh -c 'echo from-exec'; echo exec-rc=$?; \
+         echo > phase2; while [ ! -e go2 ]; do sleep 0.05; done; echo END";
+    let mut c = w.corral();
+    c.args(["run", "--network", "none", "--", "sh", "-c", script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let pid = child.id();
+
+    wait_for(&w.project.join("phase1"), &mut child);
+    let before = serve_children(pid);
+    write(&w.project.join("go1"), "");
+    wait_for(&w.project.join("phase2"), &mut child);
+    let during = serve_children(pid);
+    write(&w.project.join("go2"), "");
+    let out = child.wait_with_output().unwrap();
+    let both = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(both.contains("END"), "{both}");
+    assert!(both.contains("from-exec"), "{both}");
+    assert!(both.contains("exec-rc=0"), "{both}");
+    assert!(
+        before.is_empty(),
+        "a corral serve ran before anything called the executor: {before:?}"
+    );
+    assert_eq!(during.len(), 1, "{during:?}\n{both}");
+    assert!(
+        during[0].1.contains("--listen fd:"),
+        "the server did not take corral's listener: {during:?}"
+    );
+    // corral waited for its server before exiting: it is gone (reaped, or a different process).
+    let (server, _) = &during[0];
+    let cmdline = std::fs::read(format!("/proc/{server}/cmdline")).unwrap_or_default();
+    assert!(
+        !String::from_utf8_lossy(&cmdline).contains("serve"),
+        "the executor server outlived the run"
+    );
+    // Its audit record is there.
+    let recs = w.audit_records();
+    assert_eq!(
+        recs.iter().filter(|r| r["kind"] == "exec").count(),
+        1,
+        "{recs:#?}"
+    );
+}

@@ -83,7 +83,15 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         eprintln!("corral: {note}");
     }
     if let Some(cg) = &limits.cgroup {
-        opts.cgroup_procs = cg.paths().iter().map(|p| p.join("cgroup.procs")).collect();
+        // cgroup v1: the set-up process moves itself by writing 0 to `tasks`, which moves the
+        // calling thread alone. It is a fresh exec of corral that starts no thread, so that is
+        // the whole process, and the kernel skips the global write lock a `cgroup.procs` write
+        // takes (an RCU grace period: 8-20 ms here). Its children are born inside.
+        let file = match cg.version() {
+            corral_sandbox::cgroup::Version::V1 => "tasks",
+            corral_sandbox::cgroup::Version::V2 => "cgroup.procs",
+        };
+        opts.cgroup_procs = cg.paths().iter().map(|p| p.join(file)).collect();
     }
     opts.rlimits = limits.fallback.clone();
 

@@ -446,7 +446,11 @@ fn wait_readable(fds: &[std::os::fd::BorrowedFd<'_>]) -> Vec<bool> {
 /// reaches EOF); on a connection, start `corral serve` with the listener, then wait for the end
 /// of the run, report a server that failed, and stop it. The server is this thread's child
 /// with PR_SET_PDEATHSIG, so it dies with corral; this thread lives as long as the run.
-fn activate(listener: std::os::unix::net::UnixListener, launch: Launch, stop: std::os::fd::OwnedFd) {
+fn activate(
+    listener: std::os::unix::net::UnixListener,
+    launch: Launch,
+    stop: std::os::fd::OwnedFd,
+) {
     use std::os::fd::{AsFd, AsRawFd};
     let ready = wait_readable(&[listener.as_fd(), stop.as_fd()]);
     if ready[1] || !ready[0] {
@@ -493,7 +497,9 @@ fn server_command(
     log: &Path,
 ) -> anyhow::Result<std::process::Command> {
     let mut cmd = std::process::Command::new(&launch.exe);
-    cmd.args(&launch.args).arg("--listen").arg(format!("fd:{fd}"));
+    cmd.args(&launch.args)
+        .arg("--listen")
+        .arg(format!("fd:{fd}"));
     if let Some(jail) = &launch.jail_plan {
         let file = launch.dir.join("jail.json");
         std::fs::write(&file, serde_json::to_vec(jail)?)
