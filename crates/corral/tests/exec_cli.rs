@@ -332,7 +332,7 @@ fn serve_takes_an_inherited_listener_and_keeps_it_from_its_commands() {
             Ok(())
         });
     }
-    let mut server = cmd.spawn().unwrap();
+    let server = cmd.spawn().unwrap();
     drop(listener);
     client
         .set_read_timeout(Some(Duration::from_secs(60)))

@@ -67,8 +67,9 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // [secrets]: placeholders and the gateway's CA in the jail; real values stay in corral.
     let secrets = super::secrets::prepare(plan, &jail_id, &audit)?;
     let plan = secrets.plan(plan);
-    // The executor (SPEC section 6): `corral serve` outside the jail, its unix socket and token
-    // bound into it read-only, CORRAL_EXECUTOR set (cmd/serve.rs). Stopped when this returns.
+    // The executor (SPEC section 6): its unix socket (bound by corral) and token bound into the
+    // jail read-only, CORRAL_EXECUTOR set; `corral serve` outside the jail starts on the first
+    // connection (cmd/serve.rs). Stopped when this returns.
     let mut with_executor = plan.clone();
     let _executor = super::serve::attach_executor(&mut with_executor)?;
     // network.dns = "stub": the jail's resolv.conf names its 127.0.0.1:53 (removed at the end).
