@@ -53,15 +53,30 @@ pub async fn forward_port(
                     return;
                 }
             };
-            let _ = audit.write(&Record::now(jail, Event::Net(ev.clone())));
-            let (u, d) = crate::proxy::tunnel(client, up, idle_timeout).await;
-            ev.phase = "close".into();
-            ev.decision = None;
-            ev.rule = String::new();
-            ev.bytes_up = u;
-            ev.bytes_down = d;
-            ev.duration_ms = started.elapsed().as_millis() as u64;
-            let _ = audit.write(&Record::now(jail, Event::Net(ev)));
+            relay_audited(audit, jail, ev, client, up, idle_timeout, started).await;
         });
     }
+}
+
+/// Audit the decision `ev`, relay `client` <-> `up` until both close or idle out, then audit
+/// the closed connection with its bytes and duration (the fixed bridges: `host_ports`,
+/// `publish`).
+pub(crate) async fn relay_audited(
+    audit: &AuditLog,
+    jail: &str,
+    mut ev: NetEvent,
+    client: TcpStream,
+    up: TcpStream,
+    idle_timeout: Duration,
+    started: Instant,
+) {
+    let _ = audit.write(&Record::now(jail, Event::Net(ev.clone())));
+    let (u, d) = crate::proxy::tunnel(client, up, idle_timeout).await;
+    ev.phase = "close".into();
+    ev.decision = None;
+    ev.rule = String::new();
+    ev.bytes_up = u;
+    ev.bytes_down = d;
+    ev.duration_ms = started.elapsed().as_millis() as u64;
+    let _ = audit.write(&Record::now(jail, Event::Net(ev)));
 }

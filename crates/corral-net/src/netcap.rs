@@ -97,15 +97,7 @@ pub async fn publish_port(
                     return;
                 }
             };
-            let _ = audit.write(&Record::now(jail, Event::Net(ev.clone())));
-            let (u, d) = crate::proxy::tunnel(client, up, idle_timeout).await;
-            ev.phase = "close".into();
-            ev.decision = None;
-            ev.rule = String::new();
-            ev.bytes_up = u;
-            ev.bytes_down = d;
-            ev.duration_ms = started.elapsed().as_millis() as u64;
-            let _ = audit.write(&Record::now(jail, Event::Net(ev)));
+            crate::forward::relay_audited(audit, jail, ev, client, up, idle_timeout, started).await;
         });
     }
 }

@@ -422,13 +422,7 @@ echo END
         ok = srv.url(allowed),
         other = srv.url(other),
     );
-    let mut c = w.corral();
-    c.arg("run")
-        .arg("--policy")
-        .arg(&policy)
-        .args(["--", "sh", "-c", &script]);
-    let out = run(c);
-    ran(&out, "END");
+    let out = w.sh_policy(&policy, &script);
     let o = out.both();
 
     // The allowed clone has the served commit and file.
@@ -625,13 +619,7 @@ PY
 echo END
 "#
     );
-    let mut c = w.corral();
-    c.arg("run")
-        .arg("--policy")
-        .arg(&policy)
-        .args(["--", "sh", "-c", &script]);
-    let out = run(c);
-    ran(&out, "END");
+    let out = w.sh_policy(&policy, &script);
     let o = out.both();
 
     // Allowed: curl gets the simple index, pip the wheel (index on pypi.org, file on

@@ -197,38 +197,6 @@ fn publishing_a_port_the_host_already_uses_fails_before_the_jail_starts() {
     drop(held);
 }
 
-/// A loopback HTTP origin answering every request with `ORIGIN-OK PATH`.
-fn origin() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut tmp = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut tmp) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
-                    }
-                }
-                let line = String::from_utf8_lossy(&buf);
-                let path = line.split(' ').nth(1).unwrap_or("?").to_string();
-                let body = format!("ORIGIN-OK {path}");
-                let _ = s.write_all(
-                    format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    )
-                    .as_bytes(),
-                );
-            });
-        }
-    });
-    port
-}
-
 fn in_pool(addr: &str) -> bool {
     addr.parse::<std::net::Ipv4Addr>()
         .is_ok_and(|a| a.octets()[0] == 198 && (a.octets()[1] & 0xfe) == 18)
@@ -310,13 +278,7 @@ PY
 echo END
 "#
     );
-    let mut c = w.corral();
-    c.arg("run")
-        .arg("--policy")
-        .arg(&policy)
-        .args(["--", "sh", "-c", &script]);
-    let out = run(c);
-    ran(&out, "END");
+    let out = w.sh_policy(&policy, &script);
     let o = out.both();
     let line = |prefix: &str| {
         out.stdout

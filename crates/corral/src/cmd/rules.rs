@@ -97,14 +97,7 @@ pub fn run(rule: Rule, args: RuleArgs) -> anyhow::Result<ExitCode> {
 
 /// `$XDG_CONFIG_HOME/corral/config.toml`, else `~/.config/corral/config.toml`.
 fn user_config_path() -> anyhow::Result<PathBuf> {
-    let env: std::collections::BTreeMap<String, String> = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .collect();
-    let home = env
-        .get("HOME")
-        .filter(|h| h.starts_with('/'))
-        .map(PathBuf::from)
-        .context("HOME is not set to an absolute path; set HOME to your home directory")?;
+    let (env, home) = super::trust::env_home()?;
     Ok(corral_policy::resolve::default_user_config(&env, &home))
 }
 

@@ -20,8 +20,8 @@ use corral_policy::trust::{self, TrustStore};
 
 use crate::cli::TrustArgs;
 
-/// The caller's environment and home, as the policy crate sees them.
-fn env_home() -> anyhow::Result<(BTreeMap<String, String>, PathBuf)> {
+/// The caller's environment and home, as the policy crate sees them (HOME must be absolute).
+pub(crate) fn env_home() -> anyhow::Result<(BTreeMap<String, String>, PathBuf)> {
     let env: BTreeMap<String, String> = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .collect();

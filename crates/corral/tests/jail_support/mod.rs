@@ -139,6 +139,52 @@ impl World {
         c.args(["run", "--network", net, "--", "sh", "-c", script]);
         run(c)
     }
+
+    /// `corral run --policy POLICY -- sh -c SCRIPT` with stdin closed; the script must reach
+    /// its last line, `echo END`.
+    pub fn sh_policy(&self, policy: &Path, script: &str) -> Out {
+        let mut c = self.corral();
+        c.arg("run")
+            .arg("--policy")
+            .arg(policy)
+            .args(["--", "sh", "-c", script]);
+        let out = run(c);
+        ran(&out, "END");
+        out
+    }
+}
+
+/// A loopback HTTP origin answering every request with `ORIGIN-OK PATH`.
+pub fn origin() -> u16 {
+    use std::io::Write;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut tmp) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&buf);
+                let path = line.split(' ').nth(1).unwrap_or("?").to_string();
+                let body = format!("ORIGIN-OK {path}");
+                let _ = s.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+            });
+        }
+    });
+    port
 }
 
 impl Drop for World {
