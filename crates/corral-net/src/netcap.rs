@@ -296,9 +296,11 @@ pub fn stub_reply(
     };
     // Only plain hostname characters make a name; anything else (a dot or NUL inside a label,
     // bytes IDNA would map) is refused here rather than reinterpreted.
+    // The jail chooses these bytes: escaped (`\x1b`, `\n`, ...), so what reaches the audit log and
+    // `corral log` cannot forge a row or drive the reader's terminal.
     let shown: String = labels
         .iter()
-        .map(|l| String::from_utf8_lossy(l).into_owned())
+        .map(|l| l.escape_ascii().to_string())
         .collect::<Vec<_>>()
         .join(".");
     let plain = !labels.is_empty()
@@ -743,6 +745,11 @@ mod tests {
             assert_eq!(rcode(&reply.unwrap()), RCODE_NXDOMAIN);
             assert!(!asked.unwrap().allowed);
         }
+        // Control bytes the jail puts in a name reach the audit log escaped, never raw.
+        let (_, asked) = stub_reply(&query(6, 0, &[b"a\x1b[2J\nforged", b"org"], 1), &r, &p);
+        let name = asked.unwrap().name;
+        assert!(!name.chars().any(char::is_control), "{name:?}");
+        assert_eq!(name, "a\\x1b[2J\\nforged.org");
     }
 
     #[test]

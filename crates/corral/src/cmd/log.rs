@@ -175,6 +175,9 @@ impl Printer {
                 },
             ),
         };
+        // Hosts, commands and reasons can carry what the jail sent: no control character of
+        // theirs reaches the reader's terminal (a forged row, an escape sequence).
+        let (target, rule) = (printable(&target), printable(&rule));
         let decision_cell = format!("{decision:<8}");
         let decision_cell = if self.color {
             match decision.as_str() {
@@ -192,10 +195,37 @@ impl Printer {
     }
 }
 
+/// `s` with every control character escaped (`\n`, `\u{1b}`).
+fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 fn decision_word(d: Option<Decision>) -> String {
     match d {
         Some(Decision::Allow) => "allow".into(),
         Some(Decision::Deny) => "deny".into(),
         None => "-".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn control_characters_from_the_jail_are_escaped() {
+        assert_eq!(printable("example.org"), "example.org");
+        assert_eq!(printable("a\u{1b}[2J\nforged\r"), "a\\u{1b}[2J\\nforged\\r");
     }
 }
