@@ -250,6 +250,7 @@ impl AuditLog {
             .create(true)
             .append(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(self.lock_path())
             .map_err(|e| self.io_err(e))?;
         lock(&guard).map_err(|e| self.io_err(e))?;
@@ -277,10 +278,13 @@ impl AuditLog {
     }
 
     fn open_append(&self) -> Result<File, AuditError> {
+        // Never through a link: the directory may be shared with a less trusted writer (the
+        // proxy container's user), which must not point root's next write at another file.
         OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&self.path)
             .map_err(|e| self.io_err(e))
     }
@@ -423,6 +427,24 @@ mod tests {
             cur <= 64 * 1024,
             "current file {cur} bytes exceeds the rotation size"
         );
+    }
+
+    #[test]
+    fn a_link_planted_at_the_log_or_its_lock_is_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, "precious\n").unwrap();
+        for name in ["audit.jsonl", "audit.jsonl.lock"] {
+            let sub = dir.path().join(name.replace('.', "-"));
+            fs::create_dir(&sub).unwrap();
+            std::os::unix::fs::symlink(&victim, sub.join(name)).unwrap();
+            let log = AuditLog::at(sub.join("audit.jsonl"));
+            assert!(
+                log.write(&Record::now("j", net("x.org", Decision::Allow)))
+                    .is_err()
+            );
+        }
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
     }
 
     #[test]

@@ -162,18 +162,26 @@ pub fn prepare_audit_dir(plan: &Plan, ctx: &Context) -> Result<()> {
     }
     // The log and the lock file every writer takes (corral-audit): both must be openable by
     // the proxy's user, whoever created them first.
-    let log = ctx.audit_dir.join("audit.jsonl");
-    let lock = ctx.audit_dir.join("audit.jsonl.lock");
-    for f in [&log, &lock] {
-        if !f.exists() {
-            fs::write(f, b"").map_err(io(f))?;
-        }
-    }
     let (_, g) = PROXY_FALLBACK_USER.split_once(':').expect("uid:gid");
     let g: u32 = g.parse().expect("gid");
-    for (p, mode) in [(&ctx.audit_dir, 0o770), (&log, 0o660), (&lock, 0o660)] {
-        std::os::unix::fs::chown(p, Some(0), Some(g)).map_err(io(p))?;
-        fs::set_permissions(p, fs::Permissions::from_mode(mode)).map_err(io(p))?;
+    let dir = &ctx.audit_dir;
+    std::os::unix::fs::chown(dir, Some(0), Some(g)).map_err(io(dir))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o770)).map_err(io(dir))?;
+    // The proxy's user can write this directory: each file is opened without following a link
+    // it may have planted, and changed through the descriptor, never by path.
+    for name in ["audit.jsonl", "audit.jsonl.lock"] {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = dir.join(name);
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o660)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&f)
+            .map_err(io(&f))?;
+        std::os::unix::fs::fchown(&file, Some(0), Some(g)).map_err(io(&f))?;
+        file.set_permissions(fs::Permissions::from_mode(0o660))
+            .map_err(io(&f))?;
     }
     Ok(())
 }
