@@ -4,6 +4,7 @@
 mod changes;
 mod cli;
 mod cmd;
+mod gitguard;
 
 use std::process::ExitCode;
 

@@ -106,6 +106,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             detail: serde_json::to_value(plan).unwrap_or_default(),
         },
     );
+    let git_guard = crate::gitguard::snapshot(&plan.project.root);
     let mut jail = match prepared.start(plan, &opts) {
         Ok(jail) => jail,
         Err(e) => {
@@ -133,6 +134,18 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         &jail_id,
     )?;
     let exit = jail.wait();
+    for line in crate::gitguard::check(git_guard, &jail_id) {
+        eprintln!("corral: {line}");
+        write(
+            &audit,
+            &jail_id,
+            JailEvent {
+                event: "quarantine".into(),
+                exit_code: None,
+                detail: serde_json::Value::String(line),
+            },
+        );
+    }
 
     if let Some(cg) = &limits.cgroup {
         let events = cg.events();
