@@ -869,6 +869,29 @@ fn bind_paths(
     Ok(out)
 }
 
+/// Where the jail sees the host path `p` inside a read-write bind of `rw_roots` (binds keep
+/// their path): `p` itself when written below one, and its real location, spelled below the
+/// root that really holds it, when a symlink on the way leads into one.
+fn rw_views(p: &Path, rw_roots: &[&PathBuf]) -> Vec<PathBuf> {
+    let real = real_path(p);
+    let mut out = Vec::new();
+    for r in rw_roots {
+        if p.starts_with(r) {
+            out.push(p.to_path_buf());
+        }
+        if let Ok(rel) = real.strip_prefix(real_path(r)) {
+            out.push(if rel.as_os_str().is_empty() {
+                r.to_path_buf()
+            } else {
+                r.join(rel)
+            });
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// `p` with every symlink in its existing part resolved; the part that does not exist yet is
 /// appended as written (`p` is absolute and lexically normalized).
 fn real_path(p: &Path) -> PathBuf {
@@ -1981,21 +2004,22 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         .chain(m.read_write.iter().map(|(p, _)| p))
         .chain(m.exec_read_write.iter().map(|(p, _)| p))
         .collect();
+    // Each is compared as written and as it really is: `~/.config/corral` may be a symlink
+    // into a dotfiles repository that is the project or a `--rw` bind, and then the jail
+    // reaches the real files through that bind.
     for f in user_config.into_iter().chain(project_file.as_deref()) {
-        if rw_roots.iter().any(|r| f.starts_with(r)) {
-            protected.push(f.to_path_buf());
-        }
+        protected.extend(rw_views(f, &rw_roots));
     }
     // corral's own directories (user config, trust store, audit logs) when a read-write bind
     // the user asked for covers them: the agent must not trust a policy for itself, plant a
     // user config or rewrite the audit log. A directory that holds the project is left alone
     // (covering it would make the project read-only); the trust store alone is protected then.
     for dir in &corral_dirs {
-        if rw_roots.iter().any(|r| dir.starts_with(r)) {
-            if root.starts_with(dir) {
-                protected.push(dir.join(crate::trust::STORE_FILE));
+        for seen in rw_views(dir, &rw_roots) {
+            if root.starts_with(&seen) {
+                protected.push(seen.join(crate::trust::STORE_FILE));
             } else {
-                protected.push(dir.clone());
+                protected.push(seen);
             }
         }
     }

@@ -1314,6 +1314,58 @@ fn corrals_directories_are_protected_when_a_read_write_bind_of_the_user_covers_t
 }
 
 #[test]
+fn corrals_directories_are_protected_where_a_symlink_really_puts_them() {
+    // ~/.config/corral is a symlink into a dotfiles repository: the project itself, a --rw
+    // bind, or a --rw bind that is a symlink too. The jail reaches the real trust store and
+    // config through the bind, so that path is the one protected.
+    let f = fx();
+    let dots = f.root.parent().unwrap().join("dotfiles");
+    std::fs::create_dir_all(dots.join("corral")).unwrap();
+    std::fs::create_dir_all(f.root.join("dot/corral")).unwrap();
+    std::fs::write(f.root.join("dot/corral/config.toml"), "").unwrap();
+    std::fs::create_dir_all(f.home.join(".config")).unwrap();
+    let link = f.home.join(".config/corral");
+    std::os::unix::fs::symlink(f.root.join("dot/corral"), &link).unwrap();
+    let mut req = f.req(None);
+    req.user_config = Some(link.join("config.toml"));
+    let plan = resolve(&req).unwrap();
+    assert!(
+        plan.protected.contains(&f.root.join("dot/corral")),
+        "{:?}",
+        plan.protected
+    );
+    assert!(
+        plan.protected
+            .contains(&f.root.join("dot/corral/config.toml")),
+        "{:?}",
+        plan.protected
+    );
+
+    std::fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink(dots.join("corral"), &link).unwrap();
+    let mut req = f.req(None);
+    req.flags.rw = vec![dots.clone()];
+    let plan = resolve(&req).unwrap();
+    assert!(
+        plan.protected.contains(&dots.join("corral")),
+        "{:?}",
+        plan.protected
+    );
+
+    // The bind itself spelled through a symlink: protected as the jail sees it.
+    let via = f.home.join("dots");
+    std::os::unix::fs::symlink(&dots, &via).unwrap();
+    let mut req = f.req(None);
+    req.flags.rw = vec![via.clone()];
+    let plan = resolve(&req).unwrap();
+    assert!(
+        plan.protected.contains(&via.join("corral")),
+        "{:?}",
+        plan.protected
+    );
+}
+
+#[test]
 fn a_project_file_that_switches_the_profile_needs_trust() {
     let f = fx();
     f.project_policy("profile = \"claude\"\n");
