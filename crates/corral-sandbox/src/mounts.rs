@@ -657,6 +657,8 @@ fn pin_protected_ancestors(plan: &Plan) -> Result<(), JailError> {
 /// `.git/hooks`), that file is made read-only: replacing it by a directory would create the
 /// path. A symlink at the path or on the way refuses the run: protecting what it points to
 /// would leave the path itself to whoever wrote the link.
+/// A path still missing in a directory the jail can write (its placeholder vanished, or
+/// could not be made) refuses the run: the jail could create it.
 fn protect_path(plan: &Plan, path: &Path) -> Result<(), JailError> {
     let step = "find a protected path";
     let (base, root, rel) = beneath_bind(plan, path)?;
@@ -665,8 +667,29 @@ fn protect_path(plan: &Plan, path: &Path) -> Result<(), JailError> {
         Kind::Link(to) => Err(JailError::at(step, path, planted_link(&w.at, to, &root))),
         _ if w.complete() => bind_fd(&w.fd, &w.fd, Access::Ro, path),
         Kind::Other if w.at != root => bind_fd(&w.fd, &w.fd, Access::Ro, path),
+        Kind::Dir if root != Path::new("/") => missing_in(&w.fd, &w.at, path),
         _ => Ok(()),
     }
+}
+
+/// `path` is missing and `dir` (an O_PATH descriptor, shown as `at`) is where it would be
+/// created: fine when that directory is on a read-only mount (a protected placeholder above
+/// it, a read-only bind), an error naming the path otherwise.
+pub(crate) fn missing_in(dir: &OwnedFd, at: &Path, path: &Path) -> Result<(), JailError> {
+    let step = "protect a path";
+    let st = nix::sys::statvfs::fstatvfs(dir).map_err(|e| JailError::at(step, at, e))?;
+    if st.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY) {
+        return Ok(());
+    }
+    Err(JailError::at(
+        step,
+        path,
+        std::io::Error::other(format!(
+            "it is missing and the jail could create it in {}, which it can write (another \
+             run of this project may have removed its placeholder meanwhile): run again",
+            at.display()
+        )),
+    ))
 }
 
 /// pivot_root(".", ".") stacks the old root (the base tmpfs, with the host root below it at
@@ -934,6 +957,15 @@ mod tests {
         );
         assert_eq!(deepest_below(roots, Path::new("/p")), None);
         assert_eq!(deepest_below(roots, Path::new("/pq/x")), None);
+    }
+
+    #[test]
+    fn a_protected_path_missing_in_a_writable_directory_refuses_the_run() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join(".git");
+        let e = missing_in(&open_path(d.path()).unwrap(), d.path(), &path).unwrap_err();
+        assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+        assert!(e.to_string().contains("could create it"), "{e}");
     }
 
     #[test]

@@ -108,9 +108,19 @@ fn hold(
             if !parent.complete() || parent.kind != Kind::Dir {
                 continue; // changed meanwhile
             }
-            return Ok(
-                lock(parent.fd, name.to_os_string(), false, w.kind == Kind::Dir).map(|h| (h, None)),
-            );
+            #[cfg(test)]
+            tests::between_walk_and_lock(path);
+            match lock(parent.fd, name.to_os_string(), false, w.kind == Kind::Dir) {
+                Ok(Some(h)) => return Ok(Some((h, None))),
+                // Gone or replaced between the walk and the open (another run of the project
+                // removed its placeholder): walk again, and make one if it is missing now.
+                Ok(None) => continue,
+                // It exists but this user cannot read it: not a placeholder (corral makes
+                // those readable), so no run removes it; the jail binds it read-only, and
+                // refuses to start if it is missing by then.
+                Err(Errno::EACCES | Errno::EPERM) => return Ok(None),
+                Err(e) => return Err(JailError::at("lock a protected path", path, e)),
+            }
         }
         if w.kind != Kind::Dir {
             return Ok(None); // a file on the way: the jail makes that one read-only
@@ -139,9 +149,17 @@ fn hold(
         let created = match made {
             Ok(()) => true,
             Err(Errno::EEXIST) => false,
-            // The caller cannot create it, so neither can the jail (same uid, no
-            // capabilities): nothing to hold.
-            Err(Errno::EACCES | Errno::EPERM | Errno::EROFS) => return Ok(None),
+            // A read-only file system: the jail cannot create it either.
+            Err(Errno::EROFS) => return Ok(None),
+            Err(e @ (Errno::EACCES | Errno::EPERM)) => {
+                return Err(JailError::at(
+                    "create a placeholder so that a protected path can be made read-only \
+                     (corral may not write in its directory, which the jail can write: make \
+                     that directory writable for you, or create the path yourself)",
+                    &at,
+                    e,
+                ));
+            }
             Err(e) => {
                 return Err(JailError::at(
                     "create a placeholder so that a protected path can be made read-only",
@@ -154,12 +172,13 @@ fn hold(
             continue; // someone made it meanwhile: walk again and hold what is there
         }
         return match lock(w.fd, name, true, dir) {
-            Some(h) => Ok(Some((h, Some(at)))),
-            None => Err(JailError::at(
-                "lock a placeholder",
+            Ok(Some(h)) => Ok(Some((h, Some(at)))),
+            Ok(None) => Err(JailError::at(
+                "lock a placeholder (it was replaced right after corral made it)",
                 &at,
                 std::io::Error::from(std::io::ErrorKind::WouldBlock),
             )),
+            Err(e) => Err(JailError::at("lock a placeholder", &at, e)),
         };
     }
     Err(JailError::at(
@@ -169,16 +188,25 @@ fn hold(
     ))
 }
 
-/// Open `parent`/`name` without following a link and hold a shared lock on it. `None` when
-/// it cannot be opened (an unreadable protected file needs no lock: nobody made it) or is not
-/// the entry at that name any more.
-fn lock(parent: OwnedFd, name: OsString, created: bool, dir: bool) -> Option<Held> {
+/// Open `parent`/`name` without following a link and hold a shared lock on it. `Ok(None)`
+/// when it is not the entry at that name any more (gone, or replaced by another kind); the
+/// error of the open or the lock otherwise (EACCES: unreadable).
+fn lock(
+    parent: OwnedFd,
+    name: OsString,
+    created: bool,
+    dir: bool,
+) -> Result<Option<Held>, Errno> {
     let mut flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
     if dir {
         flags |= OFlag::O_DIRECTORY;
     }
-    let fd = openat(&parent, name.as_os_str(), flags, Mode::empty()).ok()?;
-    let lock = Flock::lock(File::from(fd), FlockArg::LockShared).ok()?;
+    let fd = match openat(&parent, name.as_os_str(), flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let lock = Flock::lock(File::from(fd), FlockArg::LockShared).map_err(|(_, e)| e)?;
     let held = Held {
         parent,
         name,
@@ -186,7 +214,7 @@ fn lock(parent: OwnedFd, name: OsString, created: bool, dir: bool) -> Option<Hel
         created,
         dir,
     };
-    held.is_there().then_some(held)
+    Ok(held.is_there().then_some(held))
 }
 
 fn same(a: &FileStat, b: &FileStat) -> bool {
@@ -249,5 +277,70 @@ impl Drop for Held {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::os::unix::fs::PermissionsExt;
+
+    thread_local! {
+        /// Run once between the walk that found a protected path and the lock on it: stands
+        /// in for another run of the project removing its placeholder right then.
+        static RACE: RefCell<Option<Box<dyn FnOnce(&Path)>>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn between_walk_and_lock(path: &Path) {
+        if let Some(f) = RACE.with(|r| r.borrow_mut().take()) {
+            f(path);
+        }
+    }
+
+    #[test]
+    fn a_placeholder_removed_between_walk_and_lock_is_made_again() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        let hooks = root.join(".git/hooks");
+        std::fs::create_dir_all(&hooks).unwrap();
+        RACE.with(|r| {
+            *r.borrow_mut() = Some(Box::new(|p: &Path| std::fs::remove_dir(p).unwrap()));
+        });
+        let (held, created) = hold(root, &hooks, false)
+            .unwrap()
+            .expect("the path is held, not left to the jail");
+        assert_eq!(created, Some(hooks.clone()));
+        assert!(hooks.is_dir(), "the placeholder is there again");
+        drop(held);
+        assert!(!hooks.exists(), "the run removes the placeholder it made");
+    }
+
+    #[test]
+    fn a_placeholder_that_cannot_be_made_refuses_naming_the_path() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_path_buf();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let sealed = root.join("sealed");
+        std::fs::create_dir(&sealed).unwrap();
+        std::fs::set_permissions(&sealed, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let path = sealed.join("hooks");
+        // In a thread of its own, as another user for file access: root would pass the
+        // permission check (the file-system uid is per thread, and leaving 0 drops
+        // CAP_DAC_OVERRIDE for that thread alone).
+        let result = std::thread::spawn(move || {
+            // SAFETY: setfsuid changes only this thread's file-system uid; it has no memory
+            // effects.
+            unsafe { libc::setfsuid(65534) };
+            hold(&root, &path, false).map(|h| h.is_some())
+        })
+        .join()
+        .unwrap();
+        let e = result.expect_err("EACCES must refuse the run, not leave the path unprotected");
+        assert!(
+            e.to_string().contains(&d.path().join("sealed/hooks").display().to_string()),
+            "{e}"
+        );
+        assert!(!d.path().join("sealed/hooks").exists());
     }
 }
