@@ -191,12 +191,7 @@ fn hold(
 /// Open `parent`/`name` without following a link and hold a shared lock on it. `Ok(None)`
 /// when it is not the entry at that name any more (gone, or replaced by another kind); the
 /// error of the open or the lock otherwise (EACCES: unreadable).
-fn lock(
-    parent: OwnedFd,
-    name: OsString,
-    created: bool,
-    dir: bool,
-) -> Result<Option<Held>, Errno> {
+fn lock(parent: OwnedFd, name: OsString, created: bool, dir: bool) -> Result<Option<Held>, Errno> {
     let mut flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
     if dir {
         flags |= OFlag::O_DIRECTORY;
@@ -338,7 +333,8 @@ mod tests {
         .unwrap();
         let e = result.expect_err("EACCES must refuse the run, not leave the path unprotected");
         assert!(
-            e.to_string().contains(&d.path().join("sealed/hooks").display().to_string()),
+            e.to_string()
+                .contains(&d.path().join("sealed/hooks").display().to_string()),
             "{e}"
         );
         assert!(!d.path().join("sealed/hooks").exists());

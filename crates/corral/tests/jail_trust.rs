@@ -181,3 +181,24 @@ fn on_a_terminal_the_gate_asks_and_no_is_the_default() {
     let out = w.sh("none", "echo AGAIN-RAN");
     ran(&out, "AGAIN-RAN");
 }
+
+#[test]
+fn a_jailed_process_cannot_write_a_trust_store_a_symlink_puts_in_the_project() {
+    let w = World::new();
+    write(&w.project.join("corral.toml"), "# benign\n");
+    // ~/.config/corral is a symlink into the project (a dotfiles repository the user works
+    // in): the jail sees the real store through the read-write project.
+    let real = w.project.join("dotfiles/corral");
+    let link = w.home.join(".config/corral");
+    std::fs::create_dir_all(real.parent().unwrap()).unwrap();
+    std::fs::rename(&link, &real).unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let store = real.join("trusted.json");
+    write(
+        &store,
+        "{\"files\":[{\"path\":\"/elsewhere/corral.toml\",\"sha256\":\"00\",\"trusted_at\":\"2026-01-01T00:00:00Z\"}]}\n",
+    );
+    let mut c = w.corral();
+    c.args(["run", "--network", "none", "--enforce", "best-effort"]);
+    attack_fails(&w, c, &store, &[]);
+}
