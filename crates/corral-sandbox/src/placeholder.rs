@@ -281,10 +281,12 @@ mod tests {
     use std::cell::RefCell;
     use std::os::unix::fs::PermissionsExt;
 
+    type Race = Box<dyn FnOnce(&Path)>;
+
     thread_local! {
         /// Run once between the walk that found a protected path and the lock on it: stands
         /// in for another run of the project removing its placeholder right then.
-        static RACE: RefCell<Option<Box<dyn FnOnce(&Path)>>> = const { RefCell::new(None) };
+        static RACE: RefCell<Option<Race>> = const { RefCell::new(None) };
     }
 
     pub(super) fn between_walk_and_lock(path: &Path) {
