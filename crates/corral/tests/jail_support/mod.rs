@@ -212,22 +212,75 @@ impl Out {
     }
 }
 
+/// How long one corral run may take before the test kills it and fails.
+const RUN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Run corral to its end, its output captured. A run still going after `RUN_DEADLINE` is
+/// killed (the jail dies with corral) and the test panics with the output so far.
 pub fn run(mut c: Command) -> Out {
-    let out = c
+    let mut child = c
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .output()
+        .spawn()
         .expect("run corral");
+    // Each pipe is read on a thread into a shared buffer, so a killed run still shows what it
+    // printed even if something in the jail keeps the pipe open.
+    type Buf = std::sync::Arc<std::sync::Mutex<Vec<u8>>>;
+    fn drain(mut r: impl Read + Send + 'static) -> (Buf, std::thread::JoinHandle<()>) {
+        let buf = Buf::default();
+        let b = buf.clone();
+        let t = std::thread::spawn(move || {
+            let mut chunk = [0u8; 8192];
+            while let Ok(n) = r.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                b.lock().unwrap().extend_from_slice(&chunk[..n]);
+            }
+        });
+        (buf, t)
+    }
+    let text = |b: &Buf| String::from_utf8_lossy(&b.lock().unwrap()).into_owned();
+    let (stdout, out_thread) = drain(child.stdout.take().unwrap());
+    let (stderr, err_thread) = drain(child.stderr.take().unwrap());
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for corral") {
+            break status;
+        }
+        if start.elapsed() > RUN_DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            panic!(
+                "corral still running after {RUN_DEADLINE:?}: killed it\nstdout so far:\n{}\nstderr so far:\n{}",
+                text(&stdout),
+                text(&stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // corral exited: the pipes close once the jail (which dies with it) is gone; something
+    // that outlives it and keeps them open fails the test at the same deadline.
+    while !(out_thread.is_finished() && err_thread.is_finished()) {
+        assert!(
+            start.elapsed() <= RUN_DEADLINE,
+            "corral exited ({status}) but its stdout/stderr were still open after \
+             {RUN_DEADLINE:?}\nstdout so far:\n{}\nstderr so far:\n{}",
+            text(&stdout),
+            text(&stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     use std::os::unix::process::ExitStatusExt;
-    let code = out
-        .status
+    let code = status
         .code()
-        .unwrap_or_else(|| 128 + out.status.signal().unwrap_or(0));
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
     Out {
         code,
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        stdout: text(&stdout),
+        stderr: text(&stderr),
     }
 }
 
