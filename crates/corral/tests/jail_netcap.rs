@@ -93,8 +93,18 @@ fn a_published_port_reaches_the_jails_dev_server_and_no_other_port_does() {
     let host_other = TcpListener::bind("127.0.0.1:0").unwrap();
     let other = host_other.local_addr().unwrap().port();
     std::thread::spawn(move || {
-        for mut s in host_other.incoming().flatten() {
-            let _ = s.write_all(b"HTTP/1.0 200 OK\r\n\r\nTEST-HOST-LISTENER");
+        for s in host_other.incoming().flatten() {
+            // Read the request before answering: closing with unread data resets the
+            // connection.
+            let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+            let mut s = BufReader::new(s);
+            let mut line = String::new();
+            while s.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                line.clear();
+            }
+            let _ = s
+                .get_mut()
+                .write_all(b"HTTP/1.0 200 OK\r\n\r\nTEST-HOST-LISTENER");
         }
     });
     // The published port is free when picked but corral binds it later: another process may
