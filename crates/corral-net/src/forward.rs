@@ -18,18 +18,10 @@ pub async fn forward_port(
     jail: String,
     idle_timeout: Duration,
 ) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let listener = to_tokio(listener)?;
     let ctx = Arc::new((audit, jail));
     loop {
-        let (client, peer) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                eprintln!("corral: host port forward {target}: accept: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (client, peer) = accept(&listener, &format!("host port forward {target}")).await;
         let ctx = ctx.clone();
         tokio::spawn(async move {
             let (audit, jail) = &*ctx;
@@ -55,6 +47,28 @@ pub async fn forward_port(
             };
             relay_audited(audit, jail, ev, client, up, idle_timeout, started).await;
         });
+    }
+}
+
+pub(crate) fn to_tokio(l: std::net::TcpListener) -> std::io::Result<tokio::net::TcpListener> {
+    l.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(l)
+}
+
+/// The next connection; a failed accept (EMFILE, a connection reset while queued) is reported
+/// on stderr as `corral: WHAT: accept: ERROR` and retried after 50 ms, so the bridge stays up.
+pub(crate) async fn accept(
+    listener: &tokio::net::TcpListener,
+    what: &str,
+) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(x) => return x,
+            Err(e) => {
+                eprintln!("corral: {what}: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 }
 

@@ -59,18 +59,11 @@ pub async fn publish_port(
     jail: String,
     idle_timeout: Duration,
 ) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let listener = crate::forward::to_tokio(listener)?;
     let ctx = Arc::new((audit, jail, make));
     loop {
-        let (client, peer) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                eprintln!("corral: published port {port}: accept: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (client, peer) =
+            crate::forward::accept(&listener, &format!("published port {port}")).await;
         let ctx = ctx.clone();
         tokio::spawn(async move {
             let (audit, jail, make) = &*ctx;
@@ -478,17 +471,10 @@ pub async fn serve_capture(
     proxy: Arc<Proxy>,
     pool: Arc<StubPool>,
 ) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let listener = crate::forward::to_tokio(listener)?;
     loop {
-        let (conn, peer) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                eprintln!("corral: stub capture on port {port}: accept: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (conn, peer) =
+            crate::forward::accept(&listener, &format!("stub capture on port {port}")).await;
         let local = conn.local_addr().ok().map(|a| a.ip());
         match local.and_then(|ip| pool.name_for(ip)) {
             Some(name) => {

@@ -767,19 +767,11 @@ impl Proxy {
 
     /// Accept on `listener` (any thread's or namespace's socket) until the runtime stops.
     pub async fn serve(self: Arc<Self>, listener: std::net::TcpListener) -> io::Result<()> {
-        listener.set_nonblocking(true)?;
-        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let listener = crate::forward::to_tokio(listener)?;
         self.start_trimmer();
         loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(x) => x,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning; never exit.
-                    eprintln!("corral proxy: accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
+            // EMFILE and friends: back off instead of spinning; never exit.
+            let (stream, peer) = crate::forward::accept(&listener, "proxy").await;
             let _ = stream.set_nodelay(true);
             self.clone().spawn_client(stream, peer.to_string());
         }
