@@ -333,13 +333,7 @@ print("END", flush=True)
     ])
     .stdin(std::process::Stdio::null());
     // stdout and stderr are a terminal of the test's; stdin is not.
-    let ws = nix::pty::Winsize {
-        ws_row: 24,
-        ws_col: 80,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    let pty = nix::pty::openpty(Some(&ws), None).unwrap();
+    let pty = open_pty(24, 80);
     let slave = std::fs::File::from(pty.slave);
     c.stdout(std::process::Stdio::from(slave.try_clone().unwrap()))
         .stderr(std::process::Stdio::from(slave.try_clone().unwrap()));
@@ -503,13 +497,7 @@ fn ro_and_rw_flags_bind_host_paths() {
 #[test]
 fn a_terminal_on_stdin_only_is_piped_not_passed() {
     let w = World::new();
-    let ws = nix::pty::Winsize {
-        ws_row: 24,
-        ws_col: 80,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    let pty = nix::pty::openpty(Some(&ws), None).unwrap();
+    let pty = open_pty(24, 80);
     let slave = std::fs::File::from(pty.slave);
     let mut master = std::fs::File::from(pty.master);
     let mut c = w.corral();

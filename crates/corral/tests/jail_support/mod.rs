@@ -298,11 +298,11 @@ pub fn ran(out: &Out, marker: &str) {
 
 /// Run corral with a pty of the test's as its controlling terminal. Returns the master, the
 /// slave (kept open by the test) and the child.
-pub fn under_pty(
-    mut c: Command,
-    rows: u16,
-    cols: u16,
-) -> (std::fs::File, std::fs::File, std::process::Child) {
+/// A pty of `rows` x `cols` whose two ends no other child of this test binary inherits:
+/// openpty(3) leaves them inheritable, and a master leaked into another test's corral keeps this
+/// test's terminal from ever hanging up (its corral and jail would outlive the test).
+pub fn open_pty(rows: u16, cols: u16) -> nix::pty::OpenptyResult {
+    use std::os::fd::AsFd;
     let ws = nix::pty::Winsize {
         ws_row: rows,
         ws_col: cols,
@@ -310,6 +310,22 @@ pub fn under_pty(
         ws_ypixel: 0,
     };
     let pty = nix::pty::openpty(Some(&ws), None).unwrap();
+    for fd in [pty.master.as_fd(), pty.slave.as_fd()] {
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .unwrap();
+    }
+    pty
+}
+
+pub fn under_pty(
+    mut c: Command,
+    rows: u16,
+    cols: u16,
+) -> (std::fs::File, std::fs::File, std::process::Child) {
+    let pty = open_pty(rows, cols);
     let slave = std::fs::File::from(pty.slave);
     c.stdin(Stdio::from(slave.try_clone().unwrap()))
         .stdout(Stdio::from(slave.try_clone().unwrap()))
