@@ -1593,8 +1593,28 @@ fn hide_glob(pattern: &str) -> Result<globset::Glob, String> {
         .map_err(|e| format!("filesystem.hide: invalid pattern {pattern:?}: {e}"))
 }
 
-/// Entries [`find_masked`] visits on the calling thread before it starts over in parallel.
-const SEQUENTIAL_WALK_MAX: usize = 4096;
+/// Entries a project walk ([`find_masked`], the change summary's) visits on the calling thread
+/// before it starts over in parallel: a small project is listed without starting (and waiting
+/// for) walker threads, which on a busy machine costs more than the walk itself.
+pub const SEQUENTIAL_WALK_MAX: usize = 4096;
+
+/// A walker over the whole of `root` as it is on disk: every ignore filter off (a `.gitignore`
+/// must not hide a file from corral), links not followed, and `skip` not entered.
+pub fn raw_walker(root: &Path, skip: PathBuf) -> ignore::WalkBuilder {
+    let mut builder = ignore::WalkBuilder::new(root);
+    builder
+        .standard_filters(false)
+        .hidden(false)
+        .parents(false)
+        .ignore(false)
+        .git_ignore(false)
+        .git_global(false)
+        .git_exclude(false)
+        .require_git(false)
+        .follow_links(false)
+        .filter_entry(move |e| e.path() != skip);
+    builder
+}
 
 /// Every entry under `root` matched by one of the `hide` patterns, found with every ignore
 /// filter off (a `.gitignore` must not hide `.env` from this search), not descending into
@@ -1611,19 +1631,7 @@ pub fn find_masked(root: &Path, patterns: &[String]) -> Result<Vec<PathBuf>, Pol
     if patterns.is_empty() {
         return Ok(Vec::new());
     }
-    let objects = root.join(".git/objects");
-    let mut builder = ignore::WalkBuilder::new(root);
-    builder
-        .standard_filters(false)
-        .hidden(false)
-        .parents(false)
-        .ignore(false)
-        .git_ignore(false)
-        .git_global(false)
-        .git_exclude(false)
-        .require_git(false)
-        .follow_links(false)
-        .filter_entry(move |e| e.path() != objects);
+    let builder = raw_walker(root, root.join(".git/objects"));
     // A small project is walked on this thread: starting the walker's threads (and waiting for
     // every one of them to be scheduled and go idle) costs more than the walk on a busy
     // machine, and this walk is on the path of every `corral run`. Beyond

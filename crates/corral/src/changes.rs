@@ -383,29 +383,15 @@ fn sha256(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(ctx.finish().as_ref().to_vec())
 }
 
-/// Entries a walk visits on the calling thread before it starts over in parallel: a small
-/// project is listed without starting (and waiting for) walker threads, which on a busy
-/// machine costs more than the walk (the end-of-run walk is on `corral run`'s critical path).
-const SEQUENTIAL_MAX: usize = 4096;
+/// Entries walked on the calling thread before starting over in parallel (the end-of-run walk
+/// is on `corral run`'s critical path).
+const SEQUENTIAL_MAX: usize = corral_policy::resolve::SEQUENTIAL_WALK_MAX;
 
 /// Every entry under `root` except `root/.git` (relative path → metadata), with every ignore
-/// filter off, not following symlinks: on this thread when there are at most
-/// [`SEQUENTIAL_MAX`], else in one parallel walk. The same walker configuration as the policy
-/// crate's `hide` search (`corral_policy::resolve::find_masked`).
+/// filter off, not following symlinks (`corral_policy::resolve::raw_walker`, as the `hide`
+/// search): on this thread when there are at most [`SEQUENTIAL_MAX`], else in one parallel walk.
 fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
-    let git = root.join(".git");
-    let mut builder = ignore::WalkBuilder::new(root);
-    builder
-        .standard_filters(false)
-        .hidden(false)
-        .parents(false)
-        .ignore(false)
-        .git_ignore(false)
-        .git_global(false)
-        .git_exclude(false)
-        .require_git(false)
-        .follow_links(false)
-        .filter_entry(move |e| e.path() != git);
+    let builder = corral_policy::resolve::raw_walker(root, root.join(".git"));
     let mut small = HashMap::new();
     let mut complete = true;
     for entry in builder.build() {
