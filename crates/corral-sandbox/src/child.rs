@@ -22,7 +22,7 @@
 
 use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -64,9 +64,39 @@ pub(crate) struct InitConfig {
     pub rlimits: corral_policy::plan::Limits,
 }
 
-/// Entry point of `corral __corral-jail-init`. Never returns.
+/// Entry point of `corral __corral-jail-init` (a fresh exec, the control socket on fd 3).
+/// Never returns.
 pub fn init_main() -> ! {
-    let code = match set_up_process() {
+    exit_with(set_up_process())
+}
+
+/// Entry point of a set-up process forked by `prepare_early` (spawn.rs), with its end of the
+/// control socket; `detached` says whether it now dies with corral in its own session. Never
+/// returns.
+pub(crate) fn init_forked(ctl: OwnedFd, detached: bool) -> ! {
+    if !detached {
+        // corral is already gone, or the jail could outlive it: never start.
+        std::process::exit(EXIT_SETUP_FAILED)
+    }
+    // The control socket goes where a re-executed set-up process finds it (close-on-exec: the
+    // jail's processes never get it). Until its config arrives this process holds the caller's
+    // stderr only, as a re-executed one does.
+    let raw = ctl.into_raw_fd();
+    // SAFETY: dup3 onto fd 3 and close of the original, both descriptors of this process that
+    // nothing else here uses; `set_up_process` owns fd 3 from here.
+    let placed = raw == CTL_FD
+        || unsafe { libc::dup3(raw, CTL_FD, libc::O_CLOEXEC) == CTL_FD && libc::close(raw) == 0 };
+    if !placed || redirect_to_null(&[0, 1]).is_err() {
+        exit_with(Err(JailError::step(
+            "place the control socket",
+            std::io::Error::last_os_error(),
+        )))
+    }
+    exit_with(set_up_process())
+}
+
+fn exit_with(result: Result<i32, JailError>) -> ! {
+    let code = match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("corral: jail set-up: {e}");
@@ -74,6 +104,21 @@ pub fn init_main() -> ! {
         }
     };
     std::process::exit(code)
+}
+
+/// Point each of `fds` at /dev/null.
+fn redirect_to_null(fds: &[RawFd]) -> std::io::Result<()> {
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    for fd in fds {
+        // SAFETY: dup2 onto a stdio descriptor of this process.
+        if unsafe { libc::dup2(null.as_raw_fd(), *fd) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 fn set_up_process() -> Result<i32, JailError> {
@@ -140,17 +185,58 @@ fn close_inherited_fds() -> Result<(), JailError> {
     Ok(())
 }
 
+/// Read the config corral sends (spawn.rs `send_config`): its length, carrying the jail's
+/// stdin, stdout and stderr, which become this process's 0, 1 and 2; then the JSON body.
 fn read_config(ctl: &OwnedFd) -> Result<InitConfig, JailError> {
-    let mut file = std::fs::File::from(
-        ctl.try_clone()
-            .map_err(|e| JailError::step("read the jail config", e))?,
-    );
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let fail = |e: std::io::Error| JailError::step("read the jail config", e);
     let mut len = [0u8; 8];
-    file.read_exact(&mut len)
-        .map_err(|e| JailError::step("read the jail config", e))?;
+    let mut got = 0;
+    let mut stdio: Vec<OwnedFd> = Vec::new();
+    let mut cmsg_space = nix::cmsg_space!([RawFd; 3]);
+    while got < len.len() {
+        let mut iov = [std::io::IoSliceMut::new(&mut len[got..])];
+        let msg = match recvmsg::<()>(
+            ctl.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg_space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => msg,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(fail(e.into())),
+        };
+        for c in msg.cmsgs().map_err(|e| fail(e.into()))? {
+            if let ControlMessageOwned::ScmRights(fds) = c {
+                // SAFETY: the kernel just installed these descriptors in this process for us.
+                stdio.extend(fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+            }
+        }
+        if msg.bytes == 0 {
+            return Err(fail(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        got += msg.bytes;
+    }
+    if stdio.len() != 3 {
+        return Err(JailError::Plan(format!(
+            "the jail config came with {} descriptors, not stdin, stdout and stderr",
+            stdio.len()
+        )));
+    }
+    for (target, fd) in stdio.iter().enumerate() {
+        // SAFETY: dup2 onto this process's own stdio; it clears close-on-exec there, so the
+        // command inherits them.
+        if unsafe { libc::dup2(fd.as_raw_fd(), target as RawFd) } < 0 {
+            return Err(JailError::step(
+                "install the jail's stdio",
+                std::io::Error::last_os_error(),
+            ));
+        }
+    }
+    drop(stdio);
+    let mut file = std::fs::File::from(ctl.try_clone().map_err(fail)?);
     let mut body = vec![0u8; u64::from_le_bytes(len) as usize];
-    file.read_exact(&mut body)
-        .map_err(|e| JailError::step("read the jail config", e))?;
+    file.read_exact(&mut body).map_err(fail)?;
     serde_json::from_slice(&body).map_err(|e| JailError::step("decode the jail config", e))
 }
 

@@ -73,7 +73,6 @@ pub struct RunningJail {
     reaped: bool,
     /// The control socket, until the config is sent.
     ctl: Option<std::fs::File>,
-    tty: bool,
 }
 
 /// A set-up process started ahead of its Plan (see [`prepare`]): it waits for the config.
@@ -98,67 +97,18 @@ pub fn spawn(plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError>
 
 /// Start the jail's set-up process before the Plan is final, so that loading it overlaps
 /// corral's own preparations (secrets, executor, limits); [`PreparedJail::start`] hands it the
-/// Plan. The terminal wiring is decided here. Call from the thread that will `wait`.
+/// Plan and its stdio. This re-executes `init_exe` (corral) as a fresh process; `corral run`
+/// uses the one [`prepare_early`] forked instead when there is one ([`take_early`]). Call from
+/// the thread that will `wait`.
 pub fn prepare(init_exe: &std::path::Path) -> Result<PreparedJail, JailError> {
-    let (ctl, ctl_child) = socketpair(
-        AddressFamily::Unix,
-        SockType::Stream,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| JailError::step("create the jail's control socket", e))?;
-
-    let stdin = std::io::stdin();
-    // A pty when the user is at a terminal on both ends; `corral run -- make > log` from a
-    // terminal gets plain pipes (no CR/LF rewriting of the output).
-    let tty = term::is_tty(stdin.as_fd()) && term::is_tty(std::io::stdout().as_fd());
+    let (ctl, ctl_child) = control_socket()?;
     let mut cmd = Command::new(init_exe);
-    cmd.arg(INIT_ARG).env_clear();
-    let mut master = None;
-    let mut pipes = Vec::new();
-    if tty {
-        let pty = term::open_pty(stdin.as_fd())?;
-        let slave = pty.slave;
-        let dup = |fd: &OwnedFd| {
-            fd.try_clone()
-                .map_err(|e| JailError::step("duplicate the pty", e))
-        };
-        cmd.stdin(Stdio::from(dup(&slave)?))
-            .stdout(Stdio::from(dup(&slave)?))
-            .stderr(Stdio::from(slave));
-        master = Some(pty.master);
-    } else {
-        if term::is_tty(stdin.as_fd()) {
-            // The user's terminal as stdin, without a pty: the jail reads a pipe that corral
-            // fills, never the terminal itself. The copying thread is not joined: it ends at
-            // the terminal's EOF or the first write after the jail is gone.
-            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-                .map_err(|e| JailError::step("create an input pipe", e))?;
-            cmd.stdin(Stdio::from(r));
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::fs::File::from(w));
-            });
-        }
-        for (i, out) in [(1, true), (2, false)] {
-            let is_tty = if out {
-                term::is_tty(std::io::stdout().as_fd())
-            } else {
-                term::is_tty(std::io::stderr().as_fd())
-            };
-            if !is_tty {
-                continue;
-            }
-            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-                .map_err(|e| JailError::step("create an output pipe", e))?;
-            if i == 1 {
-                cmd.stdout(Stdio::from(w));
-            } else {
-                cmd.stderr(Stdio::from(w));
-            }
-            pipes.push((i, r));
-        }
-    }
-
+    // Until its config arrives the set-up process holds the caller's stderr only (for its own
+    // errors); the jail's stdio comes with the config.
+    cmd.arg(INIT_ARG)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
     let parent = nix::unistd::getpid().as_raw();
     let child_fd = ctl_child.as_raw_fd();
     // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
@@ -168,20 +118,7 @@ pub fn prepare(init_exe: &std::path::Path) -> Result<PreparedJail, JailError> {
             if libc::dup2(child_fd, CTL_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            if libc::setsid() < 0 {
+            if !detach_from(parent) {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -192,35 +129,170 @@ pub fn prepare(init_exe: &std::path::Path) -> Result<PreparedJail, JailError> {
         .map_err(|e| JailError::at("start the jail's set-up process", init_exe, e))?;
     drop(cmd);
     drop(ctl_child);
-    let pid = Pid::from_raw(child.id() as i32);
+    Ok(PreparedJail::new(
+        Pid::from_raw(child.id() as i32),
+        ctl.into(),
+    ))
+}
 
-    let io = match master {
-        Some(m) => Io::Pty(Relay::new(m)),
-        None => Io::Plain(
-            pipes
-                .into_iter()
-                .map(|(i, r)| std::thread::spawn(move || copy_out(r, i)))
-                .collect(),
-        ),
+/// The set-up process [`prepare_early`] forked, until [`take_early`] takes it.
+static EARLY: std::sync::Mutex<Option<PreparedJail>> = std::sync::Mutex::new(None);
+
+/// Fork the jail's set-up process now, first thing in `main` and before any thread exists, for
+/// a command that is about to run a jail: it is ready (no second exec of corral, no waiting for
+/// one) by the time the Plan is. [`take_early`] hands it out; if nobody does, it ends when this
+/// process does (EOF on its control socket, and PR_SET_PDEATHSIG).
+///
+/// Forked this early, the child holds nothing corral has read yet: no policy, no secret, no
+/// gateway value, only what the kernel put on the initial stack. Of that it overwrites, before
+/// anything else, the environment strings (the caller's variables, API keys included) and the
+/// arguments after the program's name (its command line then reads `corral
+/// __corral-jail-init`, as a re-executed one does: the jail can read PID 1's command line), and
+/// empties `environ`. What it shares with corral that a fresh exec would not is the address
+/// layout and the stack canary; those stay out of the jail's reach because PID 1 is
+/// non-dumpable with no capabilities, and the jail's seccomp filter denies ptrace and
+/// process_vm_readv.
+///
+/// Does nothing when that cannot be done (no /proc, no socket, no fork): the run then uses
+/// [`prepare`].
+pub fn prepare_early() {
+    let Some(initial) = InitialStack::of_self() else {
+        return;
     };
-    Ok(PreparedJail {
-        jail: RunningJail {
-            pid,
-            net: None,
-            factory: None,
-            io,
-            signals: None,
-            _placeholder: None,
-            reaped: false,
-            ctl: Some(std::fs::File::from(ctl)),
-            tty,
-        },
-    })
+    let Ok((ctl, ctl_child)) = control_socket() else {
+        return;
+    };
+    let parent = nix::unistd::getpid().as_raw();
+    // SAFETY: called first thing in `main`, before any thread exists, so the child is a
+    // complete copy of a single-threaded process and may allocate.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(ctl);
+            initial.forget();
+            crate::child::init_forked(ctl_child, detach_from(parent))
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            drop(ctl_child);
+            let prepared = PreparedJail::new(child, ctl.into());
+            if let Ok(mut slot) = EARLY.lock() {
+                *slot = Some(prepared);
+            }
+        }
+        Err(_) => {}
+    }
+}
+
+/// The set-up process [`prepare_early`] forked, once; `None` if there is none (or it was taken).
+/// Take it from the thread that will `wait` for the jail (the thread that called
+/// `prepare_early`).
+pub fn take_early() -> Option<PreparedJail> {
+    EARLY.lock().ok()?.take()
+}
+
+/// corral's end and the set-up process's end of a new control socket (both close-on-exec).
+fn control_socket() -> Result<(OwnedFd, OwnedFd), JailError> {
+    socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| JailError::step("create the jail's control socket", e))
+}
+
+/// In a new set-up process: die with `parent` (the thread that started it), and leave its
+/// session and process group so the terminal's signals reach corral alone (corral forwards
+/// them). False when `parent` is already gone or a call failed (errno says why).
+/// Async-signal-safe: runs between fork and exec.
+fn detach_from(parent: libc::pid_t) -> bool {
+    // SAFETY: plain syscalls on this process, no memory is touched.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) == 0
+            && libc::getppid() == parent
+            && libc::setsid() >= 0
+    }
+}
+
+/// Where the kernel put this process's arguments and environment strings (`/proc/self/stat`
+/// fields 48-51).
+struct InitialStack {
+    args: (usize, usize),
+    env: (usize, usize),
+}
+
+impl InitialStack {
+    fn of_self() -> Option<InitialStack> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name's closing parenthesis start at field 3.
+        let fields: Vec<usize> = stat
+            .rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .skip(45)
+            .take(4)
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        match fields[..] {
+            [a, b, c, d] if a < b && c <= d => Some(InitialStack {
+                args: (a, b),
+                env: (c, d),
+            }),
+            _ => None,
+        }
+    }
+
+    /// In the just-forked set-up process: zero the environment strings and every argument
+    /// after the program's name, write [`INIT_ARG`] as the first argument when it fits, and
+    /// empty `environ`.
+    fn forget(&self) {
+        let zero = |from: usize, to: usize| {
+            for addr in from..to {
+                // SAFETY: [arg_start, arg_end) and [env_start, env_end) are this process's own
+                // initial stack, mapped and writable; single-threaded.
+                unsafe { std::ptr::write_volatile(addr as *mut u8, 0) };
+            }
+        };
+        zero(self.env.0, self.env.1);
+        let (start, end) = self.args;
+        // SAFETY: argv[0] is a NUL-terminated string at arg_start, inside [start, end).
+        let name = unsafe { libc::strnlen(start as *const libc::c_char, end - start) };
+        let rest = start + name + 1;
+        zero(rest.min(end), end);
+        if rest + INIT_ARG.len() < end {
+            for (i, b) in INIT_ARG.bytes().enumerate() {
+                // SAFETY: inside the argument area, as above.
+                unsafe { std::ptr::write_volatile((rest + i) as *mut u8, b) };
+            }
+        }
+        // SAFETY: single-threaded; nothing holds a reference into the environment.
+        unsafe { libc::clearenv() };
+    }
 }
 
 impl PreparedJail {
-    /// Hand the set-up process `plan` and wait until the jail's namespaces exist and its
-    /// listeners (network mode `proxy`, `host_ports`) are in hand; the mounts and the
+    fn new(pid: Pid, ctl: std::fs::File) -> PreparedJail {
+        PreparedJail {
+            jail: RunningJail {
+                pid,
+                net: None,
+                factory: None,
+                io: Io::Plain(Vec::new()),
+                signals: None,
+                _placeholder: None,
+                reaped: false,
+                ctl: Some(ctl),
+            },
+        }
+    }
+
+    /// Hand the set-up process `plan` and its stdio, and wait until the jail's namespaces exist
+    /// and its listeners (network mode `proxy`, `host_ports`) are in hand; the mounts and the
     /// command's exec proceed meanwhile.
     pub fn start(self, plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError> {
         let mut jail = self.jail;
@@ -237,21 +309,24 @@ impl PreparedJail {
             SignalPipe::install(&watched)
                 .map_err(|e| JailError::step("install corral's signal handlers", e))?,
         );
+        let stdio = wire_stdio()?;
+        jail.io = stdio.io;
         let config = InitConfig {
             plan: plan.clone(),
-            tty: jail.tty,
+            tty: stdio.tty,
             cgroup_procs: opts.cgroup_procs.clone(),
             rlimits: opts.rlimits.clone(),
         };
         let body = serde_json::to_vec(&config)
             .map_err(|e| JailError::step("encode the jail config", e))?;
-        let mut stream = jail
+        let stream = jail
             .ctl
             .take()
             .ok_or_else(|| JailError::Plan("this jail was already started".into()))?;
-        let sent = stream
-            .write_all(&(body.len() as u64).to_le_bytes())
-            .and_then(|()| stream.write_all(&body));
+        let sent = send_config(&stream, &body, &stdio.fds);
+        // The jail's copies are in flight or refused: corral's go now (a pipe's writer must be
+        // the jail alone, for the copying thread to see its end).
+        drop(stdio.fds);
         let net = match sent {
             Ok(()) => netns::recv_listeners(stream.as_raw_fd())?,
             Err(_) => None,
@@ -268,6 +343,106 @@ impl PreparedJail {
                 Err(JailError::SetupFailed(exit.code))
             }
         }
+    }
+}
+
+/// The config on the control socket: its length (u64, little-endian) carrying the jail's
+/// stdin, stdout and stderr as SCM_RIGHTS, then the JSON body.
+fn send_config(stream: &std::fs::File, body: &[u8], stdio: &[OwnedFd; 3]) -> std::io::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    let len = (body.len() as u64).to_le_bytes();
+    let fds = stdio.each_ref().map(|fd| fd.as_raw_fd());
+    let mut sent = 0;
+    while sent < len.len() {
+        // The descriptors travel with the first byte only.
+        let rights = [ControlMessage::ScmRights(&fds)];
+        let cmsgs: &[ControlMessage] = if sent == 0 { &rights } else { &[] };
+        match sendmsg::<()>(
+            stream.as_raw_fd(),
+            &[std::io::IoSlice::new(&len[sent..])],
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(n) => sent += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    (&*stream).write_all(body)
+}
+
+/// The jail's stdio and how corral relays it.
+struct JailStdio {
+    io: Io,
+    /// stdin, stdout, stderr for the set-up process to install.
+    fds: [OwnedFd; 3],
+    tty: bool,
+}
+
+/// Wire the jail's stdio: a pty of its own when the user is at a terminal on both ends (`corral
+/// run -- make > log` from a terminal gets plain pipes, no CR/LF rewriting of the output); else
+/// corral's own descriptors, with those that are terminals replaced by pipes corral copies, so
+/// no jail process holds the user's terminal.
+fn wire_stdio() -> Result<JailStdio, JailError> {
+    let stdin = std::io::stdin();
+    let tty = term::is_tty(stdin.as_fd()) && term::is_tty(std::io::stdout().as_fd());
+    if tty {
+        let pty = term::open_pty(stdin.as_fd())?;
+        let dup = |fd: &OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| JailError::step("duplicate the pty", e))
+        };
+        let fds = [dup(&pty.slave)?, dup(&pty.slave)?, pty.slave];
+        return Ok(JailStdio {
+            io: Io::Pty(Relay::new(pty.master)),
+            fds,
+            tty,
+        });
+    }
+    let input = if term::is_tty(stdin.as_fd()) {
+        // The user's terminal as stdin, without a pty: the jail reads a pipe that corral fills,
+        // never the terminal itself. The copying thread is not joined: it ends at the
+        // terminal's EOF or the first write after the jail is gone.
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| JailError::step("create an input pipe", e))?;
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::fs::File::from(w));
+        });
+        r
+    } else {
+        own_or_null(stdin.as_fd())?
+    };
+    let mut threads = Vec::new();
+    let mut output = |to: i32, fd: std::os::fd::BorrowedFd<'_>| {
+        if !term::is_tty(fd) {
+            return own_or_null(fd);
+        }
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| JailError::step("create an output pipe", e))?;
+        threads.push(std::thread::spawn(move || copy_out(r, to)));
+        Ok(w)
+    };
+    let stdout = output(1, std::io::stdout().as_fd())?;
+    let stderr = output(2, std::io::stderr().as_fd())?;
+    Ok(JailStdio {
+        io: Io::Plain(threads),
+        fds: [input, stdout, stderr],
+        tty,
+    })
+}
+
+/// A copy of one of corral's stdio descriptors for the jail; /dev/null when corral has none
+/// open there.
+fn own_or_null(fd: std::os::fd::BorrowedFd<'_>) -> Result<OwnedFd, JailError> {
+    match fd.try_clone_to_owned() {
+        Ok(owned) => Ok(owned),
+        Err(_) => std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .map(OwnedFd::from)
+            .map_err(|e| JailError::at("open", "/dev/null", e)),
     }
 }
 

@@ -24,6 +24,17 @@ mod shim;
 mod skill;
 pub mod trust;
 
+/// Whether the command line `args` (program name first) is one that runs a native jail from
+/// this process: `run`, `shell`, and the executor's `serve --jail-helper`. Read before the
+/// command line is parsed (main.rs); a wrong guess costs one fork, or one exec later.
+pub fn starts_a_jail(mut args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    match args.nth(1) {
+        Some(cmd) if cmd == "run" || cmd == "shell" => true,
+        Some(cmd) if cmd == "serve" => args.any(|a| a == "--jail-helper"),
+        _ => false,
+    }
+}
+
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run::run(args),

@@ -43,6 +43,9 @@ pub fn run_jail(
 
 /// Run `plan` in the native jail; the command's exit code.
 pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
+    // The set-up process main() forked for this run, if it did (dropped, so ended, when the
+    // run goes to a container engine).
+    let early = corral_sandbox::take_early();
     match plan.engine {
         // auto: native where it runs here, else podman, else docker (cmd/engine_run.rs).
         Engine::Auto if !corral_sandbox::probe::run().native_backend => {
@@ -58,7 +61,10 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // The jail's set-up process starts now and loads while corral prepares the rest; it waits
     // for the final plan (a dropped PreparedJail is killed).
     let mut opts = corral_sandbox::SpawnOptions::new()?;
-    let prepared = corral_sandbox::prepare(&opts.init_exe)?;
+    let prepared = match early {
+        Some(prepared) => prepared,
+        None => corral_sandbox::prepare(&opts.init_exe)?,
+    };
     let jail_id = corral_audit::new_jail_id();
     let audit = AuditLog::for_project(&plan.project.root).context("cannot open the audit log")?;
     // What the agent changes in the project, listed when it ends (changes.rs): the baseline is
