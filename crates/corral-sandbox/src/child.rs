@@ -209,7 +209,10 @@ fn read_config(ctl: &OwnedFd) -> Result<InitConfig, JailError> {
         for c in msg.cmsgs().map_err(|e| fail(e.into()))? {
             if let ControlMessageOwned::ScmRights(fds) = c {
                 // SAFETY: the kernel just installed these descriptors in this process for us.
-                stdio.extend(fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                stdio.extend(
+                    fds.into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
             }
         }
         if msg.bytes == 0 {

@@ -668,3 +668,123 @@ fn a_state_directory_replaced_by_a_link_in_a_writable_bind_is_refused() {
         out.stderr
     );
 }
+
+/// Whether `needle` is anywhere in the readable memory of process `pid`; `None` when its
+/// memory cannot be read at all (a non-dumpable process, for a caller without privileges).
+fn memory_holds(pid: u32, needle: &[u8]) -> Option<bool> {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut read_any = false;
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
+            continue;
+        };
+        if !perms.starts_with('r') || hi - lo > 1 << 30 {
+            continue;
+        }
+        let mut region = vec![0u8; (hi - lo) as usize];
+        // [vvar] and the like refuse reads: skip them.
+        if mem.read_exact_at(&mut region, lo).is_err() {
+            continue;
+        }
+        read_any = true;
+        if region.windows(needle.len()).any(|w| w == needle) {
+            return Some(true);
+        }
+    }
+    read_any.then_some(false)
+}
+
+/// The children of `pid` (from the host's /proc).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// The jail's set-up process and its PID 1 are forked from corral before it reads anything,
+/// and wipe what they inherited: a variable of the caller's (an API key, say) that the policy
+/// does not pass is in neither's memory, and PID 1's command line, which the jail can read,
+/// does not repeat corral's.
+#[test]
+fn the_jails_own_processes_hold_none_of_the_callers_environment() {
+    let w = World::new();
+    let secret = format!("caller-api-key-{}-{}", std::process::id(), line!());
+    let (ready, done) = (w.project.join("ready"), w.project.join("done"));
+    let mut c = w.corral();
+    c.env("SOME_API_KEY", &secret).args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "tr '\\0' ' ' < /proc/1/cmdline; echo; echo \"key=[$SOME_API_KEY]\"; touch ready; \
+         while [ ! -e done ]; do sleep 0.05; done; echo END",
+    ]);
+    let runner = std::thread::spawn(move || run(c));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !ready.exists() {
+        assert!(
+            !runner.is_finished() && std::time::Instant::now() < deadline,
+            "the jail never became ready"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // corral (the test's child with the secret in its environment), its set-up process, and
+    // that one's child, the jail's PID 1.
+    let corral = children_of(std::process::id())
+        .into_iter()
+        .find(|p| memory_holds(*p, secret.as_bytes()) == Some(true));
+    let scanned = (|| {
+        let corral = corral.expect("corral itself holds the key: the scan finds it there");
+        let setup = *children_of(corral).first().expect("a set-up process");
+        let pid_one = *children_of(setup).first().expect("the jail's PID 1");
+        (setup, pid_one)
+    })();
+    let (setup, pid_one) = scanned;
+    let in_setup = memory_holds(setup, secret.as_bytes());
+    let in_pid_one = memory_holds(pid_one, secret.as_bytes());
+    std::fs::write(&done, "").unwrap();
+    let out = runner.join().unwrap();
+    ran(&out, "END");
+    assert_eq!(
+        in_setup,
+        Some(false),
+        "the set-up process's memory (None: unreadable)"
+    );
+    match in_pid_one {
+        Some(found) => assert!(!found, "the key is in the jail's PID 1"),
+        // Unprivileged, a non-dumpable process's memory is closed to its own user as well.
+        None => eprintln!("note: PID 1 is non-dumpable and this user cannot read its memory"),
+    }
+    assert!(out.stdout.contains("key=[]"), "{}", out.both());
+    assert!(!out.stdout.contains(&secret), "{}", out.both());
+    let cmdline = out.stdout.lines().next().unwrap_or_default();
+    assert!(
+        cmdline.contains("__corral-jail-init") && !cmdline.contains(" run "),
+        "PID 1's command line: {cmdline:?}"
+    );
+}
