@@ -70,29 +70,29 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // What the agent changes in the project, listed when it ends (changes.rs): the baseline is
     // taken while the rest is set up, and complete before the jail starts.
     let baseline = crate::changes::start(plan, &jail_id);
-    // [secrets]: placeholders and the gateway's CA in the jail; real values stay in corral.
-    let secrets = super::secrets::prepare(plan, &jail_id, &audit)?;
-    let plan = secrets.plan(plan);
-    // The executor (SPEC section 6): its unix socket (bound by corral) and token bound into the
-    // jail read-only, CORRAL_EXECUTOR set; `corral serve` outside the jail starts on the first
-    // connection (cmd/serve.rs). Stopped when this returns.
-    let mut with_executor = plan.clone();
-    let _executor = super::serve::attach_executor(&mut with_executor)?;
-    // network.dns = "stub": the jail's resolv.conf names its 127.0.0.1:53 (removed at the end).
-    let _stub_files = stub_files(&mut with_executor)?;
-    let plan = &with_executor;
+    // The jail's cgroup (as root, or with delegation: a few directories and limit files) is
+    // made on a thread of its own meanwhile; it needs only the id and the limits.
+    let prepared_plan = std::thread::scope(|s| {
+        let limits = s.spawn(|| corral_sandbox::cgroup::setup(&jail_id, &plan.limits));
+        let rest = jail_side(plan, &jail_id, &audit);
+        let limits = limits.join().expect("the cgroup set-up thread panicked");
+        // A failed cgroup set-up fails the run; one that worked is undone (its drop) when the
+        // rest failed.
+        Ok::<_, anyhow::Error>((limits?, rest?))
+    })?;
+    let (limits, (secrets, plan, _executor, _stub_files)) = prepared_plan;
+    let plan = &plan;
 
     if !audit.path().exists() {
         eprintln!("{}", first_run_line(plan, audit.path()));
     }
-    let limits = corral_sandbox::cgroup::setup(&jail_id, &plan.limits)?;
     for note in &limits.notes {
         eprintln!("corral: {note}");
     }
     if let Some(cg) = &limits.cgroup {
         // cgroup v1: the set-up process moves itself by writing 0 to `tasks`, which moves the
-        // calling thread alone. It is a fresh exec of corral that starts no thread, so that is
-        // the whole process, and the kernel skips the global write lock a `cgroup.procs` write
+        // calling thread alone. It is a fork of corral's main thread taken before any thread
+        // started (or a fresh exec of corral) and starts no thread, so that is the whole process, and the kernel skips the global write lock a `cgroup.procs` write
         // takes (an RCU grace period: 8-20 ms here). Its children are born inside.
         let file = match cg.version() {
             corral_sandbox::cgroup::Version::V1 => "tasks",
@@ -197,6 +197,30 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         },
     );
     Ok(exit.code)
+}
+
+/// What the jail's Plan gains on top of `plan` before it starts: [secrets] placeholders and the
+/// gateway's CA (real values stay in corral), the executor's socket and token, and the stub
+/// resolver's files. The handles keep the executor and the files alive until the run ends.
+fn jail_side(
+    plan: &Plan,
+    jail_id: &str,
+    audit: &AuditLog,
+) -> anyhow::Result<(
+    super::secrets::Secrets,
+    Plan,
+    Option<super::serve::RunExecutor>,
+    Option<StubFiles>,
+)> {
+    let secrets = super::secrets::prepare(plan, jail_id, audit)?;
+    // The executor (SPEC section 6): its unix socket (bound by corral) and token bound into the
+    // jail read-only, CORRAL_EXECUTOR set; `corral serve` outside the jail starts on the first
+    // connection (cmd/serve.rs). Stopped when the handle drops.
+    let mut plan = secrets.plan(plan).clone();
+    let executor = super::serve::attach_executor(&mut plan)?;
+    // network.dns = "stub": the jail's resolv.conf names its 127.0.0.1:53 (removed at the end).
+    let stub_files = stub_files(&mut plan)?;
+    Ok((secrets, plan, executor, stub_files))
 }
 
 /// Network mode `proxy`: corral's proxy accepts on the jail's 127.0.0.1:3128, and each
