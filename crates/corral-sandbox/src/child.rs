@@ -1,10 +1,12 @@
 //! Inside the jail: the set-up process, the jail's PID 1, and the command's process.
 //!
-//! `corral` re-executes itself as `corral __corral-jail-init` (a fresh, single-threaded process)
-//! with a control socket on fd 3. From there everything reads top to bottom in the order the
-//! kernel sees it:
+//! The set-up process is a fork of corral's main thread taken first thing in `main`
+//! (`spawn::prepare_early`: environment and arguments wiped), or `corral __corral-jail-init`,
+//! corral re-executed (`spawn::prepare`); either way a single-threaded process with a control
+//! socket on fd 3. From there everything reads top to bottom in the order the kernel sees it:
 //!
-//! 1. set-up process: close inherited descriptors, read the config, join the cgroup, unshare the namespaces (user, mount,
+//! 1. set-up process: close inherited descriptors, read the config (with the jail's stdio),
+//!    join the cgroup, unshare the namespaces (user, mount,
 //!    pid, ipc, uts, cgroup, and net unless `network.mode = "host"`), write the uid/gid maps
 //!    (setgroups denied, the caller's ids kept), set the hostname, bring lo up and create the
 //!    proxy/host_ports listeners, send them to corral, fork the jail's PID 1; then wait for it,
@@ -125,7 +127,9 @@ fn set_up_process() -> Result<i32, JailError> {
     // SAFETY: fd 3 was placed there by corral for this process alone.
     let ctl = unsafe { OwnedFd::from_raw_fd(CTL_FD) };
     close_inherited_fds()?;
-    let config = read_config(&ctl)?;
+    let Some(config) = read_config(&ctl)? else {
+        return Ok(EXIT_SETUP_FAILED);
+    };
     let plan = &config.plan;
     join_cgroup(&config.cgroup_procs)?;
     unshare_namespaces(plan.network.mode)?;
@@ -153,7 +157,8 @@ fn set_up_process() -> Result<i32, JailError> {
     drop(net);
     // The control socket stays open: it is now corral's socket factory for the jail's network
     // namespace (`--publish`), served from the wait loop below. The jail never holds it.
-    // SAFETY: this process is single-threaded (a fresh exec of corral that started no thread).
+    // SAFETY: this process is single-threaded (forked from corral's only thread, or a fresh
+    // exec of corral, and it started no thread).
     match unsafe { fork() }.map_err(|e| JailError::step("fork the jail's PID 1", e))? {
         ForkResult::Child => {
             // PID 1 and everything it starts must never reach the factory.
@@ -187,7 +192,8 @@ fn close_inherited_fds() -> Result<(), JailError> {
 
 /// Read the config corral sends (spawn.rs `send_config`): its length, carrying the jail's
 /// stdin, stdout and stderr, which become this process's 0, 1 and 2; then the JSON body.
-fn read_config(ctl: &OwnedFd) -> Result<InitConfig, JailError> {
+/// `None` when corral closed the socket without sending one.
+fn read_config(ctl: &OwnedFd) -> Result<Option<InitConfig>, JailError> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     let fail = |e: std::io::Error| JailError::step("read the jail config", e);
     let mut len = [0u8; 8];
@@ -215,6 +221,10 @@ fn read_config(ctl: &OwnedFd) -> Result<InitConfig, JailError> {
                 );
             }
         }
+        if msg.bytes == 0 && got == 0 {
+            // corral ended (or dropped this jail) without starting it: nothing to report.
+            return Ok(None);
+        }
         if msg.bytes == 0 {
             return Err(fail(std::io::ErrorKind::UnexpectedEof.into()));
         }
@@ -240,7 +250,9 @@ fn read_config(ctl: &OwnedFd) -> Result<InitConfig, JailError> {
     let mut file = std::fs::File::from(ctl.try_clone().map_err(fail)?);
     let mut body = vec![0u8; u64::from_le_bytes(len) as usize];
     file.read_exact(&mut body).map_err(fail)?;
-    serde_json::from_slice(&body).map_err(|e| JailError::step("decode the jail config", e))
+    serde_json::from_slice(&body)
+        .map(Some)
+        .map_err(|e| JailError::step("decode the jail config", e))
 }
 
 fn join_cgroup(procs: &[PathBuf]) -> Result<(), JailError> {

@@ -2,7 +2,7 @@
 //! a pty relay.
 //!
 //! ```text
-//! corral (spawn.rs) ──re-exec── set-up process (child.rs) ──fork── PID 1 ──fork── command
+//! corral (spawn.rs) ──fork/exec── set-up process (child.rs) ──fork── PID 1 ──fork── command
 //!   relay, signals,              unshare, id maps, lo,          mounts.rs,      rlimits, Landlock,
 //!   listeners in hand            listeners → corral             pivot_root,     caps, seccomp,
 //!                                                               reap, forward   exec

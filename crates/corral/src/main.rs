@@ -14,7 +14,7 @@ use clap::Parser;
 pub const EXIT_CORRAL_ERROR: u8 = 125;
 
 fn main() -> ExitCode {
-    // The jail's set-up process is this binary re-executed: it never reaches the CLI.
+    // The jail's set-up process, when it is this binary re-executed: it never reaches the CLI.
     corral_sandbox::init_if_requested();
     // A command that runs a native jail forks the jail's set-up process now, before anything
     // is read (corral_sandbox::prepare_early says what it holds): it is ready when the Plan is.

@@ -753,32 +753,33 @@ fn the_jails_own_processes_hold_none_of_the_callers_environment() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    // corral (the test's child with the secret in its environment), its set-up process, and
-    // that one's child, the jail's PID 1.
+    // corral (the test's child with the key in its environment: the scan finds it there), its
+    // set-up process, and that one's child, the jail's PID 1. Scanned before the jail is let
+    // go; asserted after, so a failure never leaves it running.
     let corral = children_of(std::process::id())
         .into_iter()
         .find(|p| memory_holds(*p, secret.as_bytes()) == Some(true));
-    let scanned = (|| {
-        let corral = corral.expect("corral itself holds the key: the scan finds it there");
-        let setup = *children_of(corral).first().expect("a set-up process");
-        let pid_one = *children_of(setup).first().expect("the jail's PID 1");
-        (setup, pid_one)
-    })();
-    let (setup, pid_one) = scanned;
-    let in_setup = memory_holds(setup, secret.as_bytes());
-    let in_pid_one = memory_holds(pid_one, secret.as_bytes());
+    let setup = corral.and_then(|p| children_of(p).first().copied());
+    let pid_one = setup.and_then(|p| children_of(p).first().copied());
+    let in_setup = setup.map(|p| memory_holds(p, secret.as_bytes()));
+    let in_pid_one = pid_one.map(|p| memory_holds(p, secret.as_bytes()));
     std::fs::write(&done, "").unwrap();
     let out = runner.join().unwrap();
     ran(&out, "END");
+    assert!(
+        corral.is_some(),
+        "corral's own memory holds the key: the scan works"
+    );
     assert_eq!(
         in_setup,
-        Some(false),
-        "the set-up process's memory (None: unreadable)"
+        Some(Some(false)),
+        "the set-up process's memory (None: no such process; Some(None): unreadable)"
     );
     match in_pid_one {
-        Some(found) => assert!(!found, "the key is in the jail's PID 1"),
+        Some(Some(found)) => assert!(!found, "the key is in the jail's PID 1"),
         // Unprivileged, a non-dumpable process's memory is closed to its own user as well.
-        None => eprintln!("note: PID 1 is non-dumpable and this user cannot read its memory"),
+        Some(None) => eprintln!("note: PID 1 is non-dumpable and this user cannot read its memory"),
+        None => panic!("no PID 1 found under the set-up process"),
     }
     assert!(out.stdout.contains("key=[]"), "{}", out.both());
     assert!(!out.stdout.contains(&secret), "{}", out.both());

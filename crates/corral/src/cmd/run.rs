@@ -58,8 +58,9 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // --publish: the host's 127.0.0.1:PORT, bound before the jail starts so a taken port fails
     // the run at once.
     let published = publish_listeners(plan)?;
-    // The jail's set-up process starts now and loads while corral prepares the rest; it waits
-    // for the final plan (a dropped PreparedJail is killed).
+    // The jail's set-up process: the one main() forked, else corral re-executed now (it loads
+    // while corral prepares the rest). It waits for the final plan; a dropped PreparedJail is
+    // killed.
     let mut opts = corral_sandbox::SpawnOptions::new()?;
     let prepared = match early {
         Some(prepared) => prepared,
@@ -92,8 +93,9 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     if let Some(cg) = &limits.cgroup {
         // cgroup v1: the set-up process moves itself by writing 0 to `tasks`, which moves the
         // calling thread alone. It is a fork of corral's main thread taken before any thread
-        // started (or a fresh exec of corral) and starts no thread, so that is the whole process, and the kernel skips the global write lock a `cgroup.procs` write
-        // takes (an RCU grace period: 8-20 ms here). Its children are born inside.
+        // started (or a fresh exec of corral) and starts no thread, so that is the whole
+        // process, and the kernel skips the global write lock a `cgroup.procs` write takes (an
+        // RCU grace period: 8-20 ms here). Its children are born inside.
         let file = match cg.version() {
             corral_sandbox::cgroup::Version::V1 => "tasks",
             corral_sandbox::cgroup::Version::V2 => "cgroup.procs",
