@@ -789,3 +789,40 @@ fn the_jails_own_processes_hold_none_of_the_callers_environment() {
         "PID 1's command line: {cmdline:?}"
     );
 }
+
+/// corral started with stdin and stdout closed (as a daemon or a careless wrapper may): the
+/// jail's control socket must not land there and reach the jail as its stdio. (Rust's runtime
+/// opens /dev/null on a closed 0, 1 or 2 before `main`; this holds corral to that.)
+#[test]
+fn closed_stdio_never_hands_the_jail_a_control_socket() {
+    let w = World::new();
+    let mut c = w.corral();
+    // `sh` closes 0 and 1, then execs corral; the jail reports its 0 and 1 on stderr.
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "echo \"fd0=$(readlink /proc/$$/fd/0) fd1=$(readlink /proc/$$/fd/1)\" >&2; \
+         echo END >&2",
+    ]);
+    let argv: Vec<String> = std::iter::once(c.get_program())
+        .chain(c.get_args())
+        .map(|a| format!("'{}'", a.to_string_lossy().replace('\'', "'\\''")))
+        .collect();
+    let mut sh = Command::new("sh");
+    sh.current_dir(&w.project)
+        .env_clear()
+        .envs(c.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .args(["-c", &format!("exec {} <&- >&-", argv.join(" "))]);
+    let out = run(sh);
+    assert!(out.stderr.contains("END"), "{}", out.both());
+    assert!(
+        out.stderr.contains("fd0=/dev/null fd1=/dev/null"),
+        "the jail's stdin/stdout: {}",
+        out.both()
+    );
+    assert_eq!(out.code, 0, "{}", out.both());
+}
