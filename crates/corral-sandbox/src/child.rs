@@ -5,11 +5,12 @@
 //! corral re-executed (`spawn::prepare`); either way a single-threaded process with a control
 //! socket on fd 3. From there everything reads top to bottom in the order the kernel sees it:
 //!
-//! 1. set-up process: close inherited descriptors, read the config (with the jail's stdio),
-//!    join the cgroup, unshare the namespaces (user, mount,
-//!    pid, ipc, uts, cgroup, and net unless `network.mode = "host"`), write the uid/gid maps
-//!    (setgroups denied, the caller's ids kept), set the hostname, bring lo up and create the
-//!    proxy/host_ports listeners, send them to corral, fork the jail's PID 1; then wait for it,
+//! 1. set-up process: close inherited descriptors, read the namespace config (ids, network
+//!    rules, cgroup), join the cgroup, unshare the namespaces (user, mount, pid, ipc, uts,
+//!    cgroup, and net unless `network.mode = "host"`), write the uid/gid maps (setgroups
+//!    denied, the caller's ids kept), set the hostname, bring lo up and create the
+//!    proxy/host_ports listeners, send them to corral; read the Plan (with the jail's stdio),
+//!    fork the jail's PID 1; then wait for it,
 //!    forwarding signals and serving corral's socket requests on the control socket (sockets
 //!    made in the jail's network namespace, for `--publish`).
 //! 2. PID 1: die with the set-up process (PDEATHSIG), build the root (`mounts.rs`, ending in
@@ -28,7 +29,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use corral_policy::plan::{Dns, NetworkMode, Plan};
+use corral_policy::plan::{Dns, NetworkMode, NetworkPlan, Plan};
 use nix::sched::CloneFlags;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -53,14 +54,24 @@ pub(crate) const FORWARDED: &[Signal] = &[
     Signal::SIGWINCH,
 ];
 
-/// What corral sends the set-up process.
+/// What the set-up process needs to build the jail's namespaces, sent as soon as corral knows
+/// it (`PreparedJail::enter_namespaces`): the part of the Plan that is final once it is
+/// resolved, and the cgroup. The set-up process works on it while corral finishes the Plan.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct NamespaceConfig {
+    pub uid: u32,
+    pub gid: u32,
+    pub network: NetworkPlan,
+    /// Files the set-up process writes its pid into before unsharing (cgroup membership).
+    pub cgroup_procs: Vec<PathBuf>,
+}
+
+/// The rest, sent with the jail's stdin, stdout and stderr (`PreparedJail::start`).
 #[derive(Serialize, Deserialize)]
 pub(crate) struct InitConfig {
     pub plan: Plan,
     /// stdin/stdout/stderr are a pty of corral's: make it the command's controlling terminal.
     pub tty: bool,
-    /// Files the set-up process writes its pid into before unsharing (cgroup membership).
-    pub cgroup_procs: Vec<PathBuf>,
     /// The limits no cgroup enforces, applied as rlimits (the best-effort fallback; with
     /// `strict` corral refused to start instead).
     pub rlimits: corral_policy::plan::Limits,
@@ -127,25 +138,24 @@ fn set_up_process() -> Result<i32, JailError> {
     // SAFETY: fd 3 was placed there by corral for this process alone.
     let ctl = unsafe { OwnedFd::from_raw_fd(CTL_FD) };
     close_inherited_fds()?;
-    let Some(config) = read_config(&ctl)? else {
+    let Some((ns, _)) = read_message::<NamespaceConfig>(&ctl, 0)? else {
         return Ok(EXIT_SETUP_FAILED);
     };
-    let plan = &config.plan;
-    join_cgroup(&config.cgroup_procs)?;
-    unshare_namespaces(plan.network.mode)?;
-    write_id_maps(plan.uid, plan.gid)?;
+    join_cgroup(&ns.cgroup_procs)?;
+    unshare_namespaces(ns.network.mode)?;
+    write_id_maps(ns.uid, ns.gid)?;
     nix::unistd::sethostname("corral").map_err(|e| JailError::step("set the hostname", e))?;
-    let net = match plan.network.mode {
+    let net = match ns.network.mode {
         NetworkMode::None | NetworkMode::Proxy => {
             netns::bring_up_loopback()?;
             let mut net = netns::create_listeners(
-                plan.network.mode == NetworkMode::Proxy,
-                &plan.network.host_ports,
+                ns.network.mode == NetworkMode::Proxy,
+                &ns.network.host_ports,
             )?;
-            match (plan.network.mode, plan.network.dns) {
+            match (ns.network.mode, ns.network.dns) {
                 (NetworkMode::Proxy, Dns::Stub) => {
                     netns::add_stub_pool()?;
-                    netns::create_stub_sockets(&mut net, &netns::capture_ports(&plan.network))?;
+                    netns::create_stub_sockets(&mut net, &netns::capture_ports(&ns.network))?;
                 }
                 (_, Dns::None) | (NetworkMode::None | NetworkMode::Host, Dns::Stub) => {}
             }
@@ -155,6 +165,16 @@ fn set_up_process() -> Result<i32, JailError> {
     };
     netns::send_listeners(CTL_FD, &net)?;
     drop(net);
+    let Some((config, stdio)) = read_message::<InitConfig>(&ctl, 3)? else {
+        return Ok(EXIT_SETUP_FAILED);
+    };
+    // One Plan: the namespaces were built from the same ids and network rules.
+    if (config.plan.uid, config.plan.gid) != (ns.uid, ns.gid) || config.plan.network != ns.network {
+        return Err(JailError::Plan(
+            "the jail's plan differs from the one its namespaces were built for".into(),
+        ));
+    }
+    install_stdio(stdio)?;
     // The control socket stays open: it is now corral's socket factory for the jail's network
     // namespace (`--publish`), served from the wait loop below. The jail never holds it.
     // SAFETY: this process is single-threaded (forked from corral's only thread, or a fresh
@@ -190,15 +210,18 @@ fn close_inherited_fds() -> Result<(), JailError> {
     Ok(())
 }
 
-/// Read the config corral sends (spawn.rs `send_config`): its length, carrying the jail's
-/// stdin, stdout and stderr, which become this process's 0, 1 and 2; then the JSON body.
-/// `None` when corral closed the socket without sending one.
-fn read_config(ctl: &OwnedFd) -> Result<Option<InitConfig>, JailError> {
+/// Read one message corral sends (spawn.rs `send_message`): its length (u64, little-endian),
+/// carrying exactly `fds` descriptors as SCM_RIGHTS, then its JSON body. `None` when corral
+/// closed the socket before sending it (it ended, or dropped this jail): nothing to report.
+fn read_message<T: serde::de::DeserializeOwned>(
+    ctl: &OwnedFd,
+    fds: usize,
+) -> Result<Option<(T, Vec<OwnedFd>)>, JailError> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     let fail = |e: std::io::Error| JailError::step("read the jail config", e);
     let mut len = [0u8; 8];
     let mut got = 0;
-    let mut stdio: Vec<OwnedFd> = Vec::new();
+    let mut received: Vec<OwnedFd> = Vec::new();
     let mut cmsg_space = nix::cmsg_space!([RawFd; 3]);
     while got < len.len() {
         let mut iov = [std::io::IoSliceMut::new(&mut len[got..])];
@@ -213,16 +236,12 @@ fn read_config(ctl: &OwnedFd) -> Result<Option<InitConfig>, JailError> {
             Err(e) => return Err(fail(e.into())),
         };
         for c in msg.cmsgs().map_err(|e| fail(e.into()))? {
-            if let ControlMessageOwned::ScmRights(fds) = c {
+            if let ControlMessageOwned::ScmRights(r) = c {
                 // SAFETY: the kernel just installed these descriptors in this process for us.
-                stdio.extend(
-                    fds.into_iter()
-                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                );
+                received.extend(r.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
             }
         }
         if msg.bytes == 0 && got == 0 {
-            // corral ended (or dropped this jail) without starting it: nothing to report.
             return Ok(None);
         }
         if msg.bytes == 0 {
@@ -230,15 +249,25 @@ fn read_config(ctl: &OwnedFd) -> Result<Option<InitConfig>, JailError> {
         }
         got += msg.bytes;
     }
-    if stdio.len() != 3 {
+    if received.len() != fds {
         return Err(JailError::Plan(format!(
-            "the jail config came with {} descriptors, not stdin, stdout and stderr",
-            stdio.len()
+            "a message on the jail's control socket came with {} descriptors, not {fds}",
+            received.len()
         )));
     }
+    let mut file = std::fs::File::from(ctl.try_clone().map_err(fail)?);
+    let mut body = vec![0u8; u64::from_le_bytes(len) as usize];
+    file.read_exact(&mut body).map_err(fail)?;
+    let value =
+        serde_json::from_slice(&body).map_err(|e| JailError::step("decode the jail config", e))?;
+    Ok(Some((value, received)))
+}
+
+/// The jail's stdin, stdout and stderr (from corral) become this process's 0, 1 and 2; dup2
+/// clears close-on-exec there, so the command inherits them.
+fn install_stdio(stdio: Vec<OwnedFd>) -> Result<(), JailError> {
     for (target, fd) in stdio.iter().enumerate() {
-        // SAFETY: dup2 onto this process's own stdio; it clears close-on-exec there, so the
-        // command inherits them.
+        // SAFETY: dup2 onto this process's own stdio descriptors.
         if unsafe { libc::dup2(fd.as_raw_fd(), target as RawFd) } < 0 {
             return Err(JailError::step(
                 "install the jail's stdio",
@@ -246,13 +275,7 @@ fn read_config(ctl: &OwnedFd) -> Result<Option<InitConfig>, JailError> {
             ));
         }
     }
-    drop(stdio);
-    let mut file = std::fs::File::from(ctl.try_clone().map_err(fail)?);
-    let mut body = vec![0u8; u64::from_le_bytes(len) as usize];
-    file.read_exact(&mut body).map_err(fail)?;
-    serde_json::from_slice(&body)
-        .map(Some)
-        .map_err(|e| JailError::step("decode the jail config", e))
+    Ok(())
 }
 
 fn join_cgroup(procs: &[PathBuf]) -> Result<(), JailError> {

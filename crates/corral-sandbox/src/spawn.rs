@@ -2,7 +2,7 @@
 //! listeners, then relay the terminal and signals until the jail exits.
 
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -13,7 +13,7 @@ use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
-use crate::child::{CTL_FD, FORWARDED, InitConfig};
+use crate::child::{CTL_FD, FORWARDED, InitConfig, NamespaceConfig};
 use crate::error::JailError;
 use crate::netns::{self, JailNet};
 use crate::placeholder::Placeholder;
@@ -79,6 +79,14 @@ pub struct RunningJail {
 /// Dropping it kills it.
 pub struct PreparedJail {
     jail: RunningJail,
+    /// What [`PreparedJail::enter_namespaces`] sent, if it was called.
+    namespaces: Option<Sent>,
+}
+
+/// The namespace config sent ahead of the Plan, and whether it got through.
+struct Sent {
+    cgroup_procs: Vec<PathBuf>,
+    ok: bool,
 }
 
 /// How a jail ended.
@@ -278,6 +286,7 @@ impl InitialStack {
 impl PreparedJail {
     fn new(pid: Pid, ctl: std::fs::File) -> PreparedJail {
         PreparedJail {
+            namespaces: None,
             jail: RunningJail {
                 pid,
                 net: None,
@@ -291,10 +300,58 @@ impl PreparedJail {
         }
     }
 
-    /// Hand the set-up process `plan` and its stdio, and wait until the jail's namespaces exist
+    /// Let the set-up process build the jail's namespaces now (join `cgroup_procs`, unshare,
+    /// id maps, loopback, the network listeners), from the part of `plan` that is final once
+    /// it is resolved (the caller's ids and the network rules), while corral finishes the rest;
+    /// [`PreparedJail::start`] must then get a Plan with the same ids and network rules, and
+    /// `SpawnOptions::cgroup_procs` equal to `cgroup_procs`. Optional: `start` sends it itself
+    /// otherwise. A set-up process that is already gone shows at `start`.
+    pub fn enter_namespaces(
+        &mut self,
+        plan: &Plan,
+        cgroup_procs: &[PathBuf],
+    ) -> Result<(), JailError> {
+        if self.namespaces.is_some() {
+            return Err(JailError::Plan(
+                "the jail's namespaces were already requested".into(),
+            ));
+        }
+        let config = NamespaceConfig {
+            uid: plan.uid,
+            gid: plan.gid,
+            network: plan.network.clone(),
+            cgroup_procs: cgroup_procs.to_vec(),
+        };
+        let body = serde_json::to_vec(&config)
+            .map_err(|e| JailError::step("encode the jail's namespace config", e))?;
+        let ctl = self
+            .jail
+            .ctl
+            .as_ref()
+            .ok_or_else(|| JailError::Plan("this jail was already started".into()))?;
+        let ok = send_message(ctl, &body, &[]).is_ok();
+        self.namespaces = Some(Sent {
+            cgroup_procs: config.cgroup_procs,
+            ok,
+        });
+        Ok(())
+    }
+
+    /// Hand the set-up process `plan` and its stdio (and first the namespace config, unless
+    /// [`PreparedJail::enter_namespaces`] sent it), and wait until the jail's namespaces exist
     /// and its listeners (network mode `proxy`, `host_ports`) are in hand; the mounts and the
     /// command's exec proceed meanwhile.
-    pub fn start(self, plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError> {
+    pub fn start(mut self, plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError> {
+        match &self.namespaces {
+            None => self.enter_namespaces(plan, &opts.cgroup_procs)?,
+            Some(sent) if sent.cgroup_procs != opts.cgroup_procs => {
+                return Err(JailError::Plan(
+                    "the jail's cgroup differs from the one its namespaces were built for".into(),
+                ));
+            }
+            Some(_) => {}
+        }
+        let namespaces_ok = self.namespaces.as_ref().is_some_and(|s| s.ok);
         let mut jail = self.jail;
         if plan.command.is_empty() {
             return Err(JailError::Plan("the plan has no command to run".into()));
@@ -314,7 +371,6 @@ impl PreparedJail {
         let config = InitConfig {
             plan: plan.clone(),
             tty: stdio.tty,
-            cgroup_procs: opts.cgroup_procs.clone(),
             rlimits: opts.rlimits.clone(),
         };
         let body = serde_json::to_vec(&config)
@@ -323,7 +379,11 @@ impl PreparedJail {
             .ctl
             .take()
             .ok_or_else(|| JailError::Plan("this jail was already started".into()))?;
-        let sent = send_config(&stream, &body, &stdio.fds);
+        let fds = stdio.fds.each_ref().map(|fd| fd.as_raw_fd());
+        let sent = match namespaces_ok {
+            true => send_message(&stream, &body, &fds),
+            false => Err(std::io::ErrorKind::BrokenPipe.into()),
+        };
         // The jail's copies are in flight or refused: corral's go now (a pipe's writer must be
         // the jail alone, for the copying thread to see its end).
         drop(stdio.fds);
@@ -346,17 +406,20 @@ impl PreparedJail {
     }
 }
 
-/// The config on the control socket: its length (u64, little-endian) carrying the jail's
-/// stdin, stdout and stderr as SCM_RIGHTS, then the JSON body.
-fn send_config(stream: &std::fs::File, body: &[u8], stdio: &[OwnedFd; 3]) -> std::io::Result<()> {
+/// One message on the control socket: its length (u64, little-endian) carrying `fds` as
+/// SCM_RIGHTS, then the JSON body (child.rs `read_message`).
+fn send_message(stream: &std::fs::File, body: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
     use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
     let len = (body.len() as u64).to_le_bytes();
-    let fds = stdio.each_ref().map(|fd| fd.as_raw_fd());
     let mut sent = 0;
     while sent < len.len() {
         // The descriptors travel with the first byte only.
-        let rights = [ControlMessage::ScmRights(&fds)];
-        let cmsgs: &[ControlMessage] = if sent == 0 { &rights } else { &[] };
+        let rights = [ControlMessage::ScmRights(fds)];
+        let cmsgs: &[ControlMessage] = if sent == 0 && !fds.is_empty() {
+            &rights
+        } else {
+            &[]
+        };
         match sendmsg::<()>(
             stream.as_raw_fd(),
             &[std::io::IoSlice::new(&len[sent..])],

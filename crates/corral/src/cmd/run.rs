@@ -62,7 +62,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // while corral prepares the rest). It waits for the final plan; a dropped PreparedJail is
     // killed.
     let mut opts = corral_sandbox::SpawnOptions::new()?;
-    let prepared = match early {
+    let mut prepared = match early {
         Some(prepared) => prepared,
         None => corral_sandbox::prepare(&opts.init_exe)?,
     };
@@ -103,6 +103,9 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         opts.cgroup_procs = cg.paths().iter().map(|p| p.join(file)).collect();
     }
     opts.rlimits = limits.fallback.clone();
+    // The ids, the network rules and the cgroup are final: the set-up process builds the
+    // namespaces while corral writes the start record and takes its snapshots.
+    prepared.enter_namespaces(plan, &opts.cgroup_procs)?;
 
     let baseline = crate::changes::ready(baseline);
     write(
