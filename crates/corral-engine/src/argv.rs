@@ -13,6 +13,8 @@ use crate::{Command, EngineError, EngineKind, Result, proxy_policy};
 
 /// Where the corral binary is mounted in every container corral starts.
 pub const CONTAINER_BIN: &str = "/usr/local/bin/corral";
+/// Where the lean proxy executable (`corral-proxy`) is mounted in the proxy container.
+pub const CONTAINER_PROXY_BIN: &str = "/usr/local/bin/corral-proxy";
 /// Where the proxy container sees the project's audit directory.
 pub const CONTAINER_AUDIT_DIR: &str = "/var/log/corral";
 /// The audit log file as the proxy and executor containers see it (`--audit-log`).
@@ -38,6 +40,10 @@ pub struct Context {
     /// The corral binary on the host, mounted read-only into the proxy and harness containers.
     /// Statically linked, so any image runs it.
     pub corral_bin: PathBuf,
+    /// The lean proxy executable (`corral-proxy`, built with corral), when it is there: the
+    /// proxy container runs it instead of `corral proxy` (the same proxy in a smaller process).
+    /// `None`: the proxy container runs `corral proxy` from `corral_bin`.
+    pub proxy_bin: Option<PathBuf>,
     /// Host directory of this project's engine files (proxy policy, the masking file).
     pub state_dir: PathBuf,
     /// Host directory of this project's audit log, shared with the proxy container.
@@ -327,7 +333,8 @@ fn limit_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
 }
 
 /// The proxy container: on the internal network as `proxy` and on the external one, running
-/// `corral proxy` from the mounted static binary with the plan's rules.
+/// the mounted static `corral-proxy` (else `corral proxy` from the mounted static corral) with
+/// the plan's rules.
 fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command>> {
     let e = ctx.engine;
     let image = ctx
@@ -386,13 +393,13 @@ fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command
             ]);
         }
     }
+    // The lean proxy executable when there is one; `corral proxy` otherwise.
+    let (bin, container_bin, subcommand) = match &ctx.proxy_bin {
+        Some(p) => (p, CONTAINER_PROXY_BIN, None),
+        None => (&ctx.corral_bin, CONTAINER_BIN, Some("proxy")),
+    };
     a.push("--volume".into());
-    a.push(volume(
-        e,
-        &ctx.corral_bin,
-        Path::new(CONTAINER_BIN),
-        Access::Ro,
-    )?);
+    a.push(volume(e, bin, Path::new(container_bin), Access::Ro)?);
     a.push("--volume".into());
     a.push(volume(
         e,
@@ -407,9 +414,9 @@ fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command
         Path::new(CONTAINER_AUDIT_DIR),
         Access::Rw,
     )?);
-    a.extend(["--entrypoint".into(), CONTAINER_BIN.into(), image]);
+    a.extend(["--entrypoint".into(), container_bin.into(), image]);
+    a.extend(subcommand.map(String::from));
     a.extend([
-        "proxy".into(),
         "--listen".into(),
         format!("0.0.0.0:{PROXY_PORT}"),
         "--policy".into(),

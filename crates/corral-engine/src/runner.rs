@@ -14,6 +14,8 @@ use crate::{Command, Context, EngineError, EngineKind, Result, Setup, Step, prox
 
 /// The variable naming the corral binary to mount into containers (default: this executable).
 pub const BIN_ENV: &str = "CORRAL_CONTAINER_BIN";
+/// The lean proxy executable's file name, next to the corral binary.
+pub const PROXY_BIN_NAME: &str = "corral-proxy";
 
 /// Whether `program` is on PATH.
 pub fn on_path(program: &str) -> bool {
@@ -76,6 +78,15 @@ pub fn corral_bin() -> Result<PathBuf> {
     fs::canonicalize(&path).map_err(|source| EngineError::Io { path, source })
 }
 
+/// The lean proxy executable next to `corral_bin` (`corral-proxy`, built with it), if it is
+/// there and linked the same way (a static corral with a dynamic `corral-proxy` beside it would
+/// not run in every image): the proxy container then runs it instead of `corral proxy`.
+pub fn proxy_bin(corral_bin: &Path) -> Option<PathBuf> {
+    let path = corral_bin.parent()?.join(PROXY_BIN_NAME);
+    let linked_alike = path.is_file() && is_static(&path).ok()? == is_static(corral_bin).ok()?;
+    linked_alike.then_some(path)
+}
+
 /// The context of a run on this host.
 pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Context> {
     let state = corral_audit::state_dir().map_err(|e| EngineError::Io {
@@ -97,6 +108,7 @@ pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Co
         (EngineKind::Podman, true) => Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
         _ => true,
     };
+    let corral_bin = corral_bin()?;
     let prefix = std::env::var("CORRAL_ENGINE_PREFIX")
         .ok()
         .filter(|p| !p.is_empty())
@@ -109,7 +121,8 @@ pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Co
             .join("engine")
             .join(corral_audit::project_key(&plan.project.root)),
         audit_dir,
-        corral_bin: corral_bin()?,
+        proxy_bin: proxy_bin(&corral_bin),
+        corral_bin,
         jail_id: jail_id.to_string(),
         tty: std::io::stdin().is_terminal(),
         proxy_image: std::env::var("CORRAL_PROXY_IMAGE")
@@ -423,5 +436,28 @@ mod tests {
         let f = dir.path().join("x");
         fs::write(&f, b"#!/bin/sh\n").unwrap();
         assert!(is_static(&f).is_err());
+    }
+
+    #[test]
+    fn the_lean_proxy_is_used_only_when_it_is_there_and_linked_like_corral() {
+        let dir = tempfile::tempdir().unwrap();
+        let corral = dir.path().join("corral");
+        let lean = dir.path().join(PROXY_BIN_NAME);
+        // Two dynamically linked executables (/bin/sh) stand in for the two binaries.
+        fs::copy("/bin/sh", &corral).unwrap();
+        assert_eq!(proxy_bin(&corral), None, "no corral-proxy next to corral");
+        fs::copy("/bin/sh", &lean).unwrap();
+        assert_eq!(proxy_bin(&corral), Some(lean.clone()));
+        // ldconfig is statically linked on Debian: a static corral-proxy beside a dynamic corral
+        // (or the other way round) is not used.
+        let ldconfig = Path::new("/sbin/ldconfig");
+        if is_static(ldconfig).unwrap_or(false) {
+            fs::copy(ldconfig, &lean).unwrap();
+            assert_eq!(proxy_bin(&corral), None, "linked differently");
+            fs::copy(ldconfig, &corral).unwrap();
+            assert_eq!(proxy_bin(&corral), Some(lean));
+        } else {
+            eprintln!("skipping the static half: /sbin/ldconfig is not a static executable here");
+        }
     }
 }

@@ -6,6 +6,7 @@
 //! - [`proxy`]: the proxy itself (plain HTTP, CONNECT, SOCKS5 on one listener).
 //! - [`forward`]: `host_ports` (a listener bridged to one host loopback port).
 //! - [`run`]: running a proxy on a background thread for the native jail.
+//! - [`standalone`]: the proxy as a process of its own (`corral proxy`, `corral-proxy`).
 //! - [`netcap`]: `--publish` (the host's loopback port to the jail's) through sockets made in
 //!   the jail's network namespace.
 
@@ -14,6 +15,7 @@ pub mod netcap;
 pub mod proxy;
 pub mod rules;
 pub mod run;
+pub mod standalone;
 
 pub use corral_http1 as http;
 pub use forward::forward_port;
@@ -27,6 +29,12 @@ pub enum NetError {
     Policy(#[from] corral_policy::PolicyError),
     #[error("network policy: {0}")]
     Config(String),
+    #[error("cannot load the network rules of {}", path.display())]
+    Rules {
+        path: std::path::PathBuf,
+        #[source]
+        source: Box<NetError>,
+    },
     #[error("{what}: {source}")]
     Io {
         what: String,

@@ -5,6 +5,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+#[path = "proxy_args.rs"]
+mod proxy_args;
+pub use proxy_args::ProxyArgs;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "corral",
@@ -30,6 +34,14 @@ pub enum Command {
     /// The executor server
     Serve(ServeArgs),
     /// The egress proxy alone (the squid replacement in the container setup)
+    #[command(
+        long_about = "The egress proxy alone (the squid replacement in the container setup): \
+                      the [network] rules of a policy file, reloaded on SIGHUP and when the file \
+                      changes, every decision in the audit log. When the lean executable \
+                      `corral-proxy` (built with corral) is in the same directory as this one, \
+                      `corral proxy` executes it with the same options (the same proxy in a \
+                      smaller process); otherwise it runs the proxy itself."
+    )]
     Proxy(ProxyArgs),
     /// Print the fully resolved plan without running anything
     Plan(PlanArgs),
@@ -214,22 +226,6 @@ pub struct ServeArgs {
     /// Internal: run one command's jail (started by the server for --jail-plan)
     #[arg(long, hide = true)]
     pub jail_helper: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct ProxyArgs {
-    /// Address to listen on: HOST:PORT or unix:PATH
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3128")]
-    pub listen: String,
-    /// Policy file holding the [network] rules (reloaded on SIGHUP and when it changes)
-    #[arg(long, value_name = "FILE")]
-    pub policy: Option<PathBuf>,
-    /// Audit log file (default: the project's log under $XDG_STATE_HOME/corral/)
-    #[arg(long, value_name = "FILE", env = "CORRAL_AUDIT_LOG")]
-    pub audit_log: Option<PathBuf>,
-    /// Jail id written into the audit records (default: a new id)
-    #[arg(long, value_name = "ID", env = "CORRAL_JAIL_ID")]
-    pub jail: Option<String>,
 }
 
 #[derive(Debug, Args)]

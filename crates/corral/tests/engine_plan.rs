@@ -34,7 +34,8 @@ fn podman_plan_prints_every_command() {
     let (out, dir) = plan("podman");
     let project = dir.path().join("proj");
     let key = corral_audit::project_key(&project);
-    let bin = std::fs::canonicalize(env!("CARGO_BIN_EXE_corral")).unwrap();
+    // Cargo builds the lean corral-proxy next to corral: the proxy container runs it.
+    let lean = std::fs::canonicalize(env!("CARGO_BIN_EXE_corral-proxy")).unwrap();
     let state = dir.path().join("state/corral");
     let cmds: Vec<&str> = out
         .split("engine commands\n")
@@ -69,10 +70,10 @@ fn podman_plan_prints_every_command() {
              --label corral.project={key} --label corral.role=proxy --pull never --init --read-only --read-only-tmpfs \
              --cap-drop ALL --security-opt no-new-privileges {user} --cpus 1 --memory 512m --pids-limit 64 \
              --stop-timeout 5 --network corral-{key}-internal:alias=proxy --network corral-external \
-             --volume {bin}:/usr/local/bin/corral:ro,z --volume {state}/engine/{key}/proxy:/etc/corral:ro,z \
-             --volume {state}/{key}:/var/log/corral:rw,z --entrypoint /usr/local/bin/corral localhost/img:1 \
-             proxy --listen 0.0.0.0:3128 --policy /etc/corral/policy.toml --audit-log /var/log/corral/audit.jsonl; }}",
-            bin = bin.display(),
+             --volume {lean}:/usr/local/bin/corral-proxy:ro,z --volume {state}/engine/{key}/proxy:/etc/corral:ro,z \
+             --volume {state}/{key}:/var/log/corral:rw,z --entrypoint /usr/local/bin/corral-proxy localhost/img:1 \
+             --listen 0.0.0.0:3128 --policy /etc/corral/policy.toml --audit-log /var/log/corral/audit.jsonl; }}",
+            lean = lean.display(),
             state = state.display(),
         )
     );

@@ -230,6 +230,76 @@ fn proxy_cli_serves_reloads_and_keeps_old_rules_on_a_bad_file() {
     assert!(lines.iter().all(Record::is_blocked));
 }
 
+/// `corral proxy` started from `bin`, serving `w`'s policy: its process, and the address it
+/// listens on once it says so.
+fn proxy_from(w: &World, bin: &Path) -> (Running, SocketAddr) {
+    let c = w.corral(&["proxy", "--listen", "127.0.0.1:0"]);
+    let mut cmd = Command::new(bin);
+    cmd.args(c.get_args()).current_dir(&w.project);
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let p = Running::spawn(cmd, true);
+    let line = p.wait_for("listening on ");
+    let addr: SocketAddr = line.rsplit(' ').next().unwrap().parse().unwrap();
+    (p, addr)
+}
+
+fn exe_of(p: &Running) -> PathBuf {
+    std::fs::read_link(format!("/proc/{}/exe", p.child.id())).unwrap()
+}
+
+#[test]
+fn corral_proxy_runs_the_lean_executable_next_to_it_and_works_without_it() {
+    let w = World::new();
+    let o = origin();
+    let port = o.port();
+    w.write_policy(&format!(
+        "[network]\nallow = [\"localhost:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n"
+    ));
+    let url = format!("http://localhost:{port}/x");
+    // Cargo builds corral-proxy next to corral: `corral proxy` executes it (same pid).
+    let corral = PathBuf::from(env!("CARGO_BIN_EXE_corral"));
+    let lean = PathBuf::from(env!("CARGO_BIN_EXE_corral-proxy"));
+    assert_eq!(
+        corral.parent(),
+        lean.parent(),
+        "cargo puts both binaries in one directory"
+    );
+    let (p, addr) = proxy_from(&w, &corral);
+    assert_eq!(
+        exe_of(&p).canonicalize().unwrap(),
+        lean.canonicalize().unwrap(),
+        "the listening process runs corral-proxy"
+    );
+    let r = get(addr, &url);
+    assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("hello"), "{r}");
+    drop(p);
+
+    // A corral with no corral-proxy beside it runs the same proxy in its own process.
+    let dir = w.root.join("bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let alone = dir.join("corral");
+    if std::fs::hard_link(&corral, &alone).is_err() {
+        std::fs::copy(&corral, &alone).unwrap();
+    }
+    let (p, addr) = proxy_from(&w, &alone);
+    assert_eq!(exe_of(&p), alone, "the listening process is corral itself");
+    let r = get(addr, &url);
+    assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("hello"), "{r}");
+    // Both wrote their decisions to the project's audit log.
+    let out = w.corral(&["log", "--json"]).output().unwrap();
+    let allowed = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"decision\":\"allow\""))
+        .count();
+    assert_eq!(allowed, 2, "one allowed request per proxy");
+}
+
 #[test]
 fn log_follow_prints_new_denials_and_survives_rotation() {
     let w = World::new();

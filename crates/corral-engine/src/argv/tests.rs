@@ -73,6 +73,7 @@ fn ctx(engine: EngineKind, rootless: bool) -> Context {
         rootless,
         prefix: "corral".into(),
         corral_bin: PathBuf::from("/opt/c/corral"),
+        proxy_bin: None,
         state_dir: PathBuf::from("/s/engine"),
         audit_dir: PathBuf::from("/s/log"),
         jail_id: "j1".into(),
@@ -635,4 +636,50 @@ fn host_system_paths_are_looked_up_in_the_image_and_bound_programs_keep_theirs()
     assert_eq!(entry(&f.plan), "/home/u/.pi/agent/bin/pi");
     f.plan.command[0] = "pi".into();
     assert_eq!(entry(&f.plan), "pi");
+}
+
+#[test]
+fn the_proxy_container_runs_the_lean_proxy_when_there_is_one() {
+    let f = fixture();
+    let mut c = ctx(EngineKind::Podman, true);
+    c.proxy_bin = Some(PathBuf::from("/opt/c/corral-proxy"));
+    let setup = setup(&f.plan, &c).unwrap();
+    let proxy_run = setup
+        .steps
+        .iter()
+        .find_map(|s| match s {
+            Step::Ensure { what, create, .. } if what.contains("proxy container") => {
+                Some(create[0].args.clone())
+            }
+            _ => None,
+        })
+        .expect("a proxy container step");
+    let i = proxy_run.iter().position(|a| a == "--entrypoint").unwrap();
+    assert_eq!(
+        proxy_run[i..i + 3].to_vec(),
+        strings(&[
+            "--entrypoint",
+            "/usr/local/bin/corral-proxy",
+            "localhost/corral-pi:latest"
+        ])
+    );
+    assert_eq!(
+        proxy_run[i + 3..].to_vec(),
+        strings(&[
+            "--listen",
+            "0.0.0.0:3128",
+            "--policy",
+            "/etc/corral/policy.toml",
+            "--audit-log",
+            "/var/log/corral/audit.jsonl",
+        ])
+    );
+    assert!(
+        proxy_run.contains(&"/opt/c/corral-proxy:/usr/local/bin/corral-proxy:ro,z".to_string()),
+        "the lean binary is mounted read-only: {proxy_run:?}"
+    );
+    assert!(
+        !proxy_run.iter().any(|a| a.starts_with("/opt/c/corral:")),
+        "corral itself is not mounted into the proxy container: {proxy_run:?}"
+    );
 }

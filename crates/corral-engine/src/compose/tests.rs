@@ -11,6 +11,7 @@ fn ctx(engine: EngineKind, rootless: bool) -> Context {
         rootless,
         prefix: "corral".into(),
         corral_bin: PathBuf::from("/opt/c/corral"),
+        proxy_bin: None,
         state_dir: PathBuf::from("/s/engine"),
         audit_dir: PathBuf::from("/s/log"),
         jail_id: "j1".into(),

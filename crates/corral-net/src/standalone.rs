@@ -1,0 +1,200 @@
+//! The standalone proxy: what `corral proxy` and the lean `corral-proxy` executable both run
+//! (the squid replacement of the container setup). A policy file's `[network]` rules, one
+//! listener (`HOST:PORT` or `unix:PATH`), the audit log; the rules are reloaded on SIGHUP and
+//! when the policy file's modification time changes, and a reload that fails validation keeps
+//! the old rules and says why (on stderr and in the audit log).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use corral_audit::{AuditLog, Event, JailEvent, Record};
+
+use crate::{NetError, Proxy, Rules};
+
+/// The standalone proxy's options (the flags of `corral proxy` / `corral-proxy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// `HOST:PORT`, or `unix:PATH` (an existing socket file there is replaced).
+    pub listen: String,
+    /// The policy file; `None`: the project's `corral.toml` (project found from the current
+    /// directory).
+    pub policy: Option<PathBuf>,
+    /// The audit log file; `None`: the project's log under `$XDG_STATE_HOME/corral/`.
+    pub audit_log: Option<PathBuf>,
+    /// The jail id written into the audit records; `None`: a new id.
+    pub jail: Option<String>,
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NetError {
+    let what = what.into();
+    move |source| NetError::Io { what, source }
+}
+
+fn mtime(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+fn load(path: &Path) -> Result<Rules, NetError> {
+    Rules::from_policy_file(path).map_err(|e| NetError::Rules {
+        path: path.to_path_buf(),
+        source: Box::new(e),
+    })
+}
+
+/// An error and its causes on one line (`a: b: c`), each cause once.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let s_text = s.to_string();
+        if !out.ends_with(&s_text) {
+            out.push_str(": ");
+            out.push_str(&s_text);
+        }
+        cur = s.source();
+    }
+    out
+}
+
+/// The standalone proxy's runtime: one thread runs every connection (as squid's and nginx's
+/// single worker do; the container setup gives the proxy one CPU), plus tokio's blocking pool
+/// for name resolution. One worker thread instead of two: one malloc arena, one stack, and none
+/// of the work-stealing scheduler's code paged in.
+fn runtime() -> Result<tokio::runtime::Runtime, NetError> {
+    crate::run::limit_malloc_arenas();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(io("cannot start the proxy runtime"))
+}
+
+/// Run the proxy until SIGTERM or SIGINT (`Ok`), or until the listener fails.
+pub fn run(opts: Options) -> Result<(), NetError> {
+    let policy: PathBuf = match opts.policy {
+        Some(p) => p,
+        None => {
+            let cwd = std::env::current_dir().map_err(io("cannot read the current directory"))?;
+            let p = corral_policy::resolve::project_root(&cwd).join("corral.toml");
+            if !p.exists() {
+                return Err(NetError::Config(format!(
+                    "no policy: pass --policy FILE, or run in a project with a corral.toml ({} not found)",
+                    p.display()
+                )));
+            }
+            p
+        }
+    };
+    let rules = load(&policy)?;
+    let audit = match &opts.audit_log {
+        Some(p) => AuditLog::at(p),
+        None => {
+            let cwd = std::env::current_dir().map_err(io("cannot read the current directory"))?;
+            let root = corral_policy::resolve::project_root(&cwd);
+            AuditLog::for_project(&root).map_err(|e| {
+                NetError::Config(format!("cannot locate the audit log: {}", error_chain(&e)))
+            })?
+        }
+    };
+    let jail = opts.jail.unwrap_or_else(corral_audit::new_jail_id);
+    eprintln!(
+        "corral proxy: {} allow, {} deny pattern(s) from {}; audit log {}",
+        rules.allow.len(),
+        rules.deny.len(),
+        policy.display(),
+        audit.path().display()
+    );
+    let proxy = Arc::new(Proxy::new(rules, audit.clone(), jail.clone()));
+    let rt = runtime()?;
+    let listen = opts.listen;
+    rt.block_on(async move {
+        let serve = if let Some(path) = listen.strip_prefix("unix:") {
+            let _ = std::fs::remove_file(path);
+            let l = std::os::unix::net::UnixListener::bind(path)
+                .map_err(io(format!("cannot listen on unix socket {path}")))?;
+            eprintln!("corral proxy: listening on unix:{path}");
+            tokio::spawn(proxy.clone().serve_unix(l))
+        } else {
+            let l = std::net::TcpListener::bind(&listen).map_err(io(format!(
+                "cannot listen on {listen} (expected HOST:PORT or unix:PATH)"
+            )))?;
+            let addr = l
+                .local_addr()
+                .map_err(io(format!("cannot read the address of listener {listen}")))?;
+            eprintln!("corral proxy: listening on {addr}");
+            tokio::spawn(proxy.clone().serve(l))
+        };
+        tokio::spawn(reloader(proxy, policy, audit, jail));
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).map_err(io("cannot handle SIGTERM"))?;
+        let mut int = signal(SignalKind::interrupt()).map_err(io("cannot handle SIGINT"))?;
+        tokio::select! {
+            r = serve => match r {
+                Ok(r) => r.map_err(io("the proxy listener failed"))?,
+                Err(e) => return Err(NetError::Config(format!("the proxy task failed: {e}"))),
+            },
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        Ok(())
+    })
+}
+
+/// Reload on SIGHUP or when the file's modification time changes (polled every second).
+async fn reloader(proxy: Arc<Proxy>, policy: PathBuf, audit: AuditLog, jail: String) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("corral proxy: cannot handle SIGHUP ({e}); reloading on file change only");
+            None
+        }
+    };
+    let mut seen = mtime(&policy);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        let why = tokio::select! {
+            _ = async { match hup.as_mut() { Some(h) => { h.recv().await; } None => std::future::pending().await } } => "SIGHUP",
+            _ = tick.tick() => {
+                let now = mtime(&policy);
+                if now == seen { continue; }
+                seen = now;
+                "file change"
+            }
+        };
+        let (event, detail) = match load(&policy) {
+            Ok(rules) => {
+                eprintln!(
+                    "corral proxy: reloaded {} ({why}): {} allow, {} deny pattern(s)",
+                    policy.display(),
+                    rules.allow.len(),
+                    rules.deny.len()
+                );
+                proxy.set_rules(rules);
+                (
+                    "policy-reload",
+                    serde_json::json!({ "file": policy, "trigger": why }),
+                )
+            }
+            Err(e) => {
+                let e = error_chain(&e);
+                eprintln!(
+                    "corral proxy: reload of {} failed, keeping the previous rules: {e}",
+                    policy.display()
+                );
+                (
+                    "policy-reload-failed",
+                    serde_json::json!({ "file": policy, "trigger": why, "error": e }),
+                )
+            }
+        };
+        let _ = audit.write(&Record::now(
+            &jail,
+            Event::Jail(JailEvent {
+                event: event.into(),
+                exit_code: None,
+                detail,
+            }),
+        ));
+    }
+}

@@ -1,0 +1,52 @@
+//! The flags of `corral proxy`, shared with the lean `corral-proxy` executable (both include
+//! this file), so the two accept exactly the same command line.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// Address to listen on: HOST:PORT or unix:PATH
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3128")]
+    pub listen: String,
+    /// Policy file holding the [network] rules (reloaded on SIGHUP and when it changes)
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Audit log file (default: the project's log under $XDG_STATE_HOME/corral/)
+    #[arg(long, value_name = "FILE", env = "CORRAL_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
+    /// Jail id written into the audit records (default: a new id)
+    #[arg(long, value_name = "ID", env = "CORRAL_JAIL_ID")]
+    pub jail: Option<String>,
+}
+
+impl ProxyArgs {
+    /// The library's options.
+    pub fn options(self) -> corral_net::standalone::Options {
+        corral_net::standalone::Options {
+            listen: self.listen,
+            policy: self.policy,
+            audit_log: self.audit_log,
+            jail: self.jail,
+        }
+    }
+
+    /// These arguments as a command line for `corral-proxy` (every value explicit, so what came
+    /// from the environment or a default is passed on unchanged).
+    #[allow(dead_code)] // used by `corral proxy` only
+    pub fn argv(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec!["--listen".into(), self.listen.clone().into()];
+        if let Some(p) = &self.policy {
+            a.extend(["--policy".into(), p.clone().into()]);
+        }
+        if let Some(p) = &self.audit_log {
+            a.extend(["--audit-log".into(), p.clone().into()]);
+        }
+        if let Some(j) = &self.jail {
+            a.extend(["--jail".into(), j.into()]);
+        }
+        a
+    }
+}
