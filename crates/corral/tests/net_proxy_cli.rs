@@ -284,10 +284,21 @@ fn corral_proxy_runs_the_lean_executable_next_to_it_and_works_without_it() {
     std::fs::create_dir_all(&dir).unwrap();
     let alone = dir.join("corral");
     if std::fs::hard_link(&corral, &alone).is_err() {
-        std::fs::copy(&corral, &alone).unwrap();
+        // Copied by a child process: a write descriptor open in this (multi-threaded) test
+        // process could leak into another test's fork and make the exec fail with ETXTBSY.
+        let st = Command::new("cp")
+            .arg(&corral)
+            .arg(&alone)
+            .status()
+            .unwrap();
+        assert!(st.success(), "cp {} {}", corral.display(), alone.display());
     }
     let (p, addr) = proxy_from(&w, &alone);
-    assert_eq!(exe_of(&p), alone, "the listening process is corral itself");
+    assert_eq!(
+        exe_of(&p).canonicalize().unwrap(),
+        alone.canonicalize().unwrap(),
+        "the listening process is corral itself"
+    );
     let r = get(addr, &url);
     assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("hello"), "{r}");
     // Both wrote their decisions to the project's audit log.
