@@ -13,18 +13,14 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum CapsError {
-    #[error("capabilities: dropping capability {cap} from the bounding set failed: {source}")]
-    Bounding {
-        cap: u32,
-        #[source]
-        source: io::Error,
-    },
+    #[error("capabilities: dropping capability {cap} from the bounding set failed: {cause}")]
+    Bounding { cap: u32, cause: io::Error },
     #[error("capabilities: clearing the ambient set failed: {0}")]
-    Ambient(#[source] io::Error),
+    Ambient(io::Error),
     #[error("capabilities: capset (clear permitted, effective, inheritable) failed: {0}")]
-    Capset(#[source] io::Error),
+    Capset(io::Error),
     #[error("capabilities: prctl(PR_SET_NO_NEW_PRIVS) failed: {0}")]
-    NoNewPrivs(#[source] io::Error),
+    NoNewPrivs(io::Error),
     #[error("capabilities: after dropping, {what} is still {value:#x}")]
     StillHeld { what: &'static str, value: u64 },
 }
@@ -71,7 +67,7 @@ pub fn drop_all() -> Result<(), CapsError> {
             // SAFETY: prctl with integer arguments only.
             let held = unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) };
             if held != 0 {
-                return Err(CapsError::Bounding { cap, source: e });
+                return Err(CapsError::Bounding { cap, cause: e });
             }
         }
     }

@@ -34,20 +34,19 @@ use thiserror::Error;
 pub enum CgroupError {
     #[error("{0}")]
     Unenforceable(String),
-    #[error("cgroup: {what} {path} failed: {source}")]
+    #[error("cgroup: {what} {path} failed: {cause}")]
     Io {
         what: &'static str,
         path: PathBuf,
-        #[source]
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CgroupError + 'a {
-    move |source| CgroupError::Io {
+    move |cause| CgroupError::Io {
         what,
         path: path.to_path_buf(),
-        source,
+        cause,
     }
 }
 
@@ -321,7 +320,7 @@ impl JailCgroup {
                 return Err(CgroupError::Io {
                     what: "removing",
                     path,
-                    source,
+                    cause: source,
                 });
             }
         }

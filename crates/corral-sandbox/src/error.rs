@@ -4,12 +4,14 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JailError {
-    /// A set-up step failed (in corral or in the jail before exec).
-    #[error("{step}{}: {source}", path.as_ref().map(|p| format!(" {}", p.display())).unwrap_or_default())]
+    /// A set-up step failed (in corral or in the jail before exec). The cause is part of the
+    /// message, not a separate `source`: the set-up process prints this alone, and an error
+    /// chain (anyhow's `{:#}`) would otherwise print the cause twice.
+    #[error("{step}{}: {cause}", path.as_ref().map(|p| format!(" {}", p.display())).unwrap_or_default())]
     Step {
         step: &'static str,
         path: Option<PathBuf>,
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The plan cannot be run by this backend.
     #[error("{0}")]
@@ -29,7 +31,7 @@ impl JailError {
         JailError::Step {
             step,
             path: None,
-            source: source.into(),
+            cause: source.into(),
         }
     }
 
@@ -41,7 +43,7 @@ impl JailError {
         JailError::Step {
             step,
             path: Some(path.into()),
-            source: source.into(),
+            cause: source.into(),
         }
     }
 }

@@ -38,17 +38,15 @@ const TARGET_ABI: ABI = ABI::V6;
 
 #[derive(Debug, Error)]
 pub enum LandlockError {
-    #[error("landlock: {step} failed: {source}")]
+    #[error("landlock: {step} failed: {cause}")]
     Ruleset {
         step: &'static str,
-        #[source]
-        source: ::landlock::RulesetError,
+        cause: ::landlock::RulesetError,
     },
-    #[error("landlock: opening {path} for a rule failed: {source}")]
+    #[error("landlock: opening {path} for a rule failed: {cause}")]
     Path {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -194,7 +192,12 @@ pub fn restrict(plan: &Plan) -> Result<LandlockStatus, LandlockError> {
 /// [`restrict`] with explicit rules.
 pub fn restrict_rules(rules: &[Rule]) -> Result<LandlockStatus, LandlockError> {
     let kernel_abi = kernel_abi();
-    let step = |step: &'static str| move |source| LandlockError::Ruleset { step, source };
+    let step = |step: &'static str| {
+        move |source| LandlockError::Ruleset {
+            step,
+            cause: source,
+        }
+    };
     let mut created = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(TARGET_ABI))
@@ -214,13 +217,13 @@ pub fn restrict_rules(rules: &[Rule]) -> Result<LandlockStatus, LandlockError> {
             Err(source) => {
                 return Err(LandlockError::Path {
                     path: r.path.clone(),
-                    source,
+                    cause: source,
                 });
             }
         };
         let fd = PathFd::new(&r.path).map_err(|e| LandlockError::Path {
             path: r.path.clone(),
-            source: std::io::Error::other(e.to_string()),
+            cause: std::io::Error::other(e.to_string()),
         })?;
         created = created
             .add_rule(PathBeneath::new(fd, rights(r.access, meta.is_dir())))

@@ -22,12 +22,11 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum RlimitError {
-    #[error("rlimit: setrlimit({resource}, {value}) failed: {source}")]
+    #[error("rlimit: setrlimit({resource}, {value}) failed: {cause}")]
     Set {
         resource: &'static str,
         value: u64,
-        #[source]
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
@@ -87,7 +86,7 @@ fn set(
         return Err(RlimitError::Set {
             resource: name,
             value: v,
-            source: io::Error::last_os_error(),
+            cause: io::Error::last_os_error(),
         });
     }
     Ok(())

@@ -28,11 +28,11 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum SeccompError {
     #[error("seccomp: prctl(PR_SET_NO_NEW_PRIVS) failed: {0}")]
-    NoNewPrivs(#[source] io::Error),
+    NoNewPrivs(io::Error),
     #[error(
         "seccomp: installing the filter failed: {0} (the kernel needs CONFIG_SECCOMP_FILTER; run `corral doctor`)"
     )]
-    Install(#[source] io::Error),
+    Install(io::Error),
     #[error("seccomp: this CPU architecture is not supported by corral's filter")]
     UnsupportedArch,
     #[error("seccomp: internal error building the filter: {0}")]
