@@ -362,11 +362,27 @@ fn qtype_name(t: u16) -> String {
     }
 }
 
+/// What the user can do about a refused name, for the end-of-run summary.
+fn dns_fix(q: &StubQuery) -> String {
+    match q.rule.strip_prefix("network.deny: ") {
+        Some(p) => format!("remove {p} from network.deny to allow it"),
+        None if q.rule == "not in network.allow" => {
+            format!("allow with: corral run --allow {}", q.name)
+        }
+        None => "the stub resolver answers allowed plain host names only".into(),
+    }
+}
+
 fn audit_query(proxy: &Proxy, peer: &str, q: &StubQuery) {
+    let method = format!("DNS {}", qtype_name(q.qtype));
+    if !q.allowed {
+        // One summary line per name, whatever the record types asked (A, AAAA, HTTPS, ...).
+        proxy.note_blocked("DNS", &q.name, &q.rule, &dns_fix(q));
+    }
     let ev = NetEvent {
         phase: "decision".into(),
         client: peer.to_string(),
-        method: format!("DNS {}", qtype_name(q.qtype)),
+        method,
         host: q.name.clone(),
         port: 53,
         address: q.address.map(|a| a.to_string()),
@@ -493,6 +509,13 @@ pub async fn serve_capture(
                     }
                     _ => "not an address the stub resolver handed out",
                 };
+                let rule = format!("direct connection to {addr}:{port}: {why}");
+                proxy.note_blocked(
+                    "CAPTURE",
+                    &format!("{addr}:{port}"),
+                    &rule,
+                    "connect to a name the policy allows (through the proxy, or resolved by the jail's resolver)",
+                );
                 let ev = NetEvent {
                     phase: "decision".into(),
                     client: peer.to_string(),
@@ -500,7 +523,7 @@ pub async fn serve_capture(
                     host: addr.clone(),
                     port,
                     decision: Some(Decision::Deny),
-                    rule: format!("direct connection to {addr}:{port}: {why}"),
+                    rule,
                     ..Default::default()
                 };
                 let _ = proxy

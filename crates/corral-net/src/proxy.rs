@@ -730,10 +730,18 @@ impl Proxy {
 
     fn log_denial(&self, client: &str, method: &str, host: &str, port: u16, d: &Denial) {
         self.log_decision(client, method, host, port, None, Decision::Deny, &d.rule);
+        self.note_blocked(method, &format!("{host}:{port}"), &d.rule, &d.fix);
+    }
+
+    /// Count one refusal into the end-of-run summary ([`Proxy::blocked_summary`]). The proxy's
+    /// own denials come here; so do those decided beside it with its rules (the stub
+    /// resolver's refused names, connections captured to addresses it never handed out), whose
+    /// callers write their own audit record.
+    pub fn note_blocked(&self, method: &str, target: &str, rule: &str, fix: &str) {
         let mut map = self.blocked.lock().unwrap_or_else(|e| e.into_inner());
         let e = map
-            .entry((method.to_string(), format!("{host}:{port}"), d.rule.clone()))
-            .or_insert_with(|| (d.fix.clone(), 0));
+            .entry((method.to_string(), target.to_string(), rule.to_string()))
+            .or_insert_with(|| (fix.to_string(), 0));
         e.1 += 1;
     }
 

@@ -405,6 +405,16 @@ echo END
             && r["decision"] == "deny"),
         "{net:#?}"
     );
+    // The end-of-run summary lists the refused names and captures with them, each with what
+    // to do about it.
+    for want in [
+        "corral: blocked DNS denied.example ×".to_string(),
+        "allow with: corral run --allow denied.example".to_string(),
+        format!("blocked DNS denied-by-rule.{name} ×"),
+        format!("blocked CAPTURE 198.19.255.1:{port} ×"),
+    ] {
+        assert!(out.stderr.contains(&want), "{want}:\n{o}");
+    }
     // Nothing else was allowed: every allow is the name's, on its port.
     assert!(
         net.iter()
