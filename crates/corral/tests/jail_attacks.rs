@@ -733,17 +733,12 @@ fn the_jails_own_processes_hold_none_of_the_callers_environment() {
     let w = World::new();
     let secret = format!("caller-api-key-{}-{}", std::process::id(), line!());
     let (ready, done) = (w.project.join("ready"), w.project.join("done"));
-    let mut c = w.corral();
-    c.env("SOME_API_KEY", &secret).args([
-        "run",
-        "--network",
+    let mut c = w.sh_command(
         "none",
-        "--",
-        "sh",
-        "-c",
         "tr '\\0' ' ' < /proc/1/cmdline; echo; echo \"key=[$SOME_API_KEY]\"; touch ready; \
          while [ ! -e done ]; do sleep 0.05; done; echo END",
-    ]);
+    );
+    c.env("SOME_API_KEY", &secret);
     let runner = std::thread::spawn(move || run(c));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while !ready.exists() {
@@ -796,18 +791,12 @@ fn the_jails_own_processes_hold_none_of_the_callers_environment() {
 #[test]
 fn closed_stdio_never_hands_the_jail_a_control_socket() {
     let w = World::new();
-    let mut c = w.corral();
     // `sh` closes 0 and 1, then execs corral; the jail reports its 0 and 1 on stderr.
-    c.args([
-        "run",
-        "--network",
+    let c = w.sh_command(
         "none",
-        "--",
-        "sh",
-        "-c",
         "echo \"fd0=$(readlink /proc/$$/fd/0) fd1=$(readlink /proc/$$/fd/1)\" >&2; \
          echo END >&2",
-    ]);
+    );
     let argv: Vec<String> = std::iter::once(c.get_program())
         .chain(c.get_args())
         .map(|a| format!("'{}'", a.to_string_lossy().replace('\'', "'\\''")))

@@ -341,16 +341,11 @@ fn a_linked_worktree_is_compared_with_its_own_index() {
     let w = git_world();
     let side = w.root.join("work/side");
     git(&w, &["worktree", "add", "-q", side.to_str().unwrap()]);
-    let mut c = w.corral();
-    c.current_dir(&side).args([
-        "run",
-        "--network",
+    let mut c = w.sh_command(
         "none",
-        "--",
-        "sh",
-        "-c",
         "echo x >> edit.txt && rm gone.txt && echo n > wt-new.txt && echo END",
-    ]);
+    );
+    c.current_dir(&side);
     let out = run(c);
     ran(&out, "END");
     let lines = change_lines(&out);

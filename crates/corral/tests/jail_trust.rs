@@ -150,16 +150,8 @@ fn on_a_terminal_the_gate_asks_and_no_is_the_default() {
     write(&w.project.join("corral.toml"), HOSTILE);
     let store = w.home.join(".config/corral/trusted.json");
     let ask = |answer: &[u8]| {
-        let mut c = w.corral();
-        c.env("TERM", "dumb").args([
-            "run",
-            "--network",
-            "none",
-            "--",
-            "sh",
-            "-c",
-            "echo JAIL-RAN",
-        ]);
+        let mut c = w.sh_command("none", "echo JAIL-RAN");
+        c.env("TERM", "dumb");
         let (mut master, _slave, mut child) = under_pty(c, 24, 80);
         let seen = read_until(&mut master, "[y/N]", &mut child);
         assert!(seen.contains("[y/N]"), "no question asked:\n{seen}");

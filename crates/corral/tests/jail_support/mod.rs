@@ -135,9 +135,14 @@ impl World {
 
     /// `corral run --network NET -- sh -c SCRIPT` with stdin closed.
     pub fn sh(&self, net: &str, script: &str) -> Out {
+        run(self.sh_command(net, script))
+    }
+
+    /// The command `sh` runs, for a test that adds to it or runs it its own way.
+    pub fn sh_command(&self, net: &str, script: &str) -> Command {
         let mut c = self.corral();
         c.args(["run", "--network", net, "--", "sh", "-c", script]);
-        run(c)
+        c
     }
 
     /// `corral run --policy POLICY -- sh -c SCRIPT` with stdin closed; the script must reach
