@@ -797,6 +797,43 @@ mod tests {
         assert_eq!(p.name_for("198.18.0.2".parse().unwrap()), None);
     }
 
+    /// A jail asking for ever new names (or hosts) cannot grow corral's memory through the
+    /// end-of-run summary: past the bound they share one line, and the count stays right.
+    #[test]
+    fn the_summary_keeps_a_bounded_number_of_destinations() {
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = Proxy::new(
+            rules(&["ok.test"], &[]),
+            AuditLog::at(dir.path().join("audit.jsonl")),
+            "j",
+        );
+        let (pool, extra) = (pool(), 250);
+        let ask = |name: &str| {
+            let labels: Vec<&[u8]> = name.split('.').map(str::as_bytes).collect();
+            let (_, asked) = stub_reply(&query(7, 0x0100, &labels, TYPE_A), &proxy.rules(), &pool);
+            audit_query(&proxy, "127.0.0.1:5", &asked.unwrap());
+        };
+        for i in 0..crate::proxy::BLOCKED_KEPT + extra {
+            ask(&format!("n{i}.evil.test"));
+        }
+        // A name already listed keeps counting on its own line.
+        ask("n0.evil.test");
+        let summary = proxy.blocked_summary();
+        assert_eq!(summary.len(), crate::proxy::BLOCKED_KEPT + 1);
+        let others = summary
+            .iter()
+            .find(|b| b.target == "other destinations")
+            .unwrap();
+        assert_eq!(others.count, extra as u64);
+        let first = summary.iter().find(|b| b.target == "n0.evil.test").unwrap();
+        assert_eq!(first.count, 2);
+        // Every query is still in the audit log.
+        assert_eq!(
+            proxy.audit().read_all().unwrap().0.len(),
+            crate::proxy::BLOCKED_KEPT + extra + 1
+        );
+    }
+
     #[test]
     fn a_published_port_is_taken_clearly() {
         let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -78,6 +78,10 @@ impl Blocked {
 /// (method, target, rule) -> (fix, count).
 type BlockedMap = BTreeMap<(String, String, String), (String, u64)>;
 
+/// Distinct blocked destinations the end-of-run summary keeps apart (corral's memory must not
+/// grow with what the jail tries); the rest share one line.
+pub const BLOCKED_KEPT: usize = 1000;
+
 /// The proxy of one jail.
 pub struct Proxy {
     rules: RwLock<Arc<Rules>>,
@@ -737,11 +741,23 @@ impl Proxy {
     /// own denials come here; so do those decided beside it with its rules (the stub
     /// resolver's refused names, connections captured to addresses it never handed out), whose
     /// callers write their own audit record.
+    ///
+    /// The jail chooses the destinations (random names, for one), so the distinct ones kept are
+    /// bounded ([`BLOCKED_KEPT`]); the rest are counted in one line, and the audit log still
+    /// has every one.
     pub fn note_blocked(&self, method: &str, target: &str, rule: &str, fix: &str) {
         let mut map = self.blocked.lock().unwrap_or_else(|e| e.into_inner());
-        let e = map
-            .entry((method.to_string(), target.to_string(), rule.to_string()))
-            .or_insert_with(|| (fix.to_string(), 0));
+        let mut key = (method.to_string(), target.to_string(), rule.to_string());
+        let mut fix = fix.to_string();
+        if map.len() >= BLOCKED_KEPT && !map.contains_key(&key) {
+            key = (
+                "...".into(),
+                "other destinations".into(),
+                format!("more than {BLOCKED_KEPT} distinct ones were blocked"),
+            );
+            fix = "see them all with: corral log --blocked".into();
+        }
+        let e = map.entry(key).or_insert_with(|| (fix, 0));
         e.1 += 1;
     }
 
