@@ -1,43 +1,278 @@
 //! The git files that `protect` cannot cover with a read-only placeholder, checked after a
-//! native run. `.git/commondir` makes git read another directory's config and hooks (a bare
-//! repository the jail wrote, whose `core.fsmonitor` runs on the user's next `git status` on the
-//! host); `.git/config.worktree` adds config. Git refuses to work when `commondir` exists in any
-//! form, so it cannot be held by an empty placeholder during the run; instead, one the jail
-//! created or changed is moved aside when the jail has ended (every process of it is gone by
-//! then) and reported.
+//! native run.
+//!
+//! - The project's own `.git/commondir` makes git read another directory's config and hooks (a
+//!   bare repository the jail wrote, whose `core.fsmonitor` runs on the user's next `git status`
+//!   on the host); `.git/config.worktree` adds config. Git refuses to work when `commondir`
+//!   exists in any form, so it cannot be held by an empty placeholder during the run; instead,
+//!   one the jail created or changed is moved aside when the jail has ended (every process of it
+//!   is gone by then) and reported.
+//! - Every other git directory in the project, which git on the host uses when the user (or an
+//!   IDE, which runs `git status` in each repository it finds) runs git there: a nested
+//!   repository's `sub/.git/` and a submodule's `.git/modules/NAME/` (nested modules too). A
+//!   `config` (or `config.worktree`) the run created or changed is moved aside when it sets a
+//!   key that runs a command ([`dangerous_config`]); a hook the run created or changed is moved
+//!   aside (a regular `*.sample` file excepted: git runs a hook by its exact name only); so is a
+//!   `commondir`, a symbolic link put where a hooks or modules directory was, and a gitlink
+//!   (`sub/.git` as a file `gitdir: PATH`, or as a link) whose target was not a git directory
+//!   before the run. These are found by one walk of the project that only reads directory
+//!   entries (no `stat` per file) and does not enter any `.git`, before and after the run.
 
+use std::collections::{HashMap, HashSet};
 use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 const WATCHED: &[&str] = &[".git/commondir", ".git/config.worktree"];
 
-/// What a watched path held before the run: absent, a regular file's bytes, a link's target,
-/// or another kind of file.
+/// Files read whole at most (bigger ones are compared by metadata, and a bigger config is
+/// treated as dangerous).
+const READ_MAX: u64 = 256 * 1024;
+
+/// How deep `.git/modules` nests (a module named `a/b/c`, modules of modules) at most.
+const MODULES_DEPTH_MAX: usize = 32;
+
+/// What a watched path held: absent, a regular file's bytes, a link's target, or another kind
+/// of file (or a file too big to read), by its metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
     Absent,
-    File(Vec<u8>),
+    File {
+        bytes: Vec<u8>,
+        mode: u32,
+    },
     Link(PathBuf),
-    Other,
+    Other {
+        mode: u32,
+        size: u64,
+        mtime: (i64, i64),
+        ctime: (i64, i64),
+        ino: u64,
+    },
 }
 
 fn state(path: &Path) -> State {
     match fs::symlink_metadata(path) {
         Err(_) => State::Absent,
         Ok(m) if m.file_type().is_symlink() => State::Link(fs::read_link(path).unwrap_or_default()),
-        Ok(m) if m.is_file() && m.len() <= 64 * 1024 => {
-            fs::read(path).map(State::File).unwrap_or(State::Other)
-        }
-        Ok(_) => State::Other,
+        Ok(m) if m.is_file() && m.len() <= READ_MAX => match fs::read(path) {
+            Ok(bytes) => State::File {
+                bytes,
+                mode: m.mode(),
+            },
+            Err(_) => other(&m),
+        },
+        Ok(m) => other(&m),
     }
 }
 
-/// The watched paths of a project before its jail starts.
-pub struct Snapshot(Vec<(PathBuf, State)>);
+fn other(m: &fs::Metadata) -> State {
+    State::Other {
+        mode: m.mode(),
+        size: m.size(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+        ino: m.ino(),
+    }
+}
 
-pub fn snapshot(project_root: &Path) -> Snapshot {
-    Snapshot(
-        WATCHED
+/// What a file found in or beside a git directory is to git.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// `config` or `config.worktree` of a git directory.
+    Config,
+    /// A file under a git directory's `hooks/`.
+    Hook,
+    /// A git directory's `commondir`.
+    Commondir,
+    /// A `.git` that is a file or a link: where git finds the repository.
+    Gitlink,
+    /// A link where git expects a directory of a git directory (`hooks`, `modules`, a module).
+    Link,
+}
+
+/// The git files of a project at one time, and (before the run) its git directories.
+#[derive(Default)]
+struct Scan {
+    files: HashMap<PathBuf, (Role, State)>,
+    /// Canonical paths of the git directories found.
+    gitdirs: HashSet<PathBuf>,
+}
+
+impl Scan {
+    fn add(&mut self, path: PathBuf, role: Role) {
+        let s = state(&path);
+        if s != State::Absent {
+            self.files.insert(path, (role, s));
+        }
+    }
+
+    fn gitdir(&mut self, dir: &Path, depth: usize) {
+        if let Ok(c) = dir.canonicalize() {
+            self.gitdirs.insert(c);
+        }
+        self.add(dir.join("config"), Role::Config);
+        self.add(dir.join("config.worktree"), Role::Config);
+        self.add(dir.join("commondir"), Role::Commondir);
+        let hooks = dir.join("hooks");
+        match fs::symlink_metadata(&hooks) {
+            Ok(m) if m.is_dir() => self.hooks(&hooks, 0),
+            Ok(_) => self.add(hooks, Role::Link),
+            Err(_) => {}
+        }
+        self.modules(&dir.join("modules"), depth);
+    }
+
+    /// Every file under a hooks directory (git runs only its top level, but a link or
+    /// `core.hooksPath` can point lower).
+    fn hooks(&mut self, dir: &Path, depth: usize) {
+        let Ok(rd) = fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() && depth < MODULES_DEPTH_MAX => self.hooks(&p, depth + 1),
+                _ => self.add(p, Role::Hook),
+            }
+        }
+    }
+
+    /// `modules/`: each directory holding a `HEAD` or a `config` is a module's git directory;
+    /// any other directory is part of a module's name (`a/b`).
+    fn modules(&mut self, dir: &Path, depth: usize) {
+        if depth > MODULES_DEPTH_MAX {
+            return;
+        }
+        match fs::symlink_metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return self.add(dir.to_path_buf(), Role::Link),
+            Err(_) => return,
+        }
+        let Ok(rd) = fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_symlink() => self.add(p, Role::Link),
+                Ok(t) if t.is_dir() => {
+                    if p.join("HEAD").symlink_metadata().is_ok()
+                        || p.join("config").symlink_metadata().is_ok()
+                    {
+                        self.gitdir(&p, depth + 1)
+                    } else {
+                        self.modules(&p, depth + 1)
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Every `.git` under `root` except `root/.git`, not entering any of them: reads directory
+/// entries only (their type comes with the entry), on this thread for a small tree, else in
+/// one parallel walk.
+fn find_dot_git(root: &Path) -> Vec<PathBuf> {
+    let found = Arc::new(Mutex::new(Vec::new()));
+    let build = |found: Arc<Mutex<Vec<PathBuf>>>| {
+        let mut b = corral_policy::resolve::raw_walker(root, root.join(".git"));
+        let top = root.join(".git");
+        // The filter sees every entry before the walker yields or enters it: a `.git` is noted
+        // there and neither yielded nor entered.
+        b.filter_entry(move |e| {
+            if e.file_name() != ".git" {
+                return true;
+            }
+            if e.depth() > 0 && e.path() != top {
+                found
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(e.path().to_path_buf());
+            }
+            false
+        });
+        b
+    };
+    let mut n = 0usize;
+    let mut complete = true;
+    for _ in build(found.clone()).build() {
+        n += 1;
+        if n > corral_policy::resolve::SEQUENTIAL_WALK_MAX {
+            complete = false;
+            break;
+        }
+    }
+    if !complete {
+        found.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let found = found.clone();
+        build(found)
+            .build_parallel()
+            .run(|| Box::new(|_| ignore::WalkState::Continue));
+    }
+    let mut v = std::mem::take(&mut *found.lock().unwrap_or_else(|p| p.into_inner()));
+    v.sort();
+    v.dedup();
+    v
+}
+
+fn scan(root: &Path) -> Scan {
+    let mut s = Scan::default();
+    if let Ok(c) = root.join(".git").canonicalize() {
+        s.gitdirs.insert(c);
+    }
+    // The project's own config and hooks are protected read-only; its modules are not.
+    s.modules(&root.join(".git/modules"), 0);
+    for p in find_dot_git(root) {
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.is_dir() => s.gitdir(&p, 0),
+            Ok(_) => {
+                // A gitlink that was there before the run: its target is a git directory.
+                if let Some(t) = gitlink_target(&p)
+                    && let Ok(c) = t.canonicalize()
+                {
+                    s.gitdirs.insert(c);
+                }
+                s.add(p, Role::Gitlink)
+            }
+            Err(_) => {}
+        }
+    }
+    s
+}
+
+/// Where a `.git` file or link sends git: `gitdir: PATH` (relative to the file's directory), or
+/// the link's target.
+fn gitlink_target(path: &Path) -> Option<PathBuf> {
+    let parent = path.parent()?;
+    let m = fs::symlink_metadata(path).ok()?;
+    if m.file_type().is_symlink() {
+        return Some(parent.join(fs::read_link(path).ok()?));
+    }
+    if !m.is_file() || m.len() > READ_MAX {
+        return None;
+    }
+    let text = fs::read(path).ok()?;
+    let text = String::from_utf8(text).ok()?;
+    let rest = text.strip_prefix("gitdir:")?;
+    let rest = rest.trim_end_matches(['\n', '\r']).trim();
+    if rest.is_empty() {
+        return None;
+    }
+    Some(parent.join(rest))
+}
+
+/// The watched paths of a project before its jail starts.
+pub struct Snapshot {
+    fixed: Vec<(PathBuf, State)>,
+    root: PathBuf,
+    /// The other git directories (`None`: the project is not writable in the jail).
+    nested: Option<Scan>,
+}
+
+/// Take the snapshot: `nested` also scans every other git directory of the project (one walk
+/// of its directory entries).
+pub fn snapshot(project_root: &Path, nested: bool) -> Snapshot {
+    Snapshot {
+        fixed: WATCHED
             .iter()
             .map(|rel| {
                 let path = project_root.join(rel);
@@ -45,38 +280,349 @@ pub fn snapshot(project_root: &Path) -> Snapshot {
                 (path, s)
             })
             .collect(),
-    )
+        root: project_root.to_path_buf(),
+        nested: nested.then(|| scan(project_root)),
+    }
 }
 
-/// After the jail has ended: move aside each watched path the run created or changed. One
-/// message per path, for stderr and the audit log.
+fn aside_of(path: &Path, jail_id: &str) -> PathBuf {
+    let mut aside = path.as_os_str().to_os_string();
+    aside.push(format!(".corral-quarantine-{jail_id}"));
+    PathBuf::from(aside)
+}
+
+/// Move `path` aside and say why (`what` completes "the jail wrote PATH, ...").
+fn quarantine(path: &Path, jail_id: &str, what: &str) -> String {
+    let aside = aside_of(path, jail_id);
+    match fs::rename(path, &aside) {
+        Ok(()) => format!(
+            "the jail wrote {}, {what}; moved aside to {} (restore it only if you made it)",
+            path.display(),
+            aside.display()
+        ),
+        Err(e) => format!(
+            "the jail wrote {}, {what}, and it could not be moved aside ({e}): remove it before \
+             you run git in this project",
+            path.display()
+        ),
+    }
+}
+
+/// After the jail has ended: move aside each watched path the run created or changed that
+/// could make git on the host run a command. One message per path, for stderr and the audit
+/// log.
 pub fn check(snapshot: Snapshot, jail_id: &str) -> Vec<String> {
     let mut out = Vec::new();
-    for (path, before) in snapshot.0 {
-        let now = state(&path);
-        if now == State::Absent || now == before {
+    for (path, before) in &snapshot.fixed {
+        let now = state(path);
+        if now == State::Absent || now == *before {
             continue;
         }
-        let mut aside = path.clone().into_os_string();
-        aside.push(format!(".corral-quarantine-{jail_id}"));
-        let aside = PathBuf::from(aside);
-        match fs::rename(&path, &aside) {
-            Ok(()) => out.push(format!(
-                "the jail wrote {}, which would make your next git command read another \
-                 repository's config and hooks; moved aside to {} (restore it only if you made it)",
-                path.display(),
-                aside.display()
-            )),
-            Err(e) => out.push(format!(
-                "the jail wrote {} and it could not be moved aside ({e}): remove it before you run \
-                 git in this project",
-                path.display()
-            )),
+        out.push(quarantine(
+            path,
+            jail_id,
+            "which would make your next git command read another repository's config and hooks",
+        ));
+    }
+    let Some(before) = snapshot.nested else {
+        return out;
+    };
+    let after = scan(&snapshot.root);
+    let mut changed: Vec<(&PathBuf, &(Role, State))> = after
+        .files
+        .iter()
+        .filter(|(p, now)| before.files.get(*p).is_none_or(|b| b.1 != now.1))
+        .collect();
+    // Deeper first: a hook inside a hooks directory before that directory's link, say.
+    changed.sort_by(|a, b| b.0.cmp(a.0));
+    for (path, (role, now)) in changed {
+        if let Some(why) = danger(path, *role, now, &before.gitdirs) {
+            out.push(quarantine(path, jail_id, &why));
         }
     }
     out
 }
 
+/// Why a git file the run created or changed is dangerous on the host, or `None` to keep it.
+fn danger(path: &Path, role: Role, now: &State, gitdirs: &HashSet<PathBuf>) -> Option<String> {
+    match role {
+        Role::Hook => {
+            let sample = path.extension().is_some_and(|e| e == "sample");
+            if sample && matches!(now, State::File { .. }) {
+                return None;
+            }
+            let exec = match now {
+                State::File { mode, .. } | State::Other { mode, .. } => {
+                    fs::Permissions::from_mode(*mode).mode() & 0o111 != 0
+                }
+                _ => true,
+            };
+            Some(if exec {
+                "a git hook that your next git command in that repository would run".into()
+            } else {
+                "a git hook (git runs it once it is made executable)".into()
+            })
+        }
+        Role::Config => match now {
+            State::File { bytes, .. } => dangerous_config(bytes).map(|k| {
+                format!("a git config that sets {k}, which makes git on the host run a command")
+            }),
+            _ => Some("a git config that is not a regular file corral could read".into()),
+        },
+        Role::Commondir => Some(
+            "which would make git in that repository read another repository's config and hooks"
+                .into(),
+        ),
+        Role::Link => Some(
+            "a link where git expects a directory of a repository (its hooks or modules)".into(),
+        ),
+        Role::Gitlink => {
+            let ok = gitlink_target(path)
+                .and_then(|t| t.canonicalize().ok())
+                .is_some_and(|t| gitdirs.contains(&t));
+            (!ok).then(|| {
+                "a gitlink pointing git at a directory that was not a repository before the run"
+                    .into()
+            })
+        }
+    }
+}
+
+/// Key names (the last part, lower case) that make git run a command, in any section.
+const COMMAND_KEYS: &[&str] = &[
+    "fsmonitor",
+    "hookspath",
+    "sshcommand",
+    "pager",
+    "editor",
+    "askpass",
+    "gitproxy",
+    "external",
+    "textconv",
+    "clean",
+    "smudge",
+    "process",
+    "helper",
+    "driver",
+    "difffilter",
+    "browser",
+    "uploadpack",
+    "receivepack",
+];
+
+/// Key name endings that make git run a command (`alternateRefsCommand`,
+/// `gpg.ssh.defaultKeyCommand`, `difftool.X.cmd`, `gpg.program`, `packObjectsHook`).
+const COMMAND_SUFFIXES: &[&str] = &["command", "cmd", "program", "hook"];
+
+/// Whether a git config sets a key that makes git run a command: the first such key as
+/// `section.key`, else `None`. Parsed like git's own reader (sections, subsections, quoting,
+/// escapes, continued lines, comments); anything it cannot parse counts as dangerous.
+pub fn dangerous_config(bytes: &[u8]) -> Option<String> {
+    let entries = match parse_config(bytes) {
+        Ok(e) => e,
+        Err(e) => return Some(format!("something corral cannot parse ({e})")),
+    };
+    for (section, sub, key, value) in entries {
+        let name = match &sub {
+            Some(s) => format!("{section}.{s}.{key}"),
+            None => format!("{section}.{key}"),
+        };
+        let value = value.unwrap_or_default();
+        let bad = section.starts_with("include")
+            || section == "pager"
+            || (section == "alias" && value.contains('!'))
+            || (key == "update" && value.contains('!'))
+            || (section == "protocol" && key == "allow")
+            || value.trim_start().to_ascii_lowercase().starts_with("ext::")
+            || COMMAND_KEYS.contains(&key.as_str())
+            || COMMAND_SUFFIXES.iter().any(|s| key.ends_with(s));
+        if bad {
+            return Some(name);
+        }
+    }
+    None
+}
+
+/// One `section[.subsection].key[=value]` of a config: section and key in lower case.
+type Entry = (String, Option<String>, String, Option<String>);
+
+/// git's config syntax (config.c): returns every entry, or what is wrong.
+fn parse_config(bytes: &[u8]) -> Result<Vec<Entry>, String> {
+    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+    let mut p = Parser { b: bytes, i: 0 };
+    let mut out = Vec::new();
+    let mut section: Option<(String, Option<String>)> = None;
+    loop {
+        let Some(c) = p.next() else { return Ok(out) };
+        match c {
+            b'\n' | b' ' | b'\t' | b'\r' | b'\x0b' | b'\x0c' => {}
+            b'#' | b';' => p.skip_line(),
+            b'[' => section = Some(p.section()?),
+            c if c.is_ascii_alphabetic() => {
+                let Some((s, sub)) = &section else {
+                    return Err(format!("a key before any section, at byte {}", p.i));
+                };
+                let mut key = String::from((c as char).to_ascii_lowercase());
+                while let Some(&c) = p.b.get(p.i)
+                    && (c.is_ascii_alphanumeric() || c == b'-')
+                {
+                    key.push((c as char).to_ascii_lowercase());
+                    p.i += 1;
+                }
+                p.skip_blanks();
+                let value = match p.b.get(p.i) {
+                    None | Some(b'\n') => None,
+                    Some(b'\r') if p.b.get(p.i + 1) == Some(&b'\n') => None,
+                    Some(b'#') | Some(b';') => None,
+                    Some(b'=') => {
+                        p.i += 1;
+                        Some(p.value()?)
+                    }
+                    Some(_) => return Err(format!("a bad character after key {key}")),
+                };
+                out.push((s.clone(), sub.clone(), key, value));
+            }
+            _ => return Err(format!("a bad character at byte {}", p.i - 1)),
+        }
+    }
+}
+
+struct Parser<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl Parser<'_> {
+    fn next(&mut self) -> Option<u8> {
+        let c = *self.b.get(self.i)?;
+        self.i += 1;
+        Some(c)
+    }
+
+    fn skip_line(&mut self) {
+        while let Some(c) = self.next() {
+            if c == b'\n' {
+                return;
+            }
+        }
+    }
+
+    fn skip_blanks(&mut self) {
+        while matches!(self.b.get(self.i), Some(b' ' | b'\t')) {
+            self.i += 1;
+        }
+    }
+
+    /// After `[`: `name]`, `name.sub]` (old style, sub lower-cased by git) or `name "sub"]`.
+    fn section(&mut self) -> Result<(String, Option<String>), String> {
+        let mut name = String::new();
+        loop {
+            match self.next() {
+                Some(b']') => break,
+                Some(c) if c.is_ascii_alphanumeric() || c == b'-' || c == b'.' => {
+                    name.push((c as char).to_ascii_lowercase())
+                }
+                Some(b' ' | b'\t') => {
+                    self.skip_blanks();
+                    if self.next() != Some(b'"') {
+                        return Err(format!("a bad section header [{name}"));
+                    }
+                    let mut sub = Vec::new();
+                    loop {
+                        match self.next() {
+                            None | Some(b'\n') => {
+                                return Err(format!("an unterminated section header [{name}"));
+                            }
+                            Some(b'"') => break,
+                            Some(b'\\') => match self.next() {
+                                None | Some(b'\n') => {
+                                    return Err(format!("a bad section header [{name}"));
+                                }
+                                Some(c) => sub.push(c),
+                            },
+                            Some(c) => sub.push(c),
+                        }
+                    }
+                    if self.next() != Some(b']') {
+                        return Err(format!("a bad section header [{name}"));
+                    }
+                    let sub = String::from_utf8_lossy(&sub).into_owned();
+                    return Ok((name, Some(sub)));
+                }
+                _ => return Err(format!("a bad section header [{name}")),
+            }
+        }
+        if name.is_empty() {
+            return Err("an empty section header".into());
+        }
+        // `[a.b]` is section a, subsection b.
+        Ok(match name.split_once('.') {
+            Some((s, sub)) => (s.to_string(), Some(sub.to_string())),
+            None => (name, None),
+        })
+    }
+
+    /// After `=`: the value up to the end of the line (continued by `\` at the end),
+    /// unquoted and unescaped, with surrounding blanks outside quotes trimmed.
+    fn value(&mut self) -> Result<String, String> {
+        let mut v: Vec<u8> = Vec::new();
+        let mut quoted = false;
+        // Length of `v` up to its last character that was not a blank outside quotes.
+        let mut kept = 0usize;
+        loop {
+            let Some(c) = self.next() else { break };
+            match c {
+                b'\n' => {
+                    if quoted {
+                        return Err("a quoted value that runs past the end of its line".into());
+                    }
+                    break;
+                }
+                b'\r' if self.b.get(self.i) == Some(&b'\n') => {}
+                b'#' | b';' if !quoted => {
+                    self.skip_line();
+                    break;
+                }
+                b'"' => quoted = !quoted,
+                b'\\' => match self.next() {
+                    Some(b'\n') => {}
+                    Some(b'\r') if self.b.get(self.i) == Some(&b'\n') => self.i += 1,
+                    Some(b'n') => {
+                        v.push(b'\n');
+                        kept = v.len();
+                    }
+                    Some(b't') => {
+                        v.push(b'\t');
+                        kept = v.len();
+                    }
+                    Some(b'b') => {
+                        v.pop();
+                        kept = kept.min(v.len());
+                    }
+                    Some(c @ (b'\\' | b'"')) => {
+                        v.push(c);
+                        kept = v.len();
+                    }
+                    _ => return Err("a bad escape in a value".into()),
+                },
+                b' ' | b'\t' if !quoted => {
+                    if !v.is_empty() {
+                        v.push(c)
+                    }
+                }
+                c => {
+                    v.push(c);
+                    kept = v.len();
+                }
+            }
+        }
+        if quoted {
+            return Err("an unterminated quote in a value".into());
+        }
+        v.truncate(kept);
+        Ok(String::from_utf8_lossy(&v).into_owned())
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,7 +633,7 @@ mod tests {
         let git = dir.path().join(".git");
         fs::create_dir(&git).unwrap();
         fs::write(git.join("config.worktree"), "[core]\n").unwrap();
-        let s = snapshot(dir.path());
+        let s = snapshot(dir.path(), true);
         // Unchanged: kept. New: moved aside.
         fs::write(git.join("commondir"), "../evil\n").unwrap();
         let msgs = check(s, "j1");
@@ -99,10 +645,178 @@ mod tests {
         );
         assert!(git.join("config.worktree").exists());
         // Changed, and replaced by a link: moved aside too.
-        let s = snapshot(dir.path());
+        let s = snapshot(dir.path(), true);
         fs::remove_file(git.join("config.worktree")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", git.join("config.worktree")).unwrap();
         assert_eq!(check(s, "j2").len(), 1);
         assert!(fs::symlink_metadata(git.join("config.worktree")).is_err());
+    }
+
+    fn bad(text: &str) -> Option<String> {
+        dangerous_config(text.as_bytes())
+    }
+
+    #[test]
+    fn config_keys_that_run_commands_are_found_whatever_the_spelling() {
+        assert_eq!(
+            bad("[core]\n\tfsmonitor = touch /tmp/x\n").as_deref(),
+            Some("core.fsmonitor")
+        );
+        // Case, odd spacing, a key on the header's line, no value.
+        assert_eq!(
+            bad("[CoRe]  HooksPath=/x").as_deref(),
+            Some("core.hookspath")
+        );
+        assert_eq!(
+            bad("  [core] sshCommand\t=\tssh").as_deref(),
+            Some("core.sshcommand")
+        );
+        assert_eq!(bad("[core]\npager\n").as_deref(), Some("core.pager"));
+        // Subsections, old style and quoted (with escapes).
+        assert_eq!(
+            bad("[filter \"lfs\"]\n  clean = x\n").as_deref(),
+            Some("filter.lfs.clean")
+        );
+        assert_eq!(
+            bad("[diff.foo]\ntextconv=x").as_deref(),
+            Some("diff.foo.textconv")
+        );
+        assert_eq!(
+            bad("[includeIf \"gitdir:/a \\\"b\\\"/\"]\npath = evil").as_deref(),
+            Some("includeif.gitdir:/a \"b\"/.path")
+        );
+        assert_eq!(bad("[include]\npath=x").as_deref(), Some("include.path"));
+        assert_eq!(
+            bad("[credential]\nhelper = !evil").as_deref(),
+            Some("credential.helper")
+        );
+        assert_eq!(
+            bad("[gpg \"ssh\"]\ndefaultKeyCommand = x").as_deref(),
+            Some("gpg.ssh.defaultkeycommand")
+        );
+        assert_eq!(
+            bad("[alias]\n\tst = \"!sh -c x\"").as_deref(),
+            Some("alias.st")
+        );
+        assert_eq!(
+            bad("[remote \"o\"]\nurl = ext::sh -c x").as_deref(),
+            Some("remote.o.url")
+        );
+        assert_eq!(
+            bad("[submodule \"m\"]\nupdate = !x").as_deref(),
+            Some("submodule.m.update")
+        );
+        // A continued line is one value: the key after it is still in [core].
+        assert_eq!(
+            bad("[core]\na = b\\\n[alias]\nfsmonitor = x").as_deref(),
+            Some("core.fsmonitor")
+        );
+        // Comment characters inside quotes are part of the value; after them, a comment.
+        assert_eq!(
+            bad("[x]\na = \"#\" ; c\n[core]\neditor=vi").as_deref(),
+            Some("core.editor")
+        );
+        // CRLF and a byte-order mark.
+        assert_eq!(
+            bad("\u{feff}[core]\r\n\tfsmonitor = x\r\n").as_deref(),
+            Some("core.fsmonitor")
+        );
+        // What git cannot parse counts as dangerous.
+        assert!(bad("[core\nfsmonitor = x").is_some());
+        assert!(bad("fsmonitor = x").is_some());
+        assert!(bad("[core]\na = \"unterminated\n").is_some());
+        assert!(bad("[core]\na = \\q\n").is_some());
+    }
+
+    #[test]
+    fn what_git_init_and_submodule_init_write_is_kept() {
+        let init = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\
+                    \tlogallrefupdates = true\n";
+        assert_eq!(bad(init), None);
+        let module = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\
+                      \tlogallrefupdates = true\n\tworktree = ../../../m\n\
+                      [remote \"origin\"]\n\turl = https://example.com/m.git\n\
+                      \tfetch = +refs/heads/*:refs/remotes/origin/*\n\
+                      [branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n\
+                      [submodule \"m\"]\n\tactive = true\n\turl = ../m ; comment\n\
+                      [alias]\n\tco = checkout\n# [core] fsmonitor = x\n";
+        assert_eq!(bad(module), None);
+        assert_eq!(bad(""), None);
+    }
+
+    #[test]
+    fn nested_repositories_modules_and_gitlinks_the_run_planted_are_moved_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let w = |rel: &str, text: &str| {
+            let p = root.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(&p, text).unwrap();
+            p
+        };
+        let exec = |p: &Path| fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+        w(".git/HEAD", "ref: refs/heads/main\n");
+        // Before: one nested repository with a sample hook, one module, one gitlink to it.
+        w("old/.git/config", "[core]\n\tbare = false\n");
+        exec(&w("old/.git/hooks/pre-commit.sample", "#!/bin/sh\n"));
+        w(".git/modules/a/b/HEAD", "ref: refs/heads/main\n");
+        w(".git/modules/a/b/config", "[core]\n");
+        w("a/b/.git", "gitdir: ../../.git/modules/a/b\n");
+        let s = snapshot(root, true);
+        // Kept: a benign change, a new sample hook, a new benign repository, a gitlink to a
+        // repository that was there.
+        w(
+            "old/.git/config",
+            "[core]\n\tbare = false\n\tworktree = ..\n",
+        );
+        exec(&w("new/.git/hooks/pre-push.sample", "#!/bin/sh\n"));
+        w("new/.git/config", "[core]\n\tbare = false\n");
+        w("x/y/.git", "gitdir: ../../.git/modules/a/b\n");
+        // Moved aside.
+        exec(&w(
+            "old/.git/hooks/post-checkout",
+            "#!/bin/sh\ntouch /tmp/x\n",
+        ));
+        w(".git/modules/a/b/config", "[core]\n\thooksPath = /tmp\n");
+        w("deep/er/.git/config", "[Core]\nFSMonitor = \"touch x\"\n");
+        w(".git/modules/m/config", "[core]\n");
+        w("m/.git", "gitdir: ../.git/modules/m\n");
+        w("n/.git", "gitdir: /nonexistent\n");
+        w("old/.git/commondir", "../../evil\n");
+        fs::create_dir_all(root.join("l")).unwrap();
+        std::os::unix::fs::symlink("../m", root.join("l/.git")).unwrap();
+        let msgs = check(s, "j3");
+        let gone = [
+            "old/.git/hooks/post-checkout",
+            ".git/modules/a/b/config",
+            "deep/er/.git/config",
+            "m/.git",
+            "n/.git",
+            "old/.git/commondir",
+            "l/.git",
+        ];
+        assert_eq!(msgs.len(), gone.len(), "{msgs:#?}");
+        for rel in gone {
+            assert!(
+                fs::symlink_metadata(root.join(rel)).is_err(),
+                "{rel}: {msgs:#?}"
+            );
+            assert!(
+                fs::symlink_metadata(aside_of(&root.join(rel), "j3")).is_ok(),
+                "{rel}: {msgs:#?}"
+            );
+            assert!(msgs.iter().any(|m| m.contains(rel)), "{rel}: {msgs:#?}");
+        }
+        for rel in [
+            "old/.git/config",
+            "new/.git/hooks/pre-push.sample",
+            "new/.git/config",
+            "x/y/.git",
+            ".git/modules/m/config",
+        ] {
+            assert!(root.join(rel).exists(), "{rel}: {msgs:#?}");
+        }
+        // A second run that changes nothing moves nothing.
+        assert!(check(snapshot(root, true), "j4").is_empty());
     }
 }

@@ -71,6 +71,14 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // What the agent changes in the project, listed when it ends (changes.rs): the baseline is
     // taken while the rest is set up, and complete before the jail starts.
     let baseline = crate::changes::start(plan, &jail_id);
+    // The git files the jail could plant (gitguard.rs), recorded meanwhile: the other git
+    // directories of the project only when the jail can write it.
+    let git_guard = {
+        let root = plan.project.root.clone();
+        let nested =
+            !plan.project.scratch && plan.project.access == corral_policy::plan::Access::Rw;
+        std::thread::spawn(move || crate::gitguard::snapshot(&root, nested))
+    };
     // The jail's cgroup (as root, or with delegation: a few directories and limit files) is
     // made on a thread of its own meanwhile; it needs only the id and the limits.
     let prepared_plan = std::thread::scope(|s| {
@@ -117,7 +125,9 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             detail: serde_json::to_value(plan).unwrap_or_default(),
         },
     );
-    let git_guard = crate::gitguard::snapshot(&plan.project.root);
+    let git_guard = git_guard
+        .join()
+        .map_err(|_| anyhow::anyhow!("the git snapshot thread panicked"))?;
     let mut jail = match prepared.start(plan, &opts) {
         Ok(jail) => jail,
         Err(e) => {
