@@ -548,8 +548,7 @@ impl Parser<'_> {
         let mut quoted = false;
         // Length of `v` up to its last character that was not a blank outside quotes.
         let mut kept = 0usize;
-        loop {
-            let Some(c) = self.next() else { break };
+        while let Some(c) = self.next() {
             match c {
                 b'\n' => {
                     if quoted {
