@@ -24,7 +24,6 @@
 //! `corral: jail set-up: ...` on the jail's stderr and exits 125.
 
 use std::ffi::CString;
-use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -210,54 +209,22 @@ fn close_inherited_fds() -> Result<(), JailError> {
     Ok(())
 }
 
-/// Read one message corral sends (spawn.rs `send_message`): its length (u64, little-endian),
-/// carrying exactly `fds` descriptors as SCM_RIGHTS, then its JSON body. `None` when corral
-/// closed the socket before sending it (it ended, or dropped this jail): nothing to report.
+/// Read one message corral sends (spawn.rs, a `netns::send_frame` frame) carrying exactly `fds`
+/// descriptors. `None` when corral closed the socket before sending it (it ended, or dropped
+/// this jail): nothing to report.
 fn read_message<T: serde::de::DeserializeOwned>(
     ctl: &OwnedFd,
     fds: usize,
 ) -> Result<Option<(T, Vec<OwnedFd>)>, JailError> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-    let fail = |e: std::io::Error| JailError::step("read the jail config", e);
-    let mut len = [0u8; 8];
-    let mut got = 0;
-    let mut received: Vec<OwnedFd> = Vec::new();
-    let mut cmsg_space = nix::cmsg_space!([RawFd; 3]);
-    while got < len.len() {
-        let mut iov = [std::io::IoSliceMut::new(&mut len[got..])];
-        let msg = match recvmsg::<()>(
-            ctl.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg_space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Ok(msg) => msg,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(fail(e.into())),
-        };
-        for c in msg.cmsgs().map_err(|e| fail(e.into()))? {
-            if let ControlMessageOwned::ScmRights(r) = c {
-                // SAFETY: the kernel just installed these descriptors in this process for us.
-                received.extend(r.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-            }
-        }
-        if msg.bytes == 0 && got == 0 {
-            return Ok(None);
-        }
-        if msg.bytes == 0 {
-            return Err(fail(std::io::ErrorKind::UnexpectedEof.into()));
-        }
-        got += msg.bytes;
-    }
+    let Some((body, received)) = netns::recv_frame(ctl.as_raw_fd())? else {
+        return Ok(None);
+    };
     if received.len() != fds {
         return Err(JailError::Plan(format!(
             "a message on the jail's control socket came with {} descriptors, not {fds}",
             received.len()
         )));
     }
-    let mut file = std::fs::File::from(ctl.try_clone().map_err(fail)?);
-    let mut body = vec![0u8; u64::from_le_bytes(len) as usize];
-    file.read_exact(&mut body).map_err(fail)?;
     let value =
         serde_json::from_slice(&body).map_err(|e| JailError::step("decode the jail config", e))?;
     Ok(Some((value, received)))

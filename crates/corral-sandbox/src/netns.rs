@@ -212,8 +212,8 @@ pub fn send_listeners(ctl: RawFd, net: &JailNet) -> Result<(), JailError> {
 }
 
 /// One frame on the control socket: a little-endian u32 length, the JSON body, and `fds` as
-/// SCM_RIGHTS, in one `sendmsg`.
-fn send_frame(ctl: RawFd, body: &[u8], fds: &[RawFd]) -> nix::Result<()> {
+/// SCM_RIGHTS, in one `sendmsg` (the descriptors travel with the first byte).
+pub(crate) fn send_frame(ctl: RawFd, body: &[u8], fds: &[RawFd]) -> nix::Result<()> {
     let mut frame = (body.len() as u32).to_le_bytes().to_vec();
     frame.extend_from_slice(body);
     let cmsgs = if fds.is_empty() {
@@ -241,69 +241,70 @@ fn send_frame(ctl: RawFd, body: &[u8], fds: &[RawFd]) -> nix::Result<()> {
 }
 
 /// A frame's JSON body and the descriptors that came with it.
-type Frame = (Vec<u8>, Vec<OwnedFd>);
+pub(crate) type Frame = (Vec<u8>, Vec<OwnedFd>);
 
-/// Receive one frame `send_frame` sent. `Ok(None)`: the peer closed the socket first.
-fn recv_frame(ctl: RawFd) -> Result<Option<Frame>, JailError> {
-    let mut buf = vec![0u8; 64 * 1024];
+/// The largest frame body accepted (a Plan is tens of KiB).
+const FRAME_MAX: usize = 64 * 1024 * 1024;
+
+/// Receive one frame `send_frame` sent, and nothing of the next (the length is read alone,
+/// then exactly the body). `Ok(None)`: the peer closed the socket before the frame began.
+pub(crate) fn recv_frame(ctl: RawFd) -> Result<Option<Frame>, JailError> {
+    let fail = |e: nix::errno::Errno| JailError::step("read the jail's control socket", e);
+    let mut len = [0u8; 4];
+    let mut got = 0;
+    let mut fds = Vec::new();
     let mut cmsg_space = nix::cmsg_space!([RawFd; 256]);
-    let (n, fds) = {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = loop {
-            match recvmsg::<()>(
-                ctl,
-                &mut iov,
-                Some(&mut cmsg_space),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            ) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                other => break other,
-            }
-        }
-        .map_err(|e| JailError::step("read the jail's control socket", e))?;
-        let mut fds = Vec::new();
-        for c in msg
-            .cmsgs()
-            .map_err(|e| JailError::step("read SCM_RIGHTS", e))?
-        {
+    while got < len.len() {
+        let mut iov = [IoSliceMut::new(&mut len[got..])];
+        let msg = match recvmsg::<()>(
+            ctl,
+            &mut iov,
+            Some(&mut cmsg_space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => msg,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(fail(e)),
+        };
+        for c in msg.cmsgs().map_err(fail)? {
             if let ControlMessageOwned::ScmRights(r) = c {
-                fds.extend(r);
+                // SAFETY: the kernel just installed these descriptors in this process for us.
+                fds.extend(r.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
             }
         }
-        (msg.bytes, fds)
-    };
-    // SAFETY: the kernel just installed these descriptors in this process for us alone.
-    let owned: Vec<OwnedFd> = fds
-        .into_iter()
-        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-        .collect();
-    if n == 0 {
-        return Ok(None);
+        if msg.bytes == 0 && got == 0 {
+            return Ok(None);
+        }
+        if msg.bytes == 0 {
+            return Err(JailError::Plan(
+                "truncated message on the jail's control socket".into(),
+            ));
+        }
+        got += msg.bytes;
     }
-    if n < 4 {
-        return Err(JailError::Plan(
-            "short message on the jail's control socket".into(),
-        ));
+    let len = u32::from_le_bytes(len) as usize;
+    if len > FRAME_MAX {
+        return Err(JailError::Plan(format!(
+            "a {len}-byte message on the jail's control socket is too large"
+        )));
     }
-    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    let mut got = n;
-    // A frame the kernel split (large bodies): read the rest, without descriptors.
-    while got < 4 + len && 4 + len <= buf.len() {
+    let mut body = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
         // SAFETY: `ctl` is a descriptor the caller holds open for the duration of this call.
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(ctl) };
-        match nix::unistd::read(fd, &mut buf[got..4 + len]) {
-            Ok(0) => break,
+        match nix::unistd::read(fd, &mut body[got..]) {
+            Ok(0) => {
+                return Err(JailError::Plan(
+                    "truncated message on the jail's control socket".into(),
+                ));
+            }
             Ok(k) => got += k,
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(JailError::step("read the jail's control socket", e)),
+            Err(e) => return Err(fail(e)),
         }
     }
-    if got != 4 + len {
-        return Err(JailError::Plan(
-            "truncated message on the jail's control socket".into(),
-        ));
-    }
-    Ok(Some((buf[4..got].to_vec(), owned)))
+    Ok(Some((body, fds)))
 }
 
 /// Receive the message `send_listeners` sent. `Ok(None)`: the set-up process closed the socket

@@ -1,8 +1,7 @@
 //! corral's side of a jail: start the set-up process, hand it the Plan, receive the jail's
 //! listeners, then relay the terminal and signals until the jail exits.
 
-use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -329,7 +328,7 @@ impl PreparedJail {
             .ctl
             .as_ref()
             .ok_or_else(|| JailError::Plan("this jail was already started".into()))?;
-        let ok = send_message(ctl, &body, &[]).is_ok();
+        let ok = netns::send_frame(ctl.as_raw_fd(), &body, &[]).is_ok();
         self.namespaces = Some(Sent {
             cgroup_procs: config.cgroup_procs,
             ok,
@@ -381,7 +380,9 @@ impl PreparedJail {
             .ok_or_else(|| JailError::Plan("this jail was already started".into()))?;
         let fds = stdio.fds.each_ref().map(|fd| fd.as_raw_fd());
         let sent = match namespaces_ok {
-            true => send_message(&stream, &body, &fds),
+            true => {
+                netns::send_frame(stream.as_raw_fd(), &body, &fds).map_err(std::io::Error::from)
+            }
             false => Err(std::io::ErrorKind::BrokenPipe.into()),
         };
         // The jail's copies are in flight or refused: corral's go now (a pipe's writer must be
@@ -404,35 +405,6 @@ impl PreparedJail {
             }
         }
     }
-}
-
-/// One message on the control socket: its length (u64, little-endian) carrying `fds` as
-/// SCM_RIGHTS, then the JSON body (child.rs `read_message`).
-fn send_message(stream: &std::fs::File, body: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
-    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
-    let len = (body.len() as u64).to_le_bytes();
-    let mut sent = 0;
-    while sent < len.len() {
-        // The descriptors travel with the first byte only.
-        let rights = [ControlMessage::ScmRights(fds)];
-        let cmsgs: &[ControlMessage] = if sent == 0 && !fds.is_empty() {
-            &rights
-        } else {
-            &[]
-        };
-        match sendmsg::<()>(
-            stream.as_raw_fd(),
-            &[std::io::IoSlice::new(&len[sent..])],
-            cmsgs,
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        ) {
-            Ok(n) => sent += n,
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    (&*stream).write_all(body)
 }
 
 /// The jail's stdio and how corral relays it.
