@@ -74,6 +74,24 @@ pub struct Request {
     pub user_config: Option<PathBuf>,
 }
 
+/// This process's environment (the variables that are valid UTF-8) and its home, as a
+/// [`Request`] takes them: HOME must be an absolute path.
+pub fn caller_env_and_home() -> Result<(BTreeMap<String, String>, PathBuf), PolicyError> {
+    let env: BTreeMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let home = env
+        .get("HOME")
+        .filter(|h| h.starts_with('/'))
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            PolicyError::Invalid(
+                "HOME is not set to an absolute path; set HOME to your home directory".into(),
+            )
+        })?;
+    Ok((env, home))
+}
+
 impl Request {
     /// A request for the current process: cwd, environment, home, ids, executable and the
     /// default user config location. The caller fills in `profile`, `command` and `flags`.
@@ -83,18 +101,7 @@ impl Request {
             path: PathBuf::from("."),
             source,
         })?;
-        let env: BTreeMap<String, String> = std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-            .collect();
-        let home = env
-            .get("HOME")
-            .filter(|h| h.starts_with('/'))
-            .map(PathBuf::from)
-            .ok_or_else(|| {
-                PolicyError::Invalid(
-                    "HOME is not set to an absolute path; set HOME to your home directory".into(),
-                )
-            })?;
+        let (env, home) = caller_env_and_home()?;
         let user_config = Some(default_user_config(&env, &home));
         let (uid, gid) = current_ids();
         let corral_exe = std::env::current_exe().map_err(|source| PolicyError::Io {

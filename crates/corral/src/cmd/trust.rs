@@ -22,15 +22,7 @@ use crate::cli::TrustArgs;
 
 /// The caller's environment and home, as the policy crate sees them (HOME must be absolute).
 pub(crate) fn env_home() -> anyhow::Result<(BTreeMap<String, String>, PathBuf)> {
-    let env: BTreeMap<String, String> = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .collect();
-    let home = env
-        .get("HOME")
-        .filter(|h| h.starts_with('/'))
-        .map(PathBuf::from)
-        .context("HOME is not set to an absolute path; set HOME to your home directory")?;
-    Ok((env, home))
+    Ok(corral_policy::resolve::caller_env_and_home()?)
 }
 
 /// Before a jail starts from `plan`: corral's own directories that the plan protects exist (so
