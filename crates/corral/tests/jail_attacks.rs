@@ -703,27 +703,6 @@ fn memory_holds(pid: u32, needle: &[u8]) -> Option<bool> {
     read_any.then_some(false)
 }
 
-/// The children of `pid` (from the host's /proc).
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(child) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(pid) {
-            out.push(child);
-        }
-    }
-    out
-}
-
 /// The jail's set-up process and its PID 1 are forked from corral before it reads anything,
 /// and wipe what they inherited: a variable of the caller's (an API key, say) that the policy
 /// does not pass is in neither's memory, and PID 1's command line, which the jail can read,

@@ -130,21 +130,7 @@ fn the_host_executor_does_not_inherit_real_secrets() {
 /// The pids of `pid`'s children whose command line is `corral serve ...`.
 fn serve_children(pid: u32) -> Vec<(u32, String)> {
     let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-            continue;
-        };
-        // The parent pid is the second field after the command name's closing parenthesis.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid != Some(pid) {
-            continue;
-        }
+    for child in children_of(pid) {
         let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
         let args: Vec<String> = cmdline
             .split(|b| *b == 0)

@@ -203,20 +203,7 @@ fn processes_with(needle: &str) -> Vec<u32> {
 
 /// No process has `pid` as its parent any more (the set-up process is gone too).
 fn descendants_gone(pid: u32) -> bool {
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        if let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) {
-            let after = stat.rsplit(')').next().unwrap_or("");
-            let ppid: u32 = after
-                .split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0);
-            if ppid == pid {
-                return false;
-            }
-        }
-    }
-    true
+    children_of(pid).is_empty()
 }
 
 #[test]
