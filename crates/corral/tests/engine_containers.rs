@@ -370,8 +370,34 @@ curl -sS -m 10 http://{ok}:8000/
 curl -sS -m 10 -o /dev/null -w 'denied-status=%{{http_code}}\n' http://{no}:8000/
 curl -sS -m 5 --noproxy '*' http://{ok}:8000/ 2>/dev/null && echo DIRECT-REACHED || echo direct-blocked
 curl -sS -m 5 --noproxy '*' http://{no}:8000/ 2>/dev/null && echo DIRECT-REACHED || echo direct-blocked
+python3 - {dns_names} <<'PY'
+# Ask every resolver the container is given for each name, as a program ignoring the proxy
+# would (a DNS answer is also a way out: names carry data to whoever resolves them).
+import socket, struct, sys
+servers = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")]
+for name in sys.argv[1:]:
+    query = struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
+    query += b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0"
+    query += struct.pack(">HH", 1, 1)
+    answered = False
+    for ns in servers:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(2)
+        try:
+            s.sendto(query, (ns, 53))
+            answered |= struct.unpack(">H", s.recv(512)[6:8])[0] > 0
+        except OSError:
+            pass
+    print(("DNS-ANSWERED-" if answered else "no-dns-answer-") + name.split("-")[-1])
+PY
 "#,
-        secret = secret.display()
+        secret = secret.display(),
+        // podman's internal network has no resolver at all; docker's embedded one cannot be
+        // turned off and answers the internal network's container names (`proxy`), nothing else.
+        dns_names = match e {
+            Engine::Podman => format!("proxy {no}"),
+            Engine::Docker => no.clone(),
+        },
     );
     let out = w.corral(&[
         "run",
@@ -397,7 +423,11 @@ curl -sS -m 5 --noproxy '*' http://{no}:8000/ 2>/dev/null && echo DIRECT-REACHED
             "denied-status=403",
             "direct-blocked",
             "direct-blocked",
-        ],
+        ]
+        .into_iter()
+        .chain((e == Engine::Podman).then_some("no-dns-answer-proxy"))
+        .chain(["no-dns-answer-no"])
+        .collect::<Vec<_>>(),
         "{t}"
     );
     assert_eq!(
