@@ -127,6 +127,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         server.run(stop_signal()).await;
         Ok::<_, anyhow::Error>(())
     })?;
+    // The server is a child subreaper: what a command left behind (a command jail whose
+    // helper was killed, a process that left its group) ends here too, before the server
+    // exits and `corral run` checks the project.
+    corral_exec::end_children();
     Ok(ExitCode::SUCCESS)
 }
 
