@@ -87,8 +87,12 @@ enum Role {
     Commondir,
     /// A `.git` that is a file or a link: where git finds the repository.
     Gitlink,
-    /// A link where git expects a directory of a git directory (`hooks`, `modules`, a module).
+    /// A link where git expects a directory of a git directory (`hooks`, `modules`, a module,
+    /// `worktrees`, a worktree's administrative directory).
     Link,
+    /// `commondir` of a linked worktree's administrative directory (`worktrees/NAME/`): kept
+    /// when it leads back to the repository that holds that directory.
+    AdminCommondir,
 }
 
 /// The git files of a project at one time, and (before the run) its git directories.
@@ -97,6 +101,9 @@ struct Scan {
     files: HashMap<PathBuf, (Role, State)>,
     /// Canonical paths of the git directories found.
     gitdirs: HashSet<PathBuf>,
+    /// What the jail gets read-only ([`protect`]): the files and hooks directories found that
+    /// make git run a command or read another repository.
+    protect: Vec<PathBuf>,
 }
 
 impl Scan {
@@ -114,13 +121,64 @@ impl Scan {
         self.add(dir.join("config"), Role::Config);
         self.add(dir.join("config.worktree"), Role::Config);
         self.add(dir.join("commondir"), Role::Commondir);
+        for name in ["config", "config.worktree", "commondir"] {
+            self.protect_file(dir.join(name));
+        }
         let hooks = dir.join("hooks");
         match fs::symlink_metadata(&hooks) {
-            Ok(m) if m.is_dir() => self.hooks(&hooks, 0),
+            Ok(m) if m.is_dir() => {
+                self.protect.push(hooks.clone());
+                self.hooks(&hooks, 0)
+            }
             Ok(_) => self.add(hooks, Role::Link),
+            // Absent: an empty read-only placeholder, where corral can make one.
+            Err(_) if nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok() => {
+                self.protect.push(hooks)
+            }
             Err(_) => {}
         }
+        self.worktrees(dir);
         self.modules(&dir.join("modules"), depth);
+    }
+
+    /// Protect `path` when it is a regular file (a link there is left to the check after the
+    /// run: the jail refuses to bind through links below the project).
+    fn protect_file(&mut self, path: PathBuf) {
+        if fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+            self.protect.push(path);
+        }
+    }
+
+    /// `worktrees/NAME/` of a git directory: each linked worktree's administrative directory.
+    /// Its `commondir` names the repository whose config and hooks that worktree uses, and its
+    /// `config.worktree` adds config; its `gitdir` says where the worktree is (git reads it to
+    /// list, move, repair or prune worktrees, never for config or hooks). HEAD, index and logs
+    /// stay writable, so the jail can still commit in a linked worktree.
+    fn worktrees(&mut self, dir: &Path) {
+        let wt = dir.join("worktrees");
+        match fs::symlink_metadata(&wt) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return self.add(wt, Role::Link),
+            Err(_) => return,
+        }
+        let Ok(rd) = fs::read_dir(&wt) else { return };
+        for e in rd.flatten() {
+            let admin = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_symlink() => self.add(admin, Role::Link),
+                Ok(t) if t.is_dir() => {
+                    if let Ok(c) = admin.canonicalize() {
+                        self.gitdirs.insert(c);
+                    }
+                    self.add(admin.join("commondir"), Role::AdminCommondir);
+                    self.add(admin.join("config.worktree"), Role::Config);
+                    for name in ["commondir", "config.worktree", "gitdir"] {
+                        self.protect_file(admin.join(name));
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Every file under a hooks directory (git runs only its top level, but a link or
@@ -167,40 +225,83 @@ impl Scan {
     }
 }
 
-/// Every `.git` under `root` except `root/.git`, not entering any of them, links not followed.
-/// A plain walk on this thread that reads directory entries only (their type comes with the
-/// entry, so no `stat` per file): on a 100,000-file tree it costs about a third of the CPU of
-/// the `ignore` crate's walker (`raw_walker`), sequential or parallel (docs/BENCHMARKS.md). No
-/// limit on the number of entries: one would let the jail hide a repository behind enough
-/// files. An unreadable directory is skipped (git on the host cannot be made to use a
-/// repository the user cannot read).
-fn find_dot_git(root: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
+/// What the walk of a project finds: every `.git` entry below the root, and every directory
+/// that git itself takes for a (bare) git directory.
+#[derive(Default)]
+struct Found {
+    dot_git: Vec<PathBuf>,
+    /// Directories holding `HEAD`, `objects/` and `refs/`: git's discovery uses such a
+    /// directory as a bare repository when it is run in it or below, no `.git` needed (unless
+    /// the user's git has `safe.bareRepository=explicit`).
+    bare: Vec<PathBuf>,
+}
+
+/// Every `.git` under `root` except `root/.git`, and every directory shaped like a bare
+/// repository, not entering any of them, links not followed. A plain walk on this thread that
+/// reads directory entries only (their type comes with the entry, so no `stat` per file): on a
+/// 100,000-file tree it costs about a third of the CPU of the `ignore` crate's walker
+/// (`raw_walker`), sequential or parallel (docs/BENCHMARKS.md). No limit on the number of
+/// entries: one would let the jail hide a repository behind enough files. An unreadable
+/// directory is skipped (git on the host cannot be made to use a repository the user cannot
+/// read).
+fn find_git_dirs(root: &Path) -> Found {
+    let mut found = Found::default();
     let mut stack = vec![root.to_path_buf()];
+    let mut subdirs = Vec::new();
     while let Some(dir) = stack.pop() {
         let Ok(rd) = fs::read_dir(&dir) else { continue };
+        let (mut head, mut objects, mut refs) = (false, false, false);
         for e in rd.flatten() {
-            if e.file_name() == ".git" {
+            let name = e.file_name();
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            if name == ".git" {
                 if dir != root {
-                    found.push(e.path());
+                    found.dot_git.push(e.path());
                 }
-            } else if e.file_type().is_ok_and(|t| t.is_dir()) {
-                stack.push(e.path());
+                continue;
+            }
+            match name.as_encoded_bytes() {
+                b"HEAD" => head = !is_dir,
+                b"objects" => objects = is_dir,
+                b"refs" => refs = is_dir,
+                _ => {}
+            }
+            if is_dir {
+                subdirs.push(e.path());
             }
         }
+        if head && objects && refs && dir != root {
+            found.bare.push(dir);
+            subdirs.clear();
+        } else {
+            stack.append(&mut subdirs);
+        }
     }
-    found.sort();
+    found.dot_git.sort();
+    found.bare.sort();
     found
 }
 
 fn scan(root: &Path) -> Scan {
     let mut s = Scan::default();
-    if let Ok(c) = root.join(".git").canonicalize() {
+    let own = root.join(".git");
+    if let Ok(c) = own.canonicalize() {
         s.gitdirs.insert(c);
     }
-    // The project's own config and hooks are protected read-only; its modules are not.
-    s.modules(&root.join(".git/modules"), 0);
-    for p in find_dot_git(root) {
+    // The project's own config and hooks are protected read-only (the default `protect`);
+    // its modules and linked worktrees' administrative directories are not.
+    if fs::symlink_metadata(&own).is_ok_and(|m| m.is_dir()) {
+        for name in ["config.worktree", "commondir"] {
+            s.protect_file(own.join(name));
+        }
+        s.worktrees(&own);
+    }
+    s.modules(&own.join("modules"), 0);
+    let found = find_git_dirs(root);
+    for dir in &found.bare {
+        s.gitdir(dir, 0);
+    }
+    for p in found.dot_git {
         match fs::symlink_metadata(&p) {
             Ok(m) if m.is_dir() => s.gitdir(&p, 0),
             Ok(_) => {
@@ -245,6 +346,24 @@ pub struct Snapshot {
     root: PathBuf,
     /// The other git directories (`None`: the project is not writable in the jail).
     nested: Option<Scan>,
+}
+
+/// `plan` with the dangerous parts of the git directories `snapshot` found read-only in the
+/// jail: in every git directory of the project other than its own `.git` (nested repositories,
+/// submodules' directories under `.git/modules`, directories shaped like bare repositories)
+/// `config`, `config.worktree`, `commondir` and `hooks/` (an absent one held by an empty
+/// placeholder); in every one, the project's own included, `config.worktree`, `commondir` and
+/// each linked worktree's `worktrees/NAME/{commondir,gitdir,config.worktree}`. Objects, refs,
+/// the index, HEAD and logs stay writable, so commits work. What exists only after the run
+/// started (a new repository, a new `commondir`) is the check's ([`check`]).
+pub fn protect(plan: &corral_policy::Plan, snapshot: &Snapshot) -> corral_policy::Plan {
+    let mut plan = plan.clone();
+    if let Some(scan) = &snapshot.nested {
+        plan.protected.extend(scan.protect.iter().cloned());
+        plan.protected.sort();
+        plan.protected.dedup();
+    }
+    plan
 }
 
 /// Take the snapshot: `nested` also scans every other git directory of the project (one walk
@@ -353,8 +472,26 @@ fn danger(path: &Path, role: Role, now: &State, gitdirs: &HashSet<PathBuf>) -> O
                 .into(),
         ),
         Role::Link => Some(
-            "a link where git expects a directory of a repository (its hooks or modules)".into(),
+            "a link where git expects a directory of a repository (its hooks, modules or \
+             worktrees)"
+                .into(),
         ),
+        Role::AdminCommondir => {
+            // worktrees/NAME/commondir: git worktree add writes `../..`.
+            let home = path.parent()?.parent()?.parent()?.canonicalize().ok();
+            let to = match now {
+                State::File { bytes, .. } => String::from_utf8(bytes.clone())
+                    .ok()
+                    .map(|t| t.trim_end_matches(['\n', '\r']).to_string())
+                    .and_then(|t| path.parent()?.join(t).canonicalize().ok()),
+                _ => None,
+            };
+            (home.is_none() || to != home).then(|| {
+                "which would make git in that linked worktree read another repository's config \
+                 and hooks"
+                    .into()
+            })
+        }
         Role::Gitlink => {
             let ok = gitlink_target(path)
                 .and_then(|t| t.canonicalize().ok())
