@@ -333,3 +333,56 @@ fn an_executor_command_jail_leaves_no_policy_placeholder_behind() {
     let left = still_running(&tag);
     assert!(left.is_empty(), "left running after corral exited: {left}");
 }
+
+/// `corral doctor` says whether the user's git uses bare repositories it finds by itself, and
+/// how to stop it.
+#[test]
+fn doctor_says_whether_git_discovers_bare_repositories() {
+    let w = World::new();
+    let check = |w: &World| -> serde_json::Value {
+        let mut c = w.corral();
+        c.args(["doctor", "--json"]).env("GIT_CONFIG_NOSYSTEM", "1");
+        let out = run(c);
+        let json: serde_json::Value = serde_json::from_str(&out.stdout).expect("doctor --json");
+        json["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == "git_bare_repository")
+            .cloned()
+            .unwrap_or_else(|| panic!("no git_bare_repository check: {json}"))
+    };
+    let git = Command::new("git").arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&git.stdout).into_owned();
+    let before = check(&w);
+    write(
+        &w.home.join(".gitconfig"),
+        "[safe]\n\tbareRepository = explicit\n",
+    );
+    let after = check(&w);
+    let old_git = before["detail"]
+        .as_str()
+        .unwrap()
+        .contains("has no safe.bareRepository");
+    if old_git {
+        eprintln!("skipped in part: {version} predates safe.bareRepository");
+        assert_eq!(after["status"], "info", "{after}");
+        return;
+    }
+    assert_eq!(before["status"], "info", "{before}");
+    assert!(
+        before["fix"]
+            .as_str()
+            .unwrap()
+            .contains("git config --global safe.bareRepository explicit"),
+        "{before}"
+    );
+    assert!(
+        before["disables"]
+            .as_str()
+            .unwrap()
+            .contains("bare repository"),
+        "{before}"
+    );
+    assert_eq!(after["status"], "ok", "{after}");
+}

@@ -162,6 +162,8 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     let placeholders = jail.keep_placeholders();
     let exit = jail.wait();
     end_run(executor);
+    // No jail of the run binds them any more: the placeholders this run made go.
+    drop(placeholders);
     for line in crate::gitguard::check(git_guard, &jail_id) {
         eprintln!("corral: {line}");
         write(
@@ -209,8 +211,6 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         }
     }
     crate::changes::finish(baseline, &audit, &jail_id);
-    // No jail of the run binds them any more: the placeholders this run made go.
-    drop(placeholders);
     write(
         &audit,
         &jail_id,
