@@ -934,4 +934,65 @@ mod tests {
         // A second run that changes nothing moves nothing.
         assert!(check(snapshot(root, true), "j4").is_empty());
     }
+
+    #[test]
+    fn bare_repositories_and_worktree_admin_files_are_protected_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let w = |rel: &str, text: &str| {
+            let p = root.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(&p, text).unwrap();
+        };
+        let d = |rel: &str| fs::create_dir_all(root.join(rel)).unwrap();
+        w(".git/HEAD", "ref: refs/heads/main\n");
+        w(".git/worktrees/wt/commondir", "../..\n");
+        w(".git/worktrees/wt/gitdir", "/elsewhere/wt/.git\n");
+        w(".git/worktrees/wt/HEAD", "ref: refs/heads/wt\n");
+        // A bare repository in the project, and one inside a plain tree it must not enter.
+        w("lib.git/HEAD", "ref: refs/heads/main\n");
+        w("lib.git/config", "[core]\n\tbare = true\n");
+        d("lib.git/objects");
+        d("lib.git/refs/heads");
+        d("lib.git/hooks");
+        w("lib.git/objects/x/HEAD", "not a repository of its own\n");
+        d("lib.git/objects/x/objects");
+        d("lib.git/objects/x/refs");
+        d("plain/deeper");
+        let s = snapshot(root, true);
+        let mut protected = s.nested.as_ref().unwrap().protect.clone();
+        protected.sort();
+        let rel: Vec<String> = protected
+            .iter()
+            .map(|p| p.strip_prefix(root).unwrap().display().to_string())
+            .collect();
+        assert_eq!(
+            rel,
+            [
+                ".git/worktrees/wt/commondir",
+                ".git/worktrees/wt/gitdir",
+                "lib.git/config",
+                "lib.git/hooks",
+            ]
+        );
+        // The run: a worktree made and another re-pointed, a plain directory armed as a bare
+        // repository, a benign bare repository.
+        w(".git/worktrees/new/commondir", "../..\n");
+        w(".git/worktrees/wt/commondir", "/evil\n");
+        d("plain/objects");
+        d("plain/refs");
+        w("plain/HEAD", "ref: refs/heads/main\n");
+        w("plain/config", "[core]\n\tpager = touch x\n");
+        d("ok/objects");
+        d("ok/refs");
+        w("ok/HEAD", "ref: refs/heads/main\n");
+        w("ok/config", "[core]\n\tbare = true\n");
+        let msgs = check(s, "j5");
+        assert_eq!(msgs.len(), 2, "{msgs:#?}");
+        assert!(!root.join(".git/worktrees/wt/commondir").exists());
+        assert!(!root.join("plain/config").exists());
+        assert!(root.join(".git/worktrees/new/commondir").exists());
+        assert!(root.join("ok/config").exists());
+        assert!(msgs.iter().any(|m| m.contains("core.pager")), "{msgs:#?}");
+    }
 }
