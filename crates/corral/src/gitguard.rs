@@ -493,15 +493,36 @@ fn danger(path: &Path, role: Role, now: &State, gitdirs: &HashSet<PathBuf>) -> O
             })
         }
         Role::Gitlink => {
-            let ok = gitlink_target(path)
-                .and_then(|t| t.canonicalize().ok())
-                .is_some_and(|t| gitdirs.contains(&t));
+            let target = gitlink_target(path).and_then(|t| t.canonicalize().ok());
+            let ok = target.is_some_and(|t| gitdirs.contains(&t) || new_worktree_of(&t, gitdirs));
             (!ok).then(|| {
                 "a gitlink pointing git at a directory that was not a repository before the run"
                     .into()
             })
         }
     }
+}
+
+/// Whether `admin` is a linked worktree's administrative directory that `git worktree add`
+/// made in the run: `REPO/worktrees/NAME` of a repository that was there before, its
+/// `commondir` leading back to that repository (so git there uses that repository's protected
+/// config and hooks).
+fn new_worktree_of(admin: &Path, gitdirs: &HashSet<PathBuf>) -> bool {
+    let Some(repo) = admin
+        .parent()
+        .filter(|w| w.ends_with("worktrees"))
+        .and_then(Path::parent)
+    else {
+        return false;
+    };
+    if !gitdirs.contains(repo) {
+        return false;
+    }
+    let Ok(text) = fs::read_to_string(admin.join("commondir")) else {
+        return false;
+    };
+    let to = admin.join(text.trim_end_matches(['\n', '\r']));
+    to.canonicalize().is_ok_and(|c| c == repo)
 }
 
 /// Key names (the last part, lower case) that make git run a command, in any section.
@@ -978,6 +999,10 @@ mod tests {
         // The run: a worktree made and another re-pointed, a plain directory armed as a bare
         // repository, a benign bare repository.
         w(".git/worktrees/new/commondir", "../..\n");
+        w(
+            "new/.git",
+            &format!("gitdir: {}\n", root.join(".git/worktrees/new").display()),
+        );
         w(".git/worktrees/wt/commondir", "/evil\n");
         d("plain/objects");
         d("plain/refs");
@@ -992,6 +1017,7 @@ mod tests {
         assert!(!root.join(".git/worktrees/wt/commondir").exists());
         assert!(!root.join("plain/config").exists());
         assert!(root.join(".git/worktrees/new/commondir").exists());
+        assert!(root.join("new/.git").exists(), "{msgs:#?}");
         assert!(root.join("ok/config").exists());
         assert!(msgs.iter().any(|m| m.contains("core.pager")), "{msgs:#?}");
     }

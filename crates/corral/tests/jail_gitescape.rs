@@ -185,6 +185,8 @@ fn a_worktree_made_in_the_jail_and_repointed_is_disarmed() {
         "{}",
         out.both()
     );
+    // The worktree itself, made by `git worktree add` in the jail, is kept.
+    assert!(w.project.join("inner/.git").is_file(), "{}", out.both());
     let _ = host_git(&w, &w.project.join("inner"), &["status", "--short"]);
     assert!(!marker.exists(), "the host's git ran the jail's fsmonitor");
 }
