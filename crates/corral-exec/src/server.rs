@@ -535,7 +535,7 @@ async fn admit(
             request.command[0],
             st.cfg.allow.join(", ")
         );
-        audit_refusal(st, &request, &cwd_text, &reason);
+        policy_refusal(st, &request, &cwd_text, &reason);
         return Err(Refusal {
             status: StatusCode::FORBIDDEN,
             message: reason,
@@ -548,7 +548,7 @@ async fn admit(
              with executor.allow set a request may not set it (PATH, LD_*, shell start-up files, \
              interpreter and toolchain hooks: see the executor section of docs/ARCHITECTURE.md)"
         );
-        audit_refusal(st, &request, &cwd_text, &reason);
+        policy_refusal(st, &request, &cwd_text, &reason);
         return Err(Refusal {
             status: StatusCode::FORBIDDEN,
             message: reason,
@@ -875,6 +875,17 @@ fn audit_write(st: &State, ev: ExecEvent) {
         }
     }
 }
+
+/// A refusal by `executor.allow`: audited, and one line on the server's stderr,
+/// `corral serve: refused [COMMAND]: REASON` (`corral run` repeats these lines when the run
+/// ends).
+fn policy_refusal(st: &State, req: &ExecRequest, cwd: &str, reason: &str) {
+    eprintln!("{REFUSED_PREFIX}{:?}: {reason}", req.command);
+    audit_refusal(st, req, cwd, reason);
+}
+
+/// How [`policy_refusal`] lines start.
+pub const REFUSED_PREFIX: &str = "corral serve: refused ";
 
 fn audit_refusal(st: &State, req: &ExecRequest, cwd: &str, reason: &str) {
     audit_write(

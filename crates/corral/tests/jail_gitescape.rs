@@ -312,6 +312,15 @@ fn a_request_cannot_steer_the_executor_allowlist_with_its_environment() {
         out.both()
     );
     assert!(out.stdout.contains("allowed-still-runs"), "{}", out.both());
+    // The end-of-run report names both refusals and the rule.
+    assert_eq!(
+        out.stderr.matches("corral: the executor refused").count(),
+        2,
+        "{}",
+        out.both()
+    );
+    assert!(out.stderr.contains("sets PATH"), "{}", out.both());
+    assert!(out.stderr.contains("sets LD_PRELOAD"), "{}", out.both());
 }
 
 /// The project's absent `corral.toml` is held by a placeholder while the run's jails bind it;
