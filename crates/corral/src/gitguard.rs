@@ -104,6 +104,9 @@ struct Scan {
     /// What the jail gets read-only ([`protect`]): the files and hooks directories found that
     /// make git run a command or read another repository.
     protect: Vec<PathBuf>,
+    /// Each repository's git directory and the directory its relative `core.hooksPath` is
+    /// taken from (the work tree's top, or a bare repository itself).
+    repos: Vec<(PathBuf, PathBuf)>,
 }
 
 impl Scan {
@@ -295,15 +298,22 @@ fn scan(root: &Path) -> Scan {
             s.protect_file(own.join(name));
         }
         s.worktrees(&own);
+        s.repos.push((own.clone(), root.to_path_buf()));
     }
     s.modules(&own.join("modules"), 0);
     let found = find_git_dirs(root);
     for dir in &found.bare {
         s.gitdir(dir, 0);
+        s.repos.push((dir.clone(), dir.clone()));
     }
     for p in found.dot_git {
         match fs::symlink_metadata(&p) {
-            Ok(m) if m.is_dir() => s.gitdir(&p, 0),
+            Ok(m) if m.is_dir() => {
+                s.gitdir(&p, 0);
+                if let Some(base) = p.parent() {
+                    s.repos.push((p.clone(), base.to_path_buf()));
+                }
+            }
             Ok(_) => {
                 // A gitlink that was there before the run: its target is a git directory.
                 if let Some(t) = gitlink_target(&p)
@@ -368,7 +378,7 @@ pub fn protect(plan: &corral_policy::Plan, snapshot: &Snapshot) -> corral_policy
 
 /// Take the snapshot: `nested` also scans every other git directory of the project (one walk
 /// of its directory entries).
-pub fn snapshot(project_root: &Path, nested: bool) -> Snapshot {
+pub fn snapshot(project_root: &Path, nested: bool, home: &Path) -> Snapshot {
     Snapshot {
         fixed: WATCHED
             .iter()
@@ -379,8 +389,90 @@ pub fn snapshot(project_root: &Path, nested: bool) -> Snapshot {
             })
             .collect(),
         root: project_root.to_path_buf(),
-        nested: nested.then(|| scan(project_root)),
+        nested: nested.then(|| {
+            let mut s = scan(project_root);
+            hooks_paths(&mut s, project_root, home);
+            s
+        }),
     }
+}
+
+/// `core.hooksPath`: git runs hooks from that directory instead of `hooks/`. Inside the project
+/// it is usually a tracked directory (husky's `.husky/`, a `.githooks/`) that the jail could
+/// otherwise write, so each repository's (its own config's, else the user's global one's) is
+/// protected like `hooks/`, an absent one by a placeholder. Read from the files themselves
+/// (`config`, `~/.gitconfig`, `$XDG_CONFIG_HOME/git/config`), not through git: the system
+/// config and `include`d files are not followed.
+fn hooks_paths(s: &mut Scan, root: &Path, home: &Path) {
+    let xdg = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| home.join(".config"));
+    let global = [xdg.join("git/config"), home.join(".gitconfig")]
+        .iter()
+        .find_map(|f| hooks_path_of(f));
+    for (gitdir, base) in s.repos.clone() {
+        let Some(value) = hooks_path_of(&gitdir.join("config")).or_else(|| global.clone()) else {
+            continue;
+        };
+        let path = match value.strip_prefix("~/") {
+            Some(rest) => home.join(rest),
+            None => base.join(&value),
+        };
+        let path = lexical(&path);
+        if path.starts_with(root) && path != root && no_link_on_the_way(root, &path) {
+            s.protect.push(path);
+        }
+    }
+}
+
+/// The last `core.hooksPath` a config file sets.
+fn hooks_path_of(file: &Path) -> Option<String> {
+    let m = fs::metadata(file).ok()?;
+    if !m.is_file() || m.len() > READ_MAX {
+        return None;
+    }
+    let entries = parse_config(&fs::read(file).ok()?).ok()?;
+    entries
+        .into_iter()
+        .filter(|(sec, sub, key, _)| sec == "core" && sub.is_none() && key == "hookspath")
+        .filter_map(|(_, _, _, v)| v)
+        .filter(|v| !v.is_empty())
+        .last()
+}
+
+/// `path` with `.` and `..` resolved by name.
+fn lexical(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Whether no existing component of `path` below `root` is a link (the jail refuses to bind
+/// through one; such a layout is left unprotected rather than refusing the run).
+fn no_link_on_the_way(root: &Path, path: &Path) -> bool {
+    let Ok(rel) = path.strip_prefix(root) else {
+        return false;
+    };
+    let mut at = root.to_path_buf();
+    for c in rel.components() {
+        at.push(c);
+        match fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => return false,
+            Ok(_) => {}
+            Err(_) => return true,
+        }
+    }
+    true
 }
 
 fn aside_of(path: &Path, jail_id: &str) -> PathBuf {
@@ -769,7 +861,7 @@ mod tests {
         let git = dir.path().join(".git");
         fs::create_dir(&git).unwrap();
         fs::write(git.join("config.worktree"), "[core]\n").unwrap();
-        let s = snapshot(dir.path(), true);
+        let s = snapshot(dir.path(), true, Path::new("/nonexistent"));
         // Unchanged: kept. New: moved aside.
         fs::write(git.join("commondir"), "../evil\n").unwrap();
         let msgs = check(s, "j1");
@@ -781,7 +873,7 @@ mod tests {
         );
         assert!(git.join("config.worktree").exists());
         // Changed, and replaced by a link: moved aside too.
-        let s = snapshot(dir.path(), true);
+        let s = snapshot(dir.path(), true, Path::new("/nonexistent"));
         fs::remove_file(git.join("config.worktree")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", git.join("config.worktree")).unwrap();
         assert_eq!(check(s, "j2").len(), 1);
@@ -898,7 +990,7 @@ mod tests {
         w(".git/modules/a/b/HEAD", "ref: refs/heads/main\n");
         w(".git/modules/a/b/config", "[core]\n");
         w("a/b/.git", "gitdir: ../../.git/modules/a/b\n");
-        let s = snapshot(root, true);
+        let s = snapshot(root, true, Path::new("/nonexistent"));
         // Kept: a benign change, a new sample hook, a new benign repository, a gitlink to a
         // repository that was there.
         w(
@@ -953,7 +1045,7 @@ mod tests {
             assert!(root.join(rel).exists(), "{rel}: {msgs:#?}");
         }
         // A second run that changes nothing moves nothing.
-        assert!(check(snapshot(root, true), "j4").is_empty());
+        assert!(check(snapshot(root, true, Path::new("/nonexistent")), "j4").is_empty());
     }
 
     #[test]
@@ -972,7 +1064,10 @@ mod tests {
         w(".git/worktrees/wt/HEAD", "ref: refs/heads/wt\n");
         // A bare repository in the project, and one inside a plain tree it must not enter.
         w("lib.git/HEAD", "ref: refs/heads/main\n");
-        w("lib.git/config", "[core]\n\tbare = true\n");
+        w(
+            "lib.git/config",
+            "[core]\n\tbare = true\n\thooksPath = ../tools/./hooks\n",
+        );
         d("lib.git/objects");
         d("lib.git/refs/heads");
         d("lib.git/hooks");
@@ -980,7 +1075,7 @@ mod tests {
         d("lib.git/objects/x/objects");
         d("lib.git/objects/x/refs");
         d("plain/deeper");
-        let s = snapshot(root, true);
+        let s = snapshot(root, true, Path::new("/nonexistent"));
         let mut protected = s.nested.as_ref().unwrap().protect.clone();
         protected.sort();
         let rel: Vec<String> = protected
@@ -994,6 +1089,7 @@ mod tests {
                 ".git/worktrees/wt/gitdir",
                 "lib.git/config",
                 "lib.git/hooks",
+                "tools/hooks",
             ]
         );
         // The run: a worktree made and another re-pointed, a plain directory armed as a bare

@@ -172,7 +172,7 @@ fn a_worktree_made_in_the_jail_and_repointed_is_disarmed() {
     let marker = w.outside.join("fsmonitor-ran");
     let script = format!(
         "set -e; git clone -q --bare . evil; git config -f evil/config core.fsmonitor 'touch {m}'; \
-         git worktree add -q inner; \
+         git worktree add -q inner; git worktree add -q good; \
          printf '%s\\n' \"$PWD/evil\" > .git/worktrees/inner/commondir; echo END",
         m = marker.display()
     );
@@ -185,8 +185,14 @@ fn a_worktree_made_in_the_jail_and_repointed_is_disarmed() {
         "{}",
         out.both()
     );
-    // The worktree itself, made by `git worktree add` in the jail, is kept.
-    assert!(w.project.join("inner/.git").is_file(), "{}", out.both());
+    // A worktree made by `git worktree add` in the jail and left alone is kept.
+    assert!(w.project.join("good/.git").is_file(), "{}", out.both());
+    assert!(!out.stderr.contains("good/.git"), "{}", out.both());
+    ok(&host_git(
+        &w,
+        &w.project.join("good"),
+        &["status", "--short"],
+    ));
     let _ = host_git(&w, &w.project.join("inner"), &["status", "--short"]);
     assert!(!marker.exists(), "the host's git ran the jail's fsmonitor");
 }
@@ -396,4 +402,32 @@ fn doctor_says_whether_git_discovers_bare_repositories() {
         "{before}"
     );
     assert_eq!(after["status"], "ok", "{after}");
+}
+
+/// A repository whose hooks live in its work tree (`core.hooksPath = .githooks`, as husky
+/// sets up): the jail cannot rewrite the hook the user's next `git commit` runs.
+#[test]
+fn hooks_in_the_work_tree_named_by_core_hookspath_are_read_only() {
+    let w = World::new();
+    write(
+        &w.project.join(".githooks/pre-commit"),
+        "#!/bin/sh\nexit 0\n",
+    );
+    ok(&host_git(
+        &w,
+        &w.project,
+        &["config", "-f", ".git/config", "core.hooksPath", ".githooks"],
+    ));
+    let out = w.sh(
+        "none",
+        "printf '#!/bin/sh\\ntouch /tmp/x\\n' > .githooks/pre-commit && echo HOOK-WRITTEN; \
+         printf x > .githooks/post-checkout && echo HOOK-CREATED; echo END",
+    );
+    ran(&out, "END");
+    assert!(!out.stdout.contains("HOOK-WRITTEN"), "{}", out.both());
+    assert!(!out.stdout.contains("HOOK-CREATED"), "{}", out.both());
+    assert_eq!(
+        std::fs::read_to_string(w.project.join(".githooks/pre-commit")).unwrap(),
+        "#!/bin/sh\nexit 0\n"
+    );
 }

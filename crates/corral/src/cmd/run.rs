@@ -78,9 +78,10 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // directories of the project only when the jail can write it.
     let git_guard = {
         let root = plan.project.root.clone();
+        let home = plan.home.clone();
         let nested =
             !plan.project.scratch && plan.project.access == corral_policy::plan::Access::Rw;
-        std::thread::spawn(move || crate::gitguard::snapshot(&root, nested))
+        std::thread::spawn(move || crate::gitguard::snapshot(&root, nested, &home))
     };
     // The jail's cgroup (as root, or with delegation: a few directories and limit files) is
     // made on a thread of its own meanwhile; it needs only the id and the limits.
