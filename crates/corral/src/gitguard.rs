@@ -435,10 +435,9 @@ fn hooks_path_of(file: &Path) -> Option<String> {
     let entries = parse_config(&fs::read(file).ok()?).ok()?;
     entries
         .into_iter()
+        .rev()
         .filter(|(sec, sub, key, _)| sec == "core" && sub.is_none() && key == "hookspath")
-        .filter_map(|(_, _, _, v)| v)
-        .filter(|v| !v.is_empty())
-        .last()
+        .find_map(|(_, _, _, v)| v.filter(|v| !v.is_empty()))
 }
 
 /// `path` with `.` and `..` resolved by name.
