@@ -37,7 +37,8 @@ mod term;
 pub use error::JailError;
 pub use netns::{JailNet, PROXY_PORT, STUB_LO_ADDRESS, STUB_POOL, SocketFactory, capture_ports};
 pub use spawn::{
-    JailExit, PreparedJail, RunningJail, SpawnOptions, prepare, prepare_early, spawn, take_early,
+    JailExit, PlaceholderHold, PreparedJail, RunningJail, SpawnOptions, prepare, prepare_early,
+    spawn, take_early,
 };
 
 /// The first argument that makes the corral binary the jail's set-up process.

@@ -88,6 +88,15 @@ struct Sent {
     ok: bool,
 }
 
+/// The placeholders of a run's absent protected paths (the project's `corral.toml`, a
+/// `.git/hooks`), taken out of a [`RunningJail`] with [`RunningJail::keep_placeholders`] so they
+/// outlive its `wait`: other jails of the run (the executor's) bind them too, and a placeholder
+/// is removed only by the run that made it, only when no jail holds it. Dropping this removes
+/// those this run made.
+pub struct PlaceholderHold {
+    _held: Option<Placeholder>,
+}
+
 /// How a jail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JailExit {
@@ -505,6 +514,15 @@ impl RunningJail {
     /// its set-up process, for as long as the jail runs. `None` before `start` or when taken.
     pub fn take_socket_factory(&mut self) -> Option<netns::SocketFactory> {
         self.factory.take()
+    }
+
+    /// The placeholders this jail's start made (once), so the caller decides when they go:
+    /// after every other process of the run that binds them has ended. Without this they go
+    /// when `wait` returns.
+    pub fn keep_placeholders(&mut self) -> PlaceholderHold {
+        PlaceholderHold {
+            _held: self._placeholder.take(),
+        }
     }
 
     /// Relay terminal and signals until the jail exits; restores the terminal on every path.
