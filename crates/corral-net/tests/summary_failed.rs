@@ -17,11 +17,7 @@ fn allowed_destinations_that_fail_are_in_the_summary_with_their_reason() {
         .port();
     let h = start(
         rules(
-            &[
-                "unknown.test",
-                &format!("origin.test:{closed}"),
-                "allowed.test",
-            ],
+            &["unknown.test", &format!("origin.test:{closed}")],
             &["127.0.0.0/8"],
         ),
         ProxyConfig::default(),
