@@ -127,3 +127,22 @@ fn allow_of_an_address_lets_the_jail_reach_it_where_the_pattern_alone_does_not()
     assert!(!out.stderr.contains("corral: blocked"), "{}", out.stderr);
     assert!(!out.stderr.contains("corral: failed"), "{}", out.stderr);
 }
+
+/// `corral run -- yes | head -1`: the jailed command dies of SIGPIPE as it would outside (exit
+/// 128+13, no message), instead of inheriting the SIGPIPE corral ignores and printing "Broken
+/// pipe". Standard output is a pipe whose reader is gone before the jail starts.
+#[test]
+fn a_jailed_command_writing_to_a_closed_pipe_ends_quietly_as_outside() {
+    let w = World::new();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut c = w.corral();
+    c.args(["run", "--network", "none", "--", "yes"])
+        .stdin(std::process::Stdio::null())
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped());
+    let out = c.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 13), "{stderr}");
+    assert!(!stderr.contains("Broken pipe"), "{stderr}");
+}
