@@ -541,6 +541,21 @@ fn an_address_gets_one_answer_private_or_public() {
          the API\nallow_cidrs = [\"203.0.113.7/32\", \"fd00::1/128\", \"10.9.0.0/16\"]\n\
          deny = [\"10.1.2.3\"]\n"
     );
+    // A range that is not there: said, and nothing changes.
+    let before = std::fs::read_to_string(&file).unwrap();
+    let r = w.run(&["deny", "10.77.0.0/16"]);
+    assert_eq!(
+        (r.code, r.stdout),
+        (
+            0,
+            format!(
+                "network.allow_cidrs in {f} does not have \"10.77.0.0/16\": nothing to take out \
+                 (loopback, private and link-local addresses are refused unless listed there; \
+                 deny a public host by name)\n"
+            )
+        )
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), before);
 }
 
 #[test]

@@ -166,6 +166,13 @@ fn report(file: &Path, outcomes: &[Outcome], created: bool) -> anyhow::Result<()
             outln!("{verb} {shown}: {list} += {:?}", o.pattern)?;
         } else if o.present {
             outln!("{list} in {shown} already has {:?}", o.pattern)?;
+        } else if o.removed_from.is_none() {
+            outln!(
+                "{list} in {shown} does not have {:?}: nothing to take out (loopback, private \
+                 and link-local addresses are refused unless listed there; deny a public host by \
+                 name)",
+                o.pattern
+            )?;
         }
     }
     Ok(())
@@ -243,13 +250,25 @@ pub fn edit_targets(
                 Rule::Allow => (Some(CIDRS), None),
                 Rule::Deny => (None, Some(CIDRS)),
             };
+            let entry = cidr.to_string();
             let edit = Edit {
-                entry: &cidr.to_string(),
+                entry: &entry,
                 add_to,
                 remove_from,
                 same: &same,
             };
-            outcomes.extend(edit.apply(&mut doc, fresh)?);
+            match edit.apply(&mut doc, fresh)? {
+                Some(o) => outcomes.push(o),
+                // `corral deny 10.0.0.0/8` with nothing to take out: said, not silent.
+                None if t.pattern.is_none() => outcomes.push(Outcome {
+                    list: format!("network.{CIDRS}"),
+                    pattern: entry,
+                    added: false,
+                    present: false,
+                    removed_from: None,
+                }),
+                None => {}
+            }
         }
     }
     if !outcomes.iter().any(Outcome::changed) {
