@@ -116,19 +116,19 @@ pub struct JailOptions {
     /// Allow a destination (DOMAIN, *.DOMAIN, optionally :PORT); repeatable
     #[arg(long = "allow", value_name = "DOMAIN")]
     pub allow: Vec<String>,
-    /// Bind a host path read-write; repeatable
+    /// Bind a host path read-write (it must exist); repeatable
     #[arg(long = "rw", value_name = "PATH")]
     pub rw: Vec<PathBuf>,
-    /// Bind a host path read-only; repeatable
+    /// Bind a host path read-only (it must exist); repeatable
     #[arg(long = "ro", value_name = "PATH")]
     pub ro: Vec<PathBuf>,
     /// Pass a variable by name, or set NAME=VALUE; repeatable
     #[arg(long = "env", value_name = "NAME[=VALUE]")]
     pub env: Vec<String>,
-    /// Memory limit (e.g. 4g, 512m)
+    /// Memory limit, as docker writes it (4g, 4gb, 4GiB, 512m; at least 6m)
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<String>,
-    /// CPU limit (e.g. 2, 0.5)
+    /// CPU limit (e.g. 2, 0.5; at most this machine's CPUs)
     #[arg(long, value_name = "N")]
     pub cpus: Option<f64>,
     /// Process limit
