@@ -146,3 +146,25 @@ fn a_jailed_command_writing_to_a_closed_pipe_ends_quietly_as_outside() {
     assert_eq!(out.status.code(), Some(128 + 13), "{stderr}");
     assert!(!stderr.contains("Broken pipe"), "{stderr}");
 }
+
+/// The smallest memory limit corral accepts starts a jail and a command in it (as root with a
+/// cgroup; unprivileged, through the world's best-effort fallback).
+#[test]
+fn the_memory_floor_starts_a_jail() {
+    let w = World::new();
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--memory",
+        "6m",
+        "--",
+        "sh",
+        "-c",
+        "echo END",
+    ]);
+    let out = run(c);
+    assert_eq!(out.code, 0, "{}", out.both());
+    ran(&out, "END");
+}
