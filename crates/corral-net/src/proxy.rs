@@ -73,10 +73,56 @@ impl Blocked {
             self.method, self.target, self.count, self.rule, self.fix
         )
     }
+
+    /// An allowed destination that could not be reached:
+    /// `corral: failed CONNECT x.org:443 ×2 (cannot resolve x.org: ...)`.
+    pub fn failed_line(&self) -> String {
+        format!(
+            "corral: failed {} {} ×{} ({})",
+            self.method, self.target, self.count, self.rule
+        )
+    }
 }
 
 /// (method, target, rule) -> (fix, count).
 type BlockedMap = BTreeMap<(String, String, String), (String, u64)>;
+
+/// A summary map's lines, most frequent first.
+fn summary_of(map: &Mutex<BlockedMap>) -> Vec<Blocked> {
+    let map = map.lock().unwrap_or_else(|e| e.into_inner());
+    let mut out: Vec<Blocked> = map
+        .iter()
+        .map(|((method, target, rule), (fix, count))| Blocked {
+            method: method.clone(),
+            target: target.clone(),
+            rule: rule.clone(),
+            fix: fix.clone(),
+            count: *count,
+        })
+        .collect();
+    out.sort_by_key(|b| std::cmp::Reverse(b.count));
+    out
+}
+
+/// Count `[method, target, rule, fix]` into a summary map. The jail chooses the destinations
+/// (random names, for one), so the distinct ones kept are bounded ([`BLOCKED_KEPT`]); the rest
+/// share one line (`more than N distinct ones {what}`, `see them all with: {command}`), and
+/// the audit log still has every one.
+fn tally(map: &mut BlockedMap, line: [&str; 4], [what, command]: [&str; 2]) {
+    let [method, target, rule, fix] = line;
+    let mut key = (method.to_string(), target.to_string(), rule.to_string());
+    let mut fix = fix.to_string();
+    if map.len() >= BLOCKED_KEPT && !map.contains_key(&key) {
+        key = (
+            "...".into(),
+            "other destinations".into(),
+            format!("more than {BLOCKED_KEPT} distinct ones {what}"),
+        );
+        fix = format!("see them all with: {command}");
+    }
+    let e = map.entry(key).or_insert_with(|| (fix, 0));
+    e.1 += 1;
+}
 
 /// Distinct blocked destinations the end-of-run summary keeps apart (corral's memory must not
 /// grow with what the jail tries); the rest share one line.
@@ -91,6 +137,8 @@ pub struct Proxy {
     config: ProxyConfig,
     slots: Arc<Semaphore>,
     blocked: Mutex<BlockedMap>,
+    /// Allowed requests that could not be served (resolution, connection), for the summary.
+    failed: Mutex<BlockedMap>,
     /// Client connections finished so far (the memory trimmer looks at it).
     closed: AtomicU64,
     /// Whether the memory trimmer runs (started by the first `serve`).
@@ -641,6 +689,7 @@ impl Proxy {
             slots: Arc::new(Semaphore::new(config.max_connections)),
             config,
             blocked: Mutex::new(BTreeMap::new()),
+            failed: Mutex::new(BTreeMap::new()),
             closed: AtomicU64::new(0),
             trimming: AtomicBool::new(false),
             gateway: None,
@@ -687,19 +736,23 @@ impl Proxy {
 
     /// Blocked destinations so far, for the end-of-run summary (most frequent first).
     pub fn blocked_summary(&self) -> Vec<Blocked> {
-        let map = self.blocked.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<Blocked> = map
-            .iter()
-            .map(|((method, target, rule), (fix, count))| Blocked {
-                method: method.clone(),
-                target: target.clone(),
-                rule: rule.clone(),
-                fix: fix.clone(),
-                count: *count,
-            })
-            .collect();
-        out.sort_by_key(|b| std::cmp::Reverse(b.count));
-        out
+        summary_of(&self.blocked)
+    }
+
+    /// Allowed destinations that could not be reached so far, with the reason (most frequent
+    /// first): the jail saw them fail, and only corral knows why.
+    pub fn failed_summary(&self) -> Vec<Blocked> {
+        summary_of(&self.failed)
+    }
+
+    /// Count one allowed request that could not be served into [`Proxy::failed_summary`].
+    fn note_failed(&self, method: &str, target: &str, reason: &str) {
+        let mut map = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        tally(
+            &mut map,
+            [method, target, reason, ""],
+            ["failed", "corral log"],
+        );
     }
 
     fn log(&self, ev: NetEvent) {
@@ -747,18 +800,8 @@ impl Proxy {
     /// has every one.
     pub fn note_blocked(&self, method: &str, target: &str, rule: &str, fix: &str) {
         let mut map = self.blocked.lock().unwrap_or_else(|e| e.into_inner());
-        let mut key = (method.to_string(), target.to_string(), rule.to_string());
-        let mut fix = fix.to_string();
-        if map.len() >= BLOCKED_KEPT && !map.contains_key(&key) {
-            key = (
-                "...".into(),
-                "other destinations".into(),
-                format!("more than {BLOCKED_KEPT} distinct ones were blocked"),
-            );
-            fix = "see them all with: corral log --blocked".into();
-        }
-        let e = map.entry(key).or_insert_with(|| (fix, 0));
-        e.1 += 1;
+        let line = [method, target, rule, fix];
+        tally(&mut map, line, ["were blocked", "corral log --blocked"]);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1437,6 +1480,7 @@ impl Proxy {
                     Decision::Allow,
                     &format!("allowed, but {rule}"),
                 );
+                self.note_failed(method, &format!("{shown}:{port}"), &rule);
                 self.reply_and_close(
                     io,
                     status,
@@ -1845,6 +1889,7 @@ impl Proxy {
                     Decision::Allow,
                     &format!("allowed, but {rule}"),
                 );
+                self.note_failed("SOCKS5", &format!("{shown}:{port}"), &rule);
                 let _ = client.io.write_all(&reply(4)).await;
                 return None;
             }

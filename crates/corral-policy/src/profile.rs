@@ -99,9 +99,12 @@ pub fn profile(name: &str) -> Result<Profile, PolicyError> {
         .find(|(n, _)| *n == name)
         .map(|(_, t)| *t)
         .ok_or_else(|| {
+            let hint = crate::config::closest(name, names())
+                .map(|n| format!("did you mean {n:?}? "))
+                .unwrap_or_default();
             PolicyError::Invalid(format!(
-                "unknown profile {name:?}: expected one of {} (use `shell` with `-- CMD` for any \
-                 other command)",
+                "unknown profile {name:?}: {hint}expected one of {} (use `shell` with `-- CMD` \
+                 for any other command)",
                 names().join(", ")
             ))
         })?;
@@ -196,8 +199,15 @@ mod tests {
         let e = profile("pie").unwrap_err().to_string();
         assert_eq!(
             e,
-            "unknown profile \"pie\": expected one of pi, claude, codex, gemini, opencode, aider, \
-             shell (use `shell` with `-- CMD` for any other command)"
+            "unknown profile \"pie\": did you mean \"pi\"? expected one of pi, claude, codex, \
+             gemini, opencode, aider, shell (use `shell` with `-- CMD` for any other command)"
         );
+        let e = profile("claud").unwrap_err().to_string();
+        assert!(e.contains("did you mean \"claude\"?"), "{e}");
+        // Nothing close: no guess.
+        let e = profile("make").unwrap_err().to_string();
+        assert!(!e.contains("did you mean"), "{e}");
+        let e = profile("ls").unwrap_err().to_string();
+        assert!(!e.contains("did you mean"), "{e}");
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Component, Path, PathBuf};
 use ipnet::IpNet;
 
 use crate::config::{
-    EnvName, NetworkSection, PolicyFile, SecretSpec, Size, Spanned, load_policy, pattern_at,
+    EnvName, MemorySize, NetworkSection, PolicyFile, SecretSpec, Spanned, load_policy, pattern_at,
 };
 use crate::domain::DomainPattern;
 use crate::error::{PolicyError, line_col};
@@ -1376,8 +1376,27 @@ fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, PolicyError>
         };
         normalize(&p)
     };
-    l.read_write = f.rw.iter().map(|p| (abs(p), Loc::Flag("--rw"))).collect();
-    l.read_only = f.ro.iter().map(|p| (abs(p), Loc::Flag("--ro"))).collect();
+    // A path named on the command line must exist (a typo is not silently skipped); those of
+    // policy files stay optional (`~/.gitconfig` is not on every machine).
+    let named = |flag: &'static str, p: &PathBuf| {
+        let a = abs(p);
+        match std::fs::metadata(&a) {
+            Ok(_) => Ok((a, Loc::Flag(flag))),
+            Err(e) => Err(PolicyError::Invalid(format!(
+                "{flag} {}: cannot bind {}: {e}",
+                p.display(),
+                a.display()
+            ))),
+        }
+    };
+    l.read_write =
+        f.rw.iter()
+            .map(|p| named("--rw", p))
+            .collect::<Result<_, _>>()?;
+    l.read_only =
+        f.ro.iter()
+            .map(|p| named("--ro", p))
+            .collect::<Result<_, _>>()?;
     for e in &f.env {
         match e.split_once('=') {
             Some((k, v)) => {
@@ -1393,7 +1412,7 @@ fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, PolicyError>
     }
     if let Some(m) = &f.memory {
         l.memory = Some(
-            Size::parse(m)
+            MemorySize::parse(m)
                 .map_err(|e| PolicyError::Invalid(format!("--memory: {e}")))?
                 .0,
         );
@@ -1404,6 +1423,10 @@ fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, PolicyError>
         return Err(PolicyError::Invalid(format!(
             "--cpus {c}: expected a positive number such as 2 or 0.5"
         )));
+    }
+    if let Some(c) = f.cpus {
+        crate::config::check_cpus_here(c)
+            .map_err(|e| PolicyError::Invalid(format!("--cpus {c}: {e}")))?;
     }
     l.net.publish = f
         .publish

@@ -682,14 +682,14 @@ fn validation_errors_name_file_line_column_and_what_was_expected() {
              `run`, `filesystem`, `env`, `network`, `secrets`, `limits`, `executor`)",
         ),
         (
-            "[limits]\nmemory = \"4gb\"\n",
-            "2:10: invalid size \"4gb\": expected bytes (e.g. 1048576) or a number with one of \
-             the suffixes k, m, g, t (e.g. 512m, 4g, 1.5g)",
+            "[limits]\nmemory = \"4gx\"\n",
+            "2:10: invalid size \"4gx\": expected a number with one of the units b, k, m, g, t \
+             (e.g. 512m, 4g, 4gb, 4GiB, 1.5g)",
         ),
         (
-            "[executor]\ntimeout = \"10min\"\n",
-            "2:11: invalid duration \"10min\": expected a number with one of the units ms, s, \
-             m, h (e.g. 30s, 10m, 1h)",
+            "[executor]\ntimeout = \"10 parsecs\"\n",
+            "2:11: invalid duration \"10 parsecs\": expected a number with a unit (e.g. 30s, \
+             10m, 1h 30m, 250ms, 1.5h)",
         ),
         (
             "[network]\nallow = [\"ok.example.com\", \"exa*mple.com\"]\n",
@@ -713,8 +713,9 @@ fn validation_errors_name_file_line_column_and_what_was_expected() {
         ),
         (
             "profile = \"pie\"\n",
-            "1:11: unknown profile \"pie\": expected one of pi, claude, codex, gemini, opencode, \
-             aider, shell (use `shell` with `-- CMD` for any other command)",
+            "1:11: unknown profile \"pie\": did you mean \"pi\"? expected one of pi, claude, \
+             codex, gemini, opencode, aider, shell (use `shell` with `-- CMD` for any other \
+             command)",
         ),
         (
             "[filesystem]\nprotect = [\"../x\"]\n",
@@ -752,11 +753,11 @@ fn validation_errors_name_file_line_column_and_what_was_expected() {
 fn flag_errors_name_the_flag() {
     let f = fx();
     let mut req = f.req(None);
-    req.flags.memory = Some("4gb".into());
+    req.flags.memory = Some("4".into());
     assert_eq!(
         err(resolve(&req)),
-        "--memory: invalid size \"4gb\": expected bytes (e.g. 1048576) or a number with one of \
-         the suffixes k, m, g, t (e.g. 512m, 4g, 1.5g)"
+        "--memory: invalid size \"4\": a number alone is ambiguous; write its unit (e.g. 4g \
+         or 4m, or 4b for bytes)"
     );
     let mut req = f.req(None);
     req.flags.allow = vec!["a:99999".into()];

@@ -169,9 +169,9 @@ fn bad_policy_files_exit_125_with_file_line_column() {
             "did you mean `memory`?",
         ),
         (
-            "[limits]\nmemory = \"4gb\"\n",
+            "[limits]\nmemory = \"4gx\"\n",
             "2:10",
-            "invalid size \"4gb\"",
+            "invalid size \"4gx\"",
         ),
         (
             "[network]\nallow = [\"api.example.com\", \"evil.com:443.example.com\"]\n",

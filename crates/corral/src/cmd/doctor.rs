@@ -15,8 +15,8 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     report.checks.push(git_bare_repository());
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report).context("writing the report")?;
-        writeln!(out)?;
+        let json = serde_json::to_string_pretty(&report).context("cannot serialize the report")?;
+        writeln!(out, "{json}")?;
     } else {
         out.write_all(render(&report).as_bytes())?;
     }

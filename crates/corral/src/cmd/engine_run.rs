@@ -122,6 +122,18 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         },
     );
     let result = runner::run_with(plan, &ctx, &setup, wait_harness);
+    // The engine's own failure (125, or an error setting up) on a first run is usually the
+    // harness image not built yet, said in the engine's words (a failed pull of localhost/...):
+    // looked up only then, so a working run pays nothing for it.
+    let result = match result {
+        Ok(125) | Err(_) if !image_present(kind, plan) => Err(anyhow::anyhow!(
+            "the harness image {} is not in {kind}'s image store: build it with:  corral image \
+             build {} --engine {kind}",
+            corral_engine::argv::harness_image(plan),
+            plan.profile
+        )),
+        other => other.map_err(anyhow::Error::from),
+    };
     if let Some(src) = &ctx.skill_source {
         let _ = std::fs::remove_dir_all(src);
     }
@@ -151,6 +163,19 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             Err(e).with_context(|| format!("cannot run the jail with {kind}"))
         }
     }
+}
+
+/// Whether the plan's harness image is in the engine's store (`image inspect` answers for both
+/// podman and docker).
+fn image_present(kind: EngineKind, plan: &Plan) -> bool {
+    let image = corral_engine::argv::harness_image(plan);
+    std::process::Command::new(kind.program())
+        .args(["image", "inspect", &image])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// `corral init [PROFILE] --compose`, from the calling process's plan.

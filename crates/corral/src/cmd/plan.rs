@@ -77,7 +77,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     } else {
         human(&plan)
     };
-    print!("{out}");
+    out!("{out}")?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -358,7 +358,7 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
         "--timeout".into(),
         format!("{}ms", plan.executor.timeout_ms.max(1)).into(),
         "--max-output".into(),
-        plan.executor.max_output.max(1).to_string().into(),
+        format!("{}b", plan.executor.max_output.max(1)).into(),
         "--max-concurrent".into(),
         plan.executor.max_concurrent.max(1).to_string().into(),
         // The policy is already resolved into these flags and the jail plan.
