@@ -247,6 +247,12 @@ pub struct ProjectTrust {
 /// System directories bound read-only into every jail: the programs and libraries, and a
 /// curated /etc (identity, TLS roots, the dynamic loader's cache, alternatives, locale and
 /// terminal data). Entries missing on this host are skipped.
+///
+/// The curated /etc holds nothing secret: when corral runs as root the jail's uid 0 owns the
+/// host's root files, so a root-only file bound here would be readable. TLS comes as its public
+/// parts only (certificates, bundles, `openssl.cnf`), never `/etc/ssl` or `/etc/pki` whole,
+/// whose `private/` directories hold the host's private keys (Debian's
+/// `/etc/ssl/private`, RHEL's `/etc/pki/tls/private`).
 pub fn system_mounts() -> Vec<Mount> {
     const DIRS: &[&str] = &[
         "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
@@ -274,13 +280,22 @@ pub fn system_mounts() -> Vec<Mount> {
         "/etc/nsswitch.conf",
         "/etc/os-release",
         "/etc/passwd",
-        "/etc/pki",
+        "/etc/pki/ca-trust",
+        "/etc/pki/java",
+        "/etc/pki/tls/cert.pem",
+        "/etc/pki/tls/certs",
+        "/etc/pki/tls/ct_log_list.cnf",
+        "/etc/pki/tls/openssl.cnf",
         "/etc/profile",
         "/etc/profile.d",
         "/etc/protocols",
         "/etc/python3",
         "/etc/services",
-        "/etc/ssl",
+        "/etc/ssl/ca-bundle.pem",
+        "/etc/ssl/cert.pem",
+        "/etc/ssl/certs",
+        "/etc/ssl/ct_log_list.cnf",
+        "/etc/ssl/openssl.cnf",
         "/etc/terminfo",
         "/etc/timezone",
         "/etc/vim",
