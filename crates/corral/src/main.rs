@@ -5,6 +5,7 @@ mod changes;
 mod cli;
 mod cmd;
 mod gitguard;
+mod setid;
 
 use std::process::ExitCode;
 

@@ -128,6 +128,8 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     let git_guard = git_guard
         .join()
         .map_err(|_| anyhow::anyhow!("the git snapshot thread panicked"))?;
+    // Set-id files that appear where the jail can write from now on (setid.rs).
+    let set_id = crate::setid::watch(plan);
     let mut jail = match prepared.start(plan, &opts) {
         Ok(jail) => jail,
         Err(e) => {
@@ -155,6 +157,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         &jail_id,
     )?;
     let exit = jail.wait();
+    let set_id = crate::setid::check(set_id);
     for line in crate::gitguard::check(git_guard, &jail_id) {
         eprintln!("corral: {line}");
         write(
@@ -202,6 +205,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         }
     }
     crate::changes::finish(baseline, &audit, &jail_id);
+    crate::setid::report(set_id, &audit, &jail_id);
     write(
         &audit,
         &jail_id,
