@@ -183,6 +183,22 @@ pub struct SkillPlan {
     pub args: Vec<String>,
 }
 
+/// What the jail may do to the user's terminal beyond its own screen (`[terminal]`). corral's
+/// relay drops the escape sequences that act outside the screen (clipboard, files, fonts,
+/// keys, the window); this says which of them the user let through.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminalPlan {
+    /// `terminal.clipboard`: OSC 52 clipboard writes reach the user's terminal. Clipboard
+    /// reads never do.
+    pub clipboard: bool,
+}
+
+impl TerminalPlan {
+    pub fn is_default(&self) -> bool {
+        *self == TerminalPlan::default()
+    }
+}
+
 /// Everything one jail is, fully resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
@@ -214,6 +230,9 @@ pub struct Plan {
     pub limits: Limits,
     pub executor: ExecutorPlan,
     pub skill: Option<SkillPlan>,
+    /// What the jail may do to the user's terminal (`[terminal]`).
+    #[serde(default, skip_serializing_if = "TerminalPlan::is_default")]
+    pub terminal: TerminalPlan,
     /// Harness image for the container engines.
     pub image: Option<String>,
     /// The policy files layered into this plan, lowest precedence first.
@@ -388,6 +407,7 @@ impl Plan {
                 jail: None,
             },
             skill: None,
+            terminal: TerminalPlan::default(),
             image: None,
             sources: Vec::new(),
             project_grants: Vec::new(),
