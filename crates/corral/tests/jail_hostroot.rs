@@ -285,3 +285,97 @@ echo END
         out.both()
     );
 }
+
+/// What the jail prints, as the bytes that reach the user's terminal: corral runs with a pty of
+/// the test's as its stdout and stderr, and as its stdin too when `stdin_tty` (the jail then
+/// gets a pty of its own, relayed; otherwise stdin is closed and corral copies the jail's output
+/// pipes to the terminal).
+fn terminal_bytes(w: &World, extra: &[&str], script: &str, stdin_tty: bool) -> String {
+    let mut c = w.corral();
+    c.args(["run", "--network", "none"])
+        .args(extra)
+        .args(["--", "sh", "-c", script]);
+    let (mut master, slave, mut child) = if stdin_tty {
+        jail_support::under_pty(c, 24, 80)
+    } else {
+        let pty = jail_support::open_pty(24, 80);
+        let slave = std::fs::File::from(pty.slave);
+        c.stdin(std::process::Stdio::null())
+            .stdout(slave.try_clone().unwrap())
+            .stderr(slave.try_clone().unwrap());
+        let child = c.spawn().unwrap();
+        (std::fs::File::from(pty.master), slave, child)
+    };
+    let seen = jail_support::read_until(&mut master, "END-OF-OUTPUT", &mut child);
+    let _ = child.wait();
+    drop(slave);
+    seen
+}
+
+/// Escape sequences that act outside the screen: the clipboard (OSC 52, 7-bit and 8-bit, split
+/// across writes), a font change, an iTerm2 file, a kitty graphics file read, user-defined keys,
+/// a window move. A title and colours are screen-only and pass.
+const HOSTILE_OUTPUT: &str = r#"
+printf 'A\033]52;c;Q0xJUEJPQVJELUFUVEFDSw==\007B'
+printf 'C\033]5'; sleep 0.2; printf '2;c;Q0xJUEJPQVJELVNQTElU\033\\D'
+printf 'E\302\23552;c;Q0xJUEJPQVJELUMx\302\234F'
+printf 'G\033]50;FONT-ATTACK\007H\033]1337;File=name=eA==:RklMRS1BVFRBQ0s=\007I'
+printf 'J\033_Ga=T,t=f;R1JBUEhJQ1MtQVRUQUNL\033\\K\033P0;1|17/4b4559\033\\L\033[3;1;1tM'
+printf '\033]0;TITLE-PASSES\007\033[31mRED\033[0m\n'
+echo END-OF-OUTPUT
+"#;
+
+#[test]
+fn the_jails_output_cannot_reach_the_clipboard_or_other_host_facilities() {
+    let w = World::new();
+    for stdin_tty in [true, false] {
+        let seen = terminal_bytes(&w, &[], HOSTILE_OUTPUT, stdin_tty);
+        assert!(seen.contains("END-OF-OUTPUT"), "{seen:?}");
+        // The 8-bit OSC's introducer and terminator are dropped; what was between them is
+        // plain text then.
+        assert!(seen.contains("E52;c;Q0xJUEJPQVJELUMxF"), "{seen:?}");
+        for gone in [
+            "\x1b]52",
+            "Q0xJUEJPQVJELUFUVEFDSw",
+            "Q0xJUEJPQVJELVNQTElU",
+            "\u{9d}",
+            "\u{9c}",
+            "FONT-ATTACK",
+            "RklMRS1BVFRBQ0s",
+            "R1JBUEhJQ1M",
+            "\x1bP",
+            "4b4559",
+            "\x1b[3;1;1t",
+        ] {
+            assert!(
+                !seen.contains(gone),
+                "{gone:?} reached the terminal (stdin a terminal: {stdin_tty}): {seen:?}"
+            );
+        }
+        assert!(seen.contains("ABCD"), "{seen:?}");
+        assert!(seen.contains("\x1b]0;TITLE-PASSES\x07"), "{seen:?}");
+        assert!(seen.contains("\x1b[31mRED\x1b[0m"), "{seen:?}");
+    }
+}
+
+#[test]
+fn terminal_clipboard_in_the_policy_lets_clipboard_writes_through_but_not_reads() {
+    let w = World::new();
+    let policy = w.root.join("clipboard.toml");
+    write(&policy, "[terminal]\nclipboard = true\n");
+    let script = r#"
+printf 'A\033]52;c;Q0xJUC1XUklURQ==\007B\033]52;c;?\007C'
+echo END-OF-OUTPUT
+"#;
+    let policy_arg = policy.to_str().unwrap();
+    let seen = terminal_bytes(&w, &["--policy", policy_arg], script, true);
+    assert!(
+        seen.contains("A\x1b]52;c;Q0xJUC1XUklURQ==\x07B"),
+        "the clipboard write did not pass: {seen:?}"
+    );
+    assert!(seen.contains("BC"), "the clipboard read passed: {seen:?}");
+    // Without the key, the write is dropped too.
+    let seen = terminal_bytes(&w, &[], script, true);
+    assert!(seen.contains("ABC"), "{seen:?}");
+    assert!(!seen.contains("]52"), "{seen:?}");
+}
