@@ -1,10 +1,10 @@
 //! Set-user-ID and set-group-ID files a run left where the jail can write.
 //!
 //! Inside the native jail the seccomp filter refuses every mode with a set-id bit
-//! (`corral-sandbox/src/seccomp.rs`), and the jail's binds are nosuid. This is the check behind
-//! it: a set-id file in the project or a read-write bind would run as its owner (root, when
-//! corral runs as root) for whoever starts it on the host, whatever made it (an executor command
-//! on the host, a container run, a kernel that let one through). When the jail has ended, every
+//! (`corral-sandbox/src/seccomp.rs`), and the jail's binds are nosuid. This is the check for the
+//! writers that filter does not cover: a set-id file in the project or a read-write bind would
+//! run as its owner (root, when corral runs as root) for whoever starts it on the host, and an
+//! executor on the host or in a compose service can make one. When the jail has ended, every
 //! regular file there with S_ISUID or S_ISGID whose inode changed since the run started (ctime,
 //! which user space cannot set back) loses those bits, and the run's report names it. Set-id
 //! files older than the run are the user's own and are left alone.
@@ -19,7 +19,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use corral_policy::plan::{Access, MountKind, Plan};
+use corral_policy::plan::{Access, ExecutorTarget, MountKind, Plan};
 use nix::fcntl::{AT_FDCWD, OFlag, openat};
 use nix::sys::stat::{FileStat, Mode};
 
@@ -37,8 +37,20 @@ pub struct Watch {
 
 /// The directories a run could write on the host: the project (read-write, not `--scratch`,
 /// which is removed anyway) and every read-write bind. Call before the jail starts.
+///
+/// Only when some writer of the run is not under the jail's seccomp filter: an executor on the
+/// host or in a compose service. A run whose every process is filtered (the jail, and the
+/// executor's own jail, the default) cannot set the bits, and walks nothing: on a tree of
+/// 100,000 files the walk costs about what a `find -perm` of it costs (docs/BENCHMARKS.md).
 pub fn watch(plan: &Plan) -> Watch {
     let mut roots = Vec::new();
+    let unfiltered_writer = match plan.executor.target {
+        ExecutorTarget::Sandbox => false,
+        ExecutorTarget::Compose(_) | ExecutorTarget::Host => true,
+    };
+    if !unfiltered_writer {
+        return Watch { roots, since_ns: 0 };
+    }
     if plan.project.access == Access::Rw && !plan.project.scratch {
         roots.push(plan.project.root.clone());
     }
@@ -331,6 +343,37 @@ mod tests {
         assert_eq!(mode(&new), 0o711);
         assert_eq!(mode(&old), 0o4755);
         assert_eq!(mode(&plain), 0o755);
+    }
+
+    /// The walk's cost on a tree (docs/BENCHMARKS.md, "Set-id check"):
+    /// `CORRAL_SETID_BENCH=DIR cargo test -p corral --bin corral walk_cost -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn walk_cost() {
+        let dir = PathBuf::from(std::env::var_os("CORRAL_SETID_BENCH").expect("a directory"));
+        let cpu = || {
+            // SAFETY: getrusage fills the struct we pass.
+            let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+            let t = |v: libc::timeval| v.tv_sec as f64 * 1e3 + v.tv_usec as f64 / 1e3;
+            (t(u.ru_utime), t(u.ru_stime))
+        };
+        let mut times = Vec::new();
+        for _ in 0..20 {
+            let (u0, s0) = cpu();
+            let start = std::time::Instant::now();
+            let mut found = Vec::new();
+            scan_root(&dir, i128::MAX, &mut found).unwrap();
+            let (u1, s1) = cpu();
+            times.push((start.elapsed().as_secs_f64() * 1e3, u1 - u0, s1 - s0));
+        }
+        times.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (wall, user, sys) = times[10];
+        eprintln!(
+            "walk of {}: median {wall:.1} ms wall ({user:.1} ms user, {sys:.1} ms sys)",
+            dir.display()
+        );
     }
 
     #[test]
