@@ -31,6 +31,15 @@ pub struct PolicyFile {
     pub secrets: Option<BTreeMap<String, Spanned<SecretEntry>>>,
     pub limits: Option<LimitsSection>,
     pub executor: Option<ExecutorSection>,
+    pub terminal: Option<TerminalSection>,
+}
+
+/// `[terminal]`: what the jail may do to the user's terminal beyond its own screen.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSection {
+    /// Let OSC 52 clipboard writes through (default false).
+    pub clipboard: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

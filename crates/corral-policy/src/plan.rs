@@ -183,6 +183,22 @@ pub struct SkillPlan {
     pub args: Vec<String>,
 }
 
+/// What the jail may do to the user's terminal beyond its own screen (`[terminal]`). corral's
+/// relay drops the escape sequences that act outside the screen (clipboard, files, fonts,
+/// keys, the window); this says which of them the user let through.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminalPlan {
+    /// `terminal.clipboard`: OSC 52 clipboard writes reach the user's terminal. Clipboard
+    /// reads never do.
+    pub clipboard: bool,
+}
+
+impl TerminalPlan {
+    pub fn is_default(&self) -> bool {
+        *self == TerminalPlan::default()
+    }
+}
+
 /// Everything one jail is, fully resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
@@ -214,6 +230,9 @@ pub struct Plan {
     pub limits: Limits,
     pub executor: ExecutorPlan,
     pub skill: Option<SkillPlan>,
+    /// What the jail may do to the user's terminal (`[terminal]`).
+    #[serde(default, skip_serializing_if = "TerminalPlan::is_default")]
+    pub terminal: TerminalPlan,
     /// Harness image for the container engines.
     pub image: Option<String>,
     /// The policy files layered into this plan, lowest precedence first.
@@ -247,6 +266,12 @@ pub struct ProjectTrust {
 /// System directories bound read-only into every jail: the programs and libraries, and a
 /// curated /etc (identity, TLS roots, the dynamic loader's cache, alternatives, locale and
 /// terminal data). Entries missing on this host are skipped.
+///
+/// The curated /etc holds nothing secret: when corral runs as root the jail's uid 0 owns the
+/// host's root files, so a root-only file bound here would be readable. TLS comes as its public
+/// parts only (certificates, bundles, `openssl.cnf`), never `/etc/ssl` or `/etc/pki` whole,
+/// whose `private/` directories hold the host's private keys (Debian's
+/// `/etc/ssl/private`, RHEL's `/etc/pki/tls/private`).
 pub fn system_mounts() -> Vec<Mount> {
     const DIRS: &[&str] = &[
         "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
@@ -274,13 +299,22 @@ pub fn system_mounts() -> Vec<Mount> {
         "/etc/nsswitch.conf",
         "/etc/os-release",
         "/etc/passwd",
-        "/etc/pki",
+        "/etc/pki/ca-trust",
+        "/etc/pki/java",
+        "/etc/pki/tls/cert.pem",
+        "/etc/pki/tls/certs",
+        "/etc/pki/tls/ct_log_list.cnf",
+        "/etc/pki/tls/openssl.cnf",
         "/etc/profile",
         "/etc/profile.d",
         "/etc/protocols",
         "/etc/python3",
         "/etc/services",
-        "/etc/ssl",
+        "/etc/ssl/ca-bundle.pem",
+        "/etc/ssl/cert.pem",
+        "/etc/ssl/certs",
+        "/etc/ssl/ct_log_list.cnf",
+        "/etc/ssl/openssl.cnf",
         "/etc/terminfo",
         "/etc/timezone",
         "/etc/vim",
@@ -373,6 +407,7 @@ impl Plan {
                 jail: None,
             },
             skill: None,
+            terminal: TerminalPlan::default(),
             image: None,
             sources: Vec::new(),
             project_grants: Vec::new(),

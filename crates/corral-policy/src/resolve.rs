@@ -17,7 +17,7 @@ use crate::domain::DomainPattern;
 use crate::error::{PolicyError, line_col};
 use crate::plan::{
     Access, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind,
-    NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan, SkillPlan,
+    NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan, SkillPlan, TerminalPlan,
     system_mounts,
 };
 use crate::profile::Profile;
@@ -280,6 +280,7 @@ struct Layer {
     exec_read_only: Vec<(PathBuf, Loc)>,
     exec_read_write: Vec<(PathBuf, Loc)>,
     exec_net: NetLayer,
+    clipboard: Option<bool>,
 }
 
 impl Layer {
@@ -301,7 +302,8 @@ impl Layer {
             exec_allow,
             exec_timeout_ms,
             exec_max_output,
-            exec_max_concurrent
+            exec_max_concurrent,
+            clipboard
         );
         self.read_only.extend(o.read_only);
         self.read_write.extend(o.read_write);
@@ -597,6 +599,10 @@ fn check_project_bind(
     Ok(())
 }
 
+/// A project file's `terminal.clipboard = true`.
+const CLIPBOARD_GRANT: &str =
+    "terminal.clipboard lets the jail write to your clipboard (OSC 52 escape sequences)";
+
 /// The plain words of each grant a project file can make (shared by `Plan::project_grants` and
 /// the list that needs the user's trust, so both say the same).
 fn env_pass_text(name: &str) -> String {
@@ -764,6 +770,14 @@ fn file_layer(
             }
             l.secrets.insert(name, (spec, at));
         }
+    }
+    if let Some(c) = pf.terminal.and_then(|t| t.clipboard) {
+        if project && *c.get_ref() {
+            // At the key, as the trust list says it (one line in `corral plan`).
+            let at = key_loc(file, text, &["terminal", "clipboard"]);
+            grants.push(format!("{at}: {CLIPBOARD_GRANT}"));
+        }
+        l.clipboard = Some(c.into_inner());
     }
     if let Some(lim) = pf.limits {
         l.memory = lim.memory.map(|s| s.0);
@@ -1244,6 +1258,12 @@ fn trust_grants(
         if let Some(t) = text {
             out.push((at(keys), t));
         }
+    }
+    if project.clipboard == Some(true)
+        && with.clipboard == Some(true)
+        && without.clipboard != Some(true)
+    {
+        out.push((at(&["terminal", "clipboard"]), CLIPBOARD_GRANT.into()));
     }
     if project.enforce == Some(Enforce::BestEffort)
         && with.enforce == Some(Enforce::BestEffort)
@@ -2186,6 +2206,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
                     jail: None,
                 },
                 skill: None,
+                terminal: TerminalPlan::default(),
                 image: None,
                 sources: sources.clone(),
                 project_grants: Vec::new(),
@@ -2228,6 +2249,9 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
             jail: exec_jail,
         },
         skill,
+        terminal: TerminalPlan {
+            clipboard: m.clipboard.unwrap_or(false),
+        },
         image: m.image.clone(),
         sources,
         project_grants: grants,

@@ -215,6 +215,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
             jail: None,
         },
         skill: None,
+        terminal: Default::default(),
         image: None,
         sources: vec![],
         project_grants: vec![],
@@ -294,6 +295,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
             dir: PathBuf::from("/run/corral/skill"),
             args: vec!["--skill".into(), "/run/corral/skill".into()],
         }),
+        terminal: Default::default(),
         image: Some("localhost/corral-pi:latest".into()),
         sources: vec![],
         project_grants: vec![],
@@ -679,7 +681,8 @@ fn validation_errors_name_file_line_column_and_what_was_expected() {
         (
             "profil = \"pi\"\n",
             "1:1: unknown key `profil`: did you mean `profile`? (expected one of `profile`, \
-             `run`, `filesystem`, `env`, `network`, `secrets`, `limits`, `executor`)",
+             `run`, `filesystem`, `env`, `network`, `secrets`, `limits`, `executor`, \
+             `terminal`)",
         ),
         (
             "[limits]\nmemory = \"4gx\"\n",
@@ -1421,5 +1424,35 @@ fn network_dns_is_none_by_default_stub_on_request_and_only_with_the_proxy() {
             "{}:2:7: unknown variant `google`, expected `none` or `stub`",
             file.display()
         )
+    );
+}
+
+#[test]
+fn terminal_clipboard_reaches_the_plan_and_needs_trust_from_a_project() {
+    let f = fx();
+    // Off by default.
+    assert!(!resolve(&f.req(None)).unwrap().terminal.clipboard);
+    // A project file turning it on: a grant at its place, gated.
+    f.project_policy("[terminal]\nclipboard = true\n");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert!(plan.terminal.clipboard);
+    let d = f.root.join("corral.toml").display().to_string();
+    let grant = format!(
+        "{d}:2:1: terminal.clipboard lets the jail write to your clipboard (OSC 52 escape \
+         sequences)"
+    );
+    assert_eq!(gated(&plan), vec![grant.clone()]);
+    assert_eq!(plan.project_grants, vec![grant]);
+    // The user's own config: no trust needed from the project for the same setting.
+    f.user_policy("[terminal]\nclipboard = true\n");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert!(plan.terminal.clipboard);
+    assert_eq!(gated(&plan), Vec::<String>::new());
+    // A typo is a located error.
+    f.project_policy("[terminal]\nclipbaord = true\n");
+    let e = resolve(&f.req(None)).unwrap_err().to_string();
+    assert!(
+        e.contains("2:1: unknown key `clipbaord`: did you mean `clipboard`?"),
+        "{e}"
     );
 }

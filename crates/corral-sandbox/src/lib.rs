@@ -33,6 +33,7 @@ pub mod seccomp;
 mod sig;
 mod spawn;
 mod term;
+pub mod termfilter;
 
 pub use error::JailError;
 pub use netns::{JailNet, PROXY_PORT, STUB_LO_ADDRESS, STUB_POOL, SocketFactory, capture_ports};

@@ -507,11 +507,16 @@ pub fn check(snapshot: Snapshot, jail_id: &str) -> Vec<String> {
         if now == State::Absent || now == *before {
             continue;
         }
-        out.push(quarantine(
-            path,
-            jail_id,
-            "which would make your next git command read another repository's config and hooks",
-        ));
+        let what = match path.file_name().and_then(|n| n.to_str()) {
+            Some("config.worktree") => {
+                "a per-worktree config your next git command would read (it can name commands \
+                 git runs: core.fsmonitor, core.pager, core.hooksPath)"
+            }
+            _ => {
+                "which would make your next git command read another repository's config and hooks"
+            }
+        };
+        out.push(quarantine(path, jail_id, what));
     }
     let Some(before) = snapshot.nested else {
         return out;
@@ -875,8 +880,15 @@ mod tests {
         let s = snapshot(dir.path(), true, Path::new("/nonexistent"));
         fs::remove_file(git.join("config.worktree")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", git.join("config.worktree")).unwrap();
-        assert_eq!(check(s, "j2").len(), 1);
+        let msgs = check(s, "j2");
+        assert_eq!(msgs.len(), 1);
         assert!(fs::symlink_metadata(git.join("config.worktree")).is_err());
+        // Each message names the file it moved for what it is.
+        assert!(
+            msgs[0].contains("config.worktree, a per-worktree config"),
+            "{msgs:?}"
+        );
+        assert!(!msgs[0].contains("another repository"), "{msgs:?}");
     }
 
     fn bad(text: &str) -> Option<String> {

@@ -22,6 +22,7 @@ mod changes;
 mod cli;
 mod cmd;
 mod gitguard;
+mod setid;
 mod usage;
 
 use std::process::ExitCode;

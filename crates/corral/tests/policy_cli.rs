@@ -151,6 +151,9 @@ fn plan_prints_a_readable_summary() {
         format!("  {}", p.root.join("sub/.env").display()),
         "mode          proxy".to_string(),
         "limits        memory 4g, cpus 2, pids 1024, enforce strict".to_string(),
+        "terminal      escape sequences that act outside the screen are dropped; clipboard \
+         writes (OSC 52) dropped"
+            .to_string(),
         "executor      sandbox (a second jail)".to_string(),
     ] {
         assert!(text.contains(&want), "missing {want:?} in:\n{text}");

@@ -315,6 +315,16 @@ pub fn human(p: &Plan) -> String {
             Enforce::BestEffort => "best-effort",
         }
     );
+    let _ = writeln!(
+        o,
+        "terminal      escape sequences that act outside the screen are dropped; clipboard \
+         writes (OSC 52) {}",
+        if p.terminal.clipboard {
+            "pass (terminal.clipboard)"
+        } else {
+            "dropped"
+        }
+    );
     let e = &p.executor;
     let target = match &e.target {
         ExecutorTarget::Sandbox => "sandbox (a second jail)".to_string(),

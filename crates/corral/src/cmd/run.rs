@@ -134,6 +134,8 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             detail: serde_json::to_value(plan).unwrap_or_default(),
         },
     );
+    // Set-id files that appear where the jail can write from now on (setid.rs).
+    let set_id = crate::setid::watch(plan);
     let mut jail = match prepared.start(plan, &opts) {
         Ok(jail) => jail,
         Err(e) => {
@@ -165,6 +167,8 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     end_run(executor);
     // No jail of the run binds them any more: the placeholders this run made go.
     drop(placeholders);
+    // Nothing the run started can write any more: the checks see the final state.
+    let set_id = crate::setid::check(set_id);
     for line in crate::gitguard::check(git_guard, &jail_id) {
         eprintln!("corral: {line}");
         write(
@@ -212,6 +216,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         }
     }
     crate::changes::finish(baseline, &audit, &jail_id);
+    crate::setid::report(set_id, &audit, &jail_id);
     write(
         &audit,
         &jail_id,
