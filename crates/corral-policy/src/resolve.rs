@@ -17,7 +17,7 @@ use crate::domain::DomainPattern;
 use crate::error::{PolicyError, line_col};
 use crate::plan::{
     Access, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind,
-    NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan, SkillPlan,
+    GuardedFile, NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan, SkillPlan,
     system_mounts,
 };
 use crate::profile::Profile;
@@ -49,6 +49,9 @@ pub struct Flags {
     pub scratch: bool,
     /// The explicit opt-in for `executor.target = "host"` (`--allow-host-executor`).
     pub allow_host_executor: bool,
+    /// Let this run change the harness's code in its state directories (extensions, hooks,
+    /// plugins, MCP servers: the profile's `state_code` and `guard`), `--allow-harness-config`.
+    pub allow_harness_config: bool,
 }
 
 /// Everything `resolve` needs to know about the caller.
@@ -2150,6 +2153,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
                 mounts: exec_mounts,
                 masked: masked.clone(),
                 protected: protected.clone(),
+                guarded: Vec::new(),
                 env: exec_env,
                 network: exec_net,
                 secrets: Vec::new(),
@@ -2172,6 +2176,14 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         ExecutorTarget::Compose(_) | ExecutorTarget::Host => None,
     };
 
+    // The harness's code in its state directories: read-only, or its keys put back after the
+    // run, unless the user lets this run change it. The executor's jail has no state
+    // directories, so its plan needs none of it.
+    let (code_paths, guarded) = harness_code(&profile, &home, req.flags.allow_harness_config);
+    protected.extend(code_paths);
+    protected.sort();
+    protected.dedup();
+
     let skill = match (&profile.skill_args, custom_command) {
         (Some(args), false) => Some(SkillPlan {
             dir: PathBuf::from(SKILL_DIR),
@@ -2192,6 +2204,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         mounts,
         masked,
         protected,
+        guarded,
         env,
         network,
         secrets: secrets.into_values().collect(),
@@ -2218,6 +2231,30 @@ fn secret_plan(name: &str, spec: &SecretSpec) -> SecretPlan {
         from_env: spec.from_env.0.clone(),
         hosts: spec.hosts.clone(),
     }
+}
+
+/// The profile's code paths in its state directories (read-only in the jail) and its guarded
+/// configuration files, `~/` expanded; nothing when the run may change the harness's code.
+fn harness_code(profile: &Profile, home: &Path, writable: bool) -> (Vec<PathBuf>, Vec<GuardedFile>) {
+    if writable {
+        return (Vec::new(), Vec::new());
+    }
+    let paths = profile
+        .state_code
+        .iter()
+        .map(|c| PathBuf::from(expand_home_value(c, home)))
+        .collect();
+    let guarded = profile
+        .guard
+        .iter()
+        .map(|g| GuardedFile {
+            path: PathBuf::from(expand_home_value(&g.file, home)),
+            format: g.format,
+            keys: g.keys.clone(),
+            commands: g.commands.clone(),
+        })
+        .collect();
+    (paths, guarded)
 }
 
 /// Create the profile's state directories and files that do not exist yet (mode 0700 / 0600),

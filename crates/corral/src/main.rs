@@ -5,6 +5,7 @@ mod changes;
 mod cli;
 mod cmd;
 mod gitguard;
+mod stateguard;
 
 use std::process::ExitCode;
 

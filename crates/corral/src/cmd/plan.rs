@@ -56,6 +56,7 @@ pub fn flags(opts: &JailOptions) -> Flags {
         publish: opts.publish.clone(),
         scratch: opts.scratch,
         allow_host_executor: opts.allow_host_executor,
+        allow_harness_config: opts.allow_harness_config,
     }
 }
 

@@ -128,6 +128,8 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     let git_guard = git_guard
         .join()
         .map_err(|_| anyhow::anyhow!("the git snapshot thread panicked"))?;
+    // The harness's guarded configuration files (stateguard.rs), as they are before it starts.
+    let state_guard = crate::stateguard::snapshot(plan);
     let mut jail = match prepared.start(plan, &opts) {
         Ok(jail) => jail,
         Err(e) => {
@@ -155,7 +157,10 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         &jail_id,
     )?;
     let exit = jail.wait();
-    for line in crate::gitguard::check(git_guard, &jail_id) {
+    for line in crate::gitguard::check(git_guard, &jail_id)
+        .into_iter()
+        .chain(crate::stateguard::check(state_guard, &jail_id))
+    {
         eprintln!("corral: {line}");
         write(
             &audit,
