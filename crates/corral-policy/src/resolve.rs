@@ -16,8 +16,8 @@ use crate::config::{
 use crate::domain::DomainPattern;
 use crate::error::{PolicyError, line_col};
 use crate::plan::{
-    Access, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind,
-    GuardedFile, NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan, SkillPlan,
+    Access, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, Limits, Mount,
+    MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan, SkillPlan,
     system_mounts,
 };
 use crate::profile::Profile;
@@ -2235,7 +2235,11 @@ fn secret_plan(name: &str, spec: &SecretSpec) -> SecretPlan {
 
 /// The profile's code paths in its state directories (read-only in the jail) and its guarded
 /// configuration files, `~/` expanded; nothing when the run may change the harness's code.
-fn harness_code(profile: &Profile, home: &Path, writable: bool) -> (Vec<PathBuf>, Vec<GuardedFile>) {
+fn harness_code(
+    profile: &Profile,
+    home: &Path,
+    writable: bool,
+) -> (Vec<PathBuf>, Vec<GuardedFile>) {
     if writable {
         return (Vec::new(), Vec::new());
     }

@@ -145,7 +145,10 @@ fn check_one(t: Taken, jail_id: &str, keep: Option<&Path>) -> Option<String> {
         (_, Content::Other) => Verdict::Whole("it is no regular file any more".into()),
         (before, Content::Absent) => match code_changes(&t.file, before, &after) {
             Ok(keys) if keys.is_empty() => return None,
-            Ok(keys) => Verdict::Whole(format!("its code keys went with it ({})", shown_keys(&keys))),
+            Ok(keys) => Verdict::Whole(format!(
+                "its code keys went with it ({})",
+                shown_keys(&keys)
+            )),
             Err(why) => Verdict::Whole(why),
         },
         (before, Content::Bytes(now)) => match code_changes(&t.file, before, &after) {
@@ -168,7 +171,13 @@ enum Verdict {
 }
 
 /// Carry out a verdict and say what was done.
-fn apply(t: &Taken, after: Content, verdict: Verdict, jail_id: &str, keep: Option<&Path>) -> String {
+fn apply(
+    t: &Taken,
+    after: Content,
+    verdict: Verdict,
+    jail_id: &str,
+    keep: Option<&Path>,
+) -> String {
     let fix = "harness code a host run would load; to let a run change it: corral run \
                --allow-harness-config";
     let kept = match &after {
@@ -183,7 +192,10 @@ fn apply(t: &Taken, after: Content, verdict: Verdict, jail_id: &str, keep: Optio
             write_back(t, &Content::Bytes(fixed)),
         ),
         Verdict::Whole(why) => (
-            format!("put back {} as it was before the run ({why})", t.shown.display()),
+            format!(
+                "put back {} as it was before the run ({why})",
+                t.shown.display()
+            ),
             write_back(t, &t.before),
         ),
     };
@@ -199,7 +211,13 @@ fn apply(t: &Taken, after: Content, verdict: Verdict, jail_id: &str, keep: Optio
 
 fn shown_keys(keys: &[Vec<String>]) -> String {
     keys.iter()
-        .map(|k| if k.is_empty() { "the whole file".to_string() } else { k.join(".") })
+        .map(|k| {
+            if k.is_empty() {
+                "the whole file".to_string()
+            } else {
+                k.join(".")
+            }
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -208,7 +226,10 @@ fn shown_keys(keys: &[Vec<String>]) -> String {
 fn keep_copy(keep: Option<&Path>, shown: &Path, bytes: &[u8]) -> std::io::Result<String> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let dir = keep.ok_or_else(|| std::io::Error::other("no state directory (HOME unset)"))?;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
     let name: String = shown
         .to_string_lossy()
         .trim_start_matches('/')
@@ -335,7 +356,10 @@ fn object(v: Option<&Value>) -> Option<Option<&serde_json::Map<String, Value>>> 
 
 fn classify(g: &GuardedFile, path: &[String]) -> Class {
     let commands: Vec<Vec<&str>> = g.commands.iter().map(split).collect();
-    if commands.iter().any(|c| c.len() == path.len() && matches(c, path)) {
+    if commands
+        .iter()
+        .any(|c| c.len() == path.len() && matches(c, path))
+    {
         return Class::Command;
     }
     let below = |pats: &[Vec<&str>]| {
@@ -377,7 +401,10 @@ fn diff(
     if before == after {
         return;
     }
-    let is_command = |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| s.starts_with('!'));
+    let is_command = |v: Option<&Value>| {
+        v.and_then(Value::as_str)
+            .is_some_and(|s| s.starts_with('!'))
+    };
     match classify(g, path) {
         Class::Data => {}
         Class::Code => out.push(path.clone()),
@@ -392,12 +419,22 @@ fn diff(
                 out.push(path.clone());
                 return;
             };
-            let mut keys: Vec<&String> = b.iter().flat_map(|m| m.keys()).chain(a.iter().flat_map(|m| m.keys())).collect();
+            let mut keys: Vec<&String> = b
+                .iter()
+                .flat_map(|m| m.keys())
+                .chain(a.iter().flat_map(|m| m.keys()))
+                .collect();
             keys.sort();
             keys.dedup();
             for k in keys {
                 path.push(k.clone());
-                diff(g, b.and_then(|m| m.get(k)), a.and_then(|m| m.get(k)), path, out);
+                diff(
+                    g,
+                    b.and_then(|m| m.get(k)),
+                    a.and_then(|m| m.get(k)),
+                    path,
+                    out,
+                );
                 path.pop();
             }
         }
@@ -406,7 +443,12 @@ fn diff(
 
 /// `after` with the values at `keys` put back as they are in `before`; `None` when that
 /// cannot be done key by key (then the whole file is put back).
-fn repair(g: &GuardedFile, before: &Content, after: &[u8], keys: &[Vec<String>]) -> Option<Vec<u8>> {
+fn repair(
+    g: &GuardedFile,
+    before: &Content,
+    after: &[u8],
+    keys: &[Vec<String>],
+) -> Option<Vec<u8>> {
     if keys.iter().any(Vec::is_empty) {
         return None;
     }
@@ -452,7 +494,9 @@ fn json_set(v: &mut Value, path: &[String], value: Option<Value>) -> Option<()> 
     let mut at = v;
     for k in parents {
         let map = at.as_object_mut()?;
-        at = map.entry(k.clone()).or_insert_with(|| Value::Object(Default::default()));
+        at = map
+            .entry(k.clone())
+            .or_insert_with(|| Value::Object(Default::default()));
     }
     let map = at.as_object_mut()?;
     match value {
@@ -470,7 +514,11 @@ fn toml_get<'i>(item: &'i toml_edit::Item, path: &[String]) -> Option<&'i toml_e
     path.iter().try_fold(item, |i, k| i.as_table_like()?.get(k))
 }
 
-fn toml_set(item: &mut toml_edit::Item, path: &[String], value: Option<toml_edit::Item>) -> Option<()> {
+fn toml_set(
+    item: &mut toml_edit::Item,
+    path: &[String],
+    value: Option<toml_edit::Item>,
+) -> Option<()> {
     let (last, parents) = path.split_last()?;
     let mut at = item;
     for k in parents {
