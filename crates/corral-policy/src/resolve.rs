@@ -276,6 +276,8 @@ struct Layer {
     enforce: Option<Enforce>,
     exec_target: Option<(ExecutorTarget, Loc)>,
     exec_allow_host: bool,
+    /// The harness may change its code in its state directories (user config or flag only).
+    allow_harness_config: bool,
     exec_allow: Option<Vec<String>>,
     exec_timeout_ms: Option<u64>,
     exec_max_output: Option<u64>,
@@ -315,6 +317,7 @@ impl Layer {
         self.net.merge(o.net);
         self.secrets.extend(o.secrets);
         self.exec_allow_host |= o.exec_allow_host;
+        self.allow_harness_config |= o.allow_harness_config;
         self.exec_read_only.extend(o.exec_read_only);
         self.exec_read_write.extend(o.exec_read_write);
         self.exec_net.merge(o.exec_net);
@@ -701,6 +704,17 @@ fn file_layer(
     }
     if let Some(fs) = pf.filesystem {
         l.project_access = fs.project;
+        if let Some(a) = fs.allow_harness_config {
+            if project {
+                return Err(span_loc(file, text, &a).error(
+                    "filesystem.allow_harness_config may only be set in your user config \
+                     ($XDG_CONFIG_HOME/corral/config.toml) or with --allow-harness-config, never \
+                     in a project's policy file (the repository could be hostile)"
+                        .into(),
+                ));
+            }
+            l.allow_harness_config = *a.get_ref();
+        }
         for (list, out, rw, key) in [
             (
                 fs.read_only,
@@ -1355,6 +1369,7 @@ fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, PolicyError>
     let mut l = Layer {
         engine: f.engine,
         exec_allow_host: f.allow_host_executor,
+        allow_harness_config: f.allow_harness_config,
         cpus: f.cpus,
         pids: f.pids,
         enforce: f.enforce,
@@ -2179,7 +2194,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     // The harness's code in its state directories: read-only, or its keys put back after the
     // run, unless the user lets this run change it. The executor's jail has no state
     // directories, so its plan needs none of it.
-    let (code_paths, guarded) = harness_code(&profile, &home, req.flags.allow_harness_config);
+    let (code_paths, guarded) = harness_code(&profile, &home, m.allow_harness_config);
     protected.extend(code_paths);
     protected.sort();
     protected.dedup();

@@ -341,7 +341,7 @@ fn matches(pattern: &[&str], path: &[String]) -> bool {
     pattern.len() <= path.len() && pattern.iter().zip(path).all(|(p, k)| *p == "*" || p == k)
 }
 
-fn split(p: &String) -> Vec<&str> {
+fn split(p: &str) -> Vec<&str> {
     p.split('.').collect()
 }
 
@@ -355,7 +355,7 @@ fn object(v: Option<&Value>) -> Option<Option<&serde_json::Map<String, Value>>> 
 }
 
 fn classify(g: &GuardedFile, path: &[String]) -> Class {
-    let commands: Vec<Vec<&str>> = g.commands.iter().map(split).collect();
+    let commands: Vec<Vec<&str>> = g.commands.iter().map(|p| split(p)).collect();
     if commands
         .iter()
         .any(|c| c.len() == path.len() && matches(c, path))
@@ -368,7 +368,7 @@ fn classify(g: &GuardedFile, path: &[String]) -> Class {
     };
     match &g.keys {
         GuardedKeys::Code(code) => {
-            let code: Vec<Vec<&str>> = code.iter().map(split).collect();
+            let code: Vec<Vec<&str>> = code.iter().map(|p| split(p)).collect();
             if code.iter().any(|c| matches(c, path)) {
                 Class::Code
             } else if below(&code) || below(&commands) {
@@ -378,7 +378,7 @@ fn classify(g: &GuardedFile, path: &[String]) -> Class {
             }
         }
         GuardedKeys::AllBut(data) => {
-            let data: Vec<Vec<&str>> = data.iter().map(split).collect();
+            let data: Vec<Vec<&str>> = data.iter().map(|p| split(p)).collect();
             if data.iter().any(|d| matches(d, path)) {
                 Class::Data
             } else if below(&data) || below(&commands) {
