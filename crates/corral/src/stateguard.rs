@@ -47,8 +47,11 @@ struct Taken {
 enum Content {
     Absent,
     Bytes(Vec<u8>),
-    /// A link, a directory, a device, or too large: not read.
-    Other,
+    /// A link, a directory, a device, or too large: not read. What it is (a link's target,
+    /// otherwise its type, inode, size and change time), so that a replaced one is noticed.
+    Other(String),
+    /// A symbolic link, and where it points.
+    Link(PathBuf),
 }
 
 /// Record the guarded files of `plan` (before the jail starts). A file whose directory is not
@@ -96,6 +99,27 @@ fn host_location(plan: &Plan, path: &Path) -> Option<(PathBuf, OsString)> {
 
 /// Read `dir`/`name` without following a link at the name.
 fn read(dir: &OwnedFd, name: &OsString) -> Content {
+    use nix::sys::stat::{FileStat, fstatat};
+    let other = |st: Option<FileStat>| {
+        if let Ok(to) = nix::fcntl::readlinkat(dir, name.as_os_str()) {
+            return Content::Link(PathBuf::from(to));
+        }
+        let st = st.or_else(|| {
+            fstatat(
+                dir,
+                name.as_os_str(),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            )
+            .ok()
+        });
+        Content::Other(match st {
+            Some(st) => format!(
+                "mode {:o}, inode {}, {} bytes, changed {}.{}",
+                st.st_mode, st.st_ino, st.st_size, st.st_ctime, st.st_ctime_nsec
+            ),
+            None => "unreadable".into(),
+        })
+    };
     let fd = match openat(
         dir,
         name.as_os_str(),
@@ -104,13 +128,14 @@ fn read(dir: &OwnedFd, name: &OsString) -> Content {
     ) {
         Ok(fd) => fd,
         Err(nix::errno::Errno::ENOENT) => return Content::Absent,
-        Err(_) => return Content::Other,
+        Err(_) => return other(None),
     };
     match fstat(&fd) {
         Ok(st)
             if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG
                 && (st.st_size as u64) <= MAX_BYTES => {}
-        _ => return Content::Other,
+        Ok(st) => return other(Some(st)),
+        Err(_) => return other(None),
     }
     let mut bytes = Vec::new();
     match std::fs::File::from(fd)
@@ -118,7 +143,7 @@ fn read(dir: &OwnedFd, name: &OsString) -> Content {
         .read_to_end(&mut bytes)
     {
         Ok(_) if bytes.len() as u64 <= MAX_BYTES => Content::Bytes(bytes),
-        _ => Content::Other,
+        _ => other(None),
     }
 }
 
@@ -142,7 +167,8 @@ fn check_one(t: Taken, jail_id: &str, keep: Option<&Path>) -> Option<String> {
         return None;
     }
     let verdict = match (&t.before, &after) {
-        (_, Content::Other) => Verdict::Whole("it is no regular file any more".into()),
+        (_, Content::Other(what)) => Verdict::Whole(format!("it is {what} now")),
+        (_, Content::Link(to)) => Verdict::Whole(format!("it is a link to {} now", to.display())),
         (before, Content::Absent) => match code_changes(&t.file, before, &after) {
             Ok(keys) if keys.is_empty() => return None,
             Ok(keys) => Verdict::Whole(format!(
@@ -182,7 +208,7 @@ fn apply(
                --allow-harness-config";
     let kept = match &after {
         Content::Bytes(b) => keep_copy(keep, &t.shown, b),
-        Content::Other => move_aside(t, jail_id),
+        Content::Other(_) | Content::Link(_) => move_aside(t, jail_id),
         Content::Absent => Ok("the jail removed it".into()),
     };
     let kept = kept.unwrap_or_else(|e| format!("the jail's version could not be kept: {e}"));
@@ -271,10 +297,23 @@ fn write_back(t: &Taken, content: &Content) -> std::io::Result<()> {
                 Err(e) => Err(e.into()),
             };
         }
-        Content::Other => {
-            return Err(std::io::Error::other(
-                "it was no regular file before the run either",
-            ));
+        Content::Link(to) => {
+            // What the jail left there was kept already (a copy, or moved aside).
+            match nix::unistd::unlinkat(
+                &t.dir,
+                t.name.as_os_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            ) {
+                Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
+            return nix::unistd::symlinkat(to.as_path(), &t.dir, t.name.as_os_str())
+                .map_err(Into::into);
+        }
+        Content::Other(what) => {
+            return Err(std::io::Error::other(format!(
+                "it was {what} before the run, which corral does not recreate"
+            )));
         }
     };
     let fd = openat(
@@ -306,7 +345,8 @@ fn code_changes(
             Content::Bytes(b) => parse(g.format, b)
                 .map(Some)
                 .map_err(|e| format!("it could not be read {when} the run: {e}")),
-            Content::Other => Err(format!("it was no regular file {when} the run")),
+            Content::Other(what) => Err(format!("it was {what} {when} the run")),
+            Content::Link(to) => Err(format!("it was a link to {} {when} the run", to.display())),
         }
     };
     let b = parse(before, "before")?;
@@ -390,6 +430,19 @@ fn classify(g: &GuardedFile, path: &[String]) -> Class {
     }
 }
 
+/// An empty value (`{}`, `[]`, `false`, `null`, `""`) counts as absent: harnesses write such
+/// defaults for every new project (Claude Code's `"mcpServers": {}`, `"allowedTools": []`),
+/// and none of them runs anything.
+fn meaningful(v: Option<&Value>) -> Option<&Value> {
+    v.filter(|v| match v {
+        Value::Null | Value::Bool(false) => false,
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(m) => !m.is_empty(),
+        Value::Bool(true) | Value::Number(_) => true,
+    })
+}
+
 /// Collect in `out` the code key paths at or below `path` whose values differ.
 fn diff(
     g: &GuardedFile,
@@ -398,6 +451,7 @@ fn diff(
     path: &mut Vec<String>,
     out: &mut Vec<Vec<String>>,
 ) {
+    let (before, after) = (meaningful(before), meaningful(after));
     if before == after {
         return;
     }
@@ -455,7 +509,7 @@ fn repair(
     let before = match before {
         Content::Bytes(b) => Some(std::str::from_utf8(b).ok()?),
         Content::Absent => None,
-        Content::Other => return None,
+        Content::Other(_) | Content::Link(_) => return None,
     };
     let after = std::str::from_utf8(after).ok()?;
     match g.format {

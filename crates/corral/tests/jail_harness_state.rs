@@ -159,6 +159,50 @@ fn a_jailed_pi_cannot_make_its_settings_or_credentials_run_code() {
     assert!(!out.stderr.contains("put back"), "{}", out.stderr);
 }
 
+#[test]
+fn a_guarded_file_replaced_by_a_link_is_put_back_and_the_link_moved_aside() {
+    let w = World::new();
+    let agent = w.home.join(".pi/agent");
+    write(&agent.join("settings.json"), r#"{"defaultModel": "a"}"#);
+    // The jail writes its packages into a session file and points settings.json at it: a host
+    // pi following the link would install and load them.
+    let script = r#"
+        a="$HOME/.pi/agent"
+        mkdir -p "$a/sessions"
+        printf '%s' '{"packages": ["git:evil"]}' > "$a/sessions/evil.json"
+        rm "$a/settings.json" && ln -s sessions/evil.json "$a/settings.json" && echo LINKED
+        echo END"#;
+    let out = run_as(&w, "pi", &[], script);
+    ran(&out, "END");
+    assert!(out.stdout.contains("LINKED"), "{}", out.both());
+    let settings = agent.join("settings.json");
+    assert!(
+        !settings
+            .symlink_metadata()
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "settings.json is still the jail's link"
+    );
+    assert_eq!(read(&settings), r#"{"defaultModel": "a"}"#);
+    let aside = std::fs::read_dir(&agent)
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("settings.json.corral-quarantine-")
+        })
+        .expect("the link is moved aside");
+    assert!(aside.file_type().unwrap().is_symlink());
+    assert!(
+        out.stderr
+            .contains("it is a link to sessions/evil.json now"),
+        "{}",
+        out.stderr
+    );
+}
+
 /// Every file corral kept under its state directory's quarantine, with its text.
 fn kept_files(w: &World) -> Vec<(std::path::PathBuf, String)> {
     let mut out = Vec::new();

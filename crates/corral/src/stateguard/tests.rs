@@ -47,6 +47,22 @@ fn ordinary_state_writes_are_no_code_change() {
 }
 
 #[test]
+fn empty_defaults_for_a_new_project_are_no_code_change() {
+    let before = bytes(r#"{"numStartups": 1}"#);
+    let after = bytes(
+        r#"{"numStartups": 2, "mcpServers": {}, "projects": {"/p": {"allowedTools": [],
+            "mcpServers": {}, "enabledMcpjsonServers": [], "hasTrustDialogAccepted": false}}}"#,
+    );
+    assert_eq!(code_changes(&claude(), &before, &after), Ok(vec![]));
+    // Emptying the user's servers is a change.
+    let before = bytes(r#"{"mcpServers": {"mine": {"command": "m"}}}"#);
+    assert_eq!(
+        code_changes(&claude(), &before, &bytes(r#"{"mcpServers": {}}"#)),
+        Ok(keys(&["mcpServers"]))
+    );
+}
+
+#[test]
 fn mcp_servers_added_anywhere_are_code_changes() {
     let before = bytes(r#"{"numStartups": 1, "projects": {"/p": {"lastCost": 0}}}"#);
     let after = bytes(
