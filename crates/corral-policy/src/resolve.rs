@@ -16,9 +16,9 @@ use crate::config::{
 use crate::domain::DomainPattern;
 use crate::error::{PolicyError, line_col};
 use crate::plan::{
-    Access, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, Limits, Mount,
-    MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan, SkillPlan,
-    system_mounts,
+    Access, ConfigFormat, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, Limits,
+    Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan,
+    SkillPlan, system_mounts,
 };
 use crate::profile::Profile;
 
@@ -2258,12 +2258,12 @@ fn harness_code(
     if writable {
         return (Vec::new(), Vec::new());
     }
-    let paths = profile
+    let mut paths: Vec<PathBuf> = profile
         .state_code
         .iter()
         .map(|c| PathBuf::from(expand_home_value(c, home)))
         .collect();
-    let guarded = profile
+    let guarded: Vec<GuardedFile> = profile
         .guard
         .iter()
         .map(|g| GuardedFile {
@@ -2273,6 +2273,22 @@ fn harness_code(
             commands: g.commands.clone(),
         })
         .collect();
+    // Scripts those settings name in the state directories (a statusLine script) are code too.
+    let settings: Vec<(PathBuf, ConfigFormat)> = paths
+        .iter()
+        .filter_map(|p| match p.extension().and_then(|e| e.to_str()) {
+            Some("json") => Some((p.clone(), ConfigFormat::Json)),
+            Some("toml") => Some((p.clone(), ConfigFormat::Toml)),
+            _ => None,
+        })
+        .chain(guarded.iter().map(|g| (g.path.clone(), g.format)))
+        .collect();
+    let state_dirs: Vec<PathBuf> = profile
+        .state_dirs
+        .iter()
+        .map(|d| PathBuf::from(expand_home_value(d, home)))
+        .collect();
+    paths.extend(crate::harness::named_files(&settings, &state_dirs, home));
     (paths, guarded)
 }
 

@@ -285,6 +285,29 @@ fn a_jailed_claude_cannot_write_hooks_plugins_or_mcp_servers() {
 }
 
 #[test]
+fn a_script_that_claude_settings_name_cannot_be_rewritten_by_the_jail() {
+    let w = World::new();
+    let claude = w.home.join(".claude");
+    // What Claude Code's /statusline leaves: a script next to the settings that names it.
+    write(
+        &claude.join("settings.json"),
+        r#"{"statusLine": {"type": "command", "command": "bash ~/.claude/statusline-command.sh"}}"#,
+    );
+    write(&claude.join("statusline-command.sh"), "echo status\n");
+    let script = "echo 'touch /tmp/pwned' >> \"$HOME/.claude/statusline-command.sh\" && echo PLANTED; \
+                  echo note > \"$HOME/.claude/notes.txt\" && echo STATE-OK; echo END";
+    let out = run_as(&w, "claude", &[], script);
+    ran(&out, "END");
+    assert!(!out.stdout.contains("PLANTED"), "{}", out.both());
+    assert!(out.stdout.contains("STATE-OK"), "{}", out.both());
+    assert_eq!(read(&claude.join("statusline-command.sh")), "echo status\n");
+
+    let out = run_as(&w, "claude", &["--allow-harness-config"], script);
+    ran(&out, "END");
+    assert!(out.stdout.contains("PLANTED"), "{}", out.both());
+}
+
+#[test]
 fn an_absent_claude_settings_file_cannot_be_created_by_the_jail() {
     let w = World::new();
     std::fs::create_dir_all(w.home.join(".claude")).unwrap();
