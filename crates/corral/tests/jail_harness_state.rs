@@ -6,6 +6,7 @@
 //! the run ends, with a line saying so and how to allow it. Ordinary state writes still work.
 //! Each test has its control: the same run with `--allow-harness-config` plants the code.
 
+mod e2e_support;
 mod jail_support;
 
 use std::path::Path;
@@ -428,5 +429,105 @@ fn a_jailed_opencode_or_aider_cannot_change_their_configuration() {
             .join(".aider/oauth-keys.env")
             .symlink_metadata()
             .is_err()
+    );
+}
+
+/// The attack as reported, with the real pi: the model has pi's bash tool write an extension
+/// into pi's agent directory, which the next pi on the host would load. The write fails in the
+/// jail; the agent directory's ordinary state (the session) is still written.
+#[test]
+fn the_real_pi_cannot_plant_an_extension_for_the_host_pi() {
+    let Some(pi) = e2e_support::which("pi") else {
+        eprintln!(
+            "skipping: pi is not installed (npm install -g @mariozechner/pi-coding-agent; .ci/run does)"
+        );
+        return;
+    };
+    let Some(host) = e2e_support::loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    e2e_support::certs(&mdir, &host);
+    let plant = "mkdir -p ~/.pi/agent/extensions && printf '%s' 'export default function () { \
+                 require(\"fs\").writeFileSync(process.env.HOME + \"/PWNED\", \"x\") }' \
+                 > ~/.pi/agent/extensions/evil.ts; echo rc=$?";
+    let m = e2e_support::mock_model(
+        &mdir,
+        &serde_json::json!({
+            "steps": [{"tool": "bash", "arguments": {"command": plant}}],
+            "final": "planted"
+        }),
+    );
+    let port = m.port;
+    // The key through the gateway, as in jail_e2e_pi: the jail then trusts the run's CA, and
+    // the gateway verifies the mock with the test CA.
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [secrets]\nMOCK_API_KEY = {{ from_env = \"CALLER_MOCK_KEY\", hosts = [\"{host}\"] }}\n"
+        ),
+    );
+    w.trust_project(&[]);
+    write(
+        &w.home.join(".pi/agent/models.json"),
+        &serde_json::json!({"providers": {"mock": {
+            "baseUrl": format!("https://{host}:{port}/v1"),
+            "api": "openai-completions",
+            "apiKey": "MOCK_API_KEY",
+            "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+            "models": [{"id": "mock-1"}]
+        }}})
+        .to_string(),
+    );
+    let mut c = w.corral();
+    c.args(["run", "pi", "--network", "proxy", "--"])
+        .arg(&pi)
+        .args([
+            "-p",
+            "--provider",
+            "mock",
+            "--model",
+            "mock-1",
+            "Do the task.",
+        ])
+        .env(
+            "CALLER_MOCK_KEY",
+            "sk-test-0123456789abcdef0123456789abcdef",
+        )
+        .env("SSL_CERT_FILE", mdir.join("ca.pem"));
+    let out = run(c);
+    assert_eq!(out.code, 0, "corral run pi failed:\n{}", out.both());
+    assert!(out.stdout.contains("planted"), "{}", out.both());
+    let posts: Vec<_> = m
+        .requests()
+        .into_iter()
+        .filter(|r| r["method"] == "POST")
+        .collect();
+    let result = posts
+        .last()
+        .and_then(|r| r["tool_results"][0].as_str().map(str::to_string))
+        .unwrap_or_default();
+    assert!(
+        result.contains("Read-only file system") && !result.contains("rc=0"),
+        "the bash tool's result: {result}"
+    );
+    let ext = w.home.join(".pi/agent/extensions");
+    assert!(
+        !ext.join("evil.ts").exists(),
+        "the extension reached the host"
+    );
+    assert!(
+        ext.symlink_metadata().is_err(),
+        "the placeholder is removed after the run"
+    );
+    assert!(
+        e2e_support::walk(&w.home.join(".pi/agent/sessions"))
+            .iter()
+            .any(|f| f.extension().is_some_and(|x| x == "jsonl")),
+        "pi's session was not written"
     );
 }
