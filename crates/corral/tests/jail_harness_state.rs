@@ -244,6 +244,7 @@ fn a_jailed_claude_cannot_write_hooks_plugins_or_mcp_servers() {
         mkdir -p "$c/projects/p" && echo '{{}}' > "$c/projects/p/session.jsonl" && echo STATE-OK
         echo END"#,
         plant(&[
+            ".claude/settings.local.json",
             ".claude/hooks/session-start.sh",
             ".claude/plugins/evil/plugin.json",
             ".claude/commands/x.md",
@@ -257,7 +258,14 @@ fn a_jailed_claude_cannot_write_hooks_plugins_or_mcp_servers() {
     assert!(out.stdout.contains("WROTE-claude-json"), "{}", out.both());
     assert!(out.stdout.contains("STATE-OK"), "{}", out.both());
     assert_eq!(read(&claude.join("settings.json")), r#"{"model": "opus"}"#);
-    for p in ["hooks", "plugins", "commands", "agents", "skills"] {
+    for p in [
+        "settings.local.json",
+        "hooks",
+        "plugins",
+        "commands",
+        "agents",
+        "skills",
+    ] {
         assert!(
             claude.join(p).symlink_metadata().is_err(),
             "{p} exists on the host after the run"
