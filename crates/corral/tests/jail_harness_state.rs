@@ -539,3 +539,30 @@ fn the_real_pi_cannot_plant_an_extension_for_the_host_pi() {
         "pi's session was not written"
     );
 }
+
+/// A settings file that is a link (a dotfiles repository, or planted by an earlier run that
+/// was allowed to change it) is never followed into a read-only bind: the run is refused,
+/// naming it, and runs once the user allows the harness to change its code.
+#[test]
+fn a_linked_settings_file_refuses_the_run_unless_allowed() {
+    let w = World::new();
+    write(&w.root.join("dotfiles/claude-settings.json"), "{}");
+    std::fs::create_dir_all(w.home.join(".claude")).unwrap();
+    std::os::unix::fs::symlink(
+        w.root.join("dotfiles/claude-settings.json"),
+        w.home.join(".claude/settings.json"),
+    )
+    .unwrap();
+    let out = run_as(&w, "claude", &[], "echo END");
+    assert_eq!(out.code, 125, "{}", out.both());
+    assert!(
+        out.stderr.contains(&format!(
+            "{} is a symbolic link",
+            w.home.join(".claude/settings.json").display()
+        )),
+        "{}",
+        out.stderr
+    );
+    let out = run_as(&w, "claude", &["--allow-harness-config"], "echo END");
+    ran(&out, "END");
+}
