@@ -47,8 +47,8 @@ struct Taken {
 enum Content {
     Absent,
     Bytes(Vec<u8>),
-    /// A link, a directory, a device, or too large: not read. What it is (a link's target,
-    /// otherwise its type, inode, size and change time), so that a replaced one is noticed.
+    /// A directory, a device, a file too large: not read. What it is (its type, inode, size
+    /// and change time), so that a replaced or changed one is noticed.
     Other(String),
     /// A symbolic link, and where it points.
     Link(PathBuf),
