@@ -62,6 +62,8 @@ pub struct FilesystemSection {
     pub hide: Vec<Spanned<String>>,
     #[serde(default)]
     pub protect: Vec<Spanned<String>>,
+    /// Let the harness change its own code in its state directories (user config only).
+    pub allow_harness_config: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

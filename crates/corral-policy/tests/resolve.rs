@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use corral_policy::domain::DomainPattern;
 use corral_policy::plan::{
-    Access, Enforce, Engine, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind, NetworkMode,
-    NetworkPlan, Plan, ProjectPlan, SecretPlan, SkillPlan, system_mounts,
+    Access, ConfigFormat, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, GuardedKeys,
+    Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan, SecretPlan, SkillPlan,
+    system_mounts,
 };
 use corral_policy::{Flags, PolicyError, Request, resolve};
 use similar_asserts::assert_eq;
@@ -193,6 +194,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         mounts: exec_mounts,
         masked: masked.clone(),
         protected: protected.clone(),
+        guarded: vec![],
         env: basics.clone(),
         network: NetworkPlan {
             mode: NetworkMode::None,
@@ -243,6 +245,37 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
     );
     jail_env.insert("PI_OFFLINE".into(), "1".into());
 
+    // pi's code in its agent directory: read-only, and the keys of its settings put back.
+    let agent = home.join(".pi/agent");
+    let mut protected = protected;
+    protected.extend(["bin", "extensions", "git", "tools"].map(|d| agent.join(d)));
+    protected.sort();
+    let guard = |file: &str, keys: GuardedKeys, commands: &[&str]| GuardedFile {
+        path: agent.join(file),
+        format: ConfigFormat::Json,
+        keys,
+        commands: commands.iter().map(|c| c.to_string()).collect(),
+    };
+    let guarded = vec![
+        guard(
+            "settings.json",
+            GuardedKeys::Code(
+                [
+                    "packages",
+                    "extensions",
+                    "shellPath",
+                    "shellCommandPrefix",
+                    "npmCommand",
+                ]
+                .map(String::from)
+                .to_vec(),
+            ),
+            &[],
+        ),
+        guard("auth.json", GuardedKeys::Code(vec![]), &["*.key"]),
+        guard("models.json", GuardedKeys::AllBut(vec![]), &[]),
+    ];
+
     let expected = Plan {
         profile: "pi".into(),
         engine: Engine::Native,
@@ -255,6 +288,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         mounts,
         masked,
         protected,
+        guarded,
         env: jail_env,
         network: NetworkPlan {
             mode: NetworkMode::Proxy,
@@ -437,6 +471,59 @@ fn a_project_file_cannot_opt_in_to_an_unsandboxed_executor() {
              ($XDG_CONFIG_HOME/corral/config.toml) or with --allow-host-executor, never in a \
              project's policy file (the repository could be hostile)",
             file.display()
+        )
+    );
+}
+
+#[test]
+fn the_harness_code_is_read_only_unless_the_user_lets_the_run_change_it() {
+    let f = fx();
+    let claude = f.home.join(".claude");
+    let plan = resolve(&f.req(Some("claude"))).unwrap();
+    for p in [
+        "settings.json",
+        "hooks",
+        "plugins",
+        "commands",
+        "agents",
+        "skills",
+    ] {
+        assert!(
+            plan.protected.contains(&claude.join(p)),
+            "{p}: {:?}",
+            plan.protected
+        );
+    }
+    assert_eq!(
+        plan.guarded.iter().map(|g| &g.path).collect::<Vec<_>>(),
+        vec![&f.home.join(".claude.json")]
+    );
+    // The executor's jail has no state directories: none of it.
+    let exec = plan.executor.jail.as_ref().unwrap();
+    assert!(!exec.protected.iter().any(|p| p.starts_with(&claude)));
+    assert!(exec.guarded.is_empty());
+
+    let granted = |plan: &Plan| {
+        !plan.protected.iter().any(|p| p.starts_with(&claude)) && plan.guarded.is_empty()
+    };
+    let mut req = f.req(Some("claude"));
+    req.flags.allow_harness_config = true;
+    assert!(granted(&resolve(&req).unwrap()));
+    f.user_policy("[filesystem]\nallow_harness_config = true\n");
+    assert!(granted(&resolve(&f.req(Some("claude"))).unwrap()));
+}
+
+#[test]
+fn a_project_file_cannot_let_the_harness_change_its_code() {
+    let f = fx();
+    f.project_policy("profile = \"claude\"\n[filesystem]\nallow_harness_config = true\n");
+    assert_eq!(
+        err(resolve(&f.req(None))),
+        format!(
+            "{}:3:24: filesystem.allow_harness_config may only be set in your user config \
+             ($XDG_CONFIG_HOME/corral/config.toml) or with --allow-harness-config, never in a \
+             project's policy file (the repository could be hostile)",
+            f.root.join("corral.toml").display()
         )
     );
 }
@@ -950,7 +1037,16 @@ network = { mode = "proxy", allow = ["static.crates.io"] }
     assert!(!jail.env.contains_key("PI_OFFLINE"));
     assert_eq!(jail.env["HTTPS_PROXY"], PROXY);
     assert_eq!(jail.masked, plan.masked);
-    assert_eq!(jail.protected, plan.protected);
+    // The same protected paths, but for the harness's code: the executor's jail has no state
+    // directories.
+    let agent = f.home.join(".pi/agent");
+    let harness_side: Vec<_> = plan
+        .protected
+        .iter()
+        .filter(|p| !p.starts_with(&agent))
+        .cloned()
+        .collect();
+    assert_eq!(jail.protected, harness_side);
     // The harness's own jail does not get the executor's cache.
     assert!(
         !plan

@@ -147,6 +147,10 @@ pub struct JailOptions {
     /// Opt in to `executor.target = "host"` (commands run unsandboxed); a project's policy file cannot
     #[arg(long)]
     pub allow_host_executor: bool,
+    /// Let the harness change its own code in its state directories this run (extensions,
+    /// hooks, plugins, MCP servers, settings that name commands); a project's policy file cannot
+    #[arg(long)]
+    pub allow_harness_config: bool,
 }
 
 #[derive(Debug, Args)]

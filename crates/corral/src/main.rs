@@ -23,6 +23,7 @@ mod cli;
 mod cmd;
 mod gitguard;
 mod setid;
+mod stateguard;
 mod usage;
 
 use std::process::ExitCode;

@@ -95,13 +95,25 @@ fn plan_pi_json_in_a_fresh_git_project() {
         plan.masked,
         vec![p.root.join(".env"), p.root.join("sub/.env")]
     );
+    // The project's git files and policy, and pi's code in its agent directory.
+    let agent = p.home.join(".pi/agent");
+    let mut protected = vec![
+        p.root.join(".git/config"),
+        p.root.join(".git/hooks"),
+        p.root.join("corral.toml"),
+        agent.join("bin"),
+        agent.join("extensions"),
+        agent.join("git"),
+        agent.join("tools"),
+    ];
+    protected.sort();
+    assert_eq!(plan.protected, protected);
     assert_eq!(
-        plan.protected,
-        vec![
-            p.root.join(".git/config"),
-            p.root.join(".git/hooks"),
-            p.root.join("corral.toml"),
-        ]
+        plan.guarded
+            .iter()
+            .map(|g| g.path.clone())
+            .collect::<Vec<_>>(),
+        ["settings.json", "auth.json", "models.json"].map(|f| agent.join(f))
     );
     let names: Vec<&str> = plan.env.keys().map(String::as_str).collect();
     assert_eq!(

@@ -121,6 +121,9 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             detail: serde_json::json!({ "engine": kind.program(), "plan": plan }),
         },
     );
+    // The harness's guarded configuration files, put back after the container is gone
+    // (stateguard.rs), as after a native run.
+    let state_guard = crate::stateguard::snapshot(plan);
     let result = runner::run_with(plan, &ctx, &setup, wait_harness);
     // The engine's own failure (125, or an error setting up) on a first run is usually the
     // harness image not built yet, said in the engine's words (a failed pull of localhost/...):
@@ -134,6 +137,18 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         )),
         other => other.map_err(anyhow::Error::from),
     };
+    for line in crate::stateguard::check(state_guard, &jail_id) {
+        eprintln!("corral: {line}");
+        audit(
+            &log,
+            &jail_id,
+            JailEvent {
+                event: "quarantine".into(),
+                exit_code: None,
+                detail: serde_json::Value::String(line),
+            },
+        );
+    }
     if let Some(src) = &ctx.skill_source {
         let _ = std::fs::remove_dir_all(src);
     }

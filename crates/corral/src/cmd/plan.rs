@@ -56,6 +56,7 @@ pub fn flags(opts: &JailOptions) -> Flags {
         publish: opts.publish.clone(),
         scratch: opts.scratch,
         allow_host_executor: opts.allow_host_executor,
+        allow_harness_config: opts.allow_harness_config,
     }
 }
 
@@ -268,6 +269,32 @@ pub fn human(p: &Plan) -> String {
     let _ = writeln!(o, "\nprotected (read-only, cannot be created)");
     for m in &p.protected {
         let _ = writeln!(o, "  {}", m.display());
+    }
+    if !p.guarded.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nharness code keys (writable; put back after the run unless --allow-harness-config)"
+        );
+        for g in &p.guarded {
+            let keys = match &g.keys {
+                corral_policy::plan::GuardedKeys::Code(k) => k.join(", "),
+                corral_policy::plan::GuardedKeys::AllBut(k) if k.is_empty() => "every key".into(),
+                corral_policy::plan::GuardedKeys::AllBut(k) => {
+                    format!("every key but {}", k.join(", "))
+                }
+            };
+            let commands = if g.commands.is_empty() {
+                String::new()
+            } else {
+                format!("; \"!\" commands at {}", g.commands.join(", "))
+            };
+            let keys = if keys.is_empty() {
+                "-".to_string()
+            } else {
+                keys
+            };
+            let _ = writeln!(o, "  {}: {keys}{commands}", g.path.display());
+        }
     }
     let _ = writeln!(o, "\nenvironment (nothing else of yours enters)");
     for (k, v) in &p.env {

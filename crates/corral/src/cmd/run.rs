@@ -136,6 +136,8 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     );
     // Set-id files that appear where the jail can write from now on (setid.rs).
     let set_id = crate::setid::watch(plan);
+    // The harness's guarded configuration files (stateguard.rs), as they are before it starts.
+    let state_guard = crate::stateguard::snapshot(plan);
     let mut jail = match prepared.start(plan, &opts) {
         Ok(jail) => jail,
         Err(e) => {
@@ -169,7 +171,10 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     drop(placeholders);
     // Nothing the run started can write any more: the checks see the final state.
     let set_id = crate::setid::check(set_id);
-    for line in crate::gitguard::check(git_guard, &jail_id) {
+    for line in crate::gitguard::check(git_guard, &jail_id)
+        .into_iter()
+        .chain(crate::stateguard::check(state_guard, &jail_id))
+    {
         eprintln!("corral: {line}");
         write(
             &audit,
