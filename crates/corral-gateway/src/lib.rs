@@ -80,9 +80,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 pub use ca::{CA_VALIDITY, LEAF_VALIDITY};
+pub use corral_http1::io::Replacer;
 pub use corral_http1::io::Timeouts;
 pub use corral_http1::{Header, RequestHead};
 pub use placeholder::{placeholder_for, vendor_prefix};
+pub use serve::{identity_only, scrub_head, scrub_response_head};
 
 /// Request headers whose placeholder is replaced by the real value on a bound host
 /// (compared case-insensitively). `authorization` also gets `Basic` credentials decoded,

@@ -271,7 +271,7 @@ impl Gateway {
         }
         let report = self.rewrite_headers(&req.target, &mut req.headers, c.host, c.port, false);
         // Responses are scrubbed byte by byte: ask for them uncompressed.
-        set_header(&mut req.headers, "accept-encoding", b"identity");
+        identity_only(&mut req.headers);
         let upgrade = connection_tokens(&req.headers)
             .iter()
             .any(|t| t == "upgrade")
@@ -356,8 +356,8 @@ impl Gateway {
                 .ok_or_else(|| upstream_err("upstream closed before responding".into()))?;
             let mut r = parse_response_head(&head)
                 .map_err(|e| upstream_err(format!("response from upstream: {e}")))?;
-            scrub_head(&mut r, &scrub);
             if (100..200).contains(&r.status) && r.status != 101 {
+                scrub_head(&mut r, &scrub);
                 let b = r.to_bytes();
                 c.down
                     .io
@@ -375,6 +375,7 @@ impl Gateway {
                     "upstream switched protocols without an upgrade request".into(),
                 ));
             }
+            scrub_head(&mut resp, &scrub);
             let b = resp.to_bytes();
             c.down
                 .io
@@ -386,9 +387,7 @@ impl Gateway {
         }
         let framing = response_framing(&resp, &req.method.to_ascii_uppercase())
             .map_err(|e| upstream_err(format!("response framing from upstream: {e}")))?;
-        if framing != Framing::None && encoded(&resp) {
-            // Compressed bytes cannot be scrubbed; the request asked for `identity`.
-            let why = "the origin sent a compressed response although the gateway asked for identity; it cannot be checked for reflected credentials".to_string();
+        if let Err(why) = scrub_response_head(&mut resp, framing, &scrub) {
             c.up = None;
             return Err(self.refuse_request(c, Some(req), 502, why).await);
         }
@@ -415,8 +414,8 @@ impl Gateway {
     }
 
     /// Every real value, and every encoding of one the gateway produced, mapped back to what
-    /// the jail sent.
-    pub(crate) fn scrubber(&self) -> Replacer {
+    /// the jail sent: the replacer every answer from a secret-bound host goes through.
+    pub fn scrubber(&self) -> Replacer {
         let mut r = Replacer::default();
         for s in &self.inner.secrets {
             r.add(
@@ -443,6 +442,25 @@ fn relay_err(host: &str, source: std::io::Error) -> GatewayError {
     }
 }
 
+/// Ask for an uncompressed answer (`Accept-Encoding: identity`): compressed bytes cannot be
+/// scrubbed.
+pub fn identity_only(headers: &mut Vec<Header>) {
+    set_header(headers, "accept-encoding", b"identity");
+}
+
+/// Scrub an answer's head; refuse (the reason) a body that is compressed anyway.
+pub fn scrub_response_head(
+    resp: &mut ResponseHead,
+    framing: Framing,
+    scrub: &Replacer,
+) -> Result<(), String> {
+    if framing != Framing::None && encoded(resp) {
+        return Err("the origin sent a compressed response although the gateway asked for identity; it cannot be checked for reflected credentials".into());
+    }
+    scrub_head(resp, scrub);
+    Ok(())
+}
+
 fn set_header(headers: &mut Vec<Header>, name: &str, value: &[u8]) {
     headers.retain(|h| !h.name.eq_ignore_ascii_case(name));
     headers.push(Header {
@@ -461,7 +479,7 @@ fn encoded(resp: &ResponseHead) -> bool {
 }
 
 /// Replace real values in the status line and every header value.
-pub(crate) fn scrub_head(resp: &mut ResponseHead, scrub: &Replacer) {
+pub fn scrub_head(resp: &mut ResponseHead, scrub: &Replacer) {
     resp.reason = scrub.replace_all(&resp.reason);
     for h in &mut resp.headers {
         h.value = scrub.replace_all(&h.value);

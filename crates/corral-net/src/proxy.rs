@@ -1355,6 +1355,9 @@ impl Proxy {
         };
         let mut headers = req.headers.clone();
         let mut rewritten = None;
+        // Answers from a secret-bound host are scrubbed of every real value (and asked for
+        // uncompressed, so they can be).
+        let mut scrub = None;
         if let Some(gw) = &self.gateway {
             match gw.rewrite_plain_headers(&method, &path, &mut headers, &host, port, peer) {
                 Ok(report) => rewritten = Some((gw, report)),
@@ -1363,6 +1366,10 @@ impl Proxy {
                         .await;
                     return false;
                 }
+            }
+            if gw.binds(&host, port) {
+                corral_gateway::identity_only(&mut headers);
+                scrub = Some(gw.scrubber());
             }
         }
         let head = http::serialize_request(&method, &path, &host_header, &headers, req.framing);
@@ -1437,7 +1444,10 @@ impl Proxy {
                         )
                         .await;
                 }
-                Ok(r) if r.status < 200 => {
+                Ok(mut r) if r.status < 200 => {
+                    if let Some(s) = &scrub {
+                        corral_gateway::scrub_head(&mut r, s);
+                    }
                     if req.version == Version::Http11 {
                         let out = http::serialize_response(&r, Framing::None, false);
                         if client.io.write_all(&out).await.is_err() {
@@ -1473,14 +1483,31 @@ impl Proxy {
                     .await;
             }
         };
+        let mut resp = resp;
+        if let Some(s) = &scrub
+            && let Err(why) = corral_gateway::scrub_response_head(&mut resp, framing, s)
+        {
+            return self
+                .abandon(
+                    &mut client.io,
+                    peer,
+                    p,
+                    502,
+                    &format!("corral: response from {shown}: {why}\n"),
+                )
+                .await;
+        }
         let origin_close = framing == Framing::UntilClose
             || resp.version == Version::Http10
             || http::connection_tokens(&resp.headers)
                 .iter()
                 .any(|t| t == "close");
         let close = client_close || origin_close;
+        let keeps_length = scrub.as_ref().is_none_or(|s| s.preserves_length());
         let out_framing = match (framing, req.version) {
             (Framing::Chunked, Version::Http10) => Framing::UntilClose,
+            (Framing::Length(_), Version::Http11) if !keeps_length => Framing::Chunked,
+            (Framing::Length(_), Version::Http10) if !keeps_length => Framing::UntilClose,
             (f, _) => f,
         };
         let out = http::serialize_response(&resp, out_framing, close);
@@ -1492,7 +1519,7 @@ impl Proxy {
             &mut client.io,
             (framing, out_framing),
             t,
-            None,
+            scrub.as_mut(),
         )
         .await
         {

@@ -1,6 +1,7 @@
-//! SOCKS5 to a secret-bound host goes through the credential gateway, as a CONNECT does: the
-//! client's TLS is terminated with the run CA, the placeholder swapped, the origin gets the real
-//! value; never an opaque tunnel that would skip the gateway.
+//! The proxy's paths to a secret-bound host, attacked: SOCKS5 goes through the credential
+//! gateway as a CONNECT does (the client's TLS terminated with the run CA, the placeholder
+//! swapped), never an opaque tunnel that would skip it; a plain-HTTP origin that reflects the
+//! request gets its answer scrubbed, and TRACE with a credential is refused.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -227,4 +228,124 @@ fn b64_decode(s: &str) -> Vec<u8> {
         }
     }
     out
+}
+
+/// A plain-HTTP origin that answers every request with its head reflected: the Authorization in
+/// a header, the whole head in a Content-Length body.
+async fn plain_echo() -> (SocketAddr, Arc<Mutex<String>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(String::new()));
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let seen = seen2.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut b = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut b).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&b[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf).into_owned();
+                seen.lock().unwrap().push_str(&head);
+                let auth = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Authorization: "))
+                    .unwrap_or("")
+                    .to_string();
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nX-Echo: {auth}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{head}",
+                    head.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_reflection_is_scrubbed_and_trace_refused() {
+    let (oaddr, seen) = plain_echo().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::at(dir.path().join("audit.jsonl"));
+    let bound = format!("{HOST}:{}", oaddr.port());
+    let (gw, trust) = Gateway::new(
+        vec![(
+            SecretPlan {
+                name: "OPENAI_API_KEY".into(),
+                from_env: "OPENAI_API_KEY".into(),
+                hosts: vec![DomainPattern::parse(&bound).unwrap()],
+            },
+            REAL.into(),
+        )],
+        GatewayConfig {
+            upstream_roots: Some(rustls::RootCertStore::empty()),
+            trust_dir: dir.path().join("trust"),
+            system_bundle: None,
+            audit: Some(AuditSink {
+                log: log.clone(),
+                jail: "testjail".into(),
+            }),
+        },
+    )
+    .unwrap();
+    let ph = trust.env["OPENAI_API_KEY"].clone();
+    let lo: IpAddr = "127.0.0.1".parse().unwrap();
+    let rules = Rules {
+        allow: vec![DomainPattern::parse(&bound).unwrap()],
+        deny: Vec::new(),
+        allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
+        upstream: None,
+    };
+    let proxy = Proxy::new(rules, log.clone(), "testjail")
+        .with_resolver(Arc::new(StaticResolver::new().with(HOST, &[lo])))
+        .with_gateway(gw);
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let paddr = l.local_addr().unwrap();
+    let _handle = corral_net::spawn(Arc::new(proxy), vec![Listener::Proxy(l)]).unwrap();
+
+    let ask = |method: &str| {
+        format!(
+            "{method} http://{bound}/echo HTTP/1.1\r\nHost: {bound}\r\nAuthorization: Bearer {ph}\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
+        )
+    };
+    let mut tcp = tokio::net::TcpStream::connect(paddr).await.unwrap();
+    tcp.write_all(ask("GET").as_bytes()).await.unwrap();
+    let mut resp = Vec::new();
+    let _ = tcp.read_to_end(&mut resp).await;
+    let resp = String::from_utf8_lossy(&resp).into_owned();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(!resp.contains(REAL), "the real value came back: {resp}");
+    assert!(resp.contains(&format!("X-Echo: Bearer {ph}")), "{resp}");
+    assert!(
+        resp.contains(&format!("Authorization: Bearer {ph}")),
+        "{resp}"
+    );
+    {
+        let seen = seen.lock().unwrap();
+        assert!(
+            seen.contains(&format!("Authorization: Bearer {REAL}")),
+            "{seen}"
+        );
+        assert!(seen.contains("accept-encoding: identity"), "{seen}");
+    }
+
+    let mut tcp = tokio::net::TcpStream::connect(paddr).await.unwrap();
+    tcp.write_all(ask("TRACE").as_bytes()).await.unwrap();
+    let mut resp = Vec::new();
+    let _ = tcp.read_to_end(&mut resp).await;
+    let resp = String::from_utf8_lossy(&resp).into_owned();
+    assert!(resp.starts_with("HTTP/1.1 405"), "{resp}");
+    assert!(!resp.contains(REAL), "{resp}");
+    assert!(
+        !seen.lock().unwrap().contains("TRACE"),
+        "TRACE reached the origin"
+    );
+    let raw = std::fs::read_to_string(log.path()).unwrap();
+    assert!(!raw.contains(REAL), "real value in the audit log");
 }
