@@ -23,6 +23,13 @@
 //!   never touched, and the API-key headers in [`CREDENTIAL_HEADERS`]. Never into the URL or the
 //!   body, never into a response. A placeholder seen anywhere else (another header, the URL, a
 //!   host the secret is not bound to) is left as it is (useless upstream) and audited.
+//! - **The real value never comes back**: every answer from a bound host is scrubbed
+//!   ([`Gateway::scrubber`]: the value and the encodings the gateway produced, in the status
+//!   line, the headers and the decoded body, streamed), asked for with
+//!   `Accept-Encoding: identity` and refused (502) when compressed anyway; `TRACE` is refused.
+//! - **One connection layer with the proxy**: requests and bodies go through
+//!   `corral_http1::io` (the proxy's framing, limits and deadlines; trailers dropped, chunk
+//!   sizes re-declared); an injection is audited only once the head was written upstream.
 //! - **The real value is never logged**: audit records name the secret, host, method and path
 //!   without query; `Debug` of every type here redacts values.
 //! - The jail side speaks HTTP/1.1 only (ALPN offers `http/1.1`), so one connection has one

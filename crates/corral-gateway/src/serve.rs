@@ -94,7 +94,7 @@ impl Gateway {
             match self.exchange(&mut c, req).await? {
                 Next::Continue => continue,
                 Next::Close => break,
-                Next::Upgraded => return Ok(splice(c).await),
+                Next::Upgraded => return Ok(splice(c, self.scrubber(), self.timeouts.idle).await),
             }
         }
         let _ = c.down.io.shutdown().await;
@@ -272,6 +272,9 @@ impl Gateway {
         let report = self.rewrite_headers(&req.target, &mut req.headers, c.host, c.port, false);
         // Responses are scrubbed byte by byte: ask for them uncompressed.
         identity_only(&mut req.headers);
+        // No compressed websocket frames: what comes back is scrubbed byte by byte.
+        req.headers
+            .retain(|h| !h.name.eq_ignore_ascii_case("sec-websocket-extensions"));
         let upgrade = connection_tokens(&req.headers)
             .iter()
             .any(|t| t == "upgrade")
@@ -519,34 +522,71 @@ fn reframe(
     }
 }
 
-/// After a `101`: the two streams spliced, opaque both ways (the swap happened on the upgrade
-/// request; frames are not scrubbed).
-async fn splice<D, U, F>(c: Conn<'_, D, U, F>) -> InterceptStats
+/// After a `101`: the two streams spliced until both close or nothing moves for the idle
+/// timeout. The swap happened on the upgrade request; what the origin sends still goes through
+/// the scrubber, lengths kept so frames stay valid (a value split across frames, or
+/// compressed, is not caught: the upgrade request had `Sec-WebSocket-Extensions` removed).
+async fn splice<D, U, F>(
+    c: Conn<'_, D, U, F>,
+    scrub: Replacer,
+    idle: std::time::Duration,
+) -> InterceptStats
 where
     D: AsyncRead + AsyncWrite + Unpin + Send,
     U: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    use tokio::io::AsyncReadExt;
     let mut stats = c.stats;
-    let (Some(mut upstream), mut down) = (c.up, c.down) else {
+    let (Some(upstream), down) = (c.up, c.down) else {
         return stats;
     };
-    if !down.buf.is_empty() {
-        if upstream.io.write_all(&down.buf).await.is_err() {
-            return stats;
-        }
-        stats.bytes_up += down.buf.len() as u64;
+    let mut scrub = scrub.same_length();
+    let (mut dr, mut dw) = tokio::io::split(down.io);
+    let (mut ur, mut uw) = tokio::io::split(upstream.io);
+    let mut out = Vec::new();
+    scrub.feed(&upstream.buf, &mut out);
+    if uw.write_all(&down.buf).await.is_err() || dw.write_all(&out).await.is_err() {
+        return stats;
     }
-    if !upstream.buf.is_empty() {
-        if down.io.write_all(&upstream.buf).await.is_err() {
-            return stats;
+    stats.bytes_up += down.buf.len() as u64;
+    stats.bytes_down += upstream.buf.len() as u64;
+    let (mut from_jail, mut from_origin) = (true, true);
+    let (mut bj, mut bo) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+    while from_jail || from_origin {
+        tokio::select! {
+            r = dr.read(&mut bj), if from_jail => match r {
+                Ok(n) if n > 0 => {
+                    if uw.write_all(&bj[..n]).await.is_err() {
+                        break;
+                    }
+                    stats.bytes_up += n as u64;
+                }
+                _ => {
+                    from_jail = false;
+                    let _ = uw.shutdown().await;
+                }
+            },
+            r = ur.read(&mut bo), if from_origin => {
+                out.clear();
+                match r {
+                    Ok(n) if n > 0 => {
+                        scrub.feed(&bo[..n], &mut out);
+                        stats.bytes_down += n as u64;
+                    }
+                    _ => {
+                        from_origin = false;
+                        scrub.finish(&mut out);
+                    }
+                }
+                if dw.write_all(&out).await.is_err() || dw.flush().await.is_err() {
+                    break;
+                }
+                if !from_origin {
+                    let _ = dw.shutdown().await;
+                }
+            },
+            () = tokio::time::sleep(idle) => break,
         }
-        stats.bytes_down += upstream.buf.len() as u64;
     }
-    let _ = down.io.flush().await;
-    let (u, d) = tokio::io::copy_bidirectional(&mut down.io, &mut upstream.io)
-        .await
-        .unwrap_or((0, 0));
-    stats.bytes_up += u;
-    stats.bytes_down += d;
     stats
 }

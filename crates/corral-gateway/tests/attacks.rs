@@ -39,8 +39,9 @@ enum Origin {
     Lenient,
     /// Strict parsing; the answer reflects the whole request (head and body) in its body and its
     /// Authorization in a response header. `/chunked` answers in 7-byte chunks (every value is
-    /// split across chunks), `/gzip` claims `Content-Encoding: gzip`, anything else is
-    /// Content-Length framed.
+    /// split across chunks), `/gzip` claims `Content-Encoding: gzip`, `/ws` switches protocols
+    /// and reflects the request in the upgraded stream, anything else is Content-Length
+    /// framed.
     Echo,
 }
 
@@ -284,6 +285,17 @@ async fn echo<S: AsyncRead + AsyncWrite + Unpin>(io: S, targets: Arc<Mutex<Vec<S
             .next()
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .unwrap_or_default();
+        if req.target == "/ws" {
+            // A websocket-style upgrade: 101, then the request reflected in the stream.
+            let mut resp =
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+                    .to_vec();
+            resp.extend_from_slice(&reflected);
+            let _ = conn.io.write_all(&resp).await;
+            let _ = conn.io.flush().await;
+            let _ = conn.io.shutdown().await;
+            return;
+        }
         let mut resp = format!("HTTP/1.1 200 OK\r\nX-Echo-Authorization: {auth}\r\n").into_bytes();
         if req.target == "/chunked" {
             resp.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
@@ -714,5 +726,37 @@ async fn injected_is_audited_only_when_the_request_was_sent() {
         !recs.iter().any(|r| matches!(&r.event, Event::Net(n)
             if n.decision == Some(Decision::Allow) && n.rule.contains("injected"))),
         "injected audited for a request never sent: {recs:?}"
+    );
+}
+
+#[tokio::test]
+async fn reflection_in_an_upgraded_stream_is_scrubbed() {
+    let m = mock(Origin::Echo).await;
+    let s = setup(&m.roots, &[("API_KEY", REAL)]);
+    let ph = s.trust.env["API_KEY"].clone();
+    let p = proxy(s.gw.clone(), m.addr).await;
+    let mut c = client(&s.trust, p).await;
+    let req = format!(
+        "GET /ws HTTP/1.1\r\nHost: {BOUND}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Extensions: permessage-deflate\r\nAuthorization: Bearer {ph}\r\n\r\n"
+    );
+    c.io.write_all(req.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(GUARD, c.io.read_to_end(&mut got))
+        .await
+        .expect("the gateway kept the upgraded stream open")
+        .ok();
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 101"), "{got}");
+    assert!(!got.contains(REAL), "the real value came back: {got}");
+    assert!(
+        got.contains(&format!("Authorization: Bearer {ph}")),
+        "{got}"
+    );
+    let raw = m.raw();
+    assert!(raw.contains(&format!("Bearer {REAL}")), "{raw}");
+    assert!(
+        !raw.to_ascii_lowercase()
+            .contains("sec-websocket-extensions"),
+        "{raw}"
     );
 }

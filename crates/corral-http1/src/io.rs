@@ -151,10 +151,11 @@ pub enum BodyError {
     Dest(io::Error),
 }
 
-/// Replaces byte strings in a stream, a match split across reads included: the last
-/// `longest - 1` bytes are held back until more data (or the end) shows whether they start a
-/// match. Used by the credential gateway to put placeholders back where a response reflects a
-/// real value. Left-most match first; at one position the longest needle wins.
+/// Replaces byte strings in a stream, a match split across reads included: bytes at the end of
+/// what was fed that could begin a needle are held back until more data (or the end) shows
+/// whether they do; everything else is passed on at once (a streamed answer is not delayed).
+/// Used by the credential gateway to put placeholders back where a response reflects a real
+/// value. Left-most match first; at one position the longest needle wins.
 #[derive(Debug, Clone, Default)]
 pub struct Replacer {
     /// (needle, replacement), longest needle first.
@@ -186,29 +187,40 @@ impl Replacer {
         self.pairs.iter().all(|(n, w)| n.len() == w.len())
     }
 
-    fn longest(&self) -> usize {
-        self.pairs.first().map_or(0, |(n, _)| n.len())
+    /// The same needles, each replacement cut or padded (with `*`) to its needle's length:
+    /// for a stream whose framing cannot change (websocket frames after an upgrade).
+    pub fn same_length(&self) -> Replacer {
+        Replacer::new(self.pairs.iter().map(|(n, w)| {
+            let mut w = w.clone();
+            w.resize(n.len(), b'*');
+            (n.clone(), w)
+        }))
     }
 
     /// Replace in `data` (taken whole, nothing held back).
     pub fn replace_all(&self, data: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(data.len());
-        let used = self.scan(data, data.len(), &mut out);
+        let used = self.scan(data, true, &mut out);
         debug_assert_eq!(used, data.len());
         out
     }
 
-    /// Scan `data[..]` for matches starting before `limit` (matches may run past it); append the
-    /// output to `out`; return how much of `data` was consumed.
-    fn scan(&self, data: &[u8], limit: usize, out: &mut Vec<u8>) -> usize {
+    /// Replace in `data`, appending the output to `out`; unless `at_end`, stop before a tail
+    /// that could still become a match. Returns how much of `data` was consumed.
+    fn scan(&self, data: &[u8], at_end: bool, out: &mut Vec<u8>) -> usize {
         let mut i = 0;
         let mut run = 0;
-        while i < limit {
-            let hit = self
-                .pairs
-                .iter()
-                .find(|(n, _)| data[i..].starts_with(n.as_slice()));
-            match hit {
+        while i < data.len() {
+            let rest = &data[i..];
+            if !at_end
+                && self
+                    .pairs
+                    .iter()
+                    .any(|(n, _)| rest.len() < n.len() && n.starts_with(rest))
+            {
+                break;
+            }
+            match self.pairs.iter().find(|(n, _)| rest.starts_with(n)) {
                 Some((n, w)) => {
                     out.extend_from_slice(&data[run..i]);
                     out.extend_from_slice(w);
@@ -218,23 +230,23 @@ impl Replacer {
                 None => i += 1,
             }
         }
-        let end = i.max(run).min(data.len());
-        out.extend_from_slice(&data[run..end]);
-        end
+        out.extend_from_slice(&data[run..i]);
+        i
     }
 
     /// Feed stream bytes; the output that is certain is appended to `out`.
     pub fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) {
         if self.pairs.is_empty() {
             out.extend_from_slice(data);
-            return;
+        } else if self.held.is_empty() {
+            let used = self.scan(data, false, out);
+            self.held.extend_from_slice(&data[used..]);
+        } else {
+            self.held.extend_from_slice(data);
+            let held = std::mem::take(&mut self.held);
+            let used = self.scan(&held, false, out);
+            self.held = held[used..].to_vec();
         }
-        self.held.extend_from_slice(data);
-        let keep = self.longest() - 1;
-        let limit = self.held.len().saturating_sub(keep);
-        let held = std::mem::take(&mut self.held);
-        let used = self.scan(&held, limit, out);
-        self.held = held[used..].to_vec();
     }
 
     /// End of stream: the held-back bytes, replaced where they match.
@@ -525,5 +537,15 @@ mod tests {
                 assert_eq!(out, want, "cuts {cut1} {cut2}");
             }
         }
+        // A tail that cannot begin a needle is not held back (a stream is not delayed); one
+        // that can is, until the rest shows it is no match.
+        let mut r = r.clone();
+        let mut out = Vec::new();
+        r.feed(b"data: {}\n\n", &mut out);
+        assert_eq!(out, b"data: {}\n\n");
+        r.feed(b"x SECRET", &mut out);
+        assert_eq!(out, b"data: {}\n\nx ");
+        r.feed(b"!", &mut out);
+        assert_eq!(out, b"data: {}\n\nx SECRET!");
     }
 }
