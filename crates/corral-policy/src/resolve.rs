@@ -16,9 +16,9 @@ use crate::config::{
 use crate::domain::DomainPattern;
 use crate::error::{PolicyError, line_col};
 use crate::plan::{
-    Access, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind,
-    NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan, SkillPlan,
-    system_mounts,
+    Access, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, LimitKinds, Limits, Mount,
+    MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectSource, ProjectTrust,
+    SecretPlan, SkillPlan, system_mounts,
 };
 use crate::profile::Profile;
 
@@ -47,6 +47,9 @@ pub struct Flags {
     pub publish: Vec<u16>,
     /// A fresh temporary directory instead of the project.
     pub scratch: bool,
+    /// `--project DIR`: this directory is the project, exactly (no git top-level search, and
+    /// no refusal of the home or a system directory: the user named it).
+    pub project: Option<PathBuf>,
     /// The explicit opt-in for `executor.target = "host"` (`--allow-host-executor`).
     pub allow_host_executor: bool,
 }
@@ -647,6 +650,21 @@ fn upstream_text(key: &str, u: &str) -> String {
 
 fn publish_text(key: &str, p: u16) -> String {
     format!("{key}.publish exposes the jail's port {p} on your 127.0.0.1:{p}")
+}
+
+/// The limits still at their built-in values once `layers` (the user config, the project's
+/// file, the flags) are merged over the defaults. None when one of them sets `limits.enforce`:
+/// then every limit follows it.
+fn built_in_limits(layers: &[&Layer]) -> LimitKinds {
+    if layers.iter().any(|l| l.enforce.is_some()) {
+        return LimitKinds::default();
+    }
+    let defaults = defaults();
+    LimitKinds {
+        memory: defaults.memory.is_some() && layers.iter().all(|l| l.memory.is_none()),
+        cpus: defaults.cpus.is_some() && layers.iter().all(|l| l.cpus.is_none()),
+        pids: defaults.pids.is_some() && layers.iter().all(|l| l.pids.is_none()),
+    }
 }
 
 /// Turn one parsed policy file into a layer: expand and check paths, locate every value, and
@@ -1422,6 +1440,134 @@ pub fn project_root(dir: &Path) -> PathBuf {
         .to_path_buf()
 }
 
+/// Directories that are never a project unless named with `--project`, nor any directory that
+/// contains one: the system's own trees, other users' homes, and shared places full of other
+/// programs' files and sockets.
+const NEVER_A_PROJECT: &[&str] = &[
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/home",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/media",
+    "/mnt",
+    "/opt",
+    "/proc",
+    "/root",
+    "/run",
+    "/sbin",
+    "/srv",
+    "/sys",
+    "/tmp",
+    "/usr",
+    "/usr/local",
+    "/var",
+    "/var/lib",
+    "/var/tmp",
+];
+
+/// Choose the project directory: `--scratch`, `--project DIR`, else the enclosing git
+/// repository's top level, else `cwd`. A directory chosen by the last two rules is refused when
+/// it is not a sensible project ([`why_not_a_project`]).
+fn choose_project(
+    req: &Request,
+    cwd: &Path,
+    home: &Path,
+    corral_dirs: &[PathBuf],
+) -> Result<(PathBuf, ProjectSource), PolicyError> {
+    match (&req.flags.project, req.flags.scratch) {
+        (Some(_), true) => Err(PolicyError::Invalid(
+            "--project and --scratch name two different projects: pass one of them".into(),
+        )),
+        (None, true) => Ok((scratch_dir(&req.env)?, ProjectSource::Scratch)),
+        (Some(dir), false) => {
+            let dir = cwd.join(dir);
+            let real = dir.canonicalize().map_err(|source| PolicyError::Io {
+                what: "--project: cannot resolve the directory",
+                path: dir.clone(),
+                source,
+            })?;
+            if !real.is_dir() {
+                return Err(PolicyError::Invalid(format!(
+                    "--project {}: not a directory",
+                    dir.display()
+                )));
+            }
+            Ok((real, ProjectSource::ProjectFlag))
+        }
+        (None, false) => {
+            let top = project_root(cwd);
+            let source = if top.join(".git").symlink_metadata().is_ok() {
+                ProjectSource::GitTopLevel
+            } else {
+                ProjectSource::CurrentDirectory
+            };
+            if let Some(why) = why_not_a_project(&top, home, corral_dirs, &req.env) {
+                return Err(PolicyError::Invalid(format!(
+                    "refusing to make {} the project: it {why}, and the project is mounted read-write \
+                     into the jail (chosen as {}). Run corral from your project's directory, or \
+                     name the directory the agent may work on: --project DIR (exactly that \
+                     directory), or --scratch (a fresh empty directory, removed afterwards)",
+                    top.display(),
+                    source.describe()
+                )));
+            }
+            Ok((top, source))
+        }
+    }
+}
+
+/// Why `dir` (absolute, symlinks resolved) is not a sensible project, if it is not: it is or
+/// contains the user's home, corral's own config or state directory, a system directory, or
+/// the user's runtime directory (sockets).
+pub fn why_not_a_project(
+    dir: &Path,
+    home: &Path,
+    corral_dirs: &[PathBuf],
+    env: &BTreeMap<String, String>,
+) -> Option<String> {
+    // Each place as written and as it really is (HOME=/home/u with /home -> /var/home).
+    let holds = |p: &Path| p.starts_with(dir) || real_path(p).starts_with(dir);
+    if dir == Path::new("/") {
+        return Some("is the root of the filesystem".into());
+    }
+    if holds(home) {
+        return Some(if home == dir || real_path(home) == dir {
+            "is your home directory (your keys, tokens and shell start-up files)".into()
+        } else {
+            format!("contains your home directory {}", home.display())
+        });
+    }
+    for d in corral_dirs {
+        if holds(d) {
+            return Some(format!(
+                "contains corral's own directory {} (your trust store, config or audit logs)",
+                d.display()
+            ));
+        }
+    }
+    // As written first (/usr holds /usr, even where /bin really is /usr/bin).
+    let system = NEVER_A_PROJECT
+        .iter()
+        .find(|sys| Path::new(sys).starts_with(dir))
+        .or_else(|| NEVER_A_PROJECT.iter().find(|sys| holds(Path::new(sys))));
+    if let Some(sys) = system {
+        return Some(format!("is or contains the system directory {sys}"));
+    }
+    if let Some(run) = env.get("XDG_RUNTIME_DIR").filter(|r| r.starts_with('/'))
+        && holds(Path::new(run))
+    {
+        return Some(format!(
+            "contains your runtime directory {run} (the sockets of your session's services)"
+        ));
+    }
+    None
+}
+
 /// Create a fresh scratch directory for `--scratch` under `TMPDIR` (or /tmp).
 fn scratch_dir(env: &BTreeMap<String, String>) -> Result<PathBuf, PolicyError> {
     let base = env
@@ -1816,15 +1962,12 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         source,
     })?;
     let home = normalize(&req.home);
-    let (root, scratch) = if req.flags.scratch {
-        (scratch_dir(&req.env)?, true)
-    } else {
-        (project_root(&cwd), false)
-    };
     let corral_dirs = [
         crate::trust::config_dir(&req.env, &home),
         crate::trust::state_dir(&req.env, &home),
     ];
+    let (root, project_source) = choose_project(req, &cwd, &home, &corral_dirs)?;
+    let scratch = project_source == ProjectSource::Scratch;
     let ctx = PathCtx {
         home: &home,
         project: &root,
@@ -1885,6 +2028,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     without.merge(flags.clone());
     let project_layer = project.clone();
 
+    let built_in = built_in_limits(&[&user, &project, &flags]);
     let mut m = defaults();
     m.merge(profile_layer(&profile, &home));
     m.merge(user);
@@ -2078,11 +2222,13 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         cpus: m.cpus,
         pids: m.pids,
         enforce: m.enforce.unwrap_or(Enforce::Strict),
+        built_in,
     };
     let project_plan = ProjectPlan {
         root: root.clone(),
         access,
         scratch,
+        source: project_source,
         policy_file: project_policy_path,
     };
     let jail_cwd = if cwd.starts_with(&root) {

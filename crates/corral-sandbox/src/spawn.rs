@@ -44,6 +44,7 @@ impl SpawnOptions {
                 cpus: None,
                 pids: None,
                 enforce: corral_policy::plan::Enforce::BestEffort,
+                built_in: Default::default(),
             },
         })
     }

@@ -55,6 +55,7 @@ pub fn flags(opts: &JailOptions) -> Flags {
         }),
         publish: opts.publish.clone(),
         scratch: opts.scratch,
+        project: opts.project.clone(),
         allow_host_executor: opts.allow_host_executor,
     }
 }
@@ -190,14 +191,10 @@ pub fn human(p: &Plan) -> String {
     let _ = writeln!(o, "engine        {engine}");
     let _ = writeln!(
         o,
-        "project       {} ({}){}",
+        "project       {} ({}; {})",
         p.project.root.display(),
         access(p.project.access),
-        if p.project.scratch {
-            ", scratch: a fresh directory, removed afterwards"
-        } else {
-            ""
-        }
+        p.project.source.describe()
     );
     let _ = writeln!(o, "cwd           {}", p.cwd.display());
     let _ = writeln!(o, "home          {} (private tmpfs)", p.home.display());
@@ -315,6 +312,19 @@ pub fn human(p: &Plan) -> String {
             Enforce::BestEffort => "best-effort",
         }
     );
+    let b = l.built_in;
+    let built_in: Vec<&str> = [("memory", b.memory), ("cpus", b.cpus), ("pids", b.pids)]
+        .into_iter()
+        .filter(|(_, on)| *on)
+        .map(|(n, _)| n)
+        .collect();
+    if !built_in.is_empty() {
+        let _ = writeln!(
+            o,
+            "  built-in defaults: {} (without a cgroup for them here, a run says so and goes on)",
+            built_in.join(", ")
+        );
+    }
     let e = &p.executor;
     let target = match &e.target {
         ExecutorTarget::Sandbox => "sandbox (a second jail)".to_string(),
