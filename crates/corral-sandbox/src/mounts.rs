@@ -30,13 +30,14 @@ const MASK_DIR: &str = "/mask/dir";
 const NONE: Option<&str> = None;
 
 /// Build the jail's root from `plan` and pivot into it. Runs in the jail's PID 1, which owns the
-/// jail's user and mount namespaces.
-pub fn set_up_root(plan: &Plan) -> Result<(), JailError> {
+/// jail's user and mount namespaces. `own_devpts`: the set-up process mounted the jail's devpts
+/// instance over /dev/pts already (the jail's pty is in it); else a fresh one is mounted.
+pub fn set_up_root(plan: &Plan, own_devpts: bool) -> Result<(), JailError> {
     make_mounts_private()?;
     pivot_into_base()?;
     mount_new_root()?;
     mount_private_tmp()?;
-    mount_dev()?;
+    mount_dev(own_devpts)?;
     mount_proc()?;
     for index in 0..plan.mounts.len() {
         apply_plan_mount(plan, index)?;
@@ -104,8 +105,9 @@ fn mount_private_tmp() -> Result<(), JailError> {
 }
 
 /// A minimal /dev: the harmless character devices bound from the host (a user namespace cannot
-/// mknod), a private devpts with its own ptmx, a tmpfs /dev/shm, the usual symlinks.
-fn mount_dev() -> Result<(), JailError> {
+/// mknod), a private devpts with its own ptmx (the set-up process's when `own_devpts`: never
+/// the host's), a tmpfs /dev/shm, the usual symlinks.
+fn mount_dev(own_devpts: bool) -> Result<(), JailError> {
     let dev = format!("{NEW}/dev");
     mkdir(&dev, 0o755, "create /dev")?;
     mount(
@@ -131,14 +133,26 @@ fn mount_dev() -> Result<(), JailError> {
     }
     let pts = format!("{dev}/pts");
     mkdir(&pts, 0o755, "create /dev/pts")?;
-    mount(
-        Some("devpts"),
-        pts.as_str(),
-        Some("devpts"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=0620"),
-    )
-    .map_err(|e| JailError::at("mount a private devpts", "/dev/pts", e))?;
+    if own_devpts {
+        let source = format!("{OLD}/dev/pts");
+        mount(
+            Some(source.as_str()),
+            pts.as_str(),
+            NONE,
+            MsFlags::MS_BIND,
+            NONE,
+        )
+        .map_err(|e| JailError::at("bind the jail's devpts", "/dev/pts", e))?;
+    } else {
+        mount(
+            Some("devpts"),
+            pts.as_str(),
+            Some("devpts"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some("newinstance,ptmxmode=0666,mode=0620"),
+        )
+        .map_err(|e| JailError::at("mount a private devpts", "/dev/pts", e))?;
+    }
     let shm = format!("{dev}/shm");
     mkdir(&shm, 0o1777, "create /dev/shm")?;
     mount(

@@ -1,0 +1,205 @@
+//! First contact, as a user meets corral: run from the home directory, on a host without a
+//! delegated cgroup, at a terminal, through a shim, with toolchains under $HOME. Each runs the
+//! real binary (as root and, through scripts/test-rootless, as an unprivileged user).
+
+mod jail_support;
+
+use std::io::Write;
+use std::path::Path;
+
+use jail_support::*;
+
+/// The world's user config without its `limits.enforce = "best-effort"`: corral's defaults as a
+/// new user has them.
+fn fresh_user_config(w: &World) {
+    write(
+        &w.home.join(".config/corral/config.toml"),
+        "[filesystem]\nhide = [\".env\", \".env.*\"]\n",
+    );
+}
+
+#[test]
+fn from_the_home_directory_the_jail_does_not_get_the_home() {
+    let w = World::new();
+    let key = w.home.join(".ssh/id_ed25519");
+    let attack = |cwd: &Path, extra: &[&str]| {
+        let mut c = w.corral();
+        c.current_dir(cwd).arg("run").args(extra).args([
+            "--network",
+            "none",
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "cat {}; echo pwned >> {}/.bashrc; echo END",
+                key.display(),
+                w.home.display()
+            ),
+        ]);
+        run(c)
+    };
+    for cwd in [w.home.clone(), w.root.clone(), "/".into()] {
+        let out = attack(&cwd, &[]);
+        assert_eq!(out.code, 125, "from {cwd:?}: {}", out.both());
+        assert!(!out.both().contains(SSH_SECRET), "{}", out.both());
+        assert!(
+            out.stderr.contains("refusing to make")
+                && out.stderr.contains("--project DIR")
+                && out.stderr.contains("--scratch"),
+            "{}",
+            out.stderr
+        );
+    }
+    assert!(!w.home.join(".bashrc").exists());
+    // A dotfiles repository at the home: the enclosing git top level is the home, refused
+    // from any directory below it that is not a repository of its own.
+    let git = std::process::Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(&w.home)
+        .env("HOME", &w.home)
+        .status()
+        .unwrap();
+    assert!(git.success());
+    std::fs::create_dir_all(w.home.join("notes")).unwrap();
+    let out = attack(&w.home.join("notes"), &[]);
+    assert_eq!(out.code, 125, "{}", out.both());
+    assert!(
+        out.stderr
+            .contains("the top level of the enclosing git repository"),
+        "{}",
+        out.stderr
+    );
+    assert!(!w.home.join(".bashrc").exists());
+    // Control: named explicitly, the home is the project and the same command reaches the key.
+    let home = w.home.display().to_string();
+    let out = attack(&w.home, &["--project", &home]);
+    ran(&out, "END");
+    assert!(out.stdout.contains(SSH_SECRET), "{}", out.both());
+    // From inside the project, the project is chosen, and the key is not there.
+    let out = attack(&w.project.join("sub/dir"), &[]);
+    ran(&out, "END");
+    assert!(!out.both().contains(SSH_SECRET), "{}", out.both());
+}
+
+#[test]
+fn plan_says_which_rule_chose_the_project() {
+    let w = World::new();
+    let plan = |cwd: &Path, extra: &[&str]| {
+        let mut c = w.corral();
+        c.current_dir(cwd).arg("plan").args(extra).arg("--json");
+        let out = run(c);
+        assert_eq!(out.code, 0, "{}", out.both());
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        (
+            v["project"]["root"].as_str().unwrap().to_string(),
+            v["project"]["source"].as_str().unwrap().to_string(),
+        )
+    };
+    let project = w.project.display().to_string();
+    assert_eq!(
+        plan(&w.project.join("sub"), &[]),
+        (project.clone(), "git-top-level".into())
+    );
+    assert_eq!(
+        plan(&w.outside, &[]),
+        (w.outside.display().to_string(), "current-directory".into())
+    );
+    let sub = w.project.join("sub").display().to_string();
+    assert_eq!(
+        plan(&w.home, &["--project", &sub]),
+        (sub.clone(), "project-flag".into())
+    );
+    assert_eq!(plan(&w.home, &["--scratch"]).1, "scratch");
+    let mut c = w.corral();
+    c.current_dir(w.project.join("sub")).arg("plan");
+    let out = run(c);
+    assert!(
+        out.stdout.contains(&format!(
+            "project       {project} (rw; the top level of the enclosing git repository)"
+        )),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn default_limits_never_refuse_a_run() {
+    let w = World::new();
+    fresh_user_config(&w);
+    // `ulimit -d` is the data limit in KiB: the memory default applied as RLIMIT_DATA when no
+    // cgroup takes it.
+    let out = w.sh("none", "echo DATA=$(ulimit -d); echo END");
+    ran(&out, "END");
+    assert_eq!(out.code, 0, "{}", out.both());
+    let notes: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("limits"))
+        .collect();
+    if notes.is_empty() {
+        // A cgroup enforces the defaults here (root with cgroup v1, or a delegated v2 subtree).
+        eprintln!("this host enforces the default limits with a cgroup");
+        assert!(out.stdout.contains("DATA=unlimited"), "{}", out.stdout);
+        return;
+    }
+    // Without one: one line says what is missing, and what can be enforced is.
+    assert_eq!(notes.len(), 1, "{}", out.stderr);
+    assert!(
+        notes[0].starts_with("corral: default limits without a cgroup here"),
+        "{}",
+        notes[0]
+    );
+    assert!(out.stdout.contains("DATA=4194304"), "{}", out.stdout);
+    // A limit the user sets is still strict: refused, since no cgroup can enforce it here.
+    let mut c = w.corral();
+    c.args(["run", "--network", "none", "--memory", "1g", "--", "true"]);
+    let out = run(c);
+    assert_eq!(out.code, 125, "{}", out.both());
+    assert!(
+        out.stderr.contains("cannot enforce limits.memory"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn tty_in_the_jail_names_its_terminal() {
+    let w = World::new();
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "tty; test -t 0 && echo STDIN-TTY; echo via-dev-tty > /dev/tty; \
+         ls /dev/pts; echo DONE",
+    ]);
+    let (mut master, _slave, mut child) = under_pty(c, 24, 80);
+    let out = read_until(&mut master, "DONE", &mut child);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{out}");
+    assert!(!out.contains("not a tty"), "{out}");
+    assert!(out.contains("/dev/pts/0"), "{out}");
+    assert!(
+        out.contains("STDIN-TTY") && out.contains("via-dev-tty"),
+        "{out}"
+    );
+    // The jail's devpts holds its own terminal only, never the user's.
+    assert!(!out.contains("\n1\r"), "{out}");
+}
+
+#[test]
+fn tty_in_corral_shell_prints_a_device() {
+    let w = World::new();
+    let mut c = w.corral();
+    c.args(["shell", "--network", "none"]);
+    let (mut master, _slave, mut child) = under_pty(c, 24, 80);
+    master
+        .write_all(b"echo TTY-IS-$(tty)-END; exit 0\n")
+        .unwrap();
+    let out = read_until(&mut master, "-END\r", &mut child);
+    let status = child.wait().unwrap();
+    assert!(out.contains("TTY-IS-/dev/pts/0-END"), "{status:?}: {out}");
+}
