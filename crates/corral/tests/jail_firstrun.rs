@@ -203,3 +203,52 @@ fn tty_in_corral_shell_prints_a_device() {
     let status = child.wait().unwrap();
     assert!(out.contains("TTY-IS-/dev/pts/0-END"), "{status:?}: {out}");
 }
+
+#[test]
+fn the_change_summary_never_lists_corrals_own_state() {
+    let w = World::new();
+    // corral's state (audit log, the summary's private git directory) inside the project: a
+    // project only when named, and then what corral writes there is not the agent's change.
+    let state = w.project.join("state");
+    let project = w.project.display().to_string();
+    let mut c = w.corral();
+    c.env("XDG_STATE_HOME", &state).args([
+        "run",
+        "--project",
+        &project,
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "echo new > made.txt; echo END",
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    assert!(
+        state.join("corral").is_dir(),
+        "the state went elsewhere: {}",
+        out.stderr
+    );
+    let summary = out
+        .stderr
+        .split_once("corral: changed in")
+        .map(|(_, s)| s)
+        .unwrap_or_else(|| panic!("no change summary: {}", out.stderr));
+    assert!(summary.contains("made.txt"), "{summary}");
+    assert!(
+        !summary.contains("state") && !summary.contains("audit"),
+        "{summary}"
+    );
+    // Without --project, a directory holding corral's state is refused.
+    let mut c = w.corral();
+    c.env("XDG_STATE_HOME", &state)
+        .args(["run", "--network", "none", "--", "true"]);
+    let out = run(c);
+    assert_eq!(out.code, 125, "{}", out.both());
+    assert!(
+        out.stderr.contains("contains corral's own directory"),
+        "{}",
+        out.stderr
+    );
+}
