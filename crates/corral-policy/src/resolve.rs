@@ -1617,7 +1617,26 @@ fn is_system_path(p: &Path) -> bool {
     SYSTEM_DIRS.iter().any(|d| p.starts_with(d))
 }
 
-/// Look `name` up on `path_var` the way a shell does: the first executable regular file.
+/// The marker every `corral shim` wrapper carries in its first bytes (cmd/shim.rs).
+pub const SHIM_MARKER: &str = "# corral-shim v1";
+
+/// Whether the file at `path` is a corral shim (carries [`SHIM_MARKER`] in its first 512 bytes).
+pub fn is_shim(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut head = Vec::with_capacity(512);
+    if f.take(512).read_to_end(&mut head).is_err() {
+        return false;
+    }
+    head.windows(SHIM_MARKER.len())
+        .any(|w| w == SHIM_MARKER.as_bytes())
+}
+
+/// Look `name` up on `path_var` the way a shell does: the first executable regular file,
+/// skipping corral's own shims (`pi` on PATH may be the shim that runs `corral run pi`; the
+/// jail runs the real one).
 pub fn which(name: &str, path_var: &str, cwd: &Path) -> Option<PathBuf> {
     if name.contains('/') {
         let p = normalize(&cwd.join(name));
@@ -1627,7 +1646,7 @@ pub fn which(name: &str, path_var: &str, cwd: &Path) -> Option<PathBuf> {
         .split(':')
         .filter(|d| !d.is_empty())
         .map(|d| cwd.join(d).join(name))
-        .find(|p| is_executable(p))
+        .find(|p| is_executable(p) && !is_shim(p))
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -2091,8 +2110,16 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         )));
     }
 
-    // The command: `-- CMD`, else the policy's run.command, else the profile's.
-    let custom_command = !req.command.is_empty() || m.command.is_some();
+    // The command: `-- CMD`, else the policy's run.command, else the profile's. `-- CMD` that
+    // runs the profile's own program (`corral run pi -- pi ARGS`, as a shim does) is the
+    // profile's command with arguments: it keeps the skill.
+    let own_program = |c: &[String]| {
+        let name = |s: &String| Path::new(s).file_name().map(|n| n.to_os_string());
+        matches!((c.first().and_then(name), profile.command.first().and_then(name)),
+                 (Some(a), Some(b)) if a == b)
+    };
+    let custom_command =
+        m.command.is_some() || !(req.command.is_empty() || own_program(&req.command));
     let argv = if !req.command.is_empty() {
         req.command.clone()
     } else {

@@ -252,3 +252,69 @@ fn the_change_summary_never_lists_corrals_own_state() {
         out.stderr
     );
 }
+
+/// A fake `pi` in `dir` that prints its arguments, and a shim for it installed in `shims`.
+fn fake_pi_and_shim(w: &World, dir: &Path, shims: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let pi = dir.join("pi");
+    write(&pi, "#!/bin/sh\necho \"PI-ARGS: $*\"\n");
+    std::fs::set_permissions(&pi, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}:/usr/local/bin:/usr/bin:/bin",
+        shims.display(),
+        dir.display()
+    );
+    let mut c = w.corral();
+    c.env("PATH", &path)
+        .args(["shim", "install", "pi", "--dir"])
+        .arg(shims);
+    let out = run(c);
+    assert_eq!(out.code, 0, "{}", out.both());
+    path
+}
+
+#[test]
+fn a_shimmed_harness_gets_what_corral_run_profile_gives() {
+    let w = World::new();
+    let (real, shims) = (w.root.join("real-bin"), w.root.join("shims"));
+    let path = fake_pi_and_shim(&w, &real, &shims);
+    // `corral run pi` with the shim first on PATH finds the real pi, never the shim.
+    let mut c = w.corral();
+    c.env("PATH", &path)
+        .args(["run", "pi", "--network", "none"]);
+    let direct = run(c);
+    assert_eq!(direct.code, 0, "{}", direct.both());
+    assert!(
+        direct.stdout.contains("PI-ARGS: --skill /run/corral/skill"),
+        "{}",
+        direct.both()
+    );
+    // The shim by its usual name: the same skill, the user's arguments too.
+    let mut c = std::process::Command::new(shims.join("pi"));
+    c.current_dir(&w.project)
+        .env_clear()
+        .env("HOME", &w.home)
+        .env("PATH", &path)
+        .env("LANG", "C.UTF-8")
+        .env("TMPDIR", std::env::temp_dir())
+        .args(["hello", "world"]);
+    let shimmed = run(c);
+    assert_eq!(shimmed.code, 0, "{}", shimmed.both());
+    assert!(
+        shimmed
+            .stdout
+            .contains("PI-ARGS: hello world --skill /run/corral/skill"),
+        "{}",
+        shimmed.both()
+    );
+    // And `corral plan pi` through the shim's PATH shows the real program and the skill.
+    let mut c = w.corral();
+    c.env("PATH", &path).args(["plan", "pi", "--json"]);
+    let out = run(c);
+    let plan: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        plan["command"][0].as_str(),
+        Some(real.join("pi").to_str().unwrap())
+    );
+    assert!(plan["skill"].is_object(), "{}", out.stdout);
+}
