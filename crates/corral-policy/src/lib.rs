@@ -9,6 +9,7 @@ pub mod error;
 pub mod plan;
 pub mod profile;
 pub mod resolve;
+pub mod toolchain;
 pub mod trust;
 
 pub use error::PolicyError;

@@ -278,6 +278,23 @@ pub struct Plan {
     /// `--policy` file), and what in it needs the user's trust before a jail starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project_trust: Option<ProjectTrust>,
+    /// Language toolchains found under the home (rustup, pyenv, nvm, uv, go): bound read-only
+    /// (they are code the host runs later), their programs on PATH. Their binds are in `mounts`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub toolchains: Vec<Toolchain>,
+}
+
+/// A language toolchain the jail can use, read-only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Toolchain {
+    /// `rust`, `pyenv`, `nvm`, `uv`, `go`.
+    pub name: String,
+    /// Host paths bound read-only at their own path.
+    pub binds: Vec<PathBuf>,
+    /// Directories put on the jail's PATH (before the system's).
+    pub path: Vec<PathBuf>,
+    /// Variables the toolchain needs to find itself (`RUSTUP_HOME`, `PYENV_ROOT`).
+    pub env: BTreeMap<String, String>,
 }
 
 /// What a project's own policy file asks for that only the user may give. A repository may be
@@ -430,6 +447,7 @@ impl Plan {
             sources: Vec::new(),
             project_grants: Vec::new(),
             project_trust: None,
+            toolchains: Vec::new(),
         }
     }
 }

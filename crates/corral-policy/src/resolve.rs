@@ -1713,6 +1713,7 @@ fn resolve_command(
     env: &BTreeMap<String, String>,
     cwd: &Path,
     home: &Path,
+    toolchains: &[crate::plan::Toolchain],
 ) -> ResolvedCommand {
     let mut out = ResolvedCommand {
         argv: argv.to_vec(),
@@ -1724,7 +1725,14 @@ fn resolve_command(
         return out;
     };
     let canonical = found.canonicalize().unwrap_or_else(|_| found.clone());
-    if is_system_path(&found) && is_system_path(&canonical) {
+    // A toolchain's program that is no script runs by the name it was found under (a rustup
+    // proxy is one binary that dispatches on that name), from the toolchain's own bind.
+    let multi_call = found.file_name() != canonical.file_name() && shebang(&canonical).is_none();
+    if is_system_path(&found) && is_system_path(&canonical)
+        || multi_call
+            && crate::toolchain::covers(toolchains, &found)
+            && crate::toolchain::covers(toolchains, &canonical)
+    {
         out.argv[0] = found.display().to_string();
         return out;
     }
@@ -1961,7 +1969,12 @@ fn base_env(req: &Request, extra_path: &[PathBuf]) -> BTreeMap<String, String> {
     env.insert("HOME".into(), req.home.display().to_string());
     env.insert("TMPDIR".into(), "/tmp".into());
     let mut path = vec![JAIL_BIN_DIR.to_string()];
-    path.extend(extra_path.iter().map(|p| p.display().to_string()));
+    for p in extra_path {
+        let p = p.display().to_string();
+        if !path.contains(&p) {
+            path.push(p);
+        }
+    }
     path.push(SYSTEM_PATH.to_string());
     env.insert("PATH".into(), path.join(":"));
     env
@@ -2125,7 +2138,15 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     } else {
         m.command.clone().unwrap_or_else(|| profile.command.clone())
     };
-    let cmd = resolve_command(&argv, &req.env, &cwd, &home);
+    // Toolchains under the home, bound read-only into both jails, their programs on PATH.
+    let toolchains = crate::toolchain::find(&home, &req.env);
+    let toolchain_binds: Vec<Mount> = toolchains
+        .iter()
+        .flat_map(|t| &t.binds)
+        .map(|b| bind(b, b, Access::Ro, true))
+        .collect();
+    let toolchain_path = crate::toolchain::path_dirs(&toolchains, &req.env);
+    let cmd = resolve_command(&argv, &req.env, &cwd, &home, &toolchains);
 
     // Mounts, in the order they are applied.
     let access = m.project_access.unwrap_or(Access::Rw);
@@ -2147,6 +2168,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     for b in &cmd.binds {
         mounts.push(bind(b, b, Access::Ro, false));
     }
+    mounts.extend(toolchain_binds.iter().cloned());
     // Policy binds, split into those outside the project and those inside it. Mounts apply in
     // order, so a bind inside the project (`--ro vendor`) must come after the project's own
     // mount, which would otherwise cover it (and the jail would run without it).
@@ -2227,7 +2249,14 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     // real value (the gateway sets placeholders at run time).
     let network = network_plan(&m.net, NetworkMode::Proxy);
     check_dns(&m.net, &network, "network")?;
-    let mut env = base_env(req, &cmd.path_dirs);
+    let path_dirs: Vec<PathBuf> = cmd
+        .path_dirs
+        .iter()
+        .chain(&toolchain_path)
+        .cloned()
+        .collect();
+    let mut env = base_env(req, &path_dirs);
+    env.extend(toolchains.iter().flat_map(|t| t.env.clone()));
     for (name, _) in &m.env_pass {
         if let Some(v) = req.env.get(name) {
             env.insert(name.clone(), v.clone());
@@ -2287,12 +2316,14 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
                 kind: MountKind::Tmpfs,
                 optional: false,
             });
+            exec_mounts.extend(toolchain_binds.iter().cloned());
             let (outside, inside) = policy_binds(&m.exec_read_only, &m.exec_read_write);
             exec_mounts.extend(outside);
             exec_mounts.push(project_mount.clone());
             exec_mounts.push(corral_mount.clone());
             exec_mounts.extend(inside);
-            let mut exec_env = base_env(req, &[]);
+            let mut exec_env = base_env(req, &toolchain_path);
+            exec_env.extend(toolchains.iter().flat_map(|t| t.env.clone()));
             for (name, _) in &m.env_pass {
                 if let Some(v) = req.env.get(name) {
                     exec_env.insert(name.clone(), v.clone());
@@ -2340,6 +2371,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
                 sources: sources.clone(),
                 project_grants: Vec::new(),
                 project_trust: None,
+                toolchains: toolchains.clone(),
             }))
         }
         ExecutorTarget::Compose(_) | ExecutorTarget::Host => None,
@@ -2382,6 +2414,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         sources,
         project_grants: grants,
         project_trust,
+        toolchains,
     })
 }
 

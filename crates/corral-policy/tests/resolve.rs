@@ -227,6 +227,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         sources: vec![],
         project_grants: vec![],
         project_trust: None,
+        toolchains: Vec::new(),
     };
 
     let mut mounts = system_mounts();
@@ -306,6 +307,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         sources: vec![],
         project_grants: vec![],
         project_trust: None,
+        toolchains: Vec::new(),
     };
     assert_eq!(plan, expected);
 }

@@ -318,3 +318,142 @@ fn a_shimmed_harness_gets_what_corral_run_profile_gives() {
     );
     assert!(plan["skill"].is_object(), "{}", out.stdout);
 }
+
+/// An executable script at `path`.
+fn script(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    write(path, text);
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn toolchains_under_the_home_work_read_only_without_binds() {
+    let w = World::new();
+    let h = &w.home;
+    // A rustup-like layout (a cargo that reads its toolchain from RUSTUP_HOME), a pyenv-like
+    // one (a shim that runs the version under PYENV_ROOT), and what must stay out.
+    write(
+        &h.join(".rustup/toolchains/stable/marker"),
+        "RUST-TOOLCHAIN\n",
+    );
+    script(
+        &h.join(".cargo/bin/cargo"),
+        "#!/bin/sh\necho \"CARGO $(cat \"$RUSTUP_HOME/toolchains/stable/marker\")\"\n",
+    );
+    write(
+        &h.join(".cargo/credentials.toml"),
+        "token = \"CARGO-SECRET\"\n",
+    );
+    write(&h.join(".cargo/registry/cache/x"), "REGISTRY\n");
+    script(&h.join(".pyenv/bin/pyenv"), "#!/bin/sh\nexit 0\n");
+    script(
+        &h.join(".pyenv/versions/3.99/bin/python3"),
+        "#!/bin/sh\necho PYTHON-3.99 \"$@\"\n",
+    );
+    script(
+        &h.join(".pyenv/shims/python3"),
+        "#!/bin/sh\nexec \"$PYENV_ROOT/versions/3.99/bin/python3\" \"$@\"\n",
+    );
+    let path = format!(
+        "{}:{}:/usr/local/bin:/usr/bin:/bin",
+        h.join(".cargo/bin").display(),
+        h.join(".pyenv/shims").display()
+    );
+    let run_in = |args: &[&str]| {
+        let mut c = w.corral();
+        c.env("PATH", &path)
+            .args(["run", "--network", "none", "--"])
+            .args(args);
+        run(c)
+    };
+    let out = run_in(&["cargo"]);
+    assert_eq!(out.code, 0, "{}", out.both());
+    assert!(
+        out.stdout.contains("CARGO RUST-TOOLCHAIN"),
+        "{}",
+        out.both()
+    );
+    let out = run_in(&["python3", "-c", "x"]);
+    assert!(out.stdout.contains("PYTHON-3.99 -c x"), "{}", out.both());
+    // Through the executor, as an agent asks for a build.
+    let out = run_in(&["corral", "exec", "--", "cargo"]);
+    assert_eq!(out.code, 0, "{}", out.both());
+    assert!(
+        out.stdout.contains("CARGO RUST-TOOLCHAIN"),
+        "{}",
+        out.both()
+    );
+    // Read-only, and nothing beside the toolchain comes in.
+    let cargo_bin = h.join(".cargo/bin").display().to_string();
+    let pyenv = h.join(".pyenv").display().to_string();
+    let out = run_in(&[
+        "sh",
+        "-c",
+        &format!(
+            "echo evil > {cargo_bin}/cargo || echo RO-CARGO; touch {pyenv}/version || echo RO-PYENV; \
+             cat ~/.cargo/credentials.toml ~/.cargo/registry/cache/x; echo END"
+        ),
+    ]);
+    ran(&out, "END");
+    assert!(
+        out.stdout.contains("RO-CARGO") && out.stdout.contains("RO-PYENV"),
+        "{}",
+        out.both()
+    );
+    assert!(
+        !out.stdout.contains("CARGO-SECRET") && !out.stdout.contains("REGISTRY"),
+        "{}",
+        out.both()
+    );
+    assert!(!h.join(".pyenv/version").exists());
+    // `corral plan` names them.
+    let mut c = w.corral();
+    c.env("PATH", &path).arg("plan");
+    let out = run(c);
+    assert!(
+        out.stdout.contains(&format!(
+            "toolchains    rust ({}, {}); pyenv ({pyenv}) (read-only, on PATH)",
+            h.join(".rustup").display(),
+            cargo_bin
+        )),
+        "{}",
+        out.stdout
+    );
+}
+
+/// The host's own rustup and pyenv, as root has them on this machine (skipped where absent).
+#[test]
+fn the_real_rustup_and_pyenv_of_the_home_work() {
+    let home = std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default());
+    let (cargo, pyenv) = (home.join(".cargo/bin/cargo"), home.join(".pyenv/shims"));
+    if !cargo.exists() || !pyenv.is_dir() {
+        eprintln!("skipping: no rustup or pyenv under {}", home.display());
+        return;
+    }
+    let w = World::new();
+    let path = format!(
+        "{}:{}:/usr/local/bin:/usr/bin:/bin",
+        home.join(".cargo/bin").display(),
+        pyenv.display()
+    );
+    let run_in = |args: &[&str]| {
+        let mut c = w.corral();
+        c.env("HOME", &home)
+            .env("XDG_STATE_HOME", w.root.join("state"))
+            .env("XDG_CONFIG_HOME", w.root.join("config"))
+            .env("PATH", &path)
+            .args(["run", "--network", "none", "--"])
+            .args(args);
+        run(c)
+    };
+    let out = run_in(&[
+        "python3",
+        "-c",
+        "import sys; print('PY', sys.version_info[0])",
+    ]);
+    assert!(out.stdout.contains("PY 3"), "{}", out.both());
+    let out = run_in(&["cargo", "--version"]);
+    assert!(out.stdout.starts_with("cargo "), "{}", out.both());
+    let out = run_in(&["corral", "exec", "--", "cargo", "--version"]);
+    assert!(out.stdout.starts_with("cargo "), "{}", out.both());
+}

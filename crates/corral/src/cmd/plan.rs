@@ -216,6 +216,17 @@ pub fn human(p: &Plan) -> String {
         }
     );
 
+    if !p.toolchains.is_empty() {
+        let list: Vec<String> = p
+            .toolchains
+            .iter()
+            .map(|t| {
+                let binds: Vec<String> = t.binds.iter().map(|b| b.display().to_string()).collect();
+                format!("{} ({})", t.name, binds.join(", "))
+            })
+            .collect();
+        let _ = writeln!(o, "toolchains    {} (read-only, on PATH)", list.join("; "));
+    }
     let _ = writeln!(o, "\nmounts (in order)");
     // The curated system directories are the same in every plan: one line, not forty.
     let system = corral_policy::plan::system_mounts();
