@@ -136,6 +136,16 @@ fn default_limits_never_refuse_a_run() {
         .lines()
         .filter(|l| l.contains("limits"))
         .collect();
+    // `corral doctor` names the same path for this user.
+    let mut c = w.corral();
+    c.args(["doctor", "--json"]);
+    let doctor: serde_json::Value = serde_json::from_str(&run(c).stdout).unwrap();
+    let path = doctor["limits_path"].as_str().unwrap();
+    assert_eq!(
+        path == "rlimit-fallback",
+        !notes.is_empty(),
+        "doctor says {path}; the run said {notes:?}"
+    );
     if notes.is_empty() {
         // A cgroup enforces the defaults here (root with cgroup v1, or a delegated v2 subtree).
         eprintln!("this host enforces the default limits with a cgroup");
