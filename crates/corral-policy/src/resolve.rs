@@ -2138,8 +2138,12 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     } else {
         m.command.clone().unwrap_or_else(|| profile.command.clone())
     };
-    // Toolchains under the home, bound read-only into both jails, their programs on PATH.
-    let toolchains = crate::toolchain::find(&home, &req.env);
+    // Toolchains under the home, bound read-only into both jails, their programs on PATH. Not
+    // into a container: its image brings its own (built for its own libc).
+    let toolchains = match m.engine.unwrap_or(Engine::Native) {
+        Engine::Native | Engine::Auto => crate::toolchain::find(&home, &req.env),
+        Engine::Podman | Engine::Docker => Vec::new(),
+    };
     let toolchain_binds: Vec<Mount> = toolchains
         .iter()
         .flat_map(|t| &t.binds)

@@ -195,3 +195,24 @@ fn limits_nobody_set_are_marked_built_in() {
         LimitKinds::default()
     );
 }
+
+#[test]
+fn toolchains_come_into_native_jails_only() {
+    let f = fx();
+    std::fs::create_dir_all(f.home.join(".pyenv/bin")).unwrap();
+    let cwd = f.home.join("repo");
+    let plan = resolve(&f.req(&cwd)).unwrap();
+    assert_eq!(plan.toolchains.len(), 1);
+    let pyenv = f.home.join(".pyenv");
+    assert!(plan.mounts.iter().any(|m| m.target == pyenv));
+    let exec = plan.executor.jail.as_ref().unwrap();
+    assert!(exec.mounts.iter().any(|m| m.target == pyenv));
+    assert!(exec.env["PATH"].contains(&format!("{}/bin", pyenv.display())));
+    assert_eq!(exec.env["PYENV_ROOT"], pyenv.display().to_string());
+    // A container image brings its own.
+    let mut req = f.req(&cwd);
+    req.flags.engine = Some(corral_policy::plan::Engine::Podman);
+    let plan = resolve(&req).unwrap();
+    assert!(plan.toolchains.is_empty());
+    assert!(!plan.mounts.iter().any(|m| m.target == pyenv));
+}
