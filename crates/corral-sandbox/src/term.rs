@@ -15,7 +15,7 @@ use nix::pty::{OpenptyResult, Winsize, openpty};
 use nix::sys::termios::{SetArg, Termios, cfmakeraw, tcgetattr, tcsetattr};
 
 use crate::error::JailError;
-use crate::termfilter::OutputFilter;
+use crate::termfilter::{Dropped, OutputFilter};
 
 pub(crate) fn is_tty(fd: BorrowedFd<'_>) -> bool {
     nix::unistd::isatty(fd).unwrap_or(false)
@@ -104,6 +104,11 @@ impl Relay {
 
     pub(crate) fn master(&self) -> BorrowedFd<'_> {
         self.master.as_fd()
+    }
+
+    /// What the output filter kept from the user's terminal so far.
+    pub(crate) fn dropped(&self) -> Dropped {
+        self.filter.dropped()
     }
 
     /// Wait up to `timeout_ms` for input, output or a signal byte on `sigfd`, and move bytes.
