@@ -18,7 +18,7 @@ use crate::netns::{self, JailNet};
 use crate::placeholder::Placeholder;
 use crate::sig::SignalPipe;
 use crate::term::{self, RawMode, Relay};
-use crate::termfilter::OutputFilter;
+use crate::termfilter::{Dropped, OutputFilter};
 use crate::{EXIT_SETUP_FAILED, INIT_ARG};
 
 /// How to start a jail, beyond the Plan.
@@ -57,7 +57,7 @@ enum Io {
     Pty(Relay),
     /// Inherited descriptors; those of ours that are terminals replaced by pipes that corral
     /// copies (so no jail process holds the user's terminal).
-    Plain(Vec<std::thread::JoinHandle<()>>),
+    Plain(Vec<std::thread::JoinHandle<Dropped>>),
 }
 
 /// A started jail. Call [`RunningJail::wait`] from the thread that spawned it (the set-up
@@ -104,6 +104,8 @@ pub struct PlaceholderHold {
 pub struct JailExit {
     /// The command's exit code; 128+N when it died of signal N; 125 when the set-up failed.
     pub code: i32,
+    /// What the output filter kept from the user's terminal (`termfilter.rs`).
+    pub terminal: Dropped,
 }
 
 /// Start a jail running `plan.command`. Returns once the jail's namespaces exist and its
@@ -528,17 +530,17 @@ fn own_or_null(fd: std::os::fd::BorrowedFd<'_>) -> Result<OwnedFd, JailError> {
 
 /// Copy the jail's output pipe to corral's stdout (`to` 1) or stderr (2), a terminal, through
 /// the output filter.
-fn copy_out(from: OwnedFd, to: i32, mut filter: OutputFilter) {
+fn copy_out(from: OwnedFd, to: i32, mut filter: OutputFilter) -> Dropped {
     use std::io::{Read, Write};
     let mut file = std::fs::File::from(from);
     let mut buf = [0u8; 16384];
     let mut filtered = Vec::with_capacity(buf.len());
     loop {
         let n = match file.read(&mut buf) {
-            Ok(0) => return,
+            Ok(0) => return filter.dropped(),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
+            Err(_) => return filter.dropped(),
         };
         filtered.clear();
         filter.push(&buf[..n], &mut filtered);
@@ -549,7 +551,7 @@ fn copy_out(from: OwnedFd, to: i32, mut filter: OutputFilter) {
             std::io::stderr().write_all(&filtered)
         };
         if written.is_err() {
-            return;
+            return filter.dropped();
         }
     }
 }
@@ -598,11 +600,15 @@ impl RunningJail {
                             std::thread::sleep(std::time::Duration::from_millis(20));
                         };
                         self.reaped = true;
-                        return JailExit { code };
+                        return JailExit {
+                            code,
+                            terminal: Dropped::default(),
+                        };
                     }
                 }
             }
         };
+        let mut terminal = Dropped::default();
         let code = match &mut self.io {
             Io::Pty(relay) => {
                 let stdin = std::io::stdin();
@@ -625,6 +631,7 @@ impl RunningJail {
                     }
                 };
                 relay.pump_output();
+                terminal = relay.dropped();
                 code
             }
             Io::Plain(threads) => {
@@ -639,14 +646,14 @@ impl RunningJail {
                     }
                 };
                 for t in threads.drain(..) {
-                    let _ = t.join();
+                    terminal.add(t.join().unwrap_or_default());
                 }
                 code
             }
         };
         drop(signals);
         self.reaped = true;
-        JailExit { code }
+        JailExit { code, terminal }
     }
 }
 

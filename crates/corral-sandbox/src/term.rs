@@ -14,7 +14,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::pty::Winsize;
 use nix::sys::termios::{SetArg, Termios, cfmakeraw, tcgetattr, tcsetattr};
 
-use crate::termfilter::OutputFilter;
+use crate::termfilter::{Dropped, OutputFilter};
 
 pub(crate) fn is_tty(fd: BorrowedFd<'_>) -> bool {
     nix::unistd::isatty(fd).unwrap_or(false)
@@ -100,6 +100,11 @@ impl Relay {
 
     pub(crate) fn master(&self) -> BorrowedFd<'_> {
         self.master.as_fd()
+    }
+
+    /// What the output filter kept from the user's terminal so far.
+    pub(crate) fn dropped(&self) -> Dropped {
+        self.filter.dropped()
     }
 
     /// Wait up to `timeout_ms` for input, output or a signal byte on `sigfd`, and move bytes.
