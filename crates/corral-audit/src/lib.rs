@@ -6,11 +6,18 @@
 //! written with a single `write(2)` on an `O_APPEND` descriptor while holding an exclusive `flock`
 //! on `audit.jsonl.lock`, so lines never interleave. When the file passes `max_bytes` it is renamed
 //! to `audit.jsonl.1` (one generation kept) under the same lock.
+//!
+//! A writer keeps both files open between records (reopened when the log was rotated or
+//! replaced), so a process that has run out of descriptors still records. A record that cannot
+//! be written is an error for the caller (who refuses what it would have recorded) and is
+//! counted: [`AuditLog::failures`].
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -190,11 +197,45 @@ pub fn project_key(project_root: &Path) -> String {
     format!("{name}-{:08x}", h as u32)
 }
 
-/// A project's audit log.
+/// A project's audit log. Clones share the open files and the failure count.
 #[derive(Debug, Clone)]
 pub struct AuditLog {
     path: PathBuf,
     max_bytes: u64,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// The lock file and the log, open between records; `None` until the first record and
+    /// after a failed one (the next record opens them again).
+    held: Mutex<Option<Held>>,
+    failures: AtomicU64,
+    /// Why the last record could not be written.
+    last_failure: Mutex<Option<String>>,
+}
+
+#[derive(Debug)]
+struct Held {
+    lock: File,
+    log: File,
+}
+
+/// Records that could not be written, and the last reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteFailures {
+    pub count: u64,
+    pub reason: String,
+}
+
+impl WriteFailures {
+    /// The end-of-run line.
+    pub fn summary_line(&self) -> String {
+        format!(
+            "corral: {} audit record(s) could not be written ({}); the requests they recorded were refused",
+            self.count, self.reason
+        )
+    }
 }
 
 impl AuditLog {
@@ -212,7 +253,25 @@ impl AuditLog {
         Self {
             path: path.into(),
             max_bytes: DEFAULT_MAX_BYTES,
+            shared: Arc::default(),
         }
+    }
+
+    /// How many records could not be written so far (by this log and its clones), and why the
+    /// last one failed; `None` when every record was written.
+    pub fn failures(&self) -> Option<WriteFailures> {
+        let count = self.shared.failures.load(Ordering::Relaxed);
+        if count == 0 {
+            return None;
+        }
+        let reason = self
+            .shared
+            .last_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_default();
+        Some(WriteFailures { count, reason })
     }
 
     pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
@@ -237,38 +296,88 @@ impl AuditLog {
         }
     }
 
-    /// Append one record. Safe against concurrent writers in other processes.
+    /// Append one record. Safe against concurrent writers in other processes. A failure is
+    /// counted ([`AuditLog::failures`]); the caller must not go on as if it was recorded.
     pub fn write(&self, record: &Record) -> Result<(), AuditError> {
+        let written = self.write_line(record);
+        if let Err(e) = &written {
+            self.shared.failures.fetch_add(1, Ordering::Relaxed);
+            let why = match e {
+                AuditError::Io { source, .. } => source.to_string(),
+                other => other.to_string(),
+            };
+            *self
+                .shared
+                .last_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(why);
+        }
+        written
+    }
+
+    fn write_line(&self, record: &Record) -> Result<(), AuditError> {
         let mut line = serde_json::to_vec(record).map_err(|e| self.io_err(e.into()))?;
         line.push(b'\n');
+        // The mutex orders this process's writers (a flock does not: it belongs to the open
+        // file, which they share); the flock orders the processes.
+        let mut held = self.shared.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.is_none() {
+            *held = Some(self.open_held()?);
+        }
+        let Some(h) = held.as_mut() else {
+            unreachable!("opened just above")
+        };
+        lock(&h.lock, libc::LOCK_EX).map_err(|e| self.io_err(e))?;
+        let written = self.append_locked(h, &line);
+        let _ = lock(&h.lock, libc::LOCK_UN);
+        if written.is_err() {
+            *held = None;
+        }
+        written
+    }
+
+    fn open_held(&self) -> Result<Held, AuditError> {
         if let Some(dir) = self.path.parent() {
             fs::create_dir_all(dir).map_err(|e| self.io_err(e))?;
         }
         // One lock file that is never renamed serialises every writer, so rotation (a rename
         // of the log itself) cannot race another writer holding the old inode.
-        let guard = OpenOptions::new()
+        let lock = OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(self.lock_path())
             .map_err(|e| self.io_err(e))?;
-        lock(&guard).map_err(|e| self.io_err(e))?;
-        let mut file = self.open_append()?;
-        let len = file.metadata().map_err(|e| self.io_err(e))?.len();
+        Ok(Held {
+            lock,
+            log: self.open_append()?,
+        })
+    }
+
+    /// Under the lock: follow a rotation (or a replacement) of the path, rotate if this line
+    /// would pass `max_bytes`, append the line with one write.
+    fn append_locked(&self, h: &mut Held, line: &[u8]) -> Result<(), AuditError> {
+        let open = h.log.metadata().map_err(|e| self.io_err(e))?;
+        let same = fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.dev() == open.dev() && m.ino() == open.ino());
+        if !same {
+            h.log = self.open_append()?;
+        }
+        let len = h.log.metadata().map_err(|e| self.io_err(e))?.len();
         if len > 0 && len + line.len() as u64 > self.max_bytes {
-            let old = file.metadata().map_err(|e| self.io_err(e))?;
+            let old = h.log.metadata().map_err(|e| self.io_err(e))?;
             fs::rename(&self.path, self.rotated_path()).map_err(|e| self.io_err(e))?;
-            file = self.open_append()?;
+            h.log = self.open_append()?;
             // The new generation keeps the old one's group and mode, so writers of another user
             // that share the log (the proxy container's, corral-engine) can still append.
-            use std::os::unix::fs::{MetadataExt, PermissionsExt};
-            let _ = std::os::unix::fs::fchown(&file, None, Some(old.gid()));
-            let _ = file.set_permissions(fs::Permissions::from_mode(old.mode() & 0o660));
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::os::unix::fs::fchown(&h.log, None, Some(old.gid()));
+            let _ = h
+                .log
+                .set_permissions(fs::Permissions::from_mode(old.mode() & 0o660));
         }
-        let written = file.write_all(&line).map_err(|e| self.io_err(e));
-        drop(guard);
-        written
+        h.log.write_all(line).map_err(|e| self.io_err(e))
     }
 
     fn lock_path(&self) -> PathBuf {
@@ -318,11 +427,13 @@ impl AuditLog {
     }
 }
 
-fn lock(file: &File) -> io::Result<()> {
+/// `flock(file, op)` (`LOCK_EX` or `LOCK_UN`), retried on EINTR.
+fn lock(file: &File, op: libc::c_int) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     loop {
-        // SAFETY: flock on a descriptor we own; the lock is released when the File is dropped.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        // SAFETY: flock on a descriptor we own; a lock still held is released when the File is
+        // dropped.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
         if rc == 0 {
             return Ok(());
         }
@@ -445,6 +556,71 @@ mod tests {
             );
         }
         assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
+    }
+
+    /// Two writers that each hold the log open (two processes, say): a rotation by one is
+    /// followed by the other, which never appends to the renamed generation.
+    #[test]
+    fn a_held_log_follows_a_rotation_by_another_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let a = AuditLog::at(&path).with_max_bytes(4096);
+        let b = AuditLog::at(&path).with_max_bytes(4096);
+        b.write(&Record::now("b", net("first.b", Decision::Allow)))
+            .unwrap();
+        for i in 0..40 {
+            a.write(&Record::now("a", net(&format!("h{i}.a"), Decision::Allow)))
+                .unwrap();
+        }
+        assert!(a.rotated_path().exists());
+        b.write(&Record::now("b", net("after.b", Decision::Allow)))
+            .unwrap();
+        let current = fs::read_to_string(&path).unwrap();
+        assert!(current.contains("after.b"), "{current}");
+        assert!(
+            !fs::read_to_string(a.rotated_path())
+                .unwrap()
+                .contains("after.b")
+        );
+        assert_eq!((a.failures(), b.failures()), (None, None));
+    }
+
+    /// A record that cannot be written is an error for the caller and is counted, with the
+    /// reason, across clones; once the log is writable again, records are written.
+    #[test]
+    fn a_record_that_cannot_be_written_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::at(&path);
+        let clone = log.clone();
+        log.write(&Record::now("j", net("ok.org", Decision::Allow)))
+            .unwrap();
+        // The log replaced by a directory while the writer holds the old file open.
+        fs::rename(&path, dir.path().join("moved")).unwrap();
+        fs::create_dir(&path).unwrap();
+        for _ in 0..3 {
+            assert!(
+                clone
+                    .write(&Record::now("j", net("lost.org", Decision::Allow)))
+                    .is_err()
+            );
+        }
+        let f = log.failures().unwrap();
+        assert_eq!(f.count, 3);
+        assert!(f.reason.contains("directory"), "{f:?}");
+        assert!(
+            f.summary_line()
+                .starts_with("corral: 3 audit record(s) could not be written (")
+        );
+        assert!(
+            !fs::read_to_string(dir.path().join("moved"))
+                .unwrap()
+                .contains("lost.org")
+        );
+        fs::remove_dir(&path).unwrap();
+        log.write(&Record::now("j", net("back.org", Decision::Allow)))
+            .unwrap();
+        assert!(fs::read_to_string(&path).unwrap().contains("back.org"));
     }
 
     #[test]

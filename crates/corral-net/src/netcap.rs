@@ -59,11 +59,12 @@ pub async fn publish_port(
     jail: String,
     idle_timeout: Duration,
 ) -> std::io::Result<()> {
-    let listener = crate::forward::to_tokio(listener)?;
+    let refused = crate::bounds::Notice::new();
+    let mut listener =
+        crate::bounds::Acceptor::new(listener, format!("published port {port}"), b"", &refused)?;
     let ctx = Arc::new((audit, jail, make));
     loop {
-        let (client, peer) =
-            crate::forward::accept(&listener, &format!("published port {port}")).await;
+        let (client, peer) = listener.accept().await;
         let ctx = ctx.clone();
         tokio::spawn(async move {
             let (audit, jail, make) = &*ctx;
@@ -226,6 +227,18 @@ pub fn stub_reply(
     rules: &Rules,
     pool: &StubPool,
 ) -> (Option<Vec<u8>>, Option<StubQuery>) {
+    stub_reply_recorded(query, rules, pool, |_| true)
+}
+
+/// [`stub_reply`], with each question handed to `record` (the audit log) before it is
+/// answered: a name `record` could not record is not resolved (SERVFAIL), so the jail never
+/// gets an address the log does not show.
+pub fn stub_reply_recorded(
+    query: &[u8],
+    rules: &Rules,
+    pool: &StubPool,
+    record: impl FnOnce(&StubQuery) -> bool,
+) -> (Option<Vec<u8>>, Option<StubQuery>) {
     if query.len() < 12 {
         return (None, None);
     }
@@ -322,29 +335,34 @@ pub fn stub_reply(
         rule: String::new(),
         address: None,
     };
-    let out = match decision {
+    let rcode = match decision {
         Err(rule) => {
             asked.rule = rule;
-            reply(RCODE_NXDOMAIN, None)
+            RCODE_NXDOMAIN
         }
         Ok(rule) => {
             asked.rule = rule;
             if qtype != TYPE_A {
-                reply(RCODE_NOERROR, None)
+                RCODE_NOERROR
             } else {
                 match pool.address_for(&name) {
                     Some(a) => {
                         asked.address = Some(a);
-                        reply(RCODE_NOERROR, Some(a))
+                        RCODE_NOERROR
                     }
                     None => {
                         asked.allowed = false;
                         asked.rule = "the stub's address pool is used up".into();
-                        reply(RCODE_SERVFAIL, None)
+                        RCODE_SERVFAIL
                     }
                 }
             }
         }
+    };
+    let out = match (record(&asked), rcode) {
+        (true, RCODE_NOERROR) => reply(RCODE_NOERROR, asked.address),
+        (false, RCODE_NOERROR) => reply(RCODE_SERVFAIL, None),
+        (_, rcode) => reply(rcode, None),
     };
     (Some(out), Some(asked))
 }
@@ -373,7 +391,8 @@ fn dns_fix(q: &StubQuery) -> String {
     }
 }
 
-fn audit_query(proxy: &Proxy, peer: &str, q: &StubQuery) {
+/// Record one query; `false` when the record could not be written.
+fn audit_query(proxy: &Proxy, peer: &str, q: &StubQuery) -> bool {
     let method = format!("DNS {}", qtype_name(q.qtype));
     if !q.allowed {
         // One summary line per name, whatever the record types asked (A, AAAA, HTTPS, ...).
@@ -394,12 +413,7 @@ fn audit_query(proxy: &Proxy, peer: &str, q: &StubQuery) {
         rule: q.rule.clone(),
         ..Default::default()
     };
-    if let Err(e) = proxy
-        .audit()
-        .write(&Record::now(proxy.jail(), Event::Net(ev)))
-    {
-        eprintln!("corral: stub resolver: cannot write the audit log: {e}");
-    }
+    proxy.record(ev)
 }
 
 /// Answer DNS over UDP on `socket` (the jail's 127.0.0.1:53) until the runtime stops.
@@ -419,10 +433,9 @@ pub async fn serve_dns_udp(
                 continue;
             }
         };
-        let (reply, asked) = stub_reply(&buf[..n], &proxy.rules(), &pool);
-        if let Some(q) = &asked {
-            audit_query(&proxy, &peer.to_string(), q);
-        }
+        let (reply, _) = stub_reply_recorded(&buf[..n], &proxy.rules(), &pool, |q| {
+            audit_query(&proxy, &peer.to_string(), q)
+        });
         if let Some(r) = reply {
             let _ = socket.send_to(&r, peer).await;
         }
@@ -463,10 +476,9 @@ pub async fn serve_dns_tcp(
                     Ok(Ok(_)) => {}
                     _ => return,
                 }
-                let (reply, asked) = stub_reply(&msg, &proxy.rules(), &pool);
-                if let Some(q) = &asked {
-                    audit_query(&proxy, &peer.to_string(), q);
-                }
+                let (reply, _) = stub_reply_recorded(&msg, &proxy.rules(), &pool, |q| {
+                    audit_query(&proxy, &peer.to_string(), q)
+                });
                 let Some(r) = reply else { return };
                 let mut framed = (r.len() as u16).to_be_bytes().to_vec();
                 framed.extend_from_slice(&r);
@@ -487,10 +499,14 @@ pub async fn serve_capture(
     proxy: Arc<Proxy>,
     pool: Arc<StubPool>,
 ) -> std::io::Result<()> {
-    let listener = crate::forward::to_tokio(listener)?;
+    let mut listener = crate::bounds::Acceptor::new(
+        listener,
+        format!("stub capture on port {port}"),
+        b"",
+        proxy.refused_for_descriptors(),
+    )?;
     loop {
-        let (conn, peer) =
-            crate::forward::accept(&listener, &format!("stub capture on port {port}")).await;
+        let (conn, peer) = listener.accept().await;
         let local = conn.local_addr().ok().map(|a| a.ip());
         match local.and_then(|ip| pool.name_for(ip)) {
             Some(name) => {
@@ -526,9 +542,7 @@ pub async fn serve_capture(
                     rule,
                     ..Default::default()
                 };
-                let _ = proxy
-                    .audit()
-                    .write(&Record::now(proxy.jail(), Event::Net(ev)));
+                let _ = proxy.record(ev);
                 drop(conn);
             }
         }
@@ -811,7 +825,7 @@ mod tests {
         let ask = |name: &str| {
             let labels: Vec<&[u8]> = name.split('.').map(str::as_bytes).collect();
             let (_, asked) = stub_reply(&query(7, 0x0100, &labels, TYPE_A), &proxy.rules(), &pool);
-            audit_query(&proxy, "127.0.0.1:5", &asked.unwrap());
+            assert!(audit_query(&proxy, "127.0.0.1:5", &asked.unwrap()));
         };
         for i in 0..crate::proxy::BLOCKED_KEPT + extra {
             ask(&format!("n{i}.evil.test"));

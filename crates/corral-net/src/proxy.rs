@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
+use crate::bounds::{HeadBudget, Notice, out_of_descriptors};
 use crate::http::{
     self, Framing, MAX_CHUNK_LINE, MAX_HEAD_BYTES, ParseError, RequestHead, Version, find_head_end,
     parse_chunk_size, parse_header_line, parse_request_head, parse_response_head,
@@ -42,6 +43,19 @@ pub struct ProxyConfig {
     /// Concurrent client connections of this proxy (one proxy per jail); beyond it new
     /// connections are refused.
     pub max_connections: usize,
+    /// Bytes of request heads being read, across all connections of this proxy (slow clients'
+    /// partial heads); a head that would pass it is refused with 503
+    /// ([`ProxyConfig::head_budget_for`]).
+    pub head_budget: usize,
+}
+
+impl ProxyConfig {
+    /// The head budget for a jail whose policy allows `memory` bytes: 1/256 of it, at least
+    /// 4 MiB and at most 32 MiB (16 MiB for the 4g default, and without a memory limit).
+    pub fn head_budget_for(memory: Option<u64>) -> usize {
+        const MIB: u64 = 1024 * 1024;
+        memory.map_or(16 * MIB, |m| (m / 256).clamp(4 * MIB, 32 * MIB)) as usize
+    }
 }
 
 impl Default for ProxyConfig {
@@ -51,6 +65,7 @@ impl Default for ProxyConfig {
             idle_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(10),
             max_connections: 4096,
+            head_budget: ProxyConfig::head_budget_for(None),
         }
     }
 }
@@ -95,6 +110,13 @@ pub struct Proxy {
     closed: AtomicU64,
     /// Whether the memory trimmer runs (started by the first `serve`).
     trimming: AtomicBool,
+    /// Partial request heads held now ([`ProxyConfig::head_budget`]).
+    heads: HeadBudget,
+    /// Connections refused for want of a descriptor, requests refused because their record
+    /// could not be written, heads refused over the budget: one stderr line per interval each.
+    fd_refused: Notice,
+    audit_refused: Notice,
+    heads_refused: Notice,
     /// The credential gateway: CONNECTs to secret-bound hosts are handed to it, plain-HTTP
     /// heads are rewritten by it (crates/corral-gateway).
     gateway: Option<corral_gateway::Gateway>,
@@ -119,6 +141,8 @@ enum ReadError {
     Parse(ParseError),
     Io(io::Error),
     Timeout,
+    /// The proxy's head budget is spent.
+    Budget,
 }
 
 impl std::fmt::Display for ReadError {
@@ -127,6 +151,7 @@ impl std::fmt::Display for ReadError {
             ReadError::Parse(e) => write!(f, "{e}"),
             ReadError::Io(e) => write!(f, "{e}"),
             ReadError::Timeout => f.write_str("timed out"),
+            ReadError::Budget => f.write_str("the proxy's budget for request heads is spent"),
         }
     }
 }
@@ -149,16 +174,23 @@ fn eof() -> ReadError {
 
 impl<S: AsyncRead + Unpin> BufConn<S> {
     fn new(io: S) -> Self {
+        // Nothing allocated until the first read: an idle connection holds no buffer yet.
         BufConn {
             io,
-            buf: BytesMut::with_capacity(8192),
+            buf: BytesMut::new(),
         }
     }
 
-    /// Read more bytes within `t`; `Ok(0)` at end of stream.
+    /// Read more bytes within `t`; `Ok(0)` at end of stream. The buffer starts at 2 KiB (a
+    /// request head fits) and grows by 16 KiB when less than 1 KiB is free.
     async fn fill(&mut self, t: Duration) -> Result<usize, ReadError> {
-        if self.buf.capacity() - self.buf.len() < 4096 {
-            self.buf.reserve(16 * 1024);
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            let more = if self.buf.capacity() == 0 {
+                2048
+            } else {
+                16 * 1024
+            };
+            self.buf.reserve(more);
         }
         match tokio::time::timeout(t, self.io.read_buf(&mut self.buf)).await {
             Ok(r) => Ok(r?),
@@ -168,16 +200,44 @@ impl<S: AsyncRead + Unpin> BufConn<S> {
 
     /// A complete head; `Ok(None)` on a clean end of stream before its first byte. The first
     /// byte may take `first_byte` (keep-alive idle), the whole head at most `whole` from then.
+    /// The buffer's size while the head is read is counted in `budget`; past it,
+    /// [`ReadError::Budget`].
     async fn read_head(
         &mut self,
         first_byte: Duration,
         whole: Duration,
+        budget: &HeadBudget,
     ) -> Result<Option<BytesMut>, ReadError> {
+        let mut charged = 0;
+        let head = self
+            .read_head_charged(first_byte, whole, budget, &mut charged)
+            .await;
+        budget.give(charged);
+        head
+    }
+
+    async fn read_head_charged(
+        &mut self,
+        first_byte: Duration,
+        whole: Duration,
+        budget: &HeadBudget,
+        charged: &mut usize,
+    ) -> Result<Option<BytesMut>, ReadError> {
+        let mut charge = |cap: usize| {
+            if cap > *charged {
+                if !budget.take(cap - *charged) {
+                    return Err(ReadError::Budget);
+                }
+                *charged = cap;
+            }
+            Ok(())
+        };
         if self.buf.is_empty() && self.fill(first_byte).await? == 0 {
             return Ok(None);
         }
         let deadline = Instant::now() + whole;
         loop {
+            charge(self.buf.capacity())?;
             if let Some(end) = find_head_end(&self.buf)? {
                 return Ok(Some(self.buf.split_to(end)));
             }
@@ -189,6 +249,20 @@ impl<S: AsyncRead + Unpin> BufConn<S> {
                 return Err(eof());
             }
         }
+    }
+
+    /// `n` bytes, all by `deadline` (a handshake's deadline, not one per read).
+    async fn read_exact_by(&mut self, n: usize, deadline: Instant) -> Result<BytesMut, ReadError> {
+        while self.buf.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ReadError::Timeout);
+            }
+            if self.fill(left).await? == 0 {
+                return Err(eof());
+            }
+        }
+        Ok(self.buf.split_to(n))
     }
 
     /// One CRLF-terminated line (without the CRLF), at most `max` bytes.
@@ -639,10 +713,14 @@ impl Proxy {
             jail: jail.into(),
             resolver: Arc::new(SystemResolver),
             slots: Arc::new(Semaphore::new(config.max_connections)),
+            heads: HeadBudget::new(config.head_budget),
             config,
             blocked: Mutex::new(BTreeMap::new()),
             closed: AtomicU64::new(0),
             trimming: AtomicBool::new(false),
+            fd_refused: Notice::new(),
+            audit_refused: Notice::new(),
+            heads_refused: Notice::new(),
             gateway: None,
         }
     }
@@ -662,6 +740,7 @@ impl Proxy {
 
     pub fn with_config(mut self, config: ProxyConfig) -> Self {
         self.slots = Arc::new(Semaphore::new(config.max_connections));
+        self.heads = HeadBudget::new(config.head_budget);
         self.config = config;
         self
     }
@@ -702,13 +781,68 @@ impl Proxy {
         out
     }
 
-    fn log(&self, ev: NetEvent) {
-        if let Err(e) = self.audit.write(&Record::now(&self.jail, Event::Net(ev))) {
-            eprintln!("corral proxy: cannot write the audit log: {e}");
+    /// Write one record; `false` when it could not be written (the caller refuses what it
+    /// would have recorded; the failure is counted by the log and said on stderr, at most
+    /// once per interval).
+    #[must_use]
+    fn log(&self, ev: NetEvent) -> bool {
+        match self.audit.write(&Record::now(&self.jail, Event::Net(ev))) {
+            Ok(()) => true,
+            Err(e) => {
+                self.audit_refused.hit(|n| {
+                    format!(
+                        "corral proxy: cannot write the audit log ({e}): {n} record(s) lost in the last 10 s; what they would record is refused"
+                    )
+                });
+                false
+            }
         }
     }
 
+    /// Write a record decided beside the proxy with its rules (the stub resolver's); `false`
+    /// when it could not be written (the caller refuses what it records).
+    #[must_use]
+    pub fn record(&self, ev: NetEvent) -> bool {
+        self.log(ev)
+    }
+
+    /// The answer to a request allowed but not recorded.
+    const UNRECORDED: &str = "corral: the audit log cannot be written, so this request is refused (see corral's stderr)\n";
+
+    /// The connections refused for want of a descriptor (the proxy's own listener and the
+    /// stub's capture listeners count here).
+    pub fn refused_for_descriptors(&self) -> &Notice {
+        &self.fd_refused
+    }
+
+    /// End-of-run lines for the bounds that were hit (descriptors, head budget); empty when
+    /// none was. Records that could not be written are the audit log's to say
+    /// ([`corral_audit::AuditLog::failures`]).
+    pub fn bounds_summary(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let fds = self.fd_refused.total();
+        if fds > 0 {
+            out.push(format!(
+                "corral: {fds} connection(s) refused: corral was out of file descriptors (raise the hard limit: ulimit -Hn)"
+            ));
+        }
+        let heads = self.heads_refused.total();
+        if heads > 0 {
+            out.push(format!(
+                "corral: {heads} request(s) refused with 503: the jail's partial request heads passed {} bytes",
+                self.heads.limit()
+            ));
+        }
+        out
+    }
+
+    /// Bytes of partial request heads held now (tests, benchmarks).
+    pub fn head_bytes(&self) -> usize {
+        self.heads.used()
+    }
+
     #[allow(clippy::too_many_arguments)]
+    #[must_use]
     fn log_decision(
         &self,
         client: &str,
@@ -718,7 +852,7 @@ impl Proxy {
         address: Option<SocketAddr>,
         decision: Decision,
         rule: &str,
-    ) {
+    ) -> bool {
         self.log(NetEvent {
             phase: "decision".into(),
             client: client.into(),
@@ -729,11 +863,12 @@ impl Proxy {
             decision: Some(decision),
             rule: rule.into(),
             ..Default::default()
-        });
+        })
     }
 
     fn log_denial(&self, client: &str, method: &str, host: &str, port: u16, d: &Denial) {
-        self.log_decision(client, method, host, port, None, Decision::Deny, &d.rule);
+        // Refused either way; a record that could not be written is counted by the log.
+        let _ = self.log_decision(client, method, host, port, None, Decision::Deny, &d.rule);
         self.note_blocked(method, &format!("{host}:{port}"), &d.rule, &d.fix);
     }
 
@@ -773,7 +908,8 @@ impl Proxy {
         down: u64,
         started: Instant,
     ) {
-        self.log(NetEvent {
+        // The connection is over: a close line that cannot be written is counted by the log.
+        let _ = self.log(NetEvent {
             phase: "close".into(),
             client: client.into(),
             method: method.into(),
@@ -791,11 +927,16 @@ impl Proxy {
 
     /// Accept on `listener` (any thread's or namespace's socket) until the runtime stops.
     pub async fn serve(self: Arc<Self>, listener: std::net::TcpListener) -> io::Result<()> {
-        let listener = crate::forward::to_tokio(listener)?;
+        let mut listener = crate::bounds::Acceptor::new(
+            listener,
+            "the proxy",
+            crate::bounds::REFUSED_503,
+            &self.fd_refused,
+        )?;
         self.start_trimmer();
         loop {
-            // EMFILE and friends: back off instead of spinning; never exit.
-            let (stream, peer) = crate::forward::accept(&listener, "proxy").await;
+            // Out of descriptors: the waiting client gets a 503; never exit.
+            let (stream, peer) = listener.accept().await;
             let _ = stream.set_nodelay(true);
             self.clone().spawn_client(stream, peer.to_string());
         }
@@ -813,7 +954,8 @@ impl Proxy {
             let (stream, _) = match listener.accept().await {
                 Ok(x) => x,
                 Err(e) => {
-                    eprintln!("corral proxy: accept: {e}");
+                    self.fd_refused
+                        .hit(|n| format!("corral proxy: accept: {e} ({n} in the last 10 s)"));
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -953,7 +1095,7 @@ impl Proxy {
         let mut first_wait = self.config.header_timeout;
         loop {
             let head = match client
-                .read_head(first_wait, self.config.header_timeout)
+                .read_head(first_wait, self.config.header_timeout, &self.heads)
                 .await
             {
                 Ok(Some(h)) => h,
@@ -981,6 +1123,19 @@ impl Proxy {
                         &mut client.io,
                         408,
                         "corral: request head not received in time\n",
+                    )
+                    .await;
+                    break;
+                }
+                Err(ReadError::Budget) => {
+                    let limit = self.heads.limit();
+                    self.heads_refused.hit(|n| {
+                        format!("corral proxy: {n} request(s) refused in the last 10 s: the jail's partial request heads passed {limit} bytes")
+                    });
+                    self.reply_and_close(
+                        &mut client.io,
+                        503,
+                        "corral: too many partial request heads from this jail; try again\n",
                     )
                     .await;
                     break;
@@ -1147,6 +1302,15 @@ impl Proxy {
                     let _ = s.set_nodelay(true);
                     return Ok((s, addr));
                 }
+                Ok(Err(e)) if out_of_descriptors(&e) => {
+                    self.fd_refused.hit(|n| {
+                        format!("corral proxy: out of file descriptors: {n} connection(s) refused with 503 in the last 10 s")
+                    });
+                    return Err(Refusal::Failed {
+                        rule: format!("connect to {addr}: corral is out of file descriptors"),
+                        status: 503,
+                    });
+                }
                 Ok(Err(e)) => last_err = Some(format!("connect to {addr}: {e}")),
                 Err(_) => last_err = Some(format!("connect to {addr} timed out")),
             }
@@ -1186,7 +1350,7 @@ impl Proxy {
             .await
             .map_err(|e| failed(e.to_string()))?;
         let head = conn
-            .read_head(t, t)
+            .read_head(t, t, &self.heads)
             .await
             .map_err(|e| failed(e.to_string()))?
             .ok_or_else(|| failed("closed the connection".into()))?;
@@ -1357,7 +1521,7 @@ impl Proxy {
                 return None;
             }
         };
-        self.log_decision(
+        if !self.log_decision(
             peer,
             method,
             &shown,
@@ -1365,7 +1529,14 @@ impl Proxy {
             Some(address),
             Decision::Allow,
             &rule,
-        );
+        ) {
+            // Fail closed: no tunnel the log does not show.
+            if answer {
+                self.reply_and_close(&mut client.io, 503, Self::UNRECORDED)
+                    .await;
+            }
+            return None;
+        }
         let started = Instant::now();
         if answer
             && client
@@ -1428,7 +1599,7 @@ impl Proxy {
                 self.reply_and_close(io, d.status, &body).await;
             }
             Refusal::Failed { rule, status } => {
-                self.log_decision(
+                let _ = self.log_decision(
                     peer,
                     method,
                     &shown,
@@ -1547,7 +1718,7 @@ impl Proxy {
         let Some(up) = p.up.as_mut() else {
             return false;
         };
-        self.log_decision(
+        if !self.log_decision(
             peer,
             &method,
             &shown,
@@ -1555,7 +1726,12 @@ impl Proxy {
             Some(up.address),
             Decision::Allow,
             &rule,
-        );
+        ) {
+            // Fail closed: nothing is sent that the log does not show.
+            return self
+                .abandon(&mut client.io, peer, p, 503, Self::UNRECORDED)
+                .await;
+        }
 
         let client_close = req.version == Version::Http10
             || http::connection_tokens(&req.headers)
@@ -1613,7 +1789,7 @@ impl Proxy {
                     ReadError::Timeout => {
                         (408, "corral: request body not received in time\n".into())
                     }
-                    ReadError::Io(_) => return false,
+                    ReadError::Io(_) | ReadError::Budget => return false,
                 };
                 self.log_bad(peer, &method, &shown, &msg);
                 self.reply_and_close(&mut client.io, status, &msg).await;
@@ -1633,7 +1809,7 @@ impl Proxy {
         }
         // The response: 1xx heads relayed, then the final one.
         let resp = loop {
-            let head = match up.conn.read_head(t, t).await {
+            let head = match up.conn.read_head(t, t, &self.heads).await {
                 Ok(Some(h)) => h,
                 other => {
                     let why = match other {
@@ -1738,12 +1914,14 @@ impl Proxy {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let t = self.config.header_timeout;
+        // One deadline for the whole handshake, as for an HTTP head: a client dribbling one
+        // byte at a time cannot hold a connection longer than that.
+        let t = Instant::now() + self.config.header_timeout;
         // Greeting: VER NMETHODS METHODS...
-        let Ok(hdr) = client.read_exact_buf(2, t).await else {
+        let Ok(hdr) = client.read_exact_by(2, t).await else {
             return None;
         };
-        let Ok(methods) = client.read_exact_buf(hdr[1] as usize, t).await else {
+        let Ok(methods) = client.read_exact_by(hdr[1] as usize, t).await else {
             return None;
         };
         if !methods.contains(&0) {
@@ -1754,7 +1932,7 @@ impl Proxy {
             return None;
         }
         // Request: VER CMD RSV ATYP DST.ADDR DST.PORT
-        let Ok(req) = client.read_exact_buf(4, t).await else {
+        let Ok(req) = client.read_exact_by(4, t).await else {
             return None;
         };
         let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
@@ -1762,11 +1940,11 @@ impl Proxy {
             return None;
         }
         let host: Result<Host, String> = match req[3] {
-            1 => match client.read_exact_buf(4, t).await {
+            1 => match client.read_exact_by(4, t).await {
                 Ok(b) => Ok(Host::Ip(IpAddr::from([b[0], b[1], b[2], b[3]]))),
                 Err(_) => return None,
             },
-            4 => match client.read_exact_buf(16, t).await {
+            4 => match client.read_exact_by(16, t).await {
                 Ok(b) => {
                     let mut a = [0u8; 16];
                     a.copy_from_slice(&b);
@@ -1775,10 +1953,10 @@ impl Proxy {
                 Err(_) => return None,
             },
             3 => {
-                let Ok(len) = client.read_exact_buf(1, t).await else {
+                let Ok(len) = client.read_exact_by(1, t).await else {
                     return None;
                 };
-                match client.read_exact_buf(len[0] as usize, t).await {
+                match client.read_exact_by(len[0] as usize, t).await {
                     Ok(name) => match std::str::from_utf8(&name) {
                         Ok(n) if !n.contains(['%', '@', '/', ':', '[', ']']) => {
                             normalize_host(n).map_err(|e| e.to_string())
@@ -1796,7 +1974,7 @@ impl Proxy {
                 return None;
             }
         };
-        let Ok(port) = client.read_exact_buf(2, t).await else {
+        let Ok(port) = client.read_exact_by(2, t).await else {
             return None;
         };
         let port = u16::from_be_bytes([port[0], port[1]]);
@@ -1836,7 +2014,7 @@ impl Proxy {
                 return None;
             }
             Err(Refusal::Failed { rule, .. }) => {
-                self.log_decision(
+                let _ = self.log_decision(
                     peer,
                     "SOCKS5",
                     &shown,
@@ -1849,7 +2027,7 @@ impl Proxy {
                 return None;
             }
         };
-        self.log_decision(
+        if !self.log_decision(
             peer,
             "SOCKS5",
             &shown,
@@ -1857,7 +2035,11 @@ impl Proxy {
             Some(address),
             Decision::Allow,
             &rule,
-        );
+        ) {
+            // Fail closed: REP=1, general failure.
+            let _ = client.io.write_all(&reply(1)).await;
+            return None;
+        }
         if client.io.write_all(&reply(0)).await.is_err() {
             return None;
         }

@@ -55,6 +55,15 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         // The container engines: cmd/engine_run.rs.
         Engine::Podman | Engine::Docker => return super::engine_run::run_plan(plan),
     }
+    // corral's proxy holds two descriptors a tunnel: its soft open-file limit goes up to the
+    // hard one; the jail's command gets the original back (opts.nofile_soft).
+    let nofile_soft = match corral_net::bounds::raise_nofile_limit() {
+        Ok(soft) => Some(soft),
+        Err(e) => {
+            eprintln!("corral: cannot raise the open-file limit: {e}");
+            None
+        }
+    };
     // --publish: the host's 127.0.0.1:PORT, bound before the jail starts so a taken port fails
     // the run at once.
     let published = publish_listeners(plan)?;
@@ -62,6 +71,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // while corral prepares the rest). It waits for the final plan; a dropped PreparedJail is
     // killed.
     let mut opts = corral_sandbox::SpawnOptions::new()?;
+    opts.nofile_soft = nofile_soft;
     let mut prepared = match early {
         Some(prepared) => prepared,
         None => corral_sandbox::prepare(&opts.init_exe)?,
@@ -200,6 +210,14 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         for line in proxy.summary() {
             eprintln!("{line}");
         }
+        for line in proxy.proxy().bounds_summary() {
+            eprintln!("{line}");
+        }
+    }
+    // Records lost (the proxy's, the stub's, the executor's in this process): the requests
+    // they recorded were refused.
+    if let Some(f) = audit.failures() {
+        eprintln!("{}", f.summary_line());
     }
     crate::changes::finish(baseline, &audit, &jail_id);
     write(
@@ -261,7 +279,13 @@ fn serve_network(
         return Ok(None);
     }
     let rules = corral_net::Rules::from_plan(&plan.network)?;
-    let mut proxy = corral_net::Proxy::new(rules, audit.clone(), jail_id);
+    // What the jail can make the proxy hold in partial request heads is a share of the memory
+    // its policy allows (ProxyConfig::head_budget_for).
+    let config = corral_net::ProxyConfig {
+        head_budget: corral_net::ProxyConfig::head_budget_for(plan.limits.memory),
+        ..corral_net::ProxyConfig::default()
+    };
+    let mut proxy = corral_net::Proxy::new(rules, audit.clone(), jail_id).with_config(config);
     if let Some(gw) = gateway {
         proxy = proxy.with_gateway(gw);
     }

@@ -1,0 +1,126 @@
+//! Bounds of corral's own resources seen from a real jail (issue 18): the jail's command keeps
+//! the caller's open-file limit though corral raises its own, and a request the audit log
+//! cannot record is refused, with the count in the end-of-run summary.
+
+mod jail_support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use jail_support::*;
+
+fn nofile() -> (u64, u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit struct, which we provide.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    (lim.rlim_cur, lim.rlim_max)
+}
+
+/// corral is started with a soft limit of 1,024 under a higher hard limit: it raises its own
+/// (for the proxy's tunnels), and the jail's command still gets 1,024 (select()-based programs
+/// break above it), with the hard limit unchanged.
+#[test]
+fn the_jails_command_keeps_the_callers_open_file_limit() {
+    let (_, hard) = nofile();
+    if hard <= 1024 {
+        eprintln!("skipping: the hard open-file limit here is {hard}, nothing to raise");
+        return;
+    }
+    let w = World::new();
+    let mut c = w.sh_command(
+        "proxy",
+        "echo SOFT=$(ulimit -Sn) HARD=$(ulimit -Hn); echo END",
+    );
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe and allocates nothing.
+    unsafe {
+        c.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: 1024,
+                rlim_max: hard,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = run(c);
+    ran(&out, "END");
+    assert!(
+        out.stdout.contains(&format!("SOFT=1024 HARD={hard}")),
+        "{}",
+        out.both()
+    );
+}
+
+/// The project's audit log file, once it exists.
+fn audit_log(w: &World) -> Option<PathBuf> {
+    let dir = w.home.join(".local/state/corral");
+    std::fs::read_dir(&dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("audit.jsonl"))
+        .find(|p| p.is_file())
+}
+
+/// Mid-run the audit log becomes unwritable (replaced by a directory): the jail's next allowed
+/// request is refused with 503 and never reaches the origin, where the same request before was
+/// served; the end-of-run summary says how many records were lost.
+#[test]
+fn a_request_the_audit_log_cannot_record_is_refused() {
+    let w = World::new();
+    let port = origin();
+    let policy = w.outside.join("net.toml");
+    write(
+        &policy,
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"127.0.0.1:{port}\"]\nallow_cidrs = [\"127.0.0.1/32\"]\n\
+             [limits]\nenforce = \"best-effort\"\n"
+        ),
+    );
+    let script = format!(
+        r#"
+get() {{ curl -s --max-time 10 --noproxy '' -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/$1; }}
+echo "BEFORE $(get before)"
+touch ready
+i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+echo "AFTER $(get after)"
+echo END
+"#
+    );
+    let mut c = w.corral();
+    c.arg("run")
+        .arg("--policy")
+        .arg(&policy)
+        .args(["--", "sh", "-c", &script]);
+    let run_thread = std::thread::spawn(move || run(c));
+    let (ready, go) = (w.project.join("ready"), w.project.join("go"));
+    for _ in 0..1200 {
+        if ready.exists() || run_thread.is_finished() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(ready.exists(), "the jail never got to its first request");
+    let log = audit_log(&w).expect("no audit log after the first request");
+    std::fs::rename(&log, log.with_file_name("moved.jsonl")).unwrap();
+    std::fs::create_dir(&log).unwrap();
+    std::fs::write(&go, "").unwrap();
+    let out = run_thread.join().unwrap();
+    ran(&out, "END");
+    let o = out.both();
+    assert!(out.stdout.contains("BEFORE 200"), "{o}");
+    assert!(out.stdout.contains("AFTER 503"), "{o}");
+    assert!(
+        out.stderr
+            .lines()
+            .any(|l| l.contains("audit record(s) could not be written")
+                && l.contains("the requests they recorded were refused")),
+        "{o}"
+    );
+    // The origin answers every request 200: the 503 is the proxy's refusal.
+}
