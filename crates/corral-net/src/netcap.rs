@@ -18,7 +18,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Mutex;
 
@@ -111,32 +111,126 @@ async fn connect_in_jail(
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
 }
 
-/// The stub's synthetic addresses: one per name, handed out in order from a pool, stable for
-/// the run, and mapped back when a captured connection arrives.
+/// Names a jail's stub keeps addresses for at once ([`StubPool::new`]); past it, the least
+/// recently used name that is neither in use nor recently answered gives its address up.
+pub const STUB_NAMES: usize = 4096;
+
+/// Why a name got no address.
+const POOL_FULL: &str =
+    "the stub resolver's names are all in use or answered in the last 2 minutes";
+
+/// A name is not recycled within this time of its last answer or connection (twice the TTL
+/// the stub answers with), so a client that cached the answer still reaches that name.
+const RECYCLE_AFTER: Duration = Duration::from_secs(2 * STUB_TTL as u64);
+
+/// The stub's synthetic addresses: one per name, handed out from a pool and mapped back when a
+/// captured connection arrives. At most `capacity` names hold an address at once: a flood of
+/// names cannot use up the pool or grow corral. A name keeps its address while a captured
+/// connection to it is open ([`StubPool::hold`]) and for [`RECYCLE_AFTER`] after its last
+/// use; past that the least recently used name's address goes to a new name. When every name
+/// is in use or recent, a new name gets none (SERVFAIL) until one ages.
 #[derive(Debug)]
 pub struct StubPool {
     first: u32,
     last: u32,
+    capacity: usize,
     state: Mutex<PoolState>,
 }
 
 #[derive(Debug, Default)]
 struct PoolState {
     next: u32,
-    by_name: HashMap<String, Ipv4Addr>,
+    by_name: HashMap<String, PoolEntry>,
     by_addr: HashMap<Ipv4Addr, String>,
+    /// Names by their last use, oldest first (the key is a use counter).
+    order: BTreeMap<u64, String>,
+    uses: u64,
+}
+
+#[derive(Debug)]
+struct PoolEntry {
+    addr: Ipv4Addr,
+    last_used: Instant,
+    /// Its key in `order`.
+    use_key: u64,
+    /// Captured connections open to it.
+    open: u32,
+}
+
+impl PoolState {
+    /// Mark `name` used now.
+    fn touch(&mut self, name: &str, now: Instant) {
+        self.uses += 1;
+        let key = self.uses;
+        if let Some(e) = self.by_name.get_mut(name) {
+            self.order.remove(&e.use_key);
+            e.use_key = key;
+            e.last_used = now;
+            self.order.insert(key, name.to_string());
+        }
+    }
+
+    /// The address of the least recently used name that may give it up, taken from it.
+    fn recycle(&mut self, now: Instant) -> Option<Ipv4Addr> {
+        let mut victim = None;
+        for name in self.order.values() {
+            let e = &self.by_name[name];
+            if now.saturating_duration_since(e.last_used) < RECYCLE_AFTER {
+                break; // every later name was used more recently
+            }
+            if e.open == 0 {
+                victim = Some(name.clone());
+                break;
+            }
+        }
+        let name = victim?;
+        let e = self.by_name.remove(&name)?;
+        self.order.remove(&e.use_key);
+        self.by_addr.remove(&e.addr);
+        Some(e.addr)
+    }
+}
+
+/// A captured connection's hold on its name's address ([`StubPool::hold`]); released on drop.
+#[derive(Debug)]
+pub struct PoolHold {
+    pool: Arc<StubPool>,
+    addr: Ipv4Addr,
+}
+
+impl Drop for PoolHold {
+    fn drop(&mut self) {
+        let mut st = self.pool.lock();
+        if let Some(name) = st.by_addr.get(&self.addr).cloned() {
+            if let Some(e) = st.by_name.get_mut(&name) {
+                e.open = e.open.saturating_sub(1);
+            }
+            st.touch(&name, Instant::now());
+        }
+    }
 }
 
 impl StubPool {
     /// The pool `network/prefix`, skipping its network address and `reserved` (the address on
-    /// the jail's `lo`), and its broadcast address.
+    /// the jail's `lo`), and its broadcast address; at most [`STUB_NAMES`] names at once.
     pub fn new(network: Ipv4Addr, prefix: u8, reserved: Ipv4Addr) -> StubPool {
+        StubPool::with_capacity(network, prefix, reserved, STUB_NAMES)
+    }
+
+    /// [`StubPool::new`] holding at most `capacity` names at once.
+    pub fn with_capacity(
+        network: Ipv4Addr,
+        prefix: u8,
+        reserved: Ipv4Addr,
+        capacity: usize,
+    ) -> StubPool {
         let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
         let base = u32::from(network) & mask;
         let first = base + 1 + u32::from(u32::from(reserved) == base + 1);
         StubPool {
             first,
             last: base | !mask,
+            capacity,
             state: Mutex::new(PoolState {
                 next: first,
                 ..Default::default()
@@ -144,27 +238,74 @@ impl StubPool {
         }
     }
 
-    /// The address of `name`, given out now if it has none yet; `None` when the pool is used up.
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The address of `name`, given out now if it has none yet; `None` when none is free.
     pub fn address_for(&self, name: &str) -> Option<Ipv4Addr> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(a) = st.by_name.get(name) {
-            return Some(*a);
+        self.address_for_at(name, Instant::now())
+    }
+
+    /// [`StubPool::address_for`] at the time `now`.
+    pub fn address_for_at(&self, name: &str, now: Instant) -> Option<Ipv4Addr> {
+        let mut st = self.lock();
+        if let Some(a) = st.by_name.get(name).map(|e| e.addr) {
+            st.touch(name, now);
+            return Some(a);
         }
-        if st.next >= self.last {
-            return None;
-        }
-        let a = Ipv4Addr::from(st.next);
-        st.next += 1;
-        st.by_name.insert(name.to_string(), a);
+        let a = if st.by_name.len() < self.capacity && st.next < self.last {
+            st.next += 1;
+            Ipv4Addr::from(st.next - 1)
+        } else {
+            st.recycle(now)?
+        };
+        st.by_name.insert(
+            name.to_string(),
+            PoolEntry {
+                addr: a,
+                last_used: now,
+                use_key: 0,
+                open: 0,
+            },
+        );
         st.by_addr.insert(a, name.to_string());
+        st.touch(name, now);
         Some(a)
     }
 
     /// The name `addr` was given out for.
     pub fn name_for(&self, addr: IpAddr) -> Option<String> {
         let IpAddr::V4(v4) = addr else { return None };
-        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.by_addr.get(&v4).cloned()
+        self.lock().by_addr.get(&v4).cloned()
+    }
+
+    /// The name `addr` was given out for, held for a captured connection: the name keeps the
+    /// address until the hold is dropped.
+    pub fn hold(self: &Arc<Self>, addr: IpAddr) -> Option<(String, PoolHold)> {
+        let IpAddr::V4(v4) = addr else { return None };
+        let mut st = self.lock();
+        let name = st.by_addr.get(&v4)?.clone();
+        if let Some(e) = st.by_name.get_mut(&name) {
+            e.open += 1;
+        }
+        st.touch(&name, Instant::now());
+        Some((
+            name,
+            PoolHold {
+                pool: self.clone(),
+                addr: v4,
+            },
+        ))
+    }
+
+    /// Names holding an address now.
+    pub fn len(&self) -> usize {
+        self.lock().by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Whether `addr` lies in the pool's range.
@@ -352,7 +493,7 @@ pub fn stub_reply_recorded(
                     }
                     None => {
                         asked.allowed = false;
-                        asked.rule = "the stub's address pool is used up".into();
+                        asked.rule = POOL_FULL.into();
                         RCODE_SERVFAIL
                     }
                 }
@@ -387,6 +528,9 @@ fn dns_fix(q: &StubQuery) -> String {
         None if q.rule == "not in network.allow" => {
             format!("allow with: corral run --allow {}", q.name)
         }
+        None if q.rule == POOL_FULL => format!(
+            "the jail asked for more than {STUB_NAMES} names within 2 minutes; ask again later"
+        ),
         None => "the stub resolver answers allowed plain host names only".into(),
     }
 }
@@ -508,14 +652,17 @@ pub async fn serve_capture(
     loop {
         let (conn, peer) = listener.accept().await;
         let local = conn.local_addr().ok().map(|a| a.ip());
-        match local.and_then(|ip| pool.name_for(ip)) {
-            Some(name) => {
+        match local.and_then(|ip| pool.hold(ip)) {
+            Some((name, hold)) => {
                 let _ = conn.set_nodelay(true);
-                tokio::spawn(
+                let proxy = proxy.clone();
+                tokio::spawn(async move {
+                    // The name keeps its address while this connection is open.
+                    let _hold = hold;
                     proxy
-                        .clone()
-                        .capture(conn, peer.to_string(), Host::Name(name), port),
-                );
+                        .capture(conn, peer.to_string(), Host::Name(name), port)
+                        .await;
+                });
             }
             None => {
                 let addr = local.map_or_else(|| "?".to_string(), |ip| ip.to_string());
@@ -704,6 +851,67 @@ mod tests {
         let tiny = StubPool::new(Ipv4Addr::new(10, 0, 0, 0), 30, Ipv4Addr::new(10, 0, 0, 1));
         assert_eq!(tiny.address_for("x"), Some(Ipv4Addr::new(10, 0, 0, 2)));
         assert_eq!(tiny.address_for("y"), None);
+    }
+
+    /// A flood of 200,000 names under an allowed wildcard (1 ms apart): at most
+    /// [`STUB_NAMES`] hold an address at any time (corral's memory and the pool are bounded),
+    /// a name with a captured connection open keeps its address through the flood, a name
+    /// answered recently keeps it too, and once the flood's names age, later names resolve.
+    /// Before, the flood took the whole /15 and every later name failed.
+    #[test]
+    fn a_flood_of_names_cannot_use_up_the_pool() {
+        let p = Arc::new(pool());
+        let t0 = Instant::now();
+        let early = p.address_for_at("early.flood.test", t0).unwrap();
+        let (name, hold) = p.hold(IpAddr::V4(early)).unwrap();
+        assert_eq!(name, "early.flood.test");
+        let (mut given, mut refused) = (0, 0);
+        let mut last = t0;
+        for i in 0..200_000u64 {
+            last = t0 + Duration::from_millis(i + 1);
+            match p.address_for_at(&format!("n{i}.flood.test"), last) {
+                Some(_) => given += 1,
+                None => refused += 1,
+            }
+            assert!(p.len() <= STUB_NAMES, "{} names held", p.len());
+        }
+        assert!(
+            given >= STUB_NAMES && refused > 0,
+            "{given} given, {refused} refused"
+        );
+        // The held name still maps both ways; the addresses stayed at the pool's start.
+        assert_eq!(
+            p.name_for(IpAddr::V4(early)).as_deref(),
+            Some("early.flood.test")
+        );
+        assert_eq!(p.address_for_at("early.flood.test", last), Some(early));
+        let used = |a: Ipv4Addr| u32::from(a) - u32::from(Ipv4Addr::new(198, 18, 0, 0));
+        // A name answered just now keeps its address while a new flood fills the pool.
+        let recent = p.address_for_at("recent.flood.test", last + RECYCLE_AFTER);
+        let recent = recent.expect("after the flood ages, a later name resolves");
+        assert!(used(recent) <= STUB_NAMES as u32 + 2);
+        for i in 0..2 * STUB_NAMES {
+            let _ = p.address_for_at(&format!("m{i}.flood.test"), last + RECYCLE_AFTER);
+        }
+        assert_eq!(
+            p.address_for_at("recent.flood.test", last + RECYCLE_AFTER),
+            Some(recent)
+        );
+        assert_eq!(p.address_for_at("early.flood.test", last), Some(early));
+        // Released and aged, the early name's address can go to another name.
+        drop(hold);
+        let much_later = last + 3 * RECYCLE_AFTER;
+        for i in 0..STUB_NAMES {
+            assert!(
+                p.address_for_at(&format!("z{i}.flood.test"), much_later)
+                    .is_some()
+            );
+        }
+        assert_ne!(
+            p.name_for(IpAddr::V4(early)).as_deref(),
+            Some("early.flood.test")
+        );
+        assert!(p.len() <= STUB_NAMES);
     }
 
     #[test]
