@@ -197,6 +197,69 @@ pub fn project_key(project_root: &Path) -> String {
     format!("{name}-{:08x}", h as u32)
 }
 
+/// `s` made safe to print in a terminal line (`corral log`, the end-of-run summary): what the
+/// jail chose (a host, a rule quoting it, a command) cannot move the cursor, forge a row, or
+/// look like another name. Escaped: control characters (`\n`, `\u{1b}`), backslashes (so an
+/// escape cannot be faked), invisible and format characters (soft hyphen, zero-width
+/// characters, bidirectional controls, BOM, tags, variation selectors: `\u{200b}`), line and
+/// paragraph separators, whitespace other than the space, and dots that read as `.`
+/// (fullwidth, ideographic, halfwidth ideographic).
+pub fn printable(s: &str) -> String {
+    if !s.chars().any(needs_escape) {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c if needs_escape(c) => out.extend(c.escape_unicode()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Whether [`printable`] escapes `c`.
+fn needs_escape(c: char) -> bool {
+    const INVISIBLE: &[(u32, u32)] = &[
+        (0x00AD, 0x00AD),   // soft hyphen
+        (0x034F, 0x034F),   // combining grapheme joiner
+        (0x0600, 0x0605),   // Arabic number signs (Cf)
+        (0x061C, 0x061C),   // Arabic letter mark
+        (0x06DD, 0x06DD),   // Arabic end of ayah
+        (0x070F, 0x070F),   // Syriac abbreviation mark
+        (0x0890, 0x0891),   // Arabic pound/piastre mark above
+        (0x08E2, 0x08E2),   // Arabic disputed end of ayah
+        (0x115F, 0x1160),   // Hangul fillers
+        (0x17B4, 0x17B5),   // Khmer inherent vowels
+        (0x180B, 0x180F),   // Mongolian variation selectors, vowel separator
+        (0x200B, 0x200F),   // zero-width space/non-joiner/joiner, LRM, RLM
+        (0x2028, 0x2029),   // line and paragraph separators
+        (0x202A, 0x202E),   // bidirectional embeddings and overrides
+        (0x2060, 0x206F),   // word joiner, invisible operators, bidi isolates, deprecated
+        (0x3002, 0x3002),   // ideographic full stop
+        (0x3164, 0x3164),   // Hangul filler
+        (0xFE00, 0xFE0F),   // variation selectors
+        (0xFEFF, 0xFEFF),   // BOM, zero-width no-break space
+        (0xFF0E, 0xFF0E),   // fullwidth full stop
+        (0xFF61, 0xFF61),   // halfwidth ideographic full stop
+        (0xFFA0, 0xFFA0),   // halfwidth Hangul filler
+        (0xFFF9, 0xFFFB),   // interlinear annotation
+        (0x110BD, 0x110BD), // Kaithi number sign
+        (0x110CD, 0x110CD), // Kaithi number sign above
+        (0x13430, 0x1343F), // Egyptian hieroglyph format controls
+        (0x1BCA0, 0x1BCA3), // shorthand format controls
+        (0x1D173, 0x1D17A), // musical symbol format controls
+        (0xE0000, 0xE0FFF), // tags, variation selectors supplement
+    ];
+    let n = u32::from(c);
+    c == '\\'
+        || c.is_control()
+        || (c.is_whitespace() && c != ' ')
+        || INVISIBLE.iter().any(|(lo, hi)| (*lo..=*hi).contains(&n))
+}
+
 /// A project's audit log. Clones share the open files and the failure count.
 #[derive(Debug, Clone)]
 pub struct AuditLog {
@@ -621,6 +684,28 @@ mod tests {
         log.write(&Record::now("j", net("back.org", Decision::Allow)))
             .unwrap();
         assert!(fs::read_to_string(&path).unwrap().contains("back.org"));
+    }
+
+    #[test]
+    fn printable_escapes_control_invisible_and_lookalike_characters() {
+        assert_eq!(printable("example.org"), "example.org");
+        assert_eq!(printable("bücher.de ok"), "bücher.de ok");
+        assert_eq!(printable("a\u{1b}[2J\nforged\r"), "a\\u{1b}[2J\\nforged\\r");
+        for (raw, shown) in [
+            ("git\u{ad}hub.com", "git\\u{ad}hub.com"),
+            ("git\u{200b}hub.com", "git\\u{200b}hub.com"),
+            ("\u{feff}github.com", "\\u{feff}github.com"),
+            ("moc.buhtig\u{202e}", "moc.buhtig\\u{202e}"),
+            ("github\u{ff0e}com", "github\\u{ff0e}com"),
+            ("github\u{3002}com", "github\\u{3002}com"),
+            ("github\u{ff61}com", "github\\u{ff61}com"),
+            ("a\u{2028}b\u{a0}c", "a\\u{2028}b\\u{a0}c"),
+            ("x\u{e0041}", "x\\u{e0041}"),
+            // A literal backslash cannot pass for an escape.
+            ("a\\u{200b}", "a\\\\u{200b}"),
+        ] {
+            assert_eq!(printable(raw), shown, "{raw:?}");
+        }
     }
 
     #[test]

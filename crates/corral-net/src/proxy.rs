@@ -82,10 +82,16 @@ pub struct Blocked {
 
 impl Blocked {
     /// `corral: blocked CONNECT github.com:443 ×3 (not in network.allow) — allow with: ...`
+    /// What the jail chose is escaped as `corral log` escapes it ([`corral_audit::printable`]).
     pub fn summary_line(&self) -> String {
+        use corral_audit::printable as p;
         format!(
             "corral: blocked {} {} ×{} ({}) — {}",
-            self.method, self.target, self.count, self.rule, self.fix
+            p(&self.method),
+            p(&self.target),
+            self.count,
+            p(&self.rule),
+            p(&self.fix)
         )
     }
 }

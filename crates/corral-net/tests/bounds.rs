@@ -414,3 +414,20 @@ fn rlimit_hard() -> u64 {
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
     lim.rlim_max
 }
+
+/// The end-of-run summary escapes what the jail chose as `corral log` does: control,
+/// invisible and look-alike characters cannot forge a line or pass for another name.
+#[test]
+fn the_summary_escapes_invisible_and_lookalike_characters() {
+    let b = corral_net::Blocked {
+        method: "DNS".into(),
+        target: "git\u{ad}hub\u{ff0e}com\u{200b}\u{1b}[2K".into(),
+        rule: "not in network.allow\u{202e}".into(),
+        fix: "allow with: corral run --allow git\u{feff}hub.com".into(),
+        count: 2,
+    };
+    assert_eq!(
+        b.summary_line(),
+        "corral: blocked DNS git\\u{ad}hub\\u{ff0e}com\\u{200b}\\u{1b}[2K ×2 (not in network.allow\\u{202e}) — allow with: corral run --allow git\\u{feff}hub.com"
+    );
+}
