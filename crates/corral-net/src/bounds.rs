@@ -11,7 +11,7 @@
 //!   that takes the descriptor a spare freed cannot leave the listener without one.
 //! - Stderr: a condition that can repeat as fast as the jail can cause it is reported through a
 //!   [`Notice`], at most one line per [`NOTICE_INTERVAL`], with how often it happened.
-//! - Head buffers: a [`HeadBudget`] bounds the bytes of partial request heads the proxy holds
+//! - Head buffers: a [`Budget`] bounds the bytes of partial request heads the proxy holds
 //!   across all of a jail's connections.
 
 use std::io;
@@ -231,14 +231,14 @@ impl<'a> Acceptor<'a> {
 /// connection reserves what its buffer may grow to before each read; when the budget is spent,
 /// the head it is reading is refused (`503`) instead of growing corral.
 #[derive(Debug)]
-pub struct HeadBudget {
+pub struct Budget {
     limit: usize,
     used: AtomicUsize,
 }
 
-impl HeadBudget {
-    pub fn new(limit: usize) -> HeadBudget {
-        HeadBudget {
+impl Budget {
+    pub fn new(limit: usize) -> Budget {
+        Budget {
             limit,
             used: AtomicUsize::new(0),
         }
@@ -253,7 +253,12 @@ impl HeadBudget {
             .is_ok()
     }
 
-    /// Give back `n` bytes taken earlier.
+    /// Count `n` bytes held whatever the limit (data already read that must be kept).
+    pub fn charge(&self, n: usize) {
+        self.used.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Give back `n` bytes taken or charged earlier.
     pub fn give(&self, n: usize) {
         self.used.fetch_sub(n, Ordering::AcqRel);
     }
@@ -287,8 +292,8 @@ mod tests {
     }
 
     #[test]
-    fn the_head_budget_never_passes_its_limit() {
-        let b = HeadBudget::new(100);
+    fn the_buffer_budget_never_passes_its_limit() {
+        let b = Budget::new(100);
         assert!(b.take(60));
         assert!(!b.take(41));
         assert!(b.take(40));

@@ -79,7 +79,7 @@ pub(crate) async fn relay_audited(
     {
         return;
     }
-    let (u, d) = crate::proxy::tunnel(client, up, idle_timeout).await;
+    let (u, d) = crate::proxy::tunnel(client, up, idle_timeout, None).await;
     ev.phase = "close".into();
     ev.decision = None;
     ev.rule = String::new();

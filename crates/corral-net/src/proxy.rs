@@ -23,7 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-use crate::bounds::{HeadBudget, Notice, out_of_descriptors};
+use crate::bounds::{Budget, Notice, out_of_descriptors};
 use crate::http::{
     self, Framing, MAX_CHUNK_LINE, MAX_HEAD_BYTES, ParseError, RequestHead, Version, find_head_end,
     parse_chunk_size, parse_header_line, parse_request_head, parse_response_head,
@@ -43,16 +43,17 @@ pub struct ProxyConfig {
     /// Concurrent client connections of this proxy (one proxy per jail); beyond it new
     /// connections are refused.
     pub max_connections: usize,
-    /// Bytes of request heads being read, across all connections of this proxy (slow clients'
-    /// partial heads); a head that would pass it is refused with 503
-    /// ([`ProxyConfig::head_budget_for`]).
-    pub head_budget: usize,
+    /// Bytes of buffers this proxy holds for its jail's connections, twice: request heads
+    /// being read (slow clients' partial heads) at most this much, and tunnel data a writer has
+    /// not taken yet about as much. A head that would pass it is refused with 503; past it,
+    /// tunnels read 1 KiB at a time instead of 64 ([`ProxyConfig::buffer_budget_for`]).
+    pub buffer_budget: usize,
 }
 
 impl ProxyConfig {
-    /// The head budget for a jail whose policy allows `memory` bytes: 1/256 of it, at least
+    /// The buffer budget for a jail whose policy allows `memory` bytes: 1/256 of it, at least
     /// 4 MiB and at most 32 MiB (16 MiB for the 4g default, and without a memory limit).
-    pub fn head_budget_for(memory: Option<u64>) -> usize {
+    pub fn buffer_budget_for(memory: Option<u64>) -> usize {
         const MIB: u64 = 1024 * 1024;
         memory.map_or(16 * MIB, |m| (m / 256).clamp(4 * MIB, 32 * MIB)) as usize
     }
@@ -65,7 +66,7 @@ impl Default for ProxyConfig {
             idle_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(10),
             max_connections: 4096,
-            head_budget: ProxyConfig::head_budget_for(None),
+            buffer_budget: ProxyConfig::buffer_budget_for(None),
         }
     }
 }
@@ -116,8 +117,10 @@ pub struct Proxy {
     closed: AtomicU64,
     /// Whether the memory trimmer runs (started by the first `serve`).
     trimming: AtomicBool,
-    /// Partial request heads held now ([`ProxyConfig::head_budget`]).
-    heads: HeadBudget,
+    /// Request heads being read, and tunnel data not yet written, held now (each bounded by
+    /// [`ProxyConfig::buffer_budget`]).
+    buffers: Arc<Budget>,
+    pending: Arc<Budget>,
     /// Connections refused for want of a descriptor, requests refused because their record
     /// could not be written, heads refused over the budget: one stderr line per interval each.
     fd_refused: Notice,
@@ -212,7 +215,7 @@ impl<S: AsyncRead + Unpin> BufConn<S> {
         &mut self,
         first_byte: Duration,
         whole: Duration,
-        budget: &HeadBudget,
+        budget: &Budget,
     ) -> Result<Option<BytesMut>, ReadError> {
         let mut charged = 0;
         let head = self
@@ -226,7 +229,7 @@ impl<S: AsyncRead + Unpin> BufConn<S> {
         &mut self,
         first_byte: Duration,
         whole: Duration,
-        budget: &HeadBudget,
+        budget: &Budget,
         charged: &mut usize,
     ) -> Result<Option<BytesMut>, ReadError> {
         let mut charge = |cap: usize| {
@@ -417,15 +420,62 @@ where
 /// One direction of a tunnel. Idle, it holds no buffer: data is read into a buffer on the poll
 /// function's stack and written straight on; only bytes the writer cannot take yet are copied to
 /// the heap, and freed once written. 1,000 idle tunnels thus cost sockets and tasks, not buffers.
-#[derive(Default)]
+/// Those copies are counted in the proxy's buffer budget, if any: past it, reads shrink to
+/// [`TUNNEL_READ_TIGHT`], so what a jail that stops reading makes corral hold stays small.
 struct Direction {
     pending: Option<(Box<[u8]>, usize)>,
     read_done: bool,
     shut_down: bool,
     bytes: u64,
+    budget: Option<Arc<Budget>>,
+}
+
+impl Direction {
+    fn new(budget: Option<Arc<Budget>>) -> Direction {
+        Direction {
+            pending: None,
+            read_done: false,
+            shut_down: false,
+            bytes: 0,
+            budget,
+        }
+    }
+
+    /// Keep `data` until the writer takes it (counted in the budget).
+    fn hold(&mut self, data: &[u8]) {
+        if let Some(b) = &self.budget {
+            b.charge(data.len());
+        }
+        self.pending = Some((data.to_vec().into_boxed_slice(), 0));
+    }
+
+    /// The pending data is written (or dropped): give its bytes back.
+    fn release(&mut self) {
+        if let Some((buf, _)) = self.pending.take()
+            && let Some(b) = &self.budget
+        {
+            b.give(buf.len());
+        }
+    }
+
+    /// How much to read at once: less when the budget is spent.
+    fn read_size(&self) -> usize {
+        match &self.budget {
+            Some(b) if b.used().saturating_add(TUNNEL_READ) > b.limit() => TUNNEL_READ_TIGHT,
+            _ => TUNNEL_READ,
+        }
+    }
+}
+
+impl Drop for Direction {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 const TUNNEL_READ: usize = 64 * 1024;
+/// A tunnel's read size once the proxy's buffer budget is spent.
+const TUNNEL_READ_TIGHT: usize = 1024;
 
 fn poll_direction<R, W>(
     cx: &mut Context<'_>,
@@ -448,7 +498,7 @@ where
                     Poll::Pending => return Poll::Pending,
                 }
             }
-            d.pending = None;
+            d.release();
         }
         if d.read_done {
             if !d.shut_down {
@@ -460,7 +510,8 @@ where
             return Poll::Ready(Ok(()));
         }
         let mut stack = [0u8; TUNNEL_READ];
-        let mut rb = ReadBuf::new(&mut stack);
+        let size = d.read_size();
+        let mut rb = ReadBuf::new(&mut stack[..size]);
         match r.as_mut().poll_read(cx, &mut rb) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -479,7 +530,7 @@ where
                 Poll::Ready(Ok(k)) => pos += k,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {
-                    d.pending = Some((stack[pos..n].to_vec().into_boxed_slice(), 0));
+                    d.hold(&stack[pos..n]);
                     return Poll::Pending;
                 }
             }
@@ -490,8 +541,8 @@ where
 }
 
 /// Relay bytes both ways until both sides close, either fails, or nothing moves for `idle`.
-/// Resolves to (bytes a->b, bytes b->a).
-pub(crate) fn tunnel<A, B>(a: A, b: B, idle: Duration) -> Relay<A, B>
+/// Resolves to (bytes a->b, bytes b->a). Data a writer cannot take yet is counted in `budget`.
+pub(crate) fn tunnel<A, B>(a: A, b: B, idle: Duration, budget: Option<Arc<Budget>>) -> Relay<A, B>
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -499,8 +550,8 @@ where
     Relay {
         a,
         b,
-        up: Direction::default(),
-        down: Direction::default(),
+        up: Direction::new(budget.clone()),
+        down: Direction::new(budget),
         timer: None,
         idle,
     }
@@ -719,7 +770,8 @@ impl Proxy {
             jail: jail.into(),
             resolver: Arc::new(SystemResolver),
             slots: Arc::new(Semaphore::new(config.max_connections)),
-            heads: HeadBudget::new(config.head_budget),
+            buffers: Arc::new(Budget::new(config.buffer_budget)),
+            pending: Arc::new(Budget::new(config.buffer_budget)),
             config,
             blocked: Mutex::new(BTreeMap::new()),
             closed: AtomicU64::new(0),
@@ -746,7 +798,8 @@ impl Proxy {
 
     pub fn with_config(mut self, config: ProxyConfig) -> Self {
         self.slots = Arc::new(Semaphore::new(config.max_connections));
-        self.heads = HeadBudget::new(config.head_budget);
+        self.buffers = Arc::new(Budget::new(config.buffer_budget));
+        self.pending = Arc::new(Budget::new(config.buffer_budget));
         self.config = config;
         self
     }
@@ -836,15 +889,15 @@ impl Proxy {
         if heads > 0 {
             out.push(format!(
                 "corral: {heads} request(s) refused with 503: the jail's partial request heads passed {} bytes",
-                self.heads.limit()
+                self.buffers.limit()
             ));
         }
         out
     }
 
-    /// Bytes of partial request heads held now (tests, benchmarks).
-    pub fn head_bytes(&self) -> usize {
-        self.heads.used()
+    /// Bytes of request heads and pending tunnel data held now (tests, benchmarks).
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffers.used() + self.pending.used()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1101,7 +1154,7 @@ impl Proxy {
         let mut first_wait = self.config.header_timeout;
         loop {
             let head = match client
-                .read_head(first_wait, self.config.header_timeout, &self.heads)
+                .read_head(first_wait, self.config.header_timeout, &self.buffers)
                 .await
             {
                 Ok(Some(h)) => h,
@@ -1134,7 +1187,7 @@ impl Proxy {
                     break;
                 }
                 Err(ReadError::Budget) => {
-                    let limit = self.heads.limit();
+                    let limit = self.buffers.limit();
                     self.heads_refused.hit(|n| {
                         format!("corral proxy: {n} request(s) refused in the last 10 s: the jail's partial request heads passed {limit} bytes")
                     });
@@ -1356,7 +1409,7 @@ impl Proxy {
             .await
             .map_err(|e| failed(e.to_string()))?;
         let head = conn
-            .read_head(t, t, &self.heads)
+            .read_head(t, t, &self.buffers)
             .await
             .map_err(|e| failed(e.to_string()))?
             .ok_or_else(|| failed("closed the connection".into()))?;
@@ -1477,7 +1530,12 @@ impl Proxy {
         S: AsyncRead + AsyncWrite + Unpin,
     {
         TunnelTask {
-            relay: tunnel(t.client, t.up, self.config.idle_timeout),
+            relay: tunnel(
+                t.client,
+                t.up,
+                self.config.idle_timeout,
+                Some(self.pending.clone()),
+            ),
             proxy: self,
             peer,
             meta: t.meta,
@@ -1815,7 +1873,7 @@ impl Proxy {
         }
         // The response: 1xx heads relayed, then the final one.
         let resp = loop {
-            let head = match up.conn.read_head(t, t, &self.heads).await {
+            let head = match up.conn.read_head(t, t, &self.buffers).await {
                 Ok(Some(h)) => h,
                 other => {
                     let why = match other {

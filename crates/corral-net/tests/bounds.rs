@@ -196,7 +196,7 @@ fn partial_heads_are_bounded_per_proxy() {
         let h = start(
             rules(&["origin.test"], &[]),
             ProxyConfig {
-                head_budget: budget,
+                buffer_budget: budget,
                 header_timeout: Duration::from_secs(60),
                 ..ProxyConfig::default()
             },
@@ -219,7 +219,7 @@ fn partial_heads_are_bounded_per_proxy() {
         let (mut last, mut same) = (usize::MAX, 0);
         for _ in 0..300 {
             std::thread::sleep(Duration::from_millis(100));
-            let now = proxy.head_bytes();
+            let now = proxy.buffered_bytes();
             same = if now == last { same + 1 } else { 0 };
             last = now;
             if same == 10 {
@@ -429,5 +429,76 @@ fn the_summary_escapes_invisible_and_lookalike_characters() {
     assert_eq!(
         b.summary_line(),
         "corral: blocked DNS git\\u{ad}hub\\u{ff0e}com\\u{200b}\\u{1b}[2K ×2 (not in network.allow\\u{202e}) — allow with: corral run --allow git\\u{feff}hub.com"
+    );
+}
+
+/// Tunnels whose client stops reading while the origin keeps sending: the data the proxy has
+/// read but cannot pass on is counted in its buffer budget, and past it tunnels read 1 KiB at a
+/// time, so what the jail makes corral hold stays near the budget. The control, with no
+/// budget, holds up to 64 KiB a tunnel.
+#[test]
+fn tunnel_data_a_jail_does_not_read_is_bounded() {
+    raise_own_nofile();
+    // An origin that sends without end.
+    let origin = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = origin.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in origin.incoming() {
+            let Ok(mut s) = s else { break };
+            std::thread::spawn(move || {
+                let chunk = vec![b'x'; 64 * 1024];
+                while s.write_all(&chunk).is_ok() {}
+            });
+        }
+    });
+    let tunnels = 64;
+    let held = |budget: usize| {
+        let h = start(
+            rules(&[&format!("origin.test:{port}")], &["127.0.0.0/8"]),
+            ProxyConfig {
+                buffer_budget: budget,
+                ..ProxyConfig::default()
+            },
+        );
+        let connect =
+            format!("CONNECT origin.test:{port} HTTP/1.1\r\nHost: origin.test:{port}\r\n\r\n");
+        let mut conns = Vec::new();
+        for _ in 0..tunnels {
+            let mut s = TcpStream::connect(h.addr).unwrap();
+            s.write_all(connect.as_bytes()).unwrap();
+            let mut head = [0u8; 39];
+            s.read_exact(&mut head).unwrap();
+            assert!(
+                head.starts_with(b"HTTP/1.1 200"),
+                "{}",
+                String::from_utf8_lossy(&head)
+            );
+            conns.push(s); // never read again
+        }
+        let proxy = h.handle.proxy().clone();
+        let (mut last, mut same, mut most) = (usize::MAX, 0, 0);
+        for _ in 0..300 {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = proxy.buffered_bytes();
+            most = most.max(now);
+            same = if now == last { same + 1 } else { 0 };
+            last = now;
+            if same == 10 {
+                break;
+            }
+        }
+        most
+    };
+    const KIB: usize = 1024;
+    let unbounded = held(usize::MAX);
+    assert!(
+        unbounded > tunnels * 16 * KIB,
+        "control: {tunnels} stalled tunnels held only {unbounded} bytes"
+    );
+    let budget = 256 * KIB;
+    let bounded = held(budget);
+    assert!(
+        bounded <= budget + 2 * 64 * KIB + tunnels * 2 * KIB,
+        "{tunnels} stalled tunnels held {bounded} bytes over a {budget}-byte budget"
     );
 }

@@ -280,9 +280,9 @@ fn serve_network(
     }
     let rules = corral_net::Rules::from_plan(&plan.network)?;
     // What the jail can make the proxy hold in partial request heads is a share of the memory
-    // its policy allows (ProxyConfig::head_budget_for).
+    // its policy allows (ProxyConfig::buffer_budget_for).
     let config = corral_net::ProxyConfig {
-        head_budget: corral_net::ProxyConfig::head_budget_for(plan.limits.memory),
+        buffer_budget: corral_net::ProxyConfig::buffer_budget_for(plan.limits.memory),
         ..corral_net::ProxyConfig::default()
     };
     let mut proxy = corral_net::Proxy::new(rules, audit.clone(), jail_id).with_config(config);
