@@ -74,8 +74,9 @@ pub fn out_of_descriptors(e: &io::Error) -> bool {
 static ORIGINAL_SOFT: AtomicU64 = AtomicU64::new(0);
 
 /// Raise this process's soft `RLIMIT_NOFILE` to its hard limit (every tunnel holds two
-/// descriptors; the common soft limit of 1,024 is 500 tunnels). Returns the original soft
-/// limit, also kept for [`original_nofile_soft`]. Call once, early in `main`.
+/// descriptors; the common soft limit of 1,024 is 500 tunnels). Returns the soft limit the
+/// process had before its first call, also kept for [`original_nofile_soft`]; a second call
+/// changes nothing.
 pub fn raise_nofile_limit() -> io::Result<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -85,8 +86,12 @@ pub fn raise_nofile_limit() -> io::Result<u64> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    let original = lim.rlim_cur;
-    let _ = ORIGINAL_SOFT.compare_exchange(0, original, Ordering::Relaxed, Ordering::Relaxed);
+    let original =
+        match ORIGINAL_SOFT.compare_exchange(0, lim.rlim_cur, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => lim.rlim_cur,
+            Err(first) => first,
+        };
     if lim.rlim_cur < lim.rlim_max {
         lim.rlim_cur = lim.rlim_max;
         // SAFETY: setrlimit reads one rlimit struct, which we provide.

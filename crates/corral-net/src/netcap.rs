@@ -592,15 +592,16 @@ pub async fn serve_dns_tcp(
     proxy: Arc<Proxy>,
     pool: Arc<StubPool>,
 ) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let mut listener = crate::bounds::Acceptor::new(
+        listener,
+        "the stub resolver (TCP)",
+        b"",
+        proxy.refused_for_descriptors(),
+    )?;
     // Resolvers open a TCP connection only after a truncated UDP answer: a few suffice.
     let slots = Arc::new(tokio::sync::Semaphore::new(DNS_TCP_CONNECTIONS));
     loop {
-        let Ok((mut conn, peer)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
+        let (mut conn, peer) = listener.accept().await;
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             drop(conn);
             continue;
