@@ -1363,7 +1363,7 @@ impl Proxy {
                 }
                 Ok(Err(e)) if out_of_descriptors(&e) => {
                     self.fd_refused.hit(|n| {
-                        format!("corral proxy: out of file descriptors: {n} connection(s) refused with 503 in the last 10 s")
+                        format!("corral proxy: out of file descriptors: {n} connection(s) refused in the last 10 s (503: no descriptor to reach the destination)")
                     });
                     return Err(Refusal::Failed {
                         rule: format!("connect to {addr}: corral is out of file descriptors"),

@@ -124,3 +124,140 @@ echo END
     );
     // The origin answers every request 200: the 503 is the proxy's refusal.
 }
+
+/// corral run with a soft and hard open-file limit of 1,024, and 3,000 CONNECT tunnels opened
+/// from inside the jail (four processes, each under the jail's own 1,024): every one is
+/// answered, 200 or 503, none hangs; corral's stderr has a line or two about it and the
+/// end-of-run total, not one line per refusal.
+#[test]
+fn out_of_descriptors_the_jails_tunnels_get_503_not_a_hang() {
+    let origin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = origin.local_addr().unwrap().port();
+    // The origin only accepts and holds: a tunnel needs nothing more.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in origin.incoming() {
+            match s {
+                Ok(s) => held.push(s),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    });
+    let w = World::new();
+    let policy = w.outside.join("net.toml");
+    write(
+        &policy,
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"127.0.0.1:{port}\"]\nallow_cidrs = [\"127.0.0.1/32\"]\n\
+             [limits]\nenforce = \"best-effort\"\n"
+        ),
+    );
+    let script = format!(
+        r#"
+python3 - <<'PY'
+import os, socket, time
+PROCS, EACH = 4, 750
+def child(i):
+    counts = {{"200": 0, "503": 0, "hang": 0, "error": 0}}
+    held = []
+    for _ in range(EACH):
+        s = socket.socket()
+        s.settimeout(20)
+        try:
+            s.connect(("127.0.0.1", 3128))
+            s.sendall(b"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n")
+            head = s.recv(12)
+        except socket.timeout:
+            counts["hang"] += 1
+            s.close()
+            continue
+        except OSError:
+            counts["error"] += 1
+            s.close()
+            continue
+        key = head[9:12].decode(errors="replace")
+        counts[key] = counts.get(key, 0) + 1
+        held.append(s)
+    print("COUNTS", counts["200"], counts["503"], counts["hang"], counts["error"], flush=True)
+    open(f"done-{{i}}", "w").close()
+    # Hold the tunnels until every process is done, so the limit stays reached.
+    for _ in range(1200):
+        if all(os.path.exists(f"done-{{j}}") for j in range(PROCS)):
+            break
+        time.sleep(0.1)
+    os._exit(0)
+pids = []
+for i in range(PROCS):
+    pid = os.fork()
+    if pid == 0:
+        child(i)
+    pids.append(pid)
+for p in pids:
+    os.waitpid(p, 0)
+PY
+echo END
+"#
+    );
+    let mut c = w.corral();
+    c.arg("run")
+        .arg("--policy")
+        .arg(&policy)
+        .args(["--", "sh", "-c", &script]);
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe and allocates nothing.
+    unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 1024,
+                rlim_max: 1024,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = run(c);
+    ran(&out, "END");
+    let (mut ok, mut refused) = (0, 0);
+    for line in out.stdout.lines().filter(|l| l.starts_with("COUNTS ")) {
+        let n: Vec<usize> = line[7..].split(' ').map(|x| x.parse().unwrap()).collect();
+        assert_eq!(
+            (n[2], n[3]),
+            (0, 0),
+            "hung or failed: {line}\n{}",
+            out.both()
+        );
+        ok += n[0];
+        refused += n[1];
+    }
+    eprintln!(
+        "{ok} tunnels served, {refused} refused; corral said:\n{}",
+        out.stderr
+    );
+    assert_eq!(ok + refused, 3000, "{}", out.both());
+    assert!(ok > 200 && refused > 1000, "{ok} served, {refused} refused");
+    let noisy: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("file descriptors"))
+        .collect();
+    assert!(
+        !noisy.is_empty() && noisy.len() <= 6,
+        "{} stderr lines about descriptors:\n{}",
+        noisy.len(),
+        out.stderr
+    );
+    assert!(
+        noisy.iter().any(|l| l.contains("refused in the last 10 s")),
+        "no line while it happened:\n{}",
+        out.stderr
+    );
+    assert!(
+        noisy
+            .iter()
+            .any(|l| l.contains("connection(s) refused: corral was out of file descriptors")),
+        "no total at the end:\n{}",
+        out.stderr
+    );
+}
