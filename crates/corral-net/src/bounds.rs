@@ -154,7 +154,7 @@ pub struct Acceptor<'a> {
 }
 
 /// What the proxy's listener answers a connection it has no descriptor for.
-pub const REFUSED_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 52\r\nConnection: close\r\nX-Corral-Proxy: 1\r\n\r\ncorral proxy: out of file descriptors; try again later";
+pub const REFUSED_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 55\r\nConnection: close\r\nX-Corral-Proxy: 1\r\n\r\ncorral proxy: out of file descriptors; try again later\n";
 
 impl<'a> Acceptor<'a> {
     /// `what` names the listener in stderr lines; `notice` counts refused connections.
@@ -297,7 +297,18 @@ mod tests {
     }
 
     #[test]
-    fn the_buffer_budget_never_passes_its_limit() {
+    fn the_refusal_is_one_complete_response() {
+        let end = crate::http::find_head_end(REFUSED_503).unwrap().unwrap();
+        let head = crate::http::parse_response_head(&REFUSED_503[..end]).unwrap();
+        assert_eq!(head.status, 503);
+        assert_eq!(
+            crate::http::response_framing(&head, "GET").unwrap(),
+            crate::http::Framing::Length((REFUSED_503.len() - end) as u64)
+        );
+    }
+
+    #[test]
+    fn a_budget_never_passes_its_limit() {
         let b = Budget::new(100);
         assert!(b.take(60));
         assert!(!b.take(41));
