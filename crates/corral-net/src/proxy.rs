@@ -694,6 +694,50 @@ pub(crate) fn error_response(status: u16, body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// DST.ADDR of a SOCKS5 request of address type `atyp`, read by `deadline`: the host, or why
+/// it is not one; `None` when the client went away or was too slow, or named an unknown
+/// address type (answered REP=8).
+async fn read_socks_address<S>(
+    client: &mut BufConn<S>,
+    atyp: u8,
+    deadline: Instant,
+) -> Option<Result<Host, String>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let t = deadline;
+    let host = match atyp {
+        1 => {
+            let b = client.read_exact_by(4, t).await.ok()?;
+            Ok(Host::Ip(IpAddr::from([b[0], b[1], b[2], b[3]])))
+        }
+        4 => {
+            let b = client.read_exact_by(16, t).await.ok()?;
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&b);
+            Ok(Host::Ip(IpAddr::from(a)))
+        }
+        3 => {
+            let len = client.read_exact_by(1, t).await.ok()?;
+            let name = client.read_exact_by(len[0] as usize, t).await.ok()?;
+            match std::str::from_utf8(&name) {
+                Ok(n) if !n.contains(['%', '@', '/', ':', '[', ']']) => {
+                    normalize_host(n).map_err(|e| e.to_string())
+                }
+                _ => Err(format!(
+                    "invalid SOCKS5 host name {:?}",
+                    String::from_utf8_lossy(&name)
+                )),
+            }
+        }
+        _ => {
+            let _ = client.io.write_all(&[5, 8, 0, 1, 0, 0, 0, 0, 0, 0]).await;
+            return None;
+        }
+    };
+    Some(host)
+}
+
 /// Split an absolute-form `http://authority/path` target.
 fn split_absolute(target: &str) -> Result<(&str, String), &'static str> {
     let lower = target.get(..8).unwrap_or(target).to_ascii_lowercase();
@@ -2003,41 +2047,7 @@ impl Proxy {
         if req[0] != 5 || req[2] != 0 {
             return None;
         }
-        let host: Result<Host, String> = match req[3] {
-            1 => match client.read_exact_by(4, t).await {
-                Ok(b) => Ok(Host::Ip(IpAddr::from([b[0], b[1], b[2], b[3]]))),
-                Err(_) => return None,
-            },
-            4 => match client.read_exact_by(16, t).await {
-                Ok(b) => {
-                    let mut a = [0u8; 16];
-                    a.copy_from_slice(&b);
-                    Ok(Host::Ip(IpAddr::from(a)))
-                }
-                Err(_) => return None,
-            },
-            3 => {
-                let Ok(len) = client.read_exact_by(1, t).await else {
-                    return None;
-                };
-                match client.read_exact_by(len[0] as usize, t).await {
-                    Ok(name) => match std::str::from_utf8(&name) {
-                        Ok(n) if !n.contains(['%', '@', '/', ':', '[', ']']) => {
-                            normalize_host(n).map_err(|e| e.to_string())
-                        }
-                        _ => Err(format!(
-                            "invalid SOCKS5 host name {:?}",
-                            String::from_utf8_lossy(&name)
-                        )),
-                    },
-                    Err(_) => return None,
-                }
-            }
-            _ => {
-                let _ = client.io.write_all(&reply(8)).await;
-                return None;
-            }
-        };
+        let host = read_socks_address(&mut client, req[3], t).await?;
         let Ok(port) = client.read_exact_by(2, t).await else {
             return None;
         };
