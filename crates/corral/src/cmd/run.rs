@@ -55,15 +55,6 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         // The container engines: cmd/engine_run.rs.
         Engine::Podman | Engine::Docker => return super::engine_run::run_plan(plan),
     }
-    // corral's proxy holds two descriptors a tunnel: its soft open-file limit goes up to the
-    // hard one; the jail's command gets the original back (opts.nofile_soft).
-    let nofile_soft = match corral_net::bounds::raise_nofile_limit() {
-        Ok(soft) => Some(soft),
-        Err(e) => {
-            eprintln!("corral: cannot raise the open-file limit: {e}");
-            None
-        }
-    };
     // --publish: the host's 127.0.0.1:PORT, bound before the jail starts so a taken port fails
     // the run at once.
     let published = publish_listeners(plan)?;
@@ -71,7 +62,8 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // while corral prepares the rest). It waits for the final plan; a dropped PreparedJail is
     // killed.
     let mut opts = corral_sandbox::SpawnOptions::new()?;
-    opts.nofile_soft = nofile_soft;
+    // main() raised corral's open-file limit for the proxy: the command gets the caller's.
+    opts.nofile_soft = corral_net::bounds::original_nofile_soft();
     let mut prepared = match early {
         Some(prepared) => prepared,
         None => corral_sandbox::prepare(&opts.init_exe)?,
@@ -206,19 +198,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             eprintln!("corral: {line}");
         }
     }
-    if let Some(proxy) = proxy {
-        for line in proxy.summary() {
-            eprintln!("{line}");
-        }
-        for line in proxy.proxy().bounds_summary() {
-            eprintln!("{line}");
-        }
-    }
-    // Records lost (the proxy's, the stub's, the executor's in this process): the requests
-    // they recorded were refused.
-    if let Some(f) = audit.failures() {
-        eprintln!("{}", f.summary_line());
-    }
+    network_summary(proxy.as_ref(), &audit);
     crate::changes::finish(baseline, &audit, &jail_id);
     write(
         &audit,
@@ -230,6 +210,22 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         },
     );
     Ok(exit.code)
+}
+
+/// The network's end-of-run lines: blocked destinations, bounds that were hit, and audit
+/// records that could not be written (the requests they recorded were refused).
+fn network_summary(proxy: Option<&corral_net::ProxyHandle>, audit: &AuditLog) {
+    if let Some(proxy) = proxy {
+        for line in proxy.summary() {
+            eprintln!("{line}");
+        }
+        for line in proxy.proxy().bounds_summary() {
+            eprintln!("{line}");
+        }
+    }
+    if let Some(f) = audit.failures() {
+        eprintln!("{}", f.summary_line());
+    }
 }
 
 /// What the jail's Plan gains on top of `plan` before it starts: [secrets] placeholders and the
