@@ -21,7 +21,7 @@ fn nofile() -> (u64, u64) {
 
 /// corral is started with a soft limit of 1,024 under a higher hard limit: it raises its own
 /// (for the proxy's tunnels), and the jail's command still gets 1,024 (select()-based programs
-/// break above it), with the hard limit unchanged.
+/// break above it), with the hard limit unchanged; so do the executor's commands.
 #[test]
 fn the_jails_command_keeps_the_callers_open_file_limit() {
     let (_, hard) = nofile();
@@ -32,7 +32,8 @@ fn the_jails_command_keeps_the_callers_open_file_limit() {
     let w = World::new();
     let mut c = w.sh_command(
         "proxy",
-        "echo SOFT=$(ulimit -Sn) HARD=$(ulimit -Hn); echo END",
+        "echo SOFT=$(ulimit -Sn) HARD=$(ulimit -Hn); \
+         corral exec -- sh -c 'echo EXEC-SOFT=$(ulimit -Sn)'; echo END",
     );
     use std::os::unix::process::CommandExt;
     // SAFETY: setrlimit is async-signal-safe and allocates nothing.
@@ -55,6 +56,8 @@ fn the_jails_command_keeps_the_callers_open_file_limit() {
         "{}",
         out.both()
     );
+    // The executor (started by corral, outside the jail) and its commands get it back too.
+    assert!(out.stdout.contains("EXEC-SOFT=1024"), "{}", out.both());
 }
 
 /// The project's audit log file, once it exists.
