@@ -505,3 +505,38 @@ fn tunnel_data_a_jail_does_not_read_is_bounded() {
         "{tunnels} stalled tunnels held {bounded} bytes over a {budget}-byte budget"
     );
 }
+
+/// A `host_ports` bridge refuses a connection it cannot record: closed before a byte is relayed
+/// to the host's port (the control, before the log breaks, is echoed).
+#[test]
+fn a_host_port_connection_that_cannot_be_recorded_is_closed() {
+    let target = echo_server();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let log = corral_audit::AuditLog::at(&path);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.spawn(corral_net::forward_port(
+        l,
+        target,
+        log.clone(),
+        "j".into(),
+        Duration::from_secs(30),
+    ));
+    let echo = |msg: &[u8]| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(msg);
+        let mut got = vec![0u8; msg.len()];
+        match s.read_exact(&mut got) {
+            Ok(()) => got,
+            Err(_) => Vec::new(),
+        }
+    };
+    assert_eq!(echo(b"before"), b"before");
+    std::fs::rename(&path, dir.path().join("moved.jsonl")).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    assert_eq!(echo(b"after"), b"", "an unrecorded connection was bridged");
+    assert!(log.failures().is_some());
+}
