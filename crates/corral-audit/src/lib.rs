@@ -6,11 +6,18 @@
 //! written with a single `write(2)` on an `O_APPEND` descriptor while holding an exclusive `flock`
 //! on `audit.jsonl.lock`, so lines never interleave. When the file passes `max_bytes` it is renamed
 //! to `audit.jsonl.1` (one generation kept) under the same lock.
+//!
+//! A writer keeps both files open between records (reopened when the log was rotated or
+//! replaced), so a process that has run out of descriptors still records. A record that cannot
+//! be written is an error for the caller (who refuses what it would have recorded) and is
+//! counted: [`AuditLog::failures`].
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -190,11 +197,108 @@ pub fn project_key(project_root: &Path) -> String {
     format!("{name}-{:08x}", h as u32)
 }
 
-/// A project's audit log.
+/// `s` made safe to print in a terminal line (`corral log`, the end-of-run summary): what the
+/// jail chose (a host, a rule quoting it, a command) cannot move the cursor, forge a row, or
+/// look like another name. Escaped: control characters (`\n`, `\u{1b}`), backslashes (so an
+/// escape cannot be faked), invisible and format characters (soft hyphen, zero-width
+/// characters, bidirectional controls, BOM, tags, variation selectors: `\u{200b}`), line and
+/// paragraph separators, whitespace other than the space, and dots that read as `.`
+/// (fullwidth, ideographic, halfwidth ideographic).
+pub fn printable(s: &str) -> String {
+    if !s.chars().any(needs_escape) {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c if needs_escape(c) => out.extend(c.escape_unicode()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Whether [`printable`] escapes `c`.
+fn needs_escape(c: char) -> bool {
+    const INVISIBLE: &[(u32, u32)] = &[
+        (0x00AD, 0x00AD),   // soft hyphen
+        (0x034F, 0x034F),   // combining grapheme joiner
+        (0x0600, 0x0605),   // Arabic number signs (Cf)
+        (0x061C, 0x061C),   // Arabic letter mark
+        (0x06DD, 0x06DD),   // Arabic end of ayah
+        (0x070F, 0x070F),   // Syriac abbreviation mark
+        (0x0890, 0x0891),   // Arabic pound/piastre mark above
+        (0x08E2, 0x08E2),   // Arabic disputed end of ayah
+        (0x115F, 0x1160),   // Hangul fillers
+        (0x17B4, 0x17B5),   // Khmer inherent vowels
+        (0x180B, 0x180F),   // Mongolian variation selectors, vowel separator
+        (0x200B, 0x200F),   // zero-width space/non-joiner/joiner, LRM, RLM
+        (0x2028, 0x2029),   // line and paragraph separators
+        (0x202A, 0x202E),   // bidirectional embeddings and overrides
+        (0x2060, 0x206F),   // word joiner, invisible operators, bidi isolates, deprecated
+        (0x3002, 0x3002),   // ideographic full stop
+        (0x3164, 0x3164),   // Hangul filler
+        (0xFE00, 0xFE0F),   // variation selectors
+        (0xFEFF, 0xFEFF),   // BOM, zero-width no-break space
+        (0xFF0E, 0xFF0E),   // fullwidth full stop
+        (0xFF61, 0xFF61),   // halfwidth ideographic full stop
+        (0xFFA0, 0xFFA0),   // halfwidth Hangul filler
+        (0xFFF9, 0xFFFB),   // interlinear annotation
+        (0x110BD, 0x110BD), // Kaithi number sign
+        (0x110CD, 0x110CD), // Kaithi number sign above
+        (0x13430, 0x1343F), // Egyptian hieroglyph format controls
+        (0x1BCA0, 0x1BCA3), // shorthand format controls
+        (0x1D173, 0x1D17A), // musical symbol format controls
+        (0xE0000, 0xE0FFF), // tags, variation selectors supplement
+    ];
+    let n = u32::from(c);
+    c == '\\'
+        || c.is_control()
+        || (c.is_whitespace() && c != ' ')
+        || INVISIBLE.iter().any(|(lo, hi)| (*lo..=*hi).contains(&n))
+}
+
+/// A project's audit log. Clones share the open files and the failure count.
 #[derive(Debug, Clone)]
 pub struct AuditLog {
     path: PathBuf,
     max_bytes: u64,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// The lock file and the log, open between records; `None` until the first record and
+    /// after a failed one (the next record opens them again).
+    held: Mutex<Option<Held>>,
+    failures: AtomicU64,
+    /// Why the last record could not be written.
+    last_failure: Mutex<Option<String>>,
+}
+
+#[derive(Debug)]
+struct Held {
+    lock: File,
+    log: File,
+}
+
+/// Records that could not be written, and the last reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteFailures {
+    pub count: u64,
+    pub reason: String,
+}
+
+impl WriteFailures {
+    /// The end-of-run line.
+    pub fn summary_line(&self) -> String {
+        format!(
+            "corral: {} audit record(s) could not be written ({}); the requests they recorded were refused",
+            self.count, self.reason
+        )
+    }
 }
 
 impl AuditLog {
@@ -212,7 +316,25 @@ impl AuditLog {
         Self {
             path: path.into(),
             max_bytes: DEFAULT_MAX_BYTES,
+            shared: Arc::default(),
         }
+    }
+
+    /// How many records could not be written so far (by this log and its clones), and why the
+    /// last one failed; `None` when every record was written.
+    pub fn failures(&self) -> Option<WriteFailures> {
+        let count = self.shared.failures.load(Ordering::Relaxed);
+        if count == 0 {
+            return None;
+        }
+        let reason = self
+            .shared
+            .last_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_default();
+        Some(WriteFailures { count, reason })
     }
 
     pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
@@ -237,38 +359,88 @@ impl AuditLog {
         }
     }
 
-    /// Append one record. Safe against concurrent writers in other processes.
+    /// Append one record. Safe against concurrent writers in other processes. A failure is
+    /// counted ([`AuditLog::failures`]); the caller must not go on as if it was recorded.
     pub fn write(&self, record: &Record) -> Result<(), AuditError> {
+        let written = self.write_line(record);
+        if let Err(e) = &written {
+            self.shared.failures.fetch_add(1, Ordering::Relaxed);
+            let why = match e {
+                AuditError::Io { source, .. } => source.to_string(),
+                other => other.to_string(),
+            };
+            *self
+                .shared
+                .last_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(why);
+        }
+        written
+    }
+
+    fn write_line(&self, record: &Record) -> Result<(), AuditError> {
         let mut line = serde_json::to_vec(record).map_err(|e| self.io_err(e.into()))?;
         line.push(b'\n');
+        // The mutex orders this process's writers (a flock does not: it belongs to the open
+        // file, which they share); the flock orders the processes.
+        let mut held = self.shared.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.is_none() {
+            *held = Some(self.open_held()?);
+        }
+        let Some(h) = held.as_mut() else {
+            unreachable!("opened just above")
+        };
+        lock(&h.lock, libc::LOCK_EX).map_err(|e| self.io_err(e))?;
+        let written = self.append_locked(h, &line);
+        let _ = lock(&h.lock, libc::LOCK_UN);
+        if written.is_err() {
+            *held = None;
+        }
+        written
+    }
+
+    fn open_held(&self) -> Result<Held, AuditError> {
         if let Some(dir) = self.path.parent() {
             fs::create_dir_all(dir).map_err(|e| self.io_err(e))?;
         }
         // One lock file that is never renamed serialises every writer, so rotation (a rename
         // of the log itself) cannot race another writer holding the old inode.
-        let guard = OpenOptions::new()
+        let lock = OpenOptions::new()
             .create(true)
             .append(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(self.lock_path())
             .map_err(|e| self.io_err(e))?;
-        lock(&guard).map_err(|e| self.io_err(e))?;
-        let mut file = self.open_append()?;
-        let len = file.metadata().map_err(|e| self.io_err(e))?.len();
+        Ok(Held {
+            lock,
+            log: self.open_append()?,
+        })
+    }
+
+    /// Under the lock: follow a rotation (or a replacement) of the path, rotate if this line
+    /// would pass `max_bytes`, append the line with one write.
+    fn append_locked(&self, h: &mut Held, line: &[u8]) -> Result<(), AuditError> {
+        let open = h.log.metadata().map_err(|e| self.io_err(e))?;
+        let same = fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.dev() == open.dev() && m.ino() == open.ino());
+        if !same {
+            h.log = self.open_append()?;
+        }
+        let len = h.log.metadata().map_err(|e| self.io_err(e))?.len();
         if len > 0 && len + line.len() as u64 > self.max_bytes {
-            let old = file.metadata().map_err(|e| self.io_err(e))?;
+            let old = h.log.metadata().map_err(|e| self.io_err(e))?;
             fs::rename(&self.path, self.rotated_path()).map_err(|e| self.io_err(e))?;
-            file = self.open_append()?;
+            h.log = self.open_append()?;
             // The new generation keeps the old one's group and mode, so writers of another user
             // that share the log (the proxy container's, corral-engine) can still append.
-            use std::os::unix::fs::{MetadataExt, PermissionsExt};
-            let _ = std::os::unix::fs::fchown(&file, None, Some(old.gid()));
-            let _ = file.set_permissions(fs::Permissions::from_mode(old.mode() & 0o660));
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::os::unix::fs::fchown(&h.log, None, Some(old.gid()));
+            let _ = h
+                .log
+                .set_permissions(fs::Permissions::from_mode(old.mode() & 0o660));
         }
-        let written = file.write_all(&line).map_err(|e| self.io_err(e));
-        drop(guard);
-        written
+        h.log.write_all(line).map_err(|e| self.io_err(e))
     }
 
     fn lock_path(&self) -> PathBuf {
@@ -318,11 +490,13 @@ impl AuditLog {
     }
 }
 
-fn lock(file: &File) -> io::Result<()> {
+/// `flock(file, op)` (`LOCK_EX` or `LOCK_UN`), retried on EINTR.
+fn lock(file: &File, op: libc::c_int) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     loop {
-        // SAFETY: flock on a descriptor we own; the lock is released when the File is dropped.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        // SAFETY: flock on a descriptor we own; a lock still held is released when the File is
+        // dropped.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
         if rc == 0 {
             return Ok(());
         }
@@ -445,6 +619,93 @@ mod tests {
             );
         }
         assert_eq!(fs::read_to_string(&victim).unwrap(), "precious\n");
+    }
+
+    /// Two writers that each hold the log open (two processes, say): a rotation by one is
+    /// followed by the other, which never appends to the renamed generation.
+    #[test]
+    fn a_held_log_follows_a_rotation_by_another_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let a = AuditLog::at(&path).with_max_bytes(4096);
+        let b = AuditLog::at(&path).with_max_bytes(4096);
+        b.write(&Record::now("b", net("first.b", Decision::Allow)))
+            .unwrap();
+        for i in 0..40 {
+            a.write(&Record::now("a", net(&format!("h{i}.a"), Decision::Allow)))
+                .unwrap();
+        }
+        assert!(a.rotated_path().exists());
+        b.write(&Record::now("b", net("after.b", Decision::Allow)))
+            .unwrap();
+        let current = fs::read_to_string(&path).unwrap();
+        assert!(current.contains("after.b"), "{current}");
+        assert!(
+            !fs::read_to_string(a.rotated_path())
+                .unwrap()
+                .contains("after.b")
+        );
+        assert_eq!((a.failures(), b.failures()), (None, None));
+    }
+
+    /// A record that cannot be written is an error for the caller and is counted, with the
+    /// reason, across clones; once the log is writable again, records are written.
+    #[test]
+    fn a_record_that_cannot_be_written_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = AuditLog::at(&path);
+        let clone = log.clone();
+        log.write(&Record::now("j", net("ok.org", Decision::Allow)))
+            .unwrap();
+        // The log replaced by a directory while the writer holds the old file open.
+        fs::rename(&path, dir.path().join("moved")).unwrap();
+        fs::create_dir(&path).unwrap();
+        for _ in 0..3 {
+            assert!(
+                clone
+                    .write(&Record::now("j", net("lost.org", Decision::Allow)))
+                    .is_err()
+            );
+        }
+        let f = log.failures().unwrap();
+        assert_eq!(f.count, 3);
+        assert!(f.reason.contains("directory"), "{f:?}");
+        assert!(
+            f.summary_line()
+                .starts_with("corral: 3 audit record(s) could not be written (")
+        );
+        assert!(
+            !fs::read_to_string(dir.path().join("moved"))
+                .unwrap()
+                .contains("lost.org")
+        );
+        fs::remove_dir(&path).unwrap();
+        log.write(&Record::now("j", net("back.org", Decision::Allow)))
+            .unwrap();
+        assert!(fs::read_to_string(&path).unwrap().contains("back.org"));
+    }
+
+    #[test]
+    fn printable_escapes_control_invisible_and_lookalike_characters() {
+        assert_eq!(printable("example.org"), "example.org");
+        assert_eq!(printable("bücher.de ok"), "bücher.de ok");
+        assert_eq!(printable("a\u{1b}[2J\nforged\r"), "a\\u{1b}[2J\\nforged\\r");
+        for (raw, shown) in [
+            ("git\u{ad}hub.com", "git\\u{ad}hub.com"),
+            ("git\u{200b}hub.com", "git\\u{200b}hub.com"),
+            ("\u{feff}github.com", "\\u{feff}github.com"),
+            ("moc.buhtig\u{202e}", "moc.buhtig\\u{202e}"),
+            ("github\u{ff0e}com", "github\\u{ff0e}com"),
+            ("github\u{3002}com", "github\\u{3002}com"),
+            ("github\u{ff61}com", "github\\u{ff61}com"),
+            ("a\u{2028}b\u{a0}c", "a\\u{2028}b\\u{a0}c"),
+            ("x\u{e0041}", "x\\u{e0041}"),
+            // A literal backslash cannot pass for an escape.
+            ("a\\u{200b}", "a\\\\u{200b}"),
+        ] {
+            assert_eq!(printable(raw), shown, "{raw:?}");
+        }
     }
 
     #[test]

@@ -221,6 +221,11 @@ impl Gateway {
                     format!("malformed request: {e}"),
                 ));
             }
+            // Heads read here are not counted against the proxy's budget (a known gap in
+            // docs/ARCHITECTURE.md), so this does not happen; answered as the proxy would.
+            Err(ReadError::Budget) => {
+                return Err(Refused(503, ReadError::Budget.to_string()));
+            }
         };
         let req = parse_request_head(&head)
             .map_err(|e| Refused(parse_error_status(&e), format!("malformed request: {e}")))?;

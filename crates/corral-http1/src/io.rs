@@ -11,6 +11,7 @@
 //! so the next hop never sees a complete message.
 
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -53,6 +54,60 @@ pub enum ReadError {
     Io(#[from] io::Error),
     #[error("timed out")]
     Timeout,
+    /// The budget for request heads (shared by a proxy's connections) is spent.
+    #[error("the proxy's budget for request heads is spent")]
+    Budget,
+}
+
+/// Bytes of partial request heads a proxy holds across all its connections at once. A
+/// connection reserves what its buffer may grow to before each read; when the budget is spent,
+/// the head it is reading is refused (`503`) instead of growing corral.
+#[derive(Debug)]
+pub struct Budget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl Budget {
+    pub fn new(limit: usize) -> Budget {
+        Budget {
+            limit,
+            used: AtomicUsize::new(0),
+        }
+    }
+
+    /// A budget that never runs out.
+    pub fn unlimited() -> Budget {
+        Budget::new(usize::MAX)
+    }
+
+    /// Reserve `n` bytes; `false` (nothing reserved) when that would pass the limit.
+    pub fn take(&self, n: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(n).filter(|t| *t <= self.limit)
+            })
+            .is_ok()
+    }
+
+    /// Count `n` bytes held whatever the limit (data already read that must be kept).
+    pub fn charge(&self, n: usize) {
+        self.used.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Give back `n` bytes taken or charged earlier.
+    pub fn give(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Bytes reserved now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
 }
 
 fn eof() -> ReadError {
@@ -61,16 +116,23 @@ fn eof() -> ReadError {
 
 impl<S: AsyncRead + Unpin> BufConn<S> {
     pub fn new(io: S) -> Self {
+        // Nothing allocated until the first read: an idle connection holds no buffer yet.
         BufConn {
             io,
-            buf: BytesMut::with_capacity(8192),
+            buf: BytesMut::new(),
         }
     }
 
-    /// Read more bytes within `t`; `Ok(0)` at end of stream.
+    /// Read more bytes within `t`; `Ok(0)` at end of stream. The buffer starts at 2 KiB (a
+    /// request head fits) and grows by 16 KiB when less than 1 KiB is free.
     pub async fn fill(&mut self, t: Duration) -> Result<usize, ReadError> {
-        if self.buf.capacity() - self.buf.len() < 4096 {
-            self.buf.reserve(16 * 1024);
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            let more = if self.buf.capacity() == 0 {
+                2048
+            } else {
+                16 * 1024
+            };
+            self.buf.reserve(more);
         }
         match tokio::time::timeout(t, self.io.read_buf(&mut self.buf)).await {
             Ok(r) => Ok(r?),
@@ -80,16 +142,54 @@ impl<S: AsyncRead + Unpin> BufConn<S> {
 
     /// A complete head; `Ok(None)` on a clean end of stream before its first byte. The first
     /// byte may take `first_byte` (keep-alive idle), the whole head at most `whole` from then.
+    /// Not counted against a budget: for heads from a peer corral chose (an origin's response).
     pub async fn read_head(
         &mut self,
         first_byte: Duration,
         whole: Duration,
     ) -> Result<Option<BytesMut>, ReadError> {
+        self.read_head_within(first_byte, whole, &Budget::unlimited())
+            .await
+    }
+
+    /// [`BufConn::read_head`] with the buffer's size counted in `budget` while the head is
+    /// read (and given back after); past it, [`ReadError::Budget`]. For heads a jail sends.
+    pub async fn read_head_within(
+        &mut self,
+        first_byte: Duration,
+        whole: Duration,
+        budget: &Budget,
+    ) -> Result<Option<BytesMut>, ReadError> {
+        let mut charged = 0;
+        let head = self
+            .read_head_charged(first_byte, whole, budget, &mut charged)
+            .await;
+        budget.give(charged);
+        head
+    }
+
+    async fn read_head_charged(
+        &mut self,
+        first_byte: Duration,
+        whole: Duration,
+        budget: &Budget,
+        charged: &mut usize,
+    ) -> Result<Option<BytesMut>, ReadError> {
+        let mut charge = |cap: usize| {
+            if cap > *charged {
+                if !budget.take(cap - *charged) {
+                    return Err(ReadError::Budget);
+                }
+                *charged = cap;
+            }
+            Ok(())
+        };
         if self.buf.is_empty() && self.fill(first_byte).await? == 0 {
             return Ok(None);
         }
         let deadline = Instant::now() + whole;
         loop {
+            charge(self.buf.capacity())?;
             if let Some(end) = find_head_end(&self.buf)? {
                 return Ok(Some(self.buf.split_to(end)));
             }
@@ -127,6 +227,24 @@ impl<S: AsyncRead + Unpin> BufConn<S> {
                 return Err(eof());
             }
         }
+    }
+
+    /// `n` bytes, all by `deadline` (a handshake's deadline, not one per read).
+    pub async fn read_exact_by(
+        &mut self,
+        n: usize,
+        deadline: Instant,
+    ) -> Result<BytesMut, ReadError> {
+        while self.buf.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ReadError::Timeout);
+            }
+            if self.fill(left).await? == 0 {
+                return Err(eof());
+            }
+        }
+        Ok(self.buf.split_to(n))
     }
 
     /// Exactly `n` bytes, each read within `t`.

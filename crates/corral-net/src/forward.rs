@@ -18,10 +18,16 @@ pub async fn forward_port(
     jail: String,
     idle_timeout: Duration,
 ) -> std::io::Result<()> {
-    let listener = to_tokio(listener)?;
+    let refused = crate::bounds::Notice::new();
+    let mut listener = crate::bounds::Acceptor::new(
+        listener,
+        format!("host port forward {target}"),
+        b"",
+        &refused,
+    )?;
     let ctx = Arc::new((audit, jail));
     loop {
-        let (client, peer) = accept(&listener, &format!("host port forward {target}")).await;
+        let (client, peer) = listener.accept().await;
         let ctx = ctx.clone();
         tokio::spawn(async move {
             let (audit, jail) = &*ctx;
@@ -55,26 +61,9 @@ pub(crate) fn to_tokio(l: std::net::TcpListener) -> std::io::Result<tokio::net::
     tokio::net::TcpListener::from_std(l)
 }
 
-/// The next connection; a failed accept (EMFILE, a connection reset while queued) is reported
-/// on stderr as `corral: WHAT: accept: ERROR` and retried after 50 ms, so the bridge stays up.
-pub(crate) async fn accept(
-    listener: &tokio::net::TcpListener,
-    what: &str,
-) -> (TcpStream, SocketAddr) {
-    loop {
-        match listener.accept().await {
-            Ok(x) => return x,
-            Err(e) => {
-                eprintln!("corral: {what}: accept: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
 /// Audit the decision `ev`, relay `client` <-> `up` until both close or idle out, then audit
 /// the closed connection with its bytes and duration (the fixed bridges: `host_ports`,
-/// `publish`).
+/// `publish`). A decision that cannot be recorded is refused: the connection is closed.
 pub(crate) async fn relay_audited(
     audit: &AuditLog,
     jail: &str,
@@ -84,8 +73,13 @@ pub(crate) async fn relay_audited(
     idle_timeout: Duration,
     started: Instant,
 ) {
-    let _ = audit.write(&Record::now(jail, Event::Net(ev.clone())));
-    let (u, d) = crate::proxy::tunnel(client, up, idle_timeout).await;
+    if audit
+        .write(&Record::now(jail, Event::Net(ev.clone())))
+        .is_err()
+    {
+        return;
+    }
+    let (u, d) = crate::proxy::tunnel(client, up, idle_timeout, None).await;
     ev.phase = "close".into();
     ev.decision = None;
     ev.rule = String::new();

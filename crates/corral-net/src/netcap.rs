@@ -18,7 +18,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Mutex;
 
@@ -59,11 +59,12 @@ pub async fn publish_port(
     jail: String,
     idle_timeout: Duration,
 ) -> std::io::Result<()> {
-    let listener = crate::forward::to_tokio(listener)?;
+    let refused = crate::bounds::Notice::new();
+    let mut listener =
+        crate::bounds::Acceptor::new(listener, format!("published port {port}"), b"", &refused)?;
     let ctx = Arc::new((audit, jail, make));
     loop {
-        let (client, peer) =
-            crate::forward::accept(&listener, &format!("published port {port}")).await;
+        let (client, peer) = listener.accept().await;
         let ctx = ctx.clone();
         tokio::spawn(async move {
             let (audit, jail, make) = &*ctx;
@@ -110,32 +111,126 @@ async fn connect_in_jail(
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
 }
 
-/// The stub's synthetic addresses: one per name, handed out in order from a pool, stable for
-/// the run, and mapped back when a captured connection arrives.
+/// Names a jail's stub keeps addresses for at once ([`StubPool::new`]); past it, the least
+/// recently used name that is neither in use nor recently answered gives its address up.
+pub const STUB_NAMES: usize = 4096;
+
+/// Why a name got no address.
+const POOL_FULL: &str =
+    "the stub resolver's names are all in use or answered in the last 2 minutes";
+
+/// A name is not recycled within this time of its last answer or connection (twice the TTL
+/// the stub answers with), so a client that cached the answer still reaches that name.
+const RECYCLE_AFTER: Duration = Duration::from_secs(2 * STUB_TTL as u64);
+
+/// The stub's synthetic addresses: one per name, handed out from a pool and mapped back when a
+/// captured connection arrives. At most `capacity` names hold an address at once: a flood of
+/// names cannot use up the pool or grow corral. A name keeps its address while a captured
+/// connection to it is open ([`StubPool::hold`]) and for [`RECYCLE_AFTER`] after its last
+/// use; past that the least recently used name's address goes to a new name. When every name
+/// is in use or recent, a new name gets none (SERVFAIL) until one ages.
 #[derive(Debug)]
 pub struct StubPool {
     first: u32,
     last: u32,
+    capacity: usize,
     state: Mutex<PoolState>,
 }
 
 #[derive(Debug, Default)]
 struct PoolState {
     next: u32,
-    by_name: HashMap<String, Ipv4Addr>,
+    by_name: HashMap<String, PoolEntry>,
     by_addr: HashMap<Ipv4Addr, String>,
+    /// Names by their last use, oldest first (the key is a use counter).
+    order: BTreeMap<u64, String>,
+    uses: u64,
+}
+
+#[derive(Debug)]
+struct PoolEntry {
+    addr: Ipv4Addr,
+    last_used: Instant,
+    /// Its key in `order`.
+    use_key: u64,
+    /// Captured connections open to it.
+    open: u32,
+}
+
+impl PoolState {
+    /// Mark `name` used now.
+    fn touch(&mut self, name: &str, now: Instant) {
+        self.uses += 1;
+        let key = self.uses;
+        if let Some(e) = self.by_name.get_mut(name) {
+            self.order.remove(&e.use_key);
+            e.use_key = key;
+            e.last_used = now;
+            self.order.insert(key, name.to_string());
+        }
+    }
+
+    /// The address of the least recently used name that may give it up, taken from it.
+    fn recycle(&mut self, now: Instant) -> Option<Ipv4Addr> {
+        let mut victim = None;
+        for name in self.order.values() {
+            let e = &self.by_name[name];
+            if now.saturating_duration_since(e.last_used) < RECYCLE_AFTER {
+                break; // every later name was used more recently
+            }
+            if e.open == 0 {
+                victim = Some(name.clone());
+                break;
+            }
+        }
+        let name = victim?;
+        let e = self.by_name.remove(&name)?;
+        self.order.remove(&e.use_key);
+        self.by_addr.remove(&e.addr);
+        Some(e.addr)
+    }
+}
+
+/// A captured connection's hold on its name's address ([`StubPool::hold`]); released on drop.
+#[derive(Debug)]
+pub struct PoolHold {
+    pool: Arc<StubPool>,
+    addr: Ipv4Addr,
+}
+
+impl Drop for PoolHold {
+    fn drop(&mut self) {
+        let mut st = self.pool.lock();
+        if let Some(name) = st.by_addr.get(&self.addr).cloned() {
+            if let Some(e) = st.by_name.get_mut(&name) {
+                e.open = e.open.saturating_sub(1);
+            }
+            st.touch(&name, Instant::now());
+        }
+    }
 }
 
 impl StubPool {
     /// The pool `network/prefix`, skipping its network address and `reserved` (the address on
-    /// the jail's `lo`), and its broadcast address.
+    /// the jail's `lo`), and its broadcast address; at most [`STUB_NAMES`] names at once.
     pub fn new(network: Ipv4Addr, prefix: u8, reserved: Ipv4Addr) -> StubPool {
+        StubPool::with_capacity(network, prefix, reserved, STUB_NAMES)
+    }
+
+    /// [`StubPool::new`] holding at most `capacity` names at once.
+    pub fn with_capacity(
+        network: Ipv4Addr,
+        prefix: u8,
+        reserved: Ipv4Addr,
+        capacity: usize,
+    ) -> StubPool {
         let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
         let base = u32::from(network) & mask;
         let first = base + 1 + u32::from(u32::from(reserved) == base + 1);
         StubPool {
             first,
             last: base | !mask,
+            capacity,
             state: Mutex::new(PoolState {
                 next: first,
                 ..Default::default()
@@ -143,27 +238,74 @@ impl StubPool {
         }
     }
 
-    /// The address of `name`, given out now if it has none yet; `None` when the pool is used up.
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The address of `name`, given out now if it has none yet; `None` when none is free.
     pub fn address_for(&self, name: &str) -> Option<Ipv4Addr> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(a) = st.by_name.get(name) {
-            return Some(*a);
+        self.address_for_at(name, Instant::now())
+    }
+
+    /// [`StubPool::address_for`] at the time `now`.
+    pub fn address_for_at(&self, name: &str, now: Instant) -> Option<Ipv4Addr> {
+        let mut st = self.lock();
+        if let Some(a) = st.by_name.get(name).map(|e| e.addr) {
+            st.touch(name, now);
+            return Some(a);
         }
-        if st.next >= self.last {
-            return None;
-        }
-        let a = Ipv4Addr::from(st.next);
-        st.next += 1;
-        st.by_name.insert(name.to_string(), a);
+        let a = if st.by_name.len() < self.capacity && st.next < self.last {
+            st.next += 1;
+            Ipv4Addr::from(st.next - 1)
+        } else {
+            st.recycle(now)?
+        };
+        st.by_name.insert(
+            name.to_string(),
+            PoolEntry {
+                addr: a,
+                last_used: now,
+                use_key: 0,
+                open: 0,
+            },
+        );
         st.by_addr.insert(a, name.to_string());
+        st.touch(name, now);
         Some(a)
     }
 
     /// The name `addr` was given out for.
     pub fn name_for(&self, addr: IpAddr) -> Option<String> {
         let IpAddr::V4(v4) = addr else { return None };
-        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.by_addr.get(&v4).cloned()
+        self.lock().by_addr.get(&v4).cloned()
+    }
+
+    /// The name `addr` was given out for, held for a captured connection: the name keeps the
+    /// address until the hold is dropped.
+    pub fn hold(self: &Arc<Self>, addr: IpAddr) -> Option<(String, PoolHold)> {
+        let IpAddr::V4(v4) = addr else { return None };
+        let mut st = self.lock();
+        let name = st.by_addr.get(&v4)?.clone();
+        if let Some(e) = st.by_name.get_mut(&name) {
+            e.open += 1;
+        }
+        st.touch(&name, Instant::now());
+        Some((
+            name,
+            PoolHold {
+                pool: self.clone(),
+                addr: v4,
+            },
+        ))
+    }
+
+    /// Names holding an address now.
+    pub fn len(&self) -> usize {
+        self.lock().by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Whether `addr` lies in the pool's range.
@@ -225,6 +367,18 @@ pub fn stub_reply(
     query: &[u8],
     rules: &Rules,
     pool: &StubPool,
+) -> (Option<Vec<u8>>, Option<StubQuery>) {
+    stub_reply_recorded(query, rules, pool, |_| true)
+}
+
+/// [`stub_reply`], with each question handed to `record` (the audit log) before it is
+/// answered: a name `record` could not record is not resolved (SERVFAIL), so the jail never
+/// gets an address the log does not show.
+pub fn stub_reply_recorded(
+    query: &[u8],
+    rules: &Rules,
+    pool: &StubPool,
+    record: impl FnOnce(&StubQuery) -> bool,
 ) -> (Option<Vec<u8>>, Option<StubQuery>) {
     if query.len() < 12 {
         return (None, None);
@@ -322,29 +476,34 @@ pub fn stub_reply(
         rule: String::new(),
         address: None,
     };
-    let out = match decision {
+    let rcode = match decision {
         Err(rule) => {
             asked.rule = rule;
-            reply(RCODE_NXDOMAIN, None)
+            RCODE_NXDOMAIN
         }
         Ok(rule) => {
             asked.rule = rule;
             if qtype != TYPE_A {
-                reply(RCODE_NOERROR, None)
+                RCODE_NOERROR
             } else {
                 match pool.address_for(&name) {
                     Some(a) => {
                         asked.address = Some(a);
-                        reply(RCODE_NOERROR, Some(a))
+                        RCODE_NOERROR
                     }
                     None => {
                         asked.allowed = false;
-                        asked.rule = "the stub's address pool is used up".into();
-                        reply(RCODE_SERVFAIL, None)
+                        asked.rule = POOL_FULL.into();
+                        RCODE_SERVFAIL
                     }
                 }
             }
         }
+    };
+    let out = match (record(&asked), rcode) {
+        (true, RCODE_NOERROR) => reply(RCODE_NOERROR, asked.address),
+        (false, RCODE_NOERROR) => reply(RCODE_SERVFAIL, None),
+        (_, rcode) => reply(rcode, None),
     };
     (Some(out), Some(asked))
 }
@@ -369,11 +528,15 @@ fn dns_fix(q: &StubQuery) -> String {
         None if q.rule == "not in network.allow" => {
             format!("allow with: corral run --allow {}", q.name)
         }
+        None if q.rule == POOL_FULL => format!(
+            "the jail asked for more than {STUB_NAMES} names within 2 minutes; ask again later"
+        ),
         None => "the stub resolver answers allowed plain host names only".into(),
     }
 }
 
-fn audit_query(proxy: &Proxy, peer: &str, q: &StubQuery) {
+/// Record one query; `false` when the record could not be written.
+fn audit_query(proxy: &Proxy, peer: &str, q: &StubQuery) -> bool {
     let method = format!("DNS {}", qtype_name(q.qtype));
     if !q.allowed {
         // One summary line per name, whatever the record types asked (A, AAAA, HTTPS, ...).
@@ -394,12 +557,7 @@ fn audit_query(proxy: &Proxy, peer: &str, q: &StubQuery) {
         rule: q.rule.clone(),
         ..Default::default()
     };
-    if let Err(e) = proxy
-        .audit()
-        .write(&Record::now(proxy.jail(), Event::Net(ev)))
-    {
-        eprintln!("corral: stub resolver: cannot write the audit log: {e}");
-    }
+    proxy.record(ev)
 }
 
 /// Answer DNS over UDP on `socket` (the jail's 127.0.0.1:53) until the runtime stops.
@@ -419,10 +577,9 @@ pub async fn serve_dns_udp(
                 continue;
             }
         };
-        let (reply, asked) = stub_reply(&buf[..n], &proxy.rules(), &pool);
-        if let Some(q) = &asked {
-            audit_query(&proxy, &peer.to_string(), q);
-        }
+        let (reply, _) = stub_reply_recorded(&buf[..n], &proxy.rules(), &pool, |q| {
+            audit_query(&proxy, &peer.to_string(), q)
+        });
         if let Some(r) = reply {
             let _ = socket.send_to(&r, peer).await;
         }
@@ -435,15 +592,16 @@ pub async fn serve_dns_tcp(
     proxy: Arc<Proxy>,
     pool: Arc<StubPool>,
 ) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let mut listener = crate::bounds::Acceptor::new(
+        listener,
+        "the stub resolver (TCP)",
+        b"",
+        proxy.refused_for_descriptors(),
+    )?;
     // Resolvers open a TCP connection only after a truncated UDP answer: a few suffice.
     let slots = Arc::new(tokio::sync::Semaphore::new(DNS_TCP_CONNECTIONS));
     loop {
-        let Ok((mut conn, peer)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
+        let (mut conn, peer) = listener.accept().await;
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             drop(conn);
             continue;
@@ -463,10 +621,9 @@ pub async fn serve_dns_tcp(
                     Ok(Ok(_)) => {}
                     _ => return,
                 }
-                let (reply, asked) = stub_reply(&msg, &proxy.rules(), &pool);
-                if let Some(q) = &asked {
-                    audit_query(&proxy, &peer.to_string(), q);
-                }
+                let (reply, _) = stub_reply_recorded(&msg, &proxy.rules(), &pool, |q| {
+                    audit_query(&proxy, &peer.to_string(), q)
+                });
                 let Some(r) = reply else { return };
                 let mut framed = (r.len() as u16).to_be_bytes().to_vec();
                 framed.extend_from_slice(&r);
@@ -487,19 +644,26 @@ pub async fn serve_capture(
     proxy: Arc<Proxy>,
     pool: Arc<StubPool>,
 ) -> std::io::Result<()> {
-    let listener = crate::forward::to_tokio(listener)?;
+    let mut listener = crate::bounds::Acceptor::new(
+        listener,
+        format!("stub capture on port {port}"),
+        b"",
+        proxy.refused_for_descriptors(),
+    )?;
     loop {
-        let (conn, peer) =
-            crate::forward::accept(&listener, &format!("stub capture on port {port}")).await;
+        let (conn, peer) = listener.accept().await;
         let local = conn.local_addr().ok().map(|a| a.ip());
-        match local.and_then(|ip| pool.name_for(ip)) {
-            Some(name) => {
+        match local.and_then(|ip| pool.hold(ip)) {
+            Some((name, hold)) => {
                 let _ = conn.set_nodelay(true);
-                tokio::spawn(
+                let proxy = proxy.clone();
+                tokio::spawn(async move {
+                    // The name keeps its address while this connection is open.
+                    let _hold = hold;
                     proxy
-                        .clone()
-                        .capture(conn, peer.to_string(), Host::Name(name), port),
-                );
+                        .capture(conn, peer.to_string(), Host::Name(name), port)
+                        .await;
+                });
             }
             None => {
                 let addr = local.map_or_else(|| "?".to_string(), |ip| ip.to_string());
@@ -526,9 +690,7 @@ pub async fn serve_capture(
                     rule,
                     ..Default::default()
                 };
-                let _ = proxy
-                    .audit()
-                    .write(&Record::now(proxy.jail(), Event::Net(ev)));
+                let _ = proxy.record(ev);
                 drop(conn);
             }
         }
@@ -692,6 +854,67 @@ mod tests {
         assert_eq!(tiny.address_for("y"), None);
     }
 
+    /// A flood of 200,000 names under an allowed wildcard (1 ms apart): at most
+    /// [`STUB_NAMES`] hold an address at any time (corral's memory and the pool are bounded),
+    /// a name with a captured connection open keeps its address through the flood, a name
+    /// answered recently keeps it too, and once the flood's names age, later names resolve.
+    /// Before, the flood took the whole /15 and every later name failed.
+    #[test]
+    fn a_flood_of_names_cannot_use_up_the_pool() {
+        let p = Arc::new(pool());
+        let t0 = Instant::now();
+        let early = p.address_for_at("early.flood.test", t0).unwrap();
+        let (name, hold) = p.hold(IpAddr::V4(early)).unwrap();
+        assert_eq!(name, "early.flood.test");
+        let (mut given, mut refused) = (0, 0);
+        let mut last = t0;
+        for i in 0..200_000u64 {
+            last = t0 + Duration::from_millis(i + 1);
+            match p.address_for_at(&format!("n{i}.flood.test"), last) {
+                Some(_) => given += 1,
+                None => refused += 1,
+            }
+            assert!(p.len() <= STUB_NAMES, "{} names held", p.len());
+        }
+        assert!(
+            given >= STUB_NAMES && refused > 0,
+            "{given} given, {refused} refused"
+        );
+        // The held name still maps both ways; the addresses stayed at the pool's start.
+        assert_eq!(
+            p.name_for(IpAddr::V4(early)).as_deref(),
+            Some("early.flood.test")
+        );
+        assert_eq!(p.address_for_at("early.flood.test", last), Some(early));
+        let used = |a: Ipv4Addr| u32::from(a) - u32::from(Ipv4Addr::new(198, 18, 0, 0));
+        // A name answered just now keeps its address while a new flood fills the pool.
+        let recent = p.address_for_at("recent.flood.test", last + RECYCLE_AFTER);
+        let recent = recent.expect("after the flood ages, a later name resolves");
+        assert!(used(recent) <= STUB_NAMES as u32 + 2);
+        for i in 0..2 * STUB_NAMES {
+            let _ = p.address_for_at(&format!("m{i}.flood.test"), last + RECYCLE_AFTER);
+        }
+        assert_eq!(
+            p.address_for_at("recent.flood.test", last + RECYCLE_AFTER),
+            Some(recent)
+        );
+        assert_eq!(p.address_for_at("early.flood.test", last), Some(early));
+        // Released and aged, the early name's address can go to another name.
+        drop(hold);
+        let much_later = last + 3 * RECYCLE_AFTER;
+        for i in 0..STUB_NAMES {
+            assert!(
+                p.address_for_at(&format!("z{i}.flood.test"), much_later)
+                    .is_some()
+            );
+        }
+        assert_ne!(
+            p.name_for(IpAddr::V4(early)).as_deref(),
+            Some("early.flood.test")
+        );
+        assert!(p.len() <= STUB_NAMES);
+    }
+
     #[test]
     fn the_stub_answers_allowed_names_only_and_deny_wins() {
         let r = rules(
@@ -811,7 +1034,7 @@ mod tests {
         let ask = |name: &str| {
             let labels: Vec<&[u8]> = name.split('.').map(str::as_bytes).collect();
             let (_, asked) = stub_reply(&query(7, 0x0100, &labels, TYPE_A), &proxy.rules(), &pool);
-            audit_query(&proxy, "127.0.0.1:5", &asked.unwrap());
+            assert!(audit_query(&proxy, "127.0.0.1:5", &asked.unwrap()));
         };
         for i in 0..crate::proxy::BLOCKED_KEPT + extra {
             ask(&format!("n{i}.evil.test"));

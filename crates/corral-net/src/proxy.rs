@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 use crate::http::io::{BodyError, BufConn, ReadError, error_response, relay_body};
+use crate::bounds::{Budget, Notice, out_of_descriptors};
 use crate::http::{
     self, Framing, MAX_HEAD_BYTES, ParseError, RequestHead, Version, parse_request_head,
     parse_response_head,
@@ -42,6 +43,20 @@ pub struct ProxyConfig {
     /// Concurrent client connections of this proxy (one proxy per jail); beyond it new
     /// connections are refused.
     pub max_connections: usize,
+    /// Bytes of buffers this proxy holds for its jail's connections, twice: request heads
+    /// being read (slow clients' partial heads) at most this much, and tunnel data a writer has
+    /// not taken yet about as much. A head that would pass it is refused with 503; past it,
+    /// tunnels read 1 KiB at a time instead of 64 ([`ProxyConfig::buffer_budget_for`]).
+    pub buffer_budget: usize,
+}
+
+impl ProxyConfig {
+    /// The buffer budget for a jail whose policy allows `memory` bytes: 1/256 of it, at least
+    /// 4 MiB and at most 32 MiB (16 MiB for the 4g default, and without a memory limit).
+    pub fn buffer_budget_for(memory: Option<u64>) -> usize {
+        const MIB: u64 = 1024 * 1024;
+        memory.map_or(16 * MIB, |m| (m / 256).clamp(4 * MIB, 32 * MIB)) as usize
+    }
 }
 
 impl Default for ProxyConfig {
@@ -51,6 +66,7 @@ impl Default for ProxyConfig {
             idle_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(10),
             max_connections: 4096,
+            buffer_budget: ProxyConfig::buffer_budget_for(None),
         }
     }
 }
@@ -67,10 +83,16 @@ pub struct Blocked {
 
 impl Blocked {
     /// `corral: blocked CONNECT github.com:443 ×3 (not in network.allow) — allow with: ...`
+    /// What the jail chose is escaped as `corral log` escapes it ([`corral_audit::printable`]).
     pub fn summary_line(&self) -> String {
+        use corral_audit::printable as p;
         format!(
             "corral: blocked {} {} ×{} ({}) — {}",
-            self.method, self.target, self.count, self.rule, self.fix
+            p(&self.method),
+            p(&self.target),
+            self.count,
+            p(&self.rule),
+            p(&self.fix)
         )
     }
 
@@ -143,6 +165,15 @@ pub struct Proxy {
     closed: AtomicU64,
     /// Whether the memory trimmer runs (started by the first `serve`).
     trimming: AtomicBool,
+    /// Request heads being read, and tunnel data not yet written, held now (each bounded by
+    /// [`ProxyConfig::buffer_budget`]).
+    buffers: Arc<Budget>,
+    pending: Arc<Budget>,
+    /// Connections refused for want of a descriptor, requests refused because their record
+    /// could not be written, heads refused over the budget: one stderr line per interval each.
+    fd_refused: Notice,
+    audit_refused: Notice,
+    heads_refused: Notice,
     /// The credential gateway: CONNECTs to secret-bound hosts are handed to it, plain-HTTP
     /// heads are rewritten by it (crates/corral-gateway).
     gateway: Option<corral_gateway::Gateway>,
@@ -159,15 +190,62 @@ enum Refusal {
 /// One direction of a tunnel. Idle, it holds no buffer: data is read into a buffer on the poll
 /// function's stack and written straight on; only bytes the writer cannot take yet are copied to
 /// the heap, and freed once written. 1,000 idle tunnels thus cost sockets and tasks, not buffers.
-#[derive(Default)]
+/// Those copies are counted in the proxy's buffer budget, if any: past it, reads shrink to
+/// [`TUNNEL_READ_TIGHT`], so what a jail that stops reading makes corral hold stays small.
 struct Direction {
     pending: Option<(Box<[u8]>, usize)>,
     read_done: bool,
     shut_down: bool,
     bytes: u64,
+    budget: Option<Arc<Budget>>,
+}
+
+impl Direction {
+    fn new(budget: Option<Arc<Budget>>) -> Direction {
+        Direction {
+            pending: None,
+            read_done: false,
+            shut_down: false,
+            bytes: 0,
+            budget,
+        }
+    }
+
+    /// Keep `data` until the writer takes it (counted in the budget).
+    fn hold(&mut self, data: &[u8]) {
+        if let Some(b) = &self.budget {
+            b.charge(data.len());
+        }
+        self.pending = Some((data.to_vec().into_boxed_slice(), 0));
+    }
+
+    /// The pending data is written (or dropped): give its bytes back.
+    fn release(&mut self) {
+        if let Some((buf, _)) = self.pending.take()
+            && let Some(b) = &self.budget
+        {
+            b.give(buf.len());
+        }
+    }
+
+    /// How much to read at once: less when the budget is spent.
+    fn read_size(&self) -> usize {
+        match &self.budget {
+            Some(b) if b.used().saturating_add(TUNNEL_READ) > b.limit() => TUNNEL_READ_TIGHT,
+            _ => TUNNEL_READ,
+        }
+    }
+}
+
+impl Drop for Direction {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 const TUNNEL_READ: usize = 64 * 1024;
+/// A tunnel's read size once the proxy's buffer budget is spent.
+const TUNNEL_READ_TIGHT: usize = 1024;
 
 fn poll_direction<R, W>(
     cx: &mut Context<'_>,
@@ -190,7 +268,7 @@ where
                     Poll::Pending => return Poll::Pending,
                 }
             }
-            d.pending = None;
+            d.release();
         }
         if d.read_done {
             if !d.shut_down {
@@ -202,7 +280,8 @@ where
             return Poll::Ready(Ok(()));
         }
         let mut stack = [0u8; TUNNEL_READ];
-        let mut rb = ReadBuf::new(&mut stack);
+        let size = d.read_size();
+        let mut rb = ReadBuf::new(&mut stack[..size]);
         match r.as_mut().poll_read(cx, &mut rb) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -221,7 +300,7 @@ where
                 Poll::Ready(Ok(k)) => pos += k,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {
-                    d.pending = Some((stack[pos..n].to_vec().into_boxed_slice(), 0));
+                    d.hold(&stack[pos..n]);
                     return Poll::Pending;
                 }
             }
@@ -232,8 +311,8 @@ where
 }
 
 /// Relay bytes both ways until both sides close, either fails, or nothing moves for `idle`.
-/// Resolves to (bytes a->b, bytes b->a).
-pub(crate) fn tunnel<A, B>(a: A, b: B, idle: Duration) -> Relay<A, B>
+/// Resolves to (bytes a->b, bytes b->a). Data a writer cannot take yet is counted in `budget`.
+pub(crate) fn tunnel<A, B>(a: A, b: B, idle: Duration, budget: Option<Arc<Budget>>) -> Relay<A, B>
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -241,8 +320,8 @@ where
     Relay {
         a,
         b,
-        up: Direction::default(),
-        down: Direction::default(),
+        up: Direction::new(budget.clone()),
+        down: Direction::new(budget),
         timer: None,
         idle,
     }
@@ -362,6 +441,50 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Future for TunnelTask<S> {
     }
 }
 
+/// DST.ADDR of a SOCKS5 request of address type `atyp`, read by `deadline`: the host, or why
+/// it is not one; `None` when the client went away or was too slow, or named an unknown
+/// address type (answered REP=8).
+async fn read_socks_address<S>(
+    client: &mut BufConn<S>,
+    atyp: u8,
+    deadline: Instant,
+) -> Option<Result<Host, String>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let t = deadline;
+    let host = match atyp {
+        1 => {
+            let b = client.read_exact_by(4, t).await.ok()?;
+            Ok(Host::Ip(IpAddr::from([b[0], b[1], b[2], b[3]])))
+        }
+        4 => {
+            let b = client.read_exact_by(16, t).await.ok()?;
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&b);
+            Ok(Host::Ip(IpAddr::from(a)))
+        }
+        3 => {
+            let len = client.read_exact_by(1, t).await.ok()?;
+            let name = client.read_exact_by(len[0] as usize, t).await.ok()?;
+            match std::str::from_utf8(&name) {
+                Ok(n) if !n.contains(['%', '@', '/', ':', '[', ']']) => {
+                    normalize_host(n).map_err(|e| e.to_string())
+                }
+                _ => Err(format!(
+                    "invalid SOCKS5 host name {:?}",
+                    String::from_utf8_lossy(&name)
+                )),
+            }
+        }
+        _ => {
+            let _ = client.io.write_all(&[5, 8, 0, 1, 0, 0, 0, 0, 0, 0]).await;
+            return None;
+        }
+    };
+    Some(host)
+}
+
 /// Split an absolute-form `http://authority/path` target.
 fn split_absolute(target: &str) -> Result<(&str, String), &'static str> {
     let lower = target.get(..8).unwrap_or(target).to_ascii_lowercase();
@@ -438,11 +561,16 @@ impl Proxy {
             jail: jail.into(),
             resolver: Arc::new(SystemResolver),
             slots: Arc::new(Semaphore::new(config.max_connections)),
+            buffers: Arc::new(Budget::new(config.buffer_budget)),
+            pending: Arc::new(Budget::new(config.buffer_budget)),
             config,
             blocked: Mutex::new(BTreeMap::new()),
             failed: Mutex::new(BTreeMap::new()),
             closed: AtomicU64::new(0),
             trimming: AtomicBool::new(false),
+            fd_refused: Notice::new(),
+            audit_refused: Notice::new(),
+            heads_refused: Notice::new(),
             gateway: None,
         }
     }
@@ -462,6 +590,8 @@ impl Proxy {
 
     pub fn with_config(mut self, config: ProxyConfig) -> Self {
         self.slots = Arc::new(Semaphore::new(config.max_connections));
+        self.buffers = Arc::new(Budget::new(config.buffer_budget));
+        self.pending = Arc::new(Budget::new(config.buffer_budget));
         self.config = config;
         self
     }
@@ -506,13 +636,68 @@ impl Proxy {
         );
     }
 
-    fn log(&self, ev: NetEvent) {
-        if let Err(e) = self.audit.write(&Record::now(&self.jail, Event::Net(ev))) {
-            eprintln!("corral proxy: cannot write the audit log: {e}");
+    /// Write one record; `false` when it could not be written (the caller refuses what it
+    /// would have recorded; the failure is counted by the log and said on stderr, at most
+    /// once per interval).
+    #[must_use]
+    fn log(&self, ev: NetEvent) -> bool {
+        match self.audit.write(&Record::now(&self.jail, Event::Net(ev))) {
+            Ok(()) => true,
+            Err(e) => {
+                self.audit_refused.hit(|n| {
+                    format!(
+                        "corral proxy: cannot write the audit log ({e}): {n} record(s) lost in the last 10 s; what they would record is refused"
+                    )
+                });
+                false
+            }
         }
     }
 
+    /// Write a record decided beside the proxy with its rules (the stub resolver's); `false`
+    /// when it could not be written (the caller refuses what it records).
+    #[must_use]
+    pub fn record(&self, ev: NetEvent) -> bool {
+        self.log(ev)
+    }
+
+    /// The answer to a request allowed but not recorded.
+    const UNRECORDED: &str = "corral: the audit log cannot be written, so this request is refused (see corral's stderr)\n";
+
+    /// The connections refused for want of a descriptor (the proxy's own listener and the
+    /// stub's capture listeners count here).
+    pub fn refused_for_descriptors(&self) -> &Notice {
+        &self.fd_refused
+    }
+
+    /// End-of-run lines for the bounds that were hit (descriptors, head budget); empty when
+    /// none was. Records that could not be written are the audit log's to say
+    /// ([`corral_audit::AuditLog::failures`]).
+    pub fn bounds_summary(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let fds = self.fd_refused.total();
+        if fds > 0 {
+            out.push(format!(
+                "corral: {fds} connection(s) refused: corral was out of file descriptors (raise the hard limit: ulimit -Hn)"
+            ));
+        }
+        let heads = self.heads_refused.total();
+        if heads > 0 {
+            out.push(format!(
+                "corral: {heads} request(s) refused with 503: the jail's partial request heads passed {} bytes",
+                self.buffers.limit()
+            ));
+        }
+        out
+    }
+
+    /// Bytes of request heads and pending tunnel data held now (tests, benchmarks).
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffers.used() + self.pending.used()
+    }
+
     #[allow(clippy::too_many_arguments)]
+    #[must_use]
     fn log_decision(
         &self,
         client: &str,
@@ -522,7 +707,7 @@ impl Proxy {
         address: Option<SocketAddr>,
         decision: Decision,
         rule: &str,
-    ) {
+    ) -> bool {
         self.log(NetEvent {
             phase: "decision".into(),
             client: client.into(),
@@ -533,11 +718,12 @@ impl Proxy {
             decision: Some(decision),
             rule: rule.into(),
             ..Default::default()
-        });
+        })
     }
 
     fn log_denial(&self, client: &str, method: &str, host: &str, port: u16, d: &Denial) {
-        self.log_decision(client, method, host, port, None, Decision::Deny, &d.rule);
+        // Refused either way; a record that could not be written is counted by the log.
+        let _ = self.log_decision(client, method, host, port, None, Decision::Deny, &d.rule);
         self.note_blocked(method, &format!("{host}:{port}"), &d.rule, &d.fix);
     }
 
@@ -567,7 +753,8 @@ impl Proxy {
         down: u64,
         started: Instant,
     ) {
-        self.log(NetEvent {
+        // The connection is over: a close line that cannot be written is counted by the log.
+        let _ = self.log(NetEvent {
             phase: "close".into(),
             client: client.into(),
             method: method.into(),
@@ -585,11 +772,16 @@ impl Proxy {
 
     /// Accept on `listener` (any thread's or namespace's socket) until the runtime stops.
     pub async fn serve(self: Arc<Self>, listener: std::net::TcpListener) -> io::Result<()> {
-        let listener = crate::forward::to_tokio(listener)?;
+        let mut listener = crate::bounds::Acceptor::new(
+            listener,
+            "the proxy",
+            crate::bounds::REFUSED_503,
+            &self.fd_refused,
+        )?;
         self.start_trimmer();
         loop {
-            // EMFILE and friends: back off instead of spinning; never exit.
-            let (stream, peer) = crate::forward::accept(&listener, "proxy").await;
+            // Out of descriptors: the waiting client gets a 503; never exit.
+            let (stream, peer) = listener.accept().await;
             let _ = stream.set_nodelay(true);
             self.clone().spawn_client(stream, peer.to_string());
         }
@@ -607,7 +799,8 @@ impl Proxy {
             let (stream, _) = match listener.accept().await {
                 Ok(x) => x,
                 Err(e) => {
-                    eprintln!("corral proxy: accept: {e}");
+                    self.fd_refused
+                        .hit(|n| format!("corral proxy: accept: {e} ({n} in the last 10 s)"));
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -747,7 +940,7 @@ impl Proxy {
         let mut first_wait = self.config.header_timeout;
         loop {
             let head = match client
-                .read_head(first_wait, self.config.header_timeout)
+                .read_head_within(first_wait, self.config.header_timeout, &self.buffers)
                 .await
             {
                 Ok(Some(h)) => h,
@@ -775,6 +968,19 @@ impl Proxy {
                         &mut client.io,
                         408,
                         "corral: request head not received in time\n",
+                    )
+                    .await;
+                    break;
+                }
+                Err(ReadError::Budget) => {
+                    let limit = self.buffers.limit();
+                    self.heads_refused.hit(|n| {
+                        format!("corral proxy: {n} request(s) refused in the last 10 s: the jail's partial request heads passed {limit} bytes")
+                    });
+                    self.reply_and_close(
+                        &mut client.io,
+                        503,
+                        "corral: too many partial request heads from this jail; try again\n",
                     )
                     .await;
                     break;
@@ -941,6 +1147,15 @@ impl Proxy {
                     let _ = s.set_nodelay(true);
                     return Ok((s, addr));
                 }
+                Ok(Err(e)) if out_of_descriptors(&e) => {
+                    self.fd_refused.hit(|n| {
+                        format!("corral proxy: out of file descriptors: {n} connection(s) refused in the last 10 s (503: no descriptor to reach the destination)")
+                    });
+                    return Err(Refusal::Failed {
+                        rule: format!("connect to {addr}: corral is out of file descriptors"),
+                        status: 503,
+                    });
+                }
                 Ok(Err(e)) => last_err = Some(format!("connect to {addr}: {e}")),
                 Err(_) => last_err = Some(format!("connect to {addr} timed out")),
             }
@@ -980,7 +1195,7 @@ impl Proxy {
             .await
             .map_err(|e| failed(e.to_string()))?;
         let head = conn
-            .read_head(t, t)
+            .read_head_within(t, t, &self.buffers)
             .await
             .map_err(|e| failed(e.to_string()))?
             .ok_or_else(|| failed("closed the connection".into()))?;
@@ -1101,7 +1316,12 @@ impl Proxy {
         S: AsyncRead + AsyncWrite + Unpin,
     {
         TunnelTask {
-            relay: tunnel(t.client, t.up, self.config.idle_timeout),
+            relay: tunnel(
+                t.client,
+                t.up,
+                self.config.idle_timeout,
+                Some(self.pending.clone()),
+            ),
             proxy: self,
             peer,
             meta: t.meta,
@@ -1151,7 +1371,7 @@ impl Proxy {
                 return None;
             }
         };
-        self.log_decision(
+        if !self.log_decision(
             peer,
             method,
             &shown,
@@ -1159,7 +1379,14 @@ impl Proxy {
             Some(address),
             Decision::Allow,
             &rule,
-        );
+        ) {
+            // Fail closed: no tunnel the log does not show.
+            if answer {
+                self.reply_and_close(&mut client.io, 503, Self::UNRECORDED)
+                    .await;
+            }
+            return None;
+        }
         let started = Instant::now();
         if answer
             && client
@@ -1247,7 +1474,7 @@ impl Proxy {
                 self.reply_and_close(io, d.status, &body).await;
             }
             Refusal::Failed { rule, status } => {
-                self.log_decision(
+                let _ = self.log_decision(
                     peer,
                     method,
                     &shown,
@@ -1367,7 +1594,7 @@ impl Proxy {
         let Some(up) = p.up.as_mut() else {
             return false;
         };
-        self.log_decision(
+        if !self.log_decision(
             peer,
             &method,
             &shown,
@@ -1375,7 +1602,12 @@ impl Proxy {
             Some(up.address),
             Decision::Allow,
             &rule,
-        );
+        ) {
+            // Fail closed: nothing is sent that the log does not show.
+            return self
+                .abandon(&mut client.io, peer, p, 503, Self::UNRECORDED)
+                .await;
+        }
 
         let client_close = req.version == Version::Http10
             || http::connection_tokens(&req.headers)
@@ -1436,7 +1668,7 @@ impl Proxy {
                     ReadError::Timeout => {
                         (408, "corral: request body not received in time\n".into())
                     }
-                    ReadError::Io(_) => return false,
+                    ReadError::Io(_) | ReadError::Budget => return false,
                 };
                 self.log_bad(peer, &method, &shown, &msg);
                 self.reply_and_close(&mut client.io, status, &msg).await;
@@ -1456,7 +1688,7 @@ impl Proxy {
         }
         // The response: 1xx heads relayed, then the final one.
         let resp = loop {
-            let head = match up.conn.read_head(t, t).await {
+            let head = match up.conn.read_head_within(t, t, &self.buffers).await {
                 Ok(Some(h)) => h,
                 other => {
                     let why = match other {
@@ -1589,12 +1821,14 @@ impl Proxy {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let t = self.config.header_timeout;
+        // One deadline for the whole handshake, as for an HTTP head: a client dribbling one
+        // byte at a time cannot hold a connection longer than that.
+        let t = Instant::now() + self.config.header_timeout;
         // Greeting: VER NMETHODS METHODS...
-        let Ok(hdr) = client.read_exact_buf(2, t).await else {
+        let Ok(hdr) = client.read_exact_by(2, t).await else {
             return None;
         };
-        let Ok(methods) = client.read_exact_buf(hdr[1] as usize, t).await else {
+        let Ok(methods) = client.read_exact_by(hdr[1] as usize, t).await else {
             return None;
         };
         if !methods.contains(&0) {
@@ -1605,49 +1839,15 @@ impl Proxy {
             return None;
         }
         // Request: VER CMD RSV ATYP DST.ADDR DST.PORT
-        let Ok(req) = client.read_exact_buf(4, t).await else {
+        let Ok(req) = client.read_exact_by(4, t).await else {
             return None;
         };
         let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
         if req[0] != 5 || req[2] != 0 {
             return None;
         }
-        let host: Result<Host, String> = match req[3] {
-            1 => match client.read_exact_buf(4, t).await {
-                Ok(b) => Ok(Host::Ip(IpAddr::from([b[0], b[1], b[2], b[3]]))),
-                Err(_) => return None,
-            },
-            4 => match client.read_exact_buf(16, t).await {
-                Ok(b) => {
-                    let mut a = [0u8; 16];
-                    a.copy_from_slice(&b);
-                    Ok(Host::Ip(IpAddr::from(a)))
-                }
-                Err(_) => return None,
-            },
-            3 => {
-                let Ok(len) = client.read_exact_buf(1, t).await else {
-                    return None;
-                };
-                match client.read_exact_buf(len[0] as usize, t).await {
-                    Ok(name) => match std::str::from_utf8(&name) {
-                        Ok(n) if !n.contains(['%', '@', '/', ':', '[', ']']) => {
-                            normalize_host(n).map_err(|e| e.to_string())
-                        }
-                        _ => Err(format!(
-                            "invalid SOCKS5 host name {:?}",
-                            String::from_utf8_lossy(&name)
-                        )),
-                    },
-                    Err(_) => return None,
-                }
-            }
-            _ => {
-                let _ = client.io.write_all(&reply(8)).await;
-                return None;
-            }
-        };
-        let Ok(port) = client.read_exact_buf(2, t).await else {
+        let host = read_socks_address(&mut client, req[3], t).await?;
+        let Ok(port) = client.read_exact_by(2, t).await else {
             return None;
         };
         let port = u16::from_be_bytes([port[0], port[1]]);
@@ -1687,7 +1887,7 @@ impl Proxy {
                 return None;
             }
             Err(Refusal::Failed { rule, .. }) => {
-                self.log_decision(
+                let _ = self.log_decision(
                     peer,
                     "SOCKS5",
                     &shown,
@@ -1701,7 +1901,7 @@ impl Proxy {
                 return None;
             }
         };
-        self.log_decision(
+        if !self.log_decision(
             peer,
             "SOCKS5",
             &shown,
@@ -1709,7 +1909,11 @@ impl Proxy {
             Some(address),
             Decision::Allow,
             &rule,
-        );
+        ) {
+            // Fail closed: REP=1, general failure.
+            let _ = client.io.write_all(&reply(1)).await;
+            return None;
+        }
         if client.io.write_all(&reply(0)).await.is_err() {
             return None;
         }

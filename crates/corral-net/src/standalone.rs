@@ -86,6 +86,10 @@ pub fn run(opts: Options) -> Result<(), NetError> {
         }
     };
     let rules = load(&policy)?;
+    // Two descriptors a tunnel: the common soft limit of 1,024 would be 500 tunnels.
+    if let Err(e) = crate::bounds::raise_nofile_limit() {
+        eprintln!("corral proxy: cannot raise the open-file limit: {e}");
+    }
     let audit = match &opts.audit_log {
         Some(p) => AuditLog::at(p),
         None => {
@@ -124,6 +128,7 @@ pub fn run(opts: Options) -> Result<(), NetError> {
             eprintln!("corral proxy: listening on {addr}");
             tokio::spawn(proxy.clone().serve(l))
         };
+        let (summary, audit_failures) = (proxy.clone(), audit.clone());
         tokio::spawn(reloader(proxy, policy, audit, jail));
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).map_err(io("cannot handle SIGTERM"))?;
@@ -135,6 +140,13 @@ pub fn run(opts: Options) -> Result<(), NetError> {
             },
             _ = int.recv() => {}
             _ = term.recv() => {}
+        }
+        // The bounds hit and the records lost while it ran, said once at the end.
+        for line in summary.bounds_summary() {
+            eprintln!("{line}");
+        }
+        if let Some(f) = audit_failures.failures() {
+            eprintln!("{}", f.summary_line());
         }
         Ok(())
     })

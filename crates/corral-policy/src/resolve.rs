@@ -1984,6 +1984,40 @@ fn check_dns(n: &NetLayer, plan: &NetworkPlan, key: &str) -> Result<(), PolicyEr
     }
 }
 
+/// The jail's loopback port of corral's proxy (network mode `proxy`).
+const JAIL_PROXY_PORT: u16 = 3128;
+/// The jail's loopback port of the stub resolver (`dns = "stub"`).
+const JAIL_DNS_PORT: u16 = 53;
+
+/// `publish` and `host_ports` may not take the jail's loopback ports corral itself listens on:
+/// 3128 (the proxy) in mode `proxy`, 53 with `dns = "stub"`. Published, they would hand the
+/// host's 127.0.0.1:PORT to corral's own listener; as `host_ports`, they would take it from
+/// the jail.
+fn check_own_ports(n: &NetLayer, plan: &NetworkPlan, key: &str) -> Result<(), PolicyError> {
+    if plan.mode != NetworkMode::Proxy {
+        return Ok(());
+    }
+    let own = |p: u16| match p {
+        JAIL_PROXY_PORT => Some("corral's proxy"),
+        JAIL_DNS_PORT if plan.dns == Dns::Stub => Some("the stub resolver"),
+        _ => None,
+    };
+    let entries = n
+        .publish
+        .iter()
+        .map(|e| ("publish", e))
+        .chain(n.host_ports.iter().map(|e| ("host_ports", e)));
+    for (field, (port, at)) in entries {
+        if let Some(what) = own(*port) {
+            return Err(at.error(format!(
+                "{key}.{field} {port}: the jail's 127.0.0.1:{port} is {what} (corral's own \
+                 port in network mode \"proxy\"); use another port"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn network_plan(n: &NetLayer, default_mode: NetworkMode) -> NetworkPlan {
     NetworkPlan {
         mode: n.mode.as_ref().map(|(m, _)| *m).unwrap_or(default_mode),
@@ -2314,6 +2348,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     // real value (the gateway sets placeholders at run time).
     let network = network_plan(&m.net, NetworkMode::Proxy);
     check_dns(&m.net, &network, "network")?;
+    check_own_ports(&m.net, &network, "network")?;
     let path_dirs: Vec<PathBuf> = cmd
         .path_dirs
         .iter()

@@ -1511,6 +1511,44 @@ fn a_project_file_that_switches_the_profile_needs_trust() {
 }
 
 #[test]
+fn publish_and_host_ports_refuse_corrals_own_ports() {
+    let f = fx();
+    let file = f.root.join("corral.toml");
+    f.project_policy("[network]\npublish = [3000, 3128]\n");
+    assert_eq!(
+        err(resolve(&f.req(None))),
+        format!(
+            "{}:2:18: network.publish 3128: the jail's 127.0.0.1:3128 is corral's proxy (corral's \
+             own port in network mode \"proxy\"); use another port",
+            file.display()
+        )
+    );
+    f.project_policy("[network]\ndns = \"stub\"\nallow = [\"example.org\"]\nhost_ports = [53]\n");
+    assert_eq!(
+        err(resolve(&f.req(None))),
+        format!(
+            "{}:4:15: network.host_ports 53: the jail's 127.0.0.1:53 is the stub resolver \
+             (corral's own port in network mode \"proxy\"); use another port",
+            file.display()
+        )
+    );
+    // The flag is checked as the file is.
+    f.project_policy("");
+    let mut req = f.req(None);
+    req.flags.publish = vec![3128];
+    assert_eq!(
+        err(resolve(&req)),
+        "--publish: network.publish 3128: the jail's 127.0.0.1:3128 is corral's \
+         proxy (corral's own port in network mode \"proxy\"); use another port"
+    );
+    // Without the stub, 53 is the jail's to publish; with no proxy, 3128 is.
+    f.project_policy("[network]\npublish = [53]\n");
+    assert_eq!(resolve(&f.req(None)).unwrap().network.publish, vec![53]);
+    f.project_policy("[network]\nmode = \"none\"\npublish = [3128]\n");
+    assert_eq!(resolve(&f.req(None)).unwrap().network.publish, vec![3128]);
+}
+
+#[test]
 fn network_dns_is_none_by_default_stub_on_request_and_only_with_the_proxy() {
     use corral_policy::plan::Dns;
     let f = fx();

@@ -74,6 +74,9 @@ pub(crate) struct InitConfig {
     /// The limits no cgroup enforces, applied as rlimits (the best-effort fallback; with
     /// `strict` corral refused to start instead).
     pub rlimits: corral_policy::plan::Limits,
+    /// The soft open-file limit corral started with (it raised its own): the command's.
+    #[serde(default)]
+    pub nofile_soft: Option<u64>,
 }
 
 /// Entry point of `corral __corral-jail-init` (a fresh exec, the control socket on fd 3).
@@ -618,7 +621,12 @@ fn resolve_command(plan: &Plan) -> Result<Argv, CommandError> {
 
 fn apply_rlimits(config: &InitConfig) -> Result<(), JailError> {
     crate::rlimit::apply(&config.rlimits)
-        .map_err(|e| JailError::step("apply the fallback rlimits", e))
+        .map_err(|e| JailError::step("apply the fallback rlimits", e))?;
+    if let Some(soft) = config.nofile_soft {
+        crate::rlimit::restore_nofile_soft(soft)
+            .map_err(|e| JailError::step("restore the caller's open-file limit", e))?;
+    }
+    Ok(())
 }
 
 fn close_other_fds() -> Result<(), JailError> {

@@ -64,6 +64,31 @@ pub fn apply(limits: &Limits) -> Result<(), RlimitError> {
     Ok(())
 }
 
+/// Set the soft `RLIMIT_NOFILE` to `soft` (never above the hard limit), keeping the hard
+/// limit: the caller's own soft limit, given back to the jail's command after corral raised
+/// its own. Allocation-free.
+pub fn restore_nofile_soft(soft: u64) -> Result<(), RlimitError> {
+    let mut cur = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit struct, which we provide.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut cur) };
+    let lim = libc::rlimit {
+        rlim_cur: soft.min(cur.rlim_max),
+        rlim_max: cur.rlim_max,
+    };
+    // SAFETY: setrlimit reads one rlimit struct, which we provide.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(RlimitError::Set {
+            resource: "RLIMIT_NOFILE",
+            value: soft,
+            cause: io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
 fn set(
     resource: libc::__rlimit_resource_t,
     name: &'static str,

@@ -30,6 +30,9 @@ pub struct SpawnOptions {
     pub cgroup_procs: Vec<PathBuf>,
     /// Limits to apply as rlimits in the command's process (what no cgroup enforces).
     pub rlimits: Limits,
+    /// The soft open-file limit to give the command back (corral raises its own at start; a
+    /// program using select() breaks above 1,024).
+    pub nofile_soft: Option<u64>,
 }
 
 impl SpawnOptions {
@@ -47,6 +50,7 @@ impl SpawnOptions {
                 enforce: corral_policy::plan::Enforce::BestEffort,
                 built_in: Default::default(),
             },
+            nofile_soft: None,
         })
     }
 }
@@ -386,6 +390,7 @@ impl PreparedJail {
             plan: plan.clone(),
             tty: stdio.tty,
             rlimits: opts.rlimits.clone(),
+            nofile_soft: opts.nofile_soft,
         };
         let body = serde_json::to_vec(&config)
             .map_err(|e| JailError::step("encode the jail config", e))?;

@@ -33,6 +33,14 @@ pub use usage::EXIT_CORRAL_ERROR;
 fn main() -> ExitCode {
     // The jail's set-up process, when it is this binary re-executed: it never reaches the CLI.
     corral_sandbox::init_if_requested();
+    // `corral run` and `corral shell` serve the jail's proxy: two descriptors a tunnel, so the
+    // soft open-file limit goes up to the hard one, first (the jail's command gets the original
+    // back: SpawnOptions::nofile_soft).
+    if cmd::serves_a_proxy(std::env::args_os())
+        && let Err(e) = corral_net::bounds::raise_nofile_limit()
+    {
+        eprintln!("corral: cannot raise the open-file limit: {e}");
+    }
     // A command that runs a native jail forks the jail's set-up process now, before anything
     // is read (corral_sandbox::prepare_early says what it holds): it is ready when the Plan is.
     if cmd::starts_a_jail(std::env::args_os()) {

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use corral_audit::{AuditLog, Decision, Event, Record};
+use corral_audit::{AuditLog, Decision, Event, Record, printable};
 
 use crate::cli::LogArgs;
 
@@ -265,8 +265,9 @@ impl Printer {
                 },
             ),
         };
-        // Hosts, commands and reasons can carry what the jail sent: no control character of
-        // theirs reaches the reader's terminal (a forged row, an escape sequence).
+        // Hosts, commands and reasons can carry what the jail sent: no control, invisible or
+        // look-alike character of theirs reaches the reader's terminal (a forged row, an
+        // escape sequence, a name that reads as another; corral_audit::printable).
         let (target, rule) = (printable(&target), printable(&rule));
         let decision_cell = format!("{decision:<8}");
         let decision_cell = if self.color {
@@ -285,22 +286,6 @@ impl Printer {
     }
 }
 
-/// `s` with every control character escaped (`\n`, `\u{1b}`).
-fn printable(s: &str) -> String {
-    if !s.chars().any(char::is_control) {
-        return s.to_string();
-    }
-    s.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
 fn decision_word(d: Option<Decision>) -> String {
     match d {
         Some(Decision::Allow) => "allow".into(),
@@ -314,8 +299,12 @@ mod tests {
     use super::printable;
 
     #[test]
-    fn control_characters_from_the_jail_are_escaped() {
+    fn control_and_invisible_characters_from_the_jail_are_escaped() {
         assert_eq!(printable("example.org"), "example.org");
         assert_eq!(printable("a\u{1b}[2J\nforged\r"), "a\\u{1b}[2J\\nforged\\r");
+        assert_eq!(
+            printable("git\u{ad}hub\u{ff0e}com"),
+            "git\\u{ad}hub\\u{ff0e}com"
+        );
     }
 }

@@ -36,6 +36,13 @@ pub fn starts_a_jail(mut args: impl Iterator<Item = std::ffi::OsString>) -> bool
     }
 }
 
+/// Whether the command line runs a jail with corral's proxy in this process (`run`, `shell`):
+/// corral raises its open-file limit for it at start.
+pub fn serves_a_proxy(mut args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    args.nth(1)
+        .is_some_and(|cmd| cmd == "run" || cmd == "shell")
+}
+
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => {

@@ -65,6 +65,8 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // while corral prepares the rest). It waits for the final plan; a dropped PreparedJail is
     // killed.
     let mut opts = corral_sandbox::SpawnOptions::new()?;
+    // main() raised corral's open-file limit for the proxy: the command gets the caller's.
+    opts.nofile_soft = corral_net::bounds::original_nofile_soft();
     let mut prepared = match early {
         Some(prepared) => prepared,
         None => corral_sandbox::prepare(&opts.init_exe)?,
@@ -215,11 +217,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             eprintln!("corral: {line}");
         }
     }
-    if let Some(proxy) = proxy {
-        for line in proxy.summary() {
-            eprintln!("{line}");
-        }
-    }
+    network_summary(proxy.as_ref(), &audit);
     crate::changes::finish(baseline, &audit, &jail_id);
     crate::setid::report(set_id, &audit, &jail_id);
     report_terminal(exit.terminal, &audit, &jail_id);
@@ -242,6 +240,22 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
 fn end_run(executor: Option<super::serve::RunExecutor>) {
     drop(executor);
     corral_exec::end_children();
+}
+
+/// The network's end-of-run lines: blocked destinations, bounds that were hit, and audit
+/// records that could not be written (the requests they recorded were refused).
+fn network_summary(proxy: Option<&corral_net::ProxyHandle>, audit: &AuditLog) {
+    if let Some(proxy) = proxy {
+        for line in proxy.summary() {
+            eprintln!("{line}");
+        }
+        for line in proxy.proxy().bounds_summary() {
+            eprintln!("{line}");
+        }
+    }
+    if let Some(f) = audit.failures() {
+        eprintln!("{}", f.summary_line());
+    }
 }
 
 /// What the jail's Plan gains on top of `plan` before it starts: [secrets] placeholders and the
@@ -291,7 +305,13 @@ fn serve_network(
         return Ok(None);
     }
     let rules = corral_net::Rules::from_plan(&plan.network)?;
-    let mut proxy = corral_net::Proxy::new(rules, audit.clone(), jail_id);
+    // What the jail can make the proxy hold in partial request heads is a share of the memory
+    // its policy allows (ProxyConfig::buffer_budget_for).
+    let config = corral_net::ProxyConfig {
+        buffer_budget: corral_net::ProxyConfig::buffer_budget_for(plan.limits.memory),
+        ..corral_net::ProxyConfig::default()
+    };
+    let mut proxy = corral_net::Proxy::new(rules, audit.clone(), jail_id).with_config(config);
     if let Some(gw) = gateway {
         proxy = proxy.with_gateway(gw);
     }

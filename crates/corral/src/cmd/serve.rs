@@ -540,12 +540,26 @@ fn server_command(
         .stdout(std::process::Stdio::null())
         .stderr(log_file);
     use std::os::unix::process::CommandExt;
-    // SAFETY: fcntl and prctl are async-signal-safe and allocate nothing. The listener is
-    // close-on-exec in corral (no other child inherits it); here, in the server's process alone,
-    // the flag is cleared so the server receives it. PR_SET_PDEATHSIG makes the server die (and
-    // kill its commands) when corral's activation thread, and so corral, does.
+    // The open-file limit corral started with (`corral run` raised its own for the proxy): the
+    // executor and its commands get it back.
+    let nofile = corral_net::bounds::original_nofile_soft();
+    // SAFETY: fcntl, prctl, getrlimit and setrlimit are async-signal-safe and allocate nothing.
+    // The listener is close-on-exec in corral (no other child inherits it); here, in the
+    // server's process alone, the flag is cleared so the server receives it. PR_SET_PDEATHSIG
+    // makes the server die (and kill its commands) when corral's activation thread, and so
+    // corral, does.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(soft) = nofile {
+                let mut lim = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+                    lim.rlim_cur = soft.min(lim.rlim_max);
+                    libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+                }
+            }
             if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
