@@ -207,7 +207,9 @@ impl AuditLog {
         ))
     }
 
-    /// A log at an explicit path (tests, the proxy container's volume).
+    /// A log at an explicit path (tests, the proxy container's volume). The path `-` is
+    /// standard output: one JSON line per record, for a log stack that collects it (the proxy
+    /// on Kubernetes).
     pub fn at(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
@@ -241,6 +243,13 @@ impl AuditLog {
     pub fn write(&self, record: &Record) -> Result<(), AuditError> {
         let mut line = serde_json::to_vec(record).map_err(|e| self.io_err(e.into()))?;
         line.push(b'\n');
+        if self.path == Path::new("-") {
+            let mut out = io::stdout().lock();
+            return out
+                .write_all(&line)
+                .and_then(|()| out.flush())
+                .map_err(|e| self.io_err(e));
+        }
         if let Some(dir) = self.path.parent() {
             fs::create_dir_all(dir).map_err(|e| self.io_err(e))?;
         }
