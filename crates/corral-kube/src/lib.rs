@@ -26,7 +26,6 @@ pub(crate) mod eval;
 mod tests;
 
 pub use netpol::{dns_peer, proxy_policy, sandbox_policy};
-pub use sandbox::not_carried;
 
 /// The proxy's port (the container backend's).
 pub const PROXY_PORT: u16 = corral_engine::names::PROXY_PORT;
@@ -192,20 +191,31 @@ fn check_supported(plan: &Plan, opts: &Options) -> Result<()> {
     if n.dns != corral_policy::plan::Dns::None {
         return unsupported("network.dns = \"stub\"");
     }
-    match (&plan.executor.target, &plan.executor.jail) {
-        (ExecutorTarget::Sandbox, None) => {}
-        (ExecutorTarget::Sandbox, Some(_)) | (ExecutorTarget::Compose(_), _) => {
-            return unsupported("[executor] (its own Pod)");
-        }
-        (ExecutorTarget::Host, _) => return unsupported("the host executor"),
-    }
-    if plan.skill.is_some() {
-        return unsupported("the executor's skill");
+    match &plan.executor.target {
+        // Not rendered yet, as with the podman backend: see [`not_carried`].
+        ExecutorTarget::Sandbox => {}
+        ExecutorTarget::Compose(_) => return unsupported("executor.target = \"compose:...\""),
+        ExecutorTarget::Host => return unsupported("the host executor"),
     }
     if plan.limits.pids.is_some() && !opts.pids_by_node && plan.limits.enforce == Enforce::Strict {
         return Err(KubeError::PidsLimit);
     }
     Ok(())
+}
+
+/// What of the plan the objects leave out, one line each: host binds a cluster does not have
+/// (a harness's configuration under the caller's home, `--rw`/`--ro` paths; the Pod then has
+/// less, never more) and the executor's sandbox (not rendered yet: `corral exec` in the Pod
+/// finds no executor).
+pub fn not_carried(plan: &Plan) -> Vec<String> {
+    let mut out: Vec<String> = sandbox::host_binds(plan)
+        .iter()
+        .map(|p| format!("host path {}", p.display()))
+        .collect();
+    if plan.executor.jail.is_some() {
+        out.push("the executor ([executor] target = \"sandbox\"): not rendered yet".into());
+    }
+    out
 }
 
 /// A DNS label short enough for every suffix corral adds (`-proxy-policy`).
@@ -302,9 +312,9 @@ does not enforce NetworkPolicy (kindnet before v0.24, flannel alone, podman kube
 then reach anything. Test it once per cluster, after `kubectl apply`:
 
   # 1. a direct connection from the sandbox, around the proxy: it must FAIL (time out or be refused)
-  kubectl{ns} exec {name} -- sh -c 'exec 3<>/dev/tcp/1.1.1.1/443 && echo REACHED: NetworkPolicy is NOT enforced'
+  kubectl{ns} exec {name} -- curl --noproxy '*' -sS -m 5 -o /dev/null http://1.1.1.1/ && echo 'REACHED: NetworkPolicy is NOT enforced'
   # 2. the same through the proxy: it must succeed for an allowed host and be refused (403) for others
-  kubectl{ns} exec {name} -- sh -c 'curl -sS -o /dev/null -w \"%{{http_code}}\\n\" https://example.com'
+  kubectl{ns} exec {name} -- curl -sS -o /dev/null -w '%{{http_code}}\\n' https://example.com
   # 3. another Pod must not reach the proxy: it must FAIL
   kubectl{ns} run corral-probe --rm -i --restart=Never --image=busybox -- nc -w 3 {name}-proxy {PROXY_PORT}
 

@@ -198,9 +198,9 @@ fn memory(bytes: u64) -> String {
     bytes.to_string()
 }
 
-/// The host binds of the plan a cluster cannot have (a harness's configuration under the
-/// caller's home, `--rw`/`--ro` paths): left out of the Pod, which then has less, never more.
-pub fn not_carried(plan: &Plan) -> Vec<PathBuf> {
+/// The host binds of the plan a cluster cannot have: everything but the project and the system
+/// directories (which come from the image).
+pub fn host_binds(plan: &Plan) -> Vec<PathBuf> {
     let system: BTreeSet<PathBuf> = system_mounts().into_iter().map(|m| m.target).collect();
     plan.mounts
         .iter()

@@ -1,0 +1,99 @@
+//! `corral kube render`: the manifests of one jail, from the same plan `corral plan` prints.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use corral_kube::{Options, ProjectSource, Seccomp};
+use corral_policy::plan::Plan;
+
+use crate::cli::{KubeCommand, KubeRenderArgs, KubeTarget, SeccompArg};
+
+pub fn run(cmd: KubeCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        KubeCommand::Render(args) => render(args),
+    }
+}
+
+fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
+    let req = super::plan::request(args.profile.clone(), &args.jail, args.command.clone())?;
+    let plan = corral_policy::resolve(&req)?;
+    // Rendering runs nothing: a scratch directory made for it is not needed.
+    if plan.project.scratch {
+        let _ = std::fs::remove_dir(&plan.project.root);
+    }
+    let opts = options(&args, &plan);
+    if args.check {
+        print!("{}", corral_kube::check_text(&opts));
+        return Ok(ExitCode::SUCCESS);
+    }
+    match args.target {
+        KubeTarget::Pod => {}
+    }
+    let objects = corral_kube::render(&plan, &opts)?;
+    let yaml = corral_kube::to_yaml(&objects)?;
+    let left_out = corral_kube::not_carried(&plan);
+    if !left_out.is_empty() {
+        eprintln!(
+            "corral kube: not carried into the manifests: {}",
+            left_out.join("; ")
+        );
+    }
+    match &args.output {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let path = dir.join("jail.yaml");
+            std::fs::write(&path, yaml)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            eprintln!("corral kube: wrote {}", path.display());
+        }
+        None => print!("{yaml}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The rendering options, with the few facts about the host the plan does not carry (which
+/// protected and masked paths exist, which are directories) gathered here.
+fn options(args: &KubeRenderArgs, plan: &Plan) -> Options {
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| corral_kube::default_name(&plan.project.root));
+    let paths: Vec<&PathBuf> = plan.protected.iter().chain(&plan.masked).collect();
+    let existing: BTreeSet<PathBuf> = paths
+        .iter()
+        .filter(|p| p.exists())
+        .map(|p| (*p).clone())
+        .collect();
+    let dirs: BTreeSet<PathBuf> = paths
+        .iter()
+        .filter(|p| p.is_dir())
+        .map(|p| (*p).clone())
+        .collect();
+    let project = if args.project_hostpath {
+        ProjectSource::HostPath
+    } else {
+        ProjectSource::Claim(
+            args.project_claim
+                .clone()
+                .unwrap_or_else(|| format!("{name}-project")),
+        )
+    };
+    Options {
+        name,
+        namespace: args.namespace.clone(),
+        proxy_ip: args.proxy_ip.clone(),
+        proxy_image: args.proxy_image.clone(),
+        image: args.image.clone(),
+        seccomp: match args.seccomp {
+            SeccompArg::Localhost => Seccomp::Localhost,
+            SeccompArg::RuntimeDefault => Seccomp::RuntimeDefault,
+        },
+        project,
+        pids_by_node: args.pids_by_node,
+        existing,
+        dirs,
+    }
+}
