@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde::Serialize;
 
+pub mod agent_sandbox;
 mod netpol;
 mod proxy;
 mod sandbox;
@@ -77,6 +78,15 @@ pub enum Seccomp {
     RuntimeDefault,
 }
 
+/// What the sandbox is rendered as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A plain Pod.
+    Pod,
+    /// A kubernetes-sigs/agent-sandbox `SandboxTemplate` whose Pods the controller makes.
+    SandboxTemplate,
+}
+
 /// Where the project's files come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProjectSource {
@@ -99,6 +109,7 @@ pub struct Options {
     pub proxy_image: String,
     /// The harness image; `None`: the plan's, else the profile's default tag.
     pub image: Option<String>,
+    pub target: Target,
     pub seccomp: Seccomp,
     pub project: ProjectSource,
     /// The nodes' kubelet limits pids per Pod (podPidsLimit): `limits.pids` is not refused.
@@ -117,11 +128,13 @@ pub enum Object {
     Deployment(Box<Deployment>),
     Service(Box<Service>),
     Pod(Box<Pod>),
+    SandboxTemplate(Box<agent_sandbox::SandboxTemplate>),
     NetworkPolicy(Box<NetworkPolicy>),
 }
 
 /// Every object of one jail, in the order `kubectl apply` should see them: ConfigMaps, the
-/// NetworkPolicies (so no Pod runs unfenced), the proxy, then the sandbox.
+/// NetworkPolicies (so no Pod runs unfenced), the proxy, then the sandbox (a Pod, or a
+/// SandboxTemplate whose Pods carry the same labels, so the same policies fence them).
 pub fn render(plan: &Plan, opts: &Options) -> Result<Vec<Object>> {
     check_supported(plan, opts)?;
     let mut out = vec![Object::ConfigMap(Box::new(sandbox::files_config_map(opts)))];
@@ -139,7 +152,12 @@ pub fn render(plan: &Plan, opts: &Options) -> Result<Vec<Object>> {
         out.push(Object::Deployment(Box::new(proxy::deployment(opts))));
         out.push(Object::Service(Box::new(proxy::service(opts)?)));
     }
-    out.push(Object::Pod(Box::new(sandbox::pod(plan, opts)?)));
+    out.push(match opts.target {
+        Target::Pod => Object::Pod(Box::new(sandbox::pod(plan, opts)?)),
+        Target::SandboxTemplate => {
+            Object::SandboxTemplate(Box::new(agent_sandbox::template(plan, opts)?))
+        }
+    });
     Ok(out)
 }
 

@@ -86,6 +86,28 @@ pub fn container_security() -> SecurityContext {
 
 /// The sandbox Pod.
 pub fn pod(plan: &Plan, opts: &Options) -> Result<Pod> {
+    let mut meta = meta(opts, opts.name.clone(), "sandbox");
+    meta.annotations = annotations(plan, opts);
+    Ok(Pod {
+        metadata: meta,
+        spec: Some(pod_spec(plan, opts)?),
+        ..Default::default()
+    })
+}
+
+/// What the sandbox's metadata says beyond its labels.
+pub fn annotations(plan: &Plan, opts: &Options) -> Option<BTreeMap<String, String>> {
+    match (plan.limits.pids, opts.pids_by_node) {
+        (Some(p), true) => Some(BTreeMap::from([(
+            "corral.dev/pids-limit".into(),
+            format!("{p} (not settable per Pod: the nodes' kubelet podPidsLimit applies)"),
+        )])),
+        _ => None,
+    }
+}
+
+/// The sandbox's Pod spec (the Pod's, or the SandboxTemplate's pod template).
+pub fn pod_spec(plan: &Plan, opts: &Options) -> Result<PodSpec> {
     let (volumes, mounts) = volumes(plan, opts)?;
     let uid = if plan.uid == 0 {
         FALLBACK_USER
@@ -113,14 +135,7 @@ pub fn pod(plan: &Plan, opts: &Options) -> Result<Pod> {
         volume_mounts: Some(mounts),
         ..Default::default()
     };
-    let mut meta = meta(opts, opts.name.clone(), "sandbox");
-    if let (Some(p), true) = (plan.limits.pids, opts.pids_by_node) {
-        meta.annotations = Some(BTreeMap::from([(
-            "corral.dev/pids-limit".into(),
-            format!("{p} (not settable per Pod: the nodes' kubelet podPidsLimit applies)"),
-        )]));
-    }
-    let spec = PodSpec {
+    Ok(PodSpec {
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         dns_policy: Some("None".into()),
@@ -139,11 +154,6 @@ pub fn pod(plan: &Plan, opts: &Options) -> Result<Pod> {
         security_context: Some(pod_security(uid, gid, opts.seccomp)),
         containers: vec![container],
         volumes: Some(volumes),
-        ..Default::default()
-    };
-    Ok(Pod {
-        metadata: meta,
-        spec: Some(spec),
         ..Default::default()
     })
 }

@@ -16,6 +16,7 @@ fn opts() -> Options {
         proxy_ip: Some("10.96.0.50".into()),
         proxy_image: "localhost/corral-proxy:0.1.0".into(),
         image: None,
+        target: Target::Pod,
         seccomp: Seccomp::Localhost,
         project: ProjectSource::Claim("demo-project".into()),
         pids_by_node: true,
@@ -59,6 +60,30 @@ fn renders_the_whole_jail() {
         .unwrap();
     }
     similar_asserts::assert_eq!(yaml, include_str!("tests/jail.yaml"));
+}
+
+#[test]
+fn renders_the_sandbox_template_whole() {
+    let mut o = opts();
+    o.target = Target::SandboxTemplate;
+    o.project = ProjectSource::HostPath;
+    o.seccomp = Seccomp::RuntimeDefault;
+    let objects = render(&plan(), &o).unwrap();
+    let yaml = to_yaml(&objects[objects.len() - 1..]).unwrap();
+    if std::env::var_os("CORRAL_BLESS").is_some() {
+        std::fs::write(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/src/tests/sandbox-template.yaml"
+            ),
+            &yaml,
+        )
+        .unwrap();
+    }
+    similar_asserts::assert_eq!(yaml, include_str!("tests/sandbox-template.yaml"));
+    // The template's Pods carry the sandbox's labels: the same policies fence them.
+    let pod = render(&plan(), &opts()).unwrap();
+    assert_eq!(policies(&objects), policies(&pod));
 }
 
 #[test]

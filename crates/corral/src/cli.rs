@@ -308,6 +308,8 @@ pub enum KubeCommand {
 pub enum KubeTarget {
     /// A plain Pod
     Pod,
+    /// A kubernetes-sigs/agent-sandbox SandboxTemplate (extensions.agents.x-k8s.io/v1beta1)
+    AgentSandbox,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use corral_kube::{Options, ProjectSource, Seccomp};
+use corral_kube::{Options, ProjectSource, Seccomp, Target};
 use corral_policy::plan::Plan;
 
 use crate::cli::{KubeCommand, KubeRenderArgs, KubeTarget, SeccompArg};
@@ -27,9 +27,6 @@ fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
     if args.check {
         print!("{}", corral_kube::check_text(&opts));
         return Ok(ExitCode::SUCCESS);
-    }
-    match args.target {
-        KubeTarget::Pod => {}
     }
     let objects = corral_kube::render(&plan, &opts)?;
     let yaml = corral_kube::to_yaml(&objects)?;
@@ -87,6 +84,10 @@ fn options(args: &KubeRenderArgs, plan: &Plan) -> Options {
         proxy_ip: args.proxy_ip.clone(),
         proxy_image: args.proxy_image.clone(),
         image: args.image.clone(),
+        target: match args.target {
+            KubeTarget::Pod => Target::Pod,
+            KubeTarget::AgentSandbox => Target::SandboxTemplate,
+        },
         seccomp: match args.seccomp {
             SeccompArg::Localhost => Seccomp::Localhost,
             SeccompArg::RuntimeDefault => Seccomp::RuntimeDefault,
