@@ -12,11 +12,12 @@ use std::path::{Path, PathBuf};
 
 use corral_policy::plan::{Access, Enforce, ExecutorTarget, MountKind, NetworkMode, Plan};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde::Serialize;
 
 pub mod agent_sandbox;
+pub mod executor;
 mod netpol;
 mod proxy;
 mod sandbox;
@@ -55,6 +56,8 @@ pub enum KubeError {
         "kube: network mode proxy needs the proxy Service's address, chosen by you inside the cluster's service range (pass --proxy-ip IP): the sandbox has no DNS, it reaches the proxy by that address"
     )]
     NoProxyIp,
+    #[error("kube: the executor needs its Service's address (pass --executor-ip IP)")]
+    NoExecutorIp,
     #[error(
         "kube: {path} is not inside the project {root}: it cannot be placed on the project volume"
     )]
@@ -96,6 +99,17 @@ pub enum ProjectSource {
     HostPath,
 }
 
+/// The executor's own Pod: rendered when the plan has an executor jail and this is given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorOptions {
+    /// Its Service's fixed ClusterIP (the sandbox has no DNS).
+    pub ip: String,
+    /// An image holding `corral` (on PATH) and the project's toolchain.
+    pub image: String,
+    /// The bearer token (random, made at the edge), in a Secret both Pods mount.
+    pub token: String,
+}
+
 /// What the objects depend on besides the Plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -110,6 +124,7 @@ pub struct Options {
     /// The harness image; `None`: the plan's, else the profile's default tag.
     pub image: Option<String>,
     pub target: Target,
+    pub executor: Option<ExecutorOptions>,
     pub seccomp: Seccomp,
     pub project: ProjectSource,
     /// The nodes' kubelet limits pids per Pod (podPidsLimit): `limits.pids` is not refused.
@@ -125,6 +140,7 @@ pub struct Options {
 #[serde(untagged)]
 pub enum Object {
     ConfigMap(Box<ConfigMap>),
+    Secret(Box<Secret>),
     Deployment(Box<Deployment>),
     Service(Box<Service>),
     Pod(Box<Pod>),
@@ -144,13 +160,39 @@ pub fn render(plan: &Plan, opts: &Options) -> Result<Vec<Object>> {
             plan, opts,
         ))));
     }
-    out.push(Object::NetworkPolicy(Box::new(sandbox_policy(
-        opts, proxied,
-    ))));
+    let exec_jail = executor::jail(plan, opts);
+    let exec_proxied = match exec_jail {
+        Some(jail) => Some(executor::check_network(plan, jail)?),
+        None => None,
+    };
+    if let (Some(exec), Some(_)) = (&opts.executor, exec_jail) {
+        out.push(Object::Secret(Box::new(executor::secret(
+            opts,
+            &exec.token,
+        ))));
+    }
+    let fence = netpol::Fence {
+        proxied,
+        executor: exec_proxied,
+    };
+    out.push(Object::NetworkPolicy(Box::new(sandbox_policy(opts, fence))));
     if proxied {
-        out.push(Object::NetworkPolicy(Box::new(proxy_policy(plan, opts))));
+        out.push(Object::NetworkPolicy(Box::new(proxy_policy(
+            plan, opts, fence,
+        ))));
+    }
+    if exec_proxied.is_some() {
+        out.push(Object::NetworkPolicy(Box::new(netpol::executor_policy(
+            opts, fence,
+        ))));
+    }
+    if proxied {
         out.push(Object::Deployment(Box::new(proxy::deployment(opts))));
         out.push(Object::Service(Box::new(proxy::service(opts)?)));
+    }
+    if let Some(jail) = exec_jail {
+        out.push(Object::Service(Box::new(executor::service(opts)?)));
+        out.push(Object::Pod(Box::new(executor::pod(plan, jail, opts)?)));
     }
     out.push(match opts.target {
         Target::Pod => Object::Pod(Box::new(sandbox::pod(plan, opts)?)),
@@ -225,13 +267,22 @@ fn check_supported(plan: &Plan, opts: &Options) -> Result<()> {
 /// (a harness's configuration under the caller's home, `--rw`/`--ro` paths; the Pod then has
 /// less, never more) and the executor's sandbox (not rendered yet: `corral exec` in the Pod
 /// finds no executor).
-pub fn not_carried(plan: &Plan) -> Vec<String> {
+pub fn not_carried(plan: &Plan, opts: &Options) -> Vec<String> {
     let mut out: Vec<String> = sandbox::host_binds(plan)
         .iter()
         .map(|p| format!("host path {}", p.display()))
         .collect();
-    if plan.executor.jail.is_some() {
-        out.push("the executor ([executor] target = \"sandbox\"): not rendered yet".into());
+    if let Some(skill) = &plan.skill {
+        out.push(format!(
+            "the executor's instructions (SKILL.md at {})",
+            skill.dir.display()
+        ));
+    }
+    if plan.executor.jail.is_some() && opts.executor.is_none() {
+        out.push(
+            "the executor ([executor] target = \"sandbox\"): rendered only with --executor-ip"
+                .into(),
+        );
     }
     out
 }

@@ -13,6 +13,7 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use crate::executor::EXECUTOR_PORT;
 use crate::{Options, PROXY_PORT, meta, selector};
 
 fn pods(labels: BTreeMap<String, String>) -> LabelSelector {
@@ -34,20 +35,49 @@ fn both_types() -> Option<Vec<String>> {
     Some(vec!["Ingress".into(), "Egress".into()])
 }
 
-/// The sandbox: no ingress at all; egress only to the proxy Pods' port (when there is a proxy),
-/// nothing else: no DNS, no other Pod, no address.
-pub fn sandbox_policy(opts: &Options, proxied: bool) -> NetworkPolicy {
-    let egress = if proxied {
-        vec![NetworkPolicyEgressRule {
-            to: Some(vec![NetworkPolicyPeer {
-                pod_selector: Some(pods(selector(opts, "proxy"))),
-                ..Default::default()
-            }]),
-            ports: Some(vec![port("TCP", PROXY_PORT)]),
-        }]
-    } else {
-        Vec::new()
-    };
+/// Which of corral's Pods a jail has: the proxy (network mode proxy), the executor (`None`:
+/// not rendered; `Some(proxied)`: rendered, reaching the proxy or nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub proxied: bool,
+    pub executor: Option<bool>,
+}
+
+fn to_role(opts: &Options, role: &str, p: u16) -> NetworkPolicyEgressRule {
+    NetworkPolicyEgressRule {
+        to: Some(vec![NetworkPolicyPeer {
+            pod_selector: Some(pods(selector(opts, role))),
+            ..Default::default()
+        }]),
+        ports: Some(vec![port("TCP", p)]),
+    }
+}
+
+fn from_roles(opts: &Options, roles: &[&str], p: u16) -> NetworkPolicyIngressRule {
+    NetworkPolicyIngressRule {
+        from: Some(
+            roles
+                .iter()
+                .map(|role| NetworkPolicyPeer {
+                    pod_selector: Some(pods(selector(opts, role))),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        ports: Some(vec![port("TCP", p)]),
+    }
+}
+
+/// The sandbox: no ingress at all; egress only to the proxy Pods' port (when there is a proxy)
+/// and the executor's (when it is rendered), nothing else: no DNS, no other Pod, no address.
+pub fn sandbox_policy(opts: &Options, fence: Fence) -> NetworkPolicy {
+    let mut egress = Vec::new();
+    if fence.proxied {
+        egress.push(to_role(opts, "proxy", PROXY_PORT));
+    }
+    if fence.executor.is_some() {
+        egress.push(to_role(opts, "executor", EXECUTOR_PORT));
+    }
     NetworkPolicy {
         metadata: meta(opts, format!("{}-sandbox", opts.name), "sandbox"),
         spec: Some(NetworkPolicySpec {
@@ -79,7 +109,11 @@ pub fn dns_peer() -> NetworkPolicyPeer {
 /// cluster's DNS, to public addresses (IPv4 and IPv6) on any port, and to the plan's
 /// `allow_cidrs`. Private ranges, metadata addresses and the cluster's own (private) Pod and
 /// Service ranges are excepted.
-pub fn proxy_policy(plan: &Plan, opts: &Options) -> NetworkPolicy {
+pub fn proxy_policy(plan: &Plan, opts: &Options, fence: Fence) -> NetworkPolicy {
+    let clients: &[&str] = match fence.executor {
+        Some(true) => &["sandbox", "executor"],
+        Some(false) | None => &["sandbox"],
+    };
     let prefixes = public_prefixes();
     let mut peers: Vec<NetworkPolicyPeer> = prefixes
         .within
@@ -113,13 +147,7 @@ pub fn proxy_policy(plan: &Plan, opts: &Options) -> NetworkPolicy {
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(pods(selector(opts, "proxy"))),
             policy_types: both_types(),
-            ingress: Some(vec![NetworkPolicyIngressRule {
-                from: Some(vec![NetworkPolicyPeer {
-                    pod_selector: Some(pods(selector(opts, "sandbox"))),
-                    ..Default::default()
-                }]),
-                ports: Some(vec![port("TCP", PROXY_PORT)]),
-            }]),
+            ingress: Some(vec![from_roles(opts, clients, PROXY_PORT)]),
             egress: Some(vec![
                 NetworkPolicyEgressRule {
                     to: Some(vec![dns_peer()]),
@@ -130,6 +158,24 @@ pub fn proxy_policy(plan: &Plan, opts: &Options) -> NetworkPolicy {
                     ports: None,
                 },
             ]),
+        }),
+    }
+}
+
+/// The executor: ingress only from this jail's sandbox on the executor's port; egress only to
+/// the proxy's port when its network is the proxy, else none.
+pub fn executor_policy(opts: &Options, fence: Fence) -> NetworkPolicy {
+    let egress = match fence.executor {
+        Some(true) => vec![to_role(opts, "proxy", PROXY_PORT)],
+        Some(false) | None => Vec::new(),
+    };
+    NetworkPolicy {
+        metadata: meta(opts, format!("{}-executor", opts.name), "executor"),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(pods(selector(opts, "executor"))),
+            policy_types: both_types(),
+            ingress: Some(vec![from_roles(opts, &["sandbox"], EXECUTOR_PORT)]),
+            egress: Some(egress),
         }),
     }
 }

@@ -124,12 +124,7 @@ fn quantities(cpu: &str, memory: &str) -> BTreeMap<String, Quantity> {
 /// The proxy's Service at the fixed ClusterIP the sandbox is given (it has no DNS).
 pub fn service(opts: &Options) -> Result<Service> {
     let ip = opts.proxy_ip.clone().ok_or(KubeError::NoProxyIp)?;
-    if ip.parse::<std::net::IpAddr>().is_err() {
-        return Err(KubeError::Bad {
-            what: format!("--proxy-ip {ip}"),
-            message: "not an IP address".into(),
-        });
-    }
+    check_ip("--proxy-ip", &ip)?;
     Ok(Service {
         metadata: meta(opts, format!("{}-proxy", opts.name), "proxy"),
         spec: Some(ServiceSpec {
@@ -147,4 +142,15 @@ pub fn service(opts: &Options) -> Result<Service> {
         }),
         ..Default::default()
     })
+}
+
+/// A fixed ClusterIP must be an address.
+pub fn check_ip(flag: &str, ip: &str) -> Result<()> {
+    match ip.parse::<std::net::IpAddr>() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(KubeError::Bad {
+            what: format!("{flag} {ip}"),
+            message: "not an IP address".into(),
+        }),
+    }
 }

@@ -108,7 +108,13 @@ pub fn annotations(plan: &Plan, opts: &Options) -> Option<BTreeMap<String, Strin
 
 /// The sandbox's Pod spec (the Pod's, or the SandboxTemplate's pod template).
 pub fn pod_spec(plan: &Plan, opts: &Options) -> Result<PodSpec> {
-    let (volumes, mounts) = volumes(plan, opts)?;
+    let (mut volumes, mut mounts) = volumes(plan, opts)?;
+    let with_executor = crate::executor::jail(plan, opts).is_some();
+    if with_executor {
+        let (v, m) = crate::executor::token_volume(opts);
+        volumes.push(v);
+        mounts.push(m);
+    }
     let uid = if plan.uid == 0 {
         FALLBACK_USER
     } else {
@@ -119,7 +125,6 @@ pub fn pod_spec(plan: &Plan, opts: &Options) -> Result<PodSpec> {
     } else {
         plan.gid.into()
     };
-    let proxied = plan.network.mode == NetworkMode::Proxy;
     let container = Container {
         name: "harness".into(),
         image: Some(opts.image.clone().unwrap_or_else(|| harness_image(plan))),
@@ -127,7 +132,7 @@ pub fn pod_spec(plan: &Plan, opts: &Options) -> Result<PodSpec> {
         command: Some(vec![container_program(plan)]),
         args: Some(plan.command[1..].to_vec()),
         working_dir: Some(plan.cwd.display().to_string()),
-        env: Some(env(plan)),
+        env: Some(env(plan, with_executor)),
         resources: Some(resources(plan)),
         security_context: Some(container_security()),
         stdin: Some(true),
@@ -139,16 +144,8 @@ pub fn pod_spec(plan: &Plan, opts: &Options) -> Result<PodSpec> {
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         dns_policy: Some("None".into()),
-        dns_config: Some(PodDNSConfig {
-            nameservers: Some(vec![NO_RESOLVER.into()]),
-            ..Default::default()
-        }),
-        host_aliases: proxied.then(|| {
-            vec![HostAlias {
-                ip: opts.proxy_ip.clone().unwrap_or_default(),
-                hostnames: Some(vec![PROXY_HOST.into()]),
-            }]
-        }),
+        dns_config: Some(no_dns()),
+        host_aliases: host_aliases(plan, opts, with_executor),
         restart_policy: Some("Never".into()),
         termination_grace_period_seconds: Some(5),
         security_context: Some(pod_security(uid, gid, opts.seccomp)),
@@ -158,9 +155,37 @@ pub fn pod_spec(plan: &Plan, opts: &Options) -> Result<PodSpec> {
     })
 }
 
+/// No name resolution: a resolver on the Pod's own loopback, where nothing answers.
+pub fn no_dns() -> PodDNSConfig {
+    PodDNSConfig {
+        nameservers: Some(vec![NO_RESOLVER.into()]),
+        ..Default::default()
+    }
+}
+
+/// The names the Pod reaches corral's Services by (it has no DNS): the proxy when the plan
+/// uses it, the executor when it is rendered and `with_executor`.
+pub fn host_aliases(plan: &Plan, opts: &Options, with_executor: bool) -> Option<Vec<HostAlias>> {
+    let mut out = Vec::new();
+    if let (NetworkMode::Proxy, Some(ip)) = (plan.network.mode, &opts.proxy_ip) {
+        out.push(HostAlias {
+            ip: ip.clone(),
+            hostnames: Some(vec![PROXY_HOST.into()]),
+        });
+    }
+    if let (true, Some(exec)) = (with_executor, &opts.executor) {
+        out.push(HostAlias {
+            ip: exec.ip.clone(),
+            hostnames: Some(vec![crate::executor::EXECUTOR_HOST.into()]),
+        });
+    }
+    (!out.is_empty()).then_some(out)
+}
+
 /// Exactly the plan's environment, the executor's variables left out, the proxy variables
-/// pointing at the proxy by its host alias.
-fn env(plan: &Plan) -> Vec<EnvVar> {
+/// pointing at the proxy by its host alias; with the executor, the variables `corral exec`
+/// finds it by.
+pub fn env(plan: &Plan, with_executor: bool) -> Vec<EnvVar> {
     let mut env: BTreeMap<String, String> = plan
         .env
         .iter()
@@ -168,7 +193,26 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     if plan.network.mode == NetworkMode::Proxy {
-        env.extend(proxy_env("localhost,127.0.0.1,::1"));
+        let mut no_proxy = "localhost,127.0.0.1,::1".to_string();
+        if with_executor {
+            no_proxy.push(',');
+            no_proxy.push_str(crate::executor::EXECUTOR_HOST);
+        }
+        env.extend(proxy_env(&no_proxy));
+    }
+    if with_executor {
+        env.insert(
+            "CORRAL_EXECUTOR".into(),
+            format!(
+                "http://{}:{}",
+                crate::executor::EXECUTOR_HOST,
+                crate::executor::EXECUTOR_PORT
+            ),
+        );
+        env.insert(
+            "CORRAL_EXECUTOR_TOKEN_FILE".into(),
+            crate::executor::TOKEN_FILE.into(),
+        );
     }
     env.into_iter()
         .map(|(name, value)| EnvVar {
@@ -180,7 +224,7 @@ fn env(plan: &Plan) -> Vec<EnvVar> {
 }
 
 /// `[limits]` as requests equal to limits (the Guaranteed class: what is asked is what is held).
-fn resources(plan: &Plan) -> ResourceRequirements {
+pub fn resources(plan: &Plan) -> ResourceRequirements {
     let mut q = BTreeMap::new();
     if let Some(m) = plan.limits.memory {
         q.insert("memory".to_string(), Quantity(memory(m)));
@@ -240,7 +284,7 @@ fn empty_dir(name: String) -> Volume {
 }
 
 /// The project, /tmp and the plan's private directories, masked and protected paths.
-fn volumes(plan: &Plan, opts: &Options) -> Result<(Vec<Volume>, Vec<VolumeMount>)> {
+pub fn volumes(plan: &Plan, opts: &Options) -> Result<(Vec<Volume>, Vec<VolumeMount>)> {
     let root = &plan.project.root;
     let ro = read_only(plan.project.access);
     let project = match &opts.project {

@@ -17,6 +17,7 @@ fn opts() -> Options {
         proxy_image: "localhost/corral-proxy:0.1.0".into(),
         image: None,
         target: Target::Pod,
+        executor: None,
         seccomp: Seccomp::Localhost,
         project: ProjectSource::Claim("demo-project".into()),
         pids_by_node: true,
@@ -163,6 +164,7 @@ fn universe(o: &Options) -> Vec<Endpoint> {
     vec![
         pod("sandbox", "10.244.0.10", "agents", labels(o, "sandbox")),
         pod("proxy", "10.244.0.11", "agents", labels(o, "proxy")),
+        pod("executor", "10.244.0.13", "agents", labels(o, "executor")),
         pod(
             "neighbour",
             "10.244.0.12",
@@ -292,4 +294,85 @@ fn without_the_proxy_the_sandbox_reaches_nothing() {
         reach(&policies(&objects), &o, |s, _| s == "sandbox"),
         set(&[])
     );
+}
+
+fn with_executor() -> (Plan, Options) {
+    let mut p = plan();
+    let mut jail = Plan::minimal(Path::new("/work/demo"), Path::new("/home/dev"), vec![]);
+    jail.uid = 1000;
+    jail.gid = 1000;
+    jail.masked = p.masked.clone();
+    jail.protected = p.protected.clone();
+    jail.limits.memory = Some(2 << 30);
+    p.executor.jail = Some(Box::new(jail));
+    p.executor.allow = vec!["cargo".into()];
+    let mut o = opts();
+    o.executor = Some(ExecutorOptions {
+        ip: "10.96.0.51".into(),
+        image: "localhost/corral-pi:latest".into(),
+        token: "0123456789abcdef0123456789abcdef".into(),
+    });
+    (p, o)
+}
+
+#[test]
+fn renders_the_executor_whole() {
+    let (p, o) = with_executor();
+    let yaml = to_yaml(&render(&p, &o).unwrap()).unwrap();
+    if std::env::var_os("CORRAL_BLESS").is_some() {
+        std::fs::write(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/src/tests/jail-executor.yaml"),
+            &yaml,
+        )
+        .unwrap();
+    }
+    similar_asserts::assert_eq!(yaml, include_str!("tests/jail-executor.yaml"));
+    // Without --executor-ip it is left out, and said so.
+    let mut o = o;
+    o.executor = None;
+    let objects = render(&p, &o).unwrap();
+    assert!(!to_yaml(&objects).unwrap().contains("executor"));
+    assert!(
+        not_carried(&p, &o)
+            .iter()
+            .any(|n| n.contains("--executor-ip"))
+    );
+}
+
+#[test]
+fn only_the_sandbox_reaches_the_executor_which_reaches_nothing() {
+    let (p, o) = with_executor();
+    let pols = policies(&render(&p, &o).unwrap());
+    similar_asserts::assert_eq!(
+        reach(&pols, &o, |s, _| s == "sandbox"),
+        set(&["sandbox -> executor TCP/8080", "sandbox -> proxy TCP/3128"])
+    );
+    similar_asserts::assert_eq!(
+        reach(&pols, &o, |_, d| d == "executor"),
+        set(&["sandbox -> executor TCP/8080"])
+    );
+    similar_asserts::assert_eq!(reach(&pols, &o, |s, _| s == "executor"), set(&[]));
+    similar_asserts::assert_eq!(
+        reach(&pols, &o, |_, d| d == "proxy"),
+        set(&["sandbox -> proxy TCP/3128"])
+    );
+}
+
+#[test]
+fn an_executor_with_the_jails_rules_shares_the_proxy() {
+    let (mut p, o) = with_executor();
+    let net = p.network.clone();
+    p.executor.jail.as_mut().unwrap().network = net;
+    let pols = policies(&render(&p, &o).unwrap());
+    similar_asserts::assert_eq!(
+        reach(&pols, &o, |s, _| s == "executor"),
+        set(&["executor -> proxy TCP/3128"])
+    );
+    similar_asserts::assert_eq!(
+        reach(&pols, &o, |_, d| d == "proxy"),
+        set(&["executor -> proxy TCP/3128", "sandbox -> proxy TCP/3128"])
+    );
+    // Other rules would need a second proxy: refused.
+    p.executor.jail.as_mut().unwrap().network.allow.clear();
+    assert!(matches!(render(&p, &o), Err(KubeError::Unsupported { .. })));
 }

@@ -301,7 +301,7 @@ pub enum KubeCommand {
                       NetworkPolicies are void where the cluster's CNI does not enforce them: \
                       `--check` says how to test that."
     )]
-    Render(KubeRenderArgs),
+    Render(Box<KubeRenderArgs>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -350,6 +350,13 @@ pub struct KubeRenderArgs {
     /// Harness image (default: the plan's run.image, else localhost/corral-PROFILE:latest)
     #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,
+    /// Also render the executor as its own Pod, its Service at this ClusterIP ([executor]
+    /// target = "sandbox"; a random token in a Secret)
+    #[arg(long, value_name = "IP")]
+    pub executor_ip: Option<String>,
+    /// Image of the executor Pod, holding corral and the project's toolchain (default: the harness image)
+    #[arg(long, value_name = "IMAGE", requires = "executor_ip")]
+    pub executor_image: Option<String>,
     /// Seccomp profile of the sandbox
     #[arg(long, value_enum, default_value = "localhost")]
     pub seccomp: SeccompArg,

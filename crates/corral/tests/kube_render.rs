@@ -125,6 +125,7 @@ fn rendered_manifests_validate_strictly() {
     };
     let p = Project::new();
     for (network, extra) in [
+        ("proxy", &["--executor-ip", "10.96.0.51"][..]),
         ("proxy", &[][..]),
         (
             "proxy",
@@ -145,6 +146,19 @@ fn rendered_manifests_validate_strictly() {
                 text.contains(kind),
                 "{extra:?}: no {kind} validated:\n{text}"
             );
+        }
+        if extra.contains(&"--executor-ip") {
+            for kind in [
+                "secret/corral-proj-executor-token ",
+                "networkpolicy/corral-proj-executor ",
+                "service/corral-proj-executor ",
+                "pod/corral-proj-executor ",
+            ] {
+                assert!(
+                    text.contains(kind),
+                    "{extra:?}: no {kind} validated:\n{text}"
+                );
+            }
         }
         if network == "proxy" {
             for kind in ["deployment/", "service/"] {
@@ -259,6 +273,13 @@ fn render_writes_the_directory_and_refuses_what_it_cannot_carry() {
         String::from_utf8_lossy(&out.stderr)
     );
     let yaml = std::fs::read_to_string(out_dir.join("jail.yaml")).unwrap();
+    // The file may hold the executor's token: the owner's only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(out_dir.join("jail.yaml"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
     assert!(yaml.contains("kind: Pod"), "{yaml}");
     // The masked .env is covered with the unreadable empty file.
     let env = format!("mountPath: {}/.env", p.dir().display());
