@@ -95,12 +95,14 @@ pub fn pod(plan: &Plan, opts: &Options) -> Result<Pod> {
     })
 }
 
-/// What the sandbox's metadata says beyond its labels.
+/// What the sandbox's metadata says beyond its labels: the pids limit the nodes' kubelet is
+/// trusted to hold (`podPidsLimit`; a Pod cannot carry one). Short values: podman's `kube play`
+/// refuses annotation values over 63 characters.
 pub fn annotations(plan: &Plan, opts: &Options) -> Option<BTreeMap<String, String>> {
     match (plan.limits.pids, opts.pids_by_node) {
         (Some(p), true) => Some(BTreeMap::from([(
-            "corral.dev/pids-limit".into(),
-            format!("{p} (not settable per Pod: the nodes' kubelet podPidsLimit applies)"),
+            "corral.dev/pids-limit-by-node".into(),
+            p.to_string(),
         )])),
         _ => None,
     }
