@@ -377,7 +377,7 @@ pub fn check_text(opts: &Options) -> String {
     let name = &opts.name;
     format!(
         "The NetworkPolicies are the fence around the sandbox, and they are void where the cluster's CNI \
-does not enforce NetworkPolicy (kindnet before v0.24, flannel alone, podman kube play): the Pods \
+does not enforce NetworkPolicy (flannel alone, older kindnet releases, podman kube play): the Pods \
 then reach anything. Test it once per cluster, after `kubectl apply`:
 
   # 1. a direct connection from the sandbox, around the proxy: it must FAIL (time out or be refused)
