@@ -311,7 +311,9 @@ impl AuditLog {
         ))
     }
 
-    /// A log at an explicit path (tests, the proxy container's volume).
+    /// A log at an explicit path (tests, the proxy container's volume). The path `-` is
+    /// standard output: one JSON line per record, for a log stack that collects it (the proxy
+    /// on Kubernetes).
     pub fn at(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
@@ -381,6 +383,13 @@ impl AuditLog {
     fn write_line(&self, record: &Record) -> Result<(), AuditError> {
         let mut line = serde_json::to_vec(record).map_err(|e| self.io_err(e.into()))?;
         line.push(b'\n');
+        if self.path == Path::new("-") {
+            let mut out = io::stdout().lock();
+            return out
+                .write_all(&line)
+                .and_then(|()| out.flush())
+                .map_err(|e| self.io_err(e));
+        }
         // The mutex orders this process's writers (a flock does not: it belongs to the open
         // file, which they share); the flock orders the processes.
         let mut held = self.shared.held.lock().unwrap_or_else(|e| e.into_inner());

@@ -577,7 +577,7 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
 /// system directories names the host's layout, not the image's (`/usr/bin/pi` on the host is
 /// `/usr/local/bin/pi` in a node image), so such a program is looked up on the image's PATH by
 /// name. A program the plan binds in (a harness under a user prefix) keeps its path.
-fn container_program(plan: &Plan) -> String {
+pub fn container_program(plan: &Plan) -> String {
     let program = Path::new(&plan.command[0]);
     if !program.is_absolute() {
         return plan.command[0].clone();

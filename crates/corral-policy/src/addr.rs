@@ -111,6 +111,9 @@ const V4_RANGES: [(u32, u32, AddrClass); 16] = [
     (v4(255, 255, 255, 255), 32, AddrClass::Broadcast),
 ];
 
+/// Reserved for future use (240.0.0.0/4), checked after the ranges.
+const V4_FUTURE: (u32, u32) = (v4(240, 0, 0, 0), 4);
+
 fn classify_v4(ip: Ipv4Addr) -> AddrClass {
     let n = u32::from(ip);
     if V4_METADATA.contains(&n) {
@@ -121,7 +124,7 @@ fn classify_v4(ip: Ipv4Addr) -> AddrClass {
             return class;
         }
     }
-    if in_v4(n, v4(240, 0, 0, 0), 4) {
+    if in_v4(n, V4_FUTURE.0, V4_FUTURE.1) {
         return AddrClass::Reserved;
     }
     AddrClass::Public
@@ -249,6 +252,54 @@ fn classify_v6(ip: Ipv6Addr) -> AddrClass {
         return AddrClass::Reserved;
     }
     AddrClass::Public
+}
+
+/// IPv6 prefixes inside 2000::/3 that carry an IPv4 address (6to4, Teredo): the classifier
+/// decides them by the IPv4 address inside, which a prefix filter cannot look at.
+const V6_GLOBAL_EMBEDDING: [(u128, u32); 2] = [
+    (v6([0x2002, 0, 0, 0, 0, 0, 0, 0]), 16),
+    (v6([0x2001, 0, 0, 0, 0, 0, 0, 0]), 32),
+];
+
+/// The classifier as prefixes, for filters that can only match whole prefixes (a Kubernetes
+/// NetworkPolicy's `ipBlock`): an address is public for such a filter when it lies in one of
+/// `within` and in none of `except`. Stricter than [`classify`], never looser: every address
+/// the prefixes let through is public, while some public addresses (6to4, Teredo) are left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicPrefixes {
+    /// `0.0.0.0/0` and `2000::/3` (outside global unicast no IPv6 address is public; IPv4 carried
+    /// in IPv6 outside it, `::ffff:0:0/96`, NAT64, is thereby left out whole).
+    pub within: Vec<IpNet>,
+    /// Every non-public IPv4 range and metadata address, the non-public IPv6 ranges inside
+    /// 2000::/3, and the IPv6 prefixes there that embed IPv4; each inside one of `within`,
+    /// none inside another.
+    pub except: Vec<IpNet>,
+}
+
+/// The one list of [`classify`]'s ranges, as prefixes (see [`PublicPrefixes`]).
+pub fn public_prefixes() -> PublicPrefixes {
+    let v4net = |n: u32, len: u32| IpNet::new(Ipv4Addr::from(n).into(), len as u8);
+    let v6net = |n: u128, len: u32| IpNet::new(Ipv6Addr::from(n).into(), len as u8);
+    let global: IpNet = v6net(v6([0x2000, 0, 0, 0, 0, 0, 0, 0]), 3).expect("valid prefix");
+    let within = vec![v4net(0, 0).expect("valid prefix"), global];
+    let mut all: Vec<IpNet> = V4_METADATA
+        .iter()
+        .map(|&n| v4net(n, 32))
+        .chain(V4_RANGES.iter().map(|&(n, len, _)| v4net(n, len)))
+        .chain([v4net(V4_FUTURE.0, V4_FUTURE.1)])
+        .chain(V6_RANGES.iter().map(|&(n, len, _)| v6net(n, len)))
+        .chain(V6_GLOBAL_EMBEDDING.iter().map(|&(n, len)| v6net(n, len)))
+        .map(|r| r.expect("valid prefix").trunc())
+        .filter(|net| within.iter().any(|w| w.contains(net) && w != net))
+        .collect();
+    all.sort();
+    all.dedup();
+    let except = all
+        .iter()
+        .filter(|net| !all.iter().any(|o| o != *net && o.contains(*net)))
+        .copied()
+        .collect();
+    PublicPrefixes { within, except }
 }
 
 /// Classify an address.

@@ -56,6 +56,9 @@ pub enum Command {
     Image(ImageCommand),
     /// Remove this project's containers and networks (container engines)
     Down(DownArgs),
+    /// Kubernetes: the manifests of one jailed agent
+    #[command(subcommand)]
+    Kube(KubeCommand),
     /// Wrappers on PATH so that `pi`, `claude`, ... run jailed by their usual names
     #[command(subcommand)]
     Shim(ShimCommand),
@@ -308,6 +311,90 @@ pub enum ImageCommand {
         #[arg(long, value_name = "TAG")]
         tag: Option<String>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KubeCommand {
+    /// Print (or write) the manifests of one jail: the sandbox Pod, the proxy, the NetworkPolicies
+    #[command(
+        long_about = "The manifests of one jail, from the same plan `corral plan` prints: the sandbox \
+                      Pod (no capabilities, non-root, read-only root, corral's seccomp profile, no \
+                      service account token, no DNS), corral's proxy as its own Deployment and \
+                      Service with the policy as a ConfigMap, and NetworkPolicies that let the \
+                      sandbox reach only the proxy's port and the proxy only public addresses. \
+                      NetworkPolicies are void where the cluster's CNI does not enforce them: \
+                      `--check` says how to test that."
+    )]
+    Render(Box<KubeRenderArgs>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KubeTarget {
+    /// A plain Pod
+    Pod,
+    /// A kubernetes-sigs/agent-sandbox SandboxTemplate (extensions.agents.x-k8s.io/v1beta1)
+    AgentSandbox,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SeccompArg {
+    /// corral's profile, installed on each node as /var/lib/kubelet/seccomp/corral/seccomp.json
+    Localhost,
+    /// The container runtime's default profile (when the nodes lack corral's)
+    RuntimeDefault,
+}
+
+#[derive(Debug, Args)]
+pub struct KubeRenderArgs {
+    pub profile: Option<String>,
+    #[command(flatten)]
+    pub jail: JailOptions,
+    /// What the sandbox is rendered as
+    #[arg(long, value_enum, default_value = "pod")]
+    pub target: KubeTarget,
+    /// Write DIR/jail.yaml instead of printing the manifests
+    #[arg(short = 'o', long = "output", value_name = "DIR")]
+    pub output: Option<PathBuf>,
+    /// Print how to test that the cluster enforces the NetworkPolicies, and render nothing
+    #[arg(long)]
+    pub check: bool,
+    /// The jail's name, prefix of every object's (default: corral-PROJECT)
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Namespace of every object (default: none set, kubectl's current one)
+    #[arg(long, short = 'n', value_name = "NS")]
+    pub namespace: Option<String>,
+    /// The proxy Service's ClusterIP, a free address in the cluster's service range: the sandbox
+    /// has no DNS and reaches the proxy by it (network mode proxy)
+    #[arg(long, value_name = "IP")]
+    pub proxy_ip: Option<String>,
+    /// Image holding /usr/local/bin/corral-proxy (on PATH)
+    #[arg(long, value_name = "IMAGE", default_value = concat!("localhost/corral-proxy:", env!("CARGO_PKG_VERSION")))]
+    pub proxy_image: String,
+    /// Harness image (default: the plan's run.image, else localhost/corral-PROFILE:latest)
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// Also render the executor as its own Pod, its Service at this ClusterIP ([executor]
+    /// target = "sandbox"; a random token in a Secret)
+    #[arg(long, value_name = "IP")]
+    pub executor_ip: Option<String>,
+    /// Image of the executor Pod, holding corral and the project's toolchain (default: the harness image)
+    #[arg(long, value_name = "IMAGE", requires = "executor_ip")]
+    pub executor_image: Option<String>,
+    /// Seccomp profile of the sandbox
+    #[arg(long, value_enum, default_value = "localhost")]
+    pub seccomp: SeccompArg,
+    /// PersistentVolumeClaim holding the project (default: NAME-project)
+    #[arg(long, value_name = "CLAIM", conflicts_with = "project_hostpath")]
+    pub project_claim: Option<String>,
+    /// Mount the project from its own path on the node (podman kube play, single-node clusters)
+    #[arg(long)]
+    pub project_hostpath: bool,
+    /// The nodes' kubelet limits processes per Pod (podPidsLimit): limits.pids is then not refused
+    #[arg(long)]
+    pub pids_by_node: bool,
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -14,7 +14,8 @@ pub struct ProxyArgs {
     /// Policy file holding the [network] rules (reloaded on SIGHUP and when it changes)
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
-    /// Audit log file (default: the project's log under $XDG_STATE_HOME/corral/)
+    /// Audit log file, or - for standard output (JSON lines) (default: the project's log under
+    /// $XDG_STATE_HOME/corral/)
     #[arg(long, value_name = "FILE", env = "CORRAL_AUDIT_LOG")]
     pub audit_log: Option<PathBuf>,
     /// Jail id written into the audit records (default: a new id)

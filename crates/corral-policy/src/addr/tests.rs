@@ -208,3 +208,71 @@ proptest! {
         prop_assert_eq!(classify(got), classify(IpAddr::V4(ip)));
     }
 }
+
+#[test]
+fn public_prefixes_whole() {
+    let p = public_prefixes();
+    let s = |v: &[IpNet]| v.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    similar_asserts::assert_eq!(s(&p.within), ["0.0.0.0/0", "2000::/3"]);
+    similar_asserts::assert_eq!(
+        s(&p.except),
+        [
+            "0.0.0.0/8",
+            "10.0.0.0/8",
+            "100.64.0.0/10",
+            "127.0.0.0/8",
+            "168.63.129.16/32",
+            "169.254.0.0/16",
+            "172.16.0.0/12",
+            "192.0.0.0/24",
+            "192.0.2.0/24",
+            "192.88.99.0/24",
+            "192.168.0.0/16",
+            "198.18.0.0/15",
+            "198.51.100.0/24",
+            "203.0.113.0/24",
+            "224.0.0.0/4",
+            "240.0.0.0/4",
+            "2001::/32",
+            "2001:2::/48",
+            "2001:10::/28",
+            "2001:20::/28",
+            "2001:db8::/32",
+            "2002::/16",
+            "3fff::/20",
+        ]
+    );
+}
+
+fn prefix_public(p: &PublicPrefixes, ip: IpAddr) -> bool {
+    p.within.iter().any(|n| n.contains(&ip)) && !p.except.iter().any(|n| n.contains(&ip))
+}
+
+proptest! {
+    /// What the prefixes let through, the classifier calls public: never looser.
+    #[test]
+    fn public_prefixes_never_looser_v4(n in any::<u32>()) {
+        let ip = IpAddr::V4(Ipv4Addr::from(n));
+        let p = public_prefixes();
+        prop_assert!(!prefix_public(&p, ip) || classify(ip).is_public(), "{ip}");
+    }
+
+    #[test]
+    fn public_prefixes_never_looser_v6(n in any::<u128>(), pick in 0usize..7) {
+        // Biased towards the interesting prefixes: random 128-bit values rarely hit them.
+        let bases: [(u128, u32); 7] = [
+            (0, 0),
+            (0x2002 << 112, 16),
+            (0x2001 << 112, 32),
+            (0xfd00_0ec2 << 96, 32),
+            (0x64_ff9b << 96, 96),
+            (0xffff << 32, 96),
+            (0, 96),
+        ];
+        let (base, len) = bases[pick];
+        let ip = if len == 0 { n } else { base | (n & (u128::MAX >> len)) };
+        let ip = IpAddr::V6(Ipv6Addr::from(ip));
+        let p = public_prefixes();
+        prop_assert!(!prefix_public(&p, ip) || classify(ip).is_public(), "{ip}");
+    }
+}

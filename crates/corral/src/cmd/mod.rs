@@ -12,6 +12,7 @@ mod exec;
 mod generate;
 mod image;
 pub mod init;
+mod kube;
 pub mod log;
 pub mod plan;
 mod profile_arg;
@@ -65,6 +66,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Log(args) => log::run(args),
         Command::Image(cmd) => image::run(cmd),
         Command::Down(args) => down::run(args),
+        Command::Kube(cmd) => kube::run(cmd),
         Command::Shim(cmd) => shim::run(cmd),
         Command::Allow(args) => rules::run(rules::Rule::Allow, args),
         Command::Deny(args) => rules::run(rules::Rule::Deny, args),

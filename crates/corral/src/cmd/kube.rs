@@ -1,0 +1,154 @@
+//! `corral kube render`: the manifests of one jail, from the same plan `corral plan` prints.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use corral_kube::{ExecutorOptions, Options, ProjectSource, Seccomp, Target};
+use corral_policy::plan::Plan;
+
+use crate::cli::{KubeCommand, KubeRenderArgs, KubeTarget, SeccompArg};
+
+pub fn run(cmd: KubeCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        KubeCommand::Render(args) => render(*args),
+    }
+}
+
+fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
+    let req = super::plan::request(args.profile.clone(), &args.jail, args.command.clone())?;
+    let plan = corral_policy::resolve(&req)?;
+    // Rendering runs nothing: a scratch directory made for it is not needed.
+    if plan.project.scratch {
+        let _ = std::fs::remove_dir(&plan.project.root);
+    }
+    let opts = options(&args, &plan)?;
+    if args.check {
+        print!("{}", corral_kube::check_text(&opts));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let objects = corral_kube::render(&plan, &opts)?;
+    let yaml = corral_kube::to_yaml(&objects)?;
+    let left_out = corral_kube::not_carried(&plan, &opts);
+    if !left_out.is_empty() {
+        eprintln!(
+            "corral kube: not carried into the manifests: {}",
+            left_out.join("; ")
+        );
+    }
+    match &args.output {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let path = dir.join("jail.yaml");
+            write_private(&path, &yaml)?;
+            eprintln!("corral kube: wrote {}", path.display());
+        }
+        None => print!("{yaml}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Write the manifests readable by their owner only: they may hold the executor's token.
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    // A new file, so an existing one's wider mode is not kept.
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot replace {}", path.display())),
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// A new executor token: 16 random bytes, hex.
+fn new_token() -> anyhow::Result<String> {
+    let mut rnd = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut rnd))
+        .context("cannot read /dev/urandom for the executor token")?;
+    Ok(rnd.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The rendering options, with the few facts about the host the plan does not carry (which
+/// protected and masked paths exist, which are directories) gathered here.
+fn options(args: &KubeRenderArgs, plan: &Plan) -> anyhow::Result<Options> {
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| corral_kube::default_name(&plan.project.root));
+    let exec_jail = plan.executor.jail.as_deref();
+    let paths: Vec<&PathBuf> = plan
+        .protected
+        .iter()
+        .chain(&plan.masked)
+        .chain(
+            exec_jail
+                .into_iter()
+                .flat_map(|j| j.protected.iter().chain(&j.masked)),
+        )
+        .collect();
+    let existing: BTreeSet<PathBuf> = paths
+        .iter()
+        .filter(|p| p.exists())
+        .map(|p| (*p).clone())
+        .collect();
+    let dirs: BTreeSet<PathBuf> = paths
+        .iter()
+        .filter(|p| p.is_dir())
+        .map(|p| (*p).clone())
+        .collect();
+    let project = if args.project_hostpath {
+        ProjectSource::HostPath
+    } else {
+        ProjectSource::Claim(
+            args.project_claim
+                .clone()
+                .unwrap_or_else(|| format!("{name}-project")),
+        )
+    };
+    let executor = match (&args.executor_ip, exec_jail) {
+        (Some(ip), Some(jail)) => Some(ExecutorOptions {
+            ip: ip.clone(),
+            image: args
+                .executor_image
+                .clone()
+                .or_else(|| args.image.clone())
+                .unwrap_or_else(|| corral_engine::argv::harness_image(jail)),
+            token: new_token()?,
+        }),
+        (Some(_), None) => anyhow::bail!(
+            "--executor-ip: this plan has no executor sandbox ([executor] target = \"sandbox\")"
+        ),
+        (None, _) => None,
+    };
+    Ok(Options {
+        name,
+        namespace: args.namespace.clone(),
+        proxy_ip: args.proxy_ip.clone(),
+        proxy_image: args.proxy_image.clone(),
+        image: args.image.clone(),
+        target: match args.target {
+            KubeTarget::Pod => Target::Pod,
+            KubeTarget::AgentSandbox => Target::SandboxTemplate,
+        },
+        seccomp: match args.seccomp {
+            SeccompArg::Localhost => Seccomp::Localhost,
+            SeccompArg::RuntimeDefault => Seccomp::RuntimeDefault,
+        },
+        project,
+        pids_by_node: args.pids_by_node,
+        existing,
+        dirs,
+        executor,
+    })
+}
