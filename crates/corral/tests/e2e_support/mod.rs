@@ -228,15 +228,22 @@ pub fn judge(w: &World, m: &Mock, out: &Out, real_part: &str) {
         assert!(!bodies.contains(secret), "the model was sent {secret}");
         assert!(!out.both().contains(secret), "the harness printed {secret}");
     }
-    let denied: Vec<_> = w
-        .audit_records()
+    let records = w.audit_records();
+    // What else the harness tried to reach (shown with --nocapture).
+    for r in records
+        .iter()
+        .filter(|r| r["kind"] == "net" && r["decision"] == "deny")
+    {
+        eprintln!("denied: {r}");
+    }
+    let denied: Vec<_> = records
+        .iter()
         .into_iter()
         .filter(|r| r["kind"] == "net" && r["decision"] == "deny" && r["host"] == OTHER_HOST)
         .collect();
     assert!(
         !denied.is_empty(),
-        "no denial of {OTHER_HOST} in the audit log: {:#?}",
-        w.audit_records()
+        "no denial of {OTHER_HOST} in the audit log: {records:#?}"
     );
     let mut logs = String::new();
     for f in walk(&w.home.join(".local/state/corral")) {
