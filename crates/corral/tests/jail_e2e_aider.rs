@@ -84,6 +84,7 @@ fn aider_in_the_jail_edits_the_project_and_every_attack_fails() {
     let out = run_harness(
         &w,
         "aider",
+        &[],
         &argv,
         &[
             ("CALLER_KEY", REAL.to_string()),

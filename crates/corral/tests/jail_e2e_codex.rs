@@ -52,6 +52,7 @@ fn codex_in_the_jail_edits_the_project_and_every_attack_fails() {
     let out = run_harness(
         &w,
         "codex",
+        &[],
         &argv,
         &[("CALLER_KEY", REAL.to_string())],
         &mdir,

@@ -57,6 +57,7 @@ fn gemini_in_the_jail_edits_the_project_and_every_attack_fails() {
     let out = run_harness(
         &w,
         "gemini",
+        &[],
         &argv,
         &[
             ("CALLER_KEY", REAL.to_string()),

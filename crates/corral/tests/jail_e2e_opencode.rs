@@ -66,9 +66,12 @@ fn opencode_in_the_jail_edits_the_project_and_every_attack_fails() {
         .map(String::from),
     );
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    // Its model catalogue (models.opencode.ai, which the profile allows) is not needed for a
+    // provider of the user's own: the test stays off the internet.
     let out = run_harness(
         &w,
         "opencode",
+        &["--env", "OPENCODE_DISABLE_MODELS_FETCH=1"],
         &argv,
         &[("CALLER_KEY", REAL.to_string())],
         &mdir,

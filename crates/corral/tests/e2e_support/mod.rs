@@ -252,19 +252,25 @@ pub fn judge(w: &World, m: &Mock, out: &Out, real_part: &str) {
     assert!(!logs.contains(real_part), "real value in the audit log");
 }
 
-/// `corral run PROFILE --network proxy -- ARGV` in the world's project, with a clean
+/// How long one harness run may take; `timeout` ends corral (and the jail with it) after that.
+const HARNESS_DEADLINE: &str = "180";
+
+/// `corral run PROFILE --network proxy RUN_ARGS -- ARGV` in the world's project, with a clean
 /// environment plus `env`; the gateway trusts the mock's CA in `mdir`.
 pub fn run_harness(
     w: &World,
     profile: &str,
+    run_args: &[&str],
     argv: &[&str],
     env: &[(&str, String)],
     mdir: &Path,
 ) -> Out {
     let mut c = Command::new("timeout");
-    c.arg("240")
+    c.arg(HARNESS_DEADLINE)
         .arg(corral_bin())
-        .args(["run", profile, "--network", "proxy", "--"])
+        .args(["run", profile, "--network", "proxy"])
+        .args(run_args)
+        .arg("--")
         .args(argv)
         .current_dir(&w.project)
         .env_clear()
