@@ -238,7 +238,6 @@ pub fn judge(w: &World, m: &Mock, out: &Out, real_part: &str) {
     }
     let denied: Vec<_> = records
         .iter()
-        .into_iter()
         .filter(|r| r["kind"] == "net" && r["decision"] == "deny" && r["host"] == OTHER_HOST)
         .collect();
     assert!(
