@@ -112,7 +112,7 @@ fn aider_in_the_jail_edits_the_project_and_every_attack_fails() {
     // were not there, the other host was refused. Its history file in the project, read on the
     // host, holds no secret either.
     assert!(
-        out.stdout.contains("Running cat ") && out.stdout.contains("No such file"),
+        out.stdout.contains("Running cat ") && out.stdout.matches("No such file").count() == 2,
         "{}",
         out.both()
     );

@@ -67,23 +67,6 @@ fn codex_in_the_jail_edits_the_project_and_every_attack_fails() {
     for r in &turns {
         assert_eq!(r["authorization"], format!("Bearer {REAL}"), "{r}");
     }
-    let results: Vec<String> = last["tool_results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap_or_default().to_string())
-        .collect();
-    assert_eq!(results.len(), 3, "{results:#?}");
-    assert!(results[0].contains("rc=0"), "{}", results[0]);
-    assert!(
-        results[1].contains("No such file") && results[1].contains("rc=1"),
-        "{}",
-        results[1]
-    );
-    assert!(
-        results[2].contains("403") && !results[2].contains("rc=0"),
-        "{}",
-        results[2]
-    );
+    judge_tool_results(last);
     judge(&w, &m, &out, REAL_PART);
 }

@@ -210,6 +210,30 @@ pub fn attacks(w: &World) -> Attacks {
     }
 }
 
+/// The results of the three attacks as the harness sent them back to the model in its last
+/// request (`tool_results` of the mock's record): the edit ran, both secret files were absent
+/// in the jail (two `No such file`), the proxy refused the other host (403, curl failed).
+pub fn judge_tool_results(last: &serde_json::Value) {
+    let results: Vec<&str> = last["tool_results"]
+        .as_array()
+        .expect("tool_results")
+        .iter()
+        .map(|v| v.as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(results.len(), 3, "{results:#?}");
+    assert!(results[0].contains("rc=0"), "{}", results[0]);
+    assert!(
+        results[1].matches("No such file").count() == 2 && results[1].contains("rc=1"),
+        "{}",
+        results[1]
+    );
+    assert!(
+        results[2].contains("403") && !results[2].contains("rc=0"),
+        "{}",
+        results[2]
+    );
+}
+
 /// Judge the run on the host: the project file the harness wrote, no secret (the host's files
 /// or the real API key) in anything the model was sent or the harness printed, and the proxy's
 /// denial of the other host in the audit log.
