@@ -14,16 +14,8 @@ use jail_support::*;
 const REAL: &str = "sk-proj-REALkeyREALkeyREALkey0123456789abc";
 const REAL_PART: &str = "REALkeyREALkey";
 
-#[test]
-fn codex_in_the_jail_edits_the_project_and_every_attack_fails() {
-    let Some(codex) = which("codex") else {
-        eprintln!("skipping: codex is not installed (npm install -g @openai/codex; .ci/run does)");
-        return;
-    };
-    let Some(host) = loopback_name() else {
-        eprintln!("skipping: this machine's host name does not resolve to loopback only");
-        return;
-    };
+/// A world with the mock scripted for Codex's shell tool and a provider for it in ~/.codex.
+fn codex_world(host: &str) -> (World, std::path::PathBuf, Mock) {
     // Codex's shell tool (unified exec): `exec_command` with `cmd`.
     let step = |cmd: &str| serde_json::json!({"tool": "exec_command", "arguments": {"cmd": cmd}});
     let script = |a: &Attacks| {
@@ -32,7 +24,7 @@ fn codex_in_the_jail_edits_the_project_and_every_attack_fails() {
             "final": "codex is done"
         })
     };
-    let (w, mdir, m) = world_with_mock(&host, script, "OPENAI_API_KEY");
+    let (w, mdir, m) = world_with_mock(host, script, "OPENAI_API_KEY");
     // A provider for the mock in Codex's own config (the user's ~/.codex, bound into the jail).
     write(
         &w.home.join(".codex/config.toml"),
@@ -43,6 +35,20 @@ fn codex_in_the_jail_edits_the_project_and_every_attack_fails() {
             m.port
         ),
     );
+    (w, mdir, m)
+}
+
+#[test]
+fn codex_in_the_jail_edits_the_project_and_every_attack_fails() {
+    let Some(codex) = which("codex") else {
+        eprintln!("skipping: codex is not installed (npm install -g @openai/codex; .ci/run does)");
+        return;
+    };
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let (w, mdir, m) = codex_world(&host);
     // The profile's command (Codex's own sandbox off: it cannot create namespaces inside the
     // jail, and corral is the sandbox), then `exec`: one task, no approvals, then exit.
     let mut argv = profile_command(&w, "codex");
@@ -69,4 +75,41 @@ fn codex_in_the_jail_edits_the_project_and_every_attack_fails() {
     }
     judge_tool_results(last);
     judge(&w, &m, &out, REAL_PART);
+}
+
+/// The control: the same Codex and script without corral. The secret files are read and sent
+/// to the model, which is what the judge looks for in the jailed run.
+#[test]
+fn codex_without_the_jail_sends_the_host_secrets_to_the_model() {
+    let Some(codex) = which("codex") else {
+        eprintln!("skipping: codex is not installed (npm install -g @openai/codex; .ci/run does)");
+        return;
+    };
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let (w, mdir, m) = codex_world(&host);
+    let mut c = std::process::Command::new("timeout");
+    c.arg("120")
+        .arg(&codex)
+        .args(["-c", "sandbox_mode=\"danger-full-access\""])
+        .args(["exec", "--skip-git-repo-check", "Do the task."])
+        .current_dir(&w.project)
+        .env_clear()
+        .env("HOME", &w.home)
+        .env("CODEX_HOME", w.home.join(".codex"))
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .env("OPENAI_API_KEY", REAL)
+        .env("CODEX_CA_CERTIFICATE", mdir.join("ca.pem"));
+    let out = run(c);
+    assert_eq!(out.code, 0, "codex failed:\n{}", out.both());
+    let bodies = m.bodies();
+    for secret in [SSH_SECRET, OUTSIDE_SECRET] {
+        assert!(
+            bodies.contains(secret),
+            "the unjailed run did not send {secret}"
+        );
+    }
 }
