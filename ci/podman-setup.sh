@@ -4,7 +4,7 @@
 # with debootstrap, cached between runs under $CORRAL_CI_CACHE keyed by a hash of what goes in it.
 #
 # Prints nothing on success except progress; the image is tagged localhost/corral-ci-harness:latest
-# (and :<hash>), which crates/corral/tests/engine_podman.rs uses.
+# (and :<hash>), which crates/corral/tests/engine_containers.rs uses (ci/docker-setup.sh imports the same rootfs into docker).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 

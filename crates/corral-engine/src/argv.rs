@@ -27,6 +27,15 @@ pub const PROXY_MEMORY: &str = "512m";
 pub const PROXY_PIDS: &str = "64";
 /// The user the proxy runs as when the caller is root: `nobody`.
 pub const PROXY_FALLBACK_USER: &str = "65534:65534";
+/// Stands in a harness argv (podman) for the proxy container's address on the internal
+/// network, known once the proxy runs; the runner puts it in ([`crate::runner`]), `corral plan`
+/// prints the engine command that finds it.
+pub const PROXY_ADDRESS: &str = "{proxy-address}";
+/// Likewise for the compose executor's address on the internal network.
+pub const EXECUTOR_ADDRESS: &str = "{executor-address}";
+/// The resolver a podman harness is given: its own loopback, where nothing answers, so a name
+/// lookup fails at once instead of waiting on a server the internal network cannot reach.
+pub const NO_RESOLVER: &str = "127.0.0.1";
 
 /// What the argv depends on besides the Plan: the engine, this host, this run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,6 +150,12 @@ pub fn commands(setup: &Setup) -> String {
                 out.push_str("# the harness container\n");
                 out.push_str(&cmd.to_string());
                 out.push('\n');
+                if cmd.args.iter().any(|a| a.contains(PROXY_ADDRESS)) {
+                    out.push_str(&format!(
+                        "# where {PROXY_ADDRESS} is the proxy container's address on the internal network and \
+                         {EXECUTOR_ADDRESS} the compose executor's (the internal network has no DNS)\n"
+                    ));
+                }
                 if !cmd.env.is_empty() {
                     out.push_str("# with these variables passed by name (--env NAME):\n");
                     for (k, v) in &cmd.env {
@@ -205,21 +220,25 @@ fn exists(engine: EngineKind, kind: &str, name: &str) -> Command {
     }
 }
 
-/// The per-project internal network and the shared external one.
+/// The per-project internal network and the shared external one. podman's internal network
+/// has no DNS server (`--disable-dns`): aardvark-dns runs in the host's network namespace and
+/// forwards names it does not know to the host's resolvers, a way out for a harness that has
+/// no route out (names reach the harness through `--add-host` instead). docker's embedded
+/// resolver cannot be turned off; on an internal network it answers the names of the network's
+/// containers and forwards nothing (there is no route to a resolver).
 fn network_steps(ctx: &Context, names: &Names) -> Vec<Step> {
     let p = ctx.engine.program();
+    let mut internal = vec!["network", "create", "--internal"];
+    if ctx.engine == EngineKind::Podman {
+        internal.push("--disable-dns");
+    }
+    let label = names.label();
+    internal.extend(["--label", &label, &names.internal_network]);
     vec![
         Step::Ensure {
             what: format!("internal network {}", names.internal_network),
             check: exists(ctx.engine, "network", &names.internal_network),
-            create: vec![Command::new(p).args([
-                "network",
-                "create",
-                "--internal",
-                "--label",
-                &names.label(),
-                &names.internal_network,
-            ])],
+            create: vec![Command::new(p).args(internal)],
         },
         Step::Ensure {
             what: format!("external network {}", names.external_network),
@@ -487,6 +506,19 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
         NetworkMode::Proxy => names.internal_network.clone(),
         NetworkMode::Host => "host".into(),
     });
+    if plan.network.mode == NetworkMode::Proxy && e == EngineKind::Podman {
+        a.extend(["--dns".into(), NO_RESOLVER.into()]);
+        a.extend([
+            "--add-host".into(),
+            format!("{PROXY_ALIAS}:{PROXY_ADDRESS}"),
+        ]);
+        if matches!(plan.executor.target, ExecutorTarget::Compose(_)) {
+            a.extend([
+                "--add-host".into(),
+                format!("{}:{EXECUTOR_ADDRESS}", names.executor_alias),
+            ]);
+        }
+    }
     a.extend(limit_args(plan, ctx)?);
     a.extend(["--stop-timeout".into(), STOP_TIMEOUT.to_string()]);
     a.extend(["--workdir".into(), plan.cwd.display().to_string()]);

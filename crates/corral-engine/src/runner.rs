@@ -8,7 +8,7 @@ use std::process::Stdio;
 
 use corral_policy::plan::{NetworkMode, Plan};
 
-use crate::argv::PROXY_FALLBACK_USER;
+use crate::argv::{EXECUTOR_ADDRESS, PROXY_ADDRESS, PROXY_FALLBACK_USER};
 use crate::names::{DEFAULT_PREFIX, Names};
 use crate::{Command, Context, EngineError, EngineKind, Result, Setup, Step, proxy_policy};
 
@@ -348,6 +348,7 @@ pub fn run_with(
     let names = ctx.names(plan);
     ensure(setup, ctx, changed, &names)?;
     let cmd = setup.run_command().ok_or(EngineError::NoCommand)?;
+    let cmd = &with_addresses(cmd, ctx, &names)?;
     // An absent policy file is covered by an empty read-only one; the runtime leaves an empty
     // mount point behind on the host, removed again below.
     let policy = &plan.project.policy_file;
@@ -366,6 +367,111 @@ pub fn run_with(
         (None, Some(s)) => 128 + s,
         (None, None) => 125,
     })
+}
+
+/// The harness command with the internal network's addresses put in where the argv holds
+/// [`PROXY_ADDRESS`] or [`EXECUTOR_ADDRESS`] (podman's internal network has no DNS). A compose
+/// executor that is not running gets no host entry, and a line saying so: `corral exec` in
+/// the harness then fails until it runs.
+fn with_addresses(cmd: &Command, ctx: &Context, names: &Names) -> Result<Command> {
+    let holds = |token: &str| cmd.args.iter().any(|a| a.contains(token));
+    if !holds(PROXY_ADDRESS) && !holds(EXECUTOR_ADDRESS) {
+        return Ok(cmd.clone());
+    }
+    let proxy =
+        address_on(ctx, &names.proxy_container, &names.internal_network)?.ok_or_else(|| {
+            EngineError::Failed {
+                command: format!(
+                    "{} container inspect {}",
+                    ctx.engine.program(),
+                    names.proxy_container
+                ),
+                status: "no address".into(),
+                stderr: format!(
+                    "the proxy container has no address on {}; `corral down` and run again",
+                    names.internal_network
+                ),
+            }
+        })?;
+    let executor = if holds(EXECUTOR_ADDRESS) {
+        let found = executor_address(ctx, names)?;
+        if found.is_none() {
+            eprintln!(
+                "corral: the compose executor ({}) is not running, so `corral exec` will fail in this run: \
+                 start it first (`podman-compose up -d executor` in the project)",
+                names.executor_alias
+            );
+        }
+        found
+    } else {
+        None
+    };
+    let mut out = cmd.clone();
+    out.args.clear();
+    let mut args = cmd.args.iter();
+    while let Some(a) = args.next() {
+        if a == "--add-host" {
+            let Some(entry) = args.next() else { break };
+            let entry = entry.replace(PROXY_ADDRESS, &proxy);
+            match (&executor, entry.contains(EXECUTOR_ADDRESS)) {
+                (Some(addr), true) => out
+                    .args
+                    .extend([a.clone(), entry.replace(EXECUTOR_ADDRESS, addr)]),
+                (None, true) => {}
+                (_, false) => out.args.extend([a.clone(), entry]),
+            }
+        } else {
+            out.args.push(a.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// A container's IPv4 address on a network, if it is attached there.
+fn address_on(ctx: &Context, container: &str, network: &str) -> Result<Option<String>> {
+    let format = format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}");
+    let out = output(&Command::new(ctx.engine.program()).args([
+        "container",
+        "inspect",
+        "--format",
+        &format,
+        container,
+    ]))?;
+    let addr = out.trim();
+    Ok(addr
+        .parse::<std::net::Ipv4Addr>()
+        .ok()
+        .map(|a| a.to_string()))
+}
+
+/// The address of the running container that answers as the compose executor's alias on the
+/// project's internal network.
+fn executor_address(ctx: &Context, names: &Names) -> Result<Option<String>> {
+    let p = ctx.engine.program();
+    let label = format!("label={}", names.label());
+    let listed =
+        output(&Command::new(p).args(["ps", "--filter", &label, "--format", "{{.Names}}"]))?;
+    let aliases = format!(
+        "{{{{(index .NetworkSettings.Networks \"{}\").Aliases}}}}",
+        names.internal_network
+    );
+    for name in listed.lines().map(str::trim).filter(|n| !n.is_empty()) {
+        if name == names.proxy_container {
+            continue;
+        }
+        let Ok(found) =
+            output(&Command::new(p).args(["container", "inspect", "--format", &aliases, name]))
+        else {
+            continue; // gone meanwhile
+        };
+        if found
+            .split([' ', '[', ']'])
+            .any(|a| a == names.executor_alias)
+        {
+            return address_on(ctx, name, &names.internal_network);
+        }
+    }
+    Ok(None)
 }
 
 /// [`run_with`] waiting plainly.

@@ -19,7 +19,7 @@ mod supervise;
 
 pub use proto::{Event, ExecRequest, Exit, Stream};
 pub use server::{ListenAddr, Server, ServerConfig};
-pub use spawn::{HostSpawner, SpawnError, SpawnSpec, Spawned, Spawner};
+pub use spawn::{HostSpawner, SpawnError, SpawnSpec, Spawned, Spawner, end_children};
 
 /// The agent-facing instructions (`corral skill`): a SKILL.md in pi's skill format, whose
 /// frontmatter `name` is [`SKILL_NAME`] (pi wants the skill's directory to carry that name).

@@ -193,3 +193,61 @@ pub fn kill_group(pgid: i32, signal: Signal) {
 pub fn group_alive(pgid: i32) -> bool {
     pgid > 1 && killpg(Pid::from_raw(pgid), None).is_ok()
 }
+
+/// End every child of this process, and with them every process it started: each child is
+/// sent SIGKILL and reaped, again and again, until none is left. Call it where nothing else of
+/// the process waits for children any more (the end of `corral serve`, of `corral run`), with
+/// the process a child subreaper (`PR_SET_CHILD_SUBREAPER`): a descendant whose parent died is
+/// then re-parented here and ended in a later round, so on return nothing this process started,
+/// directly or not, is still running. Children are found in `/proc/self/task/*/children`;
+/// only a process whose parent is this one is signalled, so a pid reused meanwhile is never
+/// hit. Says once on stderr when it has waited ten seconds.
+pub fn end_children() {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    use std::time::{Duration, Instant};
+    let me = std::process::id();
+    let started = Instant::now();
+    let mut said = false;
+    loop {
+        for pid in children_of_self() {
+            if parent_of(pid) == Some(me) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
+        }
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {
+                if !said && started.elapsed() > Duration::from_secs(10) {
+                    eprintln!("corral: still waiting for processes of this run to end");
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            // ECHILD: no child left.
+            Err(_) => return,
+        }
+    }
+}
+
+/// This process's children, from every thread's `children` list in /proc.
+fn children_of_self() -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    out
+}
+
+/// The parent pid of `pid` (field 4 of /proc/PID/stat, after the parenthesised name).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}

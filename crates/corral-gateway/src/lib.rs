@@ -23,6 +23,13 @@
 //!   never touched, and the API-key headers in [`CREDENTIAL_HEADERS`]. Never into the URL or the
 //!   body, never into a response. A placeholder seen anywhere else (another header, the URL, a
 //!   host the secret is not bound to) is left as it is (useless upstream) and audited.
+//! - **The real value never comes back**: every answer from a bound host is scrubbed
+//!   ([`Gateway::scrubber`]: the value and the encodings the gateway produced, in the status
+//!   line, the headers and the decoded body, streamed), asked for with
+//!   `Accept-Encoding: identity` and refused (502) when compressed anyway; `TRACE` is refused.
+//! - **One connection layer with the proxy**: requests and bodies go through
+//!   `corral_http1::io` (the proxy's framing, limits and deadlines; trailers dropped, chunk
+//!   sizes re-declared); an injection is audited only once the head was written upstream.
 //! - **The real value is never logged**: audit records name the secret, host, method and path
 //!   without query; `Debug` of every type here redacts values.
 //! - The jail side speaks HTTP/1.1 only (ALPN offers `http/1.1`), so one connection has one
@@ -60,10 +67,9 @@
 //! Chaining to `network.upstream_proxy` is the proxy's: with [`Gateway::intercept_over`] the
 //! gateway runs its TLS over whatever stream the proxy opened.
 
-pub mod http1;
-
 mod ca;
 mod placeholder;
+mod serve;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -75,15 +81,17 @@ use base64::Engine as _;
 use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
 use corral_policy::domain::{DomainPattern, Host, parse_authority};
 use corral_policy::plan::{Access, Mount, MountKind, SecretPlan};
-use http1::ErrorStatus as _;
 use rustls::RootCertStore;
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 pub use ca::{CA_VALIDITY, LEAF_VALIDITY};
-pub use http1::{Header, Headers, RequestHead};
+pub use corral_http1::io::Replacer;
+pub use corral_http1::io::Timeouts;
+pub use corral_http1::{Header, RequestHead};
 pub use placeholder::{placeholder_for, vendor_prefix};
+pub use serve::{identity_only, scrub_head, scrub_response_head};
 
 /// Request headers whose placeholder is replaced by the real value on a bound host
 /// (compared case-insensitively). `authorization` also gets `Basic` credentials decoded,
@@ -97,8 +105,6 @@ pub const CREDENTIAL_HEADERS: &[&str] = &[
     "private-token",
 ];
 
-/// How long an intercepted connection may sit idle between requests.
-const IDLE: Duration = Duration::from_secs(300);
 /// How long the TLS handshakes and the upstream connect may take.
 const HANDSHAKE: Duration = Duration::from_secs(30);
 
@@ -243,12 +249,20 @@ struct Inner {
     secrets: Vec<Secret>,
     upstream: Arc<rustls::ClientConfig>,
     audit: Option<AuditSink>,
+    /// Encodings of real values the gateway put into requests (a `Basic` credential's base64),
+    /// each with what the jail had sent instead: scrubbed from responses like the values.
+    produced: std::sync::Mutex<Vec<(Vec<u8>, Vec<u8>)>>,
 }
+
+/// How many produced encodings are remembered for scrubbing (one per distinct `Basic` user).
+const PRODUCED_KEPT: usize = 64;
 
 /// The credential gateway of one run. Cheap to clone (shared state).
 #[derive(Clone)]
 pub struct Gateway {
     inner: Arc<Inner>,
+    /// The connection deadlines: the proxy's own ([`Gateway::with_timeouts`]).
+    timeouts: Timeouts,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -351,9 +365,18 @@ impl Gateway {
                 secrets: list,
                 upstream: Arc::new(client),
                 audit: config.audit,
+                produced: std::sync::Mutex::new(Vec::new()),
             }),
+            timeouts: Timeouts::default(),
         };
         Ok((gw, trust))
+    }
+
+    /// The same gateway with the connection deadlines `timeouts` (the proxy passes its own, so
+    /// an intercepted connection has the same bounds as a proxied one).
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.timeouts = timeouts;
+        self
     }
 
     /// The placeholder the jail sees for secret `name`.
@@ -433,6 +456,11 @@ impl Gateway {
                 let is_basic = lname == "authorization"
                     && h.value.len() > 6
                     && h.value[..6].eq_ignore_ascii_case(b"basic ");
+                let sent_basic = if is_basic {
+                    h.value[6..].trim_ascii().to_vec()
+                } else {
+                    Vec::new()
+                };
                 let decoded = if is_basic {
                     base64::engine::general_purpose::STANDARD
                         .decode(h.value[6..].trim_ascii())
@@ -468,12 +496,10 @@ impl Gateway {
                     }
                     if let (true, Some(d)) = (in_basic, decoded) {
                         let swapped = replace(&d, ph, s.real.as_bytes());
+                        let encoded = base64::engine::general_purpose::STANDARD.encode(swapped);
+                        self.remember_produced(encoded.as_bytes(), &sent_basic);
                         let mut v = b"Basic ".to_vec();
-                        v.extend_from_slice(
-                            base64::engine::general_purpose::STANDARD
-                                .encode(swapped)
-                                .as_bytes(),
-                        );
+                        v.extend_from_slice(encoded.as_bytes());
                         h.value = v;
                     }
                     report.injected.push((s.name.clone(), lname));
@@ -493,7 +519,39 @@ impl Gateway {
         report
     }
 
+    /// Remember an encoding of a real value the gateway produced, with what the jail sent in
+    /// its place, so responses reflecting it are scrubbed too.
+    fn remember_produced(&self, real: &[u8], sent: &[u8]) {
+        let mut p = self
+            .inner
+            .produced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if real.is_empty() || p.iter().any(|(r, _)| r == real) {
+            return;
+        }
+        if p.len() >= PRODUCED_KEPT {
+            p.remove(0);
+        }
+        p.push((real.to_vec(), sent.to_vec()));
+    }
+
+    /// Audit what a rewrite did: the placeholders left alone, and (`sent`: the head was written
+    /// upstream) the injections. An injection is audited only once it was really sent.
     fn audit_report(
+        &self,
+        report: &RewriteReport,
+        client: &str,
+        (method, target): (&str, &str),
+        host: &Host,
+        port: u16,
+        addr: Option<SocketAddr>,
+    ) {
+        self.audit_left(report, client, (method, target), host, port, addr);
+        self.audit_injected(report, client, (method, target), host, port, addr);
+    }
+
+    fn audit_injected(
         &self,
         report: &RewriteReport,
         client: &str,
@@ -517,6 +575,18 @@ impl Gateway {
                 Some(name.clone()),
             );
         }
+    }
+
+    fn audit_left(
+        &self,
+        report: &RewriteReport,
+        client: &str,
+        (method, target): (&str, &str),
+        host: &Host,
+        port: u16,
+        addr: Option<SocketAddr>,
+    ) {
+        let path = path_without_query(target);
         for (name, why) in &report.left {
             self.record(
                 &Dest {
@@ -598,7 +668,9 @@ impl Gateway {
     }
 
     /// [`Gateway::rewrite_plain`] for a head parsed elsewhere (the proxy's own parser): the
-    /// request's method and target, and its header fields, rewritten in place.
+    /// request's method and target, and its header fields, rewritten in place. Placeholders
+    /// left alone are audited here; the injections once the head is sent
+    /// ([`Gateway::plain_sent`]). A `TRACE` that would carry a real value is refused (405).
     pub fn rewrite_plain_headers(
         &self,
         method: &str,
@@ -624,8 +696,39 @@ impl Gateway {
             return Err(r);
         }
         let report = self.rewrite_headers(target, headers, host, port, true);
-        self.audit_report(&report, client, (method, target), host, port, None);
+        self.audit_left(&report, client, (method, target), host, port, None);
+        if method.eq_ignore_ascii_case("TRACE") && !report.injected.is_empty() {
+            let r = Refusal {
+                status: 405,
+                message: "corral credential gateway: TRACE with a credential is not allowed (the origin would echo the real value back)".into(),
+            };
+            self.record(
+                &Dest {
+                    client,
+                    host,
+                    port,
+                    addr: None,
+                },
+                method,
+                Decision::Deny,
+                format!("credential gateway: {}", r.message),
+                None,
+            );
+            return Err(r);
+        }
         Ok(report)
+    }
+
+    /// Audit the injections of a plain-HTTP rewrite once its head was written to `addr`.
+    pub fn plain_sent(
+        &self,
+        report: &RewriteReport,
+        (method, target): (&str, &str),
+        (host, port): (&Host, u16),
+        client: &str,
+        addr: SocketAddr,
+    ) {
+        self.audit_injected(report, client, (method, target), host, port, Some(addr));
     }
 
     /// Serve one CONNECT to a secret-bound `host:port` whose `200` the proxy has already sent:
@@ -725,262 +828,6 @@ impl Gateway {
         r
     }
 
-    async fn serve_inner<S, U, F, Fut>(
-        &self,
-        client: S,
-        host: &Host,
-        port: u16,
-        addr: SocketAddr,
-        client_label: &str,
-        connect: F,
-    ) -> Result<InterceptStats, GatewayError>
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send,
-        U: AsyncRead + AsyncWrite + Unpin + Send,
-        F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<U, GatewayError>>,
-    {
-        let mut connect = Some(connect);
-        let name = match host {
-            Host::Name(n) if self.binds(host, port) => n.clone(),
-            _ => {
-                return Err(GatewayError::NotBound {
-                    host: host.to_string(),
-                    port,
-                });
-            }
-        };
-        let refuse = |reason: String| {
-            self.record(
-                &Dest {
-                    client: client_label,
-                    host,
-                    port,
-                    addr: Some(addr),
-                },
-                "CONNECT",
-                Decision::Deny,
-                format!("credential gateway: {reason}"),
-                None,
-            );
-            GatewayError::Refused {
-                host: name.clone(),
-                port,
-                reason,
-            }
-        };
-        let client_tls = |source| GatewayError::ClientTls {
-            host: name.clone(),
-            source,
-        };
-
-        let acceptor =
-            tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), client);
-        let start = tokio::time::timeout(HANDSHAKE, acceptor)
-            .await
-            .map_err(|_| client_tls(std::io::ErrorKind::TimedOut.into()))?
-            .map_err(client_tls)?;
-        let sni = start
-            .client_hello()
-            .server_name()
-            .map(|s| s.trim_end_matches('.').to_ascii_lowercase());
-        if sni.as_deref() != Some(name.as_str()) {
-            return Err(refuse(format!(
-                "TLS SNI {} does not match the CONNECT host {name}",
-                sni.as_deref().unwrap_or("(none)")
-            )));
-        }
-        let config = self.inner.ca.server_config(&name)?;
-        let tls = tokio::time::timeout(HANDSHAKE, start.into_stream(config))
-            .await
-            .map_err(|_| client_tls(std::io::ErrorKind::TimedOut.into()))?
-            .map_err(client_tls)?;
-
-        let mut down = http1::Buffered::new(tls);
-        let mut up: Option<http1::Buffered<tokio_rustls::client::TlsStream<U>>> = None;
-        let mut stats = InterceptStats::default();
-        let relay = |source| GatewayError::Relay {
-            host: name.clone(),
-            source,
-        };
-
-        loop {
-            let head = match tokio::time::timeout(IDLE, down.read_head(http1::parse_request)).await
-            {
-                Err(_) | Ok(Ok(None)) => break,
-                Ok(Ok(Some(h))) => h,
-                Ok(Err(http1::HeadError::Parse(e))) => {
-                    let _ = down
-                        .io
-                        .write_all(&http1::error_response(
-                            e.status(),
-                            "Bad Request",
-                            &format!("corral credential gateway: {e}\n"),
-                        ))
-                        .await;
-                    let _ = down.io.shutdown().await;
-                    return Err(refuse(format!("unparsable request: {e}")));
-                }
-                Ok(Err(e)) => {
-                    return Err(relay(std::io::Error::other(e.to_string())));
-                }
-            };
-            let mut head = head;
-            let refusal = if head.method.eq_ignore_ascii_case("CONNECT") {
-                Some(Refusal {
-                    status: 405,
-                    message: "corral credential gateway: CONNECT inside a tunnel is not allowed"
-                        .into(),
-                })
-            } else if !(head.target.starts_with('/')
-                || (head.target == "*" && head.method == "OPTIONS"))
-            {
-                Some(Refusal {
-                    status: 400,
-                    message: "corral credential gateway: only origin-form request targets inside a tunnel".into(),
-                })
-            } else {
-                Self::check_host(&head.headers, host, port, true).err()
-            };
-            let body = match (refusal, head.body()) {
-                (Some(r), _) => Err(r),
-                (None, Err(e)) => Err(Refusal {
-                    status: e.status(),
-                    message: format!("corral credential gateway: {e}"),
-                }),
-                (None, Ok(b)) => Ok(b),
-            };
-            let body = match body {
-                Ok(b) => b,
-                Err(r) => {
-                    let _ = down
-                        .io
-                        .write_all(&http1::error_response(
-                            r.status,
-                            reason_phrase(r.status),
-                            &format!("{}\n", r.message),
-                        ))
-                        .await;
-                    let _ = down.io.shutdown().await;
-                    return Err(refuse(format!(
-                        "{} {}: {}",
-                        head.method,
-                        path_without_query(&head.target),
-                        r.message
-                    )));
-                }
-            };
-            let report = self.rewrite_headers(&head.target, &mut head.headers, host, port, false);
-            self.audit_report(
-                &report,
-                client_label,
-                (&head.method, &head.target),
-                host,
-                port,
-                Some(addr),
-            );
-
-            // `Expect: 100-continue` is answered here, so the body flows without a round trip.
-            if head
-                .get("expect")
-                .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"))
-            {
-                head.remove("expect");
-                down.io
-                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                    .await
-                    .map_err(relay)?;
-            }
-            let upgrade = head.has_token("connection", "upgrade") && head.get("upgrade").is_some();
-            let client_close = head.has_token("connection", "close") || head.minor == 0;
-
-            if let Some(connect) = connect.take() {
-                let raw = connect().await?;
-                up = Some(http1::Buffered::new(
-                    self.tls_upstream(&name, addr, raw).await?,
-                ));
-            }
-            let Some(upstream) = up.as_mut() else {
-                unreachable!("connected just above")
-            };
-            let bytes = head.to_bytes();
-            upstream.io.write_all(&bytes).await.map_err(relay)?;
-            stats.bytes_up += bytes.len() as u64;
-            stats.bytes_up += down
-                .relay_body(body, &mut upstream.io)
-                .await
-                .map_err(relay)?;
-            stats.requests += 1;
-
-            // The response, after any interim 1xx.
-            let resp = loop {
-                let r = upstream
-                    .read_head(http1::parse_response)
-                    .await
-                    .map_err(|e| {
-                        relay(std::io::Error::other(format!(
-                            "response from upstream: {e}"
-                        )))
-                    })?
-                    .ok_or_else(|| {
-                        relay(std::io::Error::other("upstream closed before responding"))
-                    })?;
-                let b = r.to_bytes();
-                down.io.write_all(&b).await.map_err(relay)?;
-                stats.bytes_down += b.len() as u64;
-                if (100..200).contains(&r.status) && r.status != 101 {
-                    continue;
-                }
-                break r;
-            };
-            if resp.status == 101 {
-                if !upgrade {
-                    return Err(relay(std::io::Error::other(
-                        "upstream switched protocols without an upgrade request",
-                    )));
-                }
-                // Websocket (or other upgrade): the swap happened on the upgrade request; from
-                // here the bytes are opaque in both directions.
-                let Some(mut upstream) = up.take() else {
-                    unreachable!()
-                };
-                if !down.buf.is_empty() {
-                    upstream.io.write_all(&down.buf).await.map_err(relay)?;
-                    stats.bytes_up += down.buf.len() as u64;
-                }
-                if !upstream.buf.is_empty() {
-                    down.io.write_all(&upstream.buf).await.map_err(relay)?;
-                    stats.bytes_down += upstream.buf.len() as u64;
-                }
-                down.io.flush().await.map_err(relay)?;
-                let (u, d) = tokio::io::copy_bidirectional(&mut down.io, &mut upstream.io)
-                    .await
-                    .unwrap_or((0, 0));
-                stats.bytes_up += u;
-                stats.bytes_down += d;
-                return Ok(stats);
-            }
-            let rbody = resp.body(&head.method).map_err(|e| {
-                relay(std::io::Error::other(format!(
-                    "response framing from upstream: {e}"
-                )))
-            })?;
-            stats.bytes_down += upstream
-                .relay_body(rbody, &mut down.io)
-                .await
-                .map_err(relay)?;
-            if client_close
-                || rbody == http1::Body::UntilClose
-                || resp.has_token("connection", "close")
-                || resp.minor == 0
-            {
-                break;
-            }
-        }
-        let _ = down.io.shutdown().await;
-        Ok(stats)
-    }
-
     async fn tls_upstream<U>(
         &self,
         name: &str,
@@ -1059,17 +906,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-fn reason_phrase(status: u16) -> &'static str {
-    match status {
-        400 => "Bad Request",
-        405 => "Method Not Allowed",
-        421 => "Misdirected Request",
-        431 => "Request Header Fields Too Large",
-        501 => "Not Implemented",
-        _ => "Error",
     }
 }
 

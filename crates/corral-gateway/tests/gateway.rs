@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
 use corral_audit::{AuditLog, Decision, Event};
-use corral_gateway::http1::{self, Buffered, Headers};
 use corral_gateway::{AuditSink, Gateway, GatewayConfig, JailTrust, Prefixed, RequestHead};
+use corral_http1::io::{BufConn, relay_body};
+use corral_http1::{Framing, ResponseHead, parse_request_head, parse_response_head};
 use corral_policy::domain::{DomainPattern, Host};
 use corral_policy::plan::SecretPlan;
 use rustls::RootCertStore;
@@ -22,6 +23,32 @@ const BOUND: &str = "api.model.test";
 const OTHER_BOUND: &str = "api.other.test";
 const REAL: &str = "sk-ant-api03-REALvalueREALvalueREALvalue0123456789";
 const REAL2: &str = "ghp_SECONDrealSECONDrealSECONDreal99";
+const T: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The next request head on `c`, `None` at the end.
+async fn read_req<S: tokio::io::AsyncRead + Unpin>(c: &mut BufConn<S>) -> Option<RequestHead> {
+    let head = c.read_head(T, T).await.ok()??;
+    parse_request_head(&head).ok()
+}
+
+/// The next response head on `c`.
+async fn read_resp<S: tokio::io::AsyncRead + Unpin>(c: &mut BufConn<S>) -> ResponseHead {
+    let head = c.read_head(T, T).await.unwrap().unwrap();
+    parse_response_head(&head).unwrap()
+}
+
+/// One body, decoded.
+async fn read_body<S: tokio::io::AsyncRead + Unpin>(c: &mut BufConn<S>, f: Framing) -> Vec<u8> {
+    let mut out = Vec::new();
+    relay_body(c, &mut out, (f, Framing::UntilClose), T, None)
+        .await
+        .unwrap();
+    out
+}
+
+fn get<'a>(headers: &'a [corral_http1::Header], name: &str) -> Option<&'a [u8]> {
+    corral_http1::header_values(headers, name).next()
+}
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -89,27 +116,27 @@ async fn serve_mock<S>(io: S, seen: Arc<Mutex<Vec<u8>>>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let mut conn = Buffered::new(io);
+    let mut conn = BufConn::new(io);
     loop {
-        let Ok(Some(head)) = conn.read_head(http1::parse_request).await else {
+        let Some(head) = read_req(&mut conn).await else {
             return;
         };
         seen.lock().unwrap().extend_from_slice(&head.to_bytes());
         let mut body = Vec::new();
-        if conn
-            .relay_body(head.body().unwrap(), &mut body)
+        let f = head.framing;
+        if relay_body(&mut conn, &mut body, (f, f), T, None)
             .await
             .is_err()
         {
             return;
         }
         seen.lock().unwrap().extend_from_slice(&body);
-        if head.get("upgrade").is_some() {
+        if get(&head.headers, "upgrade").is_some() {
             let _ = conn
                 .io
                 .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
                 .await;
-            let mut buf = conn.buf.clone();
+            let mut buf = conn.buf.to_vec();
             loop {
                 if !buf.is_empty() {
                     seen.lock().unwrap().extend_from_slice(&buf);
@@ -205,8 +232,8 @@ async fn proxy_with(
             let gw = gw.clone();
             let errors = errors2.clone();
             tokio::spawn(async move {
-                let mut conn = Buffered::new(tcp);
-                let Ok(Some(head)) = conn.read_head(http1::parse_request).await else {
+                let mut conn = BufConn::new(tcp);
+                let Some(head) = read_req(&mut conn).await else {
                     return;
                 };
                 assert_eq!(head.method, "CONNECT");
@@ -219,7 +246,7 @@ async fn proxy_with(
                     .unwrap();
                 let result = if over {
                     let up = TcpStream::connect(upstream).await.unwrap();
-                    let client = Prefixed::new(conn.buf.clone(), conn.io);
+                    let client = Prefixed::new(conn.buf.to_vec(), conn.io);
                     gw.intercept_over(client, up, &host, port, upstream, &peer.to_string())
                         .await
                 } else {
@@ -274,22 +301,16 @@ fn pem_to_der(pem: &str) -> CertificateDer<'static> {
     )
 }
 
-/// Send one request and read one response (Content-Length framed).
-async fn roundtrip<S>(conn: &mut Buffered<S>, req: &str) -> (u16, String)
+/// Send one request and read one response.
+async fn roundtrip<S>(conn: &mut BufConn<S>, req: &str) -> (u16, String)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     conn.io.write_all(req.as_bytes()).await.unwrap();
     conn.io.flush().await.unwrap();
-    let resp = conn
-        .read_head(http1::parse_response)
-        .await
-        .unwrap()
-        .unwrap();
-    let mut body = Vec::new();
-    conn.relay_body(resp.body("GET").unwrap(), &mut body)
-        .await
-        .unwrap();
+    let resp = read_resp(conn).await;
+    let f = corral_http1::response_framing(&resp, "GET").unwrap();
+    let body = read_body(conn, f).await;
     (resp.status, String::from_utf8_lossy(&body).into_owned())
 }
 
@@ -323,7 +344,7 @@ async fn placeholder_in_credential_headers_becomes_the_real_value_upstream() {
     let (paddr, errors) = proxy(s.gw.clone(), s.up.addr).await;
     let tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
     assert_eq!(tls.get_ref().1.alpn_protocol(), None);
-    let mut c = Buffered::new(tls);
+    let mut c = BufConn::new(tls);
     // Bearer, x-api-key, and Basic (user:placeholder) on one keep-alive connection.
     let (st, body) = roundtrip(
         &mut c,
@@ -484,7 +505,7 @@ async fn host_header_that_differs_from_the_connect_host_is_refused() {
         "api.model.test.evil.com",
     ] {
         let tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
-        let mut c = Buffered::new(tls);
+        let mut c = BufConn::new(tls);
         let (st, body) = roundtrip(
             &mut c,
             &format!("GET / HTTP/1.1\r\nHost: {bad_host}\r\nAuthorization: Bearer {ph}\r\n\r\n"),
@@ -516,7 +537,7 @@ async fn host_header_that_differs_from_the_connect_host_is_refused() {
         ),
     ] {
         let tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
-        let mut c = Buffered::new(tls);
+        let mut c = BufConn::new(tls);
         let (st, _) = roundtrip(&mut c, &req).await;
         assert_eq!(st, want, "{req:?}");
     }
@@ -537,7 +558,7 @@ async fn placeholder_for_another_host_stays_a_placeholder_and_is_audited() {
     let (paddr, _) = proxy(s.gw.clone(), s.up.addr).await;
     // GITHUB_TOKEN is bound to OTHER_BOUND only: sent to BOUND it must not be swapped.
     let tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
-    let mut c = Buffered::new(tls);
+    let mut c = BufConn::new(tls);
     let (st, _) = roundtrip(
         &mut c,
         &format!("GET /x HTTP/1.1\r\nHost: {BOUND}\r\nAuthorization: token {ph_github}\r\n\r\n"),
@@ -603,7 +624,7 @@ async fn placeholder_for_another_host_stays_a_placeholder_and_is_audited() {
 }
 
 fn plain(req: &str) -> RequestHead {
-    http1::parse_request(req.as_bytes()).unwrap().unwrap().0
+    parse_request_head(req.as_bytes()).unwrap()
 }
 
 #[tokio::test]
@@ -648,7 +669,7 @@ async fn plain_http_rewrite_swaps_on_bound_hosts_and_audits_elsewhere() {
         vec![("LOCAL_KEY".to_string(), "authorization".to_string())]
     );
     assert_eq!(
-        head.get("authorization"),
+        get(&head.headers, "authorization"),
         Some(format!("Bearer {REAL}").as_bytes())
     );
     // The same secret on another port of that host: not swapped.
@@ -703,14 +724,14 @@ async fn websocket_upgrade_is_swapped_then_spliced() {
     )
     .await
     .unwrap();
-    let mut c = Buffered::new(tls);
-    let resp = c.read_head(http1::parse_response).await.unwrap().unwrap();
+    let mut c = BufConn::new(tls);
+    let resp = read_resp(&mut c).await;
     assert_eq!(resp.status, 101);
     // Opaque frames now; a placeholder inside them is not touched.
     let frame = format!("frame with {ph}");
     c.io.write_all(frame.as_bytes()).await.unwrap();
     c.io.flush().await.unwrap();
-    let mut got = c.buf.clone();
+    let mut got = c.buf.to_vec();
     while got.len() < frame.len() {
         let mut b = [0u8; 256];
         let n = c.io.read(&mut b).await.unwrap();

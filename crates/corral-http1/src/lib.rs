@@ -1,6 +1,7 @@
 //! A strict HTTP/1.1 message-head parser and the framing rules corral's egress proxy
 //! (corral-net, re-exported there as `corral_net::http`) and its credential gateway
-//! (corral-gateway's `http1.rs`) both rely on: one parser, one set of smuggling rules.
+//! (corral-gateway) both rely on: one parser, one set of smuggling rules; and in [`io`] the one
+//! buffered connection, body relay, limits and timeouts both use.
 //!
 //! Everything ambiguous is an error: neither forwards a request it could not parse
 //! exactly (request smuggling lives in the gap between two lenient parsers). Rejected: bare LF,
@@ -9,6 +10,8 @@
 //! digits (`+3`, `0x10`, ` 1 2`), any Transfer-Encoding but exactly `chunked` (case-sensitive),
 //! more than one Transfer-Encoding header, Content-Length together with Transfer-Encoding,
 //! Transfer-Encoding on HTTP/1.0, chunk sizes beyond 16 hex digits.
+
+pub mod io;
 
 /// The largest request or response head accepted (request line plus headers).
 pub const MAX_HEAD_BYTES: usize = 32 * 1024;
@@ -412,6 +415,37 @@ fn push_headers<'a>(out: &mut Vec<u8>, headers: impl Iterator<Item = &'a Header>
         out.extend_from_slice(b": ");
         out.extend_from_slice(&h.value);
         out.extend_from_slice(b"\r\n");
+    }
+}
+
+impl RequestHead {
+    /// This head in canonical form: every field as parsed (names as sent, values trimmed),
+    /// CRLF line ends, nothing added or dropped.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(self.method.as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(self.target.as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(self.version.as_str().as_bytes());
+        out.extend_from_slice(b"\r\n");
+        push_headers(&mut out, self.headers.iter());
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+}
+
+impl ResponseHead {
+    /// This head in canonical form (see [`RequestHead::to_bytes`]).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(self.version.as_str().as_bytes());
+        out.extend_from_slice(format!(" {:03} ", self.status).as_bytes());
+        out.extend_from_slice(&self.reason);
+        out.extend_from_slice(b"\r\n");
+        push_headers(&mut out, self.headers.iter());
+        out.extend_from_slice(b"\r\n");
+        out
     }
 }
 

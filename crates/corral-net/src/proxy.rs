@@ -15,17 +15,17 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
 use corral_policy::addr::check_destination;
 use corral_policy::domain::{Host, normalize_host, parse_authority};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
+use crate::http::io::{BodyError, BufConn, ReadError, error_response, relay_body};
 use crate::http::{
-    self, Framing, MAX_CHUNK_LINE, MAX_HEAD_BYTES, ParseError, RequestHead, Version, find_head_end,
-    parse_chunk_size, parse_header_line, parse_request_head, parse_response_head,
+    self, Framing, MAX_HEAD_BYTES, ParseError, RequestHead, Version, parse_request_head,
+    parse_response_head,
 };
 use crate::rules::{Denial, Kind, Resolver, Rules, SystemResolver, host_display};
 
@@ -73,10 +73,56 @@ impl Blocked {
             self.method, self.target, self.count, self.rule, self.fix
         )
     }
+
+    /// An allowed destination that could not be reached:
+    /// `corral: failed CONNECT x.org:443 ×2 (cannot resolve x.org: ...)`.
+    pub fn failed_line(&self) -> String {
+        format!(
+            "corral: failed {} {} ×{} ({})",
+            self.method, self.target, self.count, self.rule
+        )
+    }
 }
 
 /// (method, target, rule) -> (fix, count).
 type BlockedMap = BTreeMap<(String, String, String), (String, u64)>;
+
+/// A summary map's lines, most frequent first.
+fn summary_of(map: &Mutex<BlockedMap>) -> Vec<Blocked> {
+    let map = map.lock().unwrap_or_else(|e| e.into_inner());
+    let mut out: Vec<Blocked> = map
+        .iter()
+        .map(|((method, target, rule), (fix, count))| Blocked {
+            method: method.clone(),
+            target: target.clone(),
+            rule: rule.clone(),
+            fix: fix.clone(),
+            count: *count,
+        })
+        .collect();
+    out.sort_by_key(|b| std::cmp::Reverse(b.count));
+    out
+}
+
+/// Count `[method, target, rule, fix]` into a summary map. The jail chooses the destinations
+/// (random names, for one), so the distinct ones kept are bounded ([`BLOCKED_KEPT`]); the rest
+/// share one line (`more than N distinct ones {what}`, `see them all with: {command}`), and
+/// the audit log still has every one.
+fn tally(map: &mut BlockedMap, line: [&str; 4], [what, command]: [&str; 2]) {
+    let [method, target, rule, fix] = line;
+    let mut key = (method.to_string(), target.to_string(), rule.to_string());
+    let mut fix = fix.to_string();
+    if map.len() >= BLOCKED_KEPT && !map.contains_key(&key) {
+        key = (
+            "...".into(),
+            "other destinations".into(),
+            format!("more than {BLOCKED_KEPT} distinct ones {what}"),
+        );
+        fix = format!("see them all with: {command}");
+    }
+    let e = map.entry(key).or_insert_with(|| (fix, 0));
+    e.1 += 1;
+}
 
 /// Distinct blocked destinations the end-of-run summary keeps apart (corral's memory must not
 /// grow with what the jail tries); the rest share one line.
@@ -91,6 +137,8 @@ pub struct Proxy {
     config: ProxyConfig,
     slots: Arc<Semaphore>,
     blocked: Mutex<BlockedMap>,
+    /// Allowed requests that could not be served (resolution, connection), for the summary.
+    failed: Mutex<BlockedMap>,
     /// Client connections finished so far (the memory trimmer looks at it).
     closed: AtomicU64,
     /// Whether the memory trimmer runs (started by the first `serve`).
@@ -106,232 +154,6 @@ enum Refusal {
     Denied(Denial),
     /// The request was allowed but could not be served (resolution, connect, upstream).
     Failed { rule: String, status: u16 },
-}
-
-/// A client connection with its read buffer.
-struct BufConn<S> {
-    io: S,
-    buf: BytesMut,
-}
-
-#[derive(Debug)]
-enum ReadError {
-    Parse(ParseError),
-    Io(io::Error),
-    Timeout,
-}
-
-impl std::fmt::Display for ReadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReadError::Parse(e) => write!(f, "{e}"),
-            ReadError::Io(e) => write!(f, "{e}"),
-            ReadError::Timeout => f.write_str("timed out"),
-        }
-    }
-}
-
-impl From<io::Error> for ReadError {
-    fn from(e: io::Error) -> Self {
-        ReadError::Io(e)
-    }
-}
-
-impl From<ParseError> for ReadError {
-    fn from(e: ParseError) -> Self {
-        ReadError::Parse(e)
-    }
-}
-
-fn eof() -> ReadError {
-    ReadError::Io(io::ErrorKind::UnexpectedEof.into())
-}
-
-impl<S: AsyncRead + Unpin> BufConn<S> {
-    fn new(io: S) -> Self {
-        BufConn {
-            io,
-            buf: BytesMut::with_capacity(8192),
-        }
-    }
-
-    /// Read more bytes within `t`; `Ok(0)` at end of stream.
-    async fn fill(&mut self, t: Duration) -> Result<usize, ReadError> {
-        if self.buf.capacity() - self.buf.len() < 4096 {
-            self.buf.reserve(16 * 1024);
-        }
-        match tokio::time::timeout(t, self.io.read_buf(&mut self.buf)).await {
-            Ok(r) => Ok(r?),
-            Err(_) => Err(ReadError::Timeout),
-        }
-    }
-
-    /// A complete head; `Ok(None)` on a clean end of stream before its first byte. The first
-    /// byte may take `first_byte` (keep-alive idle), the whole head at most `whole` from then.
-    async fn read_head(
-        &mut self,
-        first_byte: Duration,
-        whole: Duration,
-    ) -> Result<Option<BytesMut>, ReadError> {
-        if self.buf.is_empty() && self.fill(first_byte).await? == 0 {
-            return Ok(None);
-        }
-        let deadline = Instant::now() + whole;
-        loop {
-            if let Some(end) = find_head_end(&self.buf)? {
-                return Ok(Some(self.buf.split_to(end)));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(ReadError::Timeout);
-            }
-            if self.fill(left).await? == 0 {
-                return Err(eof());
-            }
-        }
-    }
-
-    /// One CRLF-terminated line (without the CRLF), at most `max` bytes.
-    async fn read_line(&mut self, max: usize, t: Duration) -> Result<BytesMut, ReadError> {
-        loop {
-            if let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
-                if nl == 0 || self.buf[nl - 1] != b'\r' {
-                    return Err(ParseError::Malformed("bare LF in chunked body").into());
-                }
-                let mut line = self.buf.split_to(nl + 1);
-                line.truncate(nl - 1);
-                if line.contains(&b'\r') {
-                    return Err(ParseError::Malformed("bare CR in chunked body").into());
-                }
-                return Ok(line);
-            }
-            if self.buf.len() > max {
-                return Err(ParseError::Malformed("chunk line too long").into());
-            }
-            if self.fill(t).await? == 0 {
-                return Err(eof());
-            }
-        }
-    }
-
-    async fn read_exact_buf(&mut self, n: usize, t: Duration) -> Result<BytesMut, ReadError> {
-        while self.buf.len() < n {
-            if self.fill(t).await? == 0 {
-                return Err(eof());
-            }
-        }
-        Ok(self.buf.split_to(n))
-    }
-}
-
-#[derive(Debug)]
-enum BodyError {
-    /// The source sent a body that does not parse, or ended early, or was too slow.
-    Source(ReadError),
-    /// Writing to the destination failed.
-    Dest(io::Error),
-}
-
-/// Copy one body from `src` to `dst`. With `rechunk` a chunked body is re-encoded chunked, else
-/// its data is written raw (an HTTP/1.0 client). Returns the body bytes copied.
-async fn relay_body<A, B>(
-    src: &mut BufConn<A>,
-    dst: &mut B,
-    framing: Framing,
-    rechunk: bool,
-    t: Duration,
-) -> Result<u64, BodyError>
-where
-    A: AsyncRead + Unpin,
-    B: AsyncWrite + Unpin,
-{
-    use BodyError::{Dest, Source};
-    let mut total = 0u64;
-    match framing {
-        Framing::None => {}
-        Framing::Length(n) => total += copy_exact(src, dst, n, t).await?,
-        Framing::UntilClose => loop {
-            if src.buf.is_empty() {
-                match src.fill(t).await {
-                    Ok(0) => break,
-                    Ok(_) => {}
-                    Err(e) => return Err(Source(e)),
-                }
-            }
-            let chunk = src.buf.split();
-            total += chunk.len() as u64;
-            dst.write_all(&chunk).await.map_err(Dest)?;
-        },
-        Framing::Chunked => {
-            loop {
-                let line = src.read_line(MAX_CHUNK_LINE, t).await.map_err(Source)?;
-                let size = parse_chunk_size(&line).map_err(|e| Source(e.into()))?;
-                if size == 0 {
-                    break;
-                }
-                if rechunk {
-                    dst.write_all(format!("{size:x}\r\n").as_bytes())
-                        .await
-                        .map_err(Dest)?;
-                }
-                total += copy_exact(src, dst, size, t).await?;
-                let crlf = src.read_exact_buf(2, t).await.map_err(Source)?;
-                if &crlf[..] != b"\r\n" {
-                    return Err(Source(
-                        ParseError::Malformed("chunk data not followed by CRLF").into(),
-                    ));
-                }
-                if rechunk {
-                    dst.write_all(b"\r\n").await.map_err(Dest)?;
-                }
-            }
-            // Trailer fields: validated, then dropped.
-            let mut trailer_bytes = 0;
-            loop {
-                let line = src.read_line(MAX_HEAD_BYTES, t).await.map_err(Source)?;
-                if line.is_empty() {
-                    break;
-                }
-                trailer_bytes += line.len();
-                if trailer_bytes > MAX_HEAD_BYTES {
-                    return Err(Source(ParseError::TooLarge.into()));
-                }
-                parse_header_line(&line).map_err(|e| Source(e.into()))?;
-            }
-            if rechunk {
-                dst.write_all(b"0\r\n\r\n").await.map_err(Dest)?;
-            }
-        }
-    }
-    dst.flush().await.map_err(Dest)?;
-    Ok(total)
-}
-
-async fn copy_exact<A, B>(
-    src: &mut BufConn<A>,
-    dst: &mut B,
-    mut n: u64,
-    t: Duration,
-) -> Result<u64, BodyError>
-where
-    A: AsyncRead + Unpin,
-    B: AsyncWrite + Unpin,
-{
-    let want = n;
-    while n > 0 {
-        if src.buf.is_empty() {
-            match src.fill(t).await {
-                Ok(0) => return Err(BodyError::Source(eof())),
-                Ok(_) => {}
-                Err(e) => return Err(BodyError::Source(e)),
-            }
-        }
-        let take = (src.buf.len() as u64).min(n) as usize;
-        let chunk = src.buf.split_to(take);
-        dst.write_all(&chunk).await.map_err(BodyError::Dest)?;
-        n -= take as u64;
-    }
-    Ok(want)
 }
 
 /// One direction of a tunnel. Idle, it holds no buffer: data is read into a buffer on the poll
@@ -540,29 +362,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Future for TunnelTask<S> {
     }
 }
 
-fn status_text(status: u16) -> &'static str {
-    match status {
-        400 => "Bad Request",
-        403 => "Forbidden",
-        408 => "Request Timeout",
-        431 => "Request Header Fields Too Large",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        504 => "Gateway Timeout",
-        _ => "Error",
-    }
-}
-
-/// A complete error response; the connection is closed after it.
-pub(crate) fn error_response(status: u16, body: &str) -> Vec<u8> {
-    format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\nX-Corral-Proxy: 1\r\n\r\n{body}",
-        status_text(status),
-        body.len()
-    )
-    .into_bytes()
-}
-
 /// Split an absolute-form `http://authority/path` target.
 fn split_absolute(target: &str) -> Result<(&str, String), &'static str> {
     let lower = target.get(..8).unwrap_or(target).to_ascii_lowercase();
@@ -641,6 +440,7 @@ impl Proxy {
             slots: Arc::new(Semaphore::new(config.max_connections)),
             config,
             blocked: Mutex::new(BTreeMap::new()),
+            failed: Mutex::new(BTreeMap::new()),
             closed: AtomicU64::new(0),
             trimming: AtomicBool::new(false),
             gateway: None,
@@ -687,19 +487,23 @@ impl Proxy {
 
     /// Blocked destinations so far, for the end-of-run summary (most frequent first).
     pub fn blocked_summary(&self) -> Vec<Blocked> {
-        let map = self.blocked.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<Blocked> = map
-            .iter()
-            .map(|((method, target, rule), (fix, count))| Blocked {
-                method: method.clone(),
-                target: target.clone(),
-                rule: rule.clone(),
-                fix: fix.clone(),
-                count: *count,
-            })
-            .collect();
-        out.sort_by_key(|b| std::cmp::Reverse(b.count));
-        out
+        summary_of(&self.blocked)
+    }
+
+    /// Allowed destinations that could not be reached so far, with the reason (most frequent
+    /// first): the jail saw them fail, and only corral knows why.
+    pub fn failed_summary(&self) -> Vec<Blocked> {
+        summary_of(&self.failed)
+    }
+
+    /// Count one allowed request that could not be served into [`Proxy::failed_summary`].
+    fn note_failed(&self, method: &str, target: &str, reason: &str) {
+        let mut map = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        tally(
+            &mut map,
+            [method, target, reason, ""],
+            ["failed", "corral log"],
+        );
     }
 
     fn log(&self, ev: NetEvent) {
@@ -747,18 +551,8 @@ impl Proxy {
     /// has every one.
     pub fn note_blocked(&self, method: &str, target: &str, rule: &str, fix: &str) {
         let mut map = self.blocked.lock().unwrap_or_else(|e| e.into_inner());
-        let mut key = (method.to_string(), target.to_string(), rule.to_string());
-        let mut fix = fix.to_string();
-        if map.len() >= BLOCKED_KEPT && !map.contains_key(&key) {
-            key = (
-                "...".into(),
-                "other destinations".into(),
-                format!("more than {BLOCKED_KEPT} distinct ones were blocked"),
-            );
-            fix = "see them all with: corral log --blocked".into();
-        }
-        let e = map.entry(key).or_insert_with(|| (fix, 0));
-        e.1 += 1;
+        let line = [method, target, rule, fix];
+        tally(&mut map, line, ["were blocked", "corral log --blocked"]);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1378,16 +1172,9 @@ impl Proxy {
         }
         // A secret-bound name (never an IP literal): the gateway terminates TLS and swaps the
         // placeholder, over the connection dialled above to the checked address.
-        if let Some(gw) = self.gateway.as_ref().filter(|g| g.binds(&host, port)) {
-            let stream = corral_gateway::Prefixed::new(client.buf.to_vec(), client.io);
-            // Failures are in the audit log (the gateway writes them).
-            let (bytes_up, bytes_down) =
-                Box::pin(gw.intercept_over(stream, up, &host, port, address, peer))
-                    .await
-                    .map_or((0, 0), |s| (s.bytes_up, s.bytes_down));
-            self.log_close(
-                peer, method, &shown, port, address, bytes_up, bytes_down, started,
-            );
+        if self.gateway.as_ref().is_some_and(|g| g.binds(&host, port)) {
+            let dest = (&host, port, address);
+            Box::pin(self.intercept(client, up, dest, peer, method, started)).await;
             return None;
         }
         // Bytes the client sent after the CONNECT head (a TLS hello, say) go first.
@@ -1409,6 +1196,38 @@ impl Proxy {
                 early,
             },
         })
+    }
+
+    /// Hand an allowed connection to a secret-bound `host:port` to the gateway (TLS terminated,
+    /// placeholders swapped; failures are in the audit log, the gateway writes them), then log
+    /// its close line. `client`'s buffered bytes (a TLS hello sent early) go first.
+    async fn intercept<S>(
+        &self,
+        client: BufConn<S>,
+        up: TcpStream,
+        (host, port, address): (&Host, u16, SocketAddr),
+        peer: &str,
+        method: &str,
+        started: Instant,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let Some(gw) = self.gateway.as_ref() else {
+            return;
+        };
+        let gw = gw.clone().with_timeouts(http::io::Timeouts {
+            head: self.config.header_timeout,
+            idle: self.config.idle_timeout,
+        });
+        let stream = corral_gateway::Prefixed::new(client.buf.to_vec(), client.io);
+        let (bytes_up, bytes_down) = gw
+            .intercept_over(stream, up, host, port, address, peer)
+            .await
+            .map_or((0, 0), |s| (s.bytes_up, s.bytes_down));
+        let shown = host_display(host);
+        self.log_close(
+            peer, method, &shown, port, address, bytes_up, bytes_down, started,
+        );
     }
 
     async fn refuse<S: AsyncWrite + Unpin>(
@@ -1437,6 +1256,7 @@ impl Proxy {
                     Decision::Allow,
                     &format!("allowed, but {rule}"),
                 );
+                self.note_failed(method, &format!("{shown}:{port}"), &rule);
                 self.reply_and_close(
                     io,
                     status,
@@ -1578,29 +1398,32 @@ impl Proxy {
             _ => authority_string(&host, port),
         };
         let mut headers = req.headers.clone();
+        let mut rewritten = None;
+        // Answers from a secret-bound host are scrubbed of every real value (and asked for
+        // uncompressed, so they can be).
+        let mut scrub = None;
         if let Some(gw) = &self.gateway {
-            let mut fields: Vec<corral_gateway::Header> = headers
-                .iter()
-                .map(|h| corral_gateway::Header {
-                    name: h.name.clone(),
-                    value: h.value.clone(),
-                })
-                .collect();
-            if let Err(r) = gw.rewrite_plain_headers(&method, &path, &mut fields, &host, port, peer)
-            {
-                self.reply_and_close(&mut client.io, r.status, &format!("{}\n", r.message))
-                    .await;
-                return false;
+            match gw.rewrite_plain_headers(&method, &path, &mut headers, &host, port, peer) {
+                Ok(report) => rewritten = Some((gw, report)),
+                Err(r) => {
+                    self.reply_and_close(&mut client.io, r.status, &format!("{}\n", r.message))
+                        .await;
+                    return false;
+                }
             }
-            for (h, f) in headers.iter_mut().zip(fields) {
-                h.value = f.value;
+            if gw.binds(&host, port) {
+                corral_gateway::identity_only(&mut headers);
+                scrub = Some(gw.scrubber());
             }
         }
         let head = http::serialize_request(&method, &path, &host_header, &headers, req.framing);
         let t = self.config.idle_timeout;
         let sent = async {
             up.conn.io.write_all(&head).await.map_err(BodyError::Dest)?;
-            relay_body(client, &mut up.conn.io, req.framing, true, t).await
+            if let Some((gw, report)) = &rewritten {
+                gw.plain_sent(report, (&method, &path), (&host, port), peer, up.address);
+            }
+            relay_body(client, &mut up.conn.io, (req.framing, req.framing), t, None).await
         }
         .await;
         match sent {
@@ -1665,7 +1488,10 @@ impl Proxy {
                         )
                         .await;
                 }
-                Ok(r) if r.status < 200 => {
+                Ok(mut r) if r.status < 200 => {
+                    if let Some(s) = &scrub {
+                        corral_gateway::scrub_head(&mut r, s);
+                    }
                     if req.version == Version::Http11 {
                         let out = http::serialize_response(&r, Framing::None, false);
                         if client.io.write_all(&out).await.is_err() {
@@ -1701,21 +1527,46 @@ impl Proxy {
                     .await;
             }
         };
+        let mut resp = resp;
+        if let Some(s) = &scrub
+            && let Err(why) = corral_gateway::scrub_response_head(&mut resp, framing, s)
+        {
+            return self
+                .abandon(
+                    &mut client.io,
+                    peer,
+                    p,
+                    502,
+                    &format!("corral: response from {shown}: {why}\n"),
+                )
+                .await;
+        }
         let origin_close = framing == Framing::UntilClose
             || resp.version == Version::Http10
             || http::connection_tokens(&resp.headers)
                 .iter()
                 .any(|t| t == "close");
         let close = client_close || origin_close;
-        let (out_framing, rechunk) = match (framing, req.version) {
-            (Framing::Chunked, Version::Http10) => (Framing::UntilClose, false),
-            (f, _) => (f, true),
+        let keeps_length = scrub.as_ref().is_none_or(|s| s.preserves_length());
+        let out_framing = match (framing, req.version) {
+            (Framing::Chunked, Version::Http10) => Framing::UntilClose,
+            (Framing::Length(_), Version::Http11) if !keeps_length => Framing::Chunked,
+            (Framing::Length(_), Version::Http10) if !keeps_length => Framing::UntilClose,
+            (f, _) => f,
         };
         let out = http::serialize_response(&resp, out_framing, close);
         if client.io.write_all(&out).await.is_err() {
             return false;
         }
-        match relay_body(&mut up.conn, &mut client.io, framing, rechunk, t).await {
+        match relay_body(
+            &mut up.conn,
+            &mut client.io,
+            (framing, out_framing),
+            t,
+            scrub.as_mut(),
+        )
+        .await
+        {
             Ok(n) => up.bytes_down += n,
             Err(_) => {
                 // Partial response: the client sees a truncated body and a closed connection.
@@ -1845,6 +1696,7 @@ impl Proxy {
                     Decision::Allow,
                     &format!("allowed, but {rule}"),
                 );
+                self.note_failed("SOCKS5", &format!("{shown}:{port}"), &rule);
                 let _ = client.io.write_all(&reply(4)).await;
                 return None;
             }
@@ -1862,6 +1714,13 @@ impl Proxy {
             return None;
         }
         let started = Instant::now();
+        // A secret-bound name goes through the gateway, as a CONNECT to it does: never an
+        // opaque tunnel that would skip the swap.
+        if self.gateway.as_ref().is_some_and(|g| g.binds(&host, port)) {
+            let dest = (&host, port, address);
+            Box::pin(self.intercept(client, up, dest, peer, "SOCKS5", started)).await;
+            return None;
+        }
         let BufConn { io, buf } = client;
         let early = buf.len() as u64;
         if early > 0 && up.write_all(&buf).await.is_err() {

@@ -35,12 +35,16 @@ impl ProxyHandle {
         &self.proxy
     }
 
-    /// The end-of-run summary lines (`corral: blocked ...`), most frequent first.
+    /// The end-of-run summary lines, most frequent first: `corral: blocked ...` for each
+    /// denied destination, then `corral: failed ...` for each allowed one that could not be
+    /// reached (with the reason: not resolved, connection refused, ...).
     pub fn summary(&self) -> Vec<String> {
-        self.proxy
-            .blocked_summary()
+        let blocked = self.proxy.blocked_summary();
+        let failed = self.proxy.failed_summary();
+        blocked
             .iter()
             .map(|b| b.summary_line())
+            .chain(failed.iter().map(|b| b.failed_line()))
             .collect()
     }
 }

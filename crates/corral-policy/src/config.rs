@@ -31,6 +31,15 @@ pub struct PolicyFile {
     pub secrets: Option<BTreeMap<String, Spanned<SecretEntry>>>,
     pub limits: Option<LimitsSection>,
     pub executor: Option<ExecutorSection>,
+    pub terminal: Option<TerminalSection>,
+}
+
+/// `[terminal]`: what the jail may do to the user's terminal beyond its own screen.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSection {
+    /// Let OSC 52 clipboard writes through (default false).
+    pub clipboard: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -53,6 +62,8 @@ pub struct FilesystemSection {
     pub hide: Vec<Spanned<String>>,
     #[serde(default)]
     pub protect: Vec<Spanned<String>>,
+    /// Let the harness change its own code in its state directories (user config only).
+    pub allow_harness_config: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -127,7 +138,7 @@ impl SecretEntry {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsSection {
-    pub memory: Option<Size>,
+    pub memory: Option<MemorySize>,
     pub cpus: Option<Cpus>,
     pub pids: Option<u64>,
     pub enforce: Option<Enforce>,
@@ -157,8 +168,11 @@ pub struct ExecutorSandboxSection {
     pub network: Option<NetworkSection>,
 }
 
-/// A size in bytes: an integer, or a number with a binary suffix `k`, `m`, `g`, `t`
-/// (`512m`, `4g`, `1.5g`).
+/// A size in bytes, written as docker writes it: a number (a fraction allowed), an optional
+/// space, and a unit: `b`, or `k`, `m`, `g`, `t` alone or followed by `b` or `ib`, in any case
+/// (`512m`, `4g`, `4gb`, `4GiB`, `1.5g`, `4096b`). Every unit is binary, as docker's are
+/// (`1k` = 1024). A bare number is refused: `memory = 4` is four bytes to docker and almost
+/// never what was meant; the unit says it (`4g`, or `4b` for bytes). Zero is refused too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Size(pub u64);
 
@@ -167,36 +181,77 @@ impl Size {
         let s = raw.trim();
         let bad = || {
             format!(
-                "invalid size {raw:?}: expected bytes (e.g. 1048576) or a number with one of the \
-                 suffixes k, m, g, t (e.g. 512m, 4g, 1.5g)"
+                "invalid size {raw:?}: expected a number with one of the units b, k, m, g, t \
+                 (e.g. 512m, 4g, 4gb, 4GiB, 1.5g)"
             )
         };
-        let (num, mult) = match s.char_indices().last() {
-            Some((i, c)) if c.is_ascii_alphabetic() => {
-                let mult: u64 = match c.to_ascii_lowercase() {
-                    'k' => 1 << 10,
-                    'm' => 1 << 20,
-                    'g' => 1 << 30,
-                    't' => 1 << 40,
-                    _ => return Err(bad()),
-                };
-                (&s[..i], mult)
+        let split = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        if num.is_empty() || num.starts_with('.') || num.ends_with('.') {
+            return Err(bad());
+        }
+        let zero = || format!("invalid size {raw:?}: must be more than zero");
+        if num.chars().all(|c| c == '0' || c == '.') {
+            return Err(zero());
+        }
+        let mult: u64 = match unit.trim_start().to_ascii_lowercase().as_str() {
+            "" => {
+                return Err(format!(
+                    "invalid size {raw:?}: a number alone is ambiguous; write its unit \
+                     (e.g. {num}g or {num}m, or {num}b for bytes)"
+                ));
             }
-            _ => (s, 1),
+            "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            "t" | "tb" | "tib" => 1 << 40,
+            _ => return Err(bad()),
         };
-        if num.is_empty() || !num.chars().all(|c| c.is_ascii_digit() || c == '.') {
-            return Err(bad());
+        let bytes = if mult == 1 {
+            num.parse::<u64>().map_err(|_| bad())?
+        } else {
+            let n: f64 = num.parse().map_err(|_| bad())?;
+            let bytes = (n * mult as f64).round();
+            if !bytes.is_finite() || bytes > u64::MAX as f64 {
+                return Err(bad());
+            }
+            bytes as u64
+        };
+        if bytes == 0 {
+            return Err(zero());
         }
-        if mult == 1 {
-            return num.parse::<u64>().map(Size).map_err(|_| bad());
-        }
-        let n: f64 = num.parse().map_err(|_| bad())?;
-        let bytes = n * mult as f64;
-        if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
-            return Err(bad());
-        }
-        Ok(Size(bytes.round() as u64))
+        Ok(Size(bytes))
     }
+}
+
+/// How a size is said back in messages: the largest unit it is a whole number of (`16m`),
+/// else bytes (`1000b`).
+pub fn size_text(bytes: u64) -> String {
+    for (mult, unit) in [
+        (1u64 << 40, "t"),
+        (1 << 30, "g"),
+        (1 << 20, "m"),
+        (1 << 10, "k"),
+    ] {
+        if bytes >= mult && bytes.is_multiple_of(mult) {
+            return format!("{}{unit}", bytes / mult);
+        }
+    }
+    format!("{bytes}b")
+}
+
+/// A size written as a bare TOML integer: refused with the same advice as a bare number.
+fn integer_size<E: serde::de::Error>(v: i128) -> E {
+    if v <= 0 {
+        return E::custom(format!("invalid size {v}: must be more than zero"));
+    }
+    E::custom(format!(
+        "invalid size {v}: a number alone is ambiguous; write it as a string with its unit \
+         (e.g. \"{v}g\" or \"{v}m\", or \"{v}b\" for bytes)"
+    ))
 }
 
 impl<'de> Deserialize<'de> for Size {
@@ -205,15 +260,13 @@ impl<'de> Deserialize<'de> for Size {
         impl serde::de::Visitor<'_> for V {
             type Value = Size;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a size such as \"512m\", \"4g\", \"1.5g\" or a number of bytes")
+                f.write_str("a size such as \"512m\", \"4g\" or \"1.5g\"")
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Size, E> {
-                u64::try_from(v)
-                    .map(Size)
-                    .map_err(|_| E::custom(format!("invalid size {v}: must not be negative")))
+                Err(integer_size(v.into()))
             }
             fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Size, E> {
-                Ok(Size(v))
+                Err(integer_size(v.into()))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Size, E> {
                 Size::parse(v).map_err(E::custom)
@@ -223,8 +276,44 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
-/// A duration: a number with a unit `ms`, `s`, `m`, `h` (`30s`, `10m`), or an integer number
-/// of seconds. Held in milliseconds.
+/// The smallest memory limit corral starts a jail with: docker's own floor (6 MB). Measured
+/// here (cgroup v1, as root): below about 1 MiB the jail's set-up process is killed before the
+/// command starts and all the user saw was a broken control socket; `sh -c` starts from 1 MiB,
+/// `python3 -c 'print(1)'` needs 6 MiB.
+pub const MIN_MEMORY: u64 = 6 << 20;
+
+/// `limits.memory` / `--memory`: a [`Size`] of at least [`MIN_MEMORY`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemorySize(pub u64);
+
+impl MemorySize {
+    pub fn parse(raw: &str) -> Result<MemorySize, String> {
+        MemorySize::check(Size::parse(raw)?, raw)
+    }
+
+    fn check(size: Size, raw: &str) -> Result<MemorySize, String> {
+        if size.0 < MIN_MEMORY {
+            return Err(format!(
+                "memory limit {raw:?} is too small to start a jail: the least is {} (what \
+                 docker allows; a command's own process needs about that much to start)",
+                size_text(MIN_MEMORY)
+            ));
+        }
+        Ok(MemorySize(size.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for MemorySize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let size = Size::deserialize(d)?;
+        MemorySize::check(size, &size_text(size.0)).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A duration: whatever `humantime` accepts (`30s`, `10m`, `1h 30m`, `250ms`, `2days`), or a
+/// number with a fraction and one of the units `ms`, `s`, `m`, `h` (`1.5h`). A bare number in
+/// a string is refused (its unit is not obvious); a TOML integer is a number of seconds. Zero
+/// is refused. Held in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HumanDuration(pub u64);
 
@@ -233,10 +322,19 @@ impl HumanDuration {
         let s = raw.trim();
         let bad = || {
             format!(
-                "invalid duration {raw:?}: expected a number with one of the units ms, s, m, h \
-                 (e.g. 30s, 10m, 1h)"
+                "invalid duration {raw:?}: expected a number with a unit (e.g. 30s, 10m, \
+                 1h 30m, 250ms, 1.5h)"
             )
         };
+        if let Ok(d) = humantime::parse_duration(s) {
+            let ms = d.as_millis();
+            return match u64::try_from(ms) {
+                Ok(0) => Err(format!("invalid duration {raw:?}: must be at least 1ms")),
+                Ok(ms) => Ok(HumanDuration(ms)),
+                Err(_) => Err(bad()),
+            };
+        }
+        // A fraction (`1.5h`), which humantime does not take.
         let split = s
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .ok_or_else(bad)?;
@@ -269,9 +367,13 @@ impl<'de> Deserialize<'de> for HumanDuration {
                 f.write_str("a duration such as \"30s\" or \"10m\"")
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<HumanDuration, E> {
-                u64::try_from(v)
-                    .map(|s| HumanDuration(s.saturating_mul(1000)))
-                    .map_err(|_| E::custom(format!("invalid duration {v}: must not be negative")))
+                match u64::try_from(v) {
+                    Ok(0) => Err(E::custom("invalid duration 0: must be at least 1ms")),
+                    Ok(s) => Ok(HumanDuration(s.saturating_mul(1000))),
+                    Err(_) => Err(E::custom(format!(
+                        "invalid duration {v}: must not be negative"
+                    ))),
+                }
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<HumanDuration, E> {
                 HumanDuration::parse(v).map_err(E::custom)
@@ -308,6 +410,23 @@ impl<'de> Deserialize<'de> for Cpus {
         }
         d.deserialize_any(V)
     }
+}
+
+/// Whether a CPU limit of `cpus` fits this machine: more CPUs than this process may run on
+/// (its affinity and cgroup quota counted, `std::thread::available_parallelism`) is refused, as
+/// docker refuses it. Applied to `--cpus`; a policy file travels between machines and its
+/// value is a ceiling the kernel applies as "at most all of them".
+pub fn check_cpus_here(cpus: f64) -> Result<(), String> {
+    let Ok(n) = std::thread::available_parallelism() else {
+        return Ok(());
+    };
+    if cpus > n.get() as f64 {
+        let s = if n.get() == 1 { "" } else { "s" };
+        return Err(format!(
+            "this machine has {n} CPU{s}: the limit can be at most {n}"
+        ));
+    }
+    Ok(())
 }
 
 /// `sandbox`, `compose:SERVICE` or `host`.
@@ -473,11 +592,7 @@ fn explain(message: &str) -> String {
         && let Some((name, tail)) = rest.split_once('`')
     {
         let known: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
-        let closest = known
-            .iter()
-            .map(|k| (edit_distance(name, k), *k))
-            .filter(|(d, k)| *d <= (k.len().max(name.len()) / 2).max(2))
-            .min();
+        let closest = closest(name, known.iter().copied());
         let expected = if known.is_empty() {
             "no keys are allowed here".to_string()
         } else {
@@ -491,11 +606,23 @@ fn explain(message: &str) -> String {
             )
         };
         return match closest {
-            Some((_, k)) => format!("unknown key `{name}`: did you mean `{k}`? ({expected})"),
+            Some(k) => format!("unknown key `{name}`: did you mean `{k}`? ({expected})"),
             None => format!("unknown key `{name}` ({expected})"),
         };
     }
     message.to_string()
+}
+
+/// The candidate closest to `name`, when it is close enough to be a typo of it (at most half
+/// its length away, 2 always allowed, but never every character of it: `ls` is not a typo of
+/// `pi`): what "did you mean" suggests, for keys and profile names alike.
+pub fn closest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|k| (edit_distance(name, k), k))
+        .filter(|(d, k)| *d <= (k.len().max(name.len()) / 2).max(2) && *d < name.chars().count())
+        .min()
+        .map(|(_, k)| k)
 }
 
 /// Levenshtein distance, for key suggestions.
@@ -543,15 +670,96 @@ mod tests {
     }
 
     #[test]
-    fn sizes() {
-        assert_eq!(Size::parse("512m"), Ok(Size(512 << 20)));
-        assert_eq!(Size::parse("4g"), Ok(Size(4 << 30)));
-        assert_eq!(Size::parse("4G"), Ok(Size(4 << 30)));
-        assert_eq!(Size::parse("1.5g"), Ok(Size(3 << 29)));
-        assert_eq!(Size::parse("1048576"), Ok(Size(1 << 20)));
-        for bad in ["4gb", "", "g", "-1g", "1.5", "4 g x", "1e3m", "0.0000001k"] {
+    fn sizes_as_docker_writes_them() {
+        for (raw, want) in [
+            ("512m", 512 << 20),
+            ("4g", 4 << 30),
+            ("4G", 4 << 30),
+            ("4gb", 4 << 30),
+            ("4GB", 4 << 30),
+            ("4GiB", 4 << 30),
+            ("4 g", 4 << 30),
+            ("1.5g", 3 << 29),
+            ("64k", 64 << 10),
+            ("2t", 2 << 40),
+            ("4096b", 4096),
+            ("4096B", 4096),
+        ] {
+            assert_eq!(Size::parse(raw), Ok(Size(want)), "{raw:?}");
+        }
+        for bad in [
+            "",
+            "g",
+            "-1g",
+            "4 g x",
+            "1e3m",
+            "0.0000001k",
+            "4gibb",
+            "4x",
+            ".5g",
+            "5.g",
+            "1.5b",
+        ] {
             assert!(Size::parse(bad).is_err(), "{bad:?} should be rejected");
         }
+        // A bare number says what to write instead; zero says zero.
+        assert_eq!(
+            Size::parse("4").unwrap_err(),
+            "invalid size \"4\": a number alone is ambiguous; write its unit (e.g. 4g or 4m, \
+             or 4b for bytes)"
+        );
+        assert_eq!(
+            Size::parse("0").unwrap_err(),
+            "invalid size \"0\": must be more than zero"
+        );
+        assert_eq!(
+            Size::parse("0m").unwrap_err(),
+            "invalid size \"0m\": must be more than zero"
+        );
+    }
+
+    #[test]
+    fn memory_has_a_floor_and_files_need_the_unit() {
+        assert_eq!(MemorySize::parse("6m"), Ok(MemorySize(6 << 20)));
+        let e = MemorySize::parse("4m").unwrap_err();
+        assert!(
+            e.contains("too small to start a jail: the least is 6m (what"),
+            "{e}"
+        );
+        let f = Path::new("corral.toml");
+        let e = parse_policy(f, "[limits]\nmemory = 4\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "corral.toml:2:10: invalid size 4: a number alone is ambiguous; write it as a \
+             string with its unit (e.g. \"4g\" or \"4m\", or \"4b\" for bytes)"
+        );
+        let e = parse_policy(f, "[limits]\nmemory = \"1m\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("corral.toml:2:10: memory limit \"1m\" is too small"),
+            "{e}"
+        );
+        let p = parse_policy(f, "[limits]\nmemory = \"4GiB\"\n").unwrap();
+        assert_eq!(p.limits.unwrap().memory, Some(MemorySize(4 << 30)));
+    }
+
+    #[test]
+    fn size_text_is_the_largest_whole_unit() {
+        assert_eq!(size_text(16 << 20), "16m");
+        assert_eq!(size_text(3 << 29), "1536m");
+        assert_eq!(size_text(1000), "1000b");
+    }
+
+    #[test]
+    fn cpus_above_this_machine_are_refused() {
+        let n = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(check_cpus_here(n as f64), Ok(()));
+        assert_eq!(check_cpus_here(0.5), Ok(()));
+        let e = check_cpus_here(n as f64 + 0.5).unwrap_err();
+        assert!(e.contains(&format!("at most {n}")), "{e}");
     }
 
     #[test]
@@ -560,7 +768,15 @@ mod tests {
         assert_eq!(HumanDuration::parse("10m"), Ok(HumanDuration(600_000)));
         assert_eq!(HumanDuration::parse("1.5h"), Ok(HumanDuration(5_400_000)));
         assert_eq!(HumanDuration::parse("250ms"), Ok(HumanDuration(250)));
-        for bad in ["10", "10min", "s", "", "-1s", "0s"] {
+        // What humantime accepts.
+        assert_eq!(HumanDuration::parse("1h 30m"), Ok(HumanDuration(5_400_000)));
+        assert_eq!(
+            HumanDuration::parse("2days"),
+            Ok(HumanDuration(172_800_000))
+        );
+        assert_eq!(HumanDuration::parse("5min"), Ok(HumanDuration(300_000)));
+        assert_eq!(HumanDuration::parse("1h30m"), Ok(HumanDuration(5_400_000)));
+        for bad in ["10", "10 parsecs", "s", "", "-1s", "0s", "1.5x"] {
             assert!(
                 HumanDuration::parse(bad).is_err(),
                 "{bad:?} should be rejected"
@@ -600,9 +816,11 @@ mod tests {
         fn sizes_with_a_suffix_are_that_many_units(n in 1u64..1_000_000, u in 0usize..4) {
             let (suffix, mult) = [("k", 1u64 << 10), ("m", 1 << 20), ("g", 1 << 30), ("t", 1 << 40)][u];
             proptest::prop_assert_eq!(Size::parse(&format!("{n}{suffix}")), Ok(Size(n * mult)));
-            proptest::prop_assert_eq!(Size::parse(&n.to_string()), Ok(Size(n)));
-            let with_b = format!("{n}{suffix}b");
-            proptest::prop_assert!(Size::parse(&with_b).is_err());
+            proptest::prop_assert_eq!(Size::parse(&format!("{n}b")), Ok(Size(n)));
+            proptest::prop_assert_eq!(Size::parse(&format!("{n}{suffix}b")), Ok(Size(n * mult)));
+            let upper = format!("{n}{}iB", suffix.to_uppercase());
+            proptest::prop_assert_eq!(Size::parse(&upper), Ok(Size(n * mult)));
+            proptest::prop_assert!(Size::parse(&n.to_string()).is_err());
         }
 
         #[test]

@@ -6,6 +6,7 @@ pub mod addr;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod harness;
 pub mod plan;
 pub mod profile;
 pub mod resolve;

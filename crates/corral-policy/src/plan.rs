@@ -183,6 +183,22 @@ pub struct SkillPlan {
     pub args: Vec<String>,
 }
 
+/// What the jail may do to the user's terminal beyond its own screen (`[terminal]`). corral's
+/// relay drops the escape sequences that act outside the screen (clipboard, files, fonts,
+/// keys, the window); this says which of them the user let through.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminalPlan {
+    /// `terminal.clipboard`: OSC 52 clipboard writes reach the user's terminal. Clipboard
+    /// reads never do.
+    pub clipboard: bool,
+}
+
+impl TerminalPlan {
+    pub fn is_default(&self) -> bool {
+        *self == TerminalPlan::default()
+    }
+}
+
 /// Everything one jail is, fully resolved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
@@ -205,8 +221,15 @@ pub struct Plan {
     pub mounts: Vec<Mount>,
     /// Existing project files matched by `filesystem.hide`: present, empty and unreadable.
     pub masked: Vec<PathBuf>,
-    /// Paths made read-only inside the project (`filesystem.protect`, and every policy file).
+    /// Paths made read-only inside the jail, present or not: `filesystem.protect` in the
+    /// project, every policy file a read-write bind would expose, and the harness's code in its
+    /// state directories (the profile's `state_code`, unless the run may change it).
     pub protected: Vec<PathBuf>,
+    /// Harness configuration files the jail may write (the harness writes them at run time)
+    /// but whose code-bearing keys corral puts back after the run (the profile's `guard`,
+    /// unless the run may change them). The native run checks them (crates/corral/src/stateguard.rs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guarded: Vec<GuardedFile>,
     /// The jail's exact environment: nothing else of the caller's enters.
     pub env: BTreeMap<String, String>,
     pub network: NetworkPlan,
@@ -214,6 +237,9 @@ pub struct Plan {
     pub limits: Limits,
     pub executor: ExecutorPlan,
     pub skill: Option<SkillPlan>,
+    /// What the jail may do to the user's terminal (`[terminal]`).
+    #[serde(default, skip_serializing_if = "TerminalPlan::is_default")]
+    pub terminal: TerminalPlan,
     /// Harness image for the container engines.
     pub image: Option<String>,
     /// The policy files layered into this plan, lowest precedence first.
@@ -227,6 +253,44 @@ pub struct Plan {
     /// `--policy` file), and what in it needs the user's trust before a jail starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project_trust: Option<ProjectTrust>,
+}
+
+/// A harness configuration file the jail may write, of which some keys are code: the commands
+/// of MCP servers and hooks, plugins, extension paths. A change the run made to them is undone
+/// when it ends (the file as the jail left it is kept aside), so no host run of the harness
+/// starts what the jail wrote there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuardedFile {
+    /// Absolute path on the host: a state file, or a file directly in a state directory.
+    pub path: PathBuf,
+    pub format: ConfigFormat,
+    /// Which keys are code. A key path is dot-separated names, `*` standing for any one name
+    /// (`projects.*.mcpServers`).
+    pub keys: GuardedKeys,
+    /// Key paths whose string values the harness runs as a shell command when they start with
+    /// `!` (pi's `auth.json` `"key": "!op read ..."`): a change that adds or alters such a value
+    /// is undone; other changes there are data.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<String>,
+}
+
+/// The syntax of a guarded file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConfigFormat {
+    Json,
+    Toml,
+}
+
+/// Which keys of a guarded file are code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "mode", content = "keys")]
+pub enum GuardedKeys {
+    /// These key paths (and everything below them) are code; the rest is data.
+    Code(Vec<String>),
+    /// Every key is code except these key paths (and everything below them): for files whose
+    /// data keys are few and known.
+    AllBut(Vec<String>),
 }
 
 /// What a project's own policy file asks for that only the user may give. A repository may be
@@ -247,6 +311,12 @@ pub struct ProjectTrust {
 /// System directories bound read-only into every jail: the programs and libraries, and a
 /// curated /etc (identity, TLS roots, the dynamic loader's cache, alternatives, locale and
 /// terminal data). Entries missing on this host are skipped.
+///
+/// The curated /etc holds nothing secret: when corral runs as root the jail's uid 0 owns the
+/// host's root files, so a root-only file bound here would be readable. TLS comes as its public
+/// parts only (certificates, bundles, `openssl.cnf`), never `/etc/ssl` or `/etc/pki` whole,
+/// whose `private/` directories hold the host's private keys (Debian's
+/// `/etc/ssl/private`, RHEL's `/etc/pki/tls/private`).
 pub fn system_mounts() -> Vec<Mount> {
     const DIRS: &[&str] = &[
         "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
@@ -274,13 +344,22 @@ pub fn system_mounts() -> Vec<Mount> {
         "/etc/nsswitch.conf",
         "/etc/os-release",
         "/etc/passwd",
-        "/etc/pki",
+        "/etc/pki/ca-trust",
+        "/etc/pki/java",
+        "/etc/pki/tls/cert.pem",
+        "/etc/pki/tls/certs",
+        "/etc/pki/tls/ct_log_list.cnf",
+        "/etc/pki/tls/openssl.cnf",
         "/etc/profile",
         "/etc/profile.d",
         "/etc/protocols",
         "/etc/python3",
         "/etc/services",
-        "/etc/ssl",
+        "/etc/ssl/ca-bundle.pem",
+        "/etc/ssl/cert.pem",
+        "/etc/ssl/certs",
+        "/etc/ssl/ct_log_list.cnf",
+        "/etc/ssl/openssl.cnf",
         "/etc/terminfo",
         "/etc/timezone",
         "/etc/vim",
@@ -346,6 +425,7 @@ impl Plan {
             mounts,
             masked: Vec::new(),
             protected: vec![project_root.join("corral.toml")],
+            guarded: Vec::new(),
             env,
             network: NetworkPlan {
                 mode: NetworkMode::None,
@@ -373,6 +453,7 @@ impl Plan {
                 jail: None,
             },
             skill: None,
+            terminal: TerminalPlan::default(),
             image: None,
             sources: Vec::new(),
             project_grants: Vec::new(),

@@ -13,6 +13,7 @@ use crate::config::{
 };
 use crate::domain::DomainPattern;
 use crate::error::PolicyError;
+use crate::plan::{ConfigFormat, GuardedKeys};
 
 /// The built-in profiles, by name, in the order `corral` lists them.
 const BUILTIN: &[(&str, &str)] = &[
@@ -45,6 +46,13 @@ pub struct Profile {
     pub state_files: Vec<String>,
     /// Files bound read-only when they exist (the harness's own config).
     pub read_only: Vec<String>,
+    /// Paths in the state directories that the harness runs or loads as code (extensions,
+    /// hooks, plugins, downloaded tools, settings that name commands): read-only in the jail,
+    /// absent ones too, unless the user lets the run change the harness's code.
+    pub state_code: Vec<String>,
+    /// Configuration files the harness writes at run time that hold code among their data:
+    /// writable in the jail, their code keys put back after the run.
+    pub guard: Vec<GuardEntry>,
     /// Variables passed from the caller when set.
     pub env_pass: Vec<String>,
     /// Variables set (values starting with `~/` are expanded to the home).
@@ -73,11 +81,35 @@ struct ProfileFile {
     state_files: Vec<String>,
     #[serde(default)]
     read_only: Vec<String>,
+    #[serde(default)]
+    state_code: Vec<String>,
+    #[serde(default)]
+    guard: Vec<GuardSection>,
     env: Option<EnvSection>,
     network: Option<NetworkSection>,
     secrets: Option<BTreeMap<String, Spanned<SecretEntry>>>,
     skill: Option<SkillSection>,
     image_build: ImageBuildSection,
+}
+
+/// A guarded configuration file of a profile (`[[guard]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardEntry {
+    /// `~/`-relative: a state file, or a file directly in a state directory.
+    pub file: String,
+    pub format: ConfigFormat,
+    pub keys: GuardedKeys,
+    pub commands: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GuardSection {
+    file: String,
+    code: Option<Vec<String>>,
+    all_but: Option<Vec<String>>,
+    #[serde(default)]
+    commands: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -99,9 +131,12 @@ pub fn profile(name: &str) -> Result<Profile, PolicyError> {
         .find(|(n, _)| *n == name)
         .map(|(_, t)| *t)
         .ok_or_else(|| {
+            let hint = crate::config::closest(name, names())
+                .map(|n| format!("did you mean {n:?}? "))
+                .unwrap_or_default();
             PolicyError::Invalid(format!(
-                "unknown profile {name:?}: expected one of {} (use `shell` with `-- CMD` for any \
-                 other command)",
+                "unknown profile {name:?}: {hint}expected one of {} (use `shell` with `-- CMD` \
+                 for any other command)",
                 names().join(", ")
             ))
         })?;
@@ -120,6 +155,23 @@ pub fn parse_profile(file: &Path, text: &str) -> Result<Profile, PolicyError> {
     }
     let env = f.env.unwrap_or_default();
     let net = f.network.unwrap_or_default();
+    let guard = f
+        .guard
+        .into_iter()
+        .map(|g| guard_entry(file, g, &f.state_dirs, &f.state_files))
+        .collect::<Result<Vec<_>, _>>()?;
+    for c in &f.state_code {
+        if !f
+            .state_dirs
+            .iter()
+            .any(|d| Path::new(c).starts_with(d.as_str()))
+        {
+            return Err(PolicyError::Invalid(format!(
+                "{}: state_code {c:?} is not in one of the profile's state_dirs",
+                file.display()
+            )));
+        }
+    }
     Ok(Profile {
         name: f.name,
         description: f.description,
@@ -128,6 +180,8 @@ pub fn parse_profile(file: &Path, text: &str) -> Result<Profile, PolicyError> {
         state_dirs: f.state_dirs,
         state_files: f.state_files,
         read_only: f.read_only,
+        state_code: f.state_code,
+        guard,
         env_pass: env.pass.into_iter().map(Spanned::into_inner).collect(),
         env_set: env
             .set
@@ -150,6 +204,46 @@ pub fn parse_profile(file: &Path, text: &str) -> Result<Profile, PolicyError> {
     })
 }
 
+/// Check a `[[guard]]` entry: its file is a state file or directly in a state directory (so
+/// corral reaches it through a directory the jail cannot rename), its syntax is known by the
+/// file's extension, and it says which keys are code in exactly one way.
+fn guard_entry(
+    file: &Path,
+    g: GuardSection,
+    state_dirs: &[String],
+    state_files: &[String],
+) -> Result<GuardEntry, PolicyError> {
+    let bad = |what: &str| {
+        PolicyError::Invalid(format!("{}: guard {:?}: {what}", file.display(), g.file))
+    };
+    let path = Path::new(&g.file);
+    let placed = state_files.contains(&g.file)
+        || path
+            .parent()
+            .is_some_and(|p| state_dirs.iter().any(|d| p == Path::new(d)));
+    if !placed {
+        return Err(bad(
+            "must be one of the state_files or a file directly in one of the state_dirs",
+        ));
+    }
+    let format = match path.extension().and_then(|e| e.to_str()) {
+        Some("json") => ConfigFormat::Json,
+        Some("toml") => ConfigFormat::Toml,
+        _ => return Err(bad("expected a .json or .toml file")),
+    };
+    let keys = match (g.code, g.all_but) {
+        (Some(code), None) => GuardedKeys::Code(code),
+        (None, Some(data)) => GuardedKeys::AllBut(data),
+        _ => return Err(bad("set exactly one of `code` and `all_but`")),
+    };
+    Ok(GuardEntry {
+        file: g.file,
+        format,
+        keys,
+        commands: g.commands,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,6 +262,8 @@ mod tests {
                 .iter()
                 .chain(&p.state_files)
                 .chain(&p.read_only)
+                .chain(&p.state_code)
+                .chain(p.guard.iter().map(|g| &g.file))
             {
                 assert!(
                     s.starts_with("~/"),
@@ -196,8 +292,15 @@ mod tests {
         let e = profile("pie").unwrap_err().to_string();
         assert_eq!(
             e,
-            "unknown profile \"pie\": expected one of pi, claude, codex, gemini, opencode, aider, \
-             shell (use `shell` with `-- CMD` for any other command)"
+            "unknown profile \"pie\": did you mean \"pi\"? expected one of pi, claude, codex, \
+             gemini, opencode, aider, shell (use `shell` with `-- CMD` for any other command)"
         );
+        let e = profile("claud").unwrap_err().to_string();
+        assert!(e.contains("did you mean \"claude\"?"), "{e}");
+        // Nothing close: no guess.
+        let e = profile("make").unwrap_err().to_string();
+        assert!(!e.contains("did you mean"), "{e}");
+        let e = profile("ls").unwrap_err().to_string();
+        assert!(!e.contains("did you mean"), "{e}");
     }
 }

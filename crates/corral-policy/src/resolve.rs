@@ -11,14 +11,14 @@ use std::path::{Component, Path, PathBuf};
 use ipnet::IpNet;
 
 use crate::config::{
-    EnvName, NetworkSection, PolicyFile, SecretSpec, Size, Spanned, load_policy, pattern_at,
+    EnvName, MemorySize, NetworkSection, PolicyFile, SecretSpec, Spanned, load_policy, pattern_at,
 };
 use crate::domain::DomainPattern;
 use crate::error::{PolicyError, line_col};
 use crate::plan::{
-    Access, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind,
-    NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan, SkillPlan,
-    system_mounts,
+    Access, ConfigFormat, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, Limits,
+    Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan,
+    SkillPlan, TerminalPlan, system_mounts,
 };
 use crate::profile::Profile;
 
@@ -49,6 +49,9 @@ pub struct Flags {
     pub scratch: bool,
     /// The explicit opt-in for `executor.target = "host"` (`--allow-host-executor`).
     pub allow_host_executor: bool,
+    /// Let this run change the harness's code in its state directories (extensions, hooks,
+    /// plugins, MCP servers: the profile's `state_code` and `guard`), `--allow-harness-config`.
+    pub allow_harness_config: bool,
 }
 
 /// Everything `resolve` needs to know about the caller.
@@ -273,6 +276,8 @@ struct Layer {
     enforce: Option<Enforce>,
     exec_target: Option<(ExecutorTarget, Loc)>,
     exec_allow_host: bool,
+    /// The harness may change its code in its state directories (user config or flag only).
+    allow_harness_config: bool,
     exec_allow: Option<Vec<String>>,
     exec_timeout_ms: Option<u64>,
     exec_max_output: Option<u64>,
@@ -280,6 +285,7 @@ struct Layer {
     exec_read_only: Vec<(PathBuf, Loc)>,
     exec_read_write: Vec<(PathBuf, Loc)>,
     exec_net: NetLayer,
+    clipboard: Option<bool>,
 }
 
 impl Layer {
@@ -301,7 +307,8 @@ impl Layer {
             exec_allow,
             exec_timeout_ms,
             exec_max_output,
-            exec_max_concurrent
+            exec_max_concurrent,
+            clipboard
         );
         self.read_only.extend(o.read_only);
         self.read_write.extend(o.read_write);
@@ -312,6 +319,7 @@ impl Layer {
         self.net.merge(o.net);
         self.secrets.extend(o.secrets);
         self.exec_allow_host |= o.exec_allow_host;
+        self.allow_harness_config |= o.allow_harness_config;
         self.exec_read_only.extend(o.exec_read_only);
         self.exec_read_write.extend(o.exec_read_write);
         self.exec_net.merge(o.exec_net);
@@ -597,6 +605,10 @@ fn check_project_bind(
     Ok(())
 }
 
+/// A project file's `terminal.clipboard = true`.
+const CLIPBOARD_GRANT: &str =
+    "terminal.clipboard lets the jail write to your clipboard (OSC 52 escape sequences)";
+
 /// The plain words of each grant a project file can make (shared by `Plan::project_grants` and
 /// the list that needs the user's trust, so both say the same).
 fn env_pass_text(name: &str) -> String {
@@ -698,6 +710,17 @@ fn file_layer(
     }
     if let Some(fs) = pf.filesystem {
         l.project_access = fs.project;
+        if let Some(a) = fs.allow_harness_config {
+            if project {
+                return Err(span_loc(file, text, &a).error(
+                    "filesystem.allow_harness_config may only be set in your user config \
+                     ($XDG_CONFIG_HOME/corral/config.toml) or with --allow-harness-config, never \
+                     in a project's policy file (the repository could be hostile)"
+                        .into(),
+                ));
+            }
+            l.allow_harness_config = *a.get_ref();
+        }
         for (list, out, rw, key) in [
             (
                 fs.read_only,
@@ -764,6 +787,14 @@ fn file_layer(
             }
             l.secrets.insert(name, (spec, at));
         }
+    }
+    if let Some(c) = pf.terminal.and_then(|t| t.clipboard) {
+        if project && *c.get_ref() {
+            // At the key, as the trust list says it (one line in `corral plan`).
+            let at = key_loc(file, text, &["terminal", "clipboard"]);
+            grants.push(format!("{at}: {CLIPBOARD_GRANT}"));
+        }
+        l.clipboard = Some(c.into_inner());
     }
     if let Some(lim) = pf.limits {
         l.memory = lim.memory.map(|s| s.0);
@@ -1245,6 +1276,12 @@ fn trust_grants(
             out.push((at(keys), t));
         }
     }
+    if project.clipboard == Some(true)
+        && with.clipboard == Some(true)
+        && without.clipboard != Some(true)
+    {
+        out.push((at(&["terminal", "clipboard"]), CLIPBOARD_GRANT.into()));
+    }
     if project.enforce == Some(Enforce::BestEffort)
         && with.enforce == Some(Enforce::BestEffort)
         && without.enforce == Some(Enforce::Strict)
@@ -1352,6 +1389,7 @@ fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, PolicyError>
     let mut l = Layer {
         engine: f.engine,
         exec_allow_host: f.allow_host_executor,
+        allow_harness_config: f.allow_harness_config,
         cpus: f.cpus,
         pids: f.pids,
         enforce: f.enforce,
@@ -1376,8 +1414,27 @@ fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, PolicyError>
         };
         normalize(&p)
     };
-    l.read_write = f.rw.iter().map(|p| (abs(p), Loc::Flag("--rw"))).collect();
-    l.read_only = f.ro.iter().map(|p| (abs(p), Loc::Flag("--ro"))).collect();
+    // A path named on the command line must exist (a typo is not silently skipped); those of
+    // policy files stay optional (`~/.gitconfig` is not on every machine).
+    let named = |flag: &'static str, p: &PathBuf| {
+        let a = abs(p);
+        match std::fs::metadata(&a) {
+            Ok(_) => Ok((a, Loc::Flag(flag))),
+            Err(e) => Err(PolicyError::Invalid(format!(
+                "{flag} {}: cannot bind {}: {e}",
+                p.display(),
+                a.display()
+            ))),
+        }
+    };
+    l.read_write =
+        f.rw.iter()
+            .map(|p| named("--rw", p))
+            .collect::<Result<_, _>>()?;
+    l.read_only =
+        f.ro.iter()
+            .map(|p| named("--ro", p))
+            .collect::<Result<_, _>>()?;
     for e in &f.env {
         match e.split_once('=') {
             Some((k, v)) => {
@@ -1393,7 +1450,7 @@ fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, PolicyError>
     }
     if let Some(m) = &f.memory {
         l.memory = Some(
-            Size::parse(m)
+            MemorySize::parse(m)
                 .map_err(|e| PolicyError::Invalid(format!("--memory: {e}")))?
                 .0,
         );
@@ -1404,6 +1461,10 @@ fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, PolicyError>
         return Err(PolicyError::Invalid(format!(
             "--cpus {c}: expected a positive number such as 2 or 0.5"
         )));
+    }
+    if let Some(c) = f.cpus {
+        crate::config::check_cpus_here(c)
+            .map_err(|e| PolicyError::Invalid(format!("--cpus {c}: {e}")))?;
     }
     l.net.publish = f
         .publish
@@ -2150,6 +2211,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
                 mounts: exec_mounts,
                 masked: masked.clone(),
                 protected: protected.clone(),
+                guarded: Vec::new(),
                 env: exec_env,
                 network: exec_net,
                 secrets: Vec::new(),
@@ -2163,6 +2225,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
                     jail: None,
                 },
                 skill: None,
+                terminal: TerminalPlan::default(),
                 image: None,
                 sources: sources.clone(),
                 project_grants: Vec::new(),
@@ -2171,6 +2234,14 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         }
         ExecutorTarget::Compose(_) | ExecutorTarget::Host => None,
     };
+
+    // The harness's code in its state directories: read-only, or its keys put back after the
+    // run, unless the user lets this run change it. The executor's jail has no state
+    // directories, so its plan needs none of it.
+    let (code_paths, guarded) = harness_code(&profile, &home, m.allow_harness_config);
+    protected.extend(code_paths);
+    protected.sort();
+    protected.dedup();
 
     let skill = match (&profile.skill_args, custom_command) {
         (Some(args), false) => Some(SkillPlan {
@@ -2192,6 +2263,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         mounts,
         masked,
         protected,
+        guarded,
         env,
         network,
         secrets: secrets.into_values().collect(),
@@ -2205,6 +2277,9 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
             jail: exec_jail,
         },
         skill,
+        terminal: TerminalPlan {
+            clipboard: m.clipboard.unwrap_or(false),
+        },
         image: m.image.clone(),
         sources,
         project_grants: grants,
@@ -2218,6 +2293,50 @@ fn secret_plan(name: &str, spec: &SecretSpec) -> SecretPlan {
         from_env: spec.from_env.0.clone(),
         hosts: spec.hosts.clone(),
     }
+}
+
+/// The profile's code paths in its state directories (read-only in the jail) and its guarded
+/// configuration files, `~/` expanded; nothing when the run may change the harness's code.
+fn harness_code(
+    profile: &Profile,
+    home: &Path,
+    writable: bool,
+) -> (Vec<PathBuf>, Vec<GuardedFile>) {
+    if writable {
+        return (Vec::new(), Vec::new());
+    }
+    let mut paths: Vec<PathBuf> = profile
+        .state_code
+        .iter()
+        .map(|c| PathBuf::from(expand_home_value(c, home)))
+        .collect();
+    let guarded: Vec<GuardedFile> = profile
+        .guard
+        .iter()
+        .map(|g| GuardedFile {
+            path: PathBuf::from(expand_home_value(&g.file, home)),
+            format: g.format,
+            keys: g.keys.clone(),
+            commands: g.commands.clone(),
+        })
+        .collect();
+    // Scripts those settings name in the state directories (a statusLine script) are code too.
+    let settings: Vec<(PathBuf, ConfigFormat)> = paths
+        .iter()
+        .filter_map(|p| match p.extension().and_then(|e| e.to_str()) {
+            Some("json") => Some((p.clone(), ConfigFormat::Json)),
+            Some("toml") => Some((p.clone(), ConfigFormat::Toml)),
+            _ => None,
+        })
+        .chain(guarded.iter().map(|g| (g.path.clone(), g.format)))
+        .collect();
+    let state_dirs: Vec<PathBuf> = profile
+        .state_dirs
+        .iter()
+        .map(|d| PathBuf::from(expand_home_value(d, home)))
+        .collect();
+    paths.extend(crate::harness::named_files(&settings, &state_dirs, home));
+    (paths, guarded)
 }
 
 /// Create the profile's state directories and files that do not exist yet (mode 0700 / 0600),

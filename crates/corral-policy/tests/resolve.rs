@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use corral_policy::domain::DomainPattern;
 use corral_policy::plan::{
-    Access, Enforce, Engine, ExecutorPlan, ExecutorTarget, Limits, Mount, MountKind, NetworkMode,
-    NetworkPlan, Plan, ProjectPlan, SecretPlan, SkillPlan, system_mounts,
+    Access, ConfigFormat, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, GuardedKeys,
+    Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan, SecretPlan, SkillPlan,
+    system_mounts,
 };
 use corral_policy::{Flags, PolicyError, Request, resolve};
 use similar_asserts::assert_eq;
@@ -193,6 +194,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         mounts: exec_mounts,
         masked: masked.clone(),
         protected: protected.clone(),
+        guarded: vec![],
         env: basics.clone(),
         network: NetworkPlan {
             mode: NetworkMode::None,
@@ -215,6 +217,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
             jail: None,
         },
         skill: None,
+        terminal: Default::default(),
         image: None,
         sources: vec![],
         project_grants: vec![],
@@ -242,6 +245,37 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
     );
     jail_env.insert("PI_OFFLINE".into(), "1".into());
 
+    // pi's code in its agent directory: read-only, and the keys of its settings put back.
+    let agent = home.join(".pi/agent");
+    let mut protected = protected;
+    protected.extend(["bin", "extensions", "git", "tools"].map(|d| agent.join(d)));
+    protected.sort();
+    let guard = |file: &str, keys: GuardedKeys, commands: &[&str]| GuardedFile {
+        path: agent.join(file),
+        format: ConfigFormat::Json,
+        keys,
+        commands: commands.iter().map(|c| c.to_string()).collect(),
+    };
+    let guarded = vec![
+        guard(
+            "settings.json",
+            GuardedKeys::Code(
+                [
+                    "packages",
+                    "extensions",
+                    "shellPath",
+                    "shellCommandPrefix",
+                    "npmCommand",
+                ]
+                .map(String::from)
+                .to_vec(),
+            ),
+            &[],
+        ),
+        guard("auth.json", GuardedKeys::Code(vec![]), &["*.key"]),
+        guard("models.json", GuardedKeys::AllBut(vec![]), &[]),
+    ];
+
     let expected = Plan {
         profile: "pi".into(),
         engine: Engine::Native,
@@ -254,6 +288,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         mounts,
         masked,
         protected,
+        guarded,
         env: jail_env,
         network: NetworkPlan {
             mode: NetworkMode::Proxy,
@@ -294,6 +329,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
             dir: PathBuf::from("/run/corral/skill"),
             args: vec!["--skill".into(), "/run/corral/skill".into()],
         }),
+        terminal: Default::default(),
         image: Some("localhost/corral-pi:latest".into()),
         sources: vec![],
         project_grants: vec![],
@@ -435,6 +471,59 @@ fn a_project_file_cannot_opt_in_to_an_unsandboxed_executor() {
              ($XDG_CONFIG_HOME/corral/config.toml) or with --allow-host-executor, never in a \
              project's policy file (the repository could be hostile)",
             file.display()
+        )
+    );
+}
+
+#[test]
+fn the_harness_code_is_read_only_unless_the_user_lets_the_run_change_it() {
+    let f = fx();
+    let claude = f.home.join(".claude");
+    let plan = resolve(&f.req(Some("claude"))).unwrap();
+    for p in [
+        "settings.json",
+        "hooks",
+        "plugins",
+        "commands",
+        "agents",
+        "skills",
+    ] {
+        assert!(
+            plan.protected.contains(&claude.join(p)),
+            "{p}: {:?}",
+            plan.protected
+        );
+    }
+    assert_eq!(
+        plan.guarded.iter().map(|g| &g.path).collect::<Vec<_>>(),
+        vec![&f.home.join(".claude.json")]
+    );
+    // The executor's jail has no state directories: none of it.
+    let exec = plan.executor.jail.as_ref().unwrap();
+    assert!(!exec.protected.iter().any(|p| p.starts_with(&claude)));
+    assert!(exec.guarded.is_empty());
+
+    let granted = |plan: &Plan| {
+        !plan.protected.iter().any(|p| p.starts_with(&claude)) && plan.guarded.is_empty()
+    };
+    let mut req = f.req(Some("claude"));
+    req.flags.allow_harness_config = true;
+    assert!(granted(&resolve(&req).unwrap()));
+    f.user_policy("[filesystem]\nallow_harness_config = true\n");
+    assert!(granted(&resolve(&f.req(Some("claude"))).unwrap()));
+}
+
+#[test]
+fn a_project_file_cannot_let_the_harness_change_its_code() {
+    let f = fx();
+    f.project_policy("profile = \"claude\"\n[filesystem]\nallow_harness_config = true\n");
+    assert_eq!(
+        err(resolve(&f.req(None))),
+        format!(
+            "{}:3:24: filesystem.allow_harness_config may only be set in your user config \
+             ($XDG_CONFIG_HOME/corral/config.toml) or with --allow-harness-config, never in a \
+             project's policy file (the repository could be hostile)",
+            f.root.join("corral.toml").display()
         )
     );
 }
@@ -679,17 +768,18 @@ fn validation_errors_name_file_line_column_and_what_was_expected() {
         (
             "profil = \"pi\"\n",
             "1:1: unknown key `profil`: did you mean `profile`? (expected one of `profile`, \
-             `run`, `filesystem`, `env`, `network`, `secrets`, `limits`, `executor`)",
+             `run`, `filesystem`, `env`, `network`, `secrets`, `limits`, `executor`, \
+             `terminal`)",
         ),
         (
-            "[limits]\nmemory = \"4gb\"\n",
-            "2:10: invalid size \"4gb\": expected bytes (e.g. 1048576) or a number with one of \
-             the suffixes k, m, g, t (e.g. 512m, 4g, 1.5g)",
+            "[limits]\nmemory = \"4gx\"\n",
+            "2:10: invalid size \"4gx\": expected a number with one of the units b, k, m, g, t \
+             (e.g. 512m, 4g, 4gb, 4GiB, 1.5g)",
         ),
         (
-            "[executor]\ntimeout = \"10min\"\n",
-            "2:11: invalid duration \"10min\": expected a number with one of the units ms, s, \
-             m, h (e.g. 30s, 10m, 1h)",
+            "[executor]\ntimeout = \"10 parsecs\"\n",
+            "2:11: invalid duration \"10 parsecs\": expected a number with a unit (e.g. 30s, \
+             10m, 1h 30m, 250ms, 1.5h)",
         ),
         (
             "[network]\nallow = [\"ok.example.com\", \"exa*mple.com\"]\n",
@@ -713,8 +803,9 @@ fn validation_errors_name_file_line_column_and_what_was_expected() {
         ),
         (
             "profile = \"pie\"\n",
-            "1:11: unknown profile \"pie\": expected one of pi, claude, codex, gemini, opencode, \
-             aider, shell (use `shell` with `-- CMD` for any other command)",
+            "1:11: unknown profile \"pie\": did you mean \"pi\"? expected one of pi, claude, \
+             codex, gemini, opencode, aider, shell (use `shell` with `-- CMD` for any other \
+             command)",
         ),
         (
             "[filesystem]\nprotect = [\"../x\"]\n",
@@ -752,11 +843,11 @@ fn validation_errors_name_file_line_column_and_what_was_expected() {
 fn flag_errors_name_the_flag() {
     let f = fx();
     let mut req = f.req(None);
-    req.flags.memory = Some("4gb".into());
+    req.flags.memory = Some("4".into());
     assert_eq!(
         err(resolve(&req)),
-        "--memory: invalid size \"4gb\": expected bytes (e.g. 1048576) or a number with one of \
-         the suffixes k, m, g, t (e.g. 512m, 4g, 1.5g)"
+        "--memory: invalid size \"4\": a number alone is ambiguous; write its unit (e.g. 4g \
+         or 4m, or 4b for bytes)"
     );
     let mut req = f.req(None);
     req.flags.allow = vec!["a:99999".into()];
@@ -946,7 +1037,16 @@ network = { mode = "proxy", allow = ["static.crates.io"] }
     assert!(!jail.env.contains_key("PI_OFFLINE"));
     assert_eq!(jail.env["HTTPS_PROXY"], PROXY);
     assert_eq!(jail.masked, plan.masked);
-    assert_eq!(jail.protected, plan.protected);
+    // The same protected paths, but for the harness's code: the executor's jail has no state
+    // directories.
+    let agent = f.home.join(".pi/agent");
+    let harness_side: Vec<_> = plan
+        .protected
+        .iter()
+        .filter(|p| !p.starts_with(&agent))
+        .cloned()
+        .collect();
+    assert_eq!(jail.protected, harness_side);
     // The harness's own jail does not get the executor's cache.
     assert!(
         !plan
@@ -1420,5 +1520,35 @@ fn network_dns_is_none_by_default_stub_on_request_and_only_with_the_proxy() {
             "{}:2:7: unknown variant `google`, expected `none` or `stub`",
             file.display()
         )
+    );
+}
+
+#[test]
+fn terminal_clipboard_reaches_the_plan_and_needs_trust_from_a_project() {
+    let f = fx();
+    // Off by default.
+    assert!(!resolve(&f.req(None)).unwrap().terminal.clipboard);
+    // A project file turning it on: a grant at its place, gated.
+    f.project_policy("[terminal]\nclipboard = true\n");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert!(plan.terminal.clipboard);
+    let d = f.root.join("corral.toml").display().to_string();
+    let grant = format!(
+        "{d}:2:1: terminal.clipboard lets the jail write to your clipboard (OSC 52 escape \
+         sequences)"
+    );
+    assert_eq!(gated(&plan), vec![grant.clone()]);
+    assert_eq!(plan.project_grants, vec![grant]);
+    // The user's own config: no trust needed from the project for the same setting.
+    f.user_policy("[terminal]\nclipboard = true\n");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert!(plan.terminal.clipboard);
+    assert_eq!(gated(&plan), Vec::<String>::new());
+    // A typo is a located error.
+    f.project_policy("[terminal]\nclipbaord = true\n");
+    let e = resolve(&f.req(None)).unwrap_err().to_string();
+    assert!(
+        e.contains("2:1: unknown key `clipbaord`: did you mean `clipboard`?"),
+        "{e}"
     );
 }

@@ -432,7 +432,10 @@ impl From<JailError> for CommandError {
 fn exec_command(config: &InitConfig) -> Result<std::convert::Infallible, CommandError> {
     let plan = &config.plan;
     crate::sig::reset_dispositions(FORWARDED);
-    crate::sig::reset_dispositions(&[Signal::SIGCHLD]);
+    // SIGPIPE too: corral (a Rust program) ignores it, an ignored disposition survives exec,
+    // and `corral run -- yes | head` would then end in "yes: Broken pipe" instead of quietly,
+    // as std::process::Command's children do.
+    crate::sig::reset_dispositions(&[Signal::SIGCHLD, Signal::SIGPIPE]);
     new_session(config.tty)?;
     enter_working_directory(&plan.cwd)?;
     let (path, argv, envp) = resolve_command(plan)?;

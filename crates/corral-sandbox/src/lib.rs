@@ -33,11 +33,13 @@ pub mod seccomp;
 mod sig;
 mod spawn;
 mod term;
+pub mod termfilter;
 
 pub use error::JailError;
 pub use netns::{JailNet, PROXY_PORT, STUB_LO_ADDRESS, STUB_POOL, SocketFactory, capture_ports};
 pub use spawn::{
-    JailExit, PreparedJail, RunningJail, SpawnOptions, prepare, prepare_early, spawn, take_early,
+    JailExit, PlaceholderHold, PreparedJail, RunningJail, SpawnOptions, prepare, prepare_early,
+    spawn, take_early,
 };
 
 /// The first argument that makes the corral binary the jail's set-up process.

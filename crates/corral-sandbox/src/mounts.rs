@@ -35,11 +35,12 @@ pub fn set_up_root(plan: &Plan) -> Result<(), JailError> {
     make_mounts_private()?;
     pivot_into_base()?;
     mount_new_root()?;
-    mount_private_tmp()?;
-    mount_dev()?;
+    let sizes = TmpfsSizes::of(plan);
+    mount_private_tmp(&sizes.tmp)?;
+    mount_dev(&sizes.other)?;
     mount_proc()?;
     for index in 0..plan.mounts.len() {
-        apply_plan_mount(plan, index)?;
+        apply_plan_mount(plan, index, &sizes.other)?;
     }
     make_mask_sources()?;
     let masks = Masks::open()?;
@@ -90,7 +91,45 @@ fn mount_new_root() -> Result<(), JailError> {
     .map_err(|e| JailError::at("mount the new root tmpfs", NEW, e))
 }
 
-fn mount_private_tmp() -> Result<(), JailError> {
+/// The size options of the tmpfs mounts the jail can write: /tmp, /dev/shm and the Plan's
+/// (the private home). Their pages are memory, and nothing else bounds them when no cgroup
+/// enforces `limits.memory` (best-effort), so together they hold at most `limits.memory`:
+/// /tmp gets half of it (builds and test runs write there), the others share the other half.
+/// Each also gets an inode count of one per KiB of its size, since an empty file costs kernel
+/// memory too. Without a memory limit, the kernel's defaults (half of RAM each).
+#[derive(Debug, PartialEq, Eq)]
+struct TmpfsSizes {
+    /// Extra mount options for /tmp (empty, or `,size=...,nr_inodes=...`).
+    tmp: String,
+    /// The same for /dev/shm and each tmpfs of the Plan.
+    other: String,
+}
+
+impl TmpfsSizes {
+    fn of(plan: &Plan) -> TmpfsSizes {
+        let others = 1 + plan
+            .mounts
+            .iter()
+            .filter(|m| m.kind == MountKind::Tmpfs)
+            .count() as u64;
+        let Some(memory) = plan.limits.memory else {
+            return TmpfsSizes {
+                tmp: String::new(),
+                other: String::new(),
+            };
+        };
+        let option = |size: u64| {
+            let size = size.max(1 << 20);
+            format!(",size={size},nr_inodes={}", (size / 1024).max(1024))
+        };
+        TmpfsSizes {
+            tmp: option(memory / 2),
+            other: option(memory / 2 / others),
+        }
+    }
+}
+
+fn mount_private_tmp(size: &str) -> Result<(), JailError> {
     let tmp = format!("{NEW}/tmp");
     mkdir(&tmp, 0o1777, "create /tmp")?;
     mount(
@@ -98,14 +137,19 @@ fn mount_private_tmp() -> Result<(), JailError> {
         tmp.as_str(),
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777"),
+        Some(format!("mode=1777{size}").as_str()),
     )
     .map_err(|e| JailError::at("mount the private /tmp", "/tmp", e))
 }
 
 /// A minimal /dev: the harmless character devices bound from the host (a user namespace cannot
 /// mknod), a private devpts with its own ptmx, a tmpfs /dev/shm, the usual symlinks.
-fn mount_dev() -> Result<(), JailError> {
+///
+/// The device binds are read-only: they are the host's own nodes, which a root-run jail's uid
+/// 0 owns, so `chmod 666 /dev/full` or `touch /dev/null` would change them on the host. A
+/// read-only mount refuses every change to the node (mode, owner, times) but not the device's
+/// own I/O: writing to /dev/null or reading /dev/urandom works as before.
+fn mount_dev(shm_size: &str) -> Result<(), JailError> {
     let dev = format!("{NEW}/dev");
     mkdir(&dev, 0o755, "create /dev")?;
     mount(
@@ -128,6 +172,21 @@ fn mount_dev() -> Result<(), JailError> {
             NONE,
         )
         .map_err(|e| JailError::at("bind a device", format!("/dev/{name}"), e))?;
+        let path = std::ffi::CString::new(target)
+            .map_err(|e| JailError::at("make a device read-only", format!("/dev/{name}"), e))?;
+        mount_setattr(
+            libc::AT_FDCWD,
+            &path,
+            0,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+        )
+        .map_err(|e| {
+            JailError::at(
+                "make a device read-only (mount_setattr, Linux 5.12 or later)",
+                format!("/dev/{name}"),
+                e,
+            )
+        })?;
     }
     let pts = format!("{dev}/pts");
     mkdir(&pts, 0o755, "create /dev/pts")?;
@@ -146,7 +205,7 @@ fn mount_dev() -> Result<(), JailError> {
         shm.as_str(),
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777"),
+        Some(format!("mode=1777{shm_size}").as_str()),
     )
     .map_err(|e| JailError::at("mount /dev/shm", "/dev/shm", e))?;
     for (link, to) in [
@@ -183,7 +242,7 @@ fn mount_proc() -> Result<(), JailError> {
     })
 }
 
-fn apply_plan_mount(plan: &Plan, index: usize) -> Result<(), JailError> {
+fn apply_plan_mount(plan: &Plan, index: usize, tmpfs_size: &str) -> Result<(), JailError> {
     let m = &plan.mounts[index];
     match m.kind {
         MountKind::Tmpfs => {
@@ -194,7 +253,7 @@ fn apply_plan_mount(plan: &Plan, index: usize) -> Result<(), JailError> {
                 path.as_str(),
                 Some("tmpfs"),
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-                Some("mode=0755"),
+                Some(format!("mode=0755{tmpfs_size}").as_str()),
             )
             .map_err(|e| JailError::at("mount a tmpfs", &m.target, e))
         }
@@ -468,6 +527,7 @@ fn bind_fd(
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
 const AT_EMPTY_PATH: libc::c_uint = libc::AT_EMPTY_PATH as libc::c_uint;
 
@@ -932,6 +992,31 @@ mod tests {
             PathBuf::from("/oldroot/a/etc")
         );
         assert_eq!(under(NEW, Path::new("/")), PathBuf::from("/newroot"));
+    }
+
+    #[test]
+    fn tmpfs_mounts_share_the_memory_limit() {
+        let dir = Path::new("/p");
+        let mut plan = Plan::minimal(dir, Path::new("/home/u"), vec!["true".into()]);
+        assert_eq!(
+            TmpfsSizes::of(&plan),
+            TmpfsSizes {
+                tmp: String::new(),
+                other: String::new()
+            }
+        );
+        // 256 MiB: /tmp 128 MiB, /dev/shm and the home 64 MiB each.
+        plan.limits.memory = Some(256 << 20);
+        assert_eq!(
+            TmpfsSizes::of(&plan),
+            TmpfsSizes {
+                tmp: ",size=134217728,nr_inodes=131072".into(),
+                other: ",size=67108864,nr_inodes=65536".into(),
+            }
+        );
+        // A tiny limit still leaves a usable /tmp.
+        plan.limits.memory = Some(1000);
+        assert_eq!(TmpfsSizes::of(&plan).tmp, ",size=1048576,nr_inodes=1024");
     }
 
     #[test]

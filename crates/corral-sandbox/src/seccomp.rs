@@ -4,8 +4,8 @@
 //! capability drop, right before exec), so every syscall the set-up needed has already run.
 //! It denies the kernel interfaces a coding agent has no use for and that widen the attack
 //! surface or undo the jail: nested namespaces, mounts, kernel modules, BPF, perf, keyrings,
-//! io_uring, userfaultfd, terminal injection, ptrace, clock and system changes, and unusual
-//! socket families. Everything else is allowed: the namespaces, the mounts, Landlock, the
+//! io_uring, userfaultfd, terminal injection, ptrace, clock and system changes, unusual
+//! socket families, and set-user-ID/set-group-ID mode bits on files. Everything else is allowed: the namespaces, the mounts, Landlock, the
 //! dropped capabilities and the cgroup are what confine the rest.
 //!
 //! Why hand-built BPF rather than `seccompiler`: two rules need more than an exact syscall
@@ -16,8 +16,9 @@
 //! every rule carries its reason below.
 //!
 //! Argument comparisons look at the low 32 bits of an argument only, on purpose: every argument
-//! filtered here (ioctl request, clone/unshare flags, socket family and protocol, personality)
-//! is an `int`/`unsigned int` in the kernel, which ignores the high half. Comparing all 64 bits
+//! filtered here (ioctl request, clone/unshare flags, socket family and protocol, personality,
+//! open flags, file modes) is an `int`/`unsigned int`/`umode_t` in the kernel, which ignores
+//! the high half. Comparing all 64 bits
 //! would let `ioctl(fd, 0x1_0000_5412)` (TIOCSTI with junk in the high half) slip through.
 
 use std::io;
@@ -74,6 +75,15 @@ const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 // Syscalls newer than the libc crate's tables (same number on every architecture).
 const SYS_OPEN_TREE_ATTR: i64 = 467;
+const SYS_FCHMODAT2: i64 = 452;
+
+// File modes and open flags.
+const S_ISUID: u32 = 0o4000;
+const S_ISGID: u32 = 0o2000;
+const SET_ID_BITS: u32 = S_ISUID | S_ISGID;
+const O_CREAT: u32 = 0o100;
+/// The bit O_TMPFILE adds to O_DIRECTORY (`__O_TMPFILE`, the same on x86_64 and aarch64).
+const O_TMPFILE_BIT: u32 = 0o20_000_000;
 
 // ioctl requests.
 const TIOCSTI: u32 = 0x5412;
@@ -322,6 +332,18 @@ pub const ARGUMENT_RULES: &[(&str, &str)] = &[
         "EAFNOSUPPORT unless AF_UNIX, AF_INET, AF_INET6, or AF_NETLINK with NETLINK_ROUTE",
     ),
     (
+        "chmod, fchmod, fchmodat, fchmodat2, creat, mknod, mknodat",
+        "EPERM when the mode has S_ISUID or S_ISGID: a set-id file left in the project or a read-write bind would run with the jail user's (or root's) identity for whoever starts it on the host",
+    ),
+    (
+        "open, openat",
+        "EPERM when O_CREAT or O_TMPFILE is set and the mode has S_ISUID or S_ISGID (as chmod)",
+    ),
+    (
+        "openat2",
+        "always ENOSYS: its flags and mode live in memory the filter cannot read, so libc falls back to openat",
+    ),
+    (
         "(x32 ABI, foreign architectures)",
         "x32 syscalls get ENOSYS; a syscall from another architecture (int 0x80) kills the process",
     ),
@@ -480,6 +502,8 @@ pub fn build_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
         p.mark(native_abi);
     }
 
+    deny_set_id_modes(&mut p);
+
     // clone3 passes its flags in a struct the filter cannot read: ENOSYS makes glibc (2.34+)
     // and musl fall back to clone, where the rule below sees the flags.
     p.on_syscall(libc::SYS_clone3, |p| p.ret(errno(libc::ENOSYS)));
@@ -577,6 +601,57 @@ pub fn build_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
 
     p.ret(SECCOMP_RET_ALLOW);
     p.assemble()
+}
+
+/// Set-user-ID and set-group-ID bits: a jail must not leave a file that runs as its user (or,
+/// when corral runs as root, as root) for whoever starts it on the host. The project and the
+/// read-write binds are mounted nosuid inside the jail, but not on the host, where such a
+/// file keeps its bits. Every syscall that takes a mode is refused when the mode carries one:
+/// chmod and its relatives, creat and mknod, and open/openat when they create (O_CREAT or
+/// O_TMPFILE; without them the mode argument is ignored and may hold anything). S_ISGID is
+/// refused for directories too (chmod cannot tell a directory from a file), which only
+/// matters to `chmod g+s dir`: new directories still inherit a set-group-ID parent's bit, as
+/// the kernel does that itself. mkdir/mkdirat are not filtered: the kernel keeps only the
+/// permission and sticky bits of their mode. openat2 passes its flags and mode in a struct
+/// the filter cannot read: ENOSYS makes libc and runtimes fall back to openat. Comes first:
+/// openat is the most frequent syscall whose verdict now depends on its arguments.
+fn deny_set_id_modes(p: &mut Program) {
+    let eperm = errno(libc::EPERM);
+    // (syscall, index of its flags argument if it opens, index of its mode argument)
+    let mut rules: Vec<(i64, Option<u32>, u32)> = vec![
+        (libc::SYS_openat, Some(2), 3),
+        (libc::SYS_fchmod, None, 1),
+        (libc::SYS_fchmodat, None, 2),
+        (SYS_FCHMODAT2, None, 2),
+        (libc::SYS_mknodat, None, 2),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    rules.extend([
+        (libc::SYS_open, Some(1), 2),
+        (libc::SYS_creat, None, 1),
+        (libc::SYS_chmod, None, 1),
+        (libc::SYS_mknod, None, 1),
+    ]);
+    for (nr, flags, mode) in rules {
+        p.on_syscall(nr, |p| {
+            let allow = p.label();
+            if let Some(flags) = flags {
+                p.load(off_arg_lo(flags));
+                p.jump(
+                    BPF_JSET,
+                    O_CREAT | O_TMPFILE_BIT,
+                    Target::Next,
+                    Target::To(allow),
+                );
+            }
+            p.load(off_arg_lo(mode));
+            p.jump(BPF_JSET, SET_ID_BITS, Target::Next, Target::To(allow));
+            p.ret(eperm);
+            p.mark(allow);
+            p.ret(SECCOMP_RET_ALLOW);
+        });
+    }
+    p.on_syscall(libc::SYS_openat2, |p| p.ret(errno(libc::ENOSYS)));
 }
 
 /// Set no_new_privs and install the filter on the calling thread (and what it execs).
@@ -754,6 +829,53 @@ mod tests {
             eval(libc::SYS_personality, [0x0004_0000, 0, 0, 0, 0, 0]),
             EPERM
         );
+    }
+
+    #[test]
+    fn set_id_modes_are_denied_wherever_a_mode_is_given() {
+        let allow = SECCOMP_RET_ALLOW;
+        for mode in [0o4755u64, 0o2755, 0o6711, 0o4000, 0xffff_0000_0000_4755] {
+            assert_eq!(
+                eval(libc::SYS_fchmod, [3, mode, 0, 0, 0, 0]),
+                EPERM,
+                "{mode:o}"
+            );
+            assert_eq!(eval(libc::SYS_fchmodat, [0, 0, mode, 0, 0, 0]), EPERM);
+            assert_eq!(eval(SYS_FCHMODAT2, [0, 0, mode, 0, 0, 0]), EPERM);
+            assert_eq!(
+                eval(libc::SYS_mknodat, [0, 0, 0o100000 | mode, 0, 0, 0]),
+                EPERM
+            );
+            // openat creating (O_CREAT, O_TMPFILE) with set-id bits.
+            assert_eq!(eval(libc::SYS_openat, [0, 0, 0o101, mode, 0, 0]), EPERM);
+            assert_eq!(
+                eval(libc::SYS_openat, [0, 0, 0o20200002, mode, 0, 0]),
+                EPERM
+            );
+            // Without O_CREAT/O_TMPFILE the mode is ignored by the kernel: allowed.
+            assert_eq!(eval(libc::SYS_openat, [0, 0, 0o2, mode, 0, 0]), allow);
+            #[cfg(target_arch = "x86_64")]
+            {
+                assert_eq!(eval(libc::SYS_chmod, [0, mode, 0, 0, 0, 0]), EPERM);
+                assert_eq!(eval(libc::SYS_creat, [0, mode, 0, 0, 0, 0]), EPERM);
+                assert_eq!(eval(libc::SYS_mknod, [0, mode, 0, 0, 0, 0]), EPERM);
+                assert_eq!(eval(libc::SYS_open, [0, 0o1101, mode, 0, 0, 0]), EPERM);
+                assert_eq!(eval(libc::SYS_open, [0, 0, mode, 0, 0, 0]), allow);
+            }
+        }
+        // Ordinary modes (sticky bit included) pass.
+        for mode in [0o755u64, 0o644, 0o1777, 0o777, 0] {
+            assert_eq!(
+                eval(libc::SYS_fchmod, [3, mode, 0, 0, 0, 0]),
+                allow,
+                "{mode:o}"
+            );
+            assert_eq!(eval(libc::SYS_fchmodat, [0, 0, mode, 0, 0, 0]), allow);
+            assert_eq!(eval(libc::SYS_openat, [0, 0, 0o1101, mode, 0, 0]), allow);
+        }
+        // mkdir keeps no set-id bit from its mode: not filtered.
+        assert_eq!(eval(libc::SYS_mkdirat, [0, 0, 0o6755, 0, 0, 0]), allow);
+        assert_eq!(eval(libc::SYS_openat2, [0; 6]), errno(libc::ENOSYS));
     }
 
     #[test]

@@ -18,6 +18,7 @@ use crate::netns::{self, JailNet};
 use crate::placeholder::Placeholder;
 use crate::sig::SignalPipe;
 use crate::term::{self, RawMode, Relay};
+use crate::termfilter::OutputFilter;
 use crate::{EXIT_SETUP_FAILED, INIT_ARG};
 
 /// How to start a jail, beyond the Plan.
@@ -86,6 +87,15 @@ pub struct PreparedJail {
 struct Sent {
     cgroup_procs: Vec<PathBuf>,
     ok: bool,
+}
+
+/// The placeholders of a run's absent protected paths (the project's `corral.toml`, a
+/// `.git/hooks`), taken out of a [`RunningJail`] with [`RunningJail::keep_placeholders`] so they
+/// outlive its `wait`: other jails of the run (the executor's) bind them too, and a placeholder
+/// is removed only by the run that made it, only when no jail holds it. Dropping this removes
+/// those this run made.
+pub struct PlaceholderHold {
+    _held: Option<Placeholder>,
 }
 
 /// How a jail ended.
@@ -365,7 +375,7 @@ impl PreparedJail {
             SignalPipe::install(&watched)
                 .map_err(|e| JailError::step("install corral's signal handlers", e))?,
         );
-        let stdio = wire_stdio()?;
+        let stdio = wire_stdio(plan.terminal.clipboard)?;
         jail.io = stdio.io;
         let config = InitConfig {
             plan: plan.clone(),
@@ -418,8 +428,9 @@ struct JailStdio {
 /// Wire the jail's stdio: a pty of its own when the user is at a terminal on both ends (`corral
 /// run -- make > log` from a terminal gets plain pipes, no CR/LF rewriting of the output); else
 /// corral's own descriptors, with those that are terminals replaced by pipes corral copies, so
-/// no jail process holds the user's terminal.
-fn wire_stdio() -> Result<JailStdio, JailError> {
+/// no jail process holds the user's terminal. What reaches a terminal of the user's goes through
+/// the output filter (`termfilter.rs`; `clipboard`: `terminal.clipboard`).
+fn wire_stdio(clipboard: bool) -> Result<JailStdio, JailError> {
     let stdin = std::io::stdin();
     let tty = term::is_tty(stdin.as_fd()) && term::is_tty(std::io::stdout().as_fd());
     if tty {
@@ -430,7 +441,7 @@ fn wire_stdio() -> Result<JailStdio, JailError> {
         };
         let fds = [dup(&pty.slave)?, dup(&pty.slave)?, pty.slave];
         return Ok(JailStdio {
-            io: Io::Pty(Relay::new(pty.master)),
+            io: Io::Pty(Relay::new(pty.master, OutputFilter::new(clipboard))),
             fds,
             tty,
         });
@@ -455,7 +466,8 @@ fn wire_stdio() -> Result<JailStdio, JailError> {
         }
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| JailError::step("create an output pipe", e))?;
-        threads.push(std::thread::spawn(move || copy_out(r, to)));
+        let filter = OutputFilter::new(clipboard);
+        threads.push(std::thread::spawn(move || copy_out(r, to, filter)));
         Ok(w)
     };
     let stdout = output(1, std::io::stdout().as_fd())?;
@@ -481,13 +493,32 @@ fn own_or_null(fd: std::os::fd::BorrowedFd<'_>) -> Result<OwnedFd, JailError> {
     }
 }
 
-fn copy_out(from: OwnedFd, to: i32) {
+/// Copy the jail's output pipe to corral's stdout (`to` 1) or stderr (2), a terminal, through
+/// the output filter.
+fn copy_out(from: OwnedFd, to: i32, mut filter: OutputFilter) {
+    use std::io::{Read, Write};
     let mut file = std::fs::File::from(from);
-    let _ = if to == 1 {
-        std::io::copy(&mut file, &mut std::io::stdout())
-    } else {
-        std::io::copy(&mut file, &mut std::io::stderr())
-    };
+    let mut buf = [0u8; 16384];
+    let mut filtered = Vec::with_capacity(buf.len());
+    loop {
+        let n = match file.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        filtered.clear();
+        filter.push(&buf[..n], &mut filtered);
+        let written = if to == 1 {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&filtered).and_then(|()| out.flush())
+        } else {
+            std::io::stderr().write_all(&filtered)
+        };
+        if written.is_err() {
+            return;
+        }
+    }
 }
 
 impl RunningJail {
@@ -505,6 +536,15 @@ impl RunningJail {
     /// its set-up process, for as long as the jail runs. `None` before `start` or when taken.
     pub fn take_socket_factory(&mut self) -> Option<netns::SocketFactory> {
         self.factory.take()
+    }
+
+    /// The placeholders this jail's start made (once), so the caller decides when they go:
+    /// after every other process of the run that binds them has ended. Without this they go
+    /// when `wait` returns.
+    pub fn keep_placeholders(&mut self) -> PlaceholderHold {
+        PlaceholderHold {
+            _held: self._placeholder.take(),
+        }
     }
 
     /// Relay terminal and signals until the jail exits; restores the terminal on every path.

@@ -2,7 +2,9 @@
 //! mode while the jail runs, and bytes, window size and signals relayed between them.
 //!
 //! The jail holds only the pty's slave, never the user's terminal, so TIOCSTI inside the jail
-//! can only push bytes into the jail's own input.
+//! can only push bytes into the jail's own input. What the jail writes reaches the user's
+//! terminal through [`OutputFilter`] (`termfilter.rs`): no escape sequence that acts outside
+//! the jail's own screen (clipboard, files, keys, the window) gets through.
 
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -13,6 +15,7 @@ use nix::pty::{OpenptyResult, Winsize, openpty};
 use nix::sys::termios::{SetArg, Termios, cfmakeraw, tcgetattr, tcsetattr};
 
 use crate::error::JailError;
+use crate::termfilter::OutputFilter;
 
 pub(crate) fn is_tty(fd: BorrowedFd<'_>) -> bool {
     nix::unistd::isatty(fd).unwrap_or(false)
@@ -84,16 +87,18 @@ pub(crate) struct Relay {
     stdin_open: bool,
     master_open: bool,
     to_master: Vec<u8>,
+    filter: OutputFilter,
 }
 
 impl Relay {
-    pub(crate) fn new(master: OwnedFd) -> Relay {
+    pub(crate) fn new(master: OwnedFd, filter: OutputFilter) -> Relay {
         set_nonblocking(master.as_fd());
         Relay {
             master,
             stdin_open: true,
             master_open: true,
             to_master: Vec::new(),
+            filter,
         }
     }
 
@@ -171,9 +176,10 @@ impl Relay {
         }
     }
 
-    /// Copy everything the jail wrote that is available now to our stdout.
+    /// Copy everything the jail wrote that is available now to our stdout, filtered.
     pub(crate) fn pump_output(&mut self) {
         let mut buf = [0u8; 16384];
+        let mut filtered = Vec::with_capacity(buf.len());
         let mut out = std::io::stdout().lock();
         loop {
             match nix::unistd::read(&self.master, &mut buf) {
@@ -182,7 +188,9 @@ impl Relay {
                     break;
                 }
                 Ok(n) => {
-                    if out.write_all(&buf[..n]).is_err() {
+                    filtered.clear();
+                    self.filter.push(&buf[..n], &mut filtered);
+                    if out.write_all(&filtered).is_err() {
                         break;
                     }
                 }

@@ -511,3 +511,84 @@ fn foreign_architecture_syscalls_kill_the_process() {
         assert_eq!((rc, errno()), (-1, libc::ENOSYS), "x32 getpid");
     });
 }
+
+#[test]
+fn set_id_bits_are_denied_on_every_path_that_sets_a_mode() {
+    isolated(
+        "set_id_bits_are_denied_on_every_path_that_sets_a_mode",
+        || {
+            use std::ffi::CString;
+            use std::os::unix::fs::PermissionsExt;
+            let dir = scratch_dir("seccomp-setid");
+            let mode_of = |p: &std::path::Path| {
+                std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+            };
+            let c = |p: &std::path::Path| CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+            let file = dir.path().join("prog");
+            std::fs::write(&file, "#!/bin/sh\n").unwrap();
+            // Control: without the filter, the owner of a file can make it set-user-ID.
+            // SAFETY: chmod with a NUL-terminated path.
+            let rc = unsafe { libc::chmod(c(&file).as_ptr(), 0o4755) };
+            assert_eq!(rc, 0, "control: chmod 4755 without the filter");
+            assert_eq!(mode_of(&file), 0o4755);
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::chmod(c(&file).as_ptr(), 0o755) }, 0);
+
+            install();
+            for mode in [0o4755, 0o2755, 0o6755] {
+                // SAFETY: chmod with a NUL-terminated path.
+                let rc = unsafe { libc::chmod(c(&file).as_ptr(), mode) };
+                assert_eq!((rc, errno()), (-1, libc::EPERM), "chmod {mode:o}");
+                // SAFETY: fchmodat with AT_FDCWD and a NUL-terminated path.
+                let rc = unsafe { libc::fchmodat(libc::AT_FDCWD, c(&file).as_ptr(), mode, 0) };
+                assert_eq!((rc, errno()), (-1, libc::EPERM), "fchmodat {mode:o}");
+                let f = std::fs::File::open(&file).unwrap();
+                // SAFETY: fchmod on an open descriptor.
+                let rc = unsafe { libc::fchmod(std::os::fd::AsRawFd::as_raw_fd(&f), mode) };
+                assert_eq!((rc, errno()), (-1, libc::EPERM), "fchmod {mode:o}");
+                // fchmodat2 (Linux 6.6): denied by the filter before the kernel looks.
+                // SAFETY: raw fchmodat2 with a NUL-terminated path.
+                let rc = unsafe { libc::syscall(452, libc::AT_FDCWD, c(&file).as_ptr(), mode, 0) };
+                assert_eq!((rc, errno()), (-1, libc::EPERM), "fchmodat2 {mode:o}");
+                // Creating a file with the bits in its mode.
+                let new = dir.path().join(format!("new-{mode:o}"));
+                // SAFETY: open with a NUL-terminated path, flags and a mode.
+                let rc =
+                    unsafe { libc::open(c(&new).as_ptr(), libc::O_CREAT | libc::O_WRONLY, mode) };
+                assert_eq!((rc, errno()), (-1, libc::EPERM), "open(O_CREAT, {mode:o})");
+                // SAFETY: as above.
+                let rc = unsafe { libc::creat(c(&new).as_ptr(), mode) };
+                assert_eq!((rc, errno()), (-1, libc::EPERM), "creat {mode:o}");
+                // SAFETY: mknod of a regular file with a NUL-terminated path.
+                let rc = unsafe { libc::mknod(c(&new).as_ptr(), libc::S_IFREG | mode, 0) };
+                assert_eq!((rc, errno()), (-1, libc::EPERM), "mknod {mode:o}");
+                assert!(!new.exists(), "{} was created", new.display());
+            }
+            // openat2 is ENOSYS (libc falls back to openat).
+            // SAFETY: openat2 with null pointers; the filter answers before the kernel reads them.
+            let rc =
+                unsafe { libc::syscall(libc::SYS_openat2, libc::AT_FDCWD, 0usize, 0usize, 0usize) };
+            assert_eq!((rc, errno()), (-1, libc::ENOSYS), "openat2");
+            assert_eq!(mode_of(&file), 0o755);
+            // Ordinary modes still work, and so do programs: chmod(1), install(1).
+            // SAFETY: chmod with a NUL-terminated path.
+            assert_eq!(unsafe { libc::chmod(c(&file).as_ptr(), 0o700) }, 0);
+            let st = Command::new("chmod")
+                .arg("u+s")
+                .arg(&file)
+                .output()
+                .unwrap();
+            assert!(!st.status.success(), "chmod u+s succeeded under the filter");
+            let copy = dir.path().join("copy");
+            let st = Command::new("install")
+                .args(["-m", "0755"])
+                .arg(&file)
+                .arg(&copy)
+                .status()
+                .unwrap();
+            assert!(st.success(), "install -m 0755 failed under the filter");
+            assert_eq!(mode_of(&copy), 0o755);
+            assert_eq!(mode_of(&file), 0o700);
+        },
+    );
+}

@@ -116,19 +116,19 @@ pub struct JailOptions {
     /// Allow a destination (DOMAIN, *.DOMAIN, optionally :PORT); repeatable
     #[arg(long = "allow", value_name = "DOMAIN")]
     pub allow: Vec<String>,
-    /// Bind a host path read-write; repeatable
+    /// Bind a host path read-write (it must exist); repeatable
     #[arg(long = "rw", value_name = "PATH")]
     pub rw: Vec<PathBuf>,
-    /// Bind a host path read-only; repeatable
+    /// Bind a host path read-only (it must exist); repeatable
     #[arg(long = "ro", value_name = "PATH")]
     pub ro: Vec<PathBuf>,
     /// Pass a variable by name, or set NAME=VALUE; repeatable
     #[arg(long = "env", value_name = "NAME[=VALUE]")]
     pub env: Vec<String>,
-    /// Memory limit (e.g. 4g, 512m)
+    /// Memory limit, as docker writes it (4g, 4gb, 4GiB, 512m; at least 6m)
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<String>,
-    /// CPU limit (e.g. 2, 0.5)
+    /// CPU limit (e.g. 2, 0.5; at most this machine's CPUs)
     #[arg(long, value_name = "N")]
     pub cpus: Option<f64>,
     /// Process limit
@@ -147,17 +147,22 @@ pub struct JailOptions {
     /// Opt in to `executor.target = "host"` (commands run unsandboxed); a project's policy file cannot
     #[arg(long)]
     pub allow_host_executor: bool,
+    /// Let the harness change its own code in its state directories this run (extensions,
+    /// hooks, plugins, MCP servers, settings that name commands); a project's policy file cannot
+    #[arg(long)]
+    pub allow_harness_config: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Harness profile (pi, claude, codex, gemini, opencode, aider, shell)
     pub profile: Option<String>,
+    /// Words after the profile that are not options: a command written without `--`
+    /// (`corral run make test`), refused with the line that means it (cmd/profile_arg.rs)
+    #[arg(hide = true, value_name = "ARGS")]
+    pub extra: Vec<String>,
     #[command(flatten)]
     pub jail: JailOptions,
-    /// Print machine-readable output where corral prints data
-    #[arg(long)]
-    pub json: bool,
     /// The command to run instead of the profile's
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -166,6 +171,10 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct ShellArgs {
     pub profile: Option<String>,
+    /// Words after the profile that are not options: a command written without `--`
+    /// (`corral run make test`), refused with the line that means it (cmd/profile_arg.rs)
+    #[arg(hide = true, value_name = "ARGS")]
+    pub extra: Vec<String>,
     #[command(flatten)]
     pub jail: JailOptions,
 }
@@ -231,6 +240,10 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     pub profile: Option<String>,
+    /// Words after the profile that are not options: a command written without `--`
+    /// (`corral run make test`), refused with the line that means it (cmd/profile_arg.rs)
+    #[arg(hide = true, value_name = "ARGS")]
+    pub extra: Vec<String>,
     #[command(flatten)]
     pub jail: JailOptions,
     /// Print the plan as JSON
@@ -268,6 +281,13 @@ pub struct LogArgs {
     /// JSON lines, as stored
     #[arg(long)]
     pub json: bool,
+    /// Only entries from this time on: a duration ago (10m, 2h, 1day) or a UTC time
+    /// (2026-11-29, "2026-11-29 21:40", 2026-11-29T21:40:01Z)
+    #[arg(long, value_name = "WHEN")]
+    pub since: Option<String>,
+    /// Only the last N entries (with --follow: then every new one)
+    #[arg(short = 'n', long = "lines", value_name = "N")]
+    pub lines: Option<usize>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -308,6 +328,9 @@ pub enum ShimCommand {
     List {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// JSON: one object per wrapper
+        #[arg(long)]
+        json: bool,
     },
     /// Remove wrappers
     Remove {
@@ -319,8 +342,10 @@ pub enum ShimCommand {
 
 #[derive(Debug, Args)]
 pub struct RuleArgs {
-    /// HOST, *.HOST, optionally :PORT
-    pub host: String,
+    /// HOST, *.HOST, optionally :PORT; an IP address (also put into network.allow_cidrs), or a
+    /// CIDR (network.allow_cidrs alone)
+    #[arg(required = true, value_name = "HOST")]
+    pub hosts: Vec<String>,
     /// Edit the user config instead of the project's corral.toml
     #[arg(long)]
     pub user: bool,
@@ -337,6 +362,9 @@ pub struct TrustArgs {
     /// Forget the trust of the project's corral.toml
     #[arg(long)]
     pub revoke: bool,
+    /// With --list: JSON (path, sha256, trusted_at, state: current | changed | missing)
+    #[arg(long, requires = "list")]
+    pub json: bool,
     /// The options you run with (`--allow-host-executor`, `--env`, ...): the grants are
     /// measured against your own settings as `corral run` would have them
     #[command(

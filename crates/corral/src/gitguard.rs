@@ -87,8 +87,12 @@ enum Role {
     Commondir,
     /// A `.git` that is a file or a link: where git finds the repository.
     Gitlink,
-    /// A link where git expects a directory of a git directory (`hooks`, `modules`, a module).
+    /// A link where git expects a directory of a git directory (`hooks`, `modules`, a module,
+    /// `worktrees`, a worktree's administrative directory).
     Link,
+    /// `commondir` of a linked worktree's administrative directory (`worktrees/NAME/`): kept
+    /// when it leads back to the repository that holds that directory.
+    AdminCommondir,
 }
 
 /// The git files of a project at one time, and (before the run) its git directories.
@@ -97,6 +101,12 @@ struct Scan {
     files: HashMap<PathBuf, (Role, State)>,
     /// Canonical paths of the git directories found.
     gitdirs: HashSet<PathBuf>,
+    /// What the jail gets read-only ([`protect`]): the files and hooks directories found that
+    /// make git run a command or read another repository.
+    protect: Vec<PathBuf>,
+    /// Each repository's git directory and the directory its relative `core.hooksPath` is
+    /// taken from (the work tree's top, or a bare repository itself).
+    repos: Vec<(PathBuf, PathBuf)>,
 }
 
 impl Scan {
@@ -114,13 +124,64 @@ impl Scan {
         self.add(dir.join("config"), Role::Config);
         self.add(dir.join("config.worktree"), Role::Config);
         self.add(dir.join("commondir"), Role::Commondir);
+        for name in ["config", "config.worktree", "commondir"] {
+            self.protect_file(dir.join(name));
+        }
         let hooks = dir.join("hooks");
         match fs::symlink_metadata(&hooks) {
-            Ok(m) if m.is_dir() => self.hooks(&hooks, 0),
+            Ok(m) if m.is_dir() => {
+                self.protect.push(hooks.clone());
+                self.hooks(&hooks, 0)
+            }
             Ok(_) => self.add(hooks, Role::Link),
+            // Absent: an empty read-only placeholder, where corral can make one.
+            Err(_) if nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok() => {
+                self.protect.push(hooks)
+            }
             Err(_) => {}
         }
+        self.worktrees(dir);
         self.modules(&dir.join("modules"), depth);
+    }
+
+    /// Protect `path` when it is a regular file (a link there is left to the check after the
+    /// run: the jail refuses to bind through links below the project).
+    fn protect_file(&mut self, path: PathBuf) {
+        if fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+            self.protect.push(path);
+        }
+    }
+
+    /// `worktrees/NAME/` of a git directory: each linked worktree's administrative directory.
+    /// Its `commondir` names the repository whose config and hooks that worktree uses, and its
+    /// `config.worktree` adds config; its `gitdir` says where the worktree is (git reads it to
+    /// list, move, repair or prune worktrees, never for config or hooks). HEAD, index and logs
+    /// stay writable, so the jail can still commit in a linked worktree.
+    fn worktrees(&mut self, dir: &Path) {
+        let wt = dir.join("worktrees");
+        match fs::symlink_metadata(&wt) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return self.add(wt, Role::Link),
+            Err(_) => return,
+        }
+        let Ok(rd) = fs::read_dir(&wt) else { return };
+        for e in rd.flatten() {
+            let admin = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_symlink() => self.add(admin, Role::Link),
+                Ok(t) if t.is_dir() => {
+                    if let Ok(c) = admin.canonicalize() {
+                        self.gitdirs.insert(c);
+                    }
+                    self.add(admin.join("commondir"), Role::AdminCommondir);
+                    self.add(admin.join("config.worktree"), Role::Config);
+                    for name in ["commondir", "config.worktree", "gitdir"] {
+                        self.protect_file(admin.join(name));
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Every file under a hooks directory (git runs only its top level, but a link or
@@ -167,42 +228,92 @@ impl Scan {
     }
 }
 
-/// Every `.git` under `root` except `root/.git`, not entering any of them, links not followed.
-/// A plain walk on this thread that reads directory entries only (their type comes with the
-/// entry, so no `stat` per file): on a 100,000-file tree it costs about a third of the CPU of
-/// the `ignore` crate's walker (`raw_walker`), sequential or parallel (docs/BENCHMARKS.md). No
-/// limit on the number of entries: one would let the jail hide a repository behind enough
-/// files. An unreadable directory is skipped (git on the host cannot be made to use a
-/// repository the user cannot read).
-fn find_dot_git(root: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
+/// What the walk of a project finds: every `.git` entry below the root, and every directory
+/// that git itself takes for a (bare) git directory.
+#[derive(Default)]
+struct Found {
+    dot_git: Vec<PathBuf>,
+    /// Directories holding `HEAD`, `objects/` and `refs/`: git's discovery uses such a
+    /// directory as a bare repository when it is run in it or below, no `.git` needed (unless
+    /// the user's git has `safe.bareRepository=explicit`).
+    bare: Vec<PathBuf>,
+}
+
+/// Every `.git` under `root` except `root/.git`, and every directory shaped like a bare
+/// repository, not entering any of them, links not followed. A plain walk on this thread that
+/// reads directory entries only (their type comes with the entry, so no `stat` per file): on a
+/// 100,000-file tree it costs about a third of the CPU of the `ignore` crate's walker
+/// (`raw_walker`), sequential or parallel (docs/BENCHMARKS.md). No limit on the number of
+/// entries: one would let the jail hide a repository behind enough files. An unreadable
+/// directory is skipped (git on the host cannot be made to use a repository the user cannot
+/// read).
+fn find_git_dirs(root: &Path) -> Found {
+    let mut found = Found::default();
     let mut stack = vec![root.to_path_buf()];
+    let mut subdirs = Vec::new();
     while let Some(dir) = stack.pop() {
         let Ok(rd) = fs::read_dir(&dir) else { continue };
+        let (mut head, mut objects, mut refs) = (false, false, false);
         for e in rd.flatten() {
-            if e.file_name() == ".git" {
+            let name = e.file_name();
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            if name == ".git" {
                 if dir != root {
-                    found.push(e.path());
+                    found.dot_git.push(e.path());
                 }
-            } else if e.file_type().is_ok_and(|t| t.is_dir()) {
-                stack.push(e.path());
+                continue;
+            }
+            match name.as_encoded_bytes() {
+                b"HEAD" => head = !is_dir,
+                b"objects" => objects = is_dir,
+                b"refs" => refs = is_dir,
+                _ => {}
+            }
+            if is_dir {
+                subdirs.push(e.path());
             }
         }
+        if head && objects && refs && dir != root {
+            found.bare.push(dir);
+            subdirs.clear();
+        } else {
+            stack.append(&mut subdirs);
+        }
     }
-    found.sort();
+    found.dot_git.sort();
+    found.bare.sort();
     found
 }
 
 fn scan(root: &Path) -> Scan {
     let mut s = Scan::default();
-    if let Ok(c) = root.join(".git").canonicalize() {
+    let own = root.join(".git");
+    if let Ok(c) = own.canonicalize() {
         s.gitdirs.insert(c);
     }
-    // The project's own config and hooks are protected read-only; its modules are not.
-    s.modules(&root.join(".git/modules"), 0);
-    for p in find_dot_git(root) {
+    // The project's own config and hooks are protected read-only (the default `protect`);
+    // its modules and linked worktrees' administrative directories are not.
+    if fs::symlink_metadata(&own).is_ok_and(|m| m.is_dir()) {
+        for name in ["config.worktree", "commondir"] {
+            s.protect_file(own.join(name));
+        }
+        s.worktrees(&own);
+        s.repos.push((own.clone(), root.to_path_buf()));
+    }
+    s.modules(&own.join("modules"), 0);
+    let found = find_git_dirs(root);
+    for dir in &found.bare {
+        s.gitdir(dir, 0);
+        s.repos.push((dir.clone(), dir.clone()));
+    }
+    for p in found.dot_git {
         match fs::symlink_metadata(&p) {
-            Ok(m) if m.is_dir() => s.gitdir(&p, 0),
+            Ok(m) if m.is_dir() => {
+                s.gitdir(&p, 0);
+                if let Some(base) = p.parent() {
+                    s.repos.push((p.clone(), base.to_path_buf()));
+                }
+            }
             Ok(_) => {
                 // A gitlink that was there before the run: its target is a git directory.
                 if let Some(t) = gitlink_target(&p)
@@ -247,9 +358,27 @@ pub struct Snapshot {
     nested: Option<Scan>,
 }
 
+/// `plan` with the dangerous parts of the git directories `snapshot` found read-only in the
+/// jail: in every git directory of the project other than its own `.git` (nested repositories,
+/// submodules' directories under `.git/modules`, directories shaped like bare repositories)
+/// `config`, `config.worktree`, `commondir` and `hooks/` (an absent one held by an empty
+/// placeholder); in every one, the project's own included, `config.worktree`, `commondir` and
+/// each linked worktree's `worktrees/NAME/{commondir,gitdir,config.worktree}`. Objects, refs,
+/// the index, HEAD and logs stay writable, so commits work. What exists only after the run
+/// started (a new repository, a new `commondir`) is the check's ([`check`]).
+pub fn protect(plan: &corral_policy::Plan, snapshot: &Snapshot) -> corral_policy::Plan {
+    let mut plan = plan.clone();
+    if let Some(scan) = &snapshot.nested {
+        plan.protected.extend(scan.protect.iter().cloned());
+        plan.protected.sort();
+        plan.protected.dedup();
+    }
+    plan
+}
+
 /// Take the snapshot: `nested` also scans every other git directory of the project (one walk
 /// of its directory entries).
-pub fn snapshot(project_root: &Path, nested: bool) -> Snapshot {
+pub fn snapshot(project_root: &Path, nested: bool, home: &Path) -> Snapshot {
     Snapshot {
         fixed: WATCHED
             .iter()
@@ -260,8 +389,89 @@ pub fn snapshot(project_root: &Path, nested: bool) -> Snapshot {
             })
             .collect(),
         root: project_root.to_path_buf(),
-        nested: nested.then(|| scan(project_root)),
+        nested: nested.then(|| {
+            let mut s = scan(project_root);
+            hooks_paths(&mut s, project_root, home);
+            s
+        }),
     }
+}
+
+/// `core.hooksPath`: git runs hooks from that directory instead of `hooks/`. Inside the project
+/// it is usually a tracked directory (husky's `.husky/`, a `.githooks/`) that the jail could
+/// otherwise write, so each repository's (its own config's, else the user's global one's) is
+/// protected like `hooks/`, an absent one by a placeholder. Read from the files themselves
+/// (`config`, `~/.gitconfig`, `$XDG_CONFIG_HOME/git/config`), not through git: the system
+/// config and `include`d files are not followed.
+fn hooks_paths(s: &mut Scan, root: &Path, home: &Path) {
+    let xdg = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| home.join(".config"));
+    let global = [xdg.join("git/config"), home.join(".gitconfig")]
+        .iter()
+        .find_map(|f| hooks_path_of(f));
+    for (gitdir, base) in s.repos.clone() {
+        let Some(value) = hooks_path_of(&gitdir.join("config")).or_else(|| global.clone()) else {
+            continue;
+        };
+        let path = match value.strip_prefix("~/") {
+            Some(rest) => home.join(rest),
+            None => base.join(&value),
+        };
+        let path = lexical(&path);
+        if path.starts_with(root) && path != root && no_link_on_the_way(root, &path) {
+            s.protect.push(path);
+        }
+    }
+}
+
+/// The last `core.hooksPath` a config file sets.
+fn hooks_path_of(file: &Path) -> Option<String> {
+    let m = fs::metadata(file).ok()?;
+    if !m.is_file() || m.len() > READ_MAX {
+        return None;
+    }
+    let entries = parse_config(&fs::read(file).ok()?).ok()?;
+    entries
+        .into_iter()
+        .rev()
+        .filter(|(sec, sub, key, _)| sec == "core" && sub.is_none() && key == "hookspath")
+        .find_map(|(_, _, _, v)| v.filter(|v| !v.is_empty()))
+}
+
+/// `path` with `.` and `..` resolved by name.
+fn lexical(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Whether no existing component of `path` below `root` is a link (the jail refuses to bind
+/// through one; such a layout is left unprotected rather than refusing the run).
+fn no_link_on_the_way(root: &Path, path: &Path) -> bool {
+    let Ok(rel) = path.strip_prefix(root) else {
+        return false;
+    };
+    let mut at = root.to_path_buf();
+    for c in rel.components() {
+        at.push(c);
+        match fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => return false,
+            Ok(_) => {}
+            Err(_) => return true,
+        }
+    }
+    true
 }
 
 fn aside_of(path: &Path, jail_id: &str) -> PathBuf {
@@ -297,11 +507,16 @@ pub fn check(snapshot: Snapshot, jail_id: &str) -> Vec<String> {
         if now == State::Absent || now == *before {
             continue;
         }
-        out.push(quarantine(
-            path,
-            jail_id,
-            "which would make your next git command read another repository's config and hooks",
-        ));
+        let what = match path.file_name().and_then(|n| n.to_str()) {
+            Some("config.worktree") => {
+                "a per-worktree config your next git command would read (it can name commands \
+                 git runs: core.fsmonitor, core.pager, core.hooksPath)"
+            }
+            _ => {
+                "which would make your next git command read another repository's config and hooks"
+            }
+        };
+        out.push(quarantine(path, jail_id, what));
     }
     let Some(before) = snapshot.nested else {
         return out;
@@ -353,18 +568,57 @@ fn danger(path: &Path, role: Role, now: &State, gitdirs: &HashSet<PathBuf>) -> O
                 .into(),
         ),
         Role::Link => Some(
-            "a link where git expects a directory of a repository (its hooks or modules)".into(),
+            "a link where git expects a directory of a repository (its hooks, modules or \
+             worktrees)"
+                .into(),
         ),
+        Role::AdminCommondir => {
+            // worktrees/NAME/commondir: git worktree add writes `../..`.
+            let home = path.parent()?.parent()?.parent()?.canonicalize().ok();
+            let to = match now {
+                State::File { bytes, .. } => String::from_utf8(bytes.clone())
+                    .ok()
+                    .map(|t| t.trim_end_matches(['\n', '\r']).to_string())
+                    .and_then(|t| path.parent()?.join(t).canonicalize().ok()),
+                _ => None,
+            };
+            (home.is_none() || to != home).then(|| {
+                "which would make git in that linked worktree read another repository's config \
+                 and hooks"
+                    .into()
+            })
+        }
         Role::Gitlink => {
-            let ok = gitlink_target(path)
-                .and_then(|t| t.canonicalize().ok())
-                .is_some_and(|t| gitdirs.contains(&t));
+            let target = gitlink_target(path).and_then(|t| t.canonicalize().ok());
+            let ok = target.is_some_and(|t| gitdirs.contains(&t) || new_worktree_of(&t, gitdirs));
             (!ok).then(|| {
                 "a gitlink pointing git at a directory that was not a repository before the run"
                     .into()
             })
         }
     }
+}
+
+/// Whether `admin` is a linked worktree's administrative directory that `git worktree add`
+/// made in the run: `REPO/worktrees/NAME` of a repository that was there before, its
+/// `commondir` leading back to that repository (so git there uses that repository's protected
+/// config and hooks).
+fn new_worktree_of(admin: &Path, gitdirs: &HashSet<PathBuf>) -> bool {
+    let Some(repo) = admin
+        .parent()
+        .filter(|w| w.ends_with("worktrees"))
+        .and_then(Path::parent)
+    else {
+        return false;
+    };
+    if !gitdirs.contains(repo) {
+        return false;
+    }
+    let Ok(text) = fs::read_to_string(admin.join("commondir")) else {
+        return false;
+    };
+    let to = admin.join(text.trim_end_matches(['\n', '\r']));
+    to.canonicalize().is_ok_and(|c| c == repo)
 }
 
 /// Key names (the last part, lower case) that make git run a command, in any section.
@@ -611,7 +865,7 @@ mod tests {
         let git = dir.path().join(".git");
         fs::create_dir(&git).unwrap();
         fs::write(git.join("config.worktree"), "[core]\n").unwrap();
-        let s = snapshot(dir.path(), true);
+        let s = snapshot(dir.path(), true, Path::new("/nonexistent"));
         // Unchanged: kept. New: moved aside.
         fs::write(git.join("commondir"), "../evil\n").unwrap();
         let msgs = check(s, "j1");
@@ -623,11 +877,18 @@ mod tests {
         );
         assert!(git.join("config.worktree").exists());
         // Changed, and replaced by a link: moved aside too.
-        let s = snapshot(dir.path(), true);
+        let s = snapshot(dir.path(), true, Path::new("/nonexistent"));
         fs::remove_file(git.join("config.worktree")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", git.join("config.worktree")).unwrap();
-        assert_eq!(check(s, "j2").len(), 1);
+        let msgs = check(s, "j2");
+        assert_eq!(msgs.len(), 1);
         assert!(fs::symlink_metadata(git.join("config.worktree")).is_err());
+        // Each message names the file it moved for what it is.
+        assert!(
+            msgs[0].contains("config.worktree, a per-worktree config"),
+            "{msgs:?}"
+        );
+        assert!(!msgs[0].contains("another repository"), "{msgs:?}");
     }
 
     fn bad(text: &str) -> Option<String> {
@@ -740,7 +1001,7 @@ mod tests {
         w(".git/modules/a/b/HEAD", "ref: refs/heads/main\n");
         w(".git/modules/a/b/config", "[core]\n");
         w("a/b/.git", "gitdir: ../../.git/modules/a/b\n");
-        let s = snapshot(root, true);
+        let s = snapshot(root, true, Path::new("/nonexistent"));
         // Kept: a benign change, a new sample hook, a new benign repository, a gitlink to a
         // repository that was there.
         w(
@@ -795,6 +1056,76 @@ mod tests {
             assert!(root.join(rel).exists(), "{rel}: {msgs:#?}");
         }
         // A second run that changes nothing moves nothing.
-        assert!(check(snapshot(root, true), "j4").is_empty());
+        assert!(check(snapshot(root, true, Path::new("/nonexistent")), "j4").is_empty());
+    }
+
+    #[test]
+    fn bare_repositories_and_worktree_admin_files_are_protected_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let w = |rel: &str, text: &str| {
+            let p = root.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(&p, text).unwrap();
+        };
+        let d = |rel: &str| fs::create_dir_all(root.join(rel)).unwrap();
+        w(".git/HEAD", "ref: refs/heads/main\n");
+        w(".git/worktrees/wt/commondir", "../..\n");
+        w(".git/worktrees/wt/gitdir", "/elsewhere/wt/.git\n");
+        w(".git/worktrees/wt/HEAD", "ref: refs/heads/wt\n");
+        // A bare repository in the project, and one inside a plain tree it must not enter.
+        w("lib.git/HEAD", "ref: refs/heads/main\n");
+        w(
+            "lib.git/config",
+            "[core]\n\tbare = true\n\thooksPath = ../tools/./hooks\n",
+        );
+        d("lib.git/objects");
+        d("lib.git/refs/heads");
+        d("lib.git/hooks");
+        w("lib.git/objects/x/HEAD", "not a repository of its own\n");
+        d("lib.git/objects/x/objects");
+        d("lib.git/objects/x/refs");
+        d("plain/deeper");
+        let s = snapshot(root, true, Path::new("/nonexistent"));
+        let mut protected = s.nested.as_ref().unwrap().protect.clone();
+        protected.sort();
+        let rel: Vec<String> = protected
+            .iter()
+            .map(|p| p.strip_prefix(root).unwrap().display().to_string())
+            .collect();
+        assert_eq!(
+            rel,
+            [
+                ".git/worktrees/wt/commondir",
+                ".git/worktrees/wt/gitdir",
+                "lib.git/config",
+                "lib.git/hooks",
+                "tools/hooks",
+            ]
+        );
+        // The run: a worktree made and another re-pointed, a plain directory armed as a bare
+        // repository, a benign bare repository.
+        w(".git/worktrees/new/commondir", "../..\n");
+        w(
+            "new/.git",
+            &format!("gitdir: {}\n", root.join(".git/worktrees/new").display()),
+        );
+        w(".git/worktrees/wt/commondir", "/evil\n");
+        d("plain/objects");
+        d("plain/refs");
+        w("plain/HEAD", "ref: refs/heads/main\n");
+        w("plain/config", "[core]\n\tpager = touch x\n");
+        d("ok/objects");
+        d("ok/refs");
+        w("ok/HEAD", "ref: refs/heads/main\n");
+        w("ok/config", "[core]\n\tbare = true\n");
+        let msgs = check(s, "j5");
+        assert_eq!(msgs.len(), 2, "{msgs:#?}");
+        assert!(!root.join(".git/worktrees/wt/commondir").exists());
+        assert!(!root.join("plain/config").exists());
+        assert!(root.join(".git/worktrees/new/commondir").exists());
+        assert!(root.join("new/.git").exists(), "{msgs:#?}");
+        assert!(root.join("ok/config").exists());
+        assert!(msgs.iter().any(|m| m.contains("core.pager")), "{msgs:#?}");
     }
 }

@@ -1,17 +1,34 @@
 //! The `corral` binary: parses the command line and wires the crates together. Behaviour lives
 //! in the libraries; each command's wiring lives in `cmd/`.
 
+/// `print!` for what a command prints as its output: a write error (a closed pipe: `| head`)
+/// is returned, for main to end quietly on, instead of the panic `print!` would give.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `println!` for what a command prints as its output (see [`out!`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod changes;
 mod cli;
 mod cmd;
 mod gitguard;
+mod setid;
+mod stateguard;
+mod usage;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
-/// corral's own errors (SPEC section 2): distinct from any child's exit status.
-pub const EXIT_CORRAL_ERROR: u8 = 125;
+pub use usage::EXIT_CORRAL_ERROR;
 
 fn main() -> ExitCode {
     // The jail's set-up process, when it is this binary re-executed: it never reaches the CLI.
@@ -21,9 +38,13 @@ fn main() -> ExitCode {
     if cmd::starts_a_jail(std::env::args_os()) {
         corral_sandbox::prepare_early();
     }
-    let cli = cli::Cli::parse();
+    let cli = match usage::parse::<cli::Cli>() {
+        Ok(cli) => cli,
+        Err(code) => return ExitCode::from(code),
+    };
     match cmd::dispatch(cli) {
         Ok(code) => code,
+        Err(err) if usage::is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("corral: {err:#}");
             ExitCode::from(EXIT_CORRAL_ERROR)

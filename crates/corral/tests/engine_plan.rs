@@ -48,7 +48,7 @@ fn podman_plan_prints_every_command() {
     similar_asserts::assert_eq!(
         cmds[0],
         format!(
-            "podman network exists corral-{key}-internal >/dev/null 2>&1 || {{ podman network create --internal --label corral.project={key} corral-{key}-internal; }}"
+            "podman network exists corral-{key}-internal >/dev/null 2>&1 || {{ podman network create --internal --disable-dns --label corral.project={key} corral-{key}-internal; }}"
         )
     );
     similar_asserts::assert_eq!(
@@ -82,7 +82,9 @@ fn podman_plan_prints_every_command() {
     for part in [
         format!("podman run --rm --name corral-{key}-JAILID --label corral.project={key} "),
         "--pull never --interactive --init --read-only --read-only-tmpfs --cap-drop ALL --security-opt no-new-privileges ".into(),
-        format!("--network corral-{key}-internal "),
+        format!(
+            "--network corral-{key}-internal --dns 127.0.0.1 --add-host 'proxy:{{proxy-address}}' "
+        ),
         "--stop-timeout 5 ".into(),
         format!("--workdir {project} "),
         format!("--volume {project}:{project}:rw,z "),
@@ -96,6 +98,12 @@ fn podman_plan_prints_every_command() {
         "{run}"
     );
     assert!(out.contains("#   HTTPS_PROXY=http://proxy:3128\n"), "{out}");
+    assert!(
+        out.contains(
+            "# where {proxy-address} is the proxy container's address on the internal network"
+        ),
+        "{out}"
+    );
 }
 
 #[test]

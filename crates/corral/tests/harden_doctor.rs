@@ -50,7 +50,8 @@ fn doctor_reports_every_probe_and_exits_by_what_it_found() {
             "pty",
             "tiocsti",
             "podman",
-            "docker"
+            "docker",
+            "git_bare_repository"
         ]
     );
     let expected = if json["native_backend"] == false {

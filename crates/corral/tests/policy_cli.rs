@@ -95,13 +95,25 @@ fn plan_pi_json_in_a_fresh_git_project() {
         plan.masked,
         vec![p.root.join(".env"), p.root.join("sub/.env")]
     );
+    // The project's git files and policy, and pi's code in its agent directory.
+    let agent = p.home.join(".pi/agent");
+    let mut protected = vec![
+        p.root.join(".git/config"),
+        p.root.join(".git/hooks"),
+        p.root.join("corral.toml"),
+        agent.join("bin"),
+        agent.join("extensions"),
+        agent.join("git"),
+        agent.join("tools"),
+    ];
+    protected.sort();
+    assert_eq!(plan.protected, protected);
     assert_eq!(
-        plan.protected,
-        vec![
-            p.root.join(".git/config"),
-            p.root.join(".git/hooks"),
-            p.root.join("corral.toml"),
-        ]
+        plan.guarded
+            .iter()
+            .map(|g| g.path.clone())
+            .collect::<Vec<_>>(),
+        ["settings.json", "auth.json", "models.json"].map(|f| agent.join(f))
     );
     let names: Vec<&str> = plan.env.keys().map(String::as_str).collect();
     assert_eq!(
@@ -151,6 +163,9 @@ fn plan_prints_a_readable_summary() {
         format!("  {}", p.root.join("sub/.env").display()),
         "mode          proxy".to_string(),
         "limits        memory 4g, cpus 2, pids 1024, enforce strict".to_string(),
+        "terminal      escape sequences that act outside the screen are dropped; clipboard \
+         writes (OSC 52) dropped"
+            .to_string(),
         "executor      sandbox (a second jail)".to_string(),
     ] {
         assert!(text.contains(&want), "missing {want:?} in:\n{text}");
@@ -169,9 +184,9 @@ fn bad_policy_files_exit_125_with_file_line_column() {
             "did you mean `memory`?",
         ),
         (
-            "[limits]\nmemory = \"4gb\"\n",
+            "[limits]\nmemory = \"4gx\"\n",
             "2:10",
-            "invalid size \"4gb\"",
+            "invalid size \"4gx\"",
         ),
         (
             "[network]\nallow = [\"api.example.com\", \"evil.com:443.example.com\"]\n",

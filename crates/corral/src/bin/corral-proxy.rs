@@ -5,15 +5,14 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 #[path = "../proxy_args.rs"]
 mod proxy_args;
+#[path = "../usage.rs"]
+mod usage;
 
-/// corral's own errors (SPEC section 2), as `corral` exits with them.
-const EXIT_CORRAL_ERROR: u8 = 125;
+use usage::EXIT_CORRAL_ERROR;
 
-#[derive(Debug, Parser)]
+#[derive(Debug, clap::Parser)]
 #[command(
     name = "corral-proxy",
     version,
@@ -30,7 +29,10 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match usage::parse::<Cli>() {
+        Ok(cli) => cli,
+        Err(code) => return ExitCode::from(code),
+    };
     match corral_net::standalone::run(cli.args.options()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

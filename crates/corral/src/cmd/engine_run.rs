@@ -121,7 +121,34 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             detail: serde_json::json!({ "engine": kind.program(), "plan": plan }),
         },
     );
+    // The harness's guarded configuration files, put back after the container is gone
+    // (stateguard.rs), as after a native run.
+    let state_guard = crate::stateguard::snapshot(plan);
     let result = runner::run_with(plan, &ctx, &setup, wait_harness);
+    // The engine's own failure (125, or an error setting up) on a first run is usually the
+    // harness image not built yet, said in the engine's words (a failed pull of localhost/...):
+    // looked up only then, so a working run pays nothing for it.
+    let result = match result {
+        Ok(125) | Err(_) if !image_present(kind, plan) => Err(anyhow::anyhow!(
+            "the harness image {} is not in {kind}'s image store: build it with:  corral image \
+             build {} --engine {kind}",
+            corral_engine::argv::harness_image(plan),
+            plan.profile
+        )),
+        other => other.map_err(anyhow::Error::from),
+    };
+    for line in crate::stateguard::check(state_guard, &jail_id) {
+        eprintln!("corral: {line}");
+        audit(
+            &log,
+            &jail_id,
+            JailEvent {
+                event: "quarantine".into(),
+                exit_code: None,
+                detail: serde_json::Value::String(line),
+            },
+        );
+    }
     if let Some(src) = &ctx.skill_source {
         let _ = std::fs::remove_dir_all(src);
     }
@@ -151,6 +178,19 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             Err(e).with_context(|| format!("cannot run the jail with {kind}"))
         }
     }
+}
+
+/// Whether the plan's harness image is in the engine's store (`image inspect` answers for both
+/// podman and docker).
+fn image_present(kind: EngineKind, plan: &Plan) -> bool {
+    let image = corral_engine::argv::harness_image(plan);
+    std::process::Command::new(kind.program())
+        .args(["image", "inspect", &image])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// `corral init [PROFILE] --compose`, from the calling process's plan.

@@ -14,6 +14,16 @@ use corral_policy::plan::ExecutorTarget;
 use crate::cli::ExecArgs;
 
 pub fn run(args: ExecArgs) -> anyhow::Result<ExitCode> {
+    // The options first: a mistyped one is said before the executor is looked for.
+    let timeout_ms = match &args.timeout {
+        Some(t) => Some(
+            HumanDuration::parse(t)
+                .map_err(anyhow::Error::msg)
+                .context("--timeout")?
+                .0,
+        ),
+        None => None,
+    };
     let here = std::env::current_dir().context("cannot read the current directory")?;
     let target = client::discover(&here, &|k| std::env::var(k).ok(), &read_target)?;
 
@@ -25,13 +35,7 @@ pub fn run(args: ExecArgs) -> anyhow::Result<ExitCode> {
             .as_deref()
             .and_then(|root| client::relative_cwd(root, &here)),
     };
-    if let Some(t) = &args.timeout {
-        let ms = HumanDuration::parse(t)
-            .map_err(anyhow::Error::msg)
-            .context("--timeout")?
-            .0;
-        req.timeout_ms = Some(ms);
-    }
+    req.timeout_ms = timeout_ms;
     for kv in &args.env {
         let Some((k, v)) = kv.split_once('=') else {
             bail!("--env {kv:?}: expected NAME=VALUE");

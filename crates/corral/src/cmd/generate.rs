@@ -21,7 +21,7 @@ use crate::cli::{Cli, GenerateCommand};
 pub fn run(cmd: GenerateCommand) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     write(cmd, &mut out)?;
-    out.flush().context("cannot write to standard output")?;
+    out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -29,7 +29,11 @@ pub fn write(cmd: GenerateCommand, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut command = Cli::command();
     match cmd {
         GenerateCommand::Completions { shell } => {
-            clap_complete::generate(shell, &mut command, "corral", out);
+            // clap_complete panics on a failed write; a closed pipe (`| head -1`) is an error
+            // main ends on quietly.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "corral", &mut script);
+            out.write_all(&script)?;
         }
         GenerateCommand::Man { dir: None } => {
             clap_mangen::Man::new(command)

@@ -138,6 +138,9 @@ max_concurrent = 8
 read_only = []
 read_write = []                     # e.g. ["~/.cargo/registry", "~/.npm"]
 network = {{ mode = "none", allow = [] }}
+
+[terminal]
+clipboard = false                   # true: the jail's OSC 52 escape sequences may write your clipboard
 "#,
         name = p.name,
         command = quoted(&p.command),

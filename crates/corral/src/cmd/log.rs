@@ -1,11 +1,12 @@
-//! `corral log [--follow] [--blocked] [--json]`: the current project's audit log.
+//! `corral log [--follow] [--blocked] [--json] [--since WHEN] [-n N]`: the current project's
+//! audit log. Times are shown in UTC, as they are stored.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, IsTerminal, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use corral_audit::{AuditLog, Decision, Event, Record};
@@ -19,6 +20,7 @@ pub fn project_root() -> anyhow::Result<PathBuf> {
 }
 
 pub fn run(args: LogArgs) -> anyhow::Result<ExitCode> {
+    let since = args.since.as_deref().map(since_time).transpose()?;
     let root = project_root()?;
     let log = AuditLog::for_project(&root).context("cannot locate the audit log")?;
     let color =
@@ -26,17 +28,30 @@ pub fn run(args: LogArgs) -> anyhow::Result<ExitCode> {
     let mut printer = Printer {
         json: args.json,
         blocked: args.blocked,
+        since,
+        skip: 0,
         color,
         header_done: false,
     };
     let mut rotated = log.path().as_os_str().to_owned();
     rotated.push(".1");
+    let rotated = PathBuf::from(rotated);
+    // The files read from their start: both when printing, the current one when following.
+    let files: Vec<&Path> = if args.follow {
+        vec![log.path()]
+    } else {
+        vec![&rotated, log.path()]
+    };
+    if let Some(n) = args.lines {
+        // -n: skip what comes before the last N entries shown.
+        printer.skip = printer.count(&files)?.saturating_sub(n);
+    }
     let stdout = io::stdout();
     let mut out = stdout.lock();
     if !args.follow {
         let mut any = false;
-        for path in [PathBuf::from(&rotated), log.path().to_path_buf()] {
-            if let Some(f) = open_if_exists(&path)? {
+        for path in files {
+            if let Some(f) = open_if_exists(path)? {
                 any = true;
                 for line in BufReader::new(f).lines() {
                     let line = line.with_context(|| format!("reading {}", path.display()))?;
@@ -54,6 +69,36 @@ pub fn run(args: LogArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     follow(log.path(), &mut printer, &mut out)
+}
+
+/// `--since WHEN`: a duration ago (what `humantime` reads: `10m`, `2h`, `1day`), or a UTC time
+/// as RFC 3339 writes it, with a space for the `T` and the seconds optional, or a date alone.
+fn since_time(when: &str) -> anyhow::Result<SystemTime> {
+    if let Ok(d) = corral_policy::config::HumanDuration::parse(when) {
+        return Ok(SystemTime::now()
+            .checked_sub(Duration::from_millis(d.0))
+            .unwrap_or(SystemTime::UNIX_EPOCH));
+    }
+    let w = when.trim();
+    let candidates = [
+        w.to_string(),
+        format!("{w}:00"),
+        format!("{w} 00:00:00"),
+        format!("{w}T00:00:00Z"),
+    ];
+    candidates
+        .iter()
+        .find_map(|c| {
+            humantime::parse_rfc3339(c)
+                .or_else(|_| humantime::parse_rfc3339_weak(c))
+                .ok()
+        })
+        .with_context(|| {
+            format!(
+                "--since {when:?}: expected a duration ago (10m, 2h, 1day) or a UTC time \
+                 (2026-11-29, \"2026-11-29 21:40\", 2026-11-29T21:40:01Z)"
+            )
+        })
 }
 
 fn open_if_exists(path: &Path) -> anyhow::Result<Option<File>> {
@@ -108,17 +153,59 @@ fn follow(path: &Path, printer: &mut Printer, out: &mut impl Write) -> anyhow::R
 struct Printer {
     json: bool,
     blocked: bool,
+    /// `--since`: entries before it are not shown.
+    since: Option<SystemTime>,
+    /// `-n`: entries still to pass over before the first one shown.
+    skip: usize,
     color: bool,
     header_done: bool,
 }
 
 impl Printer {
-    fn line(&mut self, out: &mut impl Write, line: &str) -> anyhow::Result<()> {
+    /// The entry of `line` when it is shown (--blocked, --since); `Some(None)` for a line that
+    /// is not a record, which only --json shows (as stored).
+    fn wanted(&self, line: &str) -> Option<Option<Record>> {
         if line.trim().is_empty() {
-            return Ok(());
+            return None;
         }
         let record: Option<Record> = serde_json::from_str(line).ok();
         if self.blocked && !record.as_ref().is_some_and(Record::is_blocked) {
+            return None;
+        }
+        if let Some(since) = self.since {
+            let time = record
+                .as_ref()
+                .and_then(|r| humantime::parse_rfc3339(&r.time).ok());
+            if time.is_none_or(|t| t < since) {
+                return None;
+            }
+        }
+        if record.is_none() && !self.json {
+            return None;
+        }
+        Some(record)
+    }
+
+    /// How many entries of `files` would be shown.
+    fn count(&self, files: &[&Path]) -> anyhow::Result<usize> {
+        let mut n = 0;
+        for path in files {
+            if let Some(f) = open_if_exists(path)? {
+                for line in BufReader::new(f).lines() {
+                    let line = line.with_context(|| format!("reading {}", path.display()))?;
+                    n += usize::from(self.wanted(&line).is_some());
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    fn line(&mut self, out: &mut impl Write, line: &str) -> anyhow::Result<()> {
+        let Some(record) = self.wanted(line) else {
+            return Ok(());
+        };
+        if self.skip > 0 {
+            self.skip -= 1;
             return Ok(());
         }
         if self.json {
@@ -129,8 +216,8 @@ impl Printer {
         if !self.header_done {
             writeln!(
                 out,
-                "{:<12} {:<16} {:<5} {:<8} {:<40} RULE",
-                "TIME", "JAIL", "KIND", "DECISION", "TARGET"
+                "{:<23} {:<16} {:<5} {:<8} {:<40} RULE",
+                "TIME (UTC)", "JAIL", "KIND", "DECISION", "TARGET"
             )?;
             self.header_done = true;
         }
@@ -139,8 +226,11 @@ impl Printer {
     }
 
     fn row(&self, r: &Record) -> String {
-        // "2026-11-29T21:40:01.123Z" -> "21:40:01.123"
-        let time = r.time.get(11..23).unwrap_or(&r.time).to_string();
+        // "2026-11-29T21:40:01.123Z" -> "2026-11-29 21:40:01.123"
+        let time = match r.time.get(..23) {
+            Some(t) if t.is_char_boundary(10) => t.replacen('T', " ", 1),
+            _ => r.time.clone(),
+        };
         let (kind, decision, target, rule) = match &r.event {
             Event::Net(n) => {
                 let target = format!("{} {}:{}", n.method, n.host, n.port);
@@ -189,7 +279,7 @@ impl Printer {
             decision_cell
         };
         format!(
-            "{time:<12} {:<16} {kind:<5} {decision_cell} {target:<40} {rule}",
+            "{time:<23} {:<16} {kind:<5} {decision_cell} {target:<40} {rule}",
             r.jail
         )
     }

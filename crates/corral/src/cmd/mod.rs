@@ -14,6 +14,7 @@ mod image;
 pub mod init;
 pub mod log;
 pub mod plan;
+mod profile_arg;
 mod proxy;
 mod rules;
 mod run;
@@ -37,12 +38,21 @@ pub fn starts_a_jail(mut args: impl Iterator<Item = std::ffi::OsString>) -> bool
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run(args) => run::run(args),
-        Command::Shell(args) => shell::shell(args),
+        Command::Run(args) => {
+            profile_arg::check("run", args.profile.as_deref(), &args.extra)?;
+            run::run(args)
+        }
+        Command::Shell(args) => {
+            profile_arg::check("shell", args.profile.as_deref(), &args.extra)?;
+            shell::shell(args)
+        }
         Command::Exec(args) => exec::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Proxy(args) => proxy::run(args),
-        Command::Plan(args) => plan::run(args),
+        Command::Plan(args) => {
+            profile_arg::check("plan", args.profile.as_deref(), &args.extra)?;
+            plan::run(args)
+        }
         Command::Init(args) => init::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Log(args) => log::run(args),

@@ -56,6 +56,7 @@ pub fn flags(opts: &JailOptions) -> Flags {
         publish: opts.publish.clone(),
         scratch: opts.scratch,
         allow_host_executor: opts.allow_host_executor,
+        allow_harness_config: opts.allow_harness_config,
     }
 }
 
@@ -77,7 +78,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     } else {
         human(&plan)
     };
-    print!("{out}");
+    out!("{out}")?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -269,6 +270,32 @@ pub fn human(p: &Plan) -> String {
     for m in &p.protected {
         let _ = writeln!(o, "  {}", m.display());
     }
+    if !p.guarded.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nharness code keys (writable; put back after the run unless --allow-harness-config)"
+        );
+        for g in &p.guarded {
+            let keys = match &g.keys {
+                corral_policy::plan::GuardedKeys::Code(k) => k.join(", "),
+                corral_policy::plan::GuardedKeys::AllBut(k) if k.is_empty() => "every key".into(),
+                corral_policy::plan::GuardedKeys::AllBut(k) => {
+                    format!("every key but {}", k.join(", "))
+                }
+            };
+            let commands = if g.commands.is_empty() {
+                String::new()
+            } else {
+                format!("; \"!\" commands at {}", g.commands.join(", "))
+            };
+            let keys = if keys.is_empty() {
+                "-".to_string()
+            } else {
+                keys
+            };
+            let _ = writeln!(o, "  {}: {keys}{commands}", g.path.display());
+        }
+    }
     let _ = writeln!(o, "\nenvironment (nothing else of yours enters)");
     for (k, v) in &p.env {
         if looks_secret(k) {
@@ -313,6 +340,16 @@ pub fn human(p: &Plan) -> String {
         match l.enforce {
             Enforce::Strict => "strict",
             Enforce::BestEffort => "best-effort",
+        }
+    );
+    let _ = writeln!(
+        o,
+        "terminal      escape sequences that act outside the screen are dropped; clipboard \
+         writes (OSC 52) {}",
+        if p.terminal.clipboard {
+            "pass (terminal.clipboard)"
+        } else {
+            "dropped"
         }
     );
     let e = &p.executor;

@@ -1,5 +1,15 @@
-//! `corral allow HOST[:PORT]` and `corral deny HOST`: add a network rule to the project's
+//! `corral allow HOST[:PORT]...` and `corral deny HOST...`: add network rules to the project's
 //! `corral.toml` (or, with `--user`, the user config) from outside the jail.
+//!
+//! Several hosts may be named at once; all are checked before the file is touched. A URL is
+//! refused with the host it names (`http://x.org/a` -> "a scheme is not a host: write x.org").
+//! An address gets one answer whether it is private or public: the proxy checks a destination
+//! twice, by the name the client asked for (`network.allow`) and by the address it connects to
+//! (`network.allow_cidrs` for loopback, private, link-local... ranges), so `corral allow
+//! 10.0.0.1` writes both `network.allow += "10.0.0.1"` and `network.allow_cidrs +=
+//! "10.0.0.1/32"` (`/128` for IPv6), and `corral deny` of it takes the address out of
+//! `allow_cidrs` again. A CIDR (`corral allow 10.0.0.0/8`) goes to `allow_cidrs` alone: it lets
+//! allowed names resolve into that range.
 //!
 //! The file is edited with toml_edit, so every comment, blank line and the key order stay as the
 //! user wrote them; only the one array gains an element. The pattern is validated by the same
@@ -16,6 +26,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use corral_policy::domain::DomainPattern;
+use ipnet::IpNet;
 use toml_edit::{Array, DocumentMut, Item, Table, Value};
 
 use crate::cli::RuleArgs;
@@ -43,20 +54,72 @@ impl Rule {
     }
 }
 
-/// What an edit did, for the message and the tests.
+/// What one edit of one list did, for the message and the tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
-    /// The canonical pattern.
+    /// The list: `network.allow`, `network.deny` or `network.allow_cidrs`.
+    pub list: String,
+    /// The canonical entry.
     pub pattern: String,
-    /// False when the rule was already there (the file is left untouched).
+    /// It was added to `list`.
     pub added: bool,
-    /// The same pattern was taken out of the opposite list.
-    pub removed_from_opposite: bool,
-    pub created_file: bool,
+    /// It was in `list` already (the list is left as it was).
+    pub present: bool,
+    /// The list it was taken out of, when it was in the opposite one.
+    pub removed_from: Option<String>,
+}
+
+impl Outcome {
+    fn changed(&self) -> bool {
+        self.added || self.removed_from.is_some()
+    }
+}
+
+/// One host argument, parsed: a pattern for `network.allow`/`deny`, and the address range for
+/// `network.allow_cidrs` (an IP literal's own address, or a CIDR alone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub pattern: Option<DomainPattern>,
+    pub cidr: Option<IpNet>,
+}
+
+impl Target {
+    pub fn parse(raw: &str) -> anyhow::Result<Target> {
+        if let Some((_, rest)) = raw.split_once("://") {
+            let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+            let authority = authority.rsplit('@').next().unwrap_or(authority);
+            if authority.is_empty() {
+                bail!("{raw:?}: a scheme is not a host: write the host alone (e.g. example.org)");
+            }
+            bail!("{raw:?}: a scheme is not a host: write {authority}");
+        }
+        if raw.contains('/') {
+            let cidr: IpNet = raw.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "{raw:?}: a path is not part of a host, and it is not a CIDR such as 10.0.0.0/8"
+                )
+            })?;
+            return Ok(Target {
+                pattern: None,
+                cidr: Some(cidr.trunc()),
+            });
+        }
+        let pattern = DomainPattern::parse(raw)?;
+        let cidr = pattern.ip().map(IpNet::from);
+        Ok(Target {
+            pattern: Some(pattern),
+            cidr,
+        })
+    }
 }
 
 pub fn run(rule: Rule, args: RuleArgs) -> anyhow::Result<ExitCode> {
-    let pattern = DomainPattern::parse(&args.host)?;
+    // Every argument is checked before the file is touched.
+    let targets: Vec<Target> = args
+        .hosts
+        .iter()
+        .map(|h| Target::parse(h))
+        .collect::<anyhow::Result<_>>()?;
     let file = if args.user {
         user_config_path()?
     } else {
@@ -68,31 +131,51 @@ pub fn run(rule: Rule, args: RuleArgs) -> anyhow::Result<ExitCode> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
     };
-    let outcome = edit_file(&file, rule, &pattern)?;
-    if !args.user {
-        // The project's file, edited by the user's own command: still trusted if it was.
-        super::trust::carry_over(&file, before.as_deref())?;
-    }
-    let list = format!("network.{}", rule.key());
-    let shown = file.display();
-    if outcome.removed_from_opposite {
-        println!(
-            "removed {:?} from network.{} in {shown}",
-            outcome.pattern,
-            rule.opposite().key()
+    let (outcomes, created) = edit_file(&file, rule, &targets)?;
+    if !args.user
+        && (before.is_some() || created)
+        && !super::trust::carry_over(&file, before.as_deref())?
+    {
+        // The project's file, edited by the user's own command, is still trusted if it was;
+        // one never trusted is not trusted now either (its other lines were never reviewed).
+        eprintln!(
+            "corral: {} stays untrusted: you have not trusted the rest of it; review it, then \
+             run `corral trust` (corral run refuses what it grants until then)",
+            file.display()
         );
     }
-    if outcome.added {
-        let verb = if outcome.created_file {
-            "created"
-        } else {
-            "updated"
-        };
-        println!("{verb} {shown}: {list} += {:?}", outcome.pattern);
-    } else {
-        println!("{list} in {shown} already has {:?}", outcome.pattern);
-    }
+    report(&file, &outcomes, created)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line per change on standard output.
+fn report(file: &Path, outcomes: &[Outcome], created: bool) -> anyhow::Result<()> {
+    let shown = file.display();
+    let mut created = created;
+    for o in outcomes {
+        if let Some(from) = &o.removed_from {
+            outln!("removed {:?} from {from} in {shown}", o.pattern)?;
+        }
+        let list = &o.list;
+        if o.added {
+            let verb = if std::mem::take(&mut created) {
+                "created"
+            } else {
+                "updated"
+            };
+            outln!("{verb} {shown}: {list} += {:?}", o.pattern)?;
+        } else if o.present {
+            outln!("{list} in {shown} already has {:?}", o.pattern)?;
+        } else if o.removed_from.is_none() {
+            outln!(
+                "{list} in {shown} does not have {:?}: nothing to take out (loopback, private \
+                 and link-local addresses are refused unless listed there; deny a public host by \
+                 name)",
+                o.pattern
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// `$XDG_CONFIG_HOME/corral/config.toml`, else `~/.config/corral/config.toml`.
@@ -101,8 +184,13 @@ fn user_config_path() -> anyhow::Result<PathBuf> {
     Ok(corral_policy::resolve::default_user_config(&env, &home))
 }
 
-/// Add `pattern` to `network.<rule>` of the TOML file at `path`, creating it when missing.
-pub fn edit_file(path: &Path, rule: Rule, pattern: &DomainPattern) -> anyhow::Result<Outcome> {
+/// Add `targets` to the rule's lists of the TOML file at `path`, creating it when missing:
+/// what each edit did, and whether the file was created.
+pub fn edit_file(
+    path: &Path,
+    rule: Rule,
+    targets: &[Target],
+) -> anyhow::Result<(Vec<Outcome>, bool)> {
     // Edit the file a symlink points at, not the link.
     let target = match std::fs::canonicalize(path) {
         Ok(p) => p,
@@ -114,96 +202,168 @@ pub fn edit_file(path: &Path, rule: Rule, pattern: &DomainPattern) -> anyhow::Re
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (String::new(), true),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", target.display())),
     };
-    let (new_text, mut outcome) = edit_text(&text, rule, pattern)
+    let (new_text, outcomes) = edit_targets(&text, rule, targets)
         .with_context(|| format!("cannot add the rule to {}", target.display()))?;
-    outcome.created_file = created;
     if new_text != text {
         write_atomic(&target, &new_text)?;
     }
-    Ok(outcome)
+    Ok((outcomes, created && new_text != text))
 }
 
-/// The edit itself, on text: the new text and what changed.
-pub fn edit_text(
+/// The edit of one pattern, on text: the new text and what changed.
+#[cfg(test)]
+fn edit_text(text: &str, rule: Rule, pattern: &DomainPattern) -> anyhow::Result<(String, Outcome)> {
+    let target = Target {
+        pattern: Some(pattern.clone()),
+        cidr: None,
+    };
+    let (text, mut outcomes) = edit_targets(text, rule, std::slice::from_ref(&target))?;
+    Ok((text, outcomes.remove(0)))
+}
+
+/// Every target's edits, on text: its pattern into `network.<rule>` (out of the opposite
+/// list), its address range into `network.allow_cidrs` (allow) or out of it (deny).
+pub fn edit_targets(
     text: &str,
     rule: Rule,
-    pattern: &DomainPattern,
-) -> anyhow::Result<(String, Outcome)> {
+    targets: &[Target],
+) -> anyhow::Result<(String, Vec<Outcome>)> {
     let mut doc: DocumentMut = text
         .parse()
         .context("the file is not valid TOML; fix it first (corral plan shows where)")?;
-    let canonical = pattern.to_string();
     let fresh = text.trim().is_empty();
-
-    if !doc.contains_key("network") {
-        let mut t = Table::new();
-        if !fresh {
-            t.decor_mut().set_prefix("\n");
+    let mut outcomes = Vec::new();
+    for t in targets {
+        if let Some(pattern) = &t.pattern {
+            let same = |s: &str| DomainPattern::parse(s).is_ok_and(|p| &p == pattern);
+            let edit = Edit {
+                entry: &pattern.to_string(),
+                add_to: Some(rule.key()),
+                remove_from: Some(rule.opposite().key()),
+                same: &same,
+            };
+            outcomes.extend(edit.apply(&mut doc, fresh)?);
         }
-        doc.insert("network", Item::Table(t));
-    }
-    let inline = doc.get("network").is_some_and(Item::is_inline_table);
-    let network = doc
-        .get_mut("network")
-        .and_then(Item::as_table_like_mut)
-        .context("`network` is not a table")?;
-
-    let mut removed_from_opposite = false;
-    if let Some(item) = network.get_mut(rule.opposite().key()) {
-        let arr = item
-            .as_array_mut()
-            .with_context(|| format!("`network.{}` is not an array", rule.opposite().key()))?;
-        let before = arr.len();
-        remove_pattern(arr, pattern);
-        removed_from_opposite = arr.len() != before;
-    }
-
-    if !network.contains_key(rule.key()) {
-        let mut new = Value::Array(Array::new());
-        if inline {
-            // `{ mode = "proxy" }`: the space before `}` follows the new last value instead.
-            if let Some((_, Item::Value(last))) = network.iter_mut().last() {
-                let suffix = raw(last.decor().suffix());
-                last.decor_mut().set_suffix("");
-                new.decor_mut().set_prefix(" ");
-                new.decor_mut().set_suffix(suffix);
+        if let Some(cidr) = t.cidr {
+            let same = |s: &str| s.parse::<IpNet>().is_ok_and(|c| c.trunc() == cidr);
+            let (add_to, remove_from) = match rule {
+                Rule::Allow => (Some(CIDRS), None),
+                Rule::Deny => (None, Some(CIDRS)),
+            };
+            let entry = cidr.to_string();
+            let edit = Edit {
+                entry: &entry,
+                add_to,
+                remove_from,
+                same: &same,
+            };
+            match edit.apply(&mut doc, fresh)? {
+                Some(o) => outcomes.push(o),
+                // `corral deny 10.0.0.0/8` with nothing to take out: said, not silent.
+                None if t.pattern.is_none() => outcomes.push(Outcome {
+                    list: format!("network.{CIDRS}"),
+                    pattern: entry,
+                    added: false,
+                    present: false,
+                    removed_from: None,
+                }),
+                None => {}
             }
         }
-        network.insert(rule.key(), Item::Value(new));
     }
-    let arr = network
-        .get_mut(rule.key())
-        .and_then(Item::as_array_mut)
-        .with_context(|| format!("`network.{}` is not an array", rule.key()))?;
-    let present = arr.iter().any(|v| {
-        v.as_str()
-            .and_then(|s| DomainPattern::parse(s).ok())
-            .is_some_and(|p| &p == pattern)
-    });
-    if !present {
-        push_keeping_layout(arr, &canonical);
+    if !outcomes.iter().any(Outcome::changed) {
+        return Ok((text.to_string(), outcomes));
     }
-    let outcome = Outcome {
-        pattern: canonical,
-        added: !present,
-        removed_from_opposite,
-        created_file: false,
-    };
-    if present && !removed_from_opposite {
-        return Ok((text.to_string(), outcome));
-    }
-    Ok((doc.to_string(), outcome))
+    Ok((doc.to_string(), outcomes))
 }
 
-/// Remove every element that parses to `pattern`, keeping the others' layout.
-fn remove_pattern(arr: &mut Array, pattern: &DomainPattern) {
+/// The address ranges the proxy lets a destination's address be in (private, loopback, ...).
+const CIDRS: &str = "allow_cidrs";
+
+/// One entry's edit of the `[network]` table: taken out of `remove_from`, added to `add_to`;
+/// entries compare by `same` (their parsed form, so `Example.com.` is `example.com`).
+struct Edit<'a> {
+    entry: &'a str,
+    add_to: Option<&'static str>,
+    remove_from: Option<&'static str>,
+    same: &'a dyn Fn(&str) -> bool,
+}
+
+impl Edit<'_> {
+    /// What it did; nothing for a removal from a list that did not hold it.
+    fn apply(&self, doc: &mut DocumentMut, fresh: bool) -> anyhow::Result<Option<Outcome>> {
+        if self.add_to.is_some() && !doc.contains_key("network") {
+            let mut t = Table::new();
+            if !fresh {
+                t.decor_mut().set_prefix("\n");
+            }
+            doc.insert("network", Item::Table(t));
+        }
+        let inline = doc.get("network").is_some_and(Item::is_inline_table);
+        let Some(network) = doc.get_mut("network") else {
+            return Ok(None);
+        };
+        let network = network
+            .as_table_like_mut()
+            .context("`network` is not a table")?;
+        let mut removed_from = None;
+        if let Some(key) = self.remove_from
+            && let Some(item) = network.get_mut(key)
+        {
+            let arr = item
+                .as_array_mut()
+                .with_context(|| format!("`network.{key}` is not an array"))?;
+            let before = arr.len();
+            remove_matching(arr, self.same);
+            if arr.len() != before {
+                removed_from = Some(format!("network.{key}"));
+            }
+        }
+        let Some(key) = self.add_to else {
+            return Ok(removed_from.map(|from| Outcome {
+                list: from.clone(),
+                pattern: self.entry.to_string(),
+                added: false,
+                present: false,
+                removed_from: Some(from),
+            }));
+        };
+        if !network.contains_key(key) {
+            let mut new = Value::Array(Array::new());
+            if inline {
+                // `{ mode = "proxy" }`: the space before `}` follows the new last value instead.
+                if let Some((_, Item::Value(last))) = network.iter_mut().last() {
+                    let suffix = raw(last.decor().suffix());
+                    last.decor_mut().set_suffix("");
+                    new.decor_mut().set_prefix(" ");
+                    new.decor_mut().set_suffix(suffix);
+                }
+            }
+            network.insert(key, Item::Value(new));
+        }
+        let arr = network
+            .get_mut(key)
+            .and_then(Item::as_array_mut)
+            .with_context(|| format!("`network.{key}` is not an array"))?;
+        let present = arr.iter().any(|v| v.as_str().is_some_and(self.same));
+        if !present {
+            push_keeping_layout(arr, self.entry);
+        }
+        Ok(Some(Outcome {
+            list: format!("network.{key}"),
+            pattern: self.entry.to_string(),
+            added: !present,
+            present,
+            removed_from,
+        }))
+    }
+}
+
+/// Remove every element `same` holds for, keeping the others' layout.
+fn remove_matching(arr: &mut Array, same: &dyn Fn(&str) -> bool) {
     let mut i = 0;
     while i < arr.len() {
-        let hit = arr
-            .get(i)
-            .and_then(Value::as_str)
-            .and_then(|s| DomainPattern::parse(s).ok())
-            .is_some_and(|p| &p == pattern);
+        let hit = arr.get(i).and_then(Value::as_str).is_some_and(same);
         if hit {
             let removed = arr.remove(i);
             // A new first element takes the old first one's prefix (no space after `[` in an
@@ -380,13 +540,13 @@ mod tests {
     fn allow_takes_the_pattern_out_of_deny_and_back() {
         let text = "[network]\nallow = [\"a.com\"]\ndeny = [\"gist.github.com\", \"b.com\"]\n";
         let (t, o) = edit(text, Rule::Allow, "gist.github.com");
-        assert!(o.removed_from_opposite && o.added);
+        assert!(o.removed_from.is_some() && o.added);
         assert_eq!(
             t,
             "[network]\nallow = [\"a.com\", \"gist.github.com\"]\ndeny = [\"b.com\"]\n"
         );
         let (t, o) = edit(&t, Rule::Deny, "gist.github.com");
-        assert!(o.removed_from_opposite && o.added);
+        assert!(o.removed_from.is_some() && o.added);
         assert_eq!(
             t,
             "[network]\nallow = [\"a.com\"]\ndeny = [\"b.com\", \"gist.github.com\"]\n"

@@ -55,6 +55,9 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         // The container engines: cmd/engine_run.rs.
         Engine::Podman | Engine::Docker => return super::engine_run::run_plan(plan),
     }
+    // Processes the run started whose parent died (an executor command jail whose server was
+    // killed) come back to corral, which ends them all before the git check (`end_run`).
+    let _ = nix::sys::prctl::set_child_subreaper(true);
     // --publish: the host's 127.0.0.1:PORT, bound before the jail starts so a taken port fails
     // the run at once.
     let published = publish_listeners(plan)?;
@@ -75,9 +78,10 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // directories of the project only when the jail can write it.
     let git_guard = {
         let root = plan.project.root.clone();
+        let home = plan.home.clone();
         let nested =
             !plan.project.scratch && plan.project.access == corral_policy::plan::Access::Rw;
-        std::thread::spawn(move || crate::gitguard::snapshot(&root, nested))
+        std::thread::spawn(move || crate::gitguard::snapshot(&root, nested, &home))
     };
     // The jail's cgroup (as root, or with delegation: a few directories and limit files) is
     // made on a thread of its own meanwhile; it needs only the id and the limits.
@@ -89,7 +93,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         // rest failed.
         Ok::<_, anyhow::Error>((limits?, rest?))
     })?;
-    let (limits, (secrets, plan, _executor, _stub_files)) = prepared_plan;
+    let (limits, (secrets, plan, executor, _stub_files)) = prepared_plan;
     let plan = &plan;
 
     if !audit.path().exists() {
@@ -116,6 +120,11 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     prepared.enter_namespaces(plan, &opts.cgroup_procs)?;
 
     let baseline = crate::changes::ready(baseline);
+    let git_guard = git_guard
+        .join()
+        .map_err(|_| anyhow::anyhow!("the git snapshot thread panicked"))?;
+    // The dangerous parts of the git directories found are read-only in the jail (gitguard.rs).
+    let plan = &crate::gitguard::protect(plan, &git_guard);
     write(
         &audit,
         &jail_id,
@@ -125,9 +134,10 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             detail: serde_json::to_value(plan).unwrap_or_default(),
         },
     );
-    let git_guard = git_guard
-        .join()
-        .map_err(|_| anyhow::anyhow!("the git snapshot thread panicked"))?;
+    // Set-id files that appear where the jail can write from now on (setid.rs).
+    let set_id = crate::setid::watch(plan);
+    // The harness's guarded configuration files (stateguard.rs), as they are before it starts.
+    let state_guard = crate::stateguard::snapshot(plan);
     let mut jail = match prepared.start(plan, &opts) {
         Ok(jail) => jail,
         Err(e) => {
@@ -154,8 +164,17 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         &audit,
         &jail_id,
     )?;
+    let placeholders = jail.keep_placeholders();
     let exit = jail.wait();
-    for line in crate::gitguard::check(git_guard, &jail_id) {
+    end_run(executor);
+    // No jail of the run binds them any more: the placeholders this run made go.
+    drop(placeholders);
+    // Nothing the run started can write any more: the checks see the final state.
+    let set_id = crate::setid::check(set_id);
+    for line in crate::gitguard::check(git_guard, &jail_id)
+        .into_iter()
+        .chain(crate::stateguard::check(state_guard, &jail_id))
+    {
         eprintln!("corral: {line}");
         write(
             &audit,
@@ -202,6 +221,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         }
     }
     crate::changes::finish(baseline, &audit, &jail_id);
+    crate::setid::report(set_id, &audit, &jail_id);
     write(
         &audit,
         &jail_id,
@@ -212,6 +232,15 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         },
     );
     Ok(exit.code)
+}
+
+/// After the jail's command ended, before anything is checked or reported: stop the executor
+/// (its server ends every command jail it started, SIGTERM then SIGKILL, and waits for them),
+/// then end whatever else the run started is still running (a command jail whose server died
+/// was re-parented to corral). When this returns, nothing the run started can write any more.
+fn end_run(executor: Option<super::serve::RunExecutor>) {
+    drop(executor);
+    corral_exec::end_children();
 }
 
 /// What the jail's Plan gains on top of `plan` before it starts: [secrets] placeholders and the

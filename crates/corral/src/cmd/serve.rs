@@ -127,6 +127,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         server.run(stop_signal()).await;
         Ok::<_, anyhow::Error>(())
     })?;
+    // The server is a child subreaper: what a command left behind (a command jail whose
+    // helper was killed, a process that left its group) ends here too, before the server
+    // exits and `corral run` checks the project.
+    corral_exec::end_children();
     Ok(ExitCode::SUCCESS)
 }
 
@@ -354,7 +358,7 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
         "--timeout".into(),
         format!("{}ms", plan.executor.timeout_ms.max(1)).into(),
         "--max-output".into(),
-        plan.executor.max_output.max(1).to_string().into(),
+        format!("{}b", plan.executor.max_output.max(1)).into(),
         "--max-concurrent".into(),
         plan.executor.max_concurrent.max(1).to_string().into(),
         // The policy is already resolved into these flags and the jail plan.
@@ -487,6 +491,27 @@ fn activate(
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
     let _ = child.wait();
+    report_refusals(&log);
+}
+
+/// The end-of-run lines for the requests the executor refused by `executor.allow` (at most
+/// ten; every one is in the audit log).
+fn report_refusals(log: &Path) {
+    const SHOWN: usize = 10;
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let refused: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(corral_exec::server::REFUSED_PREFIX))
+        .collect();
+    for line in refused.iter().take(SHOWN) {
+        eprintln!("corral: the executor refused {line}");
+    }
+    if refused.len() > SHOWN {
+        eprintln!(
+            "corral: the executor refused {} more requests (corral log --blocked)",
+            refused.len() - SHOWN
+        );
+    }
 }
 
 /// `corral serve --listen fd:N ...` with the listener at `fd` (inherited: its close-on-exec

@@ -67,28 +67,33 @@ pub fn run(cmd: ShimCommand) -> anyhow::Result<ExitCode> {
                 .context("cannot resolve the running corral executable")?;
             let report = install(&dir, &profiles, scratch, &path, &corral)?;
             for line in report {
-                println!("{line}");
+                outln!("{line}")?;
             }
             for warning in path_warnings(&dir, &path) {
                 eprintln!("corral: {warning}");
             }
             Ok(ExitCode::SUCCESS)
         }
-        ShimCommand::List { dir } => {
+        ShimCommand::List { dir, json } => {
             let dir = shim_dir(dir)?;
             let shims = list(&dir)?;
+            if json {
+                let v: Vec<serde_json::Value> = shims.iter().map(Shim::json).collect();
+                outln!("{}", serde_json::to_string_pretty(&v)?)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             if shims.is_empty() {
                 eprintln!("corral: no shims in {}", dir.display());
             }
             for s in shims {
-                println!("{}", s.describe());
+                outln!("{}", s.describe())?;
             }
             Ok(ExitCode::SUCCESS)
         }
         ShimCommand::Remove { profiles, dir } => {
             let dir = shim_dir(dir)?;
             for line in remove(&dir, &profiles)? {
-                println!("{line}");
+                outln!("{line}")?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -127,8 +132,11 @@ pub fn command_of(profile: &str) -> anyhow::Result<String> {
         Some((_, c)) => Ok(c.clone()),
         None => {
             let known: Vec<&str> = all.iter().map(|(p, _)| p.as_str()).collect();
+            let hint = corral_policy::config::closest(profile, known.iter().copied())
+                .map(|n| format!(" (did you mean {n:?}?)"))
+                .unwrap_or_default();
             bail!(
-                "unknown profile {profile:?}; shims exist for {}",
+                "unknown profile {profile:?}{hint}; shims exist for {}",
                 known.join(", ")
             )
         }
@@ -387,6 +395,17 @@ pub struct Shim {
 }
 
 impl Shim {
+    /// `corral shim list --json`: the wrapper's path, profile, the real command it runs and
+    /// whether it adds `--scratch`.
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "path": self.path,
+            "profile": self.profile,
+            "command": self.command,
+            "scratch": self.scratch,
+        })
+    }
+
     fn describe(&self) -> String {
         let flag = if self.scratch { " --scratch" } else { "" };
         format!(

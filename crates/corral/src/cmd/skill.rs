@@ -15,13 +15,16 @@ pub fn run(args: SkillArgs) -> anyhow::Result<ExitCode> {
     if let Some(p) = &args.profile
         && !PROFILES.contains(&p.as_str())
     {
+        let hint = corral_policy::config::closest(p, PROFILES.iter().copied())
+            .map(|n| format!(" (did you mean {n:?}?)"))
+            .unwrap_or_default();
         bail!(
-            "unknown profile {p:?}; known profiles: {}",
+            "unknown profile {p:?}{hint}; known profiles: {}",
             PROFILES.join(", ")
         );
     }
     // Every profile gets the same text: pi and Claude Code load it as a skill (frontmatter
     // `name` and `description`), the others read it as plain instructions.
-    print!("{}", corral_exec::SKILL_MD);
+    out!("{}", corral_exec::SKILL_MD)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -77,8 +77,9 @@ pub fn gate(plan: &Plan) -> anyhow::Result<()> {
 /// A project policy file the user's own corral command outside any jail just wrote (`corral
 /// init`) or edited (`corral allow`/`deny`): its new content is trusted when the file is new or
 /// its previous content was trusted, since the user reviewed that and added only this change. A
-/// file never trusted stays untrusted: the user has not read the rest of it.
-pub fn carry_over(file: &Path, before: Option<&[u8]>) -> anyhow::Result<()> {
+/// file never trusted stays untrusted: the user has not read the rest of it. Whether the new
+/// content is trusted.
+pub fn carry_over(file: &Path, before: Option<&[u8]>) -> anyhow::Result<bool> {
     let (env, home) = env_home()?;
     let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
     let store_path = trust::store_path(&env, &home);
@@ -86,12 +87,12 @@ pub fn carry_over(file: &Path, before: Option<&[u8]>) -> anyhow::Result<()> {
     if let Some(before) = before
         && !store.is_trusted(&file, &trust::sha256_hex(before))
     {
-        return Ok(());
+        return Ok(false);
     }
     let after = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
     store.trust(&file, &trust::sha256_hex(&after));
     store.save(&store_path)?;
-    Ok(())
+    Ok(true)
 }
 
 fn listing(t: &ProjectTrust, changed: bool) -> String {
@@ -112,7 +113,8 @@ fn listing(t: &ProjectTrust, changed: bool) -> String {
     s
 }
 
-fn shell_quote(s: &str) -> String {
+/// `s` as a POSIX shell word.
+pub(crate) fn shell_quote(s: &str) -> String {
     if s.chars()
         .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c))
     {
@@ -145,23 +147,7 @@ pub fn run(args: TrustArgs) -> anyhow::Result<ExitCode> {
     let store_path = trust::store_path(&env, &home);
     let mut store = TrustStore::load(&store_path)?;
     if args.list {
-        if store.files.is_empty() {
-            println!("no trusted project policy files ({})", store_path.display());
-        }
-        for f in &store.files {
-            let state = match std::fs::read(&f.path) {
-                Ok(bytes) if trust::sha256_hex(&bytes) == f.sha256 => "current",
-                Ok(_) => "CHANGED since trusted (not in force)",
-                Err(_) => "missing",
-            };
-            println!(
-                "{}  sha256 {}  trusted {}  {state}",
-                f.path.display(),
-                f.sha256,
-                f.trusted_at
-            );
-        }
-        return Ok(ExitCode::SUCCESS);
+        return list(&store, &store_path, args.json);
     }
     let dir = project_dir(args.path.as_deref())?;
     let file = corral_policy::resolve::project_root(&dir).join("corral.toml");
@@ -202,28 +188,77 @@ pub fn run(args: TrustArgs) -> anyhow::Result<ExitCode> {
     let t = plan
         .project_trust
         .with_context(|| format!("{} was not read as the project's policy", file.display()))?;
-    if t.grants.is_empty() {
-        println!(
-            "{} grants nothing beyond your own settings (it only narrows or sets harmless things)",
-            t.file.display()
-        );
-    } else {
-        println!(
-            "{} grants (a repository may be hostile: review these):",
-            t.file.display()
-        );
-        for g in &t.grants {
-            println!("  {g}");
-        }
-    }
+    // Recorded first: a closed standard output (`| head`) must not leave it half done.
     store.trust(&t.file, &t.sha256);
     store.save(&store_path)?;
+    if t.grants.is_empty() {
+        outln!(
+            "{} grants nothing beyond your own settings (it only narrows or sets harmless things)",
+            t.file.display()
+        )?;
+    } else {
+        outln!(
+            "{} grants (a repository may be hostile: review these):",
+            t.file.display()
+        )?;
+        for g in &t.grants {
+            outln!("  {g}")?;
+        }
+    }
     eprintln!(
         "corral: trusted {} (sha256 {}) in {}; any change to the file must be trusted again",
         t.file.display(),
         t.sha256,
         store_path.display()
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `corral trust --list [--json]`: each trusted file, its hash, when, and whether it still has
+/// that content (`current`, `changed`: not in force, `missing`).
+fn list(store: &TrustStore, store_path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let rows: Vec<(&trust::TrustedFile, &str)> = store
+        .files
+        .iter()
+        .map(|f| {
+            let state = match std::fs::read(&f.path) {
+                Ok(bytes) if trust::sha256_hex(&bytes) == f.sha256 => "current",
+                Ok(_) => "changed",
+                Err(_) => "missing",
+            };
+            (f, state)
+        })
+        .collect();
+    if json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(f, state)| {
+                serde_json::json!({
+                    "path": f.path,
+                    "sha256": f.sha256,
+                    "trusted_at": f.trusted_at,
+                    "state": state,
+                })
+            })
+            .collect();
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if rows.is_empty() {
+        outln!("no trusted project policy files ({})", store_path.display())?;
+    }
+    for (f, state) in rows {
+        let state = match state {
+            "changed" => "CHANGED since trusted (not in force)",
+            s => s,
+        };
+        outln!(
+            "{}  sha256 {}  trusted {}  {state}",
+            f.path.display(),
+            f.sha256,
+            f.trusted_at
+        )?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,10 +1,12 @@
-//! The podman backend for real: a harness container built from the plan, corral's proxy in its
-//! own container, the compose executor, and `corral down`.
+//! The container backends for real, podman and docker alike: a harness container built from the
+//! plan, corral's proxy in its own container, the compose executor, and `corral down`. Every test
+//! runs once per engine (`podman::NAME`, `docker::NAME`).
 //!
-//! Needs root, podman (runc, cgroupfs, netavark) and the image `localhost/corral-ci-harness:latest`
-//! (a Debian minbase rootfs with bash, curl and python3), all set up by `ci/podman-setup.sh`,
-//! which `.ci/run` calls. Origins are containers the test starts on its own network; nothing
-//! leaves the machine. Every object carries a per-test prefix and is removed at the end.
+//! Needs root and the image `localhost/corral-ci-harness:latest` (a Debian minbase rootfs with
+//! bash, curl and python3) in each engine: podman (runc, cgroupfs, netavark) and podman-compose
+//! from `ci/podman-setup.sh`, dockerd and docker-compose from `ci/docker-setup.sh`, which `.ci/run`
+//! calls. Origins are containers the test starts on its own network; nothing leaves the machine.
+//! Every object carries a per-test prefix and is removed at the end.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -26,45 +28,143 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn podman(args: &[&str]) -> Output {
-    Command::new("podman")
-        .args(args)
-        .output()
-        .expect("podman runs")
+/// The engine a test runs on, and where the two CLIs differ.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Engine {
+    Podman,
+    Docker,
 }
 
-fn podman_ok(args: &[&str]) -> String {
-    let out = podman(args);
-    assert!(
-        out.status.success(),
-        "podman {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Whether this machine can run the test; prints why not.
-fn ready() -> bool {
-    if on_path("podman").is_none() {
-        eprintln!("skipping: podman is not installed (ci/podman-setup.sh installs it)");
-        return false;
+impl Engine {
+    fn name(self) -> &'static str {
+        match self {
+            Engine::Podman => "podman",
+            Engine::Docker => "docker",
+        }
     }
-    if !is_root() {
-        eprintln!(
-            "skipping: run as root (CI does); rootless podman on this host's cgroup v1 cannot enforce the plan's limits"
+
+    fn cli(self, args: &[&str]) -> Output {
+        Command::new(self.name())
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{} runs: {e}", self.name()))
+    }
+
+    fn ok(self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "{} {args:?} failed: {}",
+            self.name(),
+            String::from_utf8_lossy(&out.stderr)
         );
-        return false;
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
-    let out = podman(&["image", "exists", IMAGE]);
-    assert!(
-        out.status.success(),
-        "podman is installed but {IMAGE} is missing: run ci/podman-setup.sh first"
-    );
-    true
+
+    /// Whether this machine can run the test on this engine; prints why not.
+    fn ready(self) -> bool {
+        let setup = match self {
+            Engine::Podman => "ci/podman-setup.sh",
+            Engine::Docker => "ci/docker-setup.sh",
+        };
+        if on_path(self.name()).is_none() {
+            eprintln!(
+                "skipping: {} is not installed ({setup} installs it)",
+                self.name()
+            );
+            return false;
+        }
+        if !is_root() {
+            eprintln!(
+                "skipping: run as root (CI does); a rootless engine on this host's cgroup v1 cannot enforce the plan's limits"
+            );
+            return false;
+        }
+        let image = match self {
+            Engine::Podman => self.cli(&["image", "exists", IMAGE]),
+            Engine::Docker => self.cli(&["image", "inspect", IMAGE]),
+        };
+        assert!(
+            image.status.success(),
+            "{} is installed but {IMAGE} is missing (or its daemon is down): run {setup} first: {}",
+            self.name(),
+            String::from_utf8_lossy(&image.stderr)
+        );
+        true
+    }
+
+    /// Removes containers at once (podman's `--time 0`; docker's `--force` kills).
+    fn rm_force(self, names: &[&str]) -> Output {
+        let mut args = vec!["rm", "--force"];
+        if self == Engine::Podman {
+            args.extend(["--time", "0"]);
+        }
+        args.extend(names);
+        self.cli(&args)
+    }
+
+    fn container_exists(self, name: &str) -> bool {
+        self.cli(&["container", "inspect", name]).status.success()
+    }
+
+    /// The subnet of a network, as `network inspect` formats it on this engine.
+    fn subnet(self, network: &str) -> String {
+        let format = match self {
+            Engine::Podman => "{{range .Subnets}}{{.Subnet}}{{end}}",
+            Engine::Docker => "{{range .IPAM.Config}}{{.Subnet}}{{end}}",
+        };
+        self.ok(&["network", "inspect", "--format", format, network])
+            .trim()
+            .to_string()
+    }
+
+    /// podman-compose or docker-compose.
+    fn compose(self) -> PathBuf {
+        match self {
+            Engine::Podman => std::env::var_os("CORRAL_CI_PODMAN_COMPOSE")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    let venv = Path::new("/opt/corral-ci-venv/bin/podman-compose");
+                    venv.exists().then(|| venv.to_path_buf())
+                })
+                .or_else(|| on_path("podman-compose"))
+                .expect("podman-compose is missing: run ci/podman-setup.sh"),
+            Engine::Docker => on_path("docker-compose")
+                .expect("docker-compose is missing: run ci/docker-setup.sh"),
+        }
+    }
 }
+
+/// Each test once per engine.
+macro_rules! on_every_engine {
+    ($($test:ident),* $(,)?) => {
+        mod podman {
+            $(#[test]
+            fn $test() {
+                super::$test(super::Engine::Podman)
+            })*
+        }
+        mod docker {
+            $(#[test]
+            fn $test() {
+                super::$test(super::Engine::Docker)
+            })*
+        }
+    };
+}
+
+on_every_engine!(
+    harness_container_sees_the_project_only_and_reaches_only_allowed_origins,
+    compose_executor_answers_corral_exec_from_the_harness,
+    an_absent_policy_file_cannot_be_created_from_inside,
+    sigterm_to_corral_stops_the_container_and_the_run_is_audited,
+    two_projects_never_see_each_others_containers,
+    a_proxy_that_cannot_start_is_an_error_that_quotes_its_log,
+);
 
 /// One test's world: a unique prefix for every engine object, a project, a state directory.
 struct World {
+    engine: Engine,
     dir: tempfile::TempDir,
     prefix: String,
     project: PathBuf,
@@ -72,10 +172,11 @@ struct World {
 }
 
 impl World {
-    fn new(tag: &str) -> Self {
+    fn new(engine: Engine, tag: &str) -> Self {
         static N: AtomicU32 = AtomicU32::new(0);
         let prefix = format!(
-            "ct{}{}{}",
+            "c{}{}{}{}",
+            &engine.name()[..1],
             tag,
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
@@ -89,6 +190,7 @@ impl World {
         let state = dir.path().join("state");
         std::fs::create_dir_all(&state).unwrap();
         World {
+            engine,
             dir,
             prefix,
             project,
@@ -127,8 +229,12 @@ impl World {
 
     /// Names of this test's containers (and pods) and networks still present.
     fn leftovers(&self) -> (Vec<String>, Vec<String>) {
-        let pods = podman_ok(&["pod", "ls", "--format", "{{.Name}}"]);
-        let containers = podman_ok(&[
+        let e = self.engine;
+        let pods = match e {
+            Engine::Podman => e.ok(&["pod", "ls", "--format", "{{.Name}}"]),
+            Engine::Docker => String::new(),
+        };
+        let containers = e.ok(&[
             "ps",
             "--all",
             "--filter",
@@ -136,7 +242,7 @@ impl World {
             "--format",
             "{{.Names}}",
         ]);
-        let networks = podman_ok(&["network", "ls", "--format", "{{.Name}}"]);
+        let networks = e.ok(&["network", "ls", "--format", "{{.Name}}"]);
         (
             containers
                 .lines()
@@ -155,37 +261,36 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         // Whatever a failed assertion left behind: containers, networks, volumes, images.
-        let names = podman(&["ps", "--all", "--format", "{{.Names}}"]);
-        for n in String::from_utf8_lossy(&names.stdout).lines() {
-            if n.starts_with(&self.prefix) || n.contains(&self.key()) {
-                podman(&["rm", "--force", "--time", "0", n]);
+        let e = self.engine;
+        let label = format!("label=corral.project={}", self.key());
+        let names = e.cli(&["ps", "--all", "--format", "{{.Names}}"]);
+        let labelled = e.cli(&["ps", "--all", "--filter", &label, "--format", "{{.Names}}"]);
+        for n in String::from_utf8_lossy(&names.stdout)
+            .lines()
+            .filter(|n| n.starts_with(&self.prefix) || n.contains(&self.key()))
+            .chain(String::from_utf8_lossy(&labelled.stdout).lines())
+        {
+            e.rm_force(&[n]);
+        }
+        if e == Engine::Podman {
+            let pods = e.cli(&["pod", "ls", "--format", "{{.Name}}"]);
+            for n in String::from_utf8_lossy(&pods.stdout).lines() {
+                if n.contains(&self.prefix) {
+                    e.cli(&["pod", "rm", "--force", n]);
+                }
             }
         }
-        let _ = podman(&[
-            "rm",
-            "--force",
-            "--time",
-            "0",
-            "--filter",
-            &format!("label=corral.project={}", self.key()),
-        ]);
-        let pods = podman(&["pod", "ls", "--format", "{{.Name}}"]);
-        for n in String::from_utf8_lossy(&pods.stdout).lines() {
-            if n.contains(&self.prefix) {
-                podman(&["pod", "rm", "--force", n]);
-            }
-        }
-        let nets = podman(&["network", "ls", "--format", "{{.Name}}"]);
+        let nets = e.cli(&["network", "ls", "--format", "{{.Name}}"]);
         for n in String::from_utf8_lossy(&nets.stdout).lines() {
             if n.starts_with(&self.prefix) {
-                podman(&["network", "rm", "--force", n]);
+                e.cli(&["network", "rm", n]);
             }
         }
-        podman(&["volume", "rm", "--force", &format!("{}-bin", self.prefix)]);
-        let images = podman(&["images", "--format", "{{.Repository}}"]);
+        e.cli(&["volume", "rm", "--force", &format!("{}-bin", self.prefix)]);
+        let images = e.cli(&["images", "--format", "{{.Repository}}"]);
         for i in String::from_utf8_lossy(&images.stdout).lines() {
             if i.contains(&self.prefix) {
-                podman(&["rmi", "--force", i]);
+                e.cli(&["rmi", "--force", i]);
             }
         }
     }
@@ -201,8 +306,8 @@ fn text(out: &Output) -> String {
 }
 
 /// An HTTP origin on the external network: a container answering `body` on port 8000.
-fn start_origin(name: &str, network: &str, body: &str) {
-    podman_ok(&[
+fn start_origin(e: Engine, name: &str, network: &str, body: &str) {
+    e.ok(&[
         "run",
         "--detach",
         "--name",
@@ -220,12 +325,11 @@ fn start_origin(name: &str, network: &str, body: &str) {
     ]);
 }
 
-#[test]
-fn harness_container_sees_the_project_only_and_reaches_only_allowed_origins() {
-    if !ready() {
+fn harness_container_sees_the_project_only_and_reaches_only_allowed_origins(e: Engine) {
+    if !e.ready() {
         return;
     }
-    let w = World::new("h");
+    let w = World::new(e, "h");
     let p = &w.project;
     std::fs::write(p.join("input.txt"), "hello-from-host\n").unwrap();
     std::fs::write(p.join(".env"), "TOPSECRET=1\n").unwrap();
@@ -235,24 +339,18 @@ fn harness_container_sees_the_project_only_and_reaches_only_allowed_origins() {
     // The shared external network, made first so the test knows its subnet: the origins live
     // there, on private addresses the proxy refuses unless allow_cidrs lists them.
     let external = format!("{}-external", w.prefix);
-    podman_ok(&["network", "create", &external]);
-    let subnet = podman_ok(&[
-        "network",
-        "inspect",
-        "--format",
-        "{{range .Subnets}}{{.Subnet}}{{end}}",
-        &external,
-    ]);
+    e.ok(&["network", "create", &external]);
+    let subnet = e.subnet(&external);
     let ok = format!("{}-ok", w.prefix);
     let no = format!("{}-no", w.prefix);
-    start_origin(&ok, &external, "origin-ok-body");
-    start_origin(&no, &external, "origin-no-body");
+    start_origin(e, &ok, &external, "origin-ok-body");
+    start_origin(e, &no, &external, "origin-no-body");
     std::fs::write(
         p.join("corral.toml"),
         format!(
             "[run]\nimage = \"{IMAGE}\"\n\n[filesystem]\nhide = [\".env\"]\n\n\
              [network]\nmode = \"proxy\"\nallow = [\"{ok}:8000\"]\nallow_cidrs = [\"{}\"]\n",
-            subnet.trim()
+            subnet
         ),
     )
     .unwrap();
@@ -272,13 +370,39 @@ curl -sS -m 10 http://{ok}:8000/
 curl -sS -m 10 -o /dev/null -w 'denied-status=%{{http_code}}\n' http://{no}:8000/
 curl -sS -m 5 --noproxy '*' http://{ok}:8000/ 2>/dev/null && echo DIRECT-REACHED || echo direct-blocked
 curl -sS -m 5 --noproxy '*' http://{no}:8000/ 2>/dev/null && echo DIRECT-REACHED || echo direct-blocked
+python3 - {dns_names} <<'PY'
+# Ask every resolver the container is given for each name, as a program ignoring the proxy
+# would (a DNS answer is also a way out: names carry data to whoever resolves them).
+import socket, struct, sys
+servers = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")]
+for name in sys.argv[1:]:
+    query = struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
+    query += b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0"
+    query += struct.pack(">HH", 1, 1)
+    answered = False
+    for ns in servers:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(2)
+        try:
+            s.sendto(query, (ns, 53))
+            answered |= struct.unpack(">H", s.recv(512)[6:8])[0] > 0
+        except OSError:
+            pass
+    print(("DNS-ANSWERED-" if answered else "no-dns-answer-") + name.split("-")[-1])
+PY
 "#,
-        secret = secret.display()
+        secret = secret.display(),
+        // podman's internal network has no resolver at all; docker's embedded one cannot be
+        // turned off and answers the internal network's container names (`proxy`), nothing else.
+        dns_names = match e {
+            Engine::Podman => format!("proxy {no}"),
+            Engine::Docker => no.clone(),
+        },
     );
     let out = w.corral(&[
         "run",
         "--engine",
-        "podman",
+        e.name(),
         "--",
         "/bin/bash",
         "-c",
@@ -299,7 +423,11 @@ curl -sS -m 5 --noproxy '*' http://{no}:8000/ 2>/dev/null && echo DIRECT-REACHED
             "denied-status=403",
             "direct-blocked",
             "direct-blocked",
-        ],
+        ]
+        .into_iter()
+        .chain((e == Engine::Podman).then_some("no-dns-answer-proxy"))
+        .chain(["no-dns-answer-no"])
+        .collect::<Vec<_>>(),
         "{t}"
     );
     assert_eq!(
@@ -333,14 +461,14 @@ curl -sS -m 5 --noproxy '*' http://{no}:8000/ 2>/dev/null && echo DIRECT-REACHED
     );
 
     // A second run reuses the networks and the proxy.
-    let out = w.corral(&["run", "--engine", "podman", "--", "/bin/true"]);
+    let out = w.corral(&["run", "--engine", e.name(), "--", "/bin/true"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 
     // The command's own exit code comes back.
     let out = w.corral(&[
         "run",
         "--engine",
-        "podman",
+        e.name(),
         "--",
         "/bin/bash",
         "-c",
@@ -348,42 +476,41 @@ curl -sS -m 5 --noproxy '*' http://{no}:8000/ 2>/dev/null && echo DIRECT-REACHED
     ]);
     assert_eq!(out.status.code(), Some(7), "{}", text(&out));
 
-    podman_ok(&["rm", "--force", "--time", "0", &ok, &no]);
-    let out = w.corral(&["down", "--engine", "podman"]);
+    assert!(e.rm_force(&[&ok, &no]).status.success());
+    let out = w.corral(&["down", "--engine", e.name()]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(w.leftovers(), (vec![], vec![]), "{}", text(&out));
 }
 
-fn podman_compose() -> PathBuf {
-    std::env::var_os("CORRAL_CI_PODMAN_COMPOSE")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let venv = Path::new("/opt/corral-ci-venv/bin/podman-compose");
-            venv.exists().then(|| venv.to_path_buf())
-        })
-        .or_else(|| on_path("podman-compose"))
-        .expect("podman-compose is missing: run ci/podman-setup.sh")
-}
-
-#[test]
-fn compose_executor_answers_corral_exec_from_the_harness() {
-    if !ready() {
+fn compose_executor_answers_corral_exec_from_the_harness(e: Engine) {
+    if !e.ready() {
         return;
     }
-    let w = World::new("x");
+    let w = World::new(e, "x");
     let p = &w.project;
     std::fs::write(p.join("Dockerfile"), format!("FROM {IMAGE}\n")).unwrap();
     std::fs::write(
         p.join("corral.toml"),
         format!(
-            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\n[executor]\ntarget = \"compose:executor\"\n"
+            "[run]\nimage = \"{IMAGE}\"\nengine = \"{}\"\n\n[network]\nmode = \"proxy\"\n\n[executor]\ntarget = \"compose:executor\"\n",
+            e.name()
         ),
     )
     .unwrap();
     // A compose executor runs the agent's commands elsewhere: the user trusts the file.
     let out = w.corral(&["trust"]);
     assert!(out.status.success(), "{}", text(&out));
-    // A file of the user's own next to which the executor service is merged.
+    // The project's own compose file (docker-compose wants one beside an override; seed 003's
+    // projects have one; no network of its own, so what is left after `corral down` is only
+    // corral's business), and an override of the user's own next to which the executor service
+    // is merged.
+    std::fs::write(
+        p.join("docker-compose.yml"),
+        format!(
+            "services:\n  app:\n    image: {IMAGE}\n    command: [\"true\"]\n    network_mode: none\n"
+        ),
+    )
+    .unwrap();
     std::fs::write(
         p.join("docker-compose.override.yml"),
         "# mine\nx-note: kept\n",
@@ -396,12 +523,12 @@ fn compose_executor_answers_corral_exec_from_the_harness() {
     assert!(file.contains("x-note: kept"), "{file}");
     assert!(file.contains("- serve\n    - --no-auth"), "{file}");
 
-    let up = Command::new(podman_compose())
+    let up = Command::new(e.compose())
         .args(["up", "--detach", "executor"])
         .current_dir(p)
         .output()
         .unwrap();
-    assert!(up.status.success(), "podman-compose up: {}", text(&up));
+    assert!(up.status.success(), "{} up: {}", e.name(), text(&up));
 
     let script = r#"
 for i in $(seq 150); do corral exec -- true 2>/dev/null && break; sleep 0.2; done
@@ -409,7 +536,7 @@ echo "harness=$(hostname)"
 corral exec -- sh -c 'echo "executor=$(hostname)"; echo from-executor > made-by-executor.txt; exit 3'
 echo "exec-exit=$?"
 "#;
-    let out = w.corral(&["run", "--engine", "podman", "--", "/bin/bash", "-c", script]);
+    let out = w.corral(&["run", "--engine", e.name(), "--", "/bin/bash", "-c", script]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -428,18 +555,17 @@ echo "exec-exit=$?"
         "from-executor\n"
     );
 
-    let out = w.corral(&["down", "--engine", "podman"]);
+    let out = w.corral(&["down", "--engine", e.name()]);
     assert!(out.status.success(), "{}", text(&out));
     // The shared external network belongs to this test's prefix only: down removed it too.
     assert_eq!(w.leftovers(), (vec![], vec![]), "{}", text(&out));
 }
 
-#[test]
-fn an_absent_policy_file_cannot_be_created_from_inside() {
-    if !ready() {
+fn an_absent_policy_file_cannot_be_created_from_inside(e: Engine) {
+    if !e.ready() {
         return;
     }
-    let w = World::new("p");
+    let w = World::new(e, "p");
     // No corral.toml: the policy comes from a file outside the project.
     let policy = w.dir.path().join("outside.toml");
     std::fs::write(
@@ -450,7 +576,7 @@ fn an_absent_policy_file_cannot_be_created_from_inside() {
     let out = w.corral(&[
         "run",
         "--engine",
-        "podman",
+        e.name(),
         "--policy",
         policy.to_str().unwrap(),
         "--",
@@ -468,23 +594,22 @@ fn an_absent_policy_file_cannot_be_created_from_inside() {
     // And no empty mount point is left in the project afterwards.
     assert!(!w.project.join("corral.toml").exists(), "{t}");
     assert!(w.project.join("other.txt").exists());
-    let out = w.corral(&["down", "--engine", "podman"]);
+    let out = w.corral(&["down", "--engine", e.name()]);
     assert!(out.status.success(), "{}", text(&out));
 }
 
-#[test]
-fn sigterm_to_corral_stops_the_container_and_the_run_is_audited() {
-    if !ready() {
+fn sigterm_to_corral_stops_the_container_and_the_run_is_audited(e: Engine) {
+    if !e.ready() {
         return;
     }
-    let w = World::new("s");
+    let w = World::new(e, "s");
     std::fs::write(
         w.project.join("corral.toml"),
         format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"none\"\n"),
     )
     .unwrap();
     let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
-    c.args(["run", "--engine", "podman", "--", "/bin/sleep", "60"])
+    c.args(["run", "--engine", e.name(), "--", "/bin/sleep", "60"])
         .current_dir(&w.project)
         .env("XDG_STATE_HOME", &w.state)
         .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
@@ -496,7 +621,8 @@ fn sigterm_to_corral_stops_the_container_and_the_run_is_audited() {
     let mut child = c.spawn().unwrap();
     let label = format!("label=corral.project={}", w.key());
     let started = std::time::Instant::now();
-    while podman_ok(&["ps", "--filter", &label, "--format", "{{.Names}}"])
+    while e
+        .ok(&["ps", "--filter", &label, "--format", "{{.Names}}"])
         .trim()
         .is_empty()
     {
@@ -512,7 +638,7 @@ fn sigterm_to_corral_stops_the_container_and_the_run_is_audited() {
     )
     .unwrap();
     let status = child.wait().unwrap();
-    // sleep dies of the forwarded SIGTERM: 128 + 15, as podman reports it.
+    // sleep dies of the forwarded SIGTERM: 128 + 15, as the engine reports it.
     assert_eq!(status.code(), Some(143));
     assert!(
         w.audit()
@@ -524,13 +650,12 @@ fn sigterm_to_corral_stops_the_container_and_the_run_is_audited() {
     assert_eq!(w.leftovers(), (vec![], vec![]));
 }
 
-#[test]
-fn two_projects_never_see_each_others_containers() {
-    if !ready() {
+fn two_projects_never_see_each_others_containers(e: Engine) {
+    if !e.ready() {
         return;
     }
     // Same prefix (so the same shared external network), two projects.
-    let w = World::new("t");
+    let w = World::new(e, "t");
     let other = w.dir.path().join(format!("{}-other", w.prefix));
     std::fs::create_dir_all(&other).unwrap();
     let toml = format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n");
@@ -538,7 +663,7 @@ fn two_projects_never_see_each_others_containers() {
     std::fs::write(other.join("corral.toml"), &toml).unwrap();
     let run_in = |dir: &Path, script: &str| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
-        c.args(["run", "--engine", "podman", "--", "/bin/bash", "-c", script])
+        c.args(["run", "--engine", e.name(), "--", "/bin/bash", "-c", script])
             .current_dir(dir)
             .env("XDG_STATE_HOME", &w.state)
             .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
@@ -554,7 +679,7 @@ fn two_projects_never_see_each_others_containers() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let other_key = corral_audit::project_key(&other);
     let other_proxy = format!("{}-{other_key}-proxy", w.prefix);
-    let other_ip = podman_ok(&[
+    let other_ip = e.ok(&[
         "container",
         "inspect",
         "--format",
@@ -581,7 +706,7 @@ fn two_projects_never_see_each_others_containers() {
     for dir in [&w.project, &other] {
         let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
         let out = c
-            .args(["down", "--engine", "podman"])
+            .args(["down", "--engine", e.name()])
             .current_dir(dir)
             .env("XDG_STATE_HOME", &w.state)
             .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
@@ -591,22 +716,17 @@ fn two_projects_never_see_each_others_containers() {
         assert!(out.status.success(), "{}", text(&out));
     }
     assert_eq!(w.leftovers(), (vec![], vec![]));
-    assert!(
-        !podman(&["container", "exists", &other_proxy])
-            .status
-            .success()
-    );
+    assert!(!e.container_exists(&other_proxy));
 }
 
-#[test]
-fn a_proxy_that_cannot_start_is_an_error_that_quotes_its_log() {
-    if !ready() {
+fn a_proxy_that_cannot_start_is_an_error_that_quotes_its_log(e: Engine) {
+    if !e.ready() {
         return;
     }
     let Some(busybox) = on_path("busybox").filter(|_| Path::new("/bin/busybox").exists()) else {
         panic!("busybox is missing: .ci/run installs busybox-static");
     };
-    let w = World::new("f");
+    let w = World::new(e, "f");
     std::fs::write(
         w.project.join("corral.toml"),
         format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n"),
@@ -614,7 +734,7 @@ fn a_proxy_that_cannot_start_is_an_error_that_quotes_its_log() {
     .unwrap();
     // A static binary that is not corral: `busybox proxy ...` exits at once.
     let out = Command::new(env!("CARGO_BIN_EXE_corral"))
-        .args(["run", "--engine", "podman", "--", "/bin/true"])
+        .args(["run", "--engine", e.name(), "--", "/bin/true"])
         .current_dir(&w.project)
         .env("XDG_STATE_HOME", &w.state)
         .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
@@ -634,7 +754,7 @@ fn a_proxy_that_cannot_start_is_an_error_that_quotes_its_log() {
         stderr.contains("exited instead of listening: ") && stderr.contains("applet not found"),
         "{t}"
     );
-    let out = w.corral(&["down", "--engine", "podman"]);
+    let out = w.corral(&["down", "--engine", e.name()]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(w.leftovers(), (vec![], vec![]));
 }

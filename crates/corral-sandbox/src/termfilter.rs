@@ -1,0 +1,508 @@
+//! What the jail writes to the user's terminal, without the sequences that act outside the
+//! jail's own screen.
+//!
+//! A terminal obeys escape sequences from whatever it displays, and some of them reach beyond
+//! the screen: OSC 52 writes (or reads) the desktop clipboard, OSC 1337 `File=` and kitty's
+//! graphics protocol read host files, OSC 50 changes fonts, DECUDK programs the terminal's
+//! function keys for the shell that comes after the jail, CSI `t` moves and resizes the window,
+//! media copy (`CSI 5 i`) pipes output to a printer command. corral relays the jail's output
+//! through [`OutputFilter`], which passes text and screen sequences unchanged and drops:
+//!
+//! - OSC sequences except 0-2 (titles), 4, 5, 10-19, 104, 105, 110-119 (colours and their
+//!   queries), 7 (working directory), 8 (hyperlinks), 22 (pointer shape), 133 (prompt marks);
+//!   OSC 52 clipboard writes pass with `terminal.clipboard = true`, clipboard reads never;
+//! - DCS with final `|` (DECUDK: user-defined keys), `t` (tmux passthrough, `DCS tmux;`) and
+//!   `+p` (XTSETTCAP); other DCS (sixel, DECRQSS, XTGETTCAP) pass;
+//! - APC, PM and SOS strings (kitty graphics reads files and shared memory by name);
+//! - CSI `t` other than the reports and title stack (11-23), and CSI `i` (media copy);
+//! - every C1 control, raw (0x80-0x9f outside a UTF-8 character) or UTF-8 encoded
+//!   (U+0080-U+009F), so no 8-bit introducer reaches a terminal that honours one;
+//! - a doubled ESC's first ESC (a no-op for terminals; tmux's passthrough un-doubles it).
+//!
+//! The filter is a streaming state machine: a sequence split across reads is recognised the
+//! same, and a sequence whose verdict is not known yet is held (a few bytes) until it is. Any
+//! ESC ends a string as terminals do, so nothing inside a passed string can hide an
+//! introducer from the filter.
+
+/// OSC numbers that act on the jail's screen only.
+const OSC_PASS: &[u32] = &[
+    0, 1, 2, 4, 5, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 22, 104, 105, 110, 111, 112, 113,
+    114, 115, 116, 117, 118, 119, 133,
+];
+const OSC_CLIPBOARD: u32 = 52;
+
+const ESC: u8 = 0x1b;
+const BEL: u8 = 0x07;
+const CAN: u8 = 0x18;
+const SUB: u8 = 0x1a;
+/// Longest header (CSI parameters, DCS parameters, OSC number and clipboard selection) held
+/// while deciding; a longer one is dropped whole.
+const MAX_HELD: usize = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Str {
+    /// OSC: BEL ends it too.
+    Osc,
+    /// DCS, APC, PM, SOS: only ST (or any ESC, CAN, SUB).
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Ground,
+    /// ESC seen and held.
+    Esc,
+    /// ESC and intermediate bytes, passed; until the final byte.
+    EscIntermediate,
+    /// `ESC [` and parameters held until the final byte.
+    Csi,
+    /// A CSI too long to hold: dropped to its final byte.
+    CsiDrop,
+    /// `ESC ]` and the OSC number held.
+    OscNumber,
+    /// `ESC ] 52 ;` and the selection held (clipboard writes allowed): until the data's first
+    /// byte says whether it is a read (`?`).
+    OscClipboard {
+        semicolons: u8,
+    },
+    /// `ESC P` and the DCS header held until its final byte.
+    DcsHeader,
+    /// A string being passed.
+    Pass(Str),
+    /// ESC inside a passed string: `\` completes the ST (passed); anything else ended the
+    /// string, which the filter closes with an ST of its own.
+    PassEsc,
+    /// A string being dropped.
+    Drop(Str),
+    /// ESC inside a dropped string: `\` completes the ST (dropped too).
+    DropEsc,
+}
+
+/// The jail's output filter. Feed it with [`OutputFilter::push`].
+#[derive(Debug)]
+pub struct OutputFilter {
+    clipboard: bool,
+    state: State,
+    /// Bytes of the sequence being decided.
+    held: Vec<u8>,
+    /// UTF-8 continuation bytes still expected in the current character.
+    utf8_left: u8,
+    /// A held 0xC2 (the lead byte of U+0080-U+00BF): the next byte says whether it is a C1.
+    lead_c2: bool,
+}
+
+impl OutputFilter {
+    /// `clipboard`: pass OSC 52 clipboard writes (`terminal.clipboard` of the Plan).
+    pub fn new(clipboard: bool) -> OutputFilter {
+        OutputFilter {
+            clipboard,
+            state: State::Ground,
+            held: Vec::new(),
+            utf8_left: 0,
+            lead_c2: false,
+        }
+    }
+
+    /// Filter `input`, appending what may reach the terminal to `out`.
+    pub fn push(&mut self, input: &[u8], out: &mut Vec<u8>) {
+        for &b in input {
+            self.c1_layer(b, out);
+        }
+    }
+
+    /// First layer: drop C1 controls, raw or UTF-8 encoded; pass everything else on.
+    fn c1_layer(&mut self, b: u8, out: &mut Vec<u8>) {
+        if self.lead_c2 {
+            self.lead_c2 = false;
+            if (0x80..=0x9f).contains(&b) {
+                return; // U+0080-U+009F: a C1 control.
+            }
+            self.escape_layer(0xc2, out);
+            self.utf8_left = 0;
+            if (0xa0..=0xbf).contains(&b) {
+                self.escape_layer(b, out);
+                return;
+            }
+        }
+        match b {
+            0x80..=0xbf if self.utf8_left > 0 => {
+                self.utf8_left -= 1;
+                self.escape_layer(b, out);
+            }
+            0x80..=0x9f => {} // raw C1 outside a character
+            0xc2 => self.lead_c2 = true,
+            _ => {
+                self.utf8_left = match b {
+                    0xc3..=0xdf => 1,
+                    0xe0..=0xef => 2,
+                    0xf0..=0xf4 => 3,
+                    _ => 0,
+                };
+                self.escape_layer(b, out);
+            }
+        }
+    }
+
+    /// Second layer: 7-bit escape sequences.
+    fn escape_layer(&mut self, b: u8, out: &mut Vec<u8>) {
+        match self.state.clone() {
+            State::Ground => self.ground(b, out),
+            State::Esc => self.after_esc(b, out),
+            State::EscIntermediate => {
+                if b == ESC {
+                    return self.start_esc();
+                }
+                out.push(b);
+                if !(0x20..=0x2f).contains(&b) {
+                    self.state = State::Ground;
+                }
+            }
+            State::Csi => self.csi(b, out),
+            State::CsiDrop => {
+                if b == ESC {
+                    return self.start_esc();
+                }
+                if (0x40..=0x7e).contains(&b) || b == CAN || b == SUB {
+                    self.state = State::Ground;
+                }
+            }
+            State::OscNumber => self.osc_number(b, out),
+            State::OscClipboard { semicolons } => self.osc_clipboard(b, semicolons, out),
+            State::DcsHeader => self.dcs_header(b, out),
+            State::Pass(kind) => match b {
+                ESC => self.state = State::PassEsc,
+                CAN | SUB => {
+                    out.push(b);
+                    self.state = State::Ground;
+                }
+                BEL if kind == Str::Osc => {
+                    out.push(b);
+                    self.state = State::Ground;
+                }
+                _ => out.push(b),
+            },
+            State::PassEsc => {
+                out.extend_from_slice(b"\x1b\\");
+                if b == b'\\' {
+                    self.state = State::Ground;
+                } else {
+                    self.start_esc();
+                    self.after_esc(b, out);
+                }
+            }
+            State::Drop(kind) => match b {
+                ESC => self.state = State::DropEsc,
+                CAN | SUB => self.state = State::Ground,
+                BEL if kind == Str::Osc => self.state = State::Ground,
+                _ => {}
+            },
+            State::DropEsc => {
+                if b == b'\\' {
+                    self.state = State::Ground;
+                } else {
+                    self.start_esc();
+                    self.after_esc(b, out);
+                }
+            }
+        }
+    }
+
+    fn start_esc(&mut self) {
+        self.held.clear();
+        self.held.push(ESC);
+        self.state = State::Esc;
+    }
+
+    fn ground(&mut self, b: u8, out: &mut Vec<u8>) {
+        if b == ESC {
+            self.start_esc();
+        } else {
+            out.push(b);
+        }
+    }
+
+    fn after_esc(&mut self, b: u8, out: &mut Vec<u8>) {
+        match b {
+            // A doubled ESC: the first one does nothing on a terminal; dropped.
+            ESC => self.start_esc(),
+            b'[' => {
+                self.held.push(b);
+                self.state = State::Csi;
+            }
+            b']' => {
+                self.held.push(b);
+                self.state = State::OscNumber;
+            }
+            b'P' => {
+                self.held.push(b);
+                self.state = State::DcsHeader;
+            }
+            b'X' | b'^' | b'_' => self.state = State::Drop(Str::Other),
+            // A string terminator outside a string (one whose string was dropped): a no-op.
+            b'\\' => self.state = State::Ground,
+            CAN | SUB => {
+                out.push(b);
+                self.state = State::Ground;
+            }
+            0x20..=0x2f => {
+                out.extend_from_slice(&[ESC, b]);
+                self.state = State::EscIntermediate;
+            }
+            _ => {
+                out.extend_from_slice(&[ESC, b]);
+                self.state = State::Ground;
+            }
+        }
+    }
+
+    fn csi(&mut self, b: u8, out: &mut Vec<u8>) {
+        match b {
+            ESC => self.start_esc(),
+            CAN | SUB => {
+                out.push(b);
+                self.state = State::Ground;
+            }
+            // C0 controls inside a CSI are executed by terminals as they come.
+            0x00..=0x1f => out.push(b),
+            0x40..=0x7e => {
+                self.held.push(b);
+                if csi_allowed(&self.held[2..]) {
+                    out.extend_from_slice(&self.held);
+                }
+                self.state = State::Ground;
+            }
+            _ if self.held.len() >= MAX_HELD => self.state = State::CsiDrop,
+            _ => self.held.push(b),
+        }
+    }
+
+    fn osc_number(&mut self, b: u8, out: &mut Vec<u8>) {
+        if b.is_ascii_digit() && self.held.len() < 12 {
+            self.held.push(b);
+            return;
+        }
+        let number = std::str::from_utf8(&self.held[2..])
+            .ok()
+            .filter(|d| !d.is_empty() && d.len() < 12)
+            .and_then(|d| d.parse::<u32>().ok());
+        let pass = number.is_some_and(|n| OSC_PASS.contains(&n));
+        if number == Some(OSC_CLIPBOARD) && self.clipboard && b == b';' {
+            self.held.push(b);
+            self.state = State::OscClipboard { semicolons: 1 };
+            return;
+        }
+        if pass {
+            out.extend_from_slice(&self.held);
+            self.state = State::Pass(Str::Osc);
+            self.escape_layer(b, out);
+        } else {
+            self.state = State::Drop(Str::Osc);
+            self.escape_layer(b, out);
+        }
+    }
+
+    /// `ESC ] 52 ; Pc ; Pd`: a write passes, a read (`Pd` = `?`) is dropped.
+    fn osc_clipboard(&mut self, b: u8, semicolons: u8, out: &mut Vec<u8>) {
+        match (semicolons, b) {
+            (_, ESC | BEL | CAN | SUB) => {
+                // Ended (or broken) before any data: nothing for the terminal to do.
+                self.state = State::Drop(Str::Osc);
+                self.escape_layer(b, out);
+            }
+            (1, b';') => {
+                self.held.push(b);
+                self.state = State::OscClipboard { semicolons: 2 };
+            }
+            (1, _) if self.held.len() < MAX_HELD => self.held.push(b),
+            (1, _) => self.state = State::Drop(Str::Osc),
+            (_, b'?') => self.state = State::Drop(Str::Osc),
+            _ => {
+                out.extend_from_slice(&self.held);
+                out.push(b);
+                self.state = State::Pass(Str::Osc);
+            }
+        }
+    }
+
+    fn dcs_header(&mut self, b: u8, out: &mut Vec<u8>) {
+        match b {
+            ESC | CAN | SUB => {
+                self.state = State::Drop(Str::Other);
+                self.escape_layer(b, out);
+            }
+            0x40..=0x7e => {
+                let header = &self.held[2..];
+                let drop = b == b'|' || b == b't' || (b == b'p' && header.contains(&b'+'));
+                if drop {
+                    self.state = State::Drop(Str::Other);
+                } else {
+                    out.extend_from_slice(&self.held);
+                    out.push(b);
+                    self.state = State::Pass(Str::Other);
+                }
+            }
+            _ if self.held.len() >= MAX_HELD => self.state = State::Drop(Str::Other),
+            _ => self.held.push(b),
+        }
+    }
+}
+
+/// A complete CSI (its bytes after `ESC [`, final byte last) that acts on the screen only.
+fn csi_allowed(body: &[u8]) -> bool {
+    let (&last, params) = body.split_last().expect("a CSI has a final byte");
+    match last {
+        // Media copy: to the printer (xterm's printerCommand runs on the host).
+        b'i' => false,
+        // Window manipulation: allowed are the reports (11-21) and the title stack (22, 23),
+        // and the private forms (`CSI > ... t`: title modes).
+        b't' => {
+            if params.first().is_some_and(|c| (b'<'..=b'?').contains(c)) {
+                return true;
+            }
+            let first: String = params
+                .iter()
+                .take_while(|c| c.is_ascii_digit())
+                .map(|&c| c as char)
+                .collect();
+            first.parse::<u32>().is_ok_and(|n| (11..=23).contains(&n))
+        }
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(clipboard: bool, input: &[u8]) -> Vec<u8> {
+        let mut f = OutputFilter::new(clipboard);
+        let mut out = Vec::new();
+        f.push(input, &mut out);
+        out
+    }
+
+    /// The same input, fed one byte at a time, gives the same output.
+    fn filter_bytewise(clipboard: bool, input: &[u8]) -> Vec<u8> {
+        let mut f = OutputFilter::new(clipboard);
+        let mut out = Vec::new();
+        for b in input {
+            f.push(std::slice::from_ref(b), &mut out);
+        }
+        out
+    }
+
+    fn check(clipboard: bool, input: &[u8], expected: &[u8]) {
+        let whole = filter(clipboard, input);
+        assert_eq!(
+            String::from_utf8_lossy(&whole),
+            String::from_utf8_lossy(expected),
+            "input {:?}",
+            String::from_utf8_lossy(input)
+        );
+        assert_eq!(
+            whole,
+            filter_bytewise(clipboard, input),
+            "split reads differ"
+        );
+    }
+
+    #[test]
+    fn text_and_screen_sequences_pass_unchanged() {
+        let screen: &[u8] = b"plain \xc3\xa9t\xc3\xa9 \xe2\x86\x92 \xf0\x9f\x98\x80 \xc2\xa9\r\n\
+            \x1b[1;31mred\x1b[0m \x1b[?1049h\x1b[2J\x1b[H\x1b(B\x1b7\x1b8\x1bM\
+            \x1b]0;title\x07\x1b]2;t\x1b\\\x1b]8;;https://example.com\x1b\\link\x1b]8;;\x1b\\\
+            \x1b]11;?\x07\x1b]4;1;rgb:ff/00/00\x07\x1b]133;A\x07\
+            \x1bPq#0;2;0;0;0#0!10~\x1b\\\x1bP$qm\x1b\\\x1b[21t\x1b[22;0t\x1b[>0;1t\x07\x08\t";
+        check(false, screen, screen);
+    }
+
+    #[test]
+    fn clipboard_writes_and_reads_are_dropped_by_default() {
+        check(false, b"a\x1b]52;c;SGVsbG8=\x07b", b"ab");
+        check(false, b"a\x1b]52;c;SGVsbG8=\x1b\\b", b"ab");
+        check(false, b"a\x1b]52;;SGVsbG8=\x1b\\b", b"ab");
+        check(false, b"a\x1b]52;c;?\x07b", b"ab");
+        // 8-bit and UTF-8 encoded C1 introducers and terminators.
+        check(false, b"a\x9d52;c;SGVsbG8=\x9cb", b"a52;c;SGVsbG8=b");
+        check(
+            false,
+            b"a\xc2\x9d52;c;SGVsbG8=\xc2\x9cb",
+            b"a52;c;SGVsbG8=b",
+        );
+        // Not mistaken for C1: the same bytes inside UTF-8 characters.
+        check(false, "é→ȝ".as_bytes(), "é→ȝ".as_bytes());
+    }
+
+    #[test]
+    fn clipboard_writes_pass_when_allowed_but_reads_never() {
+        let write = b"\x1b]52;c;SGVsbG8=\x07";
+        check(true, write, write);
+        check(true, b"\x1b]52;;SGVsbG8=\x1b\\", b"\x1b]52;;SGVsbG8=\x1b\\");
+        check(true, b"a\x1b]52;c;?\x07b", b"ab");
+        check(true, b"a\x1b]52;c;?\x1b\\b", b"ab");
+    }
+
+    #[test]
+    fn host_acting_sequences_are_dropped() {
+        for seq in [
+            &b"\x1b]50;font\x07"[..],                      // font
+            b"\x1b]1337;File=name=eA==;inline=0:AAAA\x07", // iTerm2 file download
+            b"\x1b]1337;RemoteHost=u@h\x07",
+            b"\x1b]5113;ac=send;id=1\x1b\\", // kitty file transfer
+            b"\x1b]9;notify me\x07",         // notifications
+            b"\x1b]777;notify;a;b\x07",
+            b"\x1b]99;;hi\x1b\\",
+            b"\x1b]46;/tmp/log\x07", // xterm log file
+            b"\x1b]3;WM_NAME=x\x07", // X property
+            b"\x1b]L;icon\x1b\\",
+            b"\x1b_Ga=T,t=f;L2V0Yy9wYXNzd2Q=\x1b\\", // kitty graphics from a file
+            b"\x1b^private\x1b\\",
+            b"\x1bXsos\x1b\\",
+            b"\x1bP0;1|17/73746172\x1b\\", // DECUDK: F6 types a command
+            b"\x1bPtmux;\x1b\x1b]52;c;SGVsbG8=\x07\x1b\\", // tmux passthrough
+            b"\x1bP+p544e\x1b\\",          // XTSETTCAP
+            b"\x1b[3;0;0t",                // move the window
+            b"\x1b[8;100;300t",            // resize it
+            b"\x1b[2t",                    // iconify
+            b"\x1b[48t",                   // DECSLPP
+            b"\x1b[5i",                    // printer controller on
+            b"\x1b[?5i",
+        ] {
+            let mut input = b"<".to_vec();
+            input.extend_from_slice(seq);
+            input.extend_from_slice(b">");
+            check(false, &input, b"<>");
+        }
+    }
+
+    #[test]
+    fn an_escape_ends_every_string_so_nothing_hides_inside_one() {
+        // A title whose text holds an OSC 52: the title ends at the ESC, the OSC 52 is dropped.
+        check(
+            false,
+            b"\x1b]0;t\x1b]52;c;SGVsbG8=\x07x",
+            b"\x1b]0;t\x1b\\x",
+        );
+        // A DCS that GNU screen would pass through, holding an OSC 52.
+        check(false, b"\x1bP\x1b]52;c;SGVsbG8=\x07\x1b\\x", b"x");
+        // A doubled ESC loses its first half (tmux's passthrough needs it doubled).
+        check(false, b"\x1b\x1b[1m", b"\x1b[1m");
+        // CAN aborts a held sequence.
+        check(false, b"\x1b]52;c\x18x", b"x");
+    }
+
+    #[test]
+    fn a_sequence_split_anywhere_is_filtered_the_same() {
+        let input: &[u8] =
+            b"ok\x1b]52;c;SGVsbG8=\x1b\\\xc2\x9d52;x\x07\x1b]0;t\x07\xc3\xa9\x1b[31m!";
+        let whole = filter(false, input);
+        for cut in 0..input.len() {
+            let mut f = OutputFilter::new(false);
+            let mut out = Vec::new();
+            f.push(&input[..cut], &mut out);
+            f.push(&input[cut..], &mut out);
+            assert_eq!(out, whole, "cut at {cut}");
+        }
+        assert_eq!(whole, b"ok52;x\x07\x1b]0;t\x07\xc3\xa9\x1b[31m!".to_vec());
+    }
+}
