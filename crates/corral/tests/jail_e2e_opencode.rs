@@ -50,6 +50,12 @@ fn opencode_in_the_jail_edits_the_project_and_every_attack_fails() {
         })
         .to_string(),
     );
+    // What opencode writes into its config directory at its first start on the host: the
+    // directory is code, read-only in the jail, and opencode stops if it cannot write this.
+    write(
+        &w.home.join(".config/opencode/.gitignore"),
+        "node_modules\npackage.json\npackage-lock.json\nbun.lock\n.gitignore",
+    );
     let mut argv = profile_command(&w, "opencode");
     assert_eq!(argv[0], opencode.display().to_string());
     // `run`: one message, then exit; --auto: every permission granted (corral is the sandbox).
