@@ -336,8 +336,14 @@ fn limit_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
         a.push(p.to_string());
     }
     if !a.is_empty() && !ctx.limits_enforceable {
+        // corral's own built-in defaults never stop a run (`Limits::built_in`); only limits
+        // someone set follow `enforce`.
+        let b = l.built_in;
+        let set = (l.memory.is_some() && !b.memory)
+            || (l.cpus.is_some() && !b.cpus)
+            || (l.pids.is_some() && !b.pids);
         match l.enforce {
-            Enforce::Strict => {
+            Enforce::Strict if set => {
                 return Err(EngineError::Unsupported {
                     engine: ctx.engine,
                     what: "[limits] here (rootless podman on cgroup v1 ignores resource limits; \
@@ -345,7 +351,7 @@ fn limit_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
                         .into(),
                 });
             }
-            Enforce::BestEffort => return Ok(Vec::new()),
+            Enforce::Strict | Enforce::BestEffort => return Ok(Vec::new()),
         }
     }
     Ok(a)

@@ -102,6 +102,35 @@ pub enum MountKind {
     Tmpfs,
 }
 
+/// Which rule chose the project directory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProjectSource {
+    /// The top level of the git repository enclosing the working directory.
+    GitTopLevel,
+    /// The working directory itself (no enclosing repository).
+    #[default]
+    CurrentDirectory,
+    /// Named with `--project DIR`.
+    ProjectFlag,
+    /// `--scratch`: a fresh temporary directory.
+    Scratch,
+}
+
+impl ProjectSource {
+    /// The rule in words, for `corral plan` and error messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ProjectSource::GitTopLevel => "the top level of the enclosing git repository",
+            ProjectSource::CurrentDirectory => {
+                "the current directory; no git repository encloses it"
+            }
+            ProjectSource::ProjectFlag => "named with --project",
+            ProjectSource::Scratch => "--scratch: a fresh directory, removed afterwards",
+        }
+    }
+}
+
 /// The project the jail works on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProjectPlan {
@@ -110,6 +139,9 @@ pub struct ProjectPlan {
     pub access: Access,
     /// `--scratch`: `root` is a fresh temporary directory, removed when the run ends.
     pub scratch: bool,
+    /// Which rule chose `root`.
+    #[serde(default)]
+    pub source: ProjectSource,
     /// The project's `corral.toml` (whether or not it exists): always read-only inside the jail.
     pub policy_file: PathBuf,
 }
@@ -153,6 +185,25 @@ pub struct Limits {
     pub cpus: Option<f64>,
     pub pids: Option<u64>,
     pub enforce: Enforce,
+    /// The limits that are corral's built-in defaults: no policy file or flag set them, nor
+    /// `limits.enforce`. These never stop a run: what no cgroup can enforce here falls back as
+    /// with `best-effort`, said in one line. Limits someone set follow `enforce`.
+    #[serde(default, skip_serializing_if = "LimitKinds::is_empty")]
+    pub built_in: LimitKinds,
+}
+
+/// One flag per kind of limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitKinds {
+    pub memory: bool,
+    pub cpus: bool,
+    pub pids: bool,
+}
+
+impl LimitKinds {
+    pub fn is_empty(&self) -> bool {
+        *self == LimitKinds::default()
+    }
 }
 
 /// The executor a jail gets.
@@ -253,6 +304,23 @@ pub struct Plan {
     /// `--policy` file), and what in it needs the user's trust before a jail starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project_trust: Option<ProjectTrust>,
+    /// Language toolchains found under the home (rustup, pyenv, nvm, uv, go): bound read-only
+    /// (they are code the host runs later), their programs on PATH. Their binds are in `mounts`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub toolchains: Vec<Toolchain>,
+}
+
+/// A language toolchain the jail can use, read-only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Toolchain {
+    /// `rust`, `pyenv`, `nvm`, `uv`, `go`.
+    pub name: String,
+    /// Host paths bound read-only at their own path.
+    pub binds: Vec<PathBuf>,
+    /// Directories put on the jail's PATH (before the system's).
+    pub path: Vec<PathBuf>,
+    /// Variables the toolchain needs to find itself (`RUSTUP_HOME`, `PYENV_ROOT`).
+    pub env: BTreeMap<String, String>,
 }
 
 /// A harness configuration file the jail may write, of which some keys are code: the commands
@@ -417,6 +485,7 @@ impl Plan {
                 root: project_root.to_path_buf(),
                 access: Access::Rw,
                 scratch: false,
+                source: ProjectSource::CurrentDirectory,
                 policy_file: project_root.join("corral.toml"),
             },
             home: home.to_path_buf(),
@@ -443,6 +512,7 @@ impl Plan {
                 cpus: None,
                 pids: None,
                 enforce: Enforce::Strict,
+                built_in: LimitKinds::default(),
             },
             executor: ExecutorPlan {
                 target: ExecutorTarget::Sandbox,
@@ -458,6 +528,7 @@ impl Plan {
             sources: Vec::new(),
             project_grants: Vec::new(),
             project_trust: None,
+            toolchains: Vec::new(),
         }
     }
 }

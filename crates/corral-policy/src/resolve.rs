@@ -16,9 +16,9 @@ use crate::config::{
 use crate::domain::DomainPattern;
 use crate::error::{PolicyError, line_col};
 use crate::plan::{
-    Access, ConfigFormat, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, Limits,
-    Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan, ProjectTrust, SecretPlan,
-    SkillPlan, TerminalPlan, system_mounts,
+    Access, ConfigFormat, Dns, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile,
+    LimitKinds, Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan,
+    ProjectSource, ProjectTrust, SecretPlan, SkillPlan, TerminalPlan, system_mounts,
 };
 use crate::profile::Profile;
 
@@ -47,6 +47,9 @@ pub struct Flags {
     pub publish: Vec<u16>,
     /// A fresh temporary directory instead of the project.
     pub scratch: bool,
+    /// `--project DIR`: this directory is the project, exactly (no git top-level search, and
+    /// no refusal of the home or a system directory: the user named it).
+    pub project: Option<PathBuf>,
     /// The explicit opt-in for `executor.target = "host"` (`--allow-host-executor`).
     pub allow_host_executor: bool,
     /// Let this run change the harness's code in its state directories (extensions, hooks,
@@ -659,6 +662,21 @@ fn upstream_text(key: &str, u: &str) -> String {
 
 fn publish_text(key: &str, p: u16) -> String {
     format!("{key}.publish exposes the jail's port {p} on your 127.0.0.1:{p}")
+}
+
+/// The limits still at their built-in values once `layers` (the user config, the project's
+/// file, the flags) are merged over the defaults. None when one of them sets `limits.enforce`:
+/// then every limit follows it.
+fn built_in_limits(layers: &[&Layer]) -> LimitKinds {
+    if layers.iter().any(|l| l.enforce.is_some()) {
+        return LimitKinds::default();
+    }
+    let defaults = defaults();
+    LimitKinds {
+        memory: defaults.memory.is_some() && layers.iter().all(|l| l.memory.is_none()),
+        cpus: defaults.cpus.is_some() && layers.iter().all(|l| l.cpus.is_none()),
+        pids: defaults.pids.is_some() && layers.iter().all(|l| l.pids.is_none()),
+    }
 }
 
 /// Turn one parsed policy file into a layer: expand and check paths, locate every value, and
@@ -1483,6 +1501,134 @@ pub fn project_root(dir: &Path) -> PathBuf {
         .to_path_buf()
 }
 
+/// Directories that are never a project unless named with `--project`, nor any directory that
+/// contains one: the system's own trees, other users' homes, and shared places full of other
+/// programs' files and sockets.
+const NEVER_A_PROJECT: &[&str] = &[
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/home",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/media",
+    "/mnt",
+    "/opt",
+    "/proc",
+    "/root",
+    "/run",
+    "/sbin",
+    "/srv",
+    "/sys",
+    "/tmp",
+    "/usr",
+    "/usr/local",
+    "/var",
+    "/var/lib",
+    "/var/tmp",
+];
+
+/// Choose the project directory: `--scratch`, `--project DIR`, else the enclosing git
+/// repository's top level, else `cwd`. A directory chosen by the last two rules is refused when
+/// it is not a sensible project ([`why_not_a_project`]).
+fn choose_project(
+    req: &Request,
+    cwd: &Path,
+    home: &Path,
+    corral_dirs: &[PathBuf],
+) -> Result<(PathBuf, ProjectSource), PolicyError> {
+    match (&req.flags.project, req.flags.scratch) {
+        (Some(_), true) => Err(PolicyError::Invalid(
+            "--project and --scratch name two different projects: pass one of them".into(),
+        )),
+        (None, true) => Ok((scratch_dir(&req.env)?, ProjectSource::Scratch)),
+        (Some(dir), false) => {
+            let dir = cwd.join(dir);
+            let real = dir.canonicalize().map_err(|source| PolicyError::Io {
+                what: "--project: cannot resolve the directory",
+                path: dir.clone(),
+                source,
+            })?;
+            if !real.is_dir() {
+                return Err(PolicyError::Invalid(format!(
+                    "--project {}: not a directory",
+                    dir.display()
+                )));
+            }
+            Ok((real, ProjectSource::ProjectFlag))
+        }
+        (None, false) => {
+            let top = project_root(cwd);
+            let source = if top.join(".git").symlink_metadata().is_ok() {
+                ProjectSource::GitTopLevel
+            } else {
+                ProjectSource::CurrentDirectory
+            };
+            if let Some(why) = why_not_a_project(&top, home, corral_dirs, &req.env) {
+                return Err(PolicyError::Invalid(format!(
+                    "refusing to make {} the project: it {why}, and the project is mounted read-write \
+                     into the jail (chosen as {}). Run corral from your project's directory, or \
+                     name the directory the agent may work on: --project DIR (exactly that \
+                     directory), or --scratch (a fresh empty directory, removed afterwards)",
+                    top.display(),
+                    source.describe()
+                )));
+            }
+            Ok((top, source))
+        }
+    }
+}
+
+/// Why `dir` (absolute, symlinks resolved) is not a sensible project, if it is not: it is or
+/// contains the user's home, corral's own config or state directory, a system directory, or
+/// the user's runtime directory (sockets).
+pub fn why_not_a_project(
+    dir: &Path,
+    home: &Path,
+    corral_dirs: &[PathBuf],
+    env: &BTreeMap<String, String>,
+) -> Option<String> {
+    // Each place as written and as it really is (HOME=/home/u with /home -> /var/home).
+    let holds = |p: &Path| p.starts_with(dir) || real_path(p).starts_with(dir);
+    if dir == Path::new("/") {
+        return Some("is the root of the filesystem".into());
+    }
+    if holds(home) {
+        return Some(if home == dir || real_path(home) == dir {
+            "is your home directory (your keys, tokens and shell start-up files)".into()
+        } else {
+            format!("contains your home directory {}", home.display())
+        });
+    }
+    for d in corral_dirs {
+        if holds(d) {
+            return Some(format!(
+                "contains corral's own directory {} (your trust store, config or audit logs)",
+                d.display()
+            ));
+        }
+    }
+    // As written first (/usr holds /usr, even where /bin really is /usr/bin).
+    let system = NEVER_A_PROJECT
+        .iter()
+        .find(|sys| Path::new(sys).starts_with(dir))
+        .or_else(|| NEVER_A_PROJECT.iter().find(|sys| holds(Path::new(sys))));
+    if let Some(sys) = system {
+        return Some(format!("is or contains the system directory {sys}"));
+    }
+    if let Some(run) = env.get("XDG_RUNTIME_DIR").filter(|r| r.starts_with('/'))
+        && holds(Path::new(run))
+    {
+        return Some(format!(
+            "contains your runtime directory {run} (the sockets of your session's services)"
+        ));
+    }
+    None
+}
+
 /// Create a fresh scratch directory for `--scratch` under `TMPDIR` (or /tmp).
 fn scratch_dir(env: &BTreeMap<String, String>) -> Result<PathBuf, PolicyError> {
     let base = env
@@ -1532,7 +1678,26 @@ fn is_system_path(p: &Path) -> bool {
     SYSTEM_DIRS.iter().any(|d| p.starts_with(d))
 }
 
-/// Look `name` up on `path_var` the way a shell does: the first executable regular file.
+/// The marker every `corral shim` wrapper carries in its first bytes (cmd/shim.rs).
+pub const SHIM_MARKER: &str = "# corral-shim v1";
+
+/// Whether the file at `path` is a corral shim (carries [`SHIM_MARKER`] in its first 512 bytes).
+pub fn is_shim(path: &Path) -> bool {
+    use std::io::Read;
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut head = Vec::with_capacity(512);
+    if f.take(512).read_to_end(&mut head).is_err() {
+        return false;
+    }
+    head.windows(SHIM_MARKER.len())
+        .any(|w| w == SHIM_MARKER.as_bytes())
+}
+
+/// Look `name` up on `path_var` the way a shell does: the first executable regular file,
+/// skipping corral's own shims (`pi` on PATH may be the shim that runs `corral run pi`; the
+/// jail runs the real one).
 pub fn which(name: &str, path_var: &str, cwd: &Path) -> Option<PathBuf> {
     if name.contains('/') {
         let p = normalize(&cwd.join(name));
@@ -1542,7 +1707,7 @@ pub fn which(name: &str, path_var: &str, cwd: &Path) -> Option<PathBuf> {
         .split(':')
         .filter(|d| !d.is_empty())
         .map(|d| cwd.join(d).join(name))
-        .find(|p| is_executable(p))
+        .find(|p| is_executable(p) && !is_shim(p))
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -1609,6 +1774,7 @@ fn resolve_command(
     env: &BTreeMap<String, String>,
     cwd: &Path,
     home: &Path,
+    toolchains: &[crate::plan::Toolchain],
 ) -> ResolvedCommand {
     let mut out = ResolvedCommand {
         argv: argv.to_vec(),
@@ -1620,7 +1786,14 @@ fn resolve_command(
         return out;
     };
     let canonical = found.canonicalize().unwrap_or_else(|_| found.clone());
-    if is_system_path(&found) && is_system_path(&canonical) {
+    // A toolchain's program that is no script runs by the name it was found under (a rustup
+    // proxy is one binary that dispatches on that name), from the toolchain's own bind.
+    let multi_call = found.file_name() != canonical.file_name() && shebang(&canonical).is_none();
+    if is_system_path(&found) && is_system_path(&canonical)
+        || multi_call
+            && crate::toolchain::covers(toolchains, &found)
+            && crate::toolchain::covers(toolchains, &canonical)
+    {
         out.argv[0] = found.display().to_string();
         return out;
     }
@@ -1857,7 +2030,12 @@ fn base_env(req: &Request, extra_path: &[PathBuf]) -> BTreeMap<String, String> {
     env.insert("HOME".into(), req.home.display().to_string());
     env.insert("TMPDIR".into(), "/tmp".into());
     let mut path = vec![JAIL_BIN_DIR.to_string()];
-    path.extend(extra_path.iter().map(|p| p.display().to_string()));
+    for p in extra_path {
+        let p = p.display().to_string();
+        if !path.contains(&p) {
+            path.push(p);
+        }
+    }
     path.push(SYSTEM_PATH.to_string());
     env.insert("PATH".into(), path.join(":"));
     env
@@ -1877,15 +2055,12 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         source,
     })?;
     let home = normalize(&req.home);
-    let (root, scratch) = if req.flags.scratch {
-        (scratch_dir(&req.env)?, true)
-    } else {
-        (project_root(&cwd), false)
-    };
     let corral_dirs = [
         crate::trust::config_dir(&req.env, &home),
         crate::trust::state_dir(&req.env, &home),
     ];
+    let (root, project_source) = choose_project(req, &cwd, &home, &corral_dirs)?;
+    let scratch = project_source == ProjectSource::Scratch;
     let ctx = PathCtx {
         home: &home,
         project: &root,
@@ -1946,6 +2121,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     without.merge(flags.clone());
     let project_layer = project.clone();
 
+    let built_in = built_in_limits(&[&user, &project, &flags]);
     let mut m = defaults();
     m.merge(profile_layer(&profile, &home));
     m.merge(user);
@@ -2008,14 +2184,34 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         )));
     }
 
-    // The command: `-- CMD`, else the policy's run.command, else the profile's.
-    let custom_command = !req.command.is_empty() || m.command.is_some();
+    // The command: `-- CMD`, else the policy's run.command, else the profile's. `-- CMD` that
+    // runs the profile's own program (`corral run pi -- pi ARGS`, as a shim does) is the
+    // profile's command with arguments: it keeps the skill.
+    let own_program = |c: &[String]| {
+        let name = |s: &String| Path::new(s).file_name().map(|n| n.to_os_string());
+        matches!((c.first().and_then(name), profile.command.first().and_then(name)),
+                 (Some(a), Some(b)) if a == b)
+    };
+    let custom_command =
+        m.command.is_some() || !(req.command.is_empty() || own_program(&req.command));
     let argv = if !req.command.is_empty() {
         req.command.clone()
     } else {
         m.command.clone().unwrap_or_else(|| profile.command.clone())
     };
-    let cmd = resolve_command(&argv, &req.env, &cwd, &home);
+    // Toolchains under the home, bound read-only into both jails, their programs on PATH. Not
+    // into a container: its image brings its own (built for its own libc).
+    let toolchains = match m.engine.unwrap_or(Engine::Native) {
+        Engine::Native | Engine::Auto => crate::toolchain::find(&home, &req.env),
+        Engine::Podman | Engine::Docker => Vec::new(),
+    };
+    let toolchain_binds: Vec<Mount> = toolchains
+        .iter()
+        .flat_map(|t| &t.binds)
+        .map(|b| bind(b, b, Access::Ro, true))
+        .collect();
+    let toolchain_path = crate::toolchain::path_dirs(&toolchains, &req.env);
+    let cmd = resolve_command(&argv, &req.env, &cwd, &home, &toolchains);
 
     // Mounts, in the order they are applied.
     let access = m.project_access.unwrap_or(Access::Rw);
@@ -2037,6 +2233,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     for b in &cmd.binds {
         mounts.push(bind(b, b, Access::Ro, false));
     }
+    mounts.extend(toolchain_binds.iter().cloned());
     // Policy binds, split into those outside the project and those inside it. Mounts apply in
     // order, so a bind inside the project (`--ro vendor`) must come after the project's own
     // mount, which would otherwise cover it (and the jail would run without it).
@@ -2117,7 +2314,14 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
     // real value (the gateway sets placeholders at run time).
     let network = network_plan(&m.net, NetworkMode::Proxy);
     check_dns(&m.net, &network, "network")?;
-    let mut env = base_env(req, &cmd.path_dirs);
+    let path_dirs: Vec<PathBuf> = cmd
+        .path_dirs
+        .iter()
+        .chain(&toolchain_path)
+        .cloned()
+        .collect();
+    let mut env = base_env(req, &path_dirs);
+    env.extend(toolchains.iter().flat_map(|t| t.env.clone()));
     for (name, _) in &m.env_pass {
         if let Some(v) = req.env.get(name) {
             env.insert(name.clone(), v.clone());
@@ -2139,11 +2343,13 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         cpus: m.cpus,
         pids: m.pids,
         enforce: m.enforce.unwrap_or(Enforce::Strict),
+        built_in,
     };
     let project_plan = ProjectPlan {
         root: root.clone(),
         access,
         scratch,
+        source: project_source,
         policy_file: project_policy_path,
     };
     let jail_cwd = if cwd.starts_with(&root) {
@@ -2175,12 +2381,14 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
                 kind: MountKind::Tmpfs,
                 optional: false,
             });
+            exec_mounts.extend(toolchain_binds.iter().cloned());
             let (outside, inside) = policy_binds(&m.exec_read_only, &m.exec_read_write);
             exec_mounts.extend(outside);
             exec_mounts.push(project_mount.clone());
             exec_mounts.push(corral_mount.clone());
             exec_mounts.extend(inside);
-            let mut exec_env = base_env(req, &[]);
+            let mut exec_env = base_env(req, &toolchain_path);
+            exec_env.extend(toolchains.iter().flat_map(|t| t.env.clone()));
             for (name, _) in &m.env_pass {
                 if let Some(v) = req.env.get(name) {
                     exec_env.insert(name.clone(), v.clone());
@@ -2230,6 +2438,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
                 sources: sources.clone(),
                 project_grants: Vec::new(),
                 project_trust: None,
+                toolchains: toolchains.clone(),
             }))
         }
         ExecutorTarget::Compose(_) | ExecutorTarget::Host => None,
@@ -2284,6 +2493,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         sources,
         project_grants: grants,
         project_trust,
+        toolchains,
     })
 }
 

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use corral_policy::domain::DomainPattern;
 use corral_policy::plan::{
     Access, ConfigFormat, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, GuardedKeys,
-    Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan, SecretPlan, SkillPlan,
+    LimitKinds, Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan,
+    ProjectSource, SecretPlan, SkillPlan,
     system_mounts,
 };
 use corral_policy::{Flags, PolicyError, Request, resolve};
@@ -155,6 +156,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         root: root.clone(),
         access: Access::Rw,
         scratch: false,
+        source: ProjectSource::GitTopLevel,
         policy_file: root.join("corral.toml"),
     };
     let masked = vec![root.join(".env"), root.join("sub/.env")];
@@ -168,6 +170,12 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         cpus: Some(2.0),
         pids: Some(1024),
         enforce: Enforce::Strict,
+        // None of them set by anyone: they never stop a run.
+        built_in: LimitKinds {
+            memory: true,
+            cpus: true,
+            pids: true,
+        },
     };
     let basics = env(&[
         ("HOME", home.to_str().unwrap()),
@@ -222,6 +230,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         sources: vec![],
         project_grants: vec![],
         project_trust: None,
+        toolchains: Vec::new(),
     };
 
     let mut mounts = system_mounts();
@@ -334,6 +343,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         sources: vec![],
         project_grants: vec![],
         project_trust: None,
+        toolchains: Vec::new(),
     };
     assert_eq!(plan, expected);
 }
@@ -382,6 +392,7 @@ pids = 200
             cpus: Some(4.0),
             pids: Some(200),
             enforce: Enforce::Strict,
+            built_in: LimitKinds::default(),
         }
     );
     assert_eq!(
@@ -1399,13 +1410,19 @@ fn corrals_directories_are_protected_when_a_read_write_bind_of_the_user_covers_t
                 .contains(&dir)
         );
     }
-    // The config directory inside the project: the directory holds the project, so only the
-    // store is protected.
+    // The config directory inside the project: never a project by itself; named with
+    // --project, the directory holds the project, so only the store is protected.
     let mut req = f.req(None);
     req.env.insert(
         "XDG_CONFIG_HOME".into(),
         f.root.join("cfg").display().to_string(),
     );
+    let refused = resolve(&req).unwrap_err().to_string();
+    assert!(
+        refused.contains("it contains corral's own directory"),
+        "{refused}"
+    );
+    req.flags.project = Some(f.root.clone());
     let plan = resolve(&req).unwrap();
     assert!(plan.protected.contains(&f.root.join("cfg/corral")));
     // Nothing covers them by default.
@@ -1428,6 +1445,9 @@ fn corrals_directories_are_protected_where_a_symlink_really_puts_them() {
     std::os::unix::fs::symlink(f.root.join("dot/corral"), &link).unwrap();
     let mut req = f.req(None);
     req.user_config = Some(link.join("config.toml"));
+    // The dotfiles repository holds corral's config: a project only when named.
+    assert!(resolve(&req).is_err());
+    req.flags.project = Some(f.root.clone());
     let plan = resolve(&req).unwrap();
     assert!(
         plan.protected.contains(&f.root.join("dot/corral")),
@@ -1442,6 +1462,7 @@ fn corrals_directories_are_protected_where_a_symlink_really_puts_them() {
     );
 
     std::fs::remove_file(&link).unwrap();
+    std::fs::remove_dir_all(f.root.join("dot")).unwrap();
     std::os::unix::fs::symlink(dots.join("corral"), &link).unwrap();
     let mut req = f.req(None);
     req.flags.rw = vec![dots.clone()];

@@ -3,10 +3,11 @@
 //!
 //!     cargo run --release -p corral-sandbox --example seccomp_overhead [ITERATIONS]
 //!
-//! Two syscalls: `getppid`, whose verdict does not depend on its arguments (the kernel caches
+//! Three syscalls: `getppid`, whose verdict does not depend on its arguments (the kernel caches
 //! such "always allow" verdicts in a bitmap since Linux 5.11, so the filter is not even run),
-//! and `ioctl(FIONREAD)`, which the filter must inspect (it compares the request with TIOCSTI
-//! and TIOCLINUX), so the BPF program runs on every call.
+//! `ioctl(FIONREAD)`, which the filter must inspect (it compares the request with TIOCSTI
+//! and TIOCLINUX), so the BPF program runs on every call, and `openat` of /dev/null (with its
+//! `close`), inspected for a set-id mode when it creates.
 
 use std::time::Instant;
 
@@ -39,7 +40,19 @@ fn main() {
     let mut ioctl = || unsafe {
         libc::ioctl(fds[0], libc::FIONREAD, &mut avail);
     };
-    let none = (ns_per_call(n, getppid), ns_per_call(n, &mut ioctl));
+    let openat = || {
+        // SAFETY: openat of a NUL-terminated path, then close of what it returned.
+        unsafe {
+            let fd = libc::openat(libc::AT_FDCWD, c"/dev/null".as_ptr(), libc::O_RDONLY);
+            libc::close(fd);
+        }
+    };
+    let m = n / 4;
+    let none = (
+        ns_per_call(n, getppid),
+        ns_per_call(n, &mut ioctl),
+        ns_per_call(m, openat),
+    );
     // Any filter at all sends every syscall through the kernel's slower entry path: measure
     // that with a one-instruction "allow everything" filter, then stack corral's on top.
     let allow_all = [libc::sock_filter {
@@ -49,9 +62,17 @@ fn main() {
         k: 0x7fff_0000, // SECCOMP_RET_ALLOW
     }];
     corral_sandbox::seccomp::install_program(&allow_all).expect("installing allow-all");
-    let trivial = (ns_per_call(n, getppid), ns_per_call(n, &mut ioctl));
+    let trivial = (
+        ns_per_call(n, getppid),
+        ns_per_call(n, &mut ioctl),
+        ns_per_call(m, openat),
+    );
     corral_sandbox::seccomp::install().expect("installing corral's filter");
-    let corral = (ns_per_call(n, getppid), ns_per_call(n, &mut ioctl));
+    let corral = (
+        ns_per_call(n, getppid),
+        ns_per_call(n, &mut ioctl),
+        ns_per_call(m, openat),
+    );
     println!("iterations per round: {n} (best of 5 rounds)");
     println!(
         "{:<16} {:>10} {:>14} {:>20}",
@@ -60,6 +81,7 @@ fn main() {
     for (name, a, b, c) in [
         ("getppid", none.0, trivial.0, corral.0),
         ("ioctl(FIONREAD)", none.1, trivial.1, corral.1),
+        ("openat+close", none.2, trivial.2, corral.2),
     ] {
         println!("{name:<16} {a:>7.1} ns {b:>11.1} ns {c:>17.1} ns");
     }

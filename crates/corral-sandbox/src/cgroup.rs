@@ -138,15 +138,16 @@ pub fn setup(jail_id: &str, limits: &Limits) -> Result<LimitsSetup, CgroupError>
         None => try_v1(jail_id, limits, wanted, &mut why)?,
     };
     let enforced = cgroup.as_ref().map(|c| c.enforced).unwrap_or_default();
-    let missing: Vec<&str> = [
-        ("limits.memory", wanted.memory && !enforced.memory),
-        ("limits.cpus", wanted.cpus && !enforced.cpus),
-        ("limits.pids", wanted.pids && !enforced.pids),
-    ]
-    .into_iter()
-    .filter(|(_, m)| *m)
-    .map(|(n, _)| n)
-    .collect();
+    let b = limits.built_in;
+    // (name, not enforced by the cgroup, a built-in default)
+    let kinds = [
+        ("limits.memory", wanted.memory && !enforced.memory, b.memory),
+        ("limits.cpus", wanted.cpus && !enforced.cpus, b.cpus),
+        ("limits.pids", wanted.pids && !enforced.pids, b.pids),
+    ];
+    let missing: Vec<&str> = kinds.iter().filter(|k| k.1).map(|k| k.0).collect();
+    // The limits someone set (a policy file or a flag): those follow `limits.enforce`.
+    let missing_set: Vec<&str> = kinds.iter().filter(|k| k.1 && !k.2).map(|k| k.0).collect();
     let fallback = crate::rlimit::residual(limits, cgroup.as_ref());
     if missing.is_empty() {
         return Ok(LimitsSetup {
@@ -155,10 +156,19 @@ pub fn setup(jail_id: &str, limits: &Limits) -> Result<LimitsSetup, CgroupError>
             notes: Vec::new(),
         });
     }
+    if missing_set.is_empty() {
+        // Only corral's own defaults: they never stop a run; one line says what is missing.
+        let notes = vec![built_in_note(&missing, &fallback)];
+        return Ok(LimitsSetup {
+            cgroup,
+            fallback,
+            notes,
+        });
+    }
     match limits.enforce {
         Enforce::Strict => {
             drop(cgroup); // removes what was created
-            Err(CgroupError::Unenforceable(refusal(&missing, &why)))
+            Err(CgroupError::Unenforceable(refusal(&missing_set, &why)))
         }
         Enforce::BestEffort => {
             let mut notes = vec![format!(
@@ -178,6 +188,27 @@ pub fn setup(jail_id: &str, limits: &Limits) -> Result<LimitsSetup, CgroupError>
             })
         }
     }
+}
+
+/// The one line a run prints when some of corral's built-in default limits have no cgroup here
+/// (`missing`, by key); `fallback` is what the rlimits take instead.
+fn built_in_note(missing: &[&str], fallback: &Limits) -> String {
+    let mut how = Vec::new();
+    if fallback.memory.is_some() {
+        how.push("memory per process (RLIMIT_DATA)");
+    }
+    if fallback.pids.is_some() {
+        how.push("processes per user (RLIMIT_NPROC)");
+    }
+    if fallback.cpus.is_some() {
+        how.push("no CPU limit");
+    }
+    format!(
+        "default limits without a cgroup here ({}): {}; set [limits] or --memory/--cpus/--pids \
+         to have them enforced or refused, see `corral doctor`",
+        missing.join(", "),
+        how.join(", ")
+    )
 }
 
 /// The message for `limits.enforce = "strict"` when a limit cannot be enforced.
@@ -781,6 +812,7 @@ pub fn probe() -> Result<Version, String> {
         cpus: Some(1.0),
         pids: Some(1024),
         enforce: Enforce::Strict,
+        built_in: Default::default(),
     };
     let id = format!("probe-{}", std::process::id());
     match setup(&id, &limits) {
@@ -892,6 +924,7 @@ mod tests {
             cpus: Some(1.5),
             pids: Some(64),
             enforce: Enforce::Strict,
+            built_in: Default::default(),
         };
         let wanted = Enforced {
             memory: true,
@@ -936,6 +969,7 @@ mod tests {
             cpus: None,
             pids: Some(10),
             enforce: Enforce::Strict,
+            built_in: Default::default(),
         };
         let wanted = Enforced {
             memory: true,
@@ -999,6 +1033,7 @@ mod tests {
             cpus: None,
             pids: None,
             enforce: Enforce::Strict,
+            built_in: Default::default(),
         };
         let s = setup("unit-none", &l).unwrap();
         assert!(s.cgroup.is_none() && s.notes.is_empty());

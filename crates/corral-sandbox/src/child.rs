@@ -164,7 +164,9 @@ fn set_up_process() -> Result<i32, JailError> {
     };
     netns::send_listeners(CTL_FD, &net)?;
     drop(net);
-    let Some((config, stdio)) = read_message::<InitConfig>(&ctl, 3)? else {
+    // The jail's stdio comes with the config, except at a terminal: then the jail makes its
+    // pty below.
+    let Some((config, stdio)) = read_init(&ctl)? else {
         return Ok(EXIT_SETUP_FAILED);
     };
     // One Plan: the namespaces were built from the same ids and network rules.
@@ -173,6 +175,13 @@ fn set_up_process() -> Result<i32, JailError> {
             "the jail's plan differs from the one its namespaces were built for".into(),
         ));
     }
+    let stdio = match config.tty {
+        true => match jail_pty(&ctl)? {
+            Some(slave) => vec![slave],
+            None => return Ok(EXIT_SETUP_FAILED),
+        },
+        false => stdio,
+    };
     install_stdio(stdio)?;
     // The control socket stays open: it is now corral's socket factory for the jail's network
     // namespace (`--publish`), served from the wait loop below. The jail never holds it.
@@ -209,6 +218,77 @@ fn close_inherited_fds() -> Result<(), JailError> {
     Ok(())
 }
 
+/// The jail's config, with its stdin, stdout and stderr, or none at a terminal (`jail_pty`).
+fn read_init(ctl: &OwnedFd) -> Result<Option<(InitConfig, Vec<OwnedFd>)>, JailError> {
+    let Some((body, received)) = netns::recv_frame(ctl.as_raw_fd())? else {
+        return Ok(None);
+    };
+    let config: InitConfig =
+        serde_json::from_slice(&body).map_err(|e| JailError::step("decode the jail config", e))?;
+    let want = if config.tty { 0 } else { 3 };
+    if received.len() != want {
+        return Err(JailError::Plan(format!(
+            "the jail config came with {} descriptors, not {want}",
+            received.len()
+        )));
+    }
+    Ok(Some((config, received)))
+}
+
+/// At a terminal: the jail's pty, from a devpts instance of the jail's own mounted over
+/// /dev/pts in this mount namespace (PID 1 binds that instance into the jail's /dev), so the
+/// terminal has a name inside the jail (`tty`, ttyname(3), /dev/tty all work). The master goes
+/// to corral, which copies the user's terminal settings onto it, relays it, and answers; the
+/// slave is returned for the jail's stdio. `None`: corral went away first.
+fn jail_pty(ctl: &OwnedFd) -> Result<Option<OwnedFd>, JailError> {
+    use nix::mount::{MsFlags, mount};
+    let none: Option<&str> = None;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+        .map_err(|e| JailError::at("make mounts private", "/", e))?;
+    mount(
+        Some("devpts"),
+        "/dev/pts",
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .map_err(|e| JailError::at("mount the jail's devpts", "/dev/pts", e))?;
+    let master = nix::fcntl::open(
+        "/dev/pts/ptmx",
+        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_NOCTTY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| JailError::at("open the jail's pty", "/dev/pts/ptmx", e))?;
+    let unlock: libc::c_int = 0;
+    // SAFETY: TIOCSPTLCK reads one int, which we provide, on the master just opened.
+    if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) } != 0 {
+        return Err(JailError::step(
+            "unlock the jail's pty",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: TIOCGPTPEER takes open flags by value and returns a new descriptor for the slave.
+    let slave = unsafe {
+        libc::ioctl(
+            master.as_raw_fd(),
+            libc::TIOCGPTPEER,
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    };
+    if slave < 0 {
+        return Err(JailError::step(
+            "open the jail's pty slave",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    netns::send_frame(ctl.as_raw_fd(), b"{}", &[master.as_raw_fd()])
+        .map_err(|e| JailError::step("send the jail's pty to corral", e))?;
+    drop(master);
+    Ok(netns::recv_frame(ctl.as_raw_fd())?.map(|_| slave))
+}
+
 /// Read one message corral sends (spawn.rs, a `netns::send_frame` frame) carrying exactly `fds`
 /// descriptors. `None` when corral closed the socket before sending it (it ended, or dropped
 /// this jail): nothing to report.
@@ -230,10 +310,14 @@ fn read_message<T: serde::de::DeserializeOwned>(
     Ok(Some((value, received)))
 }
 
-/// The jail's stdin, stdout and stderr (from corral) become this process's 0, 1 and 2; dup2
-/// clears close-on-exec there, so the command inherits them.
+/// The jail's stdin, stdout and stderr (from corral; or one pty slave for all three) become
+/// this process's 0, 1 and 2; dup2 clears close-on-exec there, so the command inherits them.
 fn install_stdio(stdio: Vec<OwnedFd>) -> Result<(), JailError> {
-    for (target, fd) in stdio.iter().enumerate() {
+    let fds: Vec<&OwnedFd> = match stdio.as_slice() {
+        [one] => vec![one, one, one],
+        all => all.iter().collect(),
+    };
+    for (target, fd) in fds.into_iter().enumerate() {
         // SAFETY: dup2 onto this process's own stdio descriptors.
         if unsafe { libc::dup2(fd.as_raw_fd(), target as RawFd) } < 0 {
             return Err(JailError::step(
@@ -358,7 +442,7 @@ fn control_readable(ctl: &OwnedFd, pipe: Option<&SignalPipe>) -> bool {
 /// The jail's PID 1.
 fn pid_one(config: &InitConfig) -> Result<i32, JailError> {
     die_with_parent()?;
-    mounts::set_up_root(&config.plan)?;
+    mounts::set_up_root(&config.plan, config.tty)?;
     make_non_dumpable()?;
     // SAFETY: single-threaded (forked from the single-threaded set-up process).
     match unsafe { fork() }.map_err(|e| JailError::step("fork the command's process", e))? {

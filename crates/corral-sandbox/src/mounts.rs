@@ -30,14 +30,15 @@ const MASK_DIR: &str = "/mask/dir";
 const NONE: Option<&str> = None;
 
 /// Build the jail's root from `plan` and pivot into it. Runs in the jail's PID 1, which owns the
-/// jail's user and mount namespaces.
-pub fn set_up_root(plan: &Plan) -> Result<(), JailError> {
+/// jail's user and mount namespaces. `own_devpts`: the set-up process mounted the jail's devpts
+/// instance over /dev/pts already (the jail's pty is in it); else a fresh one is mounted.
+pub fn set_up_root(plan: &Plan, own_devpts: bool) -> Result<(), JailError> {
     make_mounts_private()?;
     pivot_into_base()?;
     mount_new_root()?;
     let sizes = TmpfsSizes::of(plan);
     mount_private_tmp(&sizes.tmp)?;
-    mount_dev(&sizes.other)?;
+    mount_dev(&sizes.other, own_devpts)?;
     mount_proc()?;
     for index in 0..plan.mounts.len() {
         apply_plan_mount(plan, index, &sizes.other)?;
@@ -143,13 +144,14 @@ fn mount_private_tmp(size: &str) -> Result<(), JailError> {
 }
 
 /// A minimal /dev: the harmless character devices bound from the host (a user namespace cannot
-/// mknod), a private devpts with its own ptmx, a tmpfs /dev/shm, the usual symlinks.
+/// mknod), a private devpts with its own ptmx (the set-up process's when `own_devpts`: never
+/// the host's), a tmpfs /dev/shm, the usual symlinks.
 ///
 /// The device binds are read-only: they are the host's own nodes, which a root-run jail's uid
 /// 0 owns, so `chmod 666 /dev/full` or `touch /dev/null` would change them on the host. A
 /// read-only mount refuses every change to the node (mode, owner, times) but not the device's
 /// own I/O: writing to /dev/null or reading /dev/urandom works as before.
-fn mount_dev(shm_size: &str) -> Result<(), JailError> {
+fn mount_dev(shm_size: &str, own_devpts: bool) -> Result<(), JailError> {
     let dev = format!("{NEW}/dev");
     mkdir(&dev, 0o755, "create /dev")?;
     mount(
@@ -190,14 +192,26 @@ fn mount_dev(shm_size: &str) -> Result<(), JailError> {
     }
     let pts = format!("{dev}/pts");
     mkdir(&pts, 0o755, "create /dev/pts")?;
-    mount(
-        Some("devpts"),
-        pts.as_str(),
-        Some("devpts"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=0620"),
-    )
-    .map_err(|e| JailError::at("mount a private devpts", "/dev/pts", e))?;
+    if own_devpts {
+        let source = format!("{OLD}/dev/pts");
+        mount(
+            Some(source.as_str()),
+            pts.as_str(),
+            NONE,
+            MsFlags::MS_BIND,
+            NONE,
+        )
+        .map_err(|e| JailError::at("bind the jail's devpts", "/dev/pts", e))?;
+    } else {
+        mount(
+            Some("devpts"),
+            pts.as_str(),
+            Some("devpts"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some("newinstance,ptmxmode=0666,mode=0620"),
+        )
+        .map_err(|e| JailError::at("mount a private devpts", "/dev/pts", e))?;
+    }
     let shm = format!("{dev}/shm");
     mkdir(&shm, 0o1777, "create /dev/shm")?;
     mount(

@@ -50,6 +50,9 @@ pub struct Report {
     pub native_backend: bool,
     /// ... and enforce memory/cpu/pids limits with `limits.enforce = "strict"`.
     pub strict_limits: bool,
+    /// How this user's jails get their limits: `cgroup-v2-delegated`, `cgroup-v1-writable`
+    /// or `rlimit-fallback`.
+    pub limits_path: &'static str,
     /// The kernel's Landlock ABI, when it has Landlock.
     pub landlock_abi: Option<u32>,
     /// The seccomp filter every jail gets: each rule and why.
@@ -95,7 +98,7 @@ impl Report {
     pub fn summary(&self) -> String {
         match self.exit_code() {
             0 => "the native backend runs here, with strict limits and every hardening layer.".into(),
-            1 if !self.strict_limits => "the native backend runs here, but limits cannot be enforced: a policy with [limits] and enforce = \"strict\" (the default) will refuse to start; see the cgroups fix above, or use limits.enforce = \"best-effort\".".into(),
+            1 if !self.strict_limits => "the native backend runs here, but no cgroup can enforce limits: the built-in default limits fall back to rlimits (said in one line per run); limits you set with enforce = \"strict\" (the default) refuse to start; see the cgroups fix above, or use limits.enforce = \"best-effort\".".into(),
             1 => "the native backend runs here, with the weaker hardening listed above.".into(),
             _ => "the native backend cannot run here (see the missing items above); use --engine podman or docker if one is installed.".into(),
         }
@@ -128,8 +131,13 @@ pub fn run() -> Report {
     let landlock_abi = crate::landlock::kernel_abi();
     let userns = probe_userns();
     let seccomp = probe_seccomp();
-    let cgroups = probe_cgroups();
+    let (cgroups, version) = probe_cgroups();
     let strict_limits = cgroups.status == Status::Ok;
+    let limits_path = match version {
+        Some(crate::cgroup::Version::V2) => "cgroup-v2-delegated",
+        Some(crate::cgroup::Version::V1) => "cgroup-v1-writable",
+        None => "rlimit-fallback",
+    };
     let checks = vec![
         userns,
         probe_landlock(landlock_abi),
@@ -158,6 +166,7 @@ pub fn run() -> Report {
         checks,
         native_backend,
         strict_limits,
+        limits_path,
         landlock_abi,
         seccomp_filter: filter_rules(),
     }
@@ -414,7 +423,8 @@ fn probe_seccomp() -> Check {
     }
 }
 
-fn probe_cgroups() -> Check {
+/// The cgroups check, and the cgroup version that enforces limits for this user, if any.
+fn probe_cgroups() -> (Check, Option<crate::cgroup::Version>) {
     let hs = crate::cgroup::hierarchies();
     let v1: Vec<String> = hs
         .iter()
@@ -433,21 +443,23 @@ fn probe_cgroups() -> Check {
         (true, false) => "no cgroup filesystem mounted".to_string(),
     };
     match crate::cgroup::probe() {
-        Ok(v) => check(
+        Ok(v) => (check(
             "cgroups",
             Status::Ok,
             format!("{layout}; created and removed a {v:?} cgroup with memory, cpu and pids limits"),
-        ),
-        Err(why) => check("cgroups", Status::Warn, format!("{layout}; cannot create a limited cgroup: {why}"))
+        ), Some(v)),
+        Err(why) => (check("cgroups", Status::Warn, format!("{layout}; cannot create a limited cgroup: {why}"))
             .disables(
-                "enforcing limits.memory/cpus/pids: with limits.enforce = \"strict\" (the default) a policy \
-                 with limits refuses to start; \"best-effort\" falls back to per-process rlimits",
+                "enforcing limits.memory/cpus/pids with a cgroup: corral's built-in default limits fall back \
+                 to per-process rlimits (memory, processes; no CPU limit) and each run says so in one line; \
+                 limits you set refuse to start with limits.enforce = \"strict\" (the default), and fall \
+                 back the same way with \"best-effort\"",
             )
             .fix(
                 "on cgroup v2 run corral in a delegated scope: `systemd-run --user --scope -p Delegate=yes corral run ...` \
                  (with Delegate=memory pids cpu for user@.service: `systemctl edit user@.service`); \
                  on cgroup v1 only root can; or set limits.enforce = \"best-effort\"",
-            ),
+            ), None),
     }
 }
 

@@ -100,5 +100,6 @@ pub fn residual(limits: &Limits, cgroup: Option<&crate::cgroup::JailCgroup>) -> 
         cpus: limits.cpus.filter(|_| !enforced.cpus),
         pids: limits.pids.filter(|_| !enforced.pids),
         enforce: limits.enforce,
+        built_in: limits.built_in,
     }
 }

@@ -1,7 +1,7 @@
 //! corral's side of a jail: start the set-up process, hand it the Plan, receive the jail's
 //! listeners, then relay the terminal and signals until the jail exits.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -18,7 +18,7 @@ use crate::netns::{self, JailNet};
 use crate::placeholder::Placeholder;
 use crate::sig::SignalPipe;
 use crate::term::{self, RawMode, Relay};
-use crate::termfilter::OutputFilter;
+use crate::termfilter::{Dropped, OutputFilter};
 use crate::{EXIT_SETUP_FAILED, INIT_ARG};
 
 /// How to start a jail, beyond the Plan.
@@ -45,6 +45,7 @@ impl SpawnOptions {
                 cpus: None,
                 pids: None,
                 enforce: corral_policy::plan::Enforce::BestEffort,
+                built_in: Default::default(),
             },
         })
     }
@@ -56,7 +57,7 @@ enum Io {
     Pty(Relay),
     /// Inherited descriptors; those of ours that are terminals replaced by pipes that corral
     /// copies (so no jail process holds the user's terminal).
-    Plain(Vec<std::thread::JoinHandle<()>>),
+    Plain(Vec<std::thread::JoinHandle<Dropped>>),
 }
 
 /// A started jail. Call [`RunningJail::wait`] from the thread that spawned it (the set-up
@@ -103,6 +104,8 @@ pub struct PlaceholderHold {
 pub struct JailExit {
     /// The command's exit code; 128+N when it died of signal N; 125 when the set-up failed.
     pub code: i32,
+    /// What the output filter kept from the user's terminal (`termfilter.rs`).
+    pub terminal: Dropped,
 }
 
 /// Start a jail running `plan.command`. Returns once the jail's namespaces exist and its
@@ -376,7 +379,9 @@ impl PreparedJail {
                 .map_err(|e| JailError::step("install corral's signal handlers", e))?,
         );
         let stdio = wire_stdio(plan.terminal.clipboard)?;
-        jail.io = stdio.io;
+        if let Some(io) = stdio.io {
+            jail.io = io;
+        }
         let config = InitConfig {
             plan: plan.clone(),
             tty: stdio.tty,
@@ -388,7 +393,7 @@ impl PreparedJail {
             .ctl
             .take()
             .ok_or_else(|| JailError::Plan("this jail was already started".into()))?;
-        let fds = stdio.fds.each_ref().map(|fd| fd.as_raw_fd());
+        let fds: Vec<RawFd> = stdio.fds.iter().map(|fd| fd.as_raw_fd()).collect();
         let sent = match namespaces_ok {
             true => {
                 netns::send_frame(stream.as_raw_fd(), &body, &fds).map_err(std::io::Error::from)
@@ -401,6 +406,18 @@ impl PreparedJail {
         let net = match sent {
             Ok(()) => netns::recv_listeners(stream.as_raw_fd())?,
             Err(_) => None,
+        };
+        // At a terminal, the jail's pty comes from its own devpts (child.rs `jail_pty`): its
+        // master arrives now, gets the user's terminal settings, and the jail goes on.
+        let net = match (net, stdio.tty) {
+            (Some(net), true) => match receive_pty(stream.as_raw_fd(), plan.terminal.clipboard)? {
+                Some(relay) => {
+                    jail.io = Io::Pty(relay);
+                    Some(net)
+                }
+                None => None,
+            },
+            (net, _) => net,
         };
         match net {
             Some(net) => {
@@ -419,30 +436,48 @@ impl PreparedJail {
 
 /// The jail's stdio and how corral relays it.
 struct JailStdio {
-    io: Io,
-    /// stdin, stdout, stderr for the set-up process to install.
-    fds: [OwnedFd; 3],
+    /// `None` with a terminal: the relay waits for the pty the jail makes.
+    io: Option<Io>,
+    /// stdin, stdout, stderr for the set-up process to install (none with a terminal).
+    fds: Vec<OwnedFd>,
     tty: bool,
 }
 
+/// The pty master the set-up process sends (child.rs `jail_pty`): the user's terminal settings
+/// and window size are copied onto it (termios requests on a master act on its slave), then
+/// the set-up process is told to go on. `None`: the set-up process ended first. What the jail
+/// writes there reaches the user through the output filter (`clipboard`: `terminal.clipboard`).
+fn receive_pty(ctl: RawFd, clipboard: bool) -> Result<Option<Relay>, JailError> {
+    let Some((_, mut fds)) = netns::recv_frame(ctl)? else {
+        return Ok(None);
+    };
+    let master = match (fds.pop(), fds.is_empty()) {
+        (Some(m), true) => m,
+        _ => {
+            return Err(JailError::Plan(
+                "the jail sent no pty, or more than one descriptor".into(),
+            ));
+        }
+    };
+    term::copy_terminal(std::io::stdin().as_fd(), master.as_fd());
+    netns::send_frame(ctl, b"{}", &[])
+        .map_err(|e| JailError::step("tell the jail its terminal is ready", e))?;
+    Ok(Some(Relay::new(master, OutputFilter::new(clipboard))))
+}
+
 /// Wire the jail's stdio: a pty of its own when the user is at a terminal on both ends (`corral
-/// run -- make > log` from a terminal gets plain pipes, no CR/LF rewriting of the output); else
-/// corral's own descriptors, with those that are terminals replaced by pipes corral copies, so
-/// no jail process holds the user's terminal. What reaches a terminal of the user's goes through
-/// the output filter (`termfilter.rs`; `clipboard`: `terminal.clipboard`).
+/// run -- make > log` from a terminal gets plain pipes, no CR/LF rewriting of the output),
+/// opened by the jail in its own devpts so its name resolves inside; else corral's own
+/// descriptors, with those that are terminals replaced by pipes corral copies, so no jail
+/// process holds the user's terminal. What reaches a terminal of the user's goes through the
+/// output filter (`termfilter.rs`; `clipboard`: `terminal.clipboard`).
 fn wire_stdio(clipboard: bool) -> Result<JailStdio, JailError> {
     let stdin = std::io::stdin();
     let tty = term::is_tty(stdin.as_fd()) && term::is_tty(std::io::stdout().as_fd());
     if tty {
-        let pty = term::open_pty(stdin.as_fd())?;
-        let dup = |fd: &OwnedFd| {
-            fd.try_clone()
-                .map_err(|e| JailError::step("duplicate the pty", e))
-        };
-        let fds = [dup(&pty.slave)?, dup(&pty.slave)?, pty.slave];
         return Ok(JailStdio {
-            io: Io::Pty(Relay::new(pty.master, OutputFilter::new(clipboard))),
-            fds,
+            io: None,
+            fds: Vec::new(),
             tty,
         });
     }
@@ -473,8 +508,8 @@ fn wire_stdio(clipboard: bool) -> Result<JailStdio, JailError> {
     let stdout = output(1, std::io::stdout().as_fd())?;
     let stderr = output(2, std::io::stderr().as_fd())?;
     Ok(JailStdio {
-        io: Io::Plain(threads),
-        fds: [input, stdout, stderr],
+        io: Some(Io::Plain(threads)),
+        fds: vec![input, stdout, stderr],
         tty,
     })
 }
@@ -495,17 +530,17 @@ fn own_or_null(fd: std::os::fd::BorrowedFd<'_>) -> Result<OwnedFd, JailError> {
 
 /// Copy the jail's output pipe to corral's stdout (`to` 1) or stderr (2), a terminal, through
 /// the output filter.
-fn copy_out(from: OwnedFd, to: i32, mut filter: OutputFilter) {
+fn copy_out(from: OwnedFd, to: i32, mut filter: OutputFilter) -> Dropped {
     use std::io::{Read, Write};
     let mut file = std::fs::File::from(from);
     let mut buf = [0u8; 16384];
     let mut filtered = Vec::with_capacity(buf.len());
     loop {
         let n = match file.read(&mut buf) {
-            Ok(0) => return,
+            Ok(0) => return filter.dropped(),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
+            Err(_) => return filter.dropped(),
         };
         filtered.clear();
         filter.push(&buf[..n], &mut filtered);
@@ -516,7 +551,7 @@ fn copy_out(from: OwnedFd, to: i32, mut filter: OutputFilter) {
             std::io::stderr().write_all(&filtered)
         };
         if written.is_err() {
-            return;
+            return filter.dropped();
         }
     }
 }
@@ -565,11 +600,15 @@ impl RunningJail {
                             std::thread::sleep(std::time::Duration::from_millis(20));
                         };
                         self.reaped = true;
-                        return JailExit { code };
+                        return JailExit {
+                            code,
+                            terminal: Dropped::default(),
+                        };
                     }
                 }
             }
         };
+        let mut terminal = Dropped::default();
         let code = match &mut self.io {
             Io::Pty(relay) => {
                 let stdin = std::io::stdin();
@@ -592,6 +631,7 @@ impl RunningJail {
                     }
                 };
                 relay.pump_output();
+                terminal = relay.dropped();
                 code
             }
             Io::Plain(threads) => {
@@ -606,14 +646,14 @@ impl RunningJail {
                     }
                 };
                 for t in threads.drain(..) {
-                    let _ = t.join();
+                    terminal.add(t.join().unwrap_or_default());
                 }
                 code
             }
         };
         drop(signals);
         self.reaped = true;
-        JailExit { code }
+        JailExit { code, terminal }
     }
 }
 

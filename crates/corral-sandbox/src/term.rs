@@ -11,11 +11,10 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::pty::{OpenptyResult, Winsize, openpty};
+use nix::pty::Winsize;
 use nix::sys::termios::{SetArg, Termios, cfmakeraw, tcgetattr, tcsetattr};
 
-use crate::error::JailError;
-use crate::termfilter::OutputFilter;
+use crate::termfilter::{Dropped, OutputFilter};
 
 pub(crate) fn is_tty(fd: BorrowedFd<'_>) -> bool {
     nix::unistd::isatty(fd).unwrap_or(false)
@@ -38,18 +37,15 @@ pub(crate) fn set_window_size(fd: BorrowedFd<'_>, ws: &Winsize) {
     unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, ws) };
 }
 
-/// A new pty whose slave starts with the user's terminal settings and window size.
-pub(crate) fn open_pty(user: BorrowedFd<'_>) -> Result<OpenptyResult, JailError> {
-    let termios = tcgetattr(user).ok();
-    let ws = window_size(user);
-    let pty = openpty(ws.as_ref(), termios.as_ref())
-        .map_err(|e| JailError::step("open a pty for the jail", e))?;
-    // openpty(3) leaves both ends inheritable: no other child of corral may get them.
-    for fd in [pty.master.as_fd(), pty.slave.as_fd()] {
-        fcntl(fd, FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
-            .map_err(|e| JailError::step("mark the pty close-on-exec", e))?;
+/// The user's terminal settings and window size onto the jail's pty (through its master:
+/// termios requests on a master act on the slave). A user without them leaves the defaults.
+pub(crate) fn copy_terminal(user: BorrowedFd<'_>, master: BorrowedFd<'_>) {
+    if let Ok(termios) = tcgetattr(user) {
+        let _ = tcsetattr(master, SetArg::TCSANOW, &termios);
     }
-    Ok(pty)
+    if let Some(ws) = window_size(user) {
+        set_window_size(master, &ws);
+    }
 }
 
 /// The user's terminal in raw mode until dropped (every exit path of the relay restores it).
@@ -104,6 +100,11 @@ impl Relay {
 
     pub(crate) fn master(&self) -> BorrowedFd<'_> {
         self.master.as_fd()
+    }
+
+    /// What the output filter kept from the user's terminal so far.
+    pub(crate) fn dropped(&self) -> Dropped {
+        self.filter.dropped()
     }
 
     /// Wait up to `timeout_ms` for input, output or a signal byte on `sigfd`, and move bytes.

@@ -78,10 +78,49 @@ enum State {
     DropEsc,
 }
 
+/// How many sequences a filter dropped, for the end-of-run report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Dropped {
+    /// OSC 52 clipboard writes and reads.
+    pub clipboard: u64,
+    /// Every other sequence that acts outside the screen (C1 bytes not counted: a binary file
+    /// printed to the terminal is full of them).
+    pub other: u64,
+}
+
+impl Dropped {
+    pub fn add(&mut self, o: Dropped) {
+        self.clipboard += o.clipboard;
+        self.other += o.other;
+    }
+
+    /// The end-of-run lines, with the fix; none when nothing was dropped.
+    pub fn summary(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.clipboard > 0 {
+            out.push(format!(
+                "the jail's output held {} clipboard sequence(s) (OSC 52), not passed to your \
+                 terminal; to let clipboard writes through, set `[terminal] clipboard = true` in \
+                 your config (reads never pass)",
+                self.clipboard
+            ));
+        }
+        if self.other > 0 {
+            out.push(format!(
+                "the jail's output held {} escape sequence(s) that act outside the screen (files, \
+                 fonts, keys, the window, notifications), not passed to your terminal",
+                self.other
+            ));
+        }
+        out
+    }
+}
+
 /// The jail's output filter. Feed it with [`OutputFilter::push`].
 #[derive(Debug)]
 pub struct OutputFilter {
     clipboard: bool,
+    dropped: Dropped,
     state: State,
     /// Bytes of the sequence being decided.
     held: Vec<u8>,
@@ -96,11 +135,17 @@ impl OutputFilter {
     pub fn new(clipboard: bool) -> OutputFilter {
         OutputFilter {
             clipboard,
+            dropped: Dropped::default(),
             state: State::Ground,
             held: Vec::new(),
             utf8_left: 0,
             lead_c2: false,
         }
+    }
+
+    /// What it dropped so far.
+    pub fn dropped(&self) -> Dropped {
+        self.dropped
     }
 
     /// Filter `input`, appending what may reach the terminal to `out`.
@@ -237,7 +282,10 @@ impl OutputFilter {
                 self.held.push(b);
                 self.state = State::DcsHeader;
             }
-            b'X' | b'^' | b'_' => self.state = State::Drop(Str::Other),
+            b'X' | b'^' | b'_' => {
+                self.dropped.other += 1;
+                self.state = State::Drop(Str::Other);
+            }
             // A string terminator outside a string (one whose string was dropped): a no-op.
             b'\\' => self.state = State::Ground,
             CAN | SUB => {
@@ -268,10 +316,15 @@ impl OutputFilter {
                 self.held.push(b);
                 if csi_allowed(&self.held[2..]) {
                     out.extend_from_slice(&self.held);
+                } else {
+                    self.dropped.other += 1;
                 }
                 self.state = State::Ground;
             }
-            _ if self.held.len() >= MAX_HELD => self.state = State::CsiDrop,
+            _ if self.held.len() >= MAX_HELD => {
+                self.dropped.other += 1;
+                self.state = State::CsiDrop;
+            }
             _ => self.held.push(b),
         }
     }
@@ -296,6 +349,11 @@ impl OutputFilter {
             self.state = State::Pass(Str::Osc);
             self.escape_layer(b, out);
         } else {
+            if number == Some(OSC_CLIPBOARD) {
+                self.dropped.clipboard += 1;
+            } else {
+                self.dropped.other += 1;
+            }
             self.state = State::Drop(Str::Osc);
             self.escape_layer(b, out);
         }
@@ -314,8 +372,10 @@ impl OutputFilter {
                 self.state = State::OscClipboard { semicolons: 2 };
             }
             (1, _) if self.held.len() < MAX_HELD => self.held.push(b),
-            (1, _) => self.state = State::Drop(Str::Osc),
-            (_, b'?') => self.state = State::Drop(Str::Osc),
+            (1, _) | (_, b'?') => {
+                self.dropped.clipboard += 1;
+                self.state = State::Drop(Str::Osc);
+            }
             _ => {
                 out.extend_from_slice(&self.held);
                 out.push(b);
@@ -334,6 +394,7 @@ impl OutputFilter {
                 let header = &self.held[2..];
                 let drop = b == b'|' || b == b't' || (b == b'p' && header.contains(&b'+'));
                 if drop {
+                    self.dropped.other += 1;
                     self.state = State::Drop(Str::Other);
                 } else {
                     out.extend_from_slice(&self.held);
@@ -341,7 +402,10 @@ impl OutputFilter {
                     self.state = State::Pass(Str::Other);
                 }
             }
-            _ if self.held.len() >= MAX_HELD => self.state = State::Drop(Str::Other),
+            _ if self.held.len() >= MAX_HELD => {
+                self.dropped.other += 1;
+                self.state = State::Drop(Str::Other);
+            }
             _ => self.held.push(b),
         }
     }
@@ -489,6 +553,26 @@ mod tests {
         check(false, b"\x1b\x1b[1m", b"\x1b[1m");
         // CAN aborts a held sequence.
         check(false, b"\x1b]52;c\x18x", b"x");
+    }
+
+    #[test]
+    fn what_was_dropped_is_counted_for_the_report() {
+        let mut f = OutputFilter::new(false);
+        let mut out = Vec::new();
+        f.push(
+            b"\x1b]52;c;QQ==\x07\x1b]52;c;?\x07\x1b]50;f\x07\x1b_Gx\x1b\\\x1b[2t\x9d\x1b]0;t\x07",
+            &mut out,
+        );
+        assert_eq!(
+            f.dropped(),
+            Dropped {
+                clipboard: 2,
+                other: 3
+            }
+        );
+        assert_eq!(f.dropped().summary().len(), 2);
+        assert!(f.dropped().summary()[0].contains("[terminal] clipboard = true"));
+        assert!(Dropped::default().summary().is_empty());
     }
 
     #[test]

@@ -18,6 +18,7 @@ fn limits(memory: Option<u64>, pids: Option<u64>, cpus: Option<f64>, enforce: En
         cpus,
         pids,
         enforce,
+        built_in: Default::default(),
     }
 }
 

@@ -126,7 +126,48 @@ pub struct Changes {
     pub note: Option<String>,
 }
 
+/// corral's own directories (state: audit logs and the change summary's private git
+/// directory; config: the trust store) where they lie inside `root`, relative to it: with
+/// `--project` they may, and what corral writes there is not the agent's doing.
+fn own_dirs(root: &Path) -> Vec<String> {
+    let env: BTreeMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let home = PathBuf::from(env.get("HOME").cloned().unwrap_or_default());
+    let dirs = [
+        corral_audit::state_dir().ok(),
+        Some(corral_policy::trust::config_dir(&env, &home)),
+    ];
+    let mut out = Vec::new();
+    for d in dirs.into_iter().flatten() {
+        let real = d.canonicalize().unwrap_or_else(|_| d.clone());
+        for p in [d, real] {
+            if let Ok(rel) = p.strip_prefix(root)
+                && !rel.as_os_str().is_empty()
+            {
+                out.push(rel.to_string_lossy().into_owned());
+            }
+        }
+    }
+    out
+}
+
 impl Changes {
+    /// These changes without any path inside one of `dirs` (relative to the root), nor a
+    /// directory entry (`dir/`, git's form of a wholly ignored directory) that holds one.
+    fn without(mut self, dirs: &[String]) -> Changes {
+        let keep = |entry: &String| {
+            let e = entry.trim_end_matches('/');
+            !dirs.iter().any(|d| {
+                Path::new(e).starts_with(d) || (entry.ends_with('/') && Path::new(d).starts_with(e))
+            })
+        };
+        self.created.retain(keep);
+        self.modified.retain(keep);
+        self.deleted.retain(keep);
+        self
+    }
+
     pub fn is_empty(&self) -> bool {
         self.created.is_empty() && self.modified.is_empty() && self.deleted.is_empty()
     }
@@ -821,6 +862,7 @@ pub fn ready(pending: Pending) -> Option<Baseline> {
 /// audit log (a `Jail` event `changes`, only when something changed).
 pub fn finish(baseline: Option<Baseline>, audit: &corral_audit::AuditLog, jail_id: &str) {
     let Some(baseline) = baseline else { return };
+    let baseline_root = baseline.root.clone();
     let changes = match baseline.compare() {
         Ok(c) => c,
         Err(e) => {
@@ -828,6 +870,7 @@ pub fn finish(baseline: Option<Baseline>, audit: &corral_audit::AuditLog, jail_i
             return;
         }
     };
+    let changes = changes.without(&own_dirs(&baseline_root));
     if changes.is_empty() {
         return;
     }
@@ -861,6 +904,17 @@ mod tests {
             deleted: v(d),
             note: None,
         }
+    }
+
+    #[test]
+    fn corrals_own_directories_are_not_the_agents_changes() {
+        let c = changes(
+            &["a.txt", "state/corral/p/audit.jsonl", "state/", "statex"],
+            &["cfg/corral/trusted.json"],
+            &["state/corral/p/changes/x/index"],
+        );
+        let dirs = ["state/corral".to_string(), "cfg/corral".to_string()];
+        assert_eq!(c.without(&dirs), changes(&["a.txt", "statex"], &[], &[]));
     }
 
     /// The walk lists every entry but `.git`, whether it fits the walk on the calling thread or

@@ -142,8 +142,12 @@ pub struct JailOptions {
     #[arg(long = "publish", value_name = "PORT")]
     pub publish: Vec<u16>,
     /// Work in a fresh temporary directory instead of the project; nothing is kept
-    #[arg(long)]
+    #[arg(long, conflicts_with = "project")]
     pub scratch: bool,
+    /// The project directory, exactly (default: the enclosing git repository's top level, else
+    /// the current directory; never the home, / or a system directory unless named here)
+    #[arg(long, value_name = "DIR")]
+    pub project: Option<PathBuf>,
     /// Opt in to `executor.target = "host"` (commands run unsandboxed); a project's policy file cannot
     #[arg(long)]
     pub allow_host_executor: bool,

@@ -35,8 +35,8 @@ pub struct Watch {
     since_ns: i128,
 }
 
-/// The directories a run could write on the host: the project (read-write, not `--scratch`,
-/// which is removed anyway) and every read-write bind. Call before the jail starts.
+/// The directories a run could write on the host: the project (not `--scratch`, which is
+/// removed anyway) and every read-write bind. Call before the jail starts.
 ///
 /// Only when some writer of the run is not under the jail's seccomp filter: an executor on the
 /// host or in a compose service. A run whose every process is filtered (the jail, and the
@@ -51,7 +51,8 @@ pub fn watch(plan: &Plan) -> Watch {
     if !unfiltered_writer {
         return Watch { roots, since_ns: 0 };
     }
-    if plan.project.access == Access::Rw && !plan.project.scratch {
+    // The project even when the jail has it read-only: the executor outside the jail does not.
+    if !plan.project.scratch {
         roots.push(plan.project.root.clone());
     }
     for m in &plan.mounts {

@@ -311,7 +311,9 @@ fn terminal_bytes(w: &World, extra: &[&str], script: &str, stdin_tty: bool) -> S
         let child = c.spawn().unwrap();
         (std::fs::File::from(pty.master), slave, child)
     };
-    let seen = jail_support::read_until(&mut master, "END-OF-OUTPUT", &mut child);
+    let mut seen = jail_support::read_until(&mut master, "END-OF-OUTPUT", &mut child);
+    // Then corral's end-of-run report, until it exits.
+    seen += &jail_support::read_until(&mut master, "\0never printed\0", &mut child);
     let _ = child.wait();
     drop(slave);
     seen
@@ -358,6 +360,12 @@ fn the_jails_output_cannot_reach_the_clipboard_or_other_host_facilities() {
             );
         }
         assert!(seen.contains("ABCD"), "{seen:?}");
+        // The report says what was kept back, and how to let clipboard writes through.
+        assert!(
+            seen.contains("clipboard sequence(s) (OSC 52)")
+                && seen.contains("[terminal] clipboard = true"),
+            "{seen:?}"
+        );
         assert!(seen.contains("\x1b]0;TITLE-PASSES\x07"), "{seen:?}");
         assert!(seen.contains("\x1b[31mRED\x1b[0m"), "{seen:?}");
     }

@@ -75,8 +75,12 @@ fn attack_fails(w: &World, mut c: std::process::Command, store: &Path, envs: &[(
             c.env(k, v);
         }
         // Limits best-effort from the command line: the project's own config directory
-        // variant has no user config, and a rootless run has no cgroup.
-        c.args(["run", "--network", "none", "--enforce", "best-effort", "--"])
+        // variant has no user config, and a rootless run has no cgroup. The project named: a
+        // directory holding corral's config is a project only then.
+        c.args(["run", "--network", "none", "--enforce", "best-effort"])
+            .arg("--project")
+            .arg(&w.project)
+            .arg("--")
             .args(["sh", "-c"])
             .arg(format!("echo {marker}"));
         run(c)
@@ -138,9 +142,23 @@ fn a_jailed_process_cannot_plant_a_trust_store_inside_the_project() {
     let xdg = w.project.join(".xdg");
     let store = xdg.join("corral/trusted.json");
     let envs: [(&str, &Path); 1] = [("XDG_CONFIG_HOME", &xdg)];
+    // Not a project unless named (first wall); named, the store stays out of the jail's reach.
+    let mut c = w.corral();
+    c.env("XDG_CONFIG_HOME", &xdg).args([
+        "run",
+        "--network",
+        "none",
+        "--enforce",
+        "best-effort",
+        "--",
+        "true",
+    ]);
+    assert_eq!(run(c).code, 125);
     let mut c = w.corral();
     c.env("XDG_CONFIG_HOME", &xdg)
-        .args(["run", "--network", "none", "--enforce", "best-effort"]);
+        .args(["run", "--network", "none", "--enforce", "best-effort"])
+        .arg("--project")
+        .arg(&w.project);
     attack_fails(&w, c, &store, &envs);
 }
 
@@ -191,6 +209,8 @@ fn a_jailed_process_cannot_write_a_trust_store_a_symlink_puts_in_the_project() {
         "{\"files\":[{\"path\":\"/elsewhere/corral.toml\",\"sha256\":\"00\",\"trusted_at\":\"2026-01-01T00:00:00Z\"}]}\n",
     );
     let mut c = w.corral();
-    c.args(["run", "--network", "none", "--enforce", "best-effort"]);
+    c.args(["run", "--network", "none", "--enforce", "best-effort"])
+        .arg("--project")
+        .arg(&w.project);
     attack_fails(&w, c, &store, &[]);
 }

@@ -159,10 +159,16 @@ fn plan_prints_a_readable_summary() {
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     for want in [
-        format!("project       {} (rw)", p.root.display()),
+        format!(
+            "project       {} (rw; the top level of the enclosing git repository)",
+            p.root.display()
+        ),
         format!("  {}", p.root.join("sub/.env").display()),
         "mode          proxy".to_string(),
         "limits        memory 4g, cpus 2, pids 1024, enforce strict".to_string(),
+        "  built-in defaults: memory, cpus, pids (without a cgroup for them here, a run says so \
+         and goes on)"
+            .to_string(),
         "terminal      escape sequences that act outside the screen are dropped; clipboard \
          writes (OSC 52) dropped"
             .to_string(),

@@ -88,7 +88,8 @@ fn a_shim_runs_the_real_binary_jailed() {
     assert_eq!(
         got,
         format!(
-            "args: hello big world\npwd: {}\npidns: {jail_pidns}\nsecret: unreachable\n",
+            // The profile's skill too, as `corral run pi` gives it.
+            "args: hello big world --skill /run/corral/skill\npwd: {}\npidns: {jail_pidns}\nsecret: unreachable\n",
             proj.join("src").display()
         )
     );

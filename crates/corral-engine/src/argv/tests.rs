@@ -566,6 +566,16 @@ fn what_cannot_be_enforced_is_refused() {
             .args
             .contains(&"--memory".to_string())
     );
+    // corral's built-in defaults do not stop a run either; one limit set by someone does.
+    let mut p = f.plan.clone();
+    p.limits.built_in = corral_policy::plan::LimitKinds {
+        memory: true,
+        cpus: true,
+        pids: true,
+    };
+    assert!(setup(&p, &c).is_ok());
+    p.limits.built_in.pids = false;
+    assert!(setup(&p, &c).is_err());
 
     let c = ctx(EngineKind::Podman, true);
     let mut p = f.plan.clone();

@@ -41,6 +41,20 @@ pub fn render(r: &Report) -> String {
             s += &format!("  {:<8} {:<16} fix: {f}\n", "", "");
         }
     }
+    let path = match r.limits_path {
+        "cgroup-v2-delegated" => {
+            "a cgroup v2 subtree delegated to you: limits are enforced by a cgroup"
+        }
+        "cgroup-v1-writable" => {
+            "cgroup v1 controllers writable by you: limits are enforced by cgroups"
+        }
+        _ => {
+            "rlimit fallback: no cgroup for you here (corral does not ask systemd for a delegated \
+             scope itself); built-in defaults apply per process, limits you set follow \
+             limits.enforce"
+        }
+    };
+    s += &format!("\n  limits path: {path}\n");
     s += &format!("\n{} (exit {})\n", r.summary(), r.exit_code());
     s
 }

@@ -55,6 +55,7 @@ pub fn flags(opts: &JailOptions) -> Flags {
         }),
         publish: opts.publish.clone(),
         scratch: opts.scratch,
+        project: opts.project.clone(),
         allow_host_executor: opts.allow_host_executor,
         allow_harness_config: opts.allow_harness_config,
     }
@@ -191,14 +192,10 @@ pub fn human(p: &Plan) -> String {
     let _ = writeln!(o, "engine        {engine}");
     let _ = writeln!(
         o,
-        "project       {} ({}){}",
+        "project       {} ({}; {})",
         p.project.root.display(),
         access(p.project.access),
-        if p.project.scratch {
-            ", scratch: a fresh directory, removed afterwards"
-        } else {
-            ""
-        }
+        p.project.source.describe()
     );
     let _ = writeln!(o, "cwd           {}", p.cwd.display());
     let _ = writeln!(o, "home          {} (private tmpfs)", p.home.display());
@@ -220,6 +217,17 @@ pub fn human(p: &Plan) -> String {
         }
     );
 
+    if !p.toolchains.is_empty() {
+        let list: Vec<String> = p
+            .toolchains
+            .iter()
+            .map(|t| {
+                let binds: Vec<String> = t.binds.iter().map(|b| b.display().to_string()).collect();
+                format!("{} ({})", t.name, binds.join(", "))
+            })
+            .collect();
+        let _ = writeln!(o, "toolchains    {} (read-only, on PATH)", list.join("; "));
+    }
     let _ = writeln!(o, "\nmounts (in order)");
     // The curated system directories are the same in every plan: one line, not forty.
     let system = corral_policy::plan::system_mounts();
@@ -342,6 +350,19 @@ pub fn human(p: &Plan) -> String {
             Enforce::BestEffort => "best-effort",
         }
     );
+    let b = l.built_in;
+    let built_in: Vec<&str> = [("memory", b.memory), ("cpus", b.cpus), ("pids", b.pids)]
+        .into_iter()
+        .filter(|(_, on)| *on)
+        .map(|(n, _)| n)
+        .collect();
+    if !built_in.is_empty() {
+        let _ = writeln!(
+            o,
+            "  built-in defaults: {} (without a cgroup for them here, a run says so and goes on)",
+            built_in.join(", ")
+        );
+    }
     let _ = writeln!(
         o,
         "terminal      escape sequences that act outside the screen are dropped; clipboard \

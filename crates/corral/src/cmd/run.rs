@@ -222,6 +222,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     }
     crate::changes::finish(baseline, &audit, &jail_id);
     crate::setid::report(set_id, &audit, &jail_id);
+    report_terminal(exit.terminal, &audit, &jail_id);
     write(
         &audit,
         &jail_id,
@@ -431,6 +432,27 @@ impl Drop for StubFiles {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// What the output filter kept from the user's terminal (clipboard writes, host-acting escape
+/// sequences), with the fix, on stderr and as a `terminal` audit event.
+fn report_terminal(dropped: corral_sandbox::termfilter::Dropped, audit: &AuditLog, jail_id: &str) {
+    let lines = dropped.summary();
+    if lines.is_empty() {
+        return;
+    }
+    for line in &lines {
+        eprintln!("corral: {line}");
+    }
+    write(
+        audit,
+        jail_id,
+        JailEvent {
+            event: "terminal".into(),
+            exit_code: None,
+            detail: serde_json::to_value(dropped).unwrap_or_default(),
+        },
+    );
 }
 
 fn write(audit: &AuditLog, jail_id: &str, event: JailEvent) {

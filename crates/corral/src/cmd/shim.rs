@@ -16,7 +16,6 @@
 //! The name a shim is called by is the profile's own command (`corral_policy::profile`), for
 //! every built-in profile except `shell`, whose command is the user's shell itself.
 
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -25,9 +24,9 @@ use anyhow::{Context, bail};
 
 use crate::cli::ShimCommand;
 
-/// The marker every shim carries in its first lines: how a shim recognises another shim, and
-/// how `remove` knows a file is its own.
-pub const MARKER: &str = "# corral-shim v1";
+/// The marker every shim carries in its first lines: how a shim recognises another shim, how
+/// `remove` knows a file is its own, and how `corral run` skips shims on PATH.
+pub const MARKER: &str = corral_policy::resolve::SHIM_MARKER;
 
 /// Where displaced files wait, inside the shim directory.
 const DISPLACED: &str = ".corral-shim-displaced";
@@ -145,19 +144,7 @@ pub fn command_of(profile: &str) -> anyhow::Result<String> {
 
 /// Whether the file at `path` is a shim (carries the marker in its first bytes).
 pub fn is_shim(path: &Path) -> bool {
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return false;
-    };
-    let mut head = [0u8; 512];
-    let mut n = 0;
-    while n < head.len() {
-        match f.read(&mut head[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(_) => return false,
-        }
-    }
-    String::from_utf8_lossy(&head[..n]).contains(MARKER)
+    corral_policy::resolve::is_shim(path)
 }
 
 fn is_executable_file(path: &Path) -> bool {

@@ -149,8 +149,21 @@ pub fn run(args: TrustArgs) -> anyhow::Result<ExitCode> {
     if args.list {
         return list(&store, &store_path, args.json);
     }
-    let dir = project_dir(args.path.as_deref())?;
-    let file = corral_policy::resolve::project_root(&dir).join("corral.toml");
+    // `--project DIR` names the project exactly, as it does for `corral run`.
+    let (dir, file) = match &args.jail.project {
+        Some(p) => {
+            let dir = p
+                .canonicalize()
+                .with_context(|| format!("--project {}", p.display()))?;
+            let file = dir.join("corral.toml");
+            (dir, file)
+        }
+        None => {
+            let dir = project_dir(args.path.as_deref())?;
+            let file = corral_policy::resolve::project_root(&dir).join("corral.toml");
+            (dir, file)
+        }
+    };
     if args.revoke {
         if store.revoke(&file) {
             store.save(&store_path)?;
