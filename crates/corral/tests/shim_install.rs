@@ -448,3 +448,26 @@ fn snapshot(dir: &Path) -> BTreeMap<String, (u32, String)> {
     walk(dir, dir, &mut out);
     out
 }
+
+#[test]
+fn a_profile_s_own_arguments_come_after_the_real_binary() {
+    // The codex profile runs `codex -c sandbox_mode="danger-full-access"` (Codex's bubblewrap
+    // sandbox cannot start inside the jail); the shim keeps that, then the user's arguments.
+    let s = setup();
+    write_exec(&s.real.join("codex"), "#!/bin/sh\necho real codex\n");
+    ok(&s.corral(&[
+        "shim",
+        "install",
+        "codex",
+        "--dir",
+        s.shims.to_str().unwrap(),
+    ]));
+    s.fake_corral();
+    assert_eq!(
+        ok(&s.sh("codex exec 'a task'")),
+        format!(
+            "run\ncodex\n--\n{}\n-c\nsandbox_mode=\"danger-full-access\"\nexec\na task\n",
+            s.real.join("codex").display()
+        )
+    );
+}

@@ -178,6 +178,17 @@ pub fn script(
     installed_real: &Path,
 ) -> String {
     let scratch_flag = if scratch { " --scratch" } else { "" };
+    // The profile's own arguments after its command (codex: its sandbox off inside the jail),
+    // which `-- <the real binary>` would otherwise drop.
+    let profile_args: String = corral_policy::profile::profile(profile)
+        .map(|p| {
+            p.command
+                .iter()
+                .skip(1)
+                .map(|a| format!(" {}", sh_quote(a)))
+                .collect()
+        })
+        .unwrap_or_default();
     let shim_name = if scratch {
         format!("{name}-ns")
     } else {
@@ -223,7 +234,7 @@ if [ ! -x "$corral_bin" ]; then
     exit 127
   }}
 fi
-exec "$corral_bin" run {profile}{scratch_flag} -- "$real" "$@"
+exec "$corral_bin" run {profile}{scratch_flag} -- "$real"{profile_args} "$@"
 "#,
         corral = sh_quote(&corral.to_string_lossy()),
         name_q = sh_quote(name),

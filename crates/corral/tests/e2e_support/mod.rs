@@ -8,7 +8,7 @@ use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use crate::jail_support::write;
+use crate::jail_support::{OUTSIDE_SECRET, Out, SSH_SECRET, World, corral_bin, run, write};
 
 /// tests/fixtures/mock-model/server.py
 const MOCK_MODEL: &str = include_str!("../fixtures/mock-model/server.py");
@@ -126,6 +126,13 @@ impl Drop for Mock {
 }
 
 impl Mock {
+    /// Every request body the mock received, as one text: everything the model was sent.
+    pub fn bodies(&self) -> String {
+        let mut path = self.record.clone().into_os_string();
+        path.push(".bodies");
+        String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
+    }
+
     pub fn requests(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.record)
             .unwrap_or_default()
@@ -176,4 +183,169 @@ pub fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// The three things every harness test makes its harness do through its shell tool: edit the
+/// project, read host secrets (the SSH key in the home and a file outside the project), and reach
+/// a host that `network.allow` does not list.
+pub struct Attacks {
+    pub edit: String,
+    pub read_secrets: String,
+    pub other_host: String,
+}
+
+/// What the edit writes into the project's `e2e-proof.txt`.
+pub const PROOF: &str = "edited-in-the-jail";
+/// The host no policy allows.
+pub const OTHER_HOST: &str = "not-allowed.example";
+
+pub fn attacks(w: &World) -> Attacks {
+    Attacks {
+        edit: format!("echo {PROOF} > e2e-proof.txt; echo rc=$?"),
+        read_secrets: format!(
+            "cat ~/.ssh/id_ed25519 {}/secret.txt 2>&1; echo rc=$?",
+            w.outside.display()
+        ),
+        other_host: format!("curl -sS -m 20 https://{OTHER_HOST}/ 2>&1; echo rc=$?"),
+    }
+}
+
+/// The results of the three attacks as the harness sent them back to the model in its last
+/// request (`tool_results` of the mock's record): the edit ran, both secret files were absent
+/// in the jail (two `No such file`), the proxy refused the other host (403, curl failed).
+pub fn judge_tool_results(last: &serde_json::Value) {
+    let results: Vec<&str> = last["tool_results"]
+        .as_array()
+        .expect("tool_results")
+        .iter()
+        .map(|v| v.as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(results.len(), 3, "{results:#?}");
+    assert!(results[0].contains("rc=0"), "{}", results[0]);
+    assert!(
+        results[1].matches("No such file").count() == 2 && results[1].contains("rc=1"),
+        "{}",
+        results[1]
+    );
+    assert!(
+        results[2].contains("403") && !results[2].contains("rc=0"),
+        "{}",
+        results[2]
+    );
+}
+
+/// Judge the run on the host: the project file the harness wrote, no secret (the host's files
+/// or the real API key) in anything the model was sent or the harness printed, and the proxy's
+/// denial of the other host in the audit log.
+pub fn judge(w: &World, m: &Mock, out: &Out, real_part: &str) {
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("e2e-proof.txt"))
+            .ok()
+            .as_deref(),
+        Some(format!("{PROOF}\n").as_str()),
+        "the harness's edit of the project is not on the host:\n{}",
+        out.both()
+    );
+    let bodies = m.bodies();
+    assert!(!bodies.is_empty(), "the mock model received nothing");
+    for secret in [SSH_SECRET, OUTSIDE_SECRET, real_part] {
+        assert!(!bodies.contains(secret), "the model was sent {secret}");
+        assert!(!out.both().contains(secret), "the harness printed {secret}");
+    }
+    let records = w.audit_records();
+    // What else the harness tried to reach (shown with --nocapture).
+    for r in records
+        .iter()
+        .filter(|r| r["kind"] == "net" && r["decision"] == "deny")
+    {
+        eprintln!("denied: {r}");
+    }
+    let denied: Vec<_> = records
+        .iter()
+        .filter(|r| r["kind"] == "net" && r["decision"] == "deny" && r["host"] == OTHER_HOST)
+        .collect();
+    assert!(
+        !denied.is_empty(),
+        "no denial of {OTHER_HOST} in the audit log: {records:#?}"
+    );
+    let mut logs = String::new();
+    for f in walk(&w.home.join(".local/state/corral")) {
+        logs.push_str(&std::fs::read_to_string(f).unwrap_or_default());
+    }
+    assert!(!logs.contains(real_part), "real value in the audit log");
+}
+
+/// How long one harness run may take; `timeout` ends corral (and the jail with it) after that.
+const HARNESS_DEADLINE: &str = "180";
+
+/// `corral run PROFILE --network proxy RUN_ARGS -- ARGV` in the world's project, with a clean
+/// environment plus `env`; the gateway trusts the mock's CA in `mdir`.
+pub fn run_harness(
+    w: &World,
+    profile: &str,
+    run_args: &[&str],
+    argv: &[&str],
+    env: &[(&str, String)],
+    mdir: &Path,
+) -> Out {
+    let mut c = Command::new("timeout");
+    c.arg(HARNESS_DEADLINE)
+        .arg(corral_bin())
+        .args(["run", profile, "--network", "proxy"])
+        .args(run_args)
+        .arg("--")
+        .args(argv)
+        .current_dir(&w.project)
+        .env_clear()
+        .env("HOME", &w.home)
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .env("TMPDIR", std::env::temp_dir())
+        .env("SSL_CERT_FILE", mdir.join("ca.pem"));
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    run(c)
+}
+
+/// A world whose project allows the mock model (at `host`, scripted by `script` from the
+/// world's attacks) through the proxy and declares `secret` (read from the caller's
+/// `CALLER_KEY`) for the mock's host, trusted. Returns the world, the mock's directory (its CA)
+/// and the running mock.
+pub fn world_with_mock(
+    host: &str,
+    script: impl FnOnce(&Attacks) -> serde_json::Value,
+    secret: &str,
+) -> (World, PathBuf, Mock) {
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    certs(&mdir, host);
+    let m = mock_model(&mdir, &script(&attacks(&w)));
+    let port = m.port;
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [secrets]\n{secret} = {{ from_env = \"CALLER_KEY\", hosts = [\"{host}\"] }}\n"
+        ),
+    );
+    w.trust_project(&[]);
+    (w, mdir, m)
+}
+
+/// The command the profile runs (`corral plan PROFILE --json`: argv[0] resolved on PATH and
+/// the profile's own arguments), for a test that appends the harness's non-interactive flags.
+pub fn profile_command(w: &World, profile: &str) -> Vec<String> {
+    let mut c = w.corral();
+    c.args(["plan", profile, "--json"]);
+    let out = run(c);
+    assert_eq!(out.code, 0, "corral plan {profile} failed:\n{}", out.both());
+    let plan: serde_json::Value = serde_json::from_str(&out.stdout).expect("plan JSON");
+    plan["command"]
+        .as_array()
+        .expect("plan.command")
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
 }

@@ -1,0 +1,115 @@
+//! The real Codex CLI (`@openai/codex` from npm, a native binary) jailed end to end:
+//! `corral run codex` in the native jail, network through corral's proxy, the API key served by
+//! the credential gateway. The model is the scripted mock (tests/fixtures/mock-model/server.py)
+//! speaking the OpenAI Responses API over HTTPS; it makes Codex's shell tool edit the project,
+//! read host secrets and reach a host the policy does not allow, and the test judges each on
+//! the host.
+
+mod e2e_support;
+mod jail_support;
+
+use e2e_support::*;
+use jail_support::*;
+
+const REAL: &str = "sk-proj-REALkeyREALkeyREALkey0123456789abc";
+const REAL_PART: &str = "REALkeyREALkey";
+
+/// A world with the mock scripted for Codex's shell tool and a provider for it in ~/.codex.
+fn codex_world(host: &str) -> (World, std::path::PathBuf, Mock) {
+    // Codex's shell tool (unified exec): `exec_command` with `cmd`.
+    let step = |cmd: &str| serde_json::json!({"tool": "exec_command", "arguments": {"cmd": cmd}});
+    let script = |a: &Attacks| {
+        serde_json::json!({
+            "steps": [step(&a.edit), step(&a.read_secrets), step(&a.other_host)],
+            "final": "codex is done"
+        })
+    };
+    let (w, mdir, m) = world_with_mock(host, script, "OPENAI_API_KEY");
+    // A provider for the mock in Codex's own config (the user's ~/.codex, bound into the jail).
+    write(
+        &w.home.join(".codex/config.toml"),
+        &format!(
+            "model = \"mock-1\"\nmodel_provider = \"mock\"\n\n\
+             [model_providers.mock]\nname = \"mock\"\nbase_url = \"https://{host}:{}/v1\"\n\
+             env_key = \"OPENAI_API_KEY\"\nwire_api = \"responses\"\n",
+            m.port
+        ),
+    );
+    (w, mdir, m)
+}
+
+#[test]
+fn codex_in_the_jail_edits_the_project_and_every_attack_fails() {
+    let Some(codex) = which("codex") else {
+        eprintln!("skipping: codex is not installed (npm install -g @openai/codex; .ci/run does)");
+        return;
+    };
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let (w, mdir, m) = codex_world(&host);
+    // The profile's command (Codex's own sandbox off: it cannot create namespaces inside the
+    // jail, and corral is the sandbox), then `exec`: one task, no approvals, then exit.
+    let mut argv = profile_command(&w, "codex");
+    assert_eq!(argv[0], codex.display().to_string());
+    argv.extend(["exec", "--skip-git-repo-check", "Do the task."].map(String::from));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let out = run_harness(
+        &w,
+        "codex",
+        &[],
+        &argv,
+        &[("CALLER_KEY", REAL.to_string())],
+        &mdir,
+    );
+    assert_eq!(out.code, 0, "corral run codex failed:\n{}", out.both());
+    assert!(out.stdout.contains("codex is done"), "{}", out.both());
+
+    let reqs = m.requests();
+    let turns: Vec<_> = reqs.iter().filter(|r| r["api"] == "responses").collect();
+    let last = turns.last().expect("codex never reached the mock");
+    // The mock saw the real key on every call, never the placeholder.
+    for r in &turns {
+        assert_eq!(r["authorization"], format!("Bearer {REAL}"), "{r}");
+    }
+    judge_tool_results(last);
+    judge(&w, &m, &out, REAL_PART);
+}
+
+/// The control: the same Codex and script without corral. The secret files are read and sent
+/// to the model, which is what the judge looks for in the jailed run.
+#[test]
+fn codex_without_the_jail_sends_the_host_secrets_to_the_model() {
+    let Some(codex) = which("codex") else {
+        eprintln!("skipping: codex is not installed (npm install -g @openai/codex; .ci/run does)");
+        return;
+    };
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let (w, mdir, m) = codex_world(&host);
+    let mut c = std::process::Command::new("timeout");
+    c.arg("120")
+        .arg(&codex)
+        .args(["-c", "sandbox_mode=\"danger-full-access\""])
+        .args(["exec", "--skip-git-repo-check", "Do the task."])
+        .current_dir(&w.project)
+        .env_clear()
+        .env("HOME", &w.home)
+        .env("CODEX_HOME", w.home.join(".codex"))
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .env("OPENAI_API_KEY", REAL)
+        .env("CODEX_CA_CERTIFICATE", mdir.join("ca.pem"));
+    let out = run(c);
+    assert_eq!(out.code, 0, "codex failed:\n{}", out.both());
+    let bodies = m.bodies();
+    for secret in [SSH_SECRET, OUTSIDE_SECRET] {
+        assert!(
+            bodies.contains(secret),
+            "the unjailed run did not send {secret}"
+        );
+    }
+}

@@ -1,0 +1,100 @@
+//! The real opencode (`opencode-ai` from npm, a compiled Bun binary) jailed end to end:
+//! `corral run opencode` in the native jail, network through corral's proxy, the API key served
+//! by the credential gateway. The model is the scripted mock (tests/fixtures/mock-model/server.py)
+//! speaking OpenAI chat completions over HTTPS, configured as an OpenAI-compatible provider in
+//! opencode's own config; it makes opencode's bash tool edit the project, read host secrets and
+//! reach a host the policy does not allow, and the test judges each on the host.
+
+mod e2e_support;
+mod jail_support;
+
+use e2e_support::*;
+use jail_support::*;
+
+const REAL: &str = "sk-proj-REALkeyREALkeyREALkey0123456789abc";
+const REAL_PART: &str = "REALkeyREALkey";
+
+#[test]
+fn opencode_in_the_jail_edits_the_project_and_every_attack_fails() {
+    let Some(opencode) = which("opencode") else {
+        eprintln!("skipping: opencode is not installed (npm install -g opencode-ai; .ci/run does)");
+        return;
+    };
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let step = |cmd: &str| serde_json::json!({"tool": "bash", "arguments": {"command": cmd, "description": "a step"}});
+    let script = |a: &Attacks| {
+        serde_json::json!({
+            "steps": [step(&a.edit), step(&a.read_secrets), step(&a.other_host)],
+            "final": "opencode is done"
+        })
+    };
+    let (w, mdir, m) = world_with_mock(&host, script, "OPENAI_API_KEY");
+    // The mock as an OpenAI-compatible provider in opencode's global config (bound into the
+    // jail); the key is read from the variable the gateway serves (the jail has a placeholder).
+    write(
+        &w.home.join(".config/opencode/opencode.json"),
+        &serde_json::json!({
+            "$schema": "https://opencode.ai/config.json",
+            "provider": {"mock": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Mock",
+                "options": {"baseURL": format!("https://{host}:{}/v1", m.port), "apiKey": "{env:OPENAI_API_KEY}"},
+                "models": {"mock-1": {"name": "Mock 1", "tool_call": true}}
+            }},
+            "model": "mock/mock-1",
+            "autoupdate": false,
+            "share": "disabled"
+        })
+        .to_string(),
+    );
+    // What opencode writes into its config directory at its first start on the host: the
+    // directory is code, read-only in the jail, and opencode stops if it cannot write this.
+    write(
+        &w.home.join(".config/opencode/.gitignore"),
+        "node_modules\npackage.json\npackage-lock.json\nbun.lock\n.gitignore",
+    );
+    let mut argv = profile_command(&w, "opencode");
+    assert_eq!(argv[0], opencode.display().to_string());
+    // `run`: one message, then exit; --auto: every permission granted (corral is the sandbox).
+    argv.extend(
+        [
+            "run",
+            "--auto",
+            "--title",
+            "e2e",
+            "-m",
+            "mock/mock-1",
+            "Do the task.",
+        ]
+        .map(String::from),
+    );
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    // Its model catalogue (models.opencode.ai, which the profile allows) is not needed for a
+    // provider of the user's own: the test stays off the internet.
+    let out = run_harness(
+        &w,
+        "opencode",
+        &["--env", "OPENCODE_DISABLE_MODELS_FETCH=1"],
+        &argv,
+        &[("CALLER_KEY", REAL.to_string())],
+        &mdir,
+    );
+    assert_eq!(out.code, 0, "corral run opencode failed:\n{}", out.both());
+    assert!(out.stdout.contains("opencode is done"), "{}", out.both());
+
+    let reqs = m.requests();
+    let turns: Vec<_> = reqs
+        .iter()
+        .filter(|r| r["method"] == "POST" && r["path"] == "/v1/chat/completions")
+        .collect();
+    let last = turns.last().expect("opencode never reached the mock");
+    // The mock saw the real key on every call, never the placeholder.
+    for r in &turns {
+        assert_eq!(r["authorization"], format!("Bearer {REAL}"), "{r}");
+    }
+    judge_tool_results(last);
+    judge(&w, &m, &out, REAL_PART);
+}
