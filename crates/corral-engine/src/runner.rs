@@ -149,6 +149,7 @@ pub fn prepare_host(plan: &Plan, ctx: &Context) -> Result<bool> {
         }
         fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(io(&path))?;
     }
+    write_seccomp_profile(ctx)?;
     if plan.network.mode != NetworkMode::Proxy {
         return Ok(false);
     }
@@ -158,6 +159,21 @@ pub fn prepare_host(plan: &Plan, ctx: &Context) -> Result<bool> {
     // The engine user (nobody, or a keep-id uid) must read it.
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(io(&dir))?;
     Ok(changed)
+}
+
+/// corral's seccomp rules as the OCI profile the containers get (rewritten when corral's
+/// rules changed; the engine reads it when it creates a container).
+fn write_seccomp_profile(ctx: &Context) -> Result<()> {
+    let path = ctx.seccomp_file();
+    let profile = corral_sandbox::seccomp::oci_profile()?;
+    let text = serde_json::to_string_pretty(&profile).expect("a JSON value serializes");
+    if fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+        fs::write(&path, text).map_err(|source| EngineError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// The project's audit directory, shared with the proxy and executor containers. When the
