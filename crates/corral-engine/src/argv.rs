@@ -201,11 +201,14 @@ fn check_supported(plan: &Plan, ctx: &Context) -> Result<()> {
     if !plan.secrets.is_empty() {
         return unsupported("[secrets] (the credential gateway)");
     }
-    if !plan.network.host_ports.is_empty() {
-        return unsupported("network.host_ports");
+    // Relayed by corral from the container's network namespace, which only root may join
+    // (crate::ports).
+    let relayed = plan.network.mode != NetworkMode::Host;
+    if relayed && plan.uid != 0 && !plan.network.host_ports.is_empty() {
+        return unsupported("network.host_ports without root");
     }
-    if !plan.network.publish.is_empty() {
-        return unsupported("network.publish / --publish");
+    if relayed && plan.uid != 0 && !plan.network.publish.is_empty() {
+        return unsupported("network.publish / --publish without root");
     }
     if plan.network.dns != corral_policy::plan::Dns::None {
         return unsupported("network.dns = \"stub\"");

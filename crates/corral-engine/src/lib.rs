@@ -25,6 +25,7 @@ pub mod argv;
 pub mod compose;
 pub mod image;
 pub mod names;
+pub mod ports;
 pub mod proxy_policy;
 pub mod runner;
 

@@ -360,6 +360,7 @@ pub fn run_with(
     setup: &Setup,
     wait: impl FnOnce(&Command) -> std::io::Result<std::process::ExitStatus>,
 ) -> Result<i32> {
+    let relays = crate::ports::Relays::bind(plan)?;
     let changed = prepare_host(plan, ctx)?;
     let names = ctx.names(plan);
     ensure(setup, ctx, changed, &names)?;
@@ -369,7 +370,9 @@ pub fn run_with(
     // mount point behind on the host, removed again below.
     let policy = &plan.project.policy_file;
     let policy_existed = policy.symlink_metadata().is_ok();
+    let relaying = relays.start(ctx, plan);
     let status = wait(cmd);
+    drop(relaying);
     if !policy_existed && fs::metadata(policy).is_ok_and(|m| m.is_file() && m.len() == 0) {
         let _ = fs::remove_file(policy);
     }

@@ -161,6 +161,7 @@ on_every_engine!(
     two_projects_never_see_each_others_containers,
     a_proxy_that_cannot_start_is_an_error_that_quotes_its_log,
     the_native_escape_suite_fails_in_the_harness_container,
+    publish_and_host_ports_cross_the_internal_network,
 );
 
 /// One test's world: a unique prefix for every engine object, a project, a state directory.
@@ -886,6 +887,99 @@ fn the_native_escape_suite_fails_in_the_harness_container(e: Engine) {
         .mode();
     assert_eq!(mode & 0o6000, 0, "a set-id file reached the host: {mode:o}");
     assert!(!w.project.join("setid2.bin").exists(), "{t}");
+    let out = w.corral(&["down", "--engine", e.name()]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// `publish`: the host's 127.0.0.1:PORT reaches the harness's PORT; `host_ports`: the harness's
+/// 127.0.0.1:PORT reaches the host's. Neither engine forwards ports on an internal network:
+/// corral relays them from the container's network namespace (corral_engine::ports).
+fn publish_and_host_ports_cross_the_internal_network(e: Engine) {
+    use std::io::{Read, Write};
+    if !e.ready() {
+        return;
+    }
+    let w = World::new(e, "n");
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host_port = host.local_addr().unwrap().port();
+    let published = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    std::thread::spawn(move || {
+        for mut c in host.incoming().flatten() {
+            let _ = c.write_all(b"from-the-host\n");
+        }
+    });
+    std::fs::write(
+        w.project.join("corral.toml"),
+        format!(
+            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\
+             host_ports = [{host_port}]\npublish = [{published}]\n"
+        ),
+    )
+    .unwrap();
+    let out = w.corral(&["trust"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let script = format!(
+        r#"
+import socket, time
+for attempt in range(300):  # the relay starts with the container
+    try:
+        print(socket.create_connection(("127.0.0.1", {host_port}), timeout=5).recv(100).decode().strip())
+        break
+    except OSError:
+        time.sleep(0.1)
+srv = socket.socket()
+srv.bind(("127.0.0.1", {published}))
+srv.listen()
+c, _ = srv.accept()
+c.sendall(b"from-the-harness\n")
+c.close()
+print("served")
+"#
+    );
+    let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
+    c.args([
+        "run",
+        "--engine",
+        e.name(),
+        "--",
+        "/usr/bin/python3",
+        "-c",
+        &script,
+    ])
+    .current_dir(&w.project)
+    .env("XDG_STATE_HOME", &w.state)
+    .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
+    .env("CORRAL_ENGINE_PREFIX", &w.prefix)
+    .env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"))
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    // The host's side of publish: connect until the harness answers (before it listens, the
+    // relay's connection inside is refused and ours is closed without a byte).
+    let mut got = String::new();
+    for _ in 0..600 {
+        if let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", published)) {
+            got.clear();
+            let _ = conn.read_to_string(&mut got);
+            if !got.is_empty() {
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let t = text(&out);
+    assert_eq!(got, "from-the-harness\n", "{t}");
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "from-the-host\nserved\n",
+        "{t}"
+    );
     let out = w.corral(&["down", "--engine", e.name()]);
     assert!(out.status.success(), "{}", text(&out));
 }

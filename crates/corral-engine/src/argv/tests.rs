@@ -589,6 +589,11 @@ fn what_cannot_be_enforced_is_refused() {
     let mut p = f.plan.clone();
     p.network.publish = vec![3000];
     assert!(setup(&p, &c).unwrap_err().to_string().contains("publish"));
+    // As root, corral relays them from the container's network namespace (crate::ports).
+    p.network.host_ports = vec![11434];
+    p.uid = 0;
+    p.gid = 0;
+    assert!(setup(&p, &ctx(EngineKind::Podman, false)).is_ok());
     let mut p = f.plan.clone();
     p.network.dns = corral_policy::plan::Dns::Stub;
     assert!(
