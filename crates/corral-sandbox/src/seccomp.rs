@@ -1,5 +1,9 @@
 //! The jail's seccomp filter: a deny-list, hand-built as classic BPF.
 //!
+//! The rules are data ([`rules`]), compiled twice: into the BPF the native jail installs
+//! ([`build_filter`]) and into the OCI profile the container backend gives its containers
+//! ([`oci_profile`]); a unit test runs both on the same calls.
+//!
 //! The filter is installed last in the child's set-up (after pivot_root, Landlock and the
 //! capability drop, right before exec), so every syscall the set-up needed has already run.
 //! It denies the kernel interfaces a coding agent has no use for and that widen the attack
