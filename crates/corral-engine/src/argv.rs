@@ -91,6 +91,11 @@ impl Context {
         self.state_dir.join("empty")
     }
 
+    /// corral's seccomp filter as an OCI profile, given to the harness and proxy containers.
+    pub fn seccomp_file(&self) -> PathBuf {
+        self.state_dir.join("seccomp.json")
+    }
+
     /// The proxy's policy directory on the host.
     pub fn proxy_dir(&self) -> PathBuf {
         self.state_dir.join("proxy")
@@ -196,11 +201,14 @@ fn check_supported(plan: &Plan, ctx: &Context) -> Result<()> {
     if !plan.secrets.is_empty() {
         return unsupported("[secrets] (the credential gateway)");
     }
-    if !plan.network.host_ports.is_empty() {
-        return unsupported("network.host_ports");
+    // Relayed by corral from the container's network namespace, which only root may join
+    // (crate::ports).
+    let relayed = plan.network.mode != NetworkMode::Host;
+    if relayed && plan.uid != 0 && !plan.network.host_ports.is_empty() {
+        return unsupported("network.host_ports without root");
     }
-    if !plan.network.publish.is_empty() {
-        return unsupported("network.publish / --publish");
+    if relayed && plan.uid != 0 && !plan.network.publish.is_empty() {
+        return unsupported("network.publish / --publish without root");
     }
     if plan.network.dns != corral_policy::plan::Dns::None {
         return unsupported("network.dns = \"stub\"");
@@ -225,12 +233,19 @@ fn exists(engine: EngineKind, kind: &str, name: &str) -> Command {
 /// forwards names it does not know to the host's resolvers, a way out for a harness that has
 /// no route out (names reach the harness through `--add-host` instead). docker's embedded
 /// resolver cannot be turned off; on an internal network it answers the names of the network's
-/// containers and forwards nothing (there is no route to a resolver).
+/// containers and forwards nothing (there is no route to a resolver). docker gives an internal
+/// network's bridge an address on the host and its containers a default route to it, so a
+/// harness reached every host service listening on all addresses (the bridge's, docker0's, the
+/// host's own); without an address on the bridge (`inhibit_ipv4`) that route leads nowhere.
+/// podman's internal bridge has no such route.
 fn network_steps(ctx: &Context, names: &Names) -> Vec<Step> {
     let p = ctx.engine.program();
     let mut internal = vec!["network", "create", "--internal"];
-    if ctx.engine == EngineKind::Podman {
-        internal.push("--disable-dns");
+    match ctx.engine {
+        EngineKind::Podman => internal.push("--disable-dns"),
+        EngineKind::Docker => {
+            internal.extend(["--opt", "com.docker.network.bridge.inhibit_ipv4=true"])
+        }
     }
     let label = names.label();
     internal.extend(["--label", &label, &names.internal_network]);
@@ -255,10 +270,11 @@ fn network_steps(ctx: &Context, names: &Names) -> Vec<Step> {
 }
 
 /// The options every container corral starts carries: a read-only root with private tmpfs
-/// scratch space, no capabilities, no new privileges.
-fn hardening(engine: EngineKind) -> Vec<String> {
+/// scratch space, no capabilities, no new privileges, and corral's seccomp filter (the native
+/// jail's rules as an OCI profile, [`Context::seccomp_file`]) instead of the engine's default.
+fn hardening(ctx: &Context) -> Vec<String> {
     let mut a: Vec<String> = vec!["--read-only".into()];
-    match engine {
+    match ctx.engine {
         EngineKind::Podman => a.push("--read-only-tmpfs".into()),
         // docker has no --read-only-tmpfs: the same three tmpfs podman mounts.
         EngineKind::Docker => {
@@ -273,6 +289,8 @@ fn hardening(engine: EngineKind) -> Vec<String> {
             .into_iter()
             .map(String::from),
     );
+    a.push("--security-opt".into());
+    a.push(format!("seccomp={}", ctx.seccomp_file().display()));
     a
 }
 
@@ -379,7 +397,7 @@ fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command
         "never".into(),
         "--init".into(),
     ];
-    a.extend(hardening(e));
+    a.extend(hardening(ctx));
     // Its own non-root user: the caller's (so the audit lines it writes are the caller's), or
     // nobody when the caller is root.
     if plan.uid == 0 {
@@ -504,7 +522,7 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
     // A small init as PID 1 (podman: catatonit, docker: tini), as in the native jail: it reaps
     // zombies and passes signals on, which a harness running as PID 1 would ignore.
     a.push("--init".into());
-    a.extend(hardening(e));
+    a.extend(hardening(ctx));
     a.extend(user_args(ctx, plan.uid, plan.gid));
     a.push("--network".into());
     a.push(match plan.network.mode {

@@ -9,7 +9,9 @@
 //! - the proxy container on both, alias `proxy`, running `corral proxy` from a static corral
 //!   binary mounted read-only, with the project's network rules, hardened like seed 003's squid;
 //! - the harness container on the internal network only, with the plan's mounts, environment
-//!   and limits, `--read-only --read-only-tmpfs --cap-drop ALL --security-opt no-new-privileges`.
+//!   and limits, `--read-only --read-only-tmpfs --cap-drop ALL --security-opt no-new-privileges`
+//!   and corral's own seccomp filter (`--security-opt seccomp=FILE`, the native jail's rules as
+//!   an OCI profile).
 //!
 //! [`setup`] builds the whole sequence ([`Setup`]), [`runner`] executes it, [`down`] removes a
 //! project's containers and networks, [`image`] builds harness images and [`compose`] writes the
@@ -23,6 +25,7 @@ pub mod argv;
 pub mod compose;
 pub mod image;
 pub mod names;
+pub mod ports;
 pub mod proxy_policy;
 pub mod runner;
 
@@ -148,6 +151,8 @@ pub enum EngineError {
     },
     #[error("{0}")]
     Compose(String),
+    #[error("writing the containers' seccomp profile: {0}")]
+    Seccomp(#[from] corral_sandbox::seccomp::SeccompError),
     #[error("`{command}` failed ({status}): {stderr}")]
     Failed {
         command: String,

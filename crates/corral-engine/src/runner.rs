@@ -149,6 +149,7 @@ pub fn prepare_host(plan: &Plan, ctx: &Context) -> Result<bool> {
         }
         fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(io(&path))?;
     }
+    write_seccomp_profile(ctx)?;
     if plan.network.mode != NetworkMode::Proxy {
         return Ok(false);
     }
@@ -158,6 +159,21 @@ pub fn prepare_host(plan: &Plan, ctx: &Context) -> Result<bool> {
     // The engine user (nobody, or a keep-id uid) must read it.
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(io(&dir))?;
     Ok(changed)
+}
+
+/// corral's seccomp rules as the OCI profile the containers get (rewritten when corral's
+/// rules changed; the engine reads it when it creates a container).
+fn write_seccomp_profile(ctx: &Context) -> Result<()> {
+    let path = ctx.seccomp_file();
+    let profile = corral_sandbox::seccomp::oci_profile()?;
+    let text = serde_json::to_string_pretty(&profile).expect("a JSON value serializes");
+    if fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+        fs::write(&path, text).map_err(|source| EngineError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// The project's audit directory, shared with the proxy and executor containers. When the
@@ -344,6 +360,7 @@ pub fn run_with(
     setup: &Setup,
     wait: impl FnOnce(&Command) -> std::io::Result<std::process::ExitStatus>,
 ) -> Result<i32> {
+    let relays = crate::ports::Relays::bind(plan)?;
     let changed = prepare_host(plan, ctx)?;
     let names = ctx.names(plan);
     ensure(setup, ctx, changed, &names)?;
@@ -353,7 +370,9 @@ pub fn run_with(
     // mount point behind on the host, removed again below.
     let policy = &plan.project.policy_file;
     let policy_existed = policy.symlink_metadata().is_ok();
+    let relaying = relays.start(ctx, plan);
     let status = wait(cmd);
+    drop(relaying);
     if !policy_existed && fs::metadata(policy).is_ok_and(|m| m.is_file() && m.len() == 0) {
         let _ = fs::remove_file(policy);
     }

@@ -1,5 +1,9 @@
 //! The jail's seccomp filter: a deny-list, hand-built as classic BPF.
 //!
+//! The rules are data ([`rules`]), compiled twice: into the BPF the native jail installs
+//! ([`build_filter`]) and into the OCI profile the container backend gives its containers
+//! ([`oci_profile`]); a unit test runs both on the same calls.
+//!
 //! The filter is installed last in the child's set-up (after pivot_root, Landlock and the
 //! capability drop, right before exec), so every syscall the set-up needed has already run.
 //! It denies the kernel interfaces a coding agent has no use for and that widen the attack
@@ -201,6 +205,27 @@ mod sys_nr {
     pub const vhangup: i64 = libc::SYS_vhangup;
     pub const sethostname: i64 = libc::SYS_sethostname;
     pub const setdomainname: i64 = libc::SYS_setdomainname;
+    // The syscalls rules look at the arguments of.
+    pub const clone: i64 = libc::SYS_clone;
+    pub const clone3: i64 = libc::SYS_clone3;
+    pub const unshare: i64 = libc::SYS_unshare;
+    pub const ioctl: i64 = libc::SYS_ioctl;
+    pub const personality: i64 = libc::SYS_personality;
+    pub const socket: i64 = libc::SYS_socket;
+    pub const openat: i64 = libc::SYS_openat;
+    pub const openat2: i64 = libc::SYS_openat2;
+    pub const fchmod: i64 = libc::SYS_fchmod;
+    pub const fchmodat: i64 = libc::SYS_fchmodat;
+    pub const fchmodat2: i64 = super::SYS_FCHMODAT2;
+    pub const mknodat: i64 = libc::SYS_mknodat;
+    #[cfg(target_arch = "x86_64")]
+    pub const open: i64 = libc::SYS_open;
+    #[cfg(target_arch = "x86_64")]
+    pub const creat: i64 = libc::SYS_creat;
+    #[cfg(target_arch = "x86_64")]
+    pub const chmod: i64 = libc::SYS_chmod;
+    #[cfg(target_arch = "x86_64")]
+    pub const mknod: i64 = libc::SYS_mknod;
     #[cfg(target_arch = "x86_64")]
     pub const iopl: i64 = libc::SYS_iopl;
     #[cfg(target_arch = "x86_64")]
@@ -476,7 +501,6 @@ pub fn build_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
     return Err(SeccompError::UnsupportedArch);
 
     let mut p = Program::default();
-    let eperm = errno(libc::EPERM);
 
     // A syscall made through another architecture's entry point (int 0x80 on x86_64) is
     // numbered from another table, so no rule below would mean what it says: kill.
@@ -502,105 +526,151 @@ pub fn build_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
         p.mark(native_abi);
     }
 
-    deny_set_id_modes(&mut p);
-
-    // clone3 passes its flags in a struct the filter cannot read: ENOSYS makes glibc (2.34+)
-    // and musl fall back to clone, where the rule below sees the flags.
-    p.on_syscall(libc::SYS_clone3, |p| p.ret(errno(libc::ENOSYS)));
-
-    // clone: flags are args[0] on x86_64 and aarch64. Deny any new namespace.
-    p.on_syscall(libc::SYS_clone, |p| {
-        let allow = p.label();
-        p.load(off_arg_lo(0));
-        p.jump(BPF_JSET, CLONE_NS_FLAGS, Target::Next, Target::To(allow));
-        p.ret(eperm);
-        p.mark(allow);
-        p.ret(SECCOMP_RET_ALLOW);
-    });
-
-    // unshare: the same, plus CLONE_NEWTIME which only unshare and clone3 take.
-    p.on_syscall(libc::SYS_unshare, |p| {
-        let allow = p.label();
-        p.load(off_arg_lo(0));
-        p.jump(
-            BPF_JSET,
-            CLONE_NS_FLAGS | CLONE_NEWTIME,
-            Target::Next,
-            Target::To(allow),
-        );
-        p.ret(eperm);
-        p.mark(allow);
-        p.ret(SECCOMP_RET_ALLOW);
-    });
-
-    // ioctl: TIOCSTI pushes bytes into a terminal's input queue (a jailed process could type
-    // commands into the user's shell if it held that terminal; the jail gets its own pty, this
-    // is the second wall); TIOCLINUX can do the same on a virtual console; TIOCSETD switches a
-    // terminal's line discipline, which loads rarely used kernel code (n_hdlc, CVE-2017-2636).
-    p.on_syscall(libc::SYS_ioctl, |p| {
-        let deny = p.label();
-        p.load(off_arg_lo(1));
-        p.jump(BPF_JEQ, TIOCSTI, Target::To(deny), Target::Next);
-        p.jump(BPF_JEQ, TIOCLINUX, Target::To(deny), Target::Next);
-        p.jump(BPF_JEQ, TIOCSETD, Target::To(deny), Target::Next);
-        p.ret(SECCOMP_RET_ALLOW);
-        p.mark(deny);
-        p.ret(eperm);
-    });
-
-    // personality: querying and ordinary personas are fine; flags that disable ASLR or make
-    // data executable are not.
-    p.on_syscall(libc::SYS_personality, |p| {
-        let allow = p.label();
-        p.load(off_arg_lo(0));
-        p.jump(BPF_JEQ, PERSONALITY_QUERY, Target::To(allow), Target::Next);
-        p.jump(
-            BPF_JSET,
-            PERSONALITY_WEAKENING,
-            Target::Next,
-            Target::To(allow),
-        );
-        p.ret(eperm);
-        p.mark(allow);
-        p.ret(SECCOMP_RET_ALLOW);
-    });
-
-    // socket: the families a coding agent uses. AF_UNIX stays: programs use socketpairs and
-    // local sockets among themselves, the mount namespace shows no host socket path, and
-    // abstract sockets are confined by the jail's own network namespace (modes none and proxy)
-    // and by Landlock's ABI 6 scope. AF_NETLINK only for NETLINK_ROUTE (getaddrinfo and
-    // getifaddrs use it); the other netlink protocols expose host state (uevents, audit, socket
-    // diagnostics). AF_PACKET, AF_VSOCK (reaches the hypervisor), AF_ALG, Bluetooth, XDP and
-    // the rest get EAFNOSUPPORT, which programs treat as "not available here".
-    p.on_syscall(libc::SYS_socket, |p| {
-        let allow = p.label();
-        let netlink = p.label();
-        let deny = p.label();
-        p.load(off_arg_lo(0));
-        p.jump(BPF_JEQ, AF_UNIX, Target::To(allow), Target::Next);
-        p.jump(BPF_JEQ, AF_INET, Target::To(allow), Target::Next);
-        p.jump(BPF_JEQ, AF_INET6, Target::To(allow), Target::Next);
-        p.jump(BPF_JEQ, AF_NETLINK, Target::To(netlink), Target::To(deny));
-        p.mark(netlink);
-        p.load(off_arg_lo(2));
-        p.jump(BPF_JEQ, NETLINK_ROUTE, Target::To(allow), Target::To(deny));
-        p.mark(deny);
-        p.ret(errno(libc::EAFNOSUPPORT));
-        p.mark(allow);
-        p.ret(SECCOMP_RET_ALLOW);
-    });
-
-    // The outright denials come last: the syscalls above are the frequent ones whose verdict
-    // depends on arguments (so the kernel cannot cache it and runs this program each time);
-    // checking them first keeps their path a handful of instructions long. Syscalls that
-    // match nothing (read, write, ...) get a verdict independent of their arguments, which the
-    // kernel caches (Linux 5.11+) and never runs the program for again.
-    for d in denied_syscalls() {
-        p.on_syscall(d.nr, |p| p.ret(eperm));
+    // One block per syscall, in the order of `rules()`: consecutive rules of one syscall share
+    // it. A syscall that matches no block gets a verdict independent of its arguments, which
+    // the kernel caches (Linux 5.11+) and never runs the program for again.
+    let rules = rules();
+    for group in rules.chunk_by(|a, b| a.nr == b.nr) {
+        p.on_syscall(group[0].nr, |p| {
+            for rule in group {
+                compile_rule(p, rule);
+            }
+            p.ret(SECCOMP_RET_ALLOW);
+        });
     }
 
     p.ret(SECCOMP_RET_ALLOW);
     p.assemble()
+}
+
+/// `if every check holds { return errno }`, falling through to what follows otherwise.
+fn compile_rule(p: &mut Program, rule: &Rule) {
+    let next = p.label();
+    for check in &rule.when {
+        p.load(off_arg_lo(check.arg));
+        match check.test {
+            ArgTest::AnyBit(bits) => p.jump(BPF_JSET, bits, Target::Next, Target::To(next)),
+            ArgTest::Eq(v) => p.jump(BPF_JEQ, v, Target::Next, Target::To(next)),
+            ArgTest::NoneOf(values) => {
+                for &v in values {
+                    p.jump(BPF_JEQ, v, Target::To(next), Target::Next);
+                }
+            }
+        }
+    }
+    p.ret(errno(rule.errno));
+    p.mark(next);
+}
+
+/// A test on the low 32 bits of one syscall argument (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgTest {
+    /// At least one of these bits is set.
+    AnyBit(u32),
+    /// Equal to this value.
+    Eq(u32),
+    /// Equal to none of these values.
+    NoneOf(&'static [u32]),
+}
+
+/// One argument test of a [`Rule`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArgCheck {
+    /// The argument's index (0 to 5).
+    pub arg: u32,
+    pub test: ArgTest,
+}
+
+/// One rule of the filter: the syscall fails with `errno` when every check holds (no check:
+/// always). Rules are data, so the native jail's BPF ([`build_filter`]) and the container
+/// backend's OCI profile ([`oci_profile`]) are built from the same list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub syscall: &'static str,
+    pub nr: i64,
+    pub errno: i32,
+    pub when: Vec<ArgCheck>,
+}
+
+const fn check(arg: u32, test: ArgTest) -> ArgCheck {
+    ArgCheck { arg, test }
+}
+
+macro_rules! rule {
+    ($name:ident, $errno:expr, [$($check:expr),* $(,)?]) => {
+        Rule {
+            syscall: stringify!($name),
+            nr: sys_nr::$name,
+            errno: $errno,
+            when: vec![$($check),*],
+        }
+    };
+}
+
+/// Every rule of the filter, in the order the BPF program checks them: the frequent syscalls
+/// whose verdict depends on their arguments first (the kernel cannot cache their verdict and
+/// runs the program each time; checking them first keeps their path a handful of instructions
+/// long), the outright denials ([`denied_syscalls`], EPERM) last.
+pub fn rules() -> Vec<Rule> {
+    use ArgTest::{AnyBit, Eq, NoneOf};
+    let eperm = libc::EPERM;
+    let mut v = set_id_rules();
+    v.extend([
+        // clone3 passes its flags in a struct the filter cannot read: ENOSYS makes glibc
+        // (2.34+) and musl fall back to clone, where the rule below sees the flags.
+        rule!(clone3, libc::ENOSYS, []),
+        // clone: flags are args[0] on x86_64 and aarch64. Deny any new namespace.
+        rule!(clone, eperm, [check(0, AnyBit(CLONE_NS_FLAGS))]),
+        // unshare: the same, plus CLONE_NEWTIME which only unshare and clone3 take.
+        rule!(
+            unshare,
+            eperm,
+            [check(0, AnyBit(CLONE_NS_FLAGS | CLONE_NEWTIME))]
+        ),
+        // ioctl: TIOCSTI pushes bytes into a terminal's input queue (a jailed process could
+        // type commands into the user's shell if it held that terminal; the jail gets its own
+        // pty, this is the second wall); TIOCLINUX can do the same on a virtual console;
+        // TIOCSETD switches a terminal's line discipline, which loads rarely used kernel code
+        // (n_hdlc, CVE-2017-2636).
+        rule!(ioctl, eperm, [check(1, Eq(TIOCSTI))]),
+        rule!(ioctl, eperm, [check(1, Eq(TIOCLINUX))]),
+        rule!(ioctl, eperm, [check(1, Eq(TIOCSETD))]),
+        // personality: querying and ordinary personas are fine; flags that disable ASLR or make
+        // data executable are not.
+        rule!(
+            personality,
+            eperm,
+            [
+                check(0, NoneOf(&[PERSONALITY_QUERY])),
+                check(0, AnyBit(PERSONALITY_WEAKENING)),
+            ]
+        ),
+        // socket: the families a coding agent uses. AF_UNIX stays: programs use socketpairs
+        // and local sockets among themselves, the mount namespace shows no host socket path,
+        // and abstract sockets are confined by the jail's own network namespace (modes none
+        // and proxy) and by Landlock's ABI 6 scope. AF_NETLINK only for NETLINK_ROUTE
+        // (getaddrinfo and getifaddrs use it); the other netlink protocols expose host state
+        // (uevents, audit, socket diagnostics). AF_PACKET, AF_VSOCK (reaches the hypervisor),
+        // AF_ALG, Bluetooth, XDP and the rest get EAFNOSUPPORT, which programs treat as "not
+        // available here".
+        rule!(
+            socket,
+            libc::EAFNOSUPPORT,
+            [check(0, NoneOf(&[AF_UNIX, AF_INET, AF_INET6, AF_NETLINK]))]
+        ),
+        rule!(
+            socket,
+            libc::EAFNOSUPPORT,
+            [check(0, Eq(AF_NETLINK)), check(2, NoneOf(&[NETLINK_ROUTE]))]
+        ),
+    ]);
+    v.extend(denied_syscalls().into_iter().map(|d| Rule {
+        syscall: d.name,
+        nr: d.nr,
+        errno: eperm,
+        when: Vec::new(),
+    }));
+    v
 }
 
 /// Set-user-ID and set-group-ID bits: a jail must not leave a file that runs as its user (or,
@@ -614,44 +684,170 @@ pub fn build_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
 /// the kernel does that itself. mkdir/mkdirat are not filtered: the kernel keeps only the
 /// permission and sticky bits of their mode. openat2 passes its flags and mode in a struct
 /// the filter cannot read: ENOSYS makes libc and runtimes fall back to openat. Comes first:
-/// openat is the most frequent syscall whose verdict now depends on its arguments.
-fn deny_set_id_modes(p: &mut Program) {
-    let eperm = errno(libc::EPERM);
-    // (syscall, index of its flags argument if it opens, index of its mode argument)
-    let mut rules: Vec<(i64, Option<u32>, u32)> = vec![
-        (libc::SYS_openat, Some(2), 3),
-        (libc::SYS_fchmod, None, 1),
-        (libc::SYS_fchmodat, None, 2),
-        (SYS_FCHMODAT2, None, 2),
-        (libc::SYS_mknodat, None, 2),
+/// openat is the most frequent syscall whose verdict depends on its arguments.
+fn set_id_rules() -> Vec<Rule> {
+    use ArgTest::AnyBit;
+    let eperm = libc::EPERM;
+    let creates = check(2, AnyBit(O_CREAT | O_TMPFILE_BIT));
+    let set_id = |arg| check(arg, AnyBit(SET_ID_BITS));
+    let mut v = vec![
+        rule!(openat, eperm, [creates, set_id(3)]),
+        rule!(fchmod, eperm, [set_id(1)]),
+        rule!(fchmodat, eperm, [set_id(2)]),
+        rule!(fchmodat2, eperm, [set_id(2)]),
+        rule!(mknodat, eperm, [set_id(2)]),
     ];
     #[cfg(target_arch = "x86_64")]
-    rules.extend([
-        (libc::SYS_open, Some(1), 2),
-        (libc::SYS_creat, None, 1),
-        (libc::SYS_chmod, None, 1),
-        (libc::SYS_mknod, None, 1),
+    v.extend([
+        rule!(
+            open,
+            eperm,
+            [check(1, AnyBit(O_CREAT | O_TMPFILE_BIT)), set_id(2)]
+        ),
+        rule!(creat, eperm, [set_id(1)]),
+        rule!(chmod, eperm, [set_id(1)]),
+        rule!(mknod, eperm, [set_id(1)]),
     ]);
-    for (nr, flags, mode) in rules {
-        p.on_syscall(nr, |p| {
-            let allow = p.label();
-            if let Some(flags) = flags {
-                p.load(off_arg_lo(flags));
-                p.jump(
-                    BPF_JSET,
-                    O_CREAT | O_TMPFILE_BIT,
-                    Target::Next,
-                    Target::To(allow),
-                );
+    v.push(rule!(openat2, libc::ENOSYS, []));
+    v
+}
+
+// ---- the same rules as an OCI runtime-spec profile (`linux.seccomp`), for the containers ----
+
+/// The rules as an OCI seccomp profile (runtime-spec `linux.seccomp`, the JSON `podman run` and
+/// `docker run` take with `--security-opt seccomp=FILE`): allow by default, each rule an
+/// `SCMP_ACT_ERRNO` entry with its errno.
+///
+/// libseccomp compares whole 64-bit arguments, and runc ORs (not ANDs) several comparisons of
+/// one argument in an entry, so every test becomes `SCMP_CMP_MASKED_EQ` comparisons whose mask
+/// has no high-half bit (the low 32 bits only, as in the BPF), at most one per argument per
+/// entry: "any of these bits" is one entry per bit, "none of these values" the few masked
+/// prefixes that cover every other 32-bit value, and the tests of one argument are merged into
+/// one comparison. The architecture list is the native one only: libseccomp then refuses
+/// syscalls of another architecture and the x32 ABI, as the BPF does.
+pub fn oci_profile() -> Result<serde_json::Value, SeccompError> {
+    #[cfg(target_arch = "x86_64")]
+    let arch = "SCMP_ARCH_X86_64";
+    #[cfg(target_arch = "aarch64")]
+    let arch = "SCMP_ARCH_AARCH64";
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return Err(SeccompError::UnsupportedArch);
+
+    let mut syscalls: Vec<serde_json::Value> = Vec::new();
+    // Rules without checks, grouped by errno in one entry each.
+    let mut outright: Vec<(i32, Vec<&'static str>)> = Vec::new();
+    for rule in rules() {
+        if rule.when.is_empty() {
+            match outright.iter_mut().find(|(e, _)| *e == rule.errno) {
+                Some((_, names)) => names.push(rule.syscall),
+                None => outright.push((rule.errno, vec![rule.syscall])),
             }
-            p.load(off_arg_lo(mode));
-            p.jump(BPF_JSET, SET_ID_BITS, Target::Next, Target::To(allow));
-            p.ret(eperm);
-            p.mark(allow);
-            p.ret(SECCOMP_RET_ALLOW);
-        });
+            continue;
+        }
+        for term in masked_terms(&rule.when) {
+            let args: Vec<serde_json::Value> = term
+                .iter()
+                .map(|&(index, mask, value)| {
+                    serde_json::json!({
+                        "index": index,
+                        "value": mask,
+                        "valueTwo": value,
+                        "op": "SCMP_CMP_MASKED_EQ",
+                    })
+                })
+                .collect();
+            syscalls.push(serde_json::json!({
+                "names": [rule.syscall],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": rule.errno,
+                "args": args,
+            }));
+        }
     }
-    p.on_syscall(libc::SYS_openat2, |p| p.ret(errno(libc::ENOSYS)));
+    for (errno, names) in outright.into_iter().rev() {
+        syscalls.insert(
+            0,
+            serde_json::json!({"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": errno}),
+        );
+    }
+    Ok(serde_json::json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": [arch],
+        "syscalls": syscalls,
+    }))
+}
+
+/// `(argument, mask, value)`: the argument's low 32 bits, masked, equal the value.
+type Masked = (u32, u32, u32);
+
+/// The checks of a rule as a disjunction of conjunctions of masked comparisons, at most one
+/// per argument in each conjunction: the rule holds exactly when one of the terms does.
+fn masked_terms(checks: &[ArgCheck]) -> Vec<Vec<Masked>> {
+    let mut terms: Vec<Vec<Masked>> = vec![Vec::new()];
+    for c in checks {
+        let alternatives = match c.test {
+            ArgTest::AnyBit(bits) => (0..32)
+                .map(|i| 1u32 << i)
+                .filter(|b| bits & b != 0)
+                .map(|b| (b, b))
+                .collect(),
+            ArgTest::Eq(v) => vec![(u32::MAX, v)],
+            ArgTest::NoneOf(values) => complement(values),
+        };
+        let mut next = Vec::new();
+        for term in &terms {
+            for &(mask, value) in &alternatives {
+                if let Some(t) = and_masked(term, (c.arg, mask, value))
+                    && !next.contains(&t)
+                {
+                    next.push(t);
+                }
+            }
+        }
+        terms = next;
+    }
+    terms
+}
+
+/// A conjunction with one more comparison, merged with the one on the same argument (`None`:
+/// the two cannot both hold).
+fn and_masked(term: &[Masked], (arg, mask, value): Masked) -> Option<Vec<Masked>> {
+    let mut t = term.to_vec();
+    match t.iter_mut().find(|(a, _, _)| *a == arg) {
+        Some((_, m, v)) => {
+            if (*v ^ value) & *m & mask != 0 {
+                return None;
+            }
+            *m |= mask;
+            *v |= value;
+        }
+        None => t.push((arg, mask, value)),
+    }
+    t.sort_unstable();
+    Some(t)
+}
+
+/// Masked comparisons that together match every 32-bit value except `values`: for each
+/// prefix (from the top bit) shared with some of the values, the branch that none of them
+/// takes. At most 32 per value.
+fn complement(values: &[u32]) -> Vec<(u32, u32)> {
+    fn walk(mask: u32, prefix: u32, bit: i32, values: &[u32], out: &mut Vec<(u32, u32)>) {
+        if values.is_empty() {
+            out.push((mask, prefix));
+            return;
+        }
+        if bit < 0 {
+            return; // every bit fixed, and equal to one of the values
+        }
+        let b = 1u32 << bit;
+        for side in [0, b] {
+            let rest: Vec<u32> = values.iter().copied().filter(|v| v & b == side).collect();
+            walk(mask | b, prefix | side, bit - 1, &rest, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(0, 0, 31, values, &mut out);
+    out
 }
 
 /// Set no_new_privs and install the filter on the calling thread (and what it execs).
@@ -887,5 +1083,118 @@ mod tests {
             run(&prog, AUDIT_ARCH_NATIVE, 0x4000_0000 | 165, [0; 6]),
             errno(libc::ENOSYS)
         );
+    }
+
+    /// What the OCI profile answers for one call, read as libseccomp reads it: an entry
+    /// naming the syscall whose every comparison holds on the whole 64-bit argument.
+    fn oci_eval(profile: &serde_json::Value, name: &str, args: [u64; 6]) -> u32 {
+        let mut verdicts = Vec::new();
+        for entry in profile["syscalls"].as_array().unwrap() {
+            let names = entry["names"].as_array().unwrap();
+            if !names.iter().any(|n| n == name) {
+                continue;
+            }
+            let empty = Vec::new();
+            let conds = entry["args"].as_array().unwrap_or(&empty);
+            let mut seen = Vec::new();
+            let holds = conds.iter().all(|c| {
+                assert_eq!(c["op"], "SCMP_CMP_MASKED_EQ");
+                let i = c["index"].as_u64().unwrap() as usize;
+                assert!(!seen.contains(&i), "two comparisons of arg {i} in {entry}");
+                seen.push(i);
+                let mask = c["value"].as_u64().unwrap();
+                assert!(
+                    mask <= u64::from(u32::MAX),
+                    "mask {mask:#x} reaches the high half"
+                );
+                args[i] & mask == c["valueTwo"].as_u64().unwrap()
+            });
+            if holds {
+                assert_eq!(entry["action"], "SCMP_ACT_ERRNO");
+                verdicts.push(errno(entry["errnoRet"].as_i64().unwrap() as i32));
+            }
+        }
+        verdicts.dedup();
+        assert!(
+            verdicts.len() <= 1,
+            "{name}: conflicting entries {verdicts:?}"
+        );
+        verdicts.first().copied().unwrap_or(SECCOMP_RET_ALLOW)
+    }
+
+    /// Values around every constant a rule tests, with and without junk in the high half.
+    fn probe_values(checks: &[ArgCheck], arg: u32) -> Vec<u64> {
+        let mut base: Vec<u32> = vec![0, 1, u32::MAX, 0x8000_0000, 0x7fff_ffff];
+        for c in checks.iter().filter(|c| c.arg == arg) {
+            match c.test {
+                ArgTest::AnyBit(bits) => {
+                    base.extend([bits, !bits, bits.wrapping_add(1)]);
+                    base.extend((0..32).map(|i| 1u32 << i).filter(|b| bits & b != 0));
+                    base.extend((0..32).map(|i| !(1u32 << i)));
+                }
+                ArgTest::Eq(v) => base.extend([v, v ^ 1, v.wrapping_add(1), v | 0x8000_0000]),
+                ArgTest::NoneOf(vs) => {
+                    for &v in vs {
+                        base.extend([v, v.wrapping_sub(1), v.wrapping_add(1), v ^ 0x100]);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for v in base {
+            out.extend([u64::from(v), u64::from(v) | 0xdead_0000_0000_0000]);
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    #[test]
+    fn the_oci_profile_and_the_bpf_agree_on_every_rule() {
+        let profile = oci_profile().unwrap();
+        for rule in rules() {
+            let mut arg_sets: Vec<Vec<u64>> = vec![vec![0]; 6];
+            for c in &rule.when {
+                arg_sets[c.arg as usize] = probe_values(&rule.when, c.arg);
+            }
+            let mut calls = vec![[0u64; 6]];
+            for (i, set) in arg_sets.iter().enumerate() {
+                calls = calls
+                    .iter()
+                    .flat_map(|call| {
+                        set.iter().map(move |&v| {
+                            let mut c = *call;
+                            c[i] = v;
+                            c
+                        })
+                    })
+                    .collect();
+            }
+            let mut refused = 0;
+            for args in calls {
+                let bpf = eval(rule.nr, args);
+                assert_eq!(
+                    oci_eval(&profile, rule.syscall, args),
+                    bpf,
+                    "{} {args:x?}",
+                    rule.syscall
+                );
+                refused += usize::from(bpf != SECCOMP_RET_ALLOW);
+            }
+            assert!(refused > 0, "{}: no probe was refused", rule.syscall);
+        }
+        // Syscalls no rule names are allowed by both.
+        assert_eq!(oci_eval(&profile, "read", [0; 6]), SECCOMP_RET_ALLOW);
+        assert_eq!(profile["defaultAction"], "SCMP_ACT_ALLOW");
+    }
+
+    #[test]
+    fn none_of_covers_every_other_value() {
+        let cover = complement(&[1, 2, 10, 16]);
+        for v in (0u32..4096).chain([u32::MAX, 0x8000_0010, 0x1_0001]) {
+            let hits = cover.iter().filter(|(m, x)| v & m == *x).count();
+            let excluded = [1, 2, 10, 16].contains(&v);
+            assert_eq!(hits, usize::from(!excluded), "{v:#x}");
+        }
     }
 }

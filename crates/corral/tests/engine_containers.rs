@@ -160,6 +160,8 @@ on_every_engine!(
     sigterm_to_corral_stops_the_container_and_the_run_is_audited,
     two_projects_never_see_each_others_containers,
     a_proxy_that_cannot_start_is_an_error_that_quotes_its_log,
+    the_native_escape_suite_fails_in_the_harness_container,
+    publish_and_host_ports_cross_the_internal_network,
 );
 
 /// One test's world: a unique prefix for every engine object, a project, a state directory.
@@ -757,4 +759,227 @@ fn a_proxy_that_cannot_start_is_an_error_that_quotes_its_log(e: Engine) {
     let out = w.corral(&["down", "--engine", e.name()]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(w.leftovers(), (vec![], vec![]));
+}
+
+/// The native jail's escape suite (jail_attacks.rs, harden_seccomp.rs) in the harness
+/// container, in proxy mode: host files, host processes, host services (loopback, the bridge
+/// gateways, abstract sockets), namespaces and mounts, devices, /proc and /sys, TIOCSTI on a
+/// controlling terminal, raw and unusual sockets, set-id files, ptrace and the kernel's large
+/// surfaces. The seccomp attacks expect the errno corral's filter answers (EPERM,
+/// EAFNOSUPPORT), which neither engine's default profile gives for all of them (podman's lets
+/// `unshare -U` and a set-uid chmod through): the container runs corral's filter.
+fn the_native_escape_suite_fails_in_the_harness_container(e: Engine) {
+    use std::os::unix::fs::PermissionsExt;
+    if !e.ready() {
+        return;
+    }
+    let w = World::new(e, "x");
+    std::fs::write(
+        w.project.join("corral.toml"),
+        format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n"),
+    )
+    .unwrap();
+    let out = w.corral(&["trust"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let secret = w.dir.path().join("host-secret.txt");
+    std::fs::write(&secret, "HOSTSECRET\n").unwrap();
+    let outside = w.dir.path().join("created-from-inside");
+    let marker = format!("HOSTENV-{}", w.prefix);
+    let mut host = Command::new("sleep")
+        .arg("300")
+        .env("HOST_ONLY_SECRET", &marker)
+        .spawn()
+        .unwrap();
+    let lo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // Every address, IPv4 and IPv6 (a dual-stack socket), and the host's addresses to try.
+    let any = std::net::TcpListener::bind("[::]:0").unwrap();
+    let addrs = Command::new("ip")
+        .args(["-o", "addr", "show"])
+        .output()
+        .unwrap();
+    let host_addrs: Vec<String> = String::from_utf8_lossy(&addrs.stdout)
+        .lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .nth(3)?
+                .split('/')
+                .next()
+                .map(String::from)
+        })
+        .filter(|a| a != "127.0.0.1" && a != "::1")
+        .collect();
+    let abstract_name = format!("corral-engine-test-{}", w.prefix);
+    let abs = {
+        use std::os::linux::net::SocketAddrExt;
+        let addr =
+            std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
+        std::os::unix::net::UnixListener::bind_addr(&addr).unwrap()
+    };
+    for l in [&lo, &any] {
+        l.set_nonblocking(true).unwrap();
+    }
+    abs.set_nonblocking(true).unwrap();
+
+    let out = w.corral(&[
+        "run",
+        "--engine",
+        e.name(),
+        "--",
+        "/usr/bin/python3",
+        "-c",
+        include_str!("engine_escape/suite.py"),
+        secret.to_str().unwrap(),
+        outside.to_str().unwrap(),
+        &host.id().to_string(),
+        &marker,
+        &lo.local_addr().unwrap().port().to_string(),
+        &any.local_addr().unwrap().port().to_string(),
+        &abstract_name,
+        &host_addrs.join(","),
+    ]);
+    let alive = host.try_wait().unwrap().is_none();
+    let _ = host.kill();
+    let _ = host.wait();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.ends_with("END\n"), "the suite did not finish:\n{t}");
+    let escapes: Vec<&str> = stdout.lines().filter(|l| !l.starts_with("ok:")).collect();
+    assert_eq!(escapes, ["END"], "{t}");
+    // Every attack of the suite ran (a refactoring that drops some would pass silently).
+    assert!(stdout.lines().count() > 50 + host_addrs.len(), "{t}");
+    for name in [
+        "read-host-secret",
+        "write-policy",
+        "host-environment",
+        "host-loopback-tcp",
+        "userns",
+        "seccomp-unshare",
+        "tiocsti",
+        "af-packet",
+        "chmod-setuid",
+        "seccomp-fchmodat2",
+        "seccomp-ptrace",
+        "seccomp-io_uring_setup",
+    ] {
+        let line = format!("ok:{name}");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.split(' ').next() == Some(line.as_str())),
+            "{name} did not run:\n{t}"
+        );
+    }
+    assert!(alive, "the container killed a host process");
+    assert!(
+        lo.accept().is_err(),
+        "the host loopback service got a connection"
+    );
+    assert!(any.accept().is_err(), "a host service got a connection");
+    assert!(
+        abs.accept().is_err(),
+        "the host abstract socket got a connection"
+    );
+    assert!(!outside.exists(), "{t}");
+    let mode = std::fs::metadata(w.project.join("setid.bin"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o6000, 0, "a set-id file reached the host: {mode:o}");
+    assert!(!w.project.join("setid2.bin").exists(), "{t}");
+    let out = w.corral(&["down", "--engine", e.name()]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// `publish`: the host's 127.0.0.1:PORT reaches the harness's PORT; `host_ports`: the harness's
+/// 127.0.0.1:PORT reaches the host's. Neither engine forwards ports on an internal network:
+/// corral relays them from the container's network namespace (corral_engine::ports).
+fn publish_and_host_ports_cross_the_internal_network(e: Engine) {
+    use std::io::{Read, Write};
+    if !e.ready() {
+        return;
+    }
+    let w = World::new(e, "n");
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host_port = host.local_addr().unwrap().port();
+    let published = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    std::thread::spawn(move || {
+        for mut c in host.incoming().flatten() {
+            let _ = c.write_all(b"from-the-host\n");
+        }
+    });
+    std::fs::write(
+        w.project.join("corral.toml"),
+        format!(
+            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\
+             host_ports = [{host_port}]\npublish = [{published}]\n"
+        ),
+    )
+    .unwrap();
+    let out = w.corral(&["trust"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let script = format!(
+        r#"
+import socket, time
+for attempt in range(300):  # the relay starts with the container
+    try:
+        print(socket.create_connection(("127.0.0.1", {host_port}), timeout=5).recv(100).decode().strip())
+        break
+    except OSError:
+        time.sleep(0.1)
+srv = socket.socket()
+srv.bind(("127.0.0.1", {published}))
+srv.listen()
+c, _ = srv.accept()
+c.sendall(b"from-the-harness\n")
+c.close()
+print("served")
+"#
+    );
+    let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
+    c.args([
+        "run",
+        "--engine",
+        e.name(),
+        "--",
+        "/usr/bin/python3",
+        "-c",
+        &script,
+    ])
+    .current_dir(&w.project)
+    .env("XDG_STATE_HOME", &w.state)
+    .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
+    .env("CORRAL_ENGINE_PREFIX", &w.prefix)
+    .env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"))
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    // The host's side of publish: connect until the harness answers (before it listens, the
+    // relay's connection inside is refused and ours is closed without a byte).
+    let mut got = String::new();
+    for _ in 0..600 {
+        if let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", published)) {
+            got.clear();
+            let _ = conn.read_to_string(&mut got);
+            if !got.is_empty() {
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let t = text(&out);
+    assert_eq!(got, "from-the-harness\n", "{t}");
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "from-the-host\nserved\n",
+        "{t}"
+    );
+    let out = w.corral(&["down", "--engine", e.name()]);
+    assert!(out.status.success(), "{}", text(&out));
 }

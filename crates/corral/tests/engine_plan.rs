@@ -68,7 +68,7 @@ fn podman_plan_prints_every_command() {
         format!(
             "podman container exists corral-{key}-proxy >/dev/null 2>&1 || {{ podman run --detach --name corral-{key}-proxy \
              --label corral.project={key} --label corral.role=proxy --pull never --init --read-only --read-only-tmpfs \
-             --cap-drop ALL --security-opt no-new-privileges {user} --cpus 1 --memory 512m --pids-limit 64 \
+             --cap-drop ALL --security-opt no-new-privileges --security-opt seccomp={state}/engine/{key}/seccomp.json {user} --cpus 1 --memory 512m --pids-limit 64 \
              --stop-timeout 5 --network corral-{key}-internal:alias=proxy --network corral-external \
              --volume {lean}:/usr/local/bin/corral-proxy:ro,z --volume {state}/engine/{key}/proxy:/etc/corral:ro,z \
              --volume {state}/{key}:/var/log/corral:rw,z --entrypoint /usr/local/bin/corral-proxy localhost/img:1 \
@@ -84,6 +84,10 @@ fn podman_plan_prints_every_command() {
         "--pull never --interactive --init --read-only --read-only-tmpfs --cap-drop ALL --security-opt no-new-privileges ".into(),
         format!(
             "--network corral-{key}-internal --dns 127.0.0.1 --add-host 'proxy:{{proxy-address}}' "
+        ),
+        format!(
+            "--security-opt seccomp={}/engine/{key}/seccomp.json ",
+            state.display()
         ),
         "--stop-timeout 5 ".into(),
         format!("--workdir {project} "),

@@ -146,6 +146,8 @@ fn podman_rootless_whole_setup() {
                 "ALL",
                 "--security-opt",
                 "no-new-privileges",
+                "--security-opt",
+                "seccomp=/s/engine/seccomp.json",
                 "--userns",
                 "keep-id",
                 "--cpus",
@@ -201,6 +203,8 @@ fn podman_rootless_whole_setup() {
         "ALL",
         "--security-opt",
         "no-new-privileges",
+        "--security-opt",
+        "seccomp=/s/engine/seccomp.json",
         "--userns",
         "keep-id",
         "--network",
@@ -336,6 +340,8 @@ fn docker_whole_setup() {
         "ALL",
         "--security-opt",
         "no-new-privileges",
+        "--security-opt",
+        "seccomp=/s/engine/seccomp.json",
         "--user",
         "1000:1000",
         "--cpus",
@@ -381,6 +387,8 @@ fn docker_whole_setup() {
                 "network",
                 "create",
                 "--internal",
+                "--opt",
+                "com.docker.network.bridge.inhibit_ipv4=true",
                 "--label",
                 &label,
                 &internal,
@@ -442,6 +450,8 @@ fn docker_whole_setup() {
         "ALL",
         "--security-opt",
         "no-new-privileges",
+        "--security-opt",
+        "seccomp=/s/engine/seccomp.json",
         "--user",
         "1000:1000",
         "--network",
@@ -589,6 +599,11 @@ fn what_cannot_be_enforced_is_refused() {
     let mut p = f.plan.clone();
     p.network.publish = vec![3000];
     assert!(setup(&p, &c).unwrap_err().to_string().contains("publish"));
+    // As root, corral relays them from the container's network namespace (crate::ports).
+    p.network.host_ports = vec![11434];
+    p.uid = 0;
+    p.gid = 0;
+    assert!(setup(&p, &ctx(EngineKind::Podman, false)).is_ok());
     let mut p = f.plan.clone();
     p.network.dns = corral_policy::plan::Dns::Stub;
     assert!(
