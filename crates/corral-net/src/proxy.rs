@@ -22,8 +22,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-use crate::http::io::{BodyError, BufConn, ReadError, error_response, relay_body};
 use crate::bounds::{Budget, Notice, out_of_descriptors};
+use crate::http::io::{BodyError, BufConn, ReadError, error_response, relay_body};
 use crate::http::{
     self, Framing, MAX_HEAD_BYTES, ParseError, RequestHead, Version, parse_request_head,
     parse_response_head,

@@ -8,8 +8,7 @@ use corral_policy::domain::DomainPattern;
 use corral_policy::plan::{
     Access, ConfigFormat, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, GuardedKeys,
     LimitKinds, Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan,
-    ProjectSource, SecretPlan, SkillPlan,
-    system_mounts,
+    ProjectSource, SecretPlan, SkillPlan, system_mounts,
 };
 use corral_policy::{Flags, PolicyError, Request, resolve};
 use similar_asserts::assert_eq;
