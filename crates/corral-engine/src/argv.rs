@@ -328,22 +328,13 @@ fn volume(engine: EngineKind, src: &Path, dst: &Path, access: Access) -> Result<
     Ok(format!("{}:{}:{opts}", src.display(), dst.display()))
 }
 
-fn format_size(bytes: u64) -> String {
-    const K: u64 = 1024;
-    for (unit, size) in [("g", K * K * K), ("m", K * K), ("k", K)] {
-        if bytes >= size && bytes.is_multiple_of(size) {
-            return format!("{}{unit}", bytes / size);
-        }
-    }
-    format!("{bytes}b")
-}
 
 fn limit_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
     let l = &plan.limits;
     let mut a = Vec::new();
     if let Some(m) = l.memory {
         a.push("--memory".into());
-        a.push(format_size(m));
+        a.push(corral_policy::config::size_text(m));
     }
     if let Some(c) = l.cpus {
         a.push("--cpus".into());

@@ -680,41 +680,28 @@ impl Gateway {
         port: u16,
         client: &str,
     ) -> Result<RewriteReport, Refusal> {
+        // A refusal is audited before it is answered.
+        let refuse = |r: Refusal| {
+            let dest = Dest {
+                client,
+                host,
+                port,
+                addr: None,
+            };
+            let rule = format!("credential gateway: {}", r.message);
+            self.record(&dest, method, Decision::Deny, rule, None);
+            Err(r)
+        };
         if let Err(r) = Self::check_host(headers, host, port, false) {
-            self.record(
-                &Dest {
-                    client,
-                    host,
-                    port,
-                    addr: None,
-                },
-                method,
-                Decision::Deny,
-                format!("credential gateway: {}", r.message),
-                None,
-            );
-            return Err(r);
+            return refuse(r);
         }
         let report = self.rewrite_headers(target, headers, host, port, true);
         self.audit_left(&report, client, (method, target), host, port, None);
         if method.eq_ignore_ascii_case("TRACE") && !report.injected.is_empty() {
-            let r = Refusal {
+            return refuse(Refusal {
                 status: 405,
                 message: "corral credential gateway: TRACE with a credential is not allowed (the origin would echo the real value back)".into(),
-            };
-            self.record(
-                &Dest {
-                    client,
-                    host,
-                    port,
-                    addr: None,
-                },
-                method,
-                Decision::Deny,
-                format!("credential gateway: {}", r.message),
-                None,
-            );
-            return Err(r);
+            });
         }
         Ok(report)
     }

@@ -1092,19 +1092,6 @@ fn mode_name(m: NetworkMode) -> &'static str {
     }
 }
 
-fn size_text(bytes: u64) -> String {
-    for (mult, unit) in [
-        (1u64 << 40, "t"),
-        (1 << 30, "g"),
-        (1 << 20, "m"),
-        (1 << 10, "k"),
-    ] {
-        if bytes >= mult && bytes.is_multiple_of(mult) {
-            return format!("{}{unit}", bytes / mult);
-        }
-    }
-    format!("{bytes} bytes")
-}
 
 fn profile_switch_text(at: &Loc, profile: &Profile, users: &str) -> String {
     let mut parts = Vec::new();
@@ -1242,7 +1229,7 @@ fn trust_grants(
                 project.memory,
                 without.memory,
                 with.memory,
-                &size_text,
+                &crate::config::size_text,
             ),
         ),
         (
@@ -1266,7 +1253,7 @@ fn trust_grants(
                 project.exec_max_output,
                 without.exec_max_output,
                 with.exec_max_output,
-                &size_text,
+                &crate::config::size_text,
             ),
         ),
         (
