@@ -328,7 +328,6 @@ fn volume(engine: EngineKind, src: &Path, dst: &Path, access: Access) -> Result<
     Ok(format!("{}:{}:{opts}", src.display(), dst.display()))
 }
 
-
 fn limit_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
     let l = &plan.limits;
     let mut a = Vec::new();

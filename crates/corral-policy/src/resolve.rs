@@ -1092,7 +1092,6 @@ fn mode_name(m: NetworkMode) -> &'static str {
     }
 }
 
-
 fn profile_switch_text(at: &Loc, profile: &Profile, users: &str) -> String {
     let mut parts = Vec::new();
     let state: Vec<&str> = profile

@@ -281,6 +281,26 @@ fn render_writes_the_directory_and_refuses_what_it_cannot_carry() {
         .mode();
     assert_eq!(mode & 0o777, 0o600);
     assert!(yaml.contains("kind: Pod"), "{yaml}");
+    assert!(
+        yaml.contains("localhostProfile: corral/seccomp.json"),
+        "{yaml}"
+    );
+    // The profile the Pod names is written beside it, from the native jail's own rules.
+    let profile: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("seccomp.json")).unwrap()).unwrap();
+    assert_eq!(profile["defaultAction"], "SCMP_ACT_ALLOW", "{profile}");
+    let names: Vec<&str> = profile["syscalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|e| e["names"].as_array().unwrap())
+        .filter_map(|n| n.as_str())
+        .collect();
+    for denied in [
+        "mount", "ptrace", "bpf", "unshare", "clone", "fchmodat", "openat2",
+    ] {
+        assert!(names.contains(&denied), "{denied} not in {names:?}");
+    }
     // The masked .env is covered with the unreadable empty file.
     let env = format!("mountPath: {}/.env", p.dir().display());
     assert!(yaml.contains(&env), "{yaml}");

@@ -44,10 +44,32 @@ fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
             let path = dir.join("jail.yaml");
             write_private(&path, &yaml)?;
             eprintln!("corral kube: wrote {}", path.display());
+            if opts.seccomp == Seccomp::Localhost {
+                write_seccomp_profile(dir)?;
+            }
         }
         None => print!("{yaml}"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// corral's seccomp filter as the OCI profile the sandbox Pod names (`Localhost`), generated
+/// from the same rules as the native jail's BPF (`corral_sandbox::seccomp::oci_profile`): the
+/// nodes need it at `/var/lib/kubelet/seccomp/` + [`corral_kube::SECCOMP_LOCALHOST`].
+fn write_seccomp_profile(dir: &Path) -> anyhow::Result<()> {
+    let profile = corral_sandbox::seccomp::oci_profile()
+        .context("cannot build corral's seccomp profile for this architecture")?;
+    let path = dir.join("seccomp.json");
+    let text =
+        serde_json::to_string_pretty(&profile).context("cannot encode the seccomp profile")?;
+    std::fs::write(&path, text + "\n")
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!(
+        "corral kube: wrote {}: install it on every node as /var/lib/kubelet/seccomp/{} (or render with --seccomp runtime-default)",
+        path.display(),
+        corral_kube::SECCOMP_LOCALHOST
+    );
+    Ok(())
 }
 
 /// Write the manifests readable by their owner only: they may hold the executor's token.
