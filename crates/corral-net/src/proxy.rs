@@ -897,6 +897,18 @@ impl Proxy {
         }
     }
 
+    /// Run one connection's opening phase as [`Proxy::serve`] would (an HTTP request or a
+    /// SOCKS5 handshake, told apart by the first byte) on any byte stream, and drop the tunnel
+    /// it may establish: `true` when one was. For the fuzz targets (`fuzz/`), which drive it
+    /// over an in-memory stream.
+    #[doc(hidden)]
+    pub async fn handshake<S>(self: Arc<Self>, stream: S, client: &str) -> bool
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        self.handle(stream, client).await.is_some()
+    }
+
     async fn reply_and_close<S: AsyncWrite + Unpin>(&self, io: &mut S, status: u16, body: &str) {
         let _ = tokio::time::timeout(
             Duration::from_secs(5),
