@@ -126,26 +126,53 @@ pub fn run(rule: Rule, args: RuleArgs) -> anyhow::Result<ExitCode> {
         let cwd = std::env::current_dir().context("cannot read the current directory")?;
         corral_policy::resolve::project_root(&cwd).join("corral.toml")
     };
-    let before = match std::fs::read(&file) {
+    let (outcomes, created) = if args.user {
+        edit_file(&file, rule, &targets)?
+    } else {
+        let edit = edit_project(&file, rule, &targets)?;
+        if !edit.trusted {
+            eprintln!(
+                "corral: {} stays untrusted: you have not trusted the rest of it; review it, \
+                 then run `corral trust` (corral run refuses what it grants until then)",
+                file.display()
+            );
+        }
+        (edit.outcomes, edit.created)
+    };
+    report(&file, &outcomes, created)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What an edit of the project's `corral.toml` did.
+pub struct ProjectEdit {
+    pub outcomes: Vec<Outcome>,
+    pub created: bool,
+    /// The new content is trusted (the file is new, or its previous content was trusted).
+    pub trusted: bool,
+}
+
+/// Add `targets` to the project's policy file `file` (`corral allow`/`deny`, `corral watch`):
+/// the edit of [`edit_file`], then the trust carried over to the new content when the old one
+/// was trusted (the user's own command changed only this).
+pub fn edit_project(file: &Path, rule: Rule, targets: &[Target]) -> anyhow::Result<ProjectEdit> {
+    let before = match std::fs::read(file) {
         Ok(b) => Some(b),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
     };
-    let (outcomes, created) = edit_file(&file, rule, &targets)?;
-    if !args.user
-        && (before.is_some() || created)
-        && !super::trust::carry_over(&file, before.as_deref())?
-    {
-        // The project's file, edited by the user's own command, is still trusted if it was;
-        // one never trusted is not trusted now either (its other lines were never reviewed).
-        eprintln!(
-            "corral: {} stays untrusted: you have not trusted the rest of it; review it, then \
-             run `corral trust` (corral run refuses what it grants until then)",
-            file.display()
-        );
-    }
-    report(&file, &outcomes, created)?;
-    Ok(ExitCode::SUCCESS)
+    let (outcomes, created) = edit_file(file, rule, targets)?;
+    // The project's file, edited by the user's own command, is still trusted if it was; one
+    // never trusted is not trusted now either (its other lines were never reviewed).
+    let trusted = if before.is_some() || created {
+        super::trust::carry_over(file, before.as_deref())?
+    } else {
+        true
+    };
+    Ok(ProjectEdit {
+        outcomes,
+        created,
+        trusted,
+    })
 }
 
 /// One line per change on standard output.
