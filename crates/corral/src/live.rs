@@ -61,6 +61,9 @@ struct State {
     run_only: Vec<Target>,
     files: Vec<PathBuf>,
     seen: Vec<Option<Stamp>>,
+    /// New stamps seen once: applied when the next check sees them again (a file being written
+    /// is not read half-way: an in-place rewrite is an empty file for a moment).
+    pending: Option<Vec<Option<Stamp>>>,
     /// The sections the last record said take effect at the next run.
     next_run: Vec<String>,
     proxy: Arc<Proxy>,
@@ -87,6 +90,7 @@ pub fn start(
         run_only: Vec::new(),
         files,
         seen,
+        pending: None,
         next_run: Vec::new(),
         proxy,
         audit: audit.clone(),
@@ -189,14 +193,25 @@ fn stamp(path: &Path) -> Option<Stamp> {
 }
 
 impl State {
-    /// Whether a watched file changed since last seen (the new stamps are kept).
+    fn stamps(&self) -> Vec<Option<Stamp>> {
+        self.files.iter().map(|f| stamp(f)).collect()
+    }
+
+    /// Whether a watched file changed since last seen and has stayed so since the previous
+    /// check (the new stamps are kept then).
     fn changed(&mut self) -> bool {
-        let now: Vec<Option<Stamp>> = self.files.iter().map(|f| stamp(f)).collect();
+        let now = self.stamps();
         if now == self.seen {
+            self.pending = None;
             return false;
         }
-        self.seen = now;
-        true
+        if self.pending.as_ref() == Some(&now) {
+            self.seen = now;
+            self.pending = None;
+            return true;
+        }
+        self.pending = Some(now);
+        false
     }
 
     /// One control request.
@@ -204,7 +219,7 @@ impl State {
         match line.split_once(' ') {
             Some(("allow", host)) => self.allow_for_run(host.trim()),
             None if line == "reload" => {
-                self.seen = self.files.iter().map(|f| stamp(f)).collect();
+                self.seen = self.stamps();
                 Ok(self.reload())
             }
             _ => Err(format!(
@@ -249,14 +264,23 @@ impl State {
     /// Resolve the policy again and apply its network rules when the trust gate passes; the
     /// one-line summary of what happened.
     fn reload(&mut self) -> String {
-        let plan = match resolve(&self.req) {
-            Ok(p) => p,
-            Err(e) => return self.failed(&format!("{e}")),
-        };
-        if plan.project.scratch && plan.project.root != self.started.project.root {
+        let plan = resolve(&self.req);
+        if let Ok(plan) = &plan
+            && plan.project.scratch
+            && plan.project.root != self.started.project.root
+        {
             // resolve made a scratch directory of its own: only the run's one is used.
             let _ = std::fs::remove_dir_all(&plan.project.root);
         }
+        if self.stamps() != self.seen {
+            // Written while it was read: the next checks read it again once it is still.
+            self.seen.clear();
+            return "the policy files changed while they were read: read again".into();
+        }
+        let plan = match plan {
+            Ok(p) => p,
+            Err(e) => return self.failed(&format!("{e}")),
+        };
         match crate::cmd::trust::is_trusted(&plan) {
             Ok(true) => {}
             Ok(false) => {
