@@ -72,13 +72,12 @@ impl App {
             terminal
                 .draw(|f| self.draw(f))
                 .context("cannot draw on the terminal")?;
-            if event::poll(Duration::from_millis(200)).context("cannot read the terminal")? {
-                if let event::Event::Key(key) = event::read().context("cannot read a key")?
-                    && key.kind == KeyEventKind::Press
-                    && !self.key(key)
-                {
-                    return Ok(());
-                }
+            if event::poll(Duration::from_millis(200)).context("cannot read the terminal")?
+                && let event::Event::Key(key) = event::read().context("cannot read a key")?
+                && key.kind == KeyEventKind::Press
+                && !self.key(key)
+            {
+                return Ok(());
             }
             self.tail.read_new(&mut self.rows)?;
             let excess = self.rows.len().saturating_sub(KEEP);
