@@ -168,3 +168,18 @@ fn watch_adds_the_allow_to_corral_toml_keeping_its_comments() {
     ran(&again, "END");
     assert!(watch.quit().success());
 }
+
+#[test]
+fn watch_without_a_terminal_says_so() {
+    let w = World::new();
+    let mut c = w.corral();
+    c.arg("watch");
+    let out = run(c);
+    assert_eq!(out.code, 125, "{}", out.both());
+    assert!(
+        out.stderr
+            .contains("corral watch draws on a terminal and reads its keys"),
+        "{}",
+        out.both()
+    );
+}

@@ -31,6 +31,13 @@ use crate::control;
 const KEEP: usize = 2000;
 
 pub fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
+    use std::io::IsTerminal as _;
+    if !(std::io::stdin().is_terminal() && std::io::stdout().is_terminal()) {
+        anyhow::bail!(
+            "corral watch draws on a terminal and reads its keys: run it in one (a tmux pane \
+             over ssh works); to follow the log in a pipe: corral log --follow"
+        );
+    }
     let root = super::log::project_root()?;
     let log = AuditLog::for_project(&root).context("cannot locate the audit log")?;
     let mut app = App {
