@@ -20,7 +20,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,14 +35,15 @@ const POLL: Duration = Duration::from_millis(250);
 
 /// The live policy of one run; stopped when dropped.
 pub struct Live {
-    stop: Arc<AtomicBool>,
+    /// Dropped to stop the watcher at once (it waits on it between checks).
+    stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     _control: Option<crate::control::Server>,
 }
 
 impl Drop for Live {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        drop(self.stop.take());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -97,13 +97,12 @@ pub fn start(
         jail: jail.to_string(),
     }));
     let control = control_server(&state, plan, jail_plan, jail);
-    let stop = Arc::new(AtomicBool::new(false));
-    let (s, st) = (stop.clone(), state.clone());
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let st = state.clone();
     let thread = std::thread::Builder::new()
         .name("corral-live".into())
         .spawn(move || {
-            while !s.load(Ordering::SeqCst) {
-                std::thread::sleep(POLL);
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(POLL) {
                 let mut st = st.lock().unwrap_or_else(|e| e.into_inner());
                 if st.changed() {
                     st.reload();
@@ -112,7 +111,7 @@ pub fn start(
         })
         .map_err(|e| anyhow::anyhow!("cannot start the policy watcher thread: {e}"))?;
     Ok(Live {
-        stop,
+        stop: Some(stop),
         thread: Some(thread),
         _control: control,
     })
