@@ -27,7 +27,7 @@ use super::rules::{Rule, Target};
 use crate::cli::WatchArgs;
 use crate::control;
 
-/// The most rows kept in memory.
+/// The most rows kept in memory (at least; `-n` may ask for more).
 const KEEP: usize = 2000;
 
 pub fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
@@ -41,6 +41,7 @@ pub fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
     let root = super::log::project_root()?;
     let log = AuditLog::for_project(&root).context("cannot locate the audit log")?;
     let mut app = App {
+        keep: args.lines.max(KEEP),
         policy: root.join("corral.toml"),
         root,
         rows: VecDeque::new(),
@@ -51,7 +52,7 @@ pub fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
             "keys: a allow for this run · p add to corral.toml · d deny in corral.toml · q quit"
                 .into(),
     };
-    app.tail.read_new(&mut app.rows)?;
+    app.tail.read_new(&mut app.rows, app.keep)?;
     let skip = app.rows.len().saturating_sub(args.lines);
     app.rows.drain(..skip);
     app.jails = control::list(&app.root);
@@ -62,6 +63,8 @@ pub fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
 }
 
 struct App {
+    /// How many rows are kept.
+    keep: usize,
     root: PathBuf,
     policy: PathBuf,
     rows: VecDeque<Record>,
@@ -86,9 +89,7 @@ impl App {
             {
                 return Ok(());
             }
-            self.tail.read_new(&mut self.rows)?;
-            let excess = self.rows.len().saturating_sub(KEEP);
-            self.rows.drain(..excess);
+            let excess = self.tail.read_new(&mut self.rows, self.keep)?;
             if let Some(s) = self.selected.as_mut() {
                 *s = s.saturating_sub(excess);
             }
@@ -352,8 +353,10 @@ impl Tail {
         }
     }
 
-    /// Append the records written since the last call to `rows`.
-    fn read_new(&mut self, rows: &mut VecDeque<Record>) -> anyhow::Result<()> {
+    /// Append the records written since the last call to `rows`, keeping the last `keep`; how
+    /// many were dropped from the front.
+    fn read_new(&mut self, rows: &mut VecDeque<Record>, keep: usize) -> anyhow::Result<usize> {
+        let mut dropped = 0;
         loop {
             if self.file.is_none() {
                 match File::open(&self.path) {
@@ -361,7 +364,7 @@ impl Tail {
                         let ino = f.metadata().map(|m| m.ino()).unwrap_or(0);
                         self.file = Some((BufReader::new(f), ino));
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(dropped),
                     Err(e) => {
                         return Err(e)
                             .with_context(|| format!("cannot open {}", self.path.display()));
@@ -369,7 +372,7 @@ impl Tail {
                 }
             }
             let Some((reader, ino)) = self.file.as_mut() else {
-                return Ok(());
+                return Ok(dropped);
             };
             while reader
                 .read_line(&mut self.partial)
@@ -383,12 +386,16 @@ impl Tail {
                     && shown(&r)
                 {
                     rows.push_back(r);
+                    if rows.len() > keep {
+                        rows.pop_front();
+                        dropped += 1;
+                    }
                 }
                 self.partial.clear();
             }
             let rotated = std::fs::metadata(&self.path).map_or(true, |m| m.ino() != *ino);
             if !rotated {
-                return Ok(());
+                return Ok(dropped);
             }
             self.file = None;
             self.partial.clear();
