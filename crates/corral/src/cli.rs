@@ -51,6 +51,25 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// The audit log: network decisions, executor commands, sandbox lifecycle
     Log(LogArgs),
+    /// Live view of this project's running jails: allow or deny what they are refused
+    #[command(
+        long_about = "A terminal view of this project's running jails (native backend) and \
+                      their audit log: every network decision as it happens, denials in red \
+                      with the rule that denied them. On a denial (the selected row, else the \
+                      latest one):\n\n  \
+                      a        allow it for this run only (the jail that asked; not written \
+                      anywhere)\n  \
+                      p        allow it permanently: added to the project's corral.toml \
+                      (comments kept, as `corral allow` does); every running jail of the \
+                      project applies it\n  \
+                      d        deny it permanently: added to corral.toml's network.deny\n  \
+                      up/down  (or k/j) select a row; Esc follows the latest again\n  \
+                      q        quit (also Ctrl-C)\n\n\
+                      Edits of corral.toml go through the same trust rule as `corral allow`: a \
+                      trusted file stays trusted; one never trusted is not applied to running \
+                      jails until you run `corral trust`."
+    )]
+    Watch(WatchArgs),
     /// Container images for the podman/docker backends
     #[command(subcommand)]
     Image(ImageCommand),
@@ -275,6 +294,13 @@ pub struct InitArgs {
 pub struct DoctorArgs {
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// How many audit records to show from before `corral watch` started
+    #[arg(short = 'n', long = "lines", value_name = "N", default_value_t = 200)]
+    pub lines: usize,
 }
 
 #[derive(Debug, Args)]

@@ -21,7 +21,9 @@ macro_rules! outln {
 mod changes;
 mod cli;
 mod cmd;
+mod control;
 mod gitguard;
+mod live;
 mod setid;
 mod stateguard;
 mod usage;

@@ -258,7 +258,13 @@ impl Printer {
                 "jail",
                 "-".to_string(),
                 j.event.clone(),
-                match (j.exit_code, j.detail.get("error").and_then(|e| e.as_str())) {
+                match (
+                    j.exit_code,
+                    j.detail
+                        .get("error")
+                        .or_else(|| j.detail.get("summary"))
+                        .and_then(|e| e.as_str()),
+                ) {
                     (Some(c), _) => format!("exit {c}"),
                     (None, Some(e)) => e.to_string(),
                     (None, None) => String::new(),

@@ -17,7 +17,7 @@ pub mod log;
 pub mod plan;
 mod profile_arg;
 mod proxy;
-mod rules;
+pub mod rules;
 mod run;
 mod secrets;
 mod serve;
@@ -25,6 +25,7 @@ mod shell;
 mod shim;
 mod skill;
 pub mod trust;
+mod watch;
 
 /// Whether the command line `args` (program name first) is one that runs a native jail from
 /// this process: `run`, `shell`, and the executor's `serve --jail-helper`. Read before the
@@ -72,6 +73,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Deny(args) => rules::run(rules::Rule::Deny, args),
         Command::Skill(args) => skill::run(args),
         Command::Trust(args) => trust::run(args),
+        Command::Watch(args) => watch::run(args),
         Command::Generate(cmd) => generate::run(cmd),
     }
 }

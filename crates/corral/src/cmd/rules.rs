@@ -16,8 +16,9 @@
 //! `DomainPattern::parse` the policy loader uses (same error text) and written in its canonical
 //! form. Adding a rule that is already there changes nothing. Allowing a pattern that the other
 //! list names exactly (`deny` for `allow`, and back) takes it out of that list, since the user
-//! has just said the opposite. The file is replaced atomically (written beside it, then renamed),
-//! keeping its permissions.
+//! has just said the opposite. The new content is written and synced beside the file first; an
+//! existing file is then rewritten in place (a running jail's read-only bind of it stays), a new
+//! one renamed into place, keeping its permissions.
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -126,26 +127,53 @@ pub fn run(rule: Rule, args: RuleArgs) -> anyhow::Result<ExitCode> {
         let cwd = std::env::current_dir().context("cannot read the current directory")?;
         corral_policy::resolve::project_root(&cwd).join("corral.toml")
     };
-    let before = match std::fs::read(&file) {
+    let (outcomes, created) = if args.user {
+        edit_file(&file, rule, &targets)?
+    } else {
+        let edit = edit_project(&file, rule, &targets)?;
+        if !edit.trusted {
+            eprintln!(
+                "corral: {} stays untrusted: you have not trusted the rest of it; review it, \
+                 then run `corral trust` (corral run refuses what it grants until then)",
+                file.display()
+            );
+        }
+        (edit.outcomes, edit.created)
+    };
+    report(&file, &outcomes, created)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What an edit of the project's `corral.toml` did.
+pub struct ProjectEdit {
+    pub outcomes: Vec<Outcome>,
+    pub created: bool,
+    /// The new content is trusted (the file is new, or its previous content was trusted).
+    pub trusted: bool,
+}
+
+/// Add `targets` to the project's policy file `file` (`corral allow`/`deny`, `corral watch`):
+/// the edit of [`edit_file`], then the trust carried over to the new content when the old one
+/// was trusted (the user's own command changed only this).
+pub fn edit_project(file: &Path, rule: Rule, targets: &[Target]) -> anyhow::Result<ProjectEdit> {
+    let before = match std::fs::read(file) {
         Ok(b) => Some(b),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
     };
-    let (outcomes, created) = edit_file(&file, rule, &targets)?;
-    if !args.user
-        && (before.is_some() || created)
-        && !super::trust::carry_over(&file, before.as_deref())?
-    {
-        // The project's file, edited by the user's own command, is still trusted if it was;
-        // one never trusted is not trusted now either (its other lines were never reviewed).
-        eprintln!(
-            "corral: {} stays untrusted: you have not trusted the rest of it; review it, then \
-             run `corral trust` (corral run refuses what it grants until then)",
-            file.display()
-        );
-    }
-    report(&file, &outcomes, created)?;
-    Ok(ExitCode::SUCCESS)
+    let (outcomes, created) = edit_file(file, rule, targets)?;
+    // The project's file, edited by the user's own command, is still trusted if it was; one
+    // never trusted is not trusted now either (its other lines were never reviewed).
+    let trusted = if before.is_some() || created {
+        super::trust::carry_over(file, before.as_deref())?
+    } else {
+        true
+    };
+    Ok(ProjectEdit {
+        outcomes,
+        created,
+        trusted,
+    })
 }
 
 /// One line per change on standard output.
@@ -437,13 +465,18 @@ fn push_keeping_layout(arr: &mut Array, s: &str) {
     arr.push_formatted(v);
 }
 
-/// Write `text` to `path` by writing a sibling and renaming it over, keeping the old mode.
+/// Write `text` to `path`, keeping the old mode. The new content is first written and synced
+/// beside it. A new file is then renamed into place. An existing one is rewritten in place (the
+/// same inode): a running jail binds it read-only, and a rename over it would detach that bind
+/// in the jail's mount namespace (the kernel drops mounts whose dentry goes away), leaving the
+/// new file writable from the jail. A failure part-way names the copy that holds the content.
 fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let existing = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file());
     let mode = std::fs::metadata(path)
         .map(|m| m.permissions().mode() & 0o7777)
         .unwrap_or(0o644);
@@ -457,11 +490,32 @@ fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
         f.write_all(text.as_bytes())?;
         f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.sync_all()?;
+        if existing {
+            return Ok(());
+        }
         std::fs::rename(&tmp, path)
     })();
     if let Err(e) = result {
         let _ = std::fs::remove_file(&tmp);
         bail!("cannot write {}: {e}", path.display());
+    }
+    if existing {
+        let in_place = (|| -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(path)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()
+        })();
+        if let Err(e) = in_place {
+            bail!(
+                "cannot write {}: {e}; the new content is in {}",
+                path.display(),
+                tmp.display()
+            );
+        }
+        let _ = std::fs::remove_file(&tmp);
     }
     Ok(())
 }

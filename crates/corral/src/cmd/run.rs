@@ -28,7 +28,7 @@ pub fn run_jail(
     super::trust::gate(&plan)?;
     // A first run of a harness: its state directories do not exist yet, and binds need them.
     ensure_state_paths(&plan.profile, &req.home)?;
-    let code = run_plan(&plan);
+    let code = run_plan_with(&plan, Some(&req));
     if plan.project.scratch
         && let Err(e) = std::fs::remove_dir_all(&plan.project.root)
     {
@@ -43,6 +43,13 @@ pub fn run_jail(
 
 /// Run `plan` in the native jail; the command's exit code.
 pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
+    run_plan_with(plan, None)
+}
+
+/// Run `plan`, resolved from `req` when given: the native jail's network rules then follow the
+/// policy files while it runs (live.rs).
+fn run_plan_with(plan: &Plan, req: Option<&corral_policy::Request>) -> anyhow::Result<i32> {
+    let resolved = plan;
     // The set-up process main() forked for this run, if it did (dropped, so ended, when the
     // run goes to a container engine).
     let early = corral_sandbox::take_early();
@@ -166,8 +173,10 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         &audit,
         &jail_id,
     )?;
+    let live = live_policy(req, resolved, plan, proxy.as_ref(), &audit, &jail_id);
     let placeholders = jail.keep_placeholders();
     let exit = jail.wait();
+    drop(live);
     end_run(executor);
     // No jail of the run binds them any more: the placeholders this run made go.
     drop(placeholders);
@@ -317,6 +326,32 @@ fn serve_network(
     }
     let proxy = Arc::new(proxy);
     Ok(Some(corral_net::spawn(proxy, listeners)?))
+}
+
+/// With corral's proxy and the request the plan came from: the proxy's rules follow the policy
+/// files, and `corral watch` can reach the run (live.rs). Without, a note on stderr.
+fn live_policy(
+    req: Option<&corral_policy::Request>,
+    resolved: &Plan,
+    jail_plan: &Plan,
+    proxy: Option<&corral_net::ProxyHandle>,
+    audit: &AuditLog,
+    jail_id: &str,
+) -> Option<crate::live::Live> {
+    let (req, proxy) = (req?, proxy?);
+    if resolved.network.mode != NetworkMode::Proxy {
+        return None;
+    }
+    crate::live::start(
+        req,
+        resolved,
+        jail_plan,
+        proxy.proxy().clone(),
+        audit,
+        jail_id,
+    )
+    .map_err(|e| eprintln!("corral: the policy files are not followed during this run: {e:#}"))
+    .ok()
 }
 
 /// The host listeners of `network.publish`. With `network.mode = "host"` the jail already

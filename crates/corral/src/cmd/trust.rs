@@ -73,6 +73,18 @@ pub fn gate(plan: &Plan) -> anyhow::Result<()> {
     )
 }
 
+/// Whether what the project's `corral.toml` of `plan` grants is trusted with exactly the content
+/// the plan was resolved from (a file that grants nothing needs no trust), without asking: the
+/// check a running jail's policy reload passes (live.rs).
+pub fn is_trusted(plan: &Plan) -> anyhow::Result<bool> {
+    let Some(t) = plan.project_trust.as_ref().filter(|t| !t.grants.is_empty()) else {
+        return Ok(true);
+    };
+    let (env, home) = env_home()?;
+    let store = TrustStore::load(&trust::store_path(&env, &home))?;
+    Ok(store.is_trusted(&t.file, &t.sha256))
+}
+
 /// What the file grants, one line each, and why it is asked.
 /// A project policy file the user's own corral command outside any jail just wrote (`corral
 /// init`) or edited (`corral allow`/`deny`): its new content is trusted when the file is new or

@@ -1,0 +1,490 @@
+//! A running jail's network rules follow its policy files (issue #17): `corral allow`/`deny`
+//! and any edit of a policy file take effect in the project's running jails without restarting
+//! them, and `corral watch` can allow a destination for one run.
+//!
+//! The native `corral run` checks its policy files (every layer it read, the project's
+//! `corral.toml` even when absent, and the trust store) four times a second; when one changed
+//! (or a `reload` arrives on the control socket) it resolves the policy again from the same
+//! request, passes the same trust gate as at start, and swaps the proxy's rules (the DNS stub
+//! decides with them too). What the proxy decides with changes; anything else the new files say
+//! (binds, limits, the network mode, ...) is recorded as taking effect at the next run.
+//!
+//! Invariants:
+//! - an edit of the project's `corral.toml` that grants what the user has not trusted changes
+//!   nothing (`policy-reload-refused`), exactly as `corral run` would refuse it; an edit by the
+//!   user's own `corral allow`/`deny` keeps the file trusted (cmd/trust.rs `carry_over`);
+//! - a run-only allow (`corral watch`) comes only from the control socket, which the jail cannot
+//!   reach (control.rs); deny rules still win over it;
+//! - every change is one audit record: `policy-reload` (what was added and removed, from which
+//!   files), `policy-reload-refused`, `policy-reload-failed`, `policy-allow-run`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use corral_audit::{AuditLog, Event, JailEvent, Record};
+use corral_net::{Proxy, Rules};
+use corral_policy::Plan;
+use corral_policy::resolve::{Request, resolve};
+
+use crate::cmd::rules::Target;
+
+/// How often the policy files are checked.
+const POLL: Duration = Duration::from_millis(250);
+
+/// The live policy of one run; stopped when dropped.
+pub struct Live {
+    /// Dropped to stop the watcher at once (it waits on it between checks).
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _control: Option<crate::control::Server>,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The state the watcher and the control socket share.
+struct State {
+    req: Request,
+    /// The plan the run started from, as resolved (before run-time additions).
+    started: Plan,
+    /// The rules of the policy files as last accepted.
+    base: Rules,
+    /// What `corral watch` allowed for this run.
+    run_only: Vec<Target>,
+    files: Vec<PathBuf>,
+    seen: Vec<Option<Stamp>>,
+    /// New stamps seen once: applied when the next check sees them again (a file being written
+    /// is not read half-way: an in-place rewrite is an empty file for a moment).
+    pending: Option<Vec<Option<Stamp>>>,
+    /// The sections the last record said take effect at the next run.
+    next_run: Vec<String>,
+    proxy: Arc<Proxy>,
+    audit: AuditLog,
+    jail: String,
+}
+
+/// Start following the policy files of a run whose network goes through `proxy`, and serve
+/// its control socket. `plan` is the plan as resolved from `req`.
+pub fn start(
+    req: &Request,
+    plan: &Plan,
+    jail_plan: &Plan,
+    proxy: Arc<Proxy>,
+    audit: &AuditLog,
+    jail: &str,
+) -> anyhow::Result<Live> {
+    let files = watched_files(req, plan);
+    let seen = files.iter().map(|f| stamp(f)).collect();
+    let state = Arc::new(Mutex::new(State {
+        req: req.clone(),
+        started: plan.clone(),
+        base: proxy.rules().as_ref().clone(),
+        run_only: Vec::new(),
+        files,
+        seen,
+        pending: None,
+        next_run: Vec::new(),
+        proxy,
+        audit: audit.clone(),
+        jail: jail.to_string(),
+    }));
+    let control = control_server(&state, plan, jail_plan, jail);
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let st = state.clone();
+    let thread = std::thread::Builder::new()
+        .name("corral-live".into())
+        .spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(POLL) {
+                let mut st = st.lock().unwrap_or_else(|e| e.into_inner());
+                if st.changed() {
+                    st.reload();
+                }
+            }
+        })
+        .map_err(|e| anyhow::anyhow!("cannot start the policy watcher thread: {e}"))?;
+    Ok(Live {
+        stop: Some(stop),
+        thread: Some(thread),
+        _control: control,
+    })
+}
+
+/// The control socket, unless it would be visible in the jail or cannot be made (said once on
+/// stderr: the run goes on without `corral watch`'s run-only allows).
+fn control_server(
+    state: &Arc<Mutex<State>>,
+    plan: &Plan,
+    jail_plan: &Plan,
+    jail: &str,
+) -> Option<crate::control::Server> {
+    let dir = match crate::control::dir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("corral: no control socket for corral watch: {e:#}");
+            return None;
+        }
+    };
+    if crate::control::visible_in(jail_plan, &dir) {
+        eprintln!(
+            "corral: no control socket for corral watch: {} is visible in the jail (a bind \
+             covers it); set XDG_RUNTIME_DIR or TMPDIR to a directory the jail does not see",
+            dir.display()
+        );
+        return None;
+    }
+    let st = state.clone();
+    let handler: crate::control::Handler = Arc::new(move |line: &str| {
+        let mut st = st.lock().unwrap_or_else(|e| e.into_inner());
+        st.request(line)
+    });
+    match crate::control::Server::start(&dir, jail, &plan.project.root, handler) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("corral: no control socket for corral watch: {e:#}");
+            None
+        }
+    }
+}
+
+/// The files whose change can change the plan: every layer read, the project's `corral.toml`
+/// (even when absent: creating it is a change), the user config and the trust store.
+fn watched_files(req: &Request, plan: &Plan) -> Vec<PathBuf> {
+    let mut files = plan.sources.clone();
+    if req.flags.policy.is_none() && !plan.project.scratch {
+        files.push(plan.project.root.join("corral.toml"));
+    }
+    files.extend(req.user_config.clone());
+    files.push(corral_policy::trust::store_path(&req.env, &req.home));
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// What tells a file's versions apart: an atomic replace changes the inode, an edit in place
+/// the modification time or size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(Stamp {
+        dev: m.dev(),
+        ino: m.ino(),
+        size: m.size(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+    })
+}
+
+impl State {
+    fn stamps(&self) -> Vec<Option<Stamp>> {
+        self.files.iter().map(|f| stamp(f)).collect()
+    }
+
+    /// Whether a watched file changed since last seen and has stayed so since the previous
+    /// check (the new stamps are kept then).
+    fn changed(&mut self) -> bool {
+        let now = self.stamps();
+        if now == self.seen {
+            self.pending = None;
+            return false;
+        }
+        if self.pending.as_ref() == Some(&now) {
+            self.seen = now;
+            self.pending = None;
+            return true;
+        }
+        self.pending = Some(now);
+        false
+    }
+
+    /// One control request.
+    fn request(&mut self, line: &str) -> Result<String, String> {
+        match line.split_once(' ') {
+            Some(("allow", host)) => self.allow_for_run(host.trim()),
+            None if line == "reload" => {
+                self.seen = self.stamps();
+                Ok(self.reload())
+            }
+            _ => Err(format!(
+                "unknown request {:?}: expected `allow HOST[:PORT]` or `reload`",
+                corral_audit::printable(line)
+            )),
+        }
+    }
+
+    fn allow_for_run(&mut self, host: &str) -> Result<String, String> {
+        let target = Target::parse(host).map_err(|e| format!("{e:#}"))?;
+        if !self.run_only.contains(&target) {
+            self.run_only.push(target);
+        }
+        self.swap();
+        let summary = format!("{host} allowed for this run (corral watch)");
+        self.record(
+            "policy-allow-run",
+            serde_json::json!({ "summary": summary, "allow": host }),
+        );
+        Ok(summary)
+    }
+
+    /// The proxy's rules: the files' rules plus the run-only allows.
+    fn swap(&self) {
+        let mut rules = self.base.clone();
+        for t in &self.run_only {
+            if let Some(p) = &t.pattern
+                && !rules.allow.contains(p)
+            {
+                rules.allow.push(p.clone());
+            }
+            if let Some(c) = t.cidr
+                && !rules.allow_cidrs.contains(&c)
+            {
+                rules.allow_cidrs.push(c);
+            }
+        }
+        self.proxy.set_rules(rules);
+    }
+
+    /// Resolve the policy again and apply its network rules when the trust gate passes; the
+    /// one-line summary of what happened.
+    fn reload(&mut self) -> String {
+        let plan = resolve(&self.req);
+        if let Ok(plan) = &plan
+            && plan.project.scratch
+            && plan.project.root != self.started.project.root
+        {
+            // resolve made a scratch directory of its own: only the run's one is used.
+            let _ = std::fs::remove_dir_all(&plan.project.root);
+        }
+        if self.stamps() != self.seen {
+            // Written while it was read: the next checks read it again once it is still.
+            self.seen.clear();
+            return "the policy files changed while they were read: read again".into();
+        }
+        let plan = match plan {
+            Ok(p) => p,
+            Err(e) => return self.failed(&format!("{e}")),
+        };
+        match crate::cmd::trust::is_trusted(&plan) {
+            Ok(true) => {}
+            Ok(false) => {
+                let t = plan.project_trust.as_ref();
+                let file = t.map(|t| t.file.display().to_string()).unwrap_or_default();
+                let summary = format!(
+                    "{file} changed and grants what you have not trusted: the running jail keeps \
+                     its rules; review it and run `corral trust` to apply it"
+                );
+                let grants = t.map(|t| t.grants.clone()).unwrap_or_default();
+                self.record(
+                    "policy-reload-refused",
+                    serde_json::json!({ "summary": summary, "file": file, "grants": grants }),
+                );
+                return summary;
+            }
+            Err(e) => return self.failed(&format!("{e:#}")),
+        }
+        let rules = match Rules::from_plan(&plan.network) {
+            Ok(r) => r,
+            Err(e) => return self.failed(&e.to_string()),
+        };
+        let diff = Diff::between(&self.base, &rules);
+        let next_run = next_run_sections(&self.started, &plan);
+        self.base = rules;
+        self.swap();
+        let summary = diff.summary(&next_run);
+        if diff.lists.is_empty() && next_run == self.next_run {
+            // A file was touched, or another project's trust changed: nothing to record.
+            return summary;
+        }
+        self.next_run = next_run.clone();
+        let mut detail = diff.json();
+        detail["summary"] = summary.clone().into();
+        detail["files"] = serde_json::json!(self.files);
+        detail["next_run"] = serde_json::json!(next_run);
+        self.record("policy-reload", detail);
+        summary
+    }
+
+    fn failed(&self, why: &str) -> String {
+        let summary = format!("the policy files cannot be read, the jail keeps its rules: {why}");
+        self.record(
+            "policy-reload-failed",
+            serde_json::json!({ "summary": summary }),
+        );
+        summary
+    }
+
+    fn record(&self, event: &str, detail: serde_json::Value) {
+        let r = Record::now(
+            &self.jail,
+            Event::Jail(JailEvent {
+                event: event.into(),
+                exit_code: None,
+                detail,
+            }),
+        );
+        // The jail's terminal belongs to its command: a failed write shows in the end-of-run
+        // summary (AuditLog::failures).
+        let _ = self.audit.write(&r);
+    }
+}
+
+/// What a reload added to and removed from each list of the proxy's rules.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Diff {
+    lists: BTreeMap<&'static str, (Vec<String>, Vec<String>)>,
+}
+
+impl Diff {
+    fn between(old: &Rules, new: &Rules) -> Diff {
+        fn strings<T: ToString>(v: &[T]) -> Vec<String> {
+            v.iter().map(ToString::to_string).collect()
+        }
+        let mut lists = BTreeMap::new();
+        let pairs = [
+            ("network.allow", strings(&old.allow), strings(&new.allow)),
+            ("network.deny", strings(&old.deny), strings(&new.deny)),
+            (
+                "network.allow_cidrs",
+                strings(&old.allow_cidrs),
+                strings(&new.allow_cidrs),
+            ),
+            (
+                "network.upstream_proxy",
+                old.upstream.iter().map(|u| format!("{u:?}")).collect(),
+                new.upstream.iter().map(|u| format!("{u:?}")).collect(),
+            ),
+        ];
+        for (name, old, new) in pairs {
+            let added: Vec<String> = new.iter().filter(|x| !old.contains(x)).cloned().collect();
+            let removed: Vec<String> = old.iter().filter(|x| !new.contains(x)).cloned().collect();
+            if !added.is_empty() || !removed.is_empty() {
+                lists.insert(name, (added, removed));
+            }
+        }
+        Diff { lists }
+    }
+
+    fn summary(&self, next_run: &[String]) -> String {
+        let mut parts: Vec<String> = Vec::new();
+        for (name, (added, removed)) in &self.lists {
+            for a in added {
+                parts.push(format!("{name} +{a}"));
+            }
+            for r in removed {
+                parts.push(format!("{name} -{r}"));
+            }
+        }
+        if parts.is_empty() {
+            parts.push("network rules unchanged".into());
+        }
+        if !next_run.is_empty() {
+            parts.push(format!(
+                "changes to {} take effect at the next run",
+                next_run.join(", ")
+            ));
+        }
+        parts.join("; ")
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let mut v = serde_json::Map::new();
+        for (name, (added, removed)) in &self.lists {
+            v.insert(
+                (*name).to_string(),
+                serde_json::json!({ "added": added, "removed": removed }),
+            );
+        }
+        serde_json::Value::Object(v)
+    }
+}
+
+/// The parts of the plan other than the proxy's rules that differ: they apply at the next run.
+fn next_run_sections(old: &Plan, new: &Plan) -> Vec<String> {
+    let strip = |p: &Plan| {
+        let mut v = serde_json::to_value(p).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            for k in ["sources", "project_grants", "project_trust"] {
+                o.remove(k);
+            }
+            if let Some(n) = o.get_mut("network").and_then(|n| n.as_object_mut()) {
+                for k in ["allow", "deny", "allow_cidrs", "upstream_proxy"] {
+                    n.remove(k);
+                }
+            }
+        }
+        v
+    };
+    let (a, b) = (strip(old), strip(new));
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return Vec::new();
+    };
+    let mut keys: Vec<String> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
+        .cloned()
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_policy::domain::DomainPattern;
+
+    fn rules(allow: &[&str], deny: &[&str]) -> Rules {
+        Rules {
+            allow: allow
+                .iter()
+                .map(|a| DomainPattern::parse(a).unwrap())
+                .collect(),
+            deny: deny
+                .iter()
+                .map(|a| DomainPattern::parse(a).unwrap())
+                .collect(),
+            ..Rules::default()
+        }
+    }
+
+    #[test]
+    fn a_diff_names_what_was_added_and_removed() {
+        let d = Diff::between(
+            &rules(&["a.com", "b.com"], &[]),
+            &rules(&["b.com", "c.com:8443"], &["a.com"]),
+        );
+        assert_eq!(
+            d.summary(&["limits".into()]),
+            "network.allow +c.com:8443; network.allow -a.com; network.deny +a.com; \
+             changes to limits take effect at the next run"
+        );
+        assert_eq!(
+            d.json(),
+            serde_json::json!({
+                "network.allow": {"added": ["c.com:8443"], "removed": ["a.com"]},
+                "network.deny": {"added": ["a.com"], "removed": []},
+            })
+        );
+        assert_eq!(
+            Diff::between(&rules(&["a.com"], &[]), &rules(&["a.com"], &[])).summary(&[]),
+            "network rules unchanged"
+        );
+    }
+}
