@@ -130,9 +130,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     write(
         &audit,
         &jail_id,
-        JailEvent {
-            event: "start".into(),
-            exit_code: None,
+        JailEvent::Start {
             detail: serde_json::to_value(plan).unwrap_or_default(),
         },
     );
@@ -146,10 +144,9 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             write(
                 &audit,
                 &jail_id,
-                JailEvent {
-                    event: "error".into(),
-                    exit_code: Some(125),
-                    detail: serde_json::Value::String(e.to_string()),
+                JailEvent::Error {
+                    exit_code: 125,
+                    detail: e.to_string(),
                 },
             );
             return Err(e).context("cannot start the jail");
@@ -178,15 +175,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         .chain(crate::stateguard::check(state_guard, &jail_id))
     {
         eprintln!("corral: {line}");
-        write(
-            &audit,
-            &jail_id,
-            JailEvent {
-                event: "quarantine".into(),
-                exit_code: None,
-                detail: serde_json::Value::String(line),
-            },
-        );
+        write(&audit, &jail_id, JailEvent::Quarantine { detail: line });
     }
 
     if let Some(cg) = &limits.cgroup {
@@ -195,9 +184,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             write(
                 &audit,
                 &jail_id,
-                JailEvent {
-                    event: "oom".into(),
-                    exit_code: None,
+                JailEvent::Oom {
                     detail: serde_json::to_value(events).unwrap_or_default(),
                 },
             );
@@ -206,9 +193,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
             write(
                 &audit,
                 &jail_id,
-                JailEvent {
-                    event: "pids".into(),
-                    exit_code: None,
+                JailEvent::Pids {
                     detail: serde_json::to_value(events).unwrap_or_default(),
                 },
             );
@@ -224,10 +209,8 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     write(
         &audit,
         &jail_id,
-        JailEvent {
-            event: "exit".into(),
-            exit_code: Some(exit.code),
-            detail: serde_json::Value::Null,
+        JailEvent::Exit {
+            exit_code: exit.code,
         },
     );
     Ok(exit.code)
@@ -467,9 +450,7 @@ fn report_terminal(dropped: corral_sandbox::termfilter::Dropped, audit: &AuditLo
     write(
         audit,
         jail_id,
-        JailEvent {
-            event: "terminal".into(),
-            exit_code: None,
+        JailEvent::Terminal {
             detail: serde_json::to_value(dropped).unwrap_or_default(),
         },
     );
