@@ -259,7 +259,7 @@ fn jail_side(
     // jail read-only, CORRAL_EXECUTOR set; `corral serve` outside the jail starts on the first
     // connection (cmd/serve.rs). Stopped when the handle drops.
     let mut plan = secrets.plan(plan).clone();
-    let executor = super::serve::attach_executor(&mut plan)?;
+    let executor = super::serve::attach_executor(&mut plan, audit)?;
     // network.dns = "stub": the jail's resolv.conf names its 127.0.0.1:53 (removed at the end).
     let stub_files = stub_files(&mut plan)?;
     Ok((secrets, plan, executor, stub_files))
