@@ -41,11 +41,23 @@ pub enum Decision {
     Deny,
 }
 
+/// What a [`NetEvent`] records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetPhase {
+    /// The proxy (or the DNS stub, the capture, a bridge) decided.
+    #[default]
+    Decision,
+    /// The connection ended: bytes and duration.
+    Close,
+    /// The credential gateway handled a request to a secret's host.
+    Gateway,
+}
+
 /// One network decision or closed connection (SPEC section 5).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct NetEvent {
-    /// `decision` when the proxy decides, `close` when the connection ends.
-    pub phase: String,
+    pub phase: NetPhase,
     pub client: String,
     /// `CONNECT`, `GET`, ..., or `SOCKS5`.
     pub method: String,
@@ -68,9 +80,30 @@ pub struct NetEvent {
     pub secret: Option<String>,
 }
 
+/// What an [`ExecEvent`] records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecPhase {
+    /// The command is about to run (written before it starts: a command whose start cannot be
+    /// recorded is refused).
+    Start,
+    /// The command ended, or was refused. Not written out (`phase` is absent), as in every log
+    /// before start records existed.
+    #[default]
+    End,
+}
+
+impl ExecPhase {
+    fn is_end(&self) -> bool {
+        *self == ExecPhase::End
+    }
+}
+
 /// One executor command.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ExecEvent {
+    #[serde(default, skip_serializing_if = "ExecPhase::is_end")]
+    pub phase: ExecPhase,
     pub command: Vec<String>,
     pub cwd: String,
     pub decision: Option<Decision>,
@@ -89,14 +122,144 @@ pub struct ExecEvent {
     pub bytes_out: u64,
 }
 
-/// A jail lifecycle event: `start` (with the plan), `exit`, `oom`, `pids`, `changes`, ...
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct JailEvent {
-    pub event: String,
+/// A jail lifecycle event, one variant per event a run records; on disk the variant's name is
+/// the `event` field (`start`, `exit`, `policy-reload-failed`, ...) and its fields sit beside it.
+///
+/// A `detail` that is a [`serde_json::Value`] holds the JSON of a type another crate owns (the
+/// Plan, the change list, the cgroup counters, ...): stored as written, so a log stays readable
+/// when those types change. The writer serialises its own type into it; readers that need its
+/// fields deserialise it back into that type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "kebab-case")]
+pub enum JailEvent {
+    /// The jail is about to start. Native runs: the Plan itself; container runs:
+    /// `{"engine": "podman", "plan": PLAN}`.
+    Start {
+        #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+        detail: serde_json::Value,
+    },
+    /// The jail could not start (`exit_code` 125); the error.
+    Error { exit_code: i32, detail: String },
+    /// The jail's command ended with `exit_code`.
+    Exit { exit_code: i32 },
+    /// A guarded file was put back or set aside after the run; the line printed about it.
+    Quarantine { detail: String },
+    /// The memory limit was hit: the cgroup's counters.
+    Oom {
+        #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+        detail: serde_json::Value,
+    },
+    /// The process limit was hit: the cgroup's counters.
+    Pids {
+        #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+        detail: serde_json::Value,
+    },
+    /// The terminal filter dropped output: what it dropped.
+    Terminal {
+        #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+        detail: serde_json::Value,
+    },
+    /// What the run changed in the project.
+    Changes {
+        #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+        detail: serde_json::Value,
+    },
+    /// Set-id files that appeared where the jail can write.
+    Setid {
+        #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+        detail: serde_json::Value,
+    },
+    /// The standalone proxy reloaded its policy file.
+    PolicyReload { detail: PolicyReload },
+    /// The standalone proxy could not reload its policy file and kept the previous rules.
+    PolicyReloadFailed { detail: PolicyReload },
+    /// A running native jail applied its changed policy files (`corral allow`/`deny`, an edit,
+    /// `corral watch`): what each list gained and lost, from which files.
+    LivePolicy { detail: LiveDetail },
+    /// A changed project policy grants what the user has not trusted: the jail kept its rules.
+    LivePolicyRefused { detail: LiveDetail },
+    /// The changed policy files could not be read or resolved: the jail kept its rules.
+    LivePolicyFailed { detail: LiveDetail },
+    /// `corral watch` allowed a destination for the rest of this run.
+    LiveAllow { detail: LiveDetail },
+    /// An event this version does not know (written by another version of corral).
+    #[serde(other)]
+    Unknown,
+}
+
+/// What a running jail's policy change did: the one-line summary `corral log` shows, and the
+/// event's own fields (lists added/removed, files, grants, ...) as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LiveDetail {
+    pub summary: String,
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A policy reload of the standalone proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyReload {
+    /// Why the reload failed. (The fields are in the order earlier versions wrote them.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit_code: Option<i32>,
-    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
-    pub detail: serde_json::Value,
+    pub error: Option<String>,
+    pub file: PathBuf,
+    /// `SIGHUP` or `file change`.
+    pub trigger: String,
+}
+
+impl JailEvent {
+    /// The event's name, as in the log's `event` field.
+    pub fn name(&self) -> &'static str {
+        match self {
+            JailEvent::Start { .. } => "start",
+            JailEvent::Error { .. } => "error",
+            JailEvent::Exit { .. } => "exit",
+            JailEvent::Quarantine { .. } => "quarantine",
+            JailEvent::Oom { .. } => "oom",
+            JailEvent::Pids { .. } => "pids",
+            JailEvent::Terminal { .. } => "terminal",
+            JailEvent::Changes { .. } => "changes",
+            JailEvent::Setid { .. } => "setid",
+            JailEvent::PolicyReload { .. } => "policy-reload",
+            JailEvent::PolicyReloadFailed { .. } => "policy-reload-failed",
+            JailEvent::LivePolicy { .. } => "live-policy",
+            JailEvent::LivePolicyRefused { .. } => "live-policy-refused",
+            JailEvent::LivePolicyFailed { .. } => "live-policy-failed",
+            JailEvent::LiveAllow { .. } => "live-allow",
+            JailEvent::Unknown => "unknown",
+        }
+    }
+
+    /// The exit code it carries (`exit`, `error`).
+    pub fn exit_code(&self) -> Option<i32> {
+        match self {
+            JailEvent::Error { exit_code, .. } | JailEvent::Exit { exit_code } => Some(*exit_code),
+            _ => None,
+        }
+    }
+
+    /// What `corral log` shows in its RULE column: the exit code, or why a reload failed.
+    pub fn summary(&self) -> String {
+        match self {
+            JailEvent::Exit { exit_code } | JailEvent::Error { exit_code, .. } => {
+                format!("exit {exit_code}")
+            }
+            JailEvent::PolicyReloadFailed { detail } => detail.error.clone().unwrap_or_default(),
+            JailEvent::LivePolicy { detail }
+            | JailEvent::LivePolicyRefused { detail }
+            | JailEvent::LivePolicyFailed { detail }
+            | JailEvent::LiveAllow { detail } => detail.summary.clone(),
+            JailEvent::Start { .. }
+            | JailEvent::Quarantine { .. }
+            | JailEvent::PolicyReload { .. }
+            | JailEvent::Oom { .. }
+            | JailEvent::Pids { .. }
+            | JailEvent::Terminal { .. }
+            | JailEvent::Changes { .. }
+            | JailEvent::Setid { .. }
+            | JailEvent::Unknown => String::new(),
+        }
+    }
 }
 
 /// What a record is about.
@@ -291,13 +454,31 @@ pub struct WriteFailures {
     pub reason: String,
 }
 
+/// How [`WriteFailures::summary_line`] reads around the count and the reason.
+const FAILURES_HEAD: &str = "corral: ";
+const FAILURES_MID: &str = " audit record(s) could not be written (";
+const FAILURES_TAIL: &str =
+    "); every request and command that could not be recorded before it ran was refused";
+
 impl WriteFailures {
     /// The end-of-run line.
     pub fn summary_line(&self) -> String {
         format!(
-            "corral: {} audit record(s) could not be written ({}); the requests they recorded were refused",
+            "{FAILURES_HEAD}{}{FAILURES_MID}{}{FAILURES_TAIL}",
             self.count, self.reason
         )
+    }
+
+    /// The failures a [`WriteFailures::summary_line`] reports (another process's: the
+    /// executor's server prints it when it stops, and `corral run` adds it to its own).
+    pub fn parse_summary_line(line: &str) -> Option<Self> {
+        let rest = line.strip_prefix(FAILURES_HEAD)?;
+        let (count, rest) = rest.split_once(FAILURES_MID)?;
+        let reason = rest.strip_suffix(FAILURES_TAIL)?;
+        Some(Self {
+            count: count.parse().ok().filter(|n| *n > 0)?,
+            reason: reason.to_string(),
+        })
     }
 }
 
@@ -337,6 +518,25 @@ impl AuditLog {
             .clone()
             .unwrap_or_default();
         Some(WriteFailures { count, reason })
+    }
+
+    /// Count `failures` another process's writer reported for this log (the executor's server,
+    /// [`WriteFailures::parse_summary_line`]), so [`AuditLog::failures`] gives the run's total.
+    pub fn add_failures(&self, failures: &WriteFailures) {
+        if failures.count == 0 {
+            return;
+        }
+        self.shared
+            .failures
+            .fetch_add(failures.count, Ordering::Relaxed);
+        let mut last = self
+            .shared
+            .last_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if last.is_none() {
+            *last = Some(failures.reason.clone());
+        }
     }
 
     pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
@@ -522,7 +722,7 @@ mod tests {
 
     fn net(host: &str, decision: Decision) -> Event {
         Event::Net(NetEvent {
-            phase: "decision".into(),
+            phase: NetPhase::Decision,
             client: "jail".into(),
             method: "CONNECT".into(),
             host: host.into(),
@@ -693,6 +893,107 @@ mod tests {
         log.write(&Record::now("j", net("back.org", Decision::Allow)))
             .unwrap();
         assert!(fs::read_to_string(&path).unwrap().contains("back.org"));
+    }
+
+    /// Lines written by corral before the events were typed (main's writers: the real binary's
+    /// `corral run`, and each writer's record built as it built it): each reads into a typed
+    /// event, none as unknown, and writes back byte for byte. Every event kind is among them.
+    #[test]
+    fn logs_written_before_the_typed_events_read_and_write_back_unchanged() {
+        let text = include_str!("../tests/fixtures/audit-before-typed-events.jsonl");
+        let mut jail_events = std::collections::BTreeSet::new();
+        let mut phases = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            let r: Record = serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}"));
+            match &r.event {
+                Event::Jail(JailEvent::Unknown) => panic!("read as unknown: {line}"),
+                Event::Jail(j) => {
+                    jail_events.insert(j.name());
+                }
+                Event::Net(n) => {
+                    phases.insert(format!("{:?}", n.phase));
+                }
+                Event::Exec(e) => assert_eq!(e.phase, ExecPhase::End, "{line}"),
+            }
+            assert_eq!(serde_json::to_string(&r).unwrap(), line);
+        }
+        let all = [
+            "start",
+            "error",
+            "exit",
+            "quarantine",
+            "oom",
+            "pids",
+            "terminal",
+            "changes",
+            "setid",
+            "policy-reload",
+            "policy-reload-failed",
+        ];
+        assert_eq!(jail_events, all.into_iter().collect());
+        assert_eq!(phases.len(), 3, "{phases:?}");
+    }
+
+    /// An event a later corral writes still reads (as unknown), and `corral log` shows its row.
+    #[test]
+    fn an_event_of_another_version_reads_as_unknown() {
+        let line = r#"{"time":"2026-12-01T10:00:00.000Z","jail":"j","kind":"jail","event":"hibernate","detail":{"x":1}}"#;
+        let r: Record = serde_json::from_str(line).unwrap();
+        assert_eq!(r.event, Event::Jail(JailEvent::Unknown));
+        // A known event with a field of the wrong type is a bad line, not a guess.
+        let bad = r#"{"time":"t","jail":"j","kind":"jail","event":"exit","exit_code":"zero"}"#;
+        assert!(serde_json::from_str::<Record>(bad).is_err());
+    }
+
+    /// A command's start record says so; its end record is written as before (no `phase`).
+    #[test]
+    fn exec_start_records_are_marked_and_end_records_unchanged() {
+        let start = ExecEvent {
+            phase: ExecPhase::Start,
+            command: vec!["true".into()],
+            cwd: "/p".into(),
+            decision: Some(Decision::Allow),
+            ..ExecEvent::default()
+        };
+        let v = serde_json::to_value(Event::Exec(start.clone())).unwrap();
+        assert_eq!(v["phase"], "start");
+        let end = ExecEvent {
+            phase: ExecPhase::End,
+            exit_code: Some(0),
+            ..start
+        };
+        let v = serde_json::to_value(Event::Exec(end)).unwrap();
+        assert!(v.get("phase").is_none(), "{v}");
+    }
+
+    /// Another process's summary line parses back, and adds to this log's count.
+    #[test]
+    fn failures_reported_by_another_process_add_to_the_count() {
+        let theirs = WriteFailures {
+            count: 2,
+            reason: "Is a directory (os error 21); really".into(),
+        };
+        let line = theirs.summary_line();
+        assert_eq!(
+            WriteFailures::parse_summary_line(&line),
+            Some(theirs.clone())
+        );
+        for not in [
+            "",
+            "corral: 0 audit record(s) could not be written (x); every request and command that could not be recorded before it ran was refused",
+            "corral: the executor refused [\"rm\"]: no",
+        ] {
+            assert_eq!(WriteFailures::parse_summary_line(not), None, "{not}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::at(dir.path().join("audit.jsonl"));
+        log.add_failures(&theirs);
+        assert_eq!(log.failures(), Some(theirs.clone()));
+        log.add_failures(&WriteFailures {
+            count: 1,
+            reason: "other".into(),
+        });
+        assert_eq!(log.failures().unwrap().count, 3);
     }
 
     #[test]

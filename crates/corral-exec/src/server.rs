@@ -2,8 +2,10 @@
 //!
 //! Every request goes through the same gate, in this order: route, bearer token (constant-time
 //! compare), body size (413), body parse (400), program allowlist (403), working directory
-//! confinement (400), a concurrency slot (429), then the spawner. Refusals and finished commands
-//! alike are written to the audit log.
+//! confinement (400), a concurrency slot (429), the command's start record in the audit log
+//! (503 when it cannot be written: fail closed), then the spawner. Refusals and finished
+//! commands alike are written to the audit log too; an end record that cannot be written is
+//! counted ([`AuditLog::failures`]).
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
@@ -13,7 +15,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use corral_audit::{AuditLog, Decision, Event as AuditEvent, ExecEvent, Record};
+use corral_audit::{AuditLog, Decision, Event as AuditEvent, ExecEvent, ExecPhase, Record};
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming};
@@ -580,6 +582,7 @@ async fn admit(
             "executor is shutting down",
         ));
     }
+    audit_start(st, &request, &workdir)?;
     Ok((request, workdir, permit))
 }
 
@@ -867,13 +870,37 @@ fn run_v1(
     r
 }
 
-fn audit_write(st: &State, ev: ExecEvent) {
-    if let Some(log) = &st.cfg.audit {
-        let rec = Record::now(&st.cfg.jail_id, AuditEvent::Exec(ev));
-        if let Err(e) = log.write(&rec) {
-            eprintln!("corral serve: cannot write the audit log: {e}");
-        }
-    }
+/// Write one record. One that cannot be written is counted by the log
+/// ([`AuditLog::failures`]: the server's exit line, the run's summary) and is an error here.
+fn audit_write(st: &State, ev: ExecEvent) -> Result<(), corral_audit::AuditError> {
+    let Some(log) = &st.cfg.audit else {
+        return Ok(());
+    };
+    let rec = Record::now(&st.cfg.jail_id, AuditEvent::Exec(ev));
+    log.write(&rec).inspect_err(|e| {
+        eprintln!("corral serve: cannot write the audit log: {e}");
+    })
+}
+
+/// The record that a command is about to run, written before it is spawned: a command that
+/// cannot be recorded is refused (503) and never runs (fail closed).
+fn audit_start(st: &State, req: &ExecRequest, workdir: &WorkDir) -> Result<(), Refusal> {
+    let ev = ExecEvent {
+        phase: ExecPhase::Start,
+        command: req.command.clone(),
+        cwd: workdir.path.display().to_string(),
+        decision: Some(Decision::Allow),
+        ..ExecEvent::default()
+    };
+    audit_write(st, ev).map_err(|e| {
+        Refusal::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the audit log cannot record this command, so it was not run ({e}); \
+                 make the log writable again, then retry"
+            ),
+        )
+    })
 }
 
 /// A refusal by `executor.allow`: audited, and one line on the server's stderr,
@@ -887,8 +914,9 @@ fn policy_refusal(st: &State, req: &ExecRequest, cwd: &str, reason: &str) {
 /// How [`policy_refusal`] lines start.
 pub const REFUSED_PREFIX: &str = "corral serve: refused ";
 
+/// A refused request: refused whether or not its record could be written.
 fn audit_refusal(st: &State, req: &ExecRequest, cwd: &str, reason: &str) {
-    audit_write(
+    let _ = audit_write(
         st,
         ExecEvent {
             command: req.command.clone(),
@@ -931,7 +959,8 @@ fn audit_done(
             ev.reason = Some(e.to_string());
         }
     }
-    audit_write(st, ev);
+    // The command has run: a record that cannot be written is counted by the log.
+    let _ = audit_write(st, ev);
 }
 
 #[cfg(test)]

@@ -106,6 +106,7 @@ impl TestServer {
         parse_response(&resp)
     }
 
+    /// Every record (start records included: [`is_start`]).
     fn audit_records(&self) -> Vec<corral_audit::Record> {
         AuditLog::at(&self.audit).read_all().unwrap().0
     }
@@ -292,6 +293,11 @@ fn timeout_kills_the_whole_group_even_when_it_ignores_sigterm() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// Whether `r` is a command's start record (written before it runs).
+fn is_start(r: &corral_audit::Record) -> bool {
+    matches!(&r.event, AuditEvent::Exec(e) if e.phase == corral_audit::ExecPhase::Start)
 }
 
 /// Send a request on a raw connection, read until the command printed its pid, then hang up.
@@ -586,8 +592,11 @@ fn two_hundred_requests_with_a_limit_of_eight_all_complete_or_get_429() {
     assert!(ok >= 8, "at least the first 8 ran (ran {ok})");
     // Every command and every refusal is in the audit log.
     let recs = s.audit_records();
-    assert_eq!(recs.len(), 200);
-    assert_eq!(recs.iter().filter(|r| r.is_blocked()).count(), busy);
+    let ends: Vec<_> = recs.iter().filter(|r| !is_start(r)).collect();
+    assert_eq!(ends.len(), 200);
+    assert_eq!(ends.iter().filter(|r| r.is_blocked()).count(), busy);
+    // Each command that ran was recorded before it started too.
+    assert_eq!(recs.len() - ends.len(), 200 - busy);
     s.assert_serving();
 }
 
@@ -616,7 +625,7 @@ fn output_beyond_the_cap_is_cut_with_a_marker() {
     );
     // The audit log counts everything the command wrote.
     let recs = s.audit_records();
-    match &recs[0].event {
+    match &recs.iter().find(|r| !is_start(r)).unwrap().event {
         AuditEvent::Exec(e) => assert_eq!(e.bytes_out, 100005),
         other => panic!("{other:?}"),
     }
@@ -713,4 +722,68 @@ fn unix_socket_listener_is_private_and_serves() {
         !Path::new(&sock).exists(),
         "the socket is removed on shutdown"
     );
+}
+
+/// The audit log made unwritable while the server holds it open: moved away, a directory in its
+/// place.
+fn break_log(log: &Path) {
+    std::fs::rename(log, log.with_file_name("moved.jsonl")).unwrap();
+    std::fs::create_dir(log).unwrap();
+}
+
+/// Fail closed: once the audit log cannot be written, a command is refused with 503 on both
+/// endpoints and never runs (its file is not created), where the same command ran while the log
+/// was writable; each lost record is counted with the reason.
+#[test]
+fn a_command_the_audit_log_cannot_record_is_refused_and_never_runs() {
+    let mut log = None;
+    let s = TestServer::start(|c| log = c.audit.clone());
+    let log = log.unwrap();
+    let (_, code) = s.exec(&req(&["touch", "before"]));
+    assert_eq!(code.unwrap(), 0);
+    assert!(s.root.join("before").exists());
+    break_log(&s.audit);
+
+    let (events, code) = s.exec(&req(&["touch", "after-v1"]));
+    assert!(events.is_empty(), "{events:?}");
+    match code {
+        Err(client::ClientError::Refused {
+            status,
+            message,
+            exit,
+        }) => {
+            assert_eq!((status, exit), (503, 125));
+            assert!(
+                message.contains("the audit log cannot record this command, so it was not run"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let (status, body) = s.raw("/execute", "", br#"{"command":["touch","after-legacy"]}"#);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("cannot record this command"), "{body}");
+    assert!(!s.root.join("after-v1").exists());
+    assert!(!s.root.join("after-legacy").exists());
+    let f = log.failures().expect("the lost records are counted");
+    assert_eq!(f.count, 2);
+    assert!(f.reason.contains("directory"), "{f:?}");
+}
+
+/// A command that breaks the log while it runs: it ran (its start was recorded), and the end
+/// record that could not be written is counted.
+#[test]
+fn a_lost_end_record_is_counted() {
+    let mut log = None;
+    let s = TestServer::start(|c| log = c.audit.clone());
+    let log = log.unwrap();
+    let path = s.audit.display().to_string();
+    let script = format!("mv '{path}' '{path}.moved' && mkdir '{path}' && touch ran");
+    let (_, code) = s.exec(&req(&["sh", "-c", &script]));
+    assert_eq!(code.unwrap(), 0);
+    assert!(s.root.join("ran").exists());
+    assert_eq!(log.failures().map(|f| f.count), Some(1));
+    let moved = std::fs::read_to_string(format!("{path}.moved")).unwrap();
+    assert!(moved.contains(r#""phase":"start""#), "{moved}");
+    assert_eq!(moved.lines().count(), 1, "{moved}");
 }

@@ -78,7 +78,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
+use corral_audit::{AuditLog, Decision, Event, NetEvent, NetPhase, Record};
 use corral_policy::domain::{DomainPattern, Host, parse_authority};
 use corral_policy::plan::{Access, Mount, MountKind, SecretPlan};
 use rustls::RootCertStore;
@@ -417,7 +417,7 @@ impl Gateway {
         secret: Option<String>,
     ) {
         self.audit(NetEvent {
-            phase: "gateway".into(),
+            phase: NetPhase::Gateway,
             client: d.client.to_string(),
             method: method.to_string(),
             host: d.host.to_string(),

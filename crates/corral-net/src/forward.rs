@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
+use corral_audit::{AuditLog, Decision, Event, NetEvent, NetPhase, Record};
 use tokio::net::TcpStream;
 
 /// Accept on `listener` and connect each client to `target` (normally `127.0.0.1:PORT` on the
@@ -33,7 +33,7 @@ pub async fn forward_port(
             let (audit, jail) = &*ctx;
             let started = Instant::now();
             let mut ev = NetEvent {
-                phase: "decision".into(),
+                phase: NetPhase::Decision,
                 client: peer.to_string(),
                 method: "FORWARD".into(),
                 host: target.ip().to_string(),
@@ -80,7 +80,7 @@ pub(crate) async fn relay_audited(
         return;
     }
     let (u, d) = crate::proxy::tunnel(client, up, idle_timeout, None).await;
-    ev.phase = "close".into();
+    ev.phase = NetPhase::Close;
     ev.decision = None;
     ev.rule = String::new();
     ev.bytes_up = u;

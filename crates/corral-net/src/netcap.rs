@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Mutex;
 
-use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
+use corral_audit::{AuditLog, Decision, Event, NetEvent, NetPhase, Record};
 use corral_policy::domain::{Host, normalize_host};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -71,7 +71,7 @@ pub async fn publish_port(
             let started = Instant::now();
             let target = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
             let mut ev = NetEvent {
-                phase: "decision".into(),
+                phase: NetPhase::Decision,
                 client: peer.to_string(),
                 method: "PUBLISH".into(),
                 host: "jail:127.0.0.1".into(),
@@ -543,7 +543,7 @@ fn audit_query(proxy: &Proxy, peer: &str, q: &StubQuery) -> bool {
         proxy.note_blocked("DNS", &q.name, &q.rule, &dns_fix(q));
     }
     let ev = NetEvent {
-        phase: "decision".into(),
+        phase: NetPhase::Decision,
         client: peer.to_string(),
         method,
         host: q.name.clone(),
@@ -681,7 +681,7 @@ pub async fn serve_capture(
                     "connect to a name the policy allows (through the proxy, or resolved by the jail's resolver)",
                 );
                 let ev = NetEvent {
-                    phase: "decision".into(),
+                    phase: NetPhase::Decision,
                     client: peer.to_string(),
                     method: "CAPTURE".into(),
                     host: addr.clone(),
@@ -1120,7 +1120,7 @@ mod tests {
             .0
             .into_iter()
             .filter_map(|r| match r.event {
-                Event::Net(n) if n.phase == "decision" => {
+                Event::Net(n) if n.phase == NetPhase::Decision => {
                     Some((n.method, n.host, n.port, n.decision, n.rule))
                 }
                 _ => None,

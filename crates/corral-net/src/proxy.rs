@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
+use corral_audit::{AuditLog, Decision, Event, NetEvent, NetPhase, Record};
 use corral_policy::addr::check_destination;
 use corral_policy::domain::{Host, normalize_host, parse_authority};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -709,7 +709,7 @@ impl Proxy {
         rule: &str,
     ) -> bool {
         self.log(NetEvent {
-            phase: "decision".into(),
+            phase: NetPhase::Decision,
             client: client.into(),
             method: method.into(),
             host: host.into(),
@@ -755,7 +755,7 @@ impl Proxy {
     ) {
         // The connection is over: a close line that cannot be written is counted by the log.
         let _ = self.log(NetEvent {
-            phase: "close".into(),
+            phase: NetPhase::Close,
             client: client.into(),
             method: method.into(),
             host: host.into(),

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use corral_audit::{AuditLog, Event, JailEvent, Record};
+use corral_audit::{AuditLog, Event, JailEvent, PolicyReload, Record};
 
 use crate::{NetError, Proxy, Rules};
 
@@ -174,7 +174,7 @@ async fn reloader(proxy: Arc<Proxy>, policy: PathBuf, audit: AuditLog, jail: Str
                 "file change"
             }
         };
-        let (event, detail) = match load(&policy) {
+        let event = match load(&policy) {
             Ok(rules) => {
                 eprintln!(
                     "corral proxy: reloaded {} ({why}): {} allow, {} deny pattern(s)",
@@ -183,10 +183,13 @@ async fn reloader(proxy: Arc<Proxy>, policy: PathBuf, audit: AuditLog, jail: Str
                     rules.deny.len()
                 );
                 proxy.set_rules(rules);
-                (
-                    "policy-reload",
-                    serde_json::json!({ "file": policy, "trigger": why }),
-                )
+                JailEvent::PolicyReload {
+                    detail: PolicyReload {
+                        error: None,
+                        file: policy.clone(),
+                        trigger: why.into(),
+                    },
+                }
             }
             Err(e) => {
                 let e = error_chain(&e);
@@ -194,19 +197,15 @@ async fn reloader(proxy: Arc<Proxy>, policy: PathBuf, audit: AuditLog, jail: Str
                     "corral proxy: reload of {} failed, keeping the previous rules: {e}",
                     policy.display()
                 );
-                (
-                    "policy-reload-failed",
-                    serde_json::json!({ "file": policy, "trigger": why, "error": e }),
-                )
+                JailEvent::PolicyReloadFailed {
+                    detail: PolicyReload {
+                        error: Some(e),
+                        file: policy.clone(),
+                        trigger: why.into(),
+                    },
+                }
             }
         };
-        let _ = audit.write(&Record::now(
-            &jail,
-            Event::Jail(JailEvent {
-                event: event.into(),
-                exit_code: None,
-                detail,
-            }),
-        ));
+        let _ = audit.write(&Record::now(&jail, Event::Jail(event)));
     }
 }

@@ -183,7 +183,7 @@ async fn socks5_to_a_secret_bound_host_goes_through_the_gateway() {
         .collect();
     assert!(
         net.iter().any(|n| n.method == "SOCKS5"
-            && n.phase == "decision"
+            && n.phase == corral_audit::NetPhase::Decision
             && n.decision == Some(Decision::Allow)),
         "{net:?}"
     );

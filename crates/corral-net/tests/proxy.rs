@@ -62,7 +62,10 @@ fn get_through_keepalive_connection_works_and_is_logged() {
             )
         );
     }
-    let close: Vec<_> = ev.iter().filter(|e| e.phase == "close").collect();
+    let close: Vec<_> = ev
+        .iter()
+        .filter(|e| e.phase == corral_audit::NetPhase::Close)
+        .collect();
     assert_eq!(close.len(), 1, "{ev:?}");
     assert_eq!(close[0].address.as_deref(), Some("127.0.0.1"));
     assert!(
@@ -134,7 +137,10 @@ fn connect_tunnel_to_a_named_port_works() {
     let mut tail = Vec::new();
     s.read_to_end(&mut tail).unwrap();
     let ev = h.wait_events(2);
-    let close = ev.iter().find(|e| e.phase == "close").expect("close event");
+    let close = ev
+        .iter()
+        .find(|e| e.phase == corral_audit::NetPhase::Close)
+        .expect("close event");
     assert_eq!((close.bytes_up, close.bytes_down), (8, 8));
     assert_eq!(close.method, "CONNECT");
 }

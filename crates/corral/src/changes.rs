@@ -879,9 +879,7 @@ pub fn finish(baseline: Option<Baseline>, audit: &corral_audit::AuditLog, jail_i
     }
     let record = corral_audit::Record::now(
         jail_id,
-        corral_audit::Event::Jail(corral_audit::JailEvent {
-            event: "changes".into(),
-            exit_code: None,
+        corral_audit::Event::Jail(corral_audit::JailEvent::Changes {
             detail: serde_json::to_value(&changes).unwrap_or_default(),
         }),
     );

@@ -11,19 +11,19 @@
 //!
 //! Invariants:
 //! - an edit of the project's `corral.toml` that grants what the user has not trusted changes
-//!   nothing (`policy-reload-refused`), exactly as `corral run` would refuse it; an edit by the
+//!   nothing (`live-policy-refused`), exactly as `corral run` would refuse it; an edit by the
 //!   user's own `corral allow`/`deny` keeps the file trusted (cmd/trust.rs `carry_over`);
 //! - a run-only allow (`corral watch`) comes only from the control socket, which the jail cannot
 //!   reach (control.rs); deny rules still win over it;
-//! - every change is one audit record: `policy-reload` (what was added and removed, from which
-//!   files), `policy-reload-refused`, `policy-reload-failed`, `policy-allow-run`.
+//! - every change is one audit record: `live-policy` (what was added and removed, from which
+//!   files), `live-policy-refused`, `live-policy-failed`, `live-allow`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use corral_audit::{AuditLog, Event, JailEvent, Record};
+use corral_audit::{AuditLog, Event, JailEvent, LiveDetail, Record};
 use corral_net::{Proxy, Rules};
 use corral_policy::Plan;
 use corral_policy::resolve::{Request, resolve};
@@ -236,7 +236,7 @@ impl State {
         self.swap();
         let summary = format!("{host} allowed for this run (corral watch)");
         self.record(
-            "policy-allow-run",
+            |detail| JailEvent::LiveAllow { detail },
             serde_json::json!({ "summary": summary, "allow": host }),
         );
         Ok(summary)
@@ -291,7 +291,7 @@ impl State {
                 );
                 let grants = t.map(|t| t.grants.clone()).unwrap_or_default();
                 self.record(
-                    "policy-reload-refused",
+                    |detail| JailEvent::LivePolicyRefused { detail },
                     serde_json::json!({ "summary": summary, "file": file, "grants": grants }),
                 );
                 return summary;
@@ -316,27 +316,30 @@ impl State {
         detail["summary"] = summary.clone().into();
         detail["files"] = serde_json::json!(self.files);
         detail["next_run"] = serde_json::json!(next_run);
-        self.record("policy-reload", detail);
+        self.record(|detail| JailEvent::LivePolicy { detail }, detail);
         summary
     }
 
     fn failed(&self, why: &str) -> String {
         let summary = format!("the policy files cannot be read, the jail keeps its rules: {why}");
         self.record(
-            "policy-reload-failed",
+            |detail| JailEvent::LivePolicyFailed { detail },
             serde_json::json!({ "summary": summary }),
         );
         summary
     }
 
-    fn record(&self, event: &str, detail: serde_json::Value) {
+    fn record(&self, make: fn(LiveDetail) -> JailEvent, detail: serde_json::Value) {
+        let serde_json::Value::Object(mut fields) = detail else {
+            unreachable!("live policy details are JSON objects");
+        };
+        let summary = match fields.remove("summary") {
+            Some(serde_json::Value::String(s)) => s,
+            _ => String::new(),
+        };
         let r = Record::now(
             &self.jail,
-            Event::Jail(JailEvent {
-                event: event.into(),
-                exit_code: None,
-                detail,
-            }),
+            Event::Jail(make(LiveDetail { summary, fields })),
         );
         // The jail's terminal belongs to its command: a failed write shows in the end-of-run
         // summary (AuditLog::failures).

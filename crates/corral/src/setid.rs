@@ -121,9 +121,7 @@ pub fn report(pending: Pending, audit: &corral_audit::AuditLog, jail_id: &str) {
     }
     let record = corral_audit::Record::now(
         jail_id,
-        corral_audit::Event::Jail(corral_audit::JailEvent {
-            event: "setid".into(),
-            exit_code: None,
+        corral_audit::Event::Jail(corral_audit::JailEvent::Setid {
             detail: serde_json::to_value(&found).unwrap_or_default(),
         }),
     );

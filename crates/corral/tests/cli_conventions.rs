@@ -678,6 +678,7 @@ fn log_shows_dates_and_takes_since_and_n() {
         .output()
         .unwrap();
     let now = String::from_utf8(now.stdout).unwrap().trim().to_string();
+    // Events that carry no field of their own (an `exit` record has its `exit_code`).
     let record = |time: &str, jail: &str, event: &str| {
         format!(
             "{{\"time\":\"{time}\",\"jail\":\"{jail}\",\"kind\":\"jail\",\"event\":\"{event}\"}}\n"
@@ -688,7 +689,7 @@ fn log_shows_dates_and_takes_since_and_n() {
         [
             record("2025-12-30T23:59:59.000Z", "old-1", "start"),
             record("2026-01-02T08:00:00.250Z", "mid-1", "start"),
-            record("2026-01-02T08:00:05.000Z", "mid-1", "exit"),
+            record("2026-01-02T08:00:05.000Z", "mid-1", "changes"),
             record(&now, "new-1", "start"),
         ]
         .concat(),
@@ -708,7 +709,7 @@ fn log_shows_dates_and_takes_since_and_n() {
         r.stdout,
         format!(
             "{header}{}{}",
-            row("2026-01-02 08:00:05.000", "mid-1", "exit"),
+            row("2026-01-02 08:00:05.000", "mid-1", "changes"),
             row(&now_shown, "new-1", "start")
         )
     );
@@ -718,7 +719,7 @@ fn log_shows_dates_and_takes_since_and_n() {
         format!(
             "{header}{}{}{}",
             row("2026-01-02 08:00:00.250", "mid-1", "start"),
-            row("2026-01-02 08:00:05.000", "mid-1", "exit"),
+            row("2026-01-02 08:00:05.000", "mid-1", "changes"),
             row(&now_shown, "new-1", "start")
         )
     );
@@ -727,7 +728,7 @@ fn log_shows_dates_and_takes_since_and_n() {
         r.stdout,
         format!(
             "{header}{}{}",
-            row("2026-01-02 08:00:05.000", "mid-1", "exit"),
+            row("2026-01-02 08:00:05.000", "mid-1", "changes"),
             row(&now_shown, "new-1", "start")
         )
     );

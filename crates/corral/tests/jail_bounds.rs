@@ -122,7 +122,7 @@ echo END
         out.stderr
             .lines()
             .any(|l| l.contains("audit record(s) could not be written")
-                && l.contains("the requests they recorded were refused")),
+                && l.contains("could not be recorded before it ran was refused")),
         "{o}"
     );
     // The origin answers every request 200: the 503 is the proxy's refusal.

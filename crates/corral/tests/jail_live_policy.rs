@@ -28,7 +28,7 @@ fn corral_allow_reaches_the_running_jail_and_is_logged() {
     assert_eq!(before.trim(), "BEFORE 403");
     let target = format!("127.0.0.1:{port}");
     corral_ok(&w, &["allow", &target]);
-    let r = wait_record(&w, "policy-reload", |r| summary(r).contains(&target));
+    let r = wait_record(&w, "live-policy", |r| summary(r).contains(&target));
     assert!(
         summary(&r).contains(&format!("network.allow +{target}")),
         "{r}"
@@ -39,8 +39,9 @@ fn corral_allow_reaches_the_running_jail_and_is_logged() {
     // `corral log` shows the change with what it changed.
     let log = corral_ok(&w, &["log"]);
     assert!(
-        log.stdout.lines().any(|l| l.contains("policy-reload")
-            && l.contains(&format!("network.allow +{target}"))),
+        log.stdout
+            .lines()
+            .any(|l| l.contains("live-policy") && l.contains(&format!("network.allow +{target}"))),
         "{}",
         log.stdout
     );
@@ -63,7 +64,7 @@ fn corral_deny_cuts_new_connections_of_the_running_jail() {
     let bg = Background::start(&w, &script);
     assert_eq!(wait_file(&w.project.join("step1")).trim(), "BEFORE 200");
     corral_ok(&w, &["deny", &target]);
-    let r = wait_record(&w, "policy-reload", |r| {
+    let r = wait_record(&w, "live-policy", |r| {
         summary(r).contains(&format!("network.deny +{target}"))
     });
     assert!(
@@ -95,13 +96,13 @@ fn an_untrusted_edit_of_corral_toml_does_not_widen_the_running_jail() {
         &w.project.join("corral.toml"),
         &policy(&format!("\"{target}\"")),
     );
-    let r = wait_record(&w, "policy-reload-refused", |_| true);
+    let r = wait_record(&w, "live-policy-refused", |_| true);
     assert!(summary(&r).contains("corral trust"), "{r}");
     go(&w, 1);
     assert_eq!(wait_file(&w.project.join("step2")).trim(), "MID 403");
     // The control: once the user trusts exactly this content, the same edit applies.
     w.trust_project(&[]);
-    wait_record(&w, "policy-reload", |r| {
+    wait_record(&w, "live-policy", |r| {
         summary(r).contains(&format!("network.allow +{target}"))
     });
     go(&w, 2);
@@ -141,9 +142,7 @@ fn the_jail_cannot_widen_itself_by_writing_its_policy_file() {
     );
     // A change of the user's makes the run read the file again: the grant is not in it.
     corral_ok(&w, &["allow", "other.example"]);
-    wait_record(&w, "policy-reload", |r| {
-        summary(r).contains("other.example")
-    });
+    wait_record(&w, "live-policy", |r| summary(r).contains("other.example"));
     go(&w, 1);
     // corral allow rewrote the file in place: the jail's read-only bind of it is still there
     // (a rename over it would have detached the bind in the jail's namespace).
@@ -213,7 +212,7 @@ echo END
         out.both()
     );
     assert!(out.stdout.contains("AFTER 200"), "{}", out.both());
-    wait_record(&w, "policy-allow-run", |r| {
+    wait_record(&w, "live-allow", |r| {
         summary(r).contains(&format!("127.0.0.1:{port}"))
     });
     // The registration is gone with the run.

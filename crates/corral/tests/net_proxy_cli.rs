@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use corral_audit::{AuditLog, Decision, Event, NetEvent, Record};
+use corral_audit::{AuditLog, Decision, Event, NetEvent, NetPhase, Record};
 
 fn corral_bin() -> PathBuf {
     std::env::var_os("CORRAL_BIN")
@@ -337,7 +337,7 @@ fn rotate_and_write(path: &Path, host: &str) {
     log.write(&Record::now(
         "test",
         Event::Net(NetEvent {
-            phase: "decision".into(),
+            phase: NetPhase::Decision,
             client: "t".into(),
             method: "CONNECT".into(),
             host: host.into(),

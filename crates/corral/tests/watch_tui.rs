@@ -110,7 +110,7 @@ fn watch_allows_for_the_run_then_denies_in_corral_toml() {
     watch.wait_for(0, "network.allow");
     let before = std::fs::read_to_string(&policy_file).unwrap();
     watch.key("a");
-    wait_record(&w, "policy-allow-run", |r| summary(r).contains(&target));
+    wait_record(&w, "live-allow", |r| summary(r).contains(&target));
     go(&w, 1);
     assert_eq!(wait_file(&w.project.join("step2")).trim(), "ALLOWED 200");
     assert_eq!(
@@ -120,7 +120,7 @@ fn watch_allows_for_the_run_then_denies_in_corral_toml() {
     );
     // `d` on the same denial: into corral.toml's deny list, which wins over the run's allow.
     watch.key("d");
-    wait_record(&w, "policy-reload", |r| {
+    wait_record(&w, "live-policy", |r| {
         summary(r).contains(&format!("network.deny +{target}"))
     });
     let text = std::fs::read_to_string(&policy_file).unwrap();
@@ -152,7 +152,7 @@ fn watch_adds_the_allow_to_corral_toml_keeping_its_comments() {
     let mut watch = Watch::start(&w);
     watch.wait_for(0, &target);
     watch.key("p");
-    wait_record(&w, "policy-reload", |r| {
+    wait_record(&w, "live-policy", |r| {
         summary(r).contains(&format!("network.allow +{target}"))
     });
     // The whole file: only the one array gained the element.

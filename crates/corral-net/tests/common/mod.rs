@@ -285,7 +285,7 @@ impl Harness {
     pub fn decisions(&self) -> Vec<(String, String, u16, String, String)> {
         self.net_events()
             .into_iter()
-            .filter(|e| e.phase == "decision")
+            .filter(|e| e.phase == corral_audit::NetPhase::Decision)
             .map(|e| {
                 let d = match e.decision {
                     Some(corral_audit::Decision::Allow) => "allow",

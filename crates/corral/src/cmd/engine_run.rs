@@ -115,9 +115,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     audit(
         &log,
         &jail_id,
-        JailEvent {
-            event: "start".into(),
-            exit_code: None,
+        JailEvent::Start {
             detail: serde_json::json!({ "engine": kind.program(), "plan": plan }),
         },
     );
@@ -139,40 +137,23 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     };
     for line in crate::stateguard::check(state_guard, &jail_id) {
         eprintln!("corral: {line}");
-        audit(
-            &log,
-            &jail_id,
-            JailEvent {
-                event: "quarantine".into(),
-                exit_code: None,
-                detail: serde_json::Value::String(line),
-            },
-        );
+        audit(&log, &jail_id, JailEvent::Quarantine { detail: line });
     }
     if let Some(src) = &ctx.skill_source {
         let _ = std::fs::remove_dir_all(src);
     }
     match result {
         Ok(code) => {
-            audit(
-                &log,
-                &jail_id,
-                JailEvent {
-                    event: "exit".into(),
-                    exit_code: Some(code),
-                    detail: serde_json::Value::Null,
-                },
-            );
+            audit(&log, &jail_id, JailEvent::Exit { exit_code: code });
             Ok(code)
         }
         Err(e) => {
             audit(
                 &log,
                 &jail_id,
-                JailEvent {
-                    event: "error".into(),
-                    exit_code: Some(125),
-                    detail: serde_json::Value::String(e.to_string()),
+                JailEvent::Error {
+                    exit_code: 125,
+                    detail: e.to_string(),
                 },
             );
             Err(e).with_context(|| format!("cannot run the jail with {kind}"))

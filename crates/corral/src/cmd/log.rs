@@ -234,7 +234,7 @@ impl Printer {
         let (kind, decision, target, rule) = match &r.event {
             Event::Net(n) => {
                 let target = format!("{} {}:{}", n.method, n.host, n.port);
-                if n.phase == "close" {
+                if n.phase == corral_audit::NetPhase::Close {
                     (
                         "net",
                         "close".to_string(),
@@ -247,6 +247,7 @@ impl Printer {
             }
             Event::Exec(e) => {
                 let rule = match (&e.reason, e.exit_code, e.signal) {
+                    _ if e.phase == corral_audit::ExecPhase::Start => "started".to_string(),
                     (Some(r), _, _) => r.clone(),
                     (None, Some(c), _) => format!("exit {c} in {}ms", e.duration_ms),
                     (None, None, Some(s)) => format!("signal {s}"),
@@ -254,22 +255,7 @@ impl Printer {
                 };
                 ("exec", decision_word(e.decision), e.command.join(" "), rule)
             }
-            Event::Jail(j) => (
-                "jail",
-                "-".to_string(),
-                j.event.clone(),
-                match (
-                    j.exit_code,
-                    j.detail
-                        .get("error")
-                        .or_else(|| j.detail.get("summary"))
-                        .and_then(|e| e.as_str()),
-                ) {
-                    (Some(c), _) => format!("exit {c}"),
-                    (None, Some(e)) => e.to_string(),
-                    (None, None) => String::new(),
-                },
-            ),
+            Event::Jail(j) => ("jail", "-".to_string(), j.name().to_string(), j.summary()),
         };
         // Hosts, commands and reasons can carry what the jail sent: no control, invisible or
         // look-alike character of theirs reaches the reader's terminal (a forged row, an

@@ -137,9 +137,7 @@ fn run_plan_with(plan: &Plan, req: Option<&corral_policy::Request>) -> anyhow::R
     write(
         &audit,
         &jail_id,
-        JailEvent {
-            event: "start".into(),
-            exit_code: None,
+        JailEvent::Start {
             detail: serde_json::to_value(plan).unwrap_or_default(),
         },
     );
@@ -153,10 +151,9 @@ fn run_plan_with(plan: &Plan, req: Option<&corral_policy::Request>) -> anyhow::R
             write(
                 &audit,
                 &jail_id,
-                JailEvent {
-                    event: "error".into(),
-                    exit_code: Some(125),
-                    detail: serde_json::Value::String(e.to_string()),
+                JailEvent::Error {
+                    exit_code: 125,
+                    detail: e.to_string(),
                 },
             );
             return Err(e).context("cannot start the jail");
@@ -187,15 +184,7 @@ fn run_plan_with(plan: &Plan, req: Option<&corral_policy::Request>) -> anyhow::R
         .chain(crate::stateguard::check(state_guard, &jail_id))
     {
         eprintln!("corral: {line}");
-        write(
-            &audit,
-            &jail_id,
-            JailEvent {
-                event: "quarantine".into(),
-                exit_code: None,
-                detail: serde_json::Value::String(line),
-            },
-        );
+        write(&audit, &jail_id, JailEvent::Quarantine { detail: line });
     }
 
     if let Some(cg) = &limits.cgroup {
@@ -204,9 +193,7 @@ fn run_plan_with(plan: &Plan, req: Option<&corral_policy::Request>) -> anyhow::R
             write(
                 &audit,
                 &jail_id,
-                JailEvent {
-                    event: "oom".into(),
-                    exit_code: None,
+                JailEvent::Oom {
                     detail: serde_json::to_value(events).unwrap_or_default(),
                 },
             );
@@ -215,9 +202,7 @@ fn run_plan_with(plan: &Plan, req: Option<&corral_policy::Request>) -> anyhow::R
             write(
                 &audit,
                 &jail_id,
-                JailEvent {
-                    event: "pids".into(),
-                    exit_code: None,
+                JailEvent::Pids {
                     detail: serde_json::to_value(events).unwrap_or_default(),
                 },
             );
@@ -233,10 +218,8 @@ fn run_plan_with(plan: &Plan, req: Option<&corral_policy::Request>) -> anyhow::R
     write(
         &audit,
         &jail_id,
-        JailEvent {
-            event: "exit".into(),
-            exit_code: Some(exit.code),
-            detail: serde_json::Value::Null,
+        JailEvent::Exit {
+            exit_code: exit.code,
         },
     );
     Ok(exit.code)
@@ -285,7 +268,7 @@ fn jail_side(
     // jail read-only, CORRAL_EXECUTOR set; `corral serve` outside the jail starts on the first
     // connection (cmd/serve.rs). Stopped when the handle drops.
     let mut plan = secrets.plan(plan).clone();
-    let executor = super::serve::attach_executor(&mut plan)?;
+    let executor = super::serve::attach_executor(&mut plan, audit)?;
     // network.dns = "stub": the jail's resolv.conf names its 127.0.0.1:53 (removed at the end).
     let stub_files = stub_files(&mut plan)?;
     Ok((secrets, plan, executor, stub_files))
@@ -502,9 +485,7 @@ fn report_terminal(dropped: corral_sandbox::termfilter::Dropped, audit: &AuditLo
     write(
         audit,
         jail_id,
-        JailEvent {
-            event: "terminal".into(),
-            exit_code: None,
+        JailEvent::Terminal {
             detail: serde_json::to_value(dropped).unwrap_or_default(),
         },
     );

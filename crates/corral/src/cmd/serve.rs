@@ -103,6 +103,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
 
+    let audit = cfg.audit.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -131,6 +132,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // helper was killed, a process that left its group) ends here too, before the server
     // exits and `corral run` checks the project.
     corral_exec::end_children();
+    // Records that could not be written: said on the way out (`corral run` reads this line
+    // from the server's stderr and counts them in its own summary).
+    if let Some(f) = audit.as_ref().and_then(AuditLog::failures) {
+        eprintln!("{}", f.summary_line());
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -276,7 +282,7 @@ struct Activator {
 /// skill (`plan.skill`), SKILL.md is bound read-only at its directory and its arguments (pi:
 /// `--skill DIR`) are added to the command. `None` when there is neither (`compose:SERVICE`
 /// without a skill, or a plan that is itself an executor's jail).
-pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
+pub fn attach_executor(plan: &mut Plan, audit: &AuditLog) -> anyhow::Result<Option<RunExecutor>> {
     let (start, jail_plan) = match (&plan.executor.target, &plan.executor.jail) {
         (ExecutorTarget::Sandbox, Some(jail)) => (true, Some(jail.clone())),
         (ExecutorTarget::Sandbox, None) | (ExecutorTarget::Compose(_), _) => (false, None),
@@ -378,6 +384,7 @@ pub fn attach_executor(plan: &mut Plan) -> anyhow::Result<Option<RunExecutor>> {
         // out.
         env_remove: plan.secrets.iter().map(|s| s.from_env.clone()).collect(),
         dir: dir.clone(),
+        audit: audit.clone(),
     };
     let (stop_r, stop_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .context("cannot create the executor's stop pipe")?;
@@ -422,6 +429,9 @@ struct Launch {
     env_remove: Vec<String>,
     /// The private directory: `jail.json` and `serve.log` go here.
     dir: PathBuf,
+    /// The run's audit log (the server writes the same file): the records the server could not
+    /// write are added to its count when the server has stopped.
+    audit: AuditLog,
 }
 
 /// Whether `fd` has an event, waiting for one on `fds` (retrying on EINTR). An error of poll
@@ -491,14 +501,21 @@ fn activate(
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
     let _ = child.wait();
-    report_refusals(&log);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    report_refusals(&text);
+    // The server's records that could not be written count in the run's summary.
+    for f in text
+        .lines()
+        .filter_map(corral_audit::WriteFailures::parse_summary_line)
+    {
+        launch.audit.add_failures(&f);
+    }
 }
 
 /// The end-of-run lines for the requests the executor refused by `executor.allow` (at most
-/// ten; every one is in the audit log).
-fn report_refusals(log: &Path) {
+/// ten; every one is in the audit log), from the server's stderr `text`.
+fn report_refusals(text: &str) {
     const SHOWN: usize = 10;
-    let text = std::fs::read_to_string(log).unwrap_or_default();
     let refused: Vec<&str> = text
         .lines()
         .filter_map(|l| l.strip_prefix(corral_exec::server::REFUSED_PREFIX))

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use corral_audit::{AuditLog, Decision, Event, NetEvent, Record, printable};
+use corral_audit::{AuditLog, Decision, Event, JailEvent, NetEvent, NetPhase, Record, printable};
 use crossterm::event::{self, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Color, Modifier, Style};
@@ -252,7 +252,9 @@ enum Action {
 /// The network denial a record is, if it is one.
 fn denial(r: &Record) -> Option<&NetEvent> {
     match &r.event {
-        Event::Net(n) if n.phase == "decision" && n.decision == Some(Decision::Deny) => Some(n),
+        Event::Net(n) if n.phase == NetPhase::Decision && n.decision == Some(Decision::Deny) => {
+            Some(n)
+        }
         _ => None,
     }
 }
@@ -297,21 +299,12 @@ fn row(r: &Record, picked: bool) -> Row<'static> {
             e.reason.clone().unwrap_or_default(),
             Style::default().add_modifier(Modifier::DIM),
         ),
-        Event::Jail(j) => {
-            let summary = j
-                .detail
-                .get("summary")
-                .and_then(|s| s.as_str())
-                .map(str::to_string)
-                .or_else(|| j.exit_code.map(|c| format!("exit {c}")))
-                .unwrap_or_default();
-            (
-                "jail",
-                j.event.clone(),
-                summary,
-                Style::default().fg(Color::Cyan),
-            )
-        }
+        Event::Jail(j) => (
+            "jail",
+            j.name().to_string(),
+            j.summary(),
+            Style::default().fg(Color::Cyan),
+        ),
     };
     let style = if picked {
         style.add_modifier(Modifier::UNDERLINED)
@@ -331,9 +324,9 @@ fn row(r: &Record, picked: bool) -> Row<'static> {
 /// Whether a record is one `corral watch` shows: network decisions, commands, lifecycle events.
 fn shown(r: &Record) -> bool {
     match &r.event {
-        Event::Net(n) => n.phase == "decision",
+        Event::Net(n) => n.phase == NetPhase::Decision,
         Event::Exec(_) => true,
-        Event::Jail(j) => j.event != "changes",
+        Event::Jail(j) => !matches!(j, JailEvent::Changes { .. }),
     }
 }
 
