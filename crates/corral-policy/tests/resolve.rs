@@ -8,7 +8,7 @@ use corral_policy::domain::DomainPattern;
 use corral_policy::plan::{
     Access, ConfigFormat, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, GuardedKeys,
     LimitKinds, Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan,
-    ProjectSource, SecretPlan, SkillPlan, system_mounts,
+    ProjectSource, ProjectTrust, SecretPlan, SkillPlan, system_mounts,
 };
 use corral_policy::{Flags, PolicyError, Request, resolve};
 use similar_asserts::assert_eq;
@@ -138,11 +138,128 @@ fn err(r: Result<Plan, PolicyError>) -> String {
     }
 }
 
+/// The whole plan of `shell` in the fixture with nothing but the built-in defaults: what the
+/// tests below change the expected parts of.
+fn shell_plan(f: &Fx) -> Plan {
+    let root = &f.root;
+    let mut mounts = system_mounts();
+    mounts.push(Mount {
+        source: PathBuf::new(),
+        target: f.home.clone(),
+        kind: MountKind::Tmpfs,
+        optional: false,
+    });
+    mounts.push(mount(root, MountKind::Bind(Access::Rw), false));
+    mounts.push(Mount {
+        source: f.corral.clone(),
+        target: PathBuf::from("/run/corral/bin/corral"),
+        kind: MountKind::Bind(Access::Ro),
+        optional: false,
+    });
+    let basics = env(&[
+        ("HOME", f.home.to_str().unwrap()),
+        ("LANG", "C.UTF-8"),
+        ("PATH", PATH),
+        ("TERM", "xterm-256color"),
+        ("TMPDIR", "/tmp"),
+    ]);
+    let network = |mode| NetworkPlan {
+        mode,
+        allow: vec![],
+        deny: vec![],
+        allow_cidrs: vec![],
+        host_ports: vec![],
+        publish: vec![],
+        upstream_proxy: None,
+        dns: Default::default(),
+    };
+    let executor = |jail| ExecutorPlan {
+        target: ExecutorTarget::Sandbox,
+        allow: vec![],
+        timeout_ms: 600_000,
+        max_output: 64 << 20,
+        max_concurrent: 8,
+        jail,
+    };
+    let sandbox = Plan {
+        profile: "shell".into(),
+        engine: Engine::Native,
+        command: vec![],
+        cwd: root.clone(),
+        project: ProjectPlan {
+            root: root.clone(),
+            access: Access::Rw,
+            scratch: false,
+            source: ProjectSource::GitTopLevel,
+            policy_file: root.join("corral.toml"),
+        },
+        home: f.home.clone(),
+        uid: 1000,
+        gid: 1000,
+        mounts,
+        masked: vec![root.join(".env"), root.join("sub/.env")],
+        protected: vec![
+            root.join(".git/config"),
+            root.join(".git/hooks"),
+            root.join("corral.toml"),
+        ],
+        guarded: vec![],
+        env: basics.clone(),
+        network: network(NetworkMode::None),
+        secrets: vec![],
+        limits: Limits {
+            memory: Some(4 << 30),
+            cpus: Some(2.0),
+            pids: Some(1024),
+            enforce: Enforce::Strict,
+            built_in: LimitKinds {
+                memory: true,
+                cpus: true,
+                pids: true,
+            },
+        },
+        executor: executor(None),
+        skill: None,
+        terminal: Default::default(),
+        image: None,
+        sources: vec![],
+        project_grants: vec![],
+        project_trust: None,
+        toolchains: Vec::new(),
+    };
+    Plan {
+        command: vec!["bash".into()],
+        cwd: root.join("src"),
+        env: with_proxy(basics),
+        network: network(NetworkMode::Proxy),
+        executor: executor(Some(Box::new(sandbox.clone()))),
+        image: Some("localhost/corral-shell:latest".into()),
+        ..sandbox
+    }
+}
+
+/// Apply `change` to the plan and to its executor's jail.
+fn both(plan: &mut Plan, change: impl Fn(&mut Plan)) {
+    change(plan);
+    if let Some(j) = plan.executor.jail.as_mut() {
+        change(j);
+    }
+}
+
+#[test]
+fn shell_with_the_defaults_resolves_to_exactly_this_plan() {
+    let f = fx();
+    assert_eq!(resolve(&f.req(Some("shell"))).unwrap(), shell_plan(&f));
+}
+
 #[test]
 fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
     let f = fx();
-    let plan = resolve(&f.req(Some("pi"))).unwrap();
+    assert_eq!(resolve(&f.req(Some("pi"))).unwrap(), pi_plan(&f));
+}
 
+/// The whole plan of `pi` in the fixture with nothing but the built-in defaults.
+fn pi_plan(f: &Fx) -> Plan {
     let root = &f.root;
     let home = &f.home;
     let corral_mount = Mount {
@@ -284,7 +401,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         guard("models.json", GuardedKeys::AllBut(vec![]), &[]),
     ];
 
-    let expected = Plan {
+    Plan {
         profile: "pi".into(),
         engine: Engine::Native,
         command: vec!["pi".into()],
@@ -343,8 +460,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         project_grants: vec![],
         project_trust: None,
         toolchains: Vec::new(),
-    };
-    assert_eq!(plan, expected);
+    }
 }
 
 #[test]
@@ -375,33 +491,42 @@ pids = 200
     req.flags.allow = vec!["flag.example.com".into()];
     req.flags.memory = Some("2g".into());
     let plan = resolve(&req).unwrap();
-    assert_eq!(
-        plan.network.allow,
-        vec![
-            pat("user.example.com"),
-            pat("project.example.com"),
-            pat("flag.example.com")
-        ]
-    );
-    assert_eq!(plan.network.deny, vec![pat("bad.example.com")]);
-    assert_eq!(
-        plan.limits,
-        Limits {
+    let file = f.root.join("corral.toml");
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| {
+        p.limits = Limits {
             memory: Some(2 << 30),
             cpus: Some(4.0),
             pids: Some(200),
             enforce: Enforce::Strict,
             built_in: LimitKinds::default(),
-        }
+        };
+        p.env.insert("PROJECT_TOKEN".into(), "tok".into());
+        p.sources = vec![f.user_config.clone(), file.clone()];
+    });
+    expected.network.allow = vec![
+        pat("user.example.com"),
+        pat("project.example.com"),
+        pat("flag.example.com"),
+    ];
+    expected.network.deny = vec![pat("bad.example.com")];
+    let grant = format!(
+        "{}:3:10: network.allow lets the jail reach project.example.com",
+        file.display()
     );
-    assert_eq!(
-        plan.env.get("PROJECT_TOKEN").map(String::as_str),
-        Some("tok")
-    );
-    assert_eq!(
-        plan.sources,
-        vec![f.user_config.clone(), f.root.join("corral.toml")]
-    );
+    expected.project_grants = vec![
+        grant.clone(),
+        format!(
+            "{}:3:33: network.allow lets the jail reach user.example.com",
+            file.display()
+        ),
+    ];
+    expected.project_trust = Some(ProjectTrust {
+        file: file.clone(),
+        sha256: corral_policy::trust::sha256_hex(&std::fs::read(&file).unwrap()),
+        grants: vec![grant],
+    });
+    assert_eq!(plan, expected);
 }
 
 #[test]
@@ -545,8 +670,22 @@ fn the_user_config_or_a_flag_opts_in_to_the_host_executor() {
     let mut req = f.req(None);
     req.flags.allow_host_executor = true;
     let plan = resolve(&req).unwrap();
-    assert_eq!(plan.executor.target, ExecutorTarget::Host);
-    assert_eq!(plan.executor.jail, None);
+    let file = f.root.join("corral.toml");
+    let grant = format!(
+        "{}:2:10: executor.target = \"host\" runs the agent's commands unsandboxed on your machine",
+        file.display()
+    );
+    let mut expected = shell_plan(&f);
+    expected.executor.target = ExecutorTarget::Host;
+    expected.executor.jail = None;
+    expected.sources = vec![file.clone()];
+    expected.project_grants = vec![grant.clone()];
+    expected.project_trust = Some(ProjectTrust {
+        file: file.clone(),
+        sha256: corral_policy::trust::sha256_hex(&std::fs::read(&file).unwrap()),
+        grants: vec![grant],
+    });
+    assert_eq!(plan, expected);
 
     f.user_policy("[executor]\nallow_host = true\n");
     let plan = resolve(&f.req(None)).unwrap();
@@ -1013,14 +1152,29 @@ fn scratch_is_a_fresh_directory_and_reads_no_project_policy() {
     req.env.insert("TMPDIR".into(), tmp.display().to_string());
     req.flags.scratch = true;
     let plan = resolve(&req).unwrap();
-    assert!(plan.project.scratch);
-    assert!(plan.project.root.starts_with(&tmp));
-    assert!(plan.project.root.is_dir());
-    assert_eq!(std::fs::read_dir(&plan.project.root).unwrap().count(), 0);
-    assert_eq!(plan.cwd, plan.project.root);
-    assert_eq!(plan.limits.memory, Some(4 << 30));
-    assert!(plan.sources.is_empty());
-    std::fs::remove_dir(&plan.project.root).unwrap();
+    let root = plan.project.root.clone();
+    assert!(root.starts_with(&tmp));
+    assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| {
+        p.cwd = root.clone();
+        p.project = ProjectPlan {
+            root: root.clone(),
+            access: Access::Rw,
+            scratch: true,
+            source: ProjectSource::Scratch,
+            policy_file: root.join("corral.toml"),
+        };
+        p.mounts[system_mounts().len() + 1] = mount(&root, MountKind::Bind(Access::Rw), false);
+        p.masked = vec![];
+        p.protected = vec![
+            root.join(".git/config"),
+            root.join(".git/hooks"),
+            root.join("corral.toml"),
+        ];
+    });
+    assert_eq!(plan, expected);
+    std::fs::remove_dir(&root).unwrap();
 }
 
 #[test]
@@ -1033,37 +1187,21 @@ network = { mode = "proxy", allow = ["static.crates.io"] }
 "#,
     );
     let plan = resolve(&f.req(Some("pi"))).unwrap();
-    let jail = plan.executor.jail.expect("a sandbox executor has a jail");
-    assert!(jail.command.is_empty());
-    assert!(jail.secrets.is_empty());
-    assert_eq!(jail.executor.jail, None);
-    assert_eq!(jail.network.mode, NetworkMode::Proxy);
-    assert_eq!(jail.network.allow, vec![pat("static.crates.io")]);
-    assert!(jail.mounts.contains(&mount(
-        &f.home.join(".cargo/registry"),
-        MountKind::Bind(Access::Rw),
-        true
-    )));
-    assert!(!jail.env.contains_key("PI_OFFLINE"));
-    assert_eq!(jail.env["HTTPS_PROXY"], PROXY);
-    assert_eq!(jail.masked, plan.masked);
-    // The same protected paths, but for the harness's code: the executor's jail has no state
-    // directories.
-    let agent = f.home.join(".pi/agent");
-    let harness_side: Vec<_> = plan
-        .protected
-        .iter()
-        .filter(|p| !p.starts_with(&agent))
-        .cloned()
-        .collect();
-    assert_eq!(jail.protected, harness_side);
-    // The harness's own jail does not get the executor's cache.
-    assert!(
-        !plan
-            .mounts
-            .iter()
-            .any(|m| m.target.ends_with(".cargo/registry"))
+    let mut expected = pi_plan(&f);
+    expected.sources = vec![f.user_config.clone()];
+    // The harness's own jail does not get the executor's cache; the executor's jail gets no
+    // secrets, none of pi's variables, no state directories and none of pi's code paths.
+    let jail = expected.executor.jail.as_mut().unwrap();
+    jail.sources = vec![f.user_config.clone()];
+    let cache = f.home.join(".cargo/registry");
+    jail.mounts.insert(
+        system_mounts().len() + 1,
+        mount(&cache, MountKind::Bind(Access::Rw), true),
     );
+    jail.network.mode = NetworkMode::Proxy;
+    jail.network.allow = vec![pat("static.crates.io")];
+    jail.env = with_proxy(jail.env.clone());
+    assert_eq!(plan, expected);
 }
 
 #[test]

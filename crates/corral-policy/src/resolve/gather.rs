@@ -15,7 +15,7 @@ use super::build::{self, Policy, bind_sources, harness_settings};
 use super::command::{ResolvedCommand, resolve_command};
 use super::layer::{DEFAULT_ENGINE, Layer, PathCtx, Trust, normalize};
 use super::policy_file::{file_layer, flags_layer};
-use super::project::choose_project;
+use super::project::{Scratch, choose_project};
 use super::walk::find_masked;
 use super::{RealPaths, Request, real_path};
 
@@ -105,8 +105,8 @@ impl Gathered {
 }
 
 /// Gather everything [`build`](super::build) needs for `req`. With `--scratch` the project is a
-/// fresh directory, created here.
-pub(super) fn gather(req: &Request) -> Result<Gathered, PolicyError> {
+/// fresh directory, created here or only named (`scratch`); nothing else is written.
+pub(super) fn gather(req: &Request, scratch: Scratch) -> Result<Gathered, PolicyError> {
     let cwd = req.cwd.canonicalize().map_err(|source| PolicyError::Io {
         what: "cannot resolve the working directory",
         path: req.cwd.clone(),
@@ -117,14 +117,13 @@ pub(super) fn gather(req: &Request) -> Result<Gathered, PolicyError> {
         crate::trust::config_dir(&req.env, &home),
         crate::trust::state_dir(&req.env, &home),
     ];
-    let (root, source) = choose_project(req, &cwd, &home, &corral_dirs)?;
+    let (root, source) = choose_project(req, scratch, &cwd, &home, &corral_dirs)?;
     let ctx = PathCtx {
         home: &home,
         project: &root,
         corral_dirs: &corral_dirs,
     };
-    let scratch = source == ProjectSource::Scratch;
-    let layers = read_layers(req, &cwd, &ctx, scratch)?;
+    let layers = read_layers(req, &cwd, &ctx, source == ProjectSource::Scratch)?;
     let profile = crate::profile::profile(&profile_name(req.profile.as_ref(), &layers))?;
     let mut g = Gathered {
         cwd,

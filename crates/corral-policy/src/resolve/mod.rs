@@ -220,7 +220,13 @@ impl RealPaths {
 /// caller removes it when the run ends) and no project policy is read unless `--policy` names
 /// one.
 pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
-    build::build(&gather::gather(req)?)
+    build::build(&gather::gather(req, project::Scratch::Create)?)
+}
+
+/// [`resolve`] for showing the plan only (`corral plan`): it writes nothing. A `--scratch`
+/// project is named, not created (a run would make a fresh one anyway).
+pub fn preview(req: &Request) -> Result<Plan, PolicyError> {
+    build::build(&gather::gather(req, project::Scratch::NameOnly)?)
 }
 
 /// Create the profile's state directories and files that do not exist yet (mode 0700 / 0600),

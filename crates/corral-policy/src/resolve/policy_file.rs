@@ -504,38 +504,8 @@ pub(super) fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, P
             .map_err(|e| PolicyError::Invalid(format!("--allow {a:?}: {e}")))?;
         l.net.allow.push((p, Loc::Flag("--allow")));
     }
-    let abs = |p: &Path| {
-        let s = p.to_string_lossy();
-        let p = if s == "~" {
-            home.to_path_buf()
-        } else if let Some(rest) = s.strip_prefix("~/") {
-            home.join(rest)
-        } else {
-            cwd.join(p)
-        };
-        normalize(&p)
-    };
-    // A path named on the command line must exist (a typo is not silently skipped); those of
-    // policy files stay optional (`~/.gitconfig` is not on every machine).
-    let named = |flag: &'static str, p: &PathBuf| {
-        let a = abs(p);
-        match std::fs::metadata(&a) {
-            Ok(_) => Ok((a, Loc::Flag(flag))),
-            Err(e) => Err(PolicyError::Invalid(format!(
-                "{flag} {}: cannot bind {}: {e}",
-                p.display(),
-                a.display()
-            ))),
-        }
-    };
-    l.read_write =
-        f.rw.iter()
-            .map(|p| named("--rw", p))
-            .collect::<Result<_, _>>()?;
-    l.read_only =
-        f.ro.iter()
-            .map(|p| named("--ro", p))
-            .collect::<Result<_, _>>()?;
+    l.read_write = flag_binds("--rw", &f.rw, cwd, home)?;
+    l.read_only = flag_binds("--ro", &f.ro, cwd, home)?;
     for e in &f.env {
         match e.split_once('=') {
             Some((k, v)) => {
@@ -573,4 +543,40 @@ pub(super) fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, P
         .map(|p| (*p, Loc::Flag("--publish")))
         .collect();
     Ok(l)
+}
+
+/// The paths of `--rw` or `--ro`: `~` is the home, relative paths are the caller's cwd's. A
+/// path named on the command line must exist (a typo is not silently skipped); those of policy
+/// files stay optional (`~/.gitconfig` is not on every machine).
+fn flag_binds(
+    flag: &'static str,
+    paths: &[PathBuf],
+    cwd: &Path,
+    home: &Path,
+) -> Result<Vec<(PathBuf, Loc)>, PolicyError> {
+    let abs = |p: &Path| {
+        let s = p.to_string_lossy();
+        let p = if s == "~" {
+            home.to_path_buf()
+        } else if let Some(rest) = s.strip_prefix("~/") {
+            home.join(rest)
+        } else {
+            cwd.join(p)
+        };
+        normalize(&p)
+    };
+    paths
+        .iter()
+        .map(|p| {
+            let a = abs(p);
+            match std::fs::metadata(&a) {
+                Ok(_) => Ok((a, Loc::Flag(flag))),
+                Err(e) => Err(PolicyError::Invalid(format!(
+                    "{flag} {}: cannot bind {}: {e}",
+                    p.display(),
+                    a.display()
+                ))),
+            }
+        })
+        .collect()
 }

@@ -54,6 +54,7 @@ pub(super) const NEVER_A_PROJECT: &[&str] = &[
 /// it is not a sensible project ([`why_not_a_project`]).
 pub(super) fn choose_project(
     req: &Request,
+    scratch: Scratch,
     cwd: &Path,
     home: &Path,
     corral_dirs: &[PathBuf],
@@ -62,7 +63,7 @@ pub(super) fn choose_project(
         (Some(_), true) => Err(PolicyError::Invalid(
             "--project and --scratch name two different projects: pass one of them".into(),
         )),
-        (None, true) => Ok((scratch_dir(&req.env)?, ProjectSource::Scratch)),
+        (None, true) => Ok((scratch_dir(&req.env, scratch)?, ProjectSource::Scratch)),
         (Some(dir), false) => {
             let dir = cwd.join(dir);
             let real = dir.canonicalize().map_err(|source| PolicyError::Io {
@@ -147,8 +148,20 @@ pub fn why_not_a_project(
     None
 }
 
-/// Create a fresh scratch directory for `--scratch` under `TMPDIR` (or /tmp).
-pub(super) fn scratch_dir(env: &BTreeMap<String, String>) -> Result<PathBuf, PolicyError> {
+/// What `--scratch` does to the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scratch {
+    /// Create the directory (`corral run`: the caller removes it when the run ends).
+    Create,
+    /// Only name it, below the real `TMPDIR` (`corral plan`: a plan runs nothing).
+    NameOnly,
+}
+
+/// A fresh scratch directory for `--scratch` under `TMPDIR` (or /tmp), created or only named.
+pub(super) fn scratch_dir(
+    env: &BTreeMap<String, String>,
+    scratch: Scratch,
+) -> Result<PathBuf, PolicyError> {
     let base = env
         .get("TMPDIR")
         .filter(|t| t.starts_with('/'))
@@ -157,6 +170,14 @@ pub(super) fn scratch_dir(env: &BTreeMap<String, String>) -> Result<PathBuf, Pol
     let mut buf = [0u8; 8];
     getrandom_fill(&mut buf);
     let name: String = buf.iter().map(|b| format!("{b:02x}")).collect();
+    if scratch == Scratch::NameOnly {
+        let base = base.canonicalize().map_err(|source| PolicyError::Io {
+            what: "cannot resolve the directory for the scratch directory (TMPDIR)",
+            path: base.clone(),
+            source,
+        })?;
+        return Ok(base.join(format!("corral-scratch-{name}")));
+    }
     let dir = base.join(format!("corral-scratch-{name}"));
     std::fs::DirBuilder::new()
         .mode(0o700)

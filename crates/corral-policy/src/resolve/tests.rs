@@ -545,3 +545,50 @@ fn a_project_file_is_listed_and_gated_where_it_grants_more() {
     sandbox.sources = expected.sources.clone();
     assert_eq!(plan, expected);
 }
+
+#[test]
+fn a_preview_of_a_scratch_run_creates_nothing_and_the_run_creates_its_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().canonicalize().unwrap();
+    let (tmpdir, home) = (base.join("tmp"), base.join("home"));
+    for d in [&tmpdir, &home] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let req = super::Request {
+        cwd: home.clone(),
+        profile: Some("shell".into()),
+        command: Vec::new(),
+        flags: super::Flags {
+            scratch: true,
+            ..super::Flags::default()
+        },
+        env: env(&[
+            ("TMPDIR", tmpdir.to_str().unwrap()),
+            ("PATH", "/nonexistent-corral-test-bin"),
+        ]),
+        home,
+        uid: 1000,
+        gid: 1000,
+        corral_exe: base.join("corral"),
+        user_config: None,
+    };
+    let entries = || -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&tmpdir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        v.sort();
+        v
+    };
+    let shown = super::preview(&req).unwrap();
+    assert!(shown.project.scratch);
+    assert_eq!(shown.project.root.parent(), Some(tmpdir.as_path()));
+    assert_eq!(
+        entries(),
+        Vec::<PathBuf>::new(),
+        "corral plan created something"
+    );
+    let ran = super::resolve(&req).unwrap();
+    assert_eq!(entries(), vec![ran.project.root.clone()]);
+    assert_ne!(ran.project.root, shown.project.root);
+}
