@@ -849,17 +849,20 @@ fn binds_inside_the_project_come_after_the_project_mount() {
         f.root.join("src").display()
     ));
     let plan = resolve(&f.req(None)).unwrap();
-    let at = |mounts: &[Mount], target: &Path| {
-        mounts
-            .iter()
-            .position(|m| m.target == target)
-            .unwrap_or_else(|| panic!("no mount at {}", target.display()))
-    };
-    // Mounts apply in order: the project's own mount would cover a bind made before it.
-    assert!(at(&plan.mounts, &f.root) < at(&plan.mounts, &f.root.join("src")));
-    assert!(at(&plan.mounts, &outside) < at(&plan.mounts, &f.root));
-    let jail = plan.executor.jail.as_ref().unwrap();
-    assert!(at(&jail.mounts, &f.root) < at(&jail.mounts, &f.root.join("src")));
+    let mut expected = shell_plan(&f);
+    // Mounts apply in order: the project's own mount would cover a bind made before it, so a
+    // bind inside the project comes after it, in both jails.
+    let src = mount(&f.root.join("src"), MountKind::Bind(Access::Ro), true);
+    both(&mut expected, |p| {
+        p.sources = vec![f.user_config.clone()];
+        p.mounts.push(src.clone());
+    });
+    // One outside the project comes before it.
+    expected.mounts.insert(
+        system_mounts().len() + 1,
+        mount(&outside, MountKind::Bind(Access::Ro), true),
+    );
+    assert_eq!(plan, expected);
 }
 
 #[test]
@@ -1087,17 +1090,23 @@ fn the_user_config_is_protected_when_a_read_write_bind_exposes_it() {
     std::fs::copy(&f.user_config, &uc).unwrap();
     req.user_config = Some(uc.clone());
     let plan = resolve(&req).unwrap();
-    assert_eq!(
-        plan.protected,
-        vec![
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| {
+        p.sources = vec![uc.clone()];
+        p.protected = vec![
             // corral's config directory as a whole (the trust store beside the config).
             f.home.join(".config/corral"),
-            uc,
+            uc.clone(),
             f.root.join(".git/config"),
             f.root.join(".git/hooks"),
             f.root.join("corral.toml"),
-        ]
+        ];
+    });
+    expected.mounts.insert(
+        system_mounts().len() + 1,
+        mount(&f.home.join(".config"), MountKind::Bind(Access::Rw), true),
     );
+    assert_eq!(plan, expected);
 }
 
 #[test]
