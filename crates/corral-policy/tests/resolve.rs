@@ -246,6 +246,19 @@ fn both(plan: &mut Plan, change: impl Fn(&mut Plan)) {
     }
 }
 
+/// `expected` with the fixture's `corral.toml` read: its source, what it grants, and what of
+/// that needs the user's trust.
+fn read_project_file(f: &Fx, expected: &mut Plan, grants: &[String], gated: &[String]) {
+    let file = f.root.join("corral.toml");
+    both(expected, |p| p.sources.push(file.clone()));
+    expected.project_grants = grants.to_vec();
+    expected.project_trust = Some(ProjectTrust {
+        sha256: corral_policy::trust::sha256_hex(&std::fs::read(&file).unwrap()),
+        file,
+        grants: gated.to_vec(),
+    });
+}
+
 #[test]
 fn shell_with_the_defaults_resolves_to_exactly_this_plan() {
     let f = fx();
@@ -533,11 +546,28 @@ pids = 200
 fn enforce_comes_from_the_project_file_then_the_flag() {
     let f = fx();
     f.project_policy("[limits]\nenforce = \"best-effort\"\n");
-    let req = f.req(Some("shell"));
-    assert_eq!(resolve(&req).unwrap().limits.enforce, Enforce::BestEffort);
+    let plan = resolve(&f.req(Some("shell"))).unwrap();
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| {
+        p.limits.enforce = Enforce::BestEffort;
+        // Set by someone: every limit follows it.
+        p.limits.built_in = LimitKinds::default();
+    });
+    let grant = format!(
+        "{}:2:1: limits.enforce = \"best-effort\" runs the jail even where a limit cannot be \
+         enforced (your settings say \"strict\": refuse)",
+        f.root.join("corral.toml").display()
+    );
+    read_project_file(&f, &mut expected, &[grant.clone()], &[grant]);
+    assert_eq!(plan, expected);
+
     let mut req = f.req(Some("shell"));
     req.flags.enforce = Some(Enforce::Strict);
-    assert_eq!(resolve(&req).unwrap().limits.enforce, Enforce::Strict);
+    let plan = resolve(&req).unwrap();
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| p.limits.built_in = LimitKinds::default());
+    read_project_file(&f, &mut expected, &[], &[]);
+    assert_eq!(plan, expected);
 }
 
 #[test]
@@ -1701,8 +1731,15 @@ fn network_dns_is_none_by_default_stub_on_request_and_only_with_the_proxy() {
     assert_eq!(resolve(&f.req(None)).unwrap().network.dns, Dns::None);
     f.project_policy("[network]\ndns = \"stub\"\nallow = [\"example.org\"]\n");
     let plan = resolve(&f.req(None)).unwrap();
-    assert_eq!(plan.network.dns, Dns::Stub);
-    assert_eq!(plan.network.mode, NetworkMode::Proxy);
+    let mut expected = shell_plan(&f);
+    expected.network.dns = Dns::Stub;
+    expected.network.allow = vec![pat("example.org")];
+    let grant = format!(
+        "{}:3:10: network.allow lets the jail reach example.org",
+        f.root.join("corral.toml").display()
+    );
+    read_project_file(&f, &mut expected, &[grant.clone()], &[grant]);
+    assert_eq!(plan, expected);
     // The Plan's JSON names it only when it is not the default.
     let json = serde_json::to_value(&plan).unwrap();
     assert_eq!(json["network"]["dns"], "stub");
@@ -1736,19 +1773,25 @@ fn terminal_clipboard_reaches_the_plan_and_needs_trust_from_a_project() {
     // A project file turning it on: a grant at its place, gated.
     f.project_policy("[terminal]\nclipboard = true\n");
     let plan = resolve(&f.req(None)).unwrap();
-    assert!(plan.terminal.clipboard);
     let d = f.root.join("corral.toml").display().to_string();
     let grant = format!(
         "{d}:2:1: terminal.clipboard lets the jail write to your clipboard (OSC 52 escape \
          sequences)"
     );
-    assert_eq!(gated(&plan), vec![grant.clone()]);
-    assert_eq!(plan.project_grants, vec![grant]);
-    // The user's own config: no trust needed from the project for the same setting.
+    // The agent's terminal only: the executor has none.
+    let mut expected = shell_plan(&f);
+    expected.terminal.clipboard = true;
+    read_project_file(&f, &mut expected, &[grant.clone()], &[grant.clone()]);
+    assert_eq!(plan, expected);
+    // The user's own config: no trust needed from the project for the same setting (the
+    // project's file still says it).
     f.user_policy("[terminal]\nclipboard = true\n");
     let plan = resolve(&f.req(None)).unwrap();
-    assert!(plan.terminal.clipboard);
-    assert_eq!(gated(&plan), Vec::<String>::new());
+    let mut expected = shell_plan(&f);
+    expected.terminal.clipboard = true;
+    both(&mut expected, |p| p.sources.push(f.user_config.clone()));
+    read_project_file(&f, &mut expected, &[grant], &[]);
+    assert_eq!(plan, expected);
     // A typo is a located error.
     f.project_policy("[terminal]\nclipbaord = true\n");
     let e = resolve(&f.req(None)).unwrap_err().to_string();
