@@ -248,14 +248,14 @@ fn both(plan: &mut Plan, change: impl Fn(&mut Plan)) {
 
 /// `expected` with the fixture's `corral.toml` read: its source, what it grants, and what of
 /// that needs the user's trust.
-fn read_project_file(f: &Fx, expected: &mut Plan, grants: &[String], gated: &[String]) {
+fn read_project_file(f: &Fx, expected: &mut Plan, grants: &[&String], gated: &[&String]) {
     let file = f.root.join("corral.toml");
     both(expected, |p| p.sources.push(file.clone()));
-    expected.project_grants = grants.to_vec();
+    expected.project_grants = grants.iter().map(|g| g.to_string()).collect();
     expected.project_trust = Some(ProjectTrust {
         sha256: corral_policy::trust::sha256_hex(&std::fs::read(&file).unwrap()),
         file,
-        grants: gated.to_vec(),
+        grants: gated.iter().map(|g| g.to_string()).collect(),
     });
 }
 
@@ -558,7 +558,7 @@ fn enforce_comes_from_the_project_file_then_the_flag() {
          enforced (your settings say \"strict\": refuse)",
         f.root.join("corral.toml").display()
     );
-    read_project_file(&f, &mut expected, &[grant.clone()], &[grant]);
+    read_project_file(&f, &mut expected, &[&grant], &[&grant]);
     assert_eq!(plan, expected);
 
     let mut req = f.req(Some("shell"));
@@ -1738,7 +1738,7 @@ fn network_dns_is_none_by_default_stub_on_request_and_only_with_the_proxy() {
         "{}:3:10: network.allow lets the jail reach example.org",
         f.root.join("corral.toml").display()
     );
-    read_project_file(&f, &mut expected, &[grant.clone()], &[grant]);
+    read_project_file(&f, &mut expected, &[&grant], &[&grant]);
     assert_eq!(plan, expected);
     // The Plan's JSON names it only when it is not the default.
     let json = serde_json::to_value(&plan).unwrap();
@@ -1781,7 +1781,7 @@ fn terminal_clipboard_reaches_the_plan_and_needs_trust_from_a_project() {
     // The agent's terminal only: the executor has none.
     let mut expected = shell_plan(&f);
     expected.terminal.clipboard = true;
-    read_project_file(&f, &mut expected, &[grant.clone()], &[grant.clone()]);
+    read_project_file(&f, &mut expected, &[&grant], &[&grant]);
     assert_eq!(plan, expected);
     // The user's own config: no trust needed from the project for the same setting (the
     // project's file still says it).
@@ -1790,7 +1790,7 @@ fn terminal_clipboard_reaches_the_plan_and_needs_trust_from_a_project() {
     let mut expected = shell_plan(&f);
     expected.terminal.clipboard = true;
     both(&mut expected, |p| p.sources.push(f.user_config.clone()));
-    read_project_file(&f, &mut expected, &[grant], &[]);
+    read_project_file(&f, &mut expected, &[&grant], &[]);
     assert_eq!(plan, expected);
     // A typo is a located error.
     f.project_policy("[terminal]\nclipbaord = true\n");
