@@ -601,9 +601,18 @@ fn only_allowlisted_variables_enter_and_secrets_never_do() {
     let f = fx();
     f.project_policy("[env]\npass = [\"ANTHROPIC_API_KEY\"]\nset = { PGHOST = \"postgres\" }\n");
     let plan = resolve(&f.req(Some("pi"))).unwrap();
-    assert!(!plan.env.contains_key("CORRAL_TEST_CANARY"));
-    assert!(!plan.env.contains_key("PROJECT_TOKEN"));
     // Passed by name, but it is a secret: the gateway's placeholder replaces it at run time.
+    // PGHOST is the project's, so the executor's jail has it too.
+    let mut expected = pi_plan(&f);
+    both(&mut expected, |p| {
+        p.env.insert("PGHOST".into(), "postgres".into());
+    });
+    let grant = format!(
+        "{}:2:9: env.pass hands your ANTHROPIC_API_KEY to the jail",
+        f.root.join("corral.toml").display()
+    );
+    read_project_file(&f, &mut expected, &[&grant], &[&grant]);
+    assert_eq!(plan, expected);
     assert!(!plan.env.contains_key("ANTHROPIC_API_KEY"));
     assert!(!plan.env.values().any(|v| v.contains("sk-ant-real-value")));
     assert_eq!(plan.env["PGHOST"], "postgres");
@@ -1568,24 +1577,19 @@ fn corrals_directories_are_protected_when_a_read_write_bind_of_the_user_covers_t
     let mut req = f.req(None);
     req.flags.rw = vec![f.home.clone()];
     let plan = resolve(&req).unwrap();
-    for dir in [
-        f.home.join(".config/corral"),
-        f.home.join(".local/state/corral"),
-    ] {
-        assert!(
-            plan.protected.contains(&dir),
-            "{dir:?} not in {:?}",
-            plan.protected
-        );
-        assert!(
-            plan.executor
-                .jail
-                .as_ref()
-                .unwrap()
-                .protected
-                .contains(&dir)
-        );
-    }
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| {
+        p.protected.extend([
+            f.home.join(".config/corral"),
+            f.home.join(".local/state/corral"),
+        ]);
+        p.protected.sort();
+    });
+    expected.mounts.insert(
+        system_mounts().len() + 1,
+        mount(&f.home, MountKind::Bind(Access::Rw), true),
+    );
+    assert_eq!(plan, expected);
     // The config directory inside the project: never a project by itself; named with
     // --project, the directory holds the project, so only the store is protected.
     let mut req = f.req(None);
