@@ -8,7 +8,7 @@ use corral_policy::domain::DomainPattern;
 use corral_policy::plan::{
     Access, ConfigFormat, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, GuardedKeys,
     LimitKinds, Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan,
-    ProjectSource, ProjectTrust, SecretPlan, SkillPlan, system_mounts,
+    ProjectSource, ProjectTrust, SecretPlan, SkillPlan, Toolchain, system_mounts,
 };
 use corral_policy::{Flags, PolicyError, Request, resolve};
 use similar_asserts::assert_eq;
@@ -1168,26 +1168,15 @@ fn a_harness_installed_under_the_home_is_bound_read_only_with_its_package() {
     // (fakeh's #! names sh, found in /usr/bin or /bin: a system interpreter, not bound.)
     req.command = vec!["fakeh".into(), "--flag".into()];
     let plan = resolve(&req).unwrap();
-    assert_eq!(
-        plan.command,
-        vec![cli.display().to_string(), "--flag".into()]
+    let mut expected = shell_plan(&f);
+    expected.command = vec![cli.display().to_string(), "--flag".into()];
+    // After the home's tmpfs: the package, read-only. A custom command gets no skill
+    // arguments (shell has none anyway).
+    expected.mounts.insert(
+        system_mounts().len() + 1,
+        mount(&pkg, MountKind::Bind(Access::Ro), false),
     );
-    let home_tmpfs = system_mounts().len();
-    assert_eq!(
-        plan.mounts[home_tmpfs + 1..],
-        [
-            mount(&pkg, MountKind::Bind(Access::Ro), false),
-            mount(&f.root, MountKind::Bind(Access::Rw), false),
-            Mount {
-                source: f.corral.clone(),
-                target: PathBuf::from("/run/corral/bin/corral"),
-                kind: MountKind::Bind(Access::Ro),
-                optional: false,
-            },
-        ]
-    );
-    // A custom command gets no skill arguments.
-    assert_eq!(plan.skill, None);
+    assert_eq!(plan, expected);
 }
 
 #[test]
@@ -1312,27 +1301,45 @@ fn a_script_harness_brings_its_interpreter_from_an_nvm_prefix() {
         format!("{}:/usr/bin:/bin", prefix.join("bin").display()),
     );
     let plan = resolve(&req).unwrap();
-    assert_eq!(
-        plan.command,
-        vec![pkg.join("dist/cli.js").display().to_string()]
-    );
+    let mut expected = pi_plan(&f);
+    expected.command = vec![pkg.join("dist/cli.js").display().to_string()];
+    // After pi's state directory: its package and node's installation prefix, read-only; the
+    // interpreter's directory on the agent's PATH (not the executor's). The profile's own
+    // command keeps its skill.
     let state = system_mounts().len() + 1;
-    assert_eq!(
-        plan.mounts[state + 1..state + 3],
-        [
-            mount(&pkg, MountKind::Bind(Access::Ro), false),
-            mount(&prefix, MountKind::Bind(Access::Ro), false),
-        ]
+    for (i, dir) in [&pkg, &prefix].into_iter().enumerate() {
+        expected.mounts.insert(
+            state + 1 + i,
+            mount(dir, MountKind::Bind(Access::Ro), false),
+        );
+    }
+    // nvm's versions are a toolchain: bound read-only in both jails, the active version's
+    // directory on both PATHs.
+    let versions = f.home.join(".nvm/versions");
+    let nvm = Toolchain {
+        name: "nvm".into(),
+        binds: vec![versions.clone()],
+        path: vec![prefix.join("bin")],
+        env: BTreeMap::new(),
+    };
+    let path = format!(
+        "/run/corral/bin:{}:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+        prefix.join("bin").display()
     );
-    assert_eq!(
-        plan.env["PATH"],
-        format!(
-            "/run/corral/bin:{}:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
-            prefix.join("bin").display()
-        )
+    expected.mounts.insert(
+        state + 3,
+        mount(&versions, MountKind::Bind(Access::Ro), true),
     );
-    // The profile's own command keeps its skill.
-    assert!(plan.skill.is_some());
+    let sandbox = expected.executor.jail.as_mut().unwrap();
+    sandbox.mounts.insert(
+        system_mounts().len() + 1,
+        mount(&versions, MountKind::Bind(Access::Ro), true),
+    );
+    both(&mut expected, |p| {
+        p.env.insert("PATH".into(), path.clone());
+        p.toolchains = vec![nvm.clone()];
+    });
+    assert_eq!(plan, expected);
 }
 
 fn gated(plan: &Plan) -> Vec<String> {
