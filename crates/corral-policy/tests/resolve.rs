@@ -1527,15 +1527,20 @@ fn a_policy_file_named_on_the_command_line_is_not_gated() {
     let mut req = f.req(None);
     req.flags.policy = Some(other.clone());
     let plan = resolve(&req).unwrap();
-    assert_eq!(plan.project_trust, None);
-    // Still listed for review.
-    assert_eq!(
-        plan.project_grants,
-        vec![format!(
-            "{}:2:15: network.host_ports connects the jail to your 127.0.0.1:5432",
-            other.display()
-        )]
-    );
+    // Not gated (no project_trust), still listed for review; the file is in the project, so
+    // read-only in both jails.
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| {
+        p.sources = vec![other.clone()];
+        p.protected.push(other.clone());
+        p.protected.sort();
+    });
+    expected.network.host_ports = vec![5432];
+    expected.project_grants = vec![format!(
+        "{}:2:15: network.host_ports connects the jail to your 127.0.0.1:5432",
+        other.display()
+    )];
+    assert_eq!(plan, expected);
     // No project file at all: nothing to trust.
     let plan = resolve(&f.req(None)).unwrap();
     assert_eq!(plan.project_trust, None);
