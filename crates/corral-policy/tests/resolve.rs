@@ -8,7 +8,7 @@ use corral_policy::domain::DomainPattern;
 use corral_policy::plan::{
     Access, ConfigFormat, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, GuardedKeys,
     LimitKinds, Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan,
-    ProjectSource, SecretPlan, SkillPlan, system_mounts,
+    ProjectSource, ProjectTrust, SecretPlan, SkillPlan, Toolchain, system_mounts,
 };
 use corral_policy::{Flags, PolicyError, Request, resolve};
 use similar_asserts::assert_eq;
@@ -138,11 +138,141 @@ fn err(r: Result<Plan, PolicyError>) -> String {
     }
 }
 
+/// The whole plan of `shell` in the fixture with nothing but the built-in defaults: what the
+/// tests below change the expected parts of.
+fn shell_plan(f: &Fx) -> Plan {
+    let root = &f.root;
+    let mut mounts = system_mounts();
+    mounts.push(Mount {
+        source: PathBuf::new(),
+        target: f.home.clone(),
+        kind: MountKind::Tmpfs,
+        optional: false,
+    });
+    mounts.push(mount(root, MountKind::Bind(Access::Rw), false));
+    mounts.push(Mount {
+        source: f.corral.clone(),
+        target: PathBuf::from("/run/corral/bin/corral"),
+        kind: MountKind::Bind(Access::Ro),
+        optional: false,
+    });
+    let basics = env(&[
+        ("HOME", f.home.to_str().unwrap()),
+        ("LANG", "C.UTF-8"),
+        ("PATH", PATH),
+        ("TERM", "xterm-256color"),
+        ("TMPDIR", "/tmp"),
+    ]);
+    let network = |mode| NetworkPlan {
+        mode,
+        allow: vec![],
+        deny: vec![],
+        allow_cidrs: vec![],
+        host_ports: vec![],
+        publish: vec![],
+        upstream_proxy: None,
+        dns: Default::default(),
+    };
+    let executor = |jail| ExecutorPlan {
+        target: ExecutorTarget::Sandbox,
+        allow: vec![],
+        timeout_ms: 600_000,
+        max_output: 64 << 20,
+        max_concurrent: 8,
+        jail,
+    };
+    let sandbox = Plan {
+        profile: "shell".into(),
+        engine: Engine::Native,
+        command: vec![],
+        cwd: root.clone(),
+        project: ProjectPlan {
+            root: root.clone(),
+            access: Access::Rw,
+            scratch: false,
+            source: ProjectSource::GitTopLevel,
+            policy_file: root.join("corral.toml"),
+        },
+        home: f.home.clone(),
+        uid: 1000,
+        gid: 1000,
+        mounts,
+        masked: vec![root.join(".env"), root.join("sub/.env")],
+        protected: vec![
+            root.join(".git/config"),
+            root.join(".git/hooks"),
+            root.join("corral.toml"),
+        ],
+        guarded: vec![],
+        env: basics.clone(),
+        network: network(NetworkMode::None),
+        secrets: vec![],
+        limits: Limits {
+            memory: Some(4 << 30),
+            cpus: Some(2.0),
+            pids: Some(1024),
+            enforce: Enforce::Strict,
+            built_in: LimitKinds {
+                memory: true,
+                cpus: true,
+                pids: true,
+            },
+        },
+        executor: executor(None),
+        skill: None,
+        terminal: Default::default(),
+        image: None,
+        sources: vec![],
+        project_grants: vec![],
+        project_trust: None,
+        toolchains: Vec::new(),
+    };
+    Plan {
+        command: vec!["bash".into()],
+        cwd: root.join("src"),
+        env: with_proxy(basics),
+        network: network(NetworkMode::Proxy),
+        executor: executor(Some(Box::new(sandbox.clone()))),
+        image: Some("localhost/corral-shell:latest".into()),
+        ..sandbox
+    }
+}
+
+/// Apply `change` to the plan and to its executor's jail.
+fn both(plan: &mut Plan, change: impl Fn(&mut Plan)) {
+    change(plan);
+    if let Some(j) = plan.executor.jail.as_mut() {
+        change(j);
+    }
+}
+
+/// `expected` with the fixture's `corral.toml` read: its source, what it grants, and what of
+/// that needs the user's trust.
+fn read_project_file(f: &Fx, expected: &mut Plan, grants: &[&String], gated: &[&String]) {
+    let file = f.root.join("corral.toml");
+    both(expected, |p| p.sources.push(file.clone()));
+    expected.project_grants = grants.iter().map(|g| g.to_string()).collect();
+    expected.project_trust = Some(ProjectTrust {
+        sha256: corral_policy::trust::sha256_hex(&std::fs::read(&file).unwrap()),
+        file,
+        grants: gated.iter().map(|g| g.to_string()).collect(),
+    });
+}
+
+#[test]
+fn shell_with_the_defaults_resolves_to_exactly_this_plan() {
+    let f = fx();
+    assert_eq!(resolve(&f.req(Some("shell"))).unwrap(), shell_plan(&f));
+}
+
 #[test]
 fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
     let f = fx();
-    let plan = resolve(&f.req(Some("pi"))).unwrap();
+    assert_eq!(resolve(&f.req(Some("pi"))).unwrap(), pi_plan(&f));
+}
 
+/// The whole plan of `pi` in the fixture with nothing but the built-in defaults.
+fn pi_plan(f: &Fx) -> Plan {
     let root = &f.root;
     let home = &f.home;
     let corral_mount = Mount {
@@ -284,7 +414,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         guard("models.json", GuardedKeys::AllBut(vec![]), &[]),
     ];
 
-    let expected = Plan {
+    Plan {
         profile: "pi".into(),
         engine: Engine::Native,
         command: vec!["pi".into()],
@@ -343,8 +473,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
         project_grants: vec![],
         project_trust: None,
         toolchains: Vec::new(),
-    };
-    assert_eq!(plan, expected);
+    }
 }
 
 #[test]
@@ -375,44 +504,70 @@ pids = 200
     req.flags.allow = vec!["flag.example.com".into()];
     req.flags.memory = Some("2g".into());
     let plan = resolve(&req).unwrap();
-    assert_eq!(
-        plan.network.allow,
-        vec![
-            pat("user.example.com"),
-            pat("project.example.com"),
-            pat("flag.example.com")
-        ]
-    );
-    assert_eq!(plan.network.deny, vec![pat("bad.example.com")]);
-    assert_eq!(
-        plan.limits,
-        Limits {
+    let file = f.root.join("corral.toml");
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| {
+        p.limits = Limits {
             memory: Some(2 << 30),
             cpus: Some(4.0),
             pids: Some(200),
             enforce: Enforce::Strict,
             built_in: LimitKinds::default(),
-        }
+        };
+        p.env.insert("PROJECT_TOKEN".into(), "tok".into());
+        p.sources = vec![f.user_config.clone(), file.clone()];
+    });
+    expected.network.allow = vec![
+        pat("user.example.com"),
+        pat("project.example.com"),
+        pat("flag.example.com"),
+    ];
+    expected.network.deny = vec![pat("bad.example.com")];
+    let grant = format!(
+        "{}:3:10: network.allow lets the jail reach project.example.com",
+        file.display()
     );
-    assert_eq!(
-        plan.env.get("PROJECT_TOKEN").map(String::as_str),
-        Some("tok")
-    );
-    assert_eq!(
-        plan.sources,
-        vec![f.user_config.clone(), f.root.join("corral.toml")]
-    );
+    expected.project_grants = vec![
+        grant.clone(),
+        format!(
+            "{}:3:33: network.allow lets the jail reach user.example.com",
+            file.display()
+        ),
+    ];
+    expected.project_trust = Some(ProjectTrust {
+        file: file.clone(),
+        sha256: corral_policy::trust::sha256_hex(&std::fs::read(&file).unwrap()),
+        grants: vec![grant],
+    });
+    assert_eq!(plan, expected);
 }
 
 #[test]
 fn enforce_comes_from_the_project_file_then_the_flag() {
     let f = fx();
     f.project_policy("[limits]\nenforce = \"best-effort\"\n");
-    let req = f.req(Some("shell"));
-    assert_eq!(resolve(&req).unwrap().limits.enforce, Enforce::BestEffort);
+    let plan = resolve(&f.req(Some("shell"))).unwrap();
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| {
+        p.limits.enforce = Enforce::BestEffort;
+        // Set by someone: every limit follows it.
+        p.limits.built_in = LimitKinds::default();
+    });
+    let grant = format!(
+        "{}:2:1: limits.enforce = \"best-effort\" runs the jail even where a limit cannot be \
+         enforced (your settings say \"strict\": refuse)",
+        f.root.join("corral.toml").display()
+    );
+    read_project_file(&f, &mut expected, &[&grant], &[&grant]);
+    assert_eq!(plan, expected);
+
     let mut req = f.req(Some("shell"));
     req.flags.enforce = Some(Enforce::Strict);
-    assert_eq!(resolve(&req).unwrap().limits.enforce, Enforce::Strict);
+    let plan = resolve(&req).unwrap();
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| p.limits.built_in = LimitKinds::default());
+    read_project_file(&f, &mut expected, &[], &[]);
+    assert_eq!(plan, expected);
 }
 
 #[test]
@@ -446,9 +601,18 @@ fn only_allowlisted_variables_enter_and_secrets_never_do() {
     let f = fx();
     f.project_policy("[env]\npass = [\"ANTHROPIC_API_KEY\"]\nset = { PGHOST = \"postgres\" }\n");
     let plan = resolve(&f.req(Some("pi"))).unwrap();
-    assert!(!plan.env.contains_key("CORRAL_TEST_CANARY"));
-    assert!(!plan.env.contains_key("PROJECT_TOKEN"));
     // Passed by name, but it is a secret: the gateway's placeholder replaces it at run time.
+    // PGHOST is the project's, so the executor's jail has it too.
+    let mut expected = pi_plan(&f);
+    both(&mut expected, |p| {
+        p.env.insert("PGHOST".into(), "postgres".into());
+    });
+    let grant = format!(
+        "{}:2:9: env.pass hands your ANTHROPIC_API_KEY to the jail",
+        f.root.join("corral.toml").display()
+    );
+    read_project_file(&f, &mut expected, &[&grant], &[&grant]);
+    assert_eq!(plan, expected);
     assert!(!plan.env.contains_key("ANTHROPIC_API_KEY"));
     assert!(!plan.env.values().any(|v| v.contains("sk-ant-real-value")));
     assert_eq!(plan.env["PGHOST"], "postgres");
@@ -545,8 +709,22 @@ fn the_user_config_or_a_flag_opts_in_to_the_host_executor() {
     let mut req = f.req(None);
     req.flags.allow_host_executor = true;
     let plan = resolve(&req).unwrap();
-    assert_eq!(plan.executor.target, ExecutorTarget::Host);
-    assert_eq!(plan.executor.jail, None);
+    let file = f.root.join("corral.toml");
+    let grant = format!(
+        "{}:2:10: executor.target = \"host\" runs the agent's commands unsandboxed on your machine",
+        file.display()
+    );
+    let mut expected = shell_plan(&f);
+    expected.executor.target = ExecutorTarget::Host;
+    expected.executor.jail = None;
+    expected.sources = vec![file.clone()];
+    expected.project_grants = vec![grant.clone()];
+    expected.project_trust = Some(ProjectTrust {
+        file: file.clone(),
+        sha256: corral_policy::trust::sha256_hex(&std::fs::read(&file).unwrap()),
+        grants: vec![grant],
+    });
+    assert_eq!(plan, expected);
 
     f.user_policy("[executor]\nallow_host = true\n");
     let plan = resolve(&f.req(None)).unwrap();
@@ -710,17 +888,20 @@ fn binds_inside_the_project_come_after_the_project_mount() {
         f.root.join("src").display()
     ));
     let plan = resolve(&f.req(None)).unwrap();
-    let at = |mounts: &[Mount], target: &Path| {
-        mounts
-            .iter()
-            .position(|m| m.target == target)
-            .unwrap_or_else(|| panic!("no mount at {}", target.display()))
-    };
-    // Mounts apply in order: the project's own mount would cover a bind made before it.
-    assert!(at(&plan.mounts, &f.root) < at(&plan.mounts, &f.root.join("src")));
-    assert!(at(&plan.mounts, &outside) < at(&plan.mounts, &f.root));
-    let jail = plan.executor.jail.as_ref().unwrap();
-    assert!(at(&jail.mounts, &f.root) < at(&jail.mounts, &f.root.join("src")));
+    let mut expected = shell_plan(&f);
+    // Mounts apply in order: the project's own mount would cover a bind made before it, so a
+    // bind inside the project comes after it, in both jails.
+    let src = mount(&f.root.join("src"), MountKind::Bind(Access::Ro), true);
+    both(&mut expected, |p| {
+        p.sources = vec![f.user_config.clone()];
+        p.mounts.push(src.clone());
+    });
+    // One outside the project comes before it.
+    expected.mounts.insert(
+        system_mounts().len() + 1,
+        mount(&outside, MountKind::Bind(Access::Ro), true),
+    );
+    assert_eq!(plan, expected);
 }
 
 #[test]
@@ -948,17 +1129,23 @@ fn the_user_config_is_protected_when_a_read_write_bind_exposes_it() {
     std::fs::copy(&f.user_config, &uc).unwrap();
     req.user_config = Some(uc.clone());
     let plan = resolve(&req).unwrap();
-    assert_eq!(
-        plan.protected,
-        vec![
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| {
+        p.sources = vec![uc.clone()];
+        p.protected = vec![
             // corral's config directory as a whole (the trust store beside the config).
             f.home.join(".config/corral"),
-            uc,
+            uc.clone(),
             f.root.join(".git/config"),
             f.root.join(".git/hooks"),
             f.root.join("corral.toml"),
-        ]
+        ];
+    });
+    expected.mounts.insert(
+        system_mounts().len() + 1,
+        mount(&f.home.join(".config"), MountKind::Bind(Access::Rw), true),
     );
+    assert_eq!(plan, expected);
 }
 
 #[test]
@@ -981,26 +1168,15 @@ fn a_harness_installed_under_the_home_is_bound_read_only_with_its_package() {
     // (fakeh's #! names sh, found in /usr/bin or /bin: a system interpreter, not bound.)
     req.command = vec!["fakeh".into(), "--flag".into()];
     let plan = resolve(&req).unwrap();
-    assert_eq!(
-        plan.command,
-        vec![cli.display().to_string(), "--flag".into()]
+    let mut expected = shell_plan(&f);
+    expected.command = vec![cli.display().to_string(), "--flag".into()];
+    // After the home's tmpfs: the package, read-only. A custom command gets no skill
+    // arguments (shell has none anyway).
+    expected.mounts.insert(
+        system_mounts().len() + 1,
+        mount(&pkg, MountKind::Bind(Access::Ro), false),
     );
-    let home_tmpfs = system_mounts().len();
-    assert_eq!(
-        plan.mounts[home_tmpfs + 1..],
-        [
-            mount(&pkg, MountKind::Bind(Access::Ro), false),
-            mount(&f.root, MountKind::Bind(Access::Rw), false),
-            Mount {
-                source: f.corral.clone(),
-                target: PathBuf::from("/run/corral/bin/corral"),
-                kind: MountKind::Bind(Access::Ro),
-                optional: false,
-            },
-        ]
-    );
-    // A custom command gets no skill arguments.
-    assert_eq!(plan.skill, None);
+    assert_eq!(plan, expected);
 }
 
 #[test]
@@ -1013,14 +1189,29 @@ fn scratch_is_a_fresh_directory_and_reads_no_project_policy() {
     req.env.insert("TMPDIR".into(), tmp.display().to_string());
     req.flags.scratch = true;
     let plan = resolve(&req).unwrap();
-    assert!(plan.project.scratch);
-    assert!(plan.project.root.starts_with(&tmp));
-    assert!(plan.project.root.is_dir());
-    assert_eq!(std::fs::read_dir(&plan.project.root).unwrap().count(), 0);
-    assert_eq!(plan.cwd, plan.project.root);
-    assert_eq!(plan.limits.memory, Some(4 << 30));
-    assert!(plan.sources.is_empty());
-    std::fs::remove_dir(&plan.project.root).unwrap();
+    let root = plan.project.root.clone();
+    assert!(root.starts_with(&tmp));
+    assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| {
+        p.cwd = root.clone();
+        p.project = ProjectPlan {
+            root: root.clone(),
+            access: Access::Rw,
+            scratch: true,
+            source: ProjectSource::Scratch,
+            policy_file: root.join("corral.toml"),
+        };
+        p.mounts[system_mounts().len() + 1] = mount(&root, MountKind::Bind(Access::Rw), false);
+        p.masked = vec![];
+        p.protected = vec![
+            root.join(".git/config"),
+            root.join(".git/hooks"),
+            root.join("corral.toml"),
+        ];
+    });
+    assert_eq!(plan, expected);
+    std::fs::remove_dir(&root).unwrap();
 }
 
 #[test]
@@ -1033,37 +1224,21 @@ network = { mode = "proxy", allow = ["static.crates.io"] }
 "#,
     );
     let plan = resolve(&f.req(Some("pi"))).unwrap();
-    let jail = plan.executor.jail.expect("a sandbox executor has a jail");
-    assert!(jail.command.is_empty());
-    assert!(jail.secrets.is_empty());
-    assert_eq!(jail.executor.jail, None);
-    assert_eq!(jail.network.mode, NetworkMode::Proxy);
-    assert_eq!(jail.network.allow, vec![pat("static.crates.io")]);
-    assert!(jail.mounts.contains(&mount(
-        &f.home.join(".cargo/registry"),
-        MountKind::Bind(Access::Rw),
-        true
-    )));
-    assert!(!jail.env.contains_key("PI_OFFLINE"));
-    assert_eq!(jail.env["HTTPS_PROXY"], PROXY);
-    assert_eq!(jail.masked, plan.masked);
-    // The same protected paths, but for the harness's code: the executor's jail has no state
-    // directories.
-    let agent = f.home.join(".pi/agent");
-    let harness_side: Vec<_> = plan
-        .protected
-        .iter()
-        .filter(|p| !p.starts_with(&agent))
-        .cloned()
-        .collect();
-    assert_eq!(jail.protected, harness_side);
-    // The harness's own jail does not get the executor's cache.
-    assert!(
-        !plan
-            .mounts
-            .iter()
-            .any(|m| m.target.ends_with(".cargo/registry"))
+    let mut expected = pi_plan(&f);
+    expected.sources = vec![f.user_config.clone()];
+    // The harness's own jail does not get the executor's cache; the executor's jail gets no
+    // secrets, none of pi's variables, no state directories and none of pi's code paths.
+    let jail = expected.executor.jail.as_mut().unwrap();
+    jail.sources = vec![f.user_config.clone()];
+    let cache = f.home.join(".cargo/registry");
+    jail.mounts.insert(
+        system_mounts().len() + 1,
+        mount(&cache, MountKind::Bind(Access::Rw), true),
     );
+    jail.network.mode = NetworkMode::Proxy;
+    jail.network.allow = vec![pat("static.crates.io")];
+    jail.env = with_proxy(jail.env.clone());
+    assert_eq!(plan, expected);
 }
 
 #[test]
@@ -1126,27 +1301,45 @@ fn a_script_harness_brings_its_interpreter_from_an_nvm_prefix() {
         format!("{}:/usr/bin:/bin", prefix.join("bin").display()),
     );
     let plan = resolve(&req).unwrap();
-    assert_eq!(
-        plan.command,
-        vec![pkg.join("dist/cli.js").display().to_string()]
-    );
+    let mut expected = pi_plan(&f);
+    expected.command = vec![pkg.join("dist/cli.js").display().to_string()];
+    // After pi's state directory: its package and node's installation prefix, read-only; the
+    // interpreter's directory on the agent's PATH (not the executor's). The profile's own
+    // command keeps its skill.
     let state = system_mounts().len() + 1;
-    assert_eq!(
-        plan.mounts[state + 1..state + 3],
-        [
-            mount(&pkg, MountKind::Bind(Access::Ro), false),
-            mount(&prefix, MountKind::Bind(Access::Ro), false),
-        ]
+    for (i, dir) in [&pkg, &prefix].into_iter().enumerate() {
+        expected.mounts.insert(
+            state + 1 + i,
+            mount(dir, MountKind::Bind(Access::Ro), false),
+        );
+    }
+    // nvm's versions are a toolchain: bound read-only in both jails, the active version's
+    // directory on both PATHs.
+    let versions = f.home.join(".nvm/versions");
+    let nvm = Toolchain {
+        name: "nvm".into(),
+        binds: vec![versions.clone()],
+        path: vec![prefix.join("bin")],
+        env: BTreeMap::new(),
+    };
+    let path = format!(
+        "/run/corral/bin:{}:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+        prefix.join("bin").display()
     );
-    assert_eq!(
-        plan.env["PATH"],
-        format!(
-            "/run/corral/bin:{}:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
-            prefix.join("bin").display()
-        )
+    expected.mounts.insert(
+        state + 3,
+        mount(&versions, MountKind::Bind(Access::Ro), true),
     );
-    // The profile's own command keeps its skill.
-    assert!(plan.skill.is_some());
+    let sandbox = expected.executor.jail.as_mut().unwrap();
+    sandbox.mounts.insert(
+        system_mounts().len() + 1,
+        mount(&versions, MountKind::Bind(Access::Ro), true),
+    );
+    both(&mut expected, |p| {
+        p.env.insert("PATH".into(), path.clone());
+        p.toolchains = vec![nvm.clone()];
+    });
+    assert_eq!(plan, expected);
 }
 
 fn gated(plan: &Plan) -> Vec<String> {
@@ -1334,15 +1527,20 @@ fn a_policy_file_named_on_the_command_line_is_not_gated() {
     let mut req = f.req(None);
     req.flags.policy = Some(other.clone());
     let plan = resolve(&req).unwrap();
-    assert_eq!(plan.project_trust, None);
-    // Still listed for review.
-    assert_eq!(
-        plan.project_grants,
-        vec![format!(
-            "{}:2:15: network.host_ports connects the jail to your 127.0.0.1:5432",
-            other.display()
-        )]
-    );
+    // Not gated (no project_trust), still listed for review; the file is in the project, so
+    // read-only in both jails.
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| {
+        p.sources = vec![other.clone()];
+        p.protected.push(other.clone());
+        p.protected.sort();
+    });
+    expected.network.host_ports = vec![5432];
+    expected.project_grants = vec![format!(
+        "{}:2:15: network.host_ports connects the jail to your 127.0.0.1:5432",
+        other.display()
+    )];
+    assert_eq!(plan, expected);
     // No project file at all: nothing to trust.
     let plan = resolve(&f.req(None)).unwrap();
     assert_eq!(plan.project_trust, None);
@@ -1391,24 +1589,19 @@ fn corrals_directories_are_protected_when_a_read_write_bind_of_the_user_covers_t
     let mut req = f.req(None);
     req.flags.rw = vec![f.home.clone()];
     let plan = resolve(&req).unwrap();
-    for dir in [
-        f.home.join(".config/corral"),
-        f.home.join(".local/state/corral"),
-    ] {
-        assert!(
-            plan.protected.contains(&dir),
-            "{dir:?} not in {:?}",
-            plan.protected
-        );
-        assert!(
-            plan.executor
-                .jail
-                .as_ref()
-                .unwrap()
-                .protected
-                .contains(&dir)
-        );
-    }
+    let mut expected = shell_plan(&f);
+    both(&mut expected, |p| {
+        p.protected.extend([
+            f.home.join(".config/corral"),
+            f.home.join(".local/state/corral"),
+        ]);
+        p.protected.sort();
+    });
+    expected.mounts.insert(
+        system_mounts().len() + 1,
+        mount(&f.home, MountKind::Bind(Access::Rw), true),
+    );
+    assert_eq!(plan, expected);
     // The config directory inside the project: never a project by itself; named with
     // --project, the directory holds the project, so only the store is protected.
     let mut req = f.req(None);
@@ -1554,8 +1747,15 @@ fn network_dns_is_none_by_default_stub_on_request_and_only_with_the_proxy() {
     assert_eq!(resolve(&f.req(None)).unwrap().network.dns, Dns::None);
     f.project_policy("[network]\ndns = \"stub\"\nallow = [\"example.org\"]\n");
     let plan = resolve(&f.req(None)).unwrap();
-    assert_eq!(plan.network.dns, Dns::Stub);
-    assert_eq!(plan.network.mode, NetworkMode::Proxy);
+    let mut expected = shell_plan(&f);
+    expected.network.dns = Dns::Stub;
+    expected.network.allow = vec![pat("example.org")];
+    let grant = format!(
+        "{}:3:10: network.allow lets the jail reach example.org",
+        f.root.join("corral.toml").display()
+    );
+    read_project_file(&f, &mut expected, &[&grant], &[&grant]);
+    assert_eq!(plan, expected);
     // The Plan's JSON names it only when it is not the default.
     let json = serde_json::to_value(&plan).unwrap();
     assert_eq!(json["network"]["dns"], "stub");
@@ -1589,19 +1789,25 @@ fn terminal_clipboard_reaches_the_plan_and_needs_trust_from_a_project() {
     // A project file turning it on: a grant at its place, gated.
     f.project_policy("[terminal]\nclipboard = true\n");
     let plan = resolve(&f.req(None)).unwrap();
-    assert!(plan.terminal.clipboard);
     let d = f.root.join("corral.toml").display().to_string();
     let grant = format!(
         "{d}:2:1: terminal.clipboard lets the jail write to your clipboard (OSC 52 escape \
          sequences)"
     );
-    assert_eq!(gated(&plan), vec![grant.clone()]);
-    assert_eq!(plan.project_grants, vec![grant]);
-    // The user's own config: no trust needed from the project for the same setting.
+    // The agent's terminal only: the executor has none.
+    let mut expected = shell_plan(&f);
+    expected.terminal.clipboard = true;
+    read_project_file(&f, &mut expected, &[&grant], &[&grant]);
+    assert_eq!(plan, expected);
+    // The user's own config: no trust needed from the project for the same setting (the
+    // project's file still says it).
     f.user_policy("[terminal]\nclipboard = true\n");
     let plan = resolve(&f.req(None)).unwrap();
-    assert!(plan.terminal.clipboard);
-    assert_eq!(gated(&plan), Vec::<String>::new());
+    let mut expected = shell_plan(&f);
+    expected.terminal.clipboard = true;
+    both(&mut expected, |p| p.sources.push(f.user_config.clone()));
+    read_project_file(&f, &mut expected, &[&grant], &[]);
+    assert_eq!(plan, expected);
     // A typo is a located error.
     f.project_policy("[terminal]\nclipbaord = true\n");
     let e = resolve(&f.req(None)).unwrap_err().to_string();

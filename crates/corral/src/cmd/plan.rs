@@ -63,11 +63,8 @@ pub fn flags(opts: &JailOptions) -> Flags {
 
 pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     let req = request(args.profile, &args.jail, args.command)?;
-    let plan = corral_policy::resolve(&req)?;
-    // `plan` runs nothing: a scratch directory made for it is not needed afterwards.
-    if plan.project.scratch {
-        let _ = std::fs::remove_dir(&plan.project.root);
-    }
+    // `plan` runs nothing and creates nothing (a `--scratch` directory is only named).
+    let plan = corral_policy::resolve::preview(&req)?;
     let out = if args.json {
         let mut s = serde_json::to_string_pretty(&plan).context("cannot serialize the plan")?;
         s.push('\n');
@@ -173,6 +170,18 @@ fn network(out: &mut String, n: &NetworkPlan, indent: &str) {
 /// The plan for people: what the jail sees, reaches and may use.
 pub fn human(p: &Plan) -> String {
     let mut o = String::new();
+    overview(&mut o, p);
+    mounts(&mut o, p);
+    files(&mut o, p);
+    environment(&mut o, p);
+    limits(&mut o, p);
+    executor(&mut o, p);
+    grants(&mut o, p);
+    o
+}
+
+/// The profile, command, engine, project, ids and policy files.
+fn overview(o: &mut String, p: &Plan) {
     let engine = match p.engine {
         Engine::Native => "native",
         Engine::Podman => "podman",
@@ -216,7 +225,10 @@ pub fn human(p: &Plan) -> String {
                 .join(", ")
         }
     );
+}
 
+/// The toolchains and the mounts in the order they apply.
+fn mounts(o: &mut String, p: &Plan) {
     if !p.toolchains.is_empty() {
         let list: Vec<String> = p
             .toolchains
@@ -267,6 +279,10 @@ pub fn human(p: &Plan) -> String {
         );
         let _ = writeln!(o, "{}", line.trim_end());
     }
+}
+
+/// Masked, protected and guarded files.
+fn files(o: &mut String, p: &Plan) {
     let _ = writeln!(o, "\nmasked (present, empty, unreadable)");
     if p.masked.is_empty() {
         let _ = writeln!(o, "  -");
@@ -304,6 +320,10 @@ pub fn human(p: &Plan) -> String {
             let _ = writeln!(o, "  {}: {keys}{commands}", g.path.display());
         }
     }
+}
+
+/// The environment, the network and the secrets.
+fn environment(o: &mut String, p: &Plan) {
     let _ = writeln!(o, "\nenvironment (nothing else of yours enters)");
     for (k, v) in &p.env {
         if looks_secret(k) {
@@ -313,7 +333,7 @@ pub fn human(p: &Plan) -> String {
         }
     }
     let _ = writeln!(o, "\nnetwork");
-    network(&mut o, &p.network, "  ");
+    network(o, &p.network, "  ");
     let _ = writeln!(
         o,
         "\nsecrets (the jail sees a placeholder; the gateway adds the value)"
@@ -334,6 +354,10 @@ pub fn human(p: &Plan) -> String {
                 .join(", ")
         );
     }
+}
+
+/// The resource limits and the terminal filter.
+fn limits(o: &mut String, p: &Plan) {
     let l = &p.limits;
     let _ = writeln!(
         o,
@@ -373,6 +397,10 @@ pub fn human(p: &Plan) -> String {
             "dropped"
         }
     );
+}
+
+/// Where the agent's commands run, and the executor's own jail.
+fn executor(o: &mut String, p: &Plan) {
     let e = &p.executor;
     let target = match &e.target {
         ExecutorTarget::Sandbox => "sandbox (a second jail)".to_string(),
@@ -407,8 +435,12 @@ pub fn human(p: &Plan) -> String {
                 let _ = writeln!(o, "    {:<5} {}", access(a), m.target.display());
             }
         }
-        network(&mut o, &j.network, "    ");
+        network(o, &j.network, "    ");
     }
+}
+
+/// What the project's policy file grants and what of it needs trust.
+fn grants(o: &mut String, p: &Plan) {
     if !p.project_grants.is_empty() {
         let _ = writeln!(
             o,
@@ -426,7 +458,6 @@ pub fn human(p: &Plan) -> String {
             super::trust::status(t)
         );
     }
-    o
 }
 
 #[cfg(test)]
