@@ -25,6 +25,7 @@ mod gitguard;
 mod setid;
 mod stateguard;
 mod usage;
+mod worktrees;
 
 use std::process::ExitCode;
 

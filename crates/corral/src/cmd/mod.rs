@@ -25,6 +25,7 @@ mod shell;
 mod shim;
 mod skill;
 pub mod trust;
+mod worktree;
 
 /// Whether the command line `args` (program name first) is one that runs a native jail from
 /// this process: `run`, `shell`, and the executor's `serve --jail-helper`. Read before the
@@ -73,5 +74,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Skill(args) => skill::run(args),
         Command::Trust(args) => trust::run(args),
         Command::Generate(cmd) => generate::run(cmd),
+        Command::Worktrees(args) => worktree::list(args),
+        Command::Worktree(cmd) => worktree::run_command(cmd),
     }
 }
