@@ -170,7 +170,7 @@ fn main_repository(cwd: &Path) -> anyhow::Result<PathBuf> {
     let mut c = git(cwd);
     c.args(["rev-parse", "--path-format=absolute", "--git-common-dir"]);
     let common = output(c, &format!("find the git repository of {}", cwd.display()))
-        .context("--worktree needs a git repository: run it in one")?;
+        .context("corral's worktrees belong to a git repository: run this in one")?;
     let common = PathBuf::from(common);
     let main = match (common.file_name(), common.parent()) {
         (Some(n), Some(parent)) if n == ".git" => parent.to_path_buf(),

@@ -335,7 +335,7 @@ fn bad_worktree_names_and_places_get_a_clear_error() {
         .args(["run", "--worktree", "w", "--", "true"]);
     let out = run(c);
     assert_ne!(out.code, 0, "{}", out.both());
-    assert!(out.stderr.contains("git repository"), "{}", out.both());
+    assert!(out.stderr.contains("a git repository"), "{}", out.both());
 }
 
 #[test]
@@ -388,5 +388,51 @@ fn a_branch_moved_on_the_host_during_the_run_is_left_and_the_commits_kept_aside(
             &["log", "--format=%s", "-1", "refs/corral/import/w4"]
         ),
         "jail"
+    );
+}
+
+#[test]
+fn commits_of_a_killed_run_are_brought_back_by_the_next_run() {
+    let w = repo();
+    let main = w.project.clone();
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--worktree",
+        "w5",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+    ])
+    .arg(
+        "echo x > k && git add k && git -c user.name=a -c user.email=a@example.com \
+             commit -q -m killed && echo READY; while :; do sleep 1; done",
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("READY") {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "the run ended early"
+        );
+    }
+    // `kill -9` of corral: the jail dies with it, nothing is brought back.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(git(&main, &w, &["log", "--format=%s", "-1", "w5"]), "first");
+    let out = run_in(&w, "w5", "git log --format=%s -1; echo END");
+    ran(&out, "END");
+    assert!(out.stdout.starts_with("killed\n"), "{}", out.both());
+    assert!(out.stderr.contains("branch w5 is now at"), "{}", out.both());
+    assert_eq!(
+        git(&main, &w, &["log", "--format=%s", "-1", "w5"]),
+        "killed"
     );
 }
