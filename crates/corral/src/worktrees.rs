@@ -221,6 +221,26 @@ pub fn lock(l: &Layout) -> anyhow::Result<RunLock> {
     Ok(RunLock { _lock: lock })
 }
 
+/// The repository-wide lock of corral's git commands that add, remove or list worktrees or
+/// move a branch: `git worktree add` is not safe beside another one, nor beside a command that
+/// reads every worktree's admin directory (a fetch checks that no worktree has the branch it
+/// updates checked out). Held for the command only; blocking.
+fn repo_lock(state: &Path) -> anyhow::Result<Flock<File>> {
+    create_private_dir(state)?;
+    let path = state.join("repository.lock");
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    Flock::lock(file, FlockArg::LockExclusive)
+        .map_err(|(_, e)| anyhow::anyhow!("cannot lock {}: {e}", path.display()))
+}
+
 /// Whether a run holds `l`'s lock now.
 fn running(l: &Layout) -> bool {
     let Ok(file) = File::open(l.lock_path()) else {
@@ -263,6 +283,7 @@ pub fn ensure(l: &Layout) -> anyhow::Result<bool> {
             .arg(&l.path)
             .arg("HEAD");
     }
+    let _repo = repo_lock(&l.state)?;
     output(c, &format!("create the worktree {}", l.path.display()))?;
     admin_dir(l)?;
     Ok(true)
@@ -571,6 +592,7 @@ fn sync(s: &Session, what: &str) -> Vec<String> {
 /// where the run started.
 fn import(s: &Session, tip: &str) -> anyhow::Result<String> {
     let l = &s.layout;
+    let _repo = repo_lock(&l.state)?;
     let mut c = git(&l.main);
     c.args([
         "-c",
@@ -635,7 +657,10 @@ pub fn list(cwd: &Path) -> anyhow::Result<(PathBuf, Vec<Entry>)> {
     let base = base_dir(&main);
     let mut c = git(&main);
     c.args(["worktree", "list", "--porcelain"]);
-    let text = output(c, "list the repository's worktrees")?;
+    let text = {
+        let _repo = repo_lock(&base.join(".corral"))?;
+        output(c, "list the repository's worktrees")?
+    };
     let mut entries = Vec::new();
     for block in text.split("\n\n") {
         let mut path = None;
@@ -720,6 +745,7 @@ pub fn remove(
         );
     }
     let _lock = lock(&l).map_err(|e| anyhow::anyhow!("{e:#}: stop it first"))?;
+    let _repo = repo_lock(&l.state)?;
     let mut c = git(&l.main);
     c.args(["worktree", "remove"]);
     if force {
