@@ -436,3 +436,51 @@ fn commits_of_a_killed_run_are_brought_back_by_the_next_run() {
         "killed"
     );
 }
+
+#[test]
+fn four_agents_at_once_each_commit_on_their_own_branch() {
+    let w = repo();
+    let children: Vec<_> = (0..4)
+        .map(|i| {
+            let mut c = w.corral();
+            c.args(["run", "--worktree", &format!("c{i}"), "--network", "none"])
+                .args(["--", "sh", "-c"])
+                .arg(format!(
+                    "echo {i} > mine && git add mine && git -c user.name=a \
+                     -c user.email=a@example.com commit -q -m agent{i} && echo END"
+                ))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("END"),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for i in 0..4 {
+        let branch = format!("c{i}");
+        assert_eq!(
+            git(&w.project, &w, &["log", "--format=%s", "-1", &branch]),
+            format!("agent{i}")
+        );
+        assert_eq!(
+            git(&w.project, &w, &["show", &format!("{branch}:mine")]),
+            i.to_string()
+        );
+    }
+    // Each worktree is a project of its own: its own audit log.
+    let logs = std::fs::read_dir(w.home.join(".local/state/corral"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().join("audit.jsonl").is_file())
+        .filter(|e| e.file_name().to_string_lossy().starts_with('c'))
+        .count();
+    assert_eq!(logs, 4);
+}
