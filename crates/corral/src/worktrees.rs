@@ -373,6 +373,15 @@ pub struct Session {
 /// back (it was killed) are brought back first.
 pub fn prepare(l: &Layout) -> anyhow::Result<Session> {
     let admin = admin_dir(l)?;
+    let mut c = git(&l.main);
+    c.args(["rev-parse", "--show-ref-format"]);
+    let refs = output(c, "read the repository's ref storage")?;
+    if refs != "files" {
+        bail!(
+            "{} keeps its refs in {refs:?}, and --worktree works with the files ref storage only",
+            l.main.display()
+        );
+    }
     let private = l.private();
     if fs::symlink_metadata(&private).is_err() {
         init_private(l, &private)?;
@@ -390,7 +399,7 @@ pub fn prepare(l: &Layout) -> anyhow::Result<Session> {
         }
     }
     let gitdir = &l.gitdir;
-    for d in ["refs", "refs/heads", "objects", "logs"] {
+    for d in ["refs", "refs/heads", "objects"] {
         real_dirs(&[&gitdir.join(d)])?;
     }
     let logs_heads = gitdir.join("logs/refs/heads");
@@ -398,7 +407,7 @@ pub fn prepare(l: &Layout) -> anyhow::Result<Session> {
         fs::create_dir_all(&logs_heads)
             .with_context(|| format!("cannot create {}", logs_heads.display()))?;
     }
-    real_dirs(&[&gitdir.join("logs/refs"), &logs_heads])?;
+    real_dirs(&[&gitdir.join("logs"), &gitdir.join("logs/refs"), &logs_heads])?;
     let heads = private.join("refs/heads");
     let logs = private.join("logs/refs/heads");
     for dir in [&heads, &logs] {
