@@ -330,6 +330,22 @@ fn bad_worktree_names_and_places_get_a_clear_error() {
         assert!(!out.stdout.contains("RAN"), "{}", out.both());
         assert!(out.stderr.contains("worktree name"), "{}", out.both());
     }
+    // The container engines are refused before a worktree is made.
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--worktree",
+        "pod",
+        "--engine",
+        "podman",
+        "--",
+        "echo",
+        "RAN",
+    ]);
+    let out = run(c);
+    assert_ne!(out.code, 0, "{}", out.both());
+    assert!(out.stderr.contains("native backend only"), "{}", out.both());
+    assert!(!w.project.join(".git/worktrees/pod").exists());
     let mut c = w.corral();
     c.current_dir(&w.outside)
         .args(["run", "--worktree", "w", "--", "true"]);

@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use corral_policy::plan::{Engine, Plan};
 use corral_policy::resolve::{ensure_state_paths, resolve};
 
-use crate::cli::{JailOptions, WorktreeCommand, WorktreesArgs};
+use crate::cli::{EngineArg, JailOptions, WorktreeCommand, WorktreesArgs};
 use crate::worktrees;
 
 /// Run `profile`/`command` jailed in the worktree `name` of the repository holding the current
@@ -18,6 +18,11 @@ pub fn run(
     opts: &JailOptions,
     command: Vec<String>,
 ) -> anyhow::Result<ExitCode> {
+    // `--engine podman|docker` is refused before any worktree is made (a policy file's engine
+    // after the plan is resolved: `native_only`).
+    if let Some(e @ (EngineArg::Podman | EngineArg::Docker)) = opts.engine {
+        bail!("{}", container_refused(&format!("{e:?}")));
+    }
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let layout = worktrees::Layout::new(&cwd, name)?;
     // Held until the branch is back: the "agent running" marker, one run per worktree.
@@ -64,14 +69,17 @@ fn native_only(plan: &Plan) -> anyhow::Result<()> {
         Engine::Podman | Engine::Docker => false,
     };
     if !native {
-        bail!(
-            "--worktree runs on the native backend only, and this run would use a container \
-             engine (engine {:?}): run it with --engine native on a host where `corral doctor` \
-             shows the native backend",
-            plan.engine
-        );
+        bail!("{}", container_refused(&format!("{:?}", plan.engine)));
     }
     Ok(())
+}
+
+fn container_refused(engine: &str) -> String {
+    format!(
+        "--worktree runs on the native backend only, and this run would use a container engine \
+         (engine {engine}): run it with --engine native on a host where `corral doctor` shows \
+         the native backend"
+    )
 }
 
 /// `corral worktrees [--json]`.
