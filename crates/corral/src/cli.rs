@@ -100,6 +100,11 @@ pub enum Command {
     /// Print shell completions or the man page
     #[command(subcommand)]
     Generate(GenerateCommand),
+    /// The agents' git worktrees of this repository (`corral run --worktree NAME`)
+    Worktrees(WorktreesArgs),
+    /// An agent's git worktree of this repository: `corral worktree rm NAME`
+    #[command(subcommand)]
+    Worktree(WorktreeCommand),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -189,6 +194,11 @@ pub struct RunArgs {
     pub extra: Vec<String>,
     #[command(flatten)]
     pub jail: JailOptions,
+    /// Run in this repository's git worktree NAME, on branch NAME (made on first use under
+    /// $XDG_STATE_HOME/corral/worktrees, reused after): the jail writes that worktree and
+    /// branch only (native backend)
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["project", "scratch"])]
+    pub worktree: Option<String>,
     /// The command to run instead of the profile's
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -506,4 +516,28 @@ pub enum GenerateCommand {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct WorktreesArgs {
+    /// One JSON array: name, path, branch, running, ahead, behind, changed, uncommitted
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorktreeCommand {
+    /// Remove the worktree NAME (refused while an agent runs in it); its branch is kept
+    Rm(WorktreeRmArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WorktreeRmArgs {
+    pub name: String,
+    /// Also delete the branch NAME
+    #[arg(long)]
+    pub delete_branch: bool,
+    /// Remove it even with uncommitted changes (they are lost)
+    #[arg(long)]
+    pub force: bool,
 }

@@ -27,6 +27,7 @@ mod live;
 mod setid;
 mod stateguard;
 mod usage;
+mod worktrees;
 
 use std::process::ExitCode;
 

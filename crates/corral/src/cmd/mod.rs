@@ -26,6 +26,7 @@ mod shim;
 mod skill;
 pub mod trust;
 mod watch;
+mod worktree;
 
 /// Whether the command line `args` (program name first) is one that runs a native jail from
 /// this process: `run`, `shell`, and the executor's `serve --jail-helper`. Read before the
@@ -75,5 +76,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Trust(args) => trust::run(args),
         Command::Watch(args) => watch::run(args),
         Command::Generate(cmd) => generate::run(cmd),
+        Command::Worktrees(args) => worktree::list(args),
+        Command::Worktree(cmd) => worktree::run_command(cmd),
     }
 }

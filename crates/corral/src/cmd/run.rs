@@ -13,6 +13,10 @@ use corral_policy::resolve::{ensure_state_paths, resolve};
 use crate::cli::{JailOptions, RunArgs};
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    if let Some(name) = &args.worktree {
+        // `--worktree NAME`: the run in an agent's own git worktree (cmd/worktree.rs).
+        return super::worktree::run(name, args.profile, &args.jail, args.command);
+    }
     run_jail(args.profile, &args.jail, args.command)
 }
 
