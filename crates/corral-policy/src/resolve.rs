@@ -273,6 +273,7 @@ struct Layer {
     env_set: BTreeMap<String, (String, Loc)>,
     net: NetLayer,
     secrets: BTreeMap<String, (SecretSpec, Loc)>,
+    signin: BTreeMap<String, (crate::signin::SigninSpec, Loc)>,
     memory: Option<u64>,
     cpus: Option<f64>,
     pids: Option<u64>,
@@ -321,6 +322,7 @@ impl Layer {
         self.env_set.extend(o.env_set);
         self.net.merge(o.net);
         self.secrets.extend(o.secrets);
+        self.signin.extend(o.signin);
         self.exec_allow_host |= o.exec_allow_host;
         self.allow_harness_config |= o.allow_harness_config;
         self.exec_read_only.extend(o.exec_read_only);
@@ -806,6 +808,14 @@ fn file_layer(
             l.secrets.insert(name, (spec, at));
         }
     }
+    for (name, entry) in pf.signin.unwrap_or_default() {
+        let at = key_loc(file, text, &["signin", name.as_str()]);
+        let spec = entry.resolve(file, text)?;
+        if project {
+            grants.push(format!("{at}: {}", spec.grant_text(&name)));
+        }
+        l.signin.insert(name, (spec, at));
+    }
     if let Some(c) = pf.terminal.and_then(|t| t.clipboard) {
         if project && *c.get_ref() {
             // At the key, as the trust list says it (one line in `corral plan`).
@@ -1201,6 +1211,11 @@ fn trust_grants(
     for (name, (spec, loc)) in &project.secrets {
         if without.secrets.get(name).map(|(w, _)| w) != Some(spec) {
             out.push((loc.clone(), secret_text(name, spec)));
+        }
+    }
+    for (name, (spec, loc)) in &project.signin {
+        if without.signin.get(name).map(|(w, _)| w) != Some(spec) {
+            out.push((loc.clone(), spec.grant_text(name)));
         }
     }
     // Limits: a higher value than the user's layers give, or best-effort instead of strict.
@@ -2444,6 +2459,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
                 env: exec_env,
                 network: exec_net,
                 secrets: Vec::new(),
+                signin: Vec::new(),
                 limits: limits.clone(),
                 executor: ExecutorPlan {
                     target: ExecutorTarget::Sandbox,
@@ -2497,6 +2513,7 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
         env,
         network,
         secrets: secrets.into_values().collect(),
+        signin: signin_plans(&profile.signin, &m.signin, &req.home),
         limits,
         executor: ExecutorPlan {
             target,
@@ -2611,4 +2628,20 @@ pub fn ensure_state_paths(profile: &str, home: &Path) -> Result<(), PolicyError>
             })?;
     }
     Ok(())
+}
+
+/// Sign-in entries: the profile's, each replaced by a policy entry of the same name.
+fn signin_plans(
+    profile: &BTreeMap<String, crate::signin::SigninSpec>,
+    layers: &BTreeMap<String, (crate::signin::SigninSpec, Loc)>,
+    home: &Path,
+) -> Vec<crate::signin::SigninPlan> {
+    let mut all: BTreeMap<&str, &crate::signin::SigninSpec> =
+        profile.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    for (name, (spec, _)) in layers {
+        all.insert(name, spec);
+    }
+    all.into_iter()
+        .map(|(name, s)| s.plan(name, home))
+        .collect()
 }

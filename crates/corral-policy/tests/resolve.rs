@@ -214,6 +214,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
             dns: Default::default(),
         },
         secrets: vec![],
+        signin: vec![],
         limits: limits.clone(),
         executor: ExecutorPlan {
             target: ExecutorTarget::Sandbox,
@@ -324,6 +325,7 @@ fn pi_in_a_fresh_git_project_resolves_to_exactly_this_plan() {
             from_env: "ANTHROPIC_API_KEY".into(),
             hosts: vec![pat("api.anthropic.com")],
         }],
+        signin: vec![],
         limits,
         executor: ExecutorPlan {
             target: ExecutorTarget::Sandbox,
