@@ -15,8 +15,9 @@
 //!   the jail new placeholders in their place ([`Signin::take_response`]);
 //! - writes the new real tokens back into the user's file ([`Signin::write_back`]): under a
 //!   lock on its directory, re-read first, only if the host's harness did not refresh meanwhile,
-//!   every other field kept (`scopes`, `subscriptionType`, ...), the file's mode kept, replaced
-//!   atomically (temporary file, fsync, rename).
+//!   every other field kept (`scopes`, `subscriptionType`, ...), rewritten in place (same
+//!   inode and mode, fsynced; never renamed over, which would detach the jail's bind of its
+//!   placeholder file over this path).
 //!
 //! Every real token corral ever held for the run (current and replaced ones) stays in the
 //! scrubber, so no answer from a bound host shows one to the jail.
@@ -26,7 +27,6 @@
 //! wrote there; the placeholders the jail holds keep working.
 
 use std::io::Write as _;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -451,7 +451,7 @@ impl Signin {
         }
         let data = serde_json::to_vec_pretty(&v)
             .map_err(|e| io("serialising", std::io::Error::other(e.to_string())))?;
-        replace_file(path, &data).map_err(|e| io("replacing", e))?;
+        rewrite_in_place(path, &data).map_err(|e| io("rewriting", e))?;
         st.on_disk_refresh = find(&st.current, Kind::Refresh)
             .map(|p| p.real.clone())
             .unwrap_or_default();
@@ -483,35 +483,15 @@ fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Replace `path` atomically with `data`, keeping its mode: a temporary file in the same
-/// directory, fsynced, renamed over it.
-fn replace_file(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let mode = std::fs::metadata(path)?.permissions().mode() & 0o7777;
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let mut rand = [0u8; 6];
-    getrandom::fill(&mut rand).map_err(|e| std::io::Error::other(e.to_string()))?;
-    let suffix: String = rand.iter().map(|b| format!("{b:02x}")).collect();
-    let tmp = dir.join(format!(".{name}.corral-{suffix}"));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        f.write_all(data)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+/// Rewrite `path` in place with `data` (same inode: its mode and owner stay, and the jail's bind
+/// over this path stays attached; replacing the file by a rename would detach that bind in the
+/// jail's mount namespace and show the jail the new file). One write, then the length set, then
+/// fsync: a reader racing it may see a mix only within the lock holder's write.
+fn rewrite_in_place(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+    f.write_all(data)?;
+    f.set_len(data.len() as u64)?;
+    f.sync_all()
 }
 
 fn percent_encode(s: &str) -> String {
