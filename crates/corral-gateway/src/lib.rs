@@ -410,14 +410,14 @@ impl Gateway {
     /// Whether a CONNECT to `host:port` must be handed to [`Gateway::intercept`]: a name (never
     /// an IP literal) that some secret is bound to.
     pub fn binds(&self, host: &Host, port: u16) -> bool {
-        matches!(host, Host::Name(_))
-            && self
-                .inner
+        let secret = || {
+            self.inner
                 .secrets
                 .iter()
                 .any(|s| s.hosts.iter().any(|p| p.matches(host, port)))
-            || matches!(host, Host::Name(_))
-                && self.inner.signin.iter().any(|s| s.binds(host, port))
+        };
+        let signin = || self.inner.signin.iter().any(|s| s.binds(host, port));
+        matches!(host, Host::Name(_)) && (secret() || signin())
     }
 
     fn audit(&self, ev: NetEvent) {

@@ -45,9 +45,9 @@ impl AsyncWrite for Capped {
 /// `headers` declaring exactly `len` body bytes, and closing the connection when `close`.
 fn fixed_length(headers: &mut Vec<Header>, len: usize, close: bool) {
     headers.retain(|h| {
-        !h.name.eq_ignore_ascii_case("content-length")
-            && !h.name.eq_ignore_ascii_case("transfer-encoding")
-            && !(close && h.name.eq_ignore_ascii_case("connection"))
+        let framing = h.name.eq_ignore_ascii_case("content-length")
+            || h.name.eq_ignore_ascii_case("transfer-encoding");
+        !(framing || close && h.name.eq_ignore_ascii_case("connection"))
     });
     headers.push(Header {
         name: "Content-Length".into(),
