@@ -1635,7 +1635,7 @@ fn the_claude_profile_serves_its_signin_and_a_project_entry_replacing_it_needs_t
     assert_eq!(
         plan.project_trust.unwrap().grants,
         vec![format!(
-            "{d}:1:1: signin.claude sends your sign-in tokens from ~/.claude/.credentials.json \
+            "{d}:1:9: signin.claude sends your sign-in tokens from ~/.claude/.credentials.json \
              to api.evil.example (refresh at evil.example/token)"
         )]
     );
