@@ -33,7 +33,7 @@ const MARKERS: [&str; 4] = [
     "NEWREFRESHnewREFRESH",
 ];
 
-const MOCK: &str = r#"import http.server, ssl, json, sys
+const MOCK: &str = r#"import http.server, ssl, json, sys, urllib.parse
 tok = json.load(open("tokens.json"))
 state = {"access": tok["access"], "refresh": tok["refresh"]}
 class H(http.server.BaseHTTPRequestHandler):
@@ -58,16 +58,23 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         self.log(body=body.decode(errors="replace"))
+        form = self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded")
         try:
-            req = json.loads(body)
+            if form:
+                req = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()}
+            else:
+                req = json.loads(body)
         except ValueError:
             return self.answer(400, '{"error":"invalid_request"}')
-        if self.path != "/v1/oauth/token" or req.get("refresh_token") != state["refresh"]:
+        if self.path != tok["token_path"] or req.get("refresh_token") != state["refresh"]:
             return self.answer(400, '{"error":"invalid_grant"}')
         state["access"], state["refresh"] = tok["new_access"], tok["new_refresh"]
-        self.answer(200, json.dumps({"token_type": "Bearer", "access_token": state["access"],
+        answer = {"token_type": "Bearer", "access_token": state["access"],
             "refresh_token": state["refresh"], "expires_in": 28800,
-            "scope": "user:inference user:profile"}))
+            "scope": "user:inference user:profile"}
+        if "new_id" in tok:
+            answer["id_token"] = tok["new_id"]
+        self.answer(200, json.dumps(answer))
     def log_message(self, *a):
         pass
 s = http.server.HTTPServer(("127.0.0.1", 0), H)
@@ -90,11 +97,19 @@ impl Drop for Mock {
     }
 }
 
+/// The mock for Claude Code's tokens; see [`mock_with`].
 fn mock(dir: &Path, host: &str) -> Mock {
+    let tokens = serde_json::json!({"access": ACCESS, "refresh": REFRESH,
+        "new_access": NEW_ACCESS, "new_refresh": NEW_REFRESH, "token_path": "/v1/oauth/token"});
+    mock_with(dir, host, &tokens)
+}
+
+/// A TLS mock for `host` (test CA in `dir`): an API accepting only the current real access
+/// token, `/echo` reflecting Authorization, and a token endpoint at `tokens.token_path`
+/// accepting only the current real refresh token (JSON or form body) and rotating both.
+fn mock_with(dir: &Path, host: &str, tokens: &serde_json::Value) -> Mock {
     certs(dir, host);
     write(&dir.join("mock.py"), MOCK);
-    let tokens = serde_json::json!({"access": ACCESS, "refresh": REFRESH,
-        "new_access": NEW_ACCESS, "new_refresh": NEW_REFRESH});
     write(&dir.join("tokens.json"), &tokens.to_string());
     let mut child = Command::new("python3")
         .arg("mock.py")
@@ -440,4 +455,140 @@ fn without_network_the_jail_gets_the_placeholder_file_and_cannot_touch_the_real_
         before,
         "the jail changed the user's file"
     );
+}
+
+/// Codex's ChatGPT sign-in, the same attack: `~/.codex/auth.json` with JWT access and id
+/// tokens and an opaque refresh token; the refresh is form-encoded (as Codex sends it).
+#[test]
+fn codex_auth_json_the_jail_holds_placeholders_and_corral_refreshes_and_writes_back() {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    const HEAD: &str = "eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9";
+    const EXP: &str = "eyJleHAiOjE5MDAwMDAwMDB9";
+    const ID_CLAIMS: &str = "eyJlbWFpbCI6InVAZXhhbXBsZS5jb20iLCJodHRwczovL2FwaS5vcGVuYWkuY29tL2F1dGgiOnsiY2hhdGdwdF9wbGFuX3R5cGUiOiJwbHVzIn19";
+    let jwt = |claims: &str, sig: &str| format!("{HEAD}.{claims}.{sig}");
+    let access = jwt(
+        EXP,
+        "CDXACCESSsigCDXACCESSsigCDXACCESSsig0123456789-_abcdef",
+    );
+    let id = jwt(
+        ID_CLAIMS,
+        "CDXIDsigCDXIDsigCDXIDsigCDXIDsig0123456789-_abcdefghij",
+    );
+    let refresh = "rt_CDXREFRESHrealCDXREFRESHreal.0123456789abcdefABCDEF";
+    let new_access = jwt(
+        EXP,
+        "CDXNEWACCESSsigCDXNEWACCESSsig0123456789-_abcdefghijkl",
+    );
+    let new_refresh = "rt_CDXNEWREFRESHnewCDXNEWREFRESH.0123456789abcdefABCD";
+    let markers = [
+        "CDXACCESSsig",
+        "CDXIDsig",
+        "CDXREFRESHreal",
+        "CDXNEWACCESSsig",
+        "CDXNEWREFRESH",
+    ];
+
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    let tokens = serde_json::json!({"access": access, "refresh": refresh, "new_access": new_access,
+        "new_refresh": new_refresh, "new_id": id, "token_path": "/oauth/token"});
+    let m = mock_with(&mdir, &host, &tokens);
+    let port = m.port;
+    let file = w.home.join(".codex/auth.json");
+    let auth = serde_json::json!({"OPENAI_API_KEY": null, "tokens": {"id_token": id,
+        "access_token": access, "refresh_token": refresh, "account_id": "acc-1"},
+        "last_refresh": "2026-01-01T00:00:00Z"});
+    write(&file, &serde_json::to_string_pretty(&auth).unwrap());
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [signin.codex]\nformat = \"codex\"\nfile = \"~/.codex/auth.json\"\n\
+             api_hosts = [\"{host}:{port}\"]\ntoken_url = \"https://{host}:{port}/oauth/token\"\n"
+        ),
+    );
+    w.trust_project(&[]);
+    let url = format!("https://{host}:{port}");
+    let greps: String = markers
+        .iter()
+        .map(|m| {
+            let (a, b) = m.split_at(m.len() / 2);
+            format!(
+                "P={a}; P=${{P}}{b}; if grep -rqs \"$P\" ~ /tmp \"$PWD\"; then echo FILE-LEAK-{a}; fi; \
+                 if cat /proc/[0-9]*/environ 2>/dev/null | grep -q \"$P\"; then echo ENV-LEAK-{a}; fi\n"
+            )
+        })
+        .collect();
+    // Codex writes auth.json in place.
+    let script = format!(
+        r#"F=~/.codex/auth.json
+get() {{ python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens"][sys.argv[2]])' "$F" "$1"; }}
+A=$(get access_token); R=$(get refresh_token); I=$(get id_token)
+echo "PH_ACCESS=$A"
+echo "PH_ID=$I"
+echo "API1=$(curl -sS {url}/backend-api/codex -H "Authorization: Bearer $A")"
+RESP=$(curl -sS -X POST {url}/oauth/token -H 'Content-Type: application/x-www-form-urlencoded' --data-urlencode grant_type=refresh_token --data-urlencode client_id=app_x --data-urlencode "refresh_token=$R")
+echo "TOKENRESP=$RESP"
+echo "$RESP" | python3 -c '
+import json, sys
+r = json.load(sys.stdin); f = sys.argv[1]
+d = json.load(open(f))
+for k in ("access_token", "refresh_token", "id_token"):
+    d["tokens"][k] = r[k]
+open(f, "w").write(json.dumps(d))
+' "$F"
+echo "API2=$(curl -sS {url}/backend-api/codex -H "Authorization: Bearer $(get access_token)")"
+{greps}echo END
+"#
+    );
+    let mut c = w.corral();
+    c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
+        "run",
+        "codex",
+        "--network",
+        "proxy",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    let all = out.both();
+    let stdout = out.stdout.as_str();
+    for marker in markers {
+        assert!(!all.contains(marker), "{marker} reached the jail:\n{all}");
+    }
+    assert!(!stdout.contains("-LEAK-"), "{all}");
+    // JWT placeholders keep the header and claims (Codex reads them), not the signature.
+    let ph_id = line(stdout, "PH_ID=");
+    assert!(
+        ph_id.starts_with(&format!("{HEAD}.{ID_CLAIMS}.")) && ph_id.len() == id.len(),
+        "{ph_id}"
+    );
+    assert!(
+        line(stdout, "PH_ACCESS=").starts_with(&format!("{HEAD}.{EXP}.")),
+        "{all}"
+    );
+    assert_eq!(line(stdout, "API1="), "\"api-ok\"", "{all}");
+    assert_eq!(line(stdout, "API2="), "\"api-ok\"", "{all}");
+    let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap();
+    assert!(
+        seen.contains("CDXREFRESHreal"),
+        "the real refresh token did not reach the endpoint: {seen}"
+    );
+
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(v["tokens"]["access_token"], new_access.as_str(), "{v}");
+    assert_eq!(v["tokens"]["refresh_token"], new_refresh, "{v}");
+    assert_eq!(v["tokens"]["id_token"], id.as_str(), "{v}");
+    assert_eq!(v["tokens"]["account_id"], "acc-1");
+    assert_ne!(v["last_refresh"], "2026-01-01T00:00:00Z");
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
 }
