@@ -337,7 +337,12 @@ impl Signin {
         self.adopt_from_disk();
         let st = self.state();
         let p = find(&st.current, Kind::Refresh)?;
-        if !contains(body, p.ph.as_bytes()) {
+        // A form encoder may percent-encode the placeholder's `/`, `.`, ... (curl, URLSearchParams).
+        let mut needles = vec![p.ph.clone()];
+        if form {
+            needles.push(percent_encode(&p.ph));
+        }
+        if !needles.iter().any(|n| contains(body, n.as_bytes())) {
             return None;
         }
         let real = if form {
@@ -346,7 +351,11 @@ impl Signin {
             let quoted = serde_json::to_string(&p.real).unwrap_or_default();
             quoted[1..quoted.len() - 1].to_string()
         };
-        Some(replace(body, p.ph.as_bytes(), real.as_bytes()))
+        let mut out = body.to_vec();
+        for n in needles {
+            out = replace(&out, n.as_bytes(), real.as_bytes());
+        }
+        Some(out)
     }
 
     /// Take the new tokens out of a successful token response: keep them, give the jail new

@@ -344,6 +344,16 @@ fn gemini_tokens_are_replaced_and_the_expiry_written_back() {
         "{}",
         String::from_utf8_lossy(&up)
     );
+    // The placeholder itself percent-encoded by the jail's form encoder (curl, URLSearchParams).
+    let encoded = ph_r.replace('/', "%2F");
+    let up = s
+        .swap_refresh(format!("refresh_token={encoded}").as_bytes(), true)
+        .unwrap();
+    assert!(
+        has(&up, "refresh_token=1%2F%2FREALrefresh"),
+        "{}",
+        String::from_utf8_lossy(&up)
+    );
     let answer = json!({"access_token": "ya29.NEWaccessNEWaccessNEWaccess", "expires_in": 3599, "token_type": "Bearer"});
     let (out, exp) = s
         .take_response(&serde_json::to_vec(&answer).unwrap())

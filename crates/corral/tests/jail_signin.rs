@@ -592,3 +592,101 @@ echo "API2=$(curl -sS {url}/backend-api/codex -H "Authorization: Bearer $(get ac
     let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
 }
+
+/// Gemini CLI's Google sign-in: `~/.gemini/oauth_creds.json` with top-level Google OAuth fields;
+/// the refresh is form-encoded and Google's answer carries no new refresh token.
+#[test]
+fn gemini_oauth_creds_the_jail_holds_placeholders_and_corral_refreshes_and_writes_back() {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let access = "ya29.GEMACCESSrealGEMACCESSrealGEMACCESSreal_0123456789-abcdefABCDEF";
+    let refresh = "1//GEMREFRESHrealGEMREFRESHrealGEMREFRESH-0123456789abcdefABCD";
+    let new_access = "ya29.GEMNEWACCESSnewGEMNEWACCESSnewGEMNEW_0123456789-abcdefABCD";
+    let markers = ["GEMACCESSreal", "GEMREFRESHreal", "GEMNEWACCESSnew"];
+
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    // Google does not rotate the refresh token: the mock answers the same one.
+    let tokens = serde_json::json!({"access": access, "refresh": refresh, "new_access": new_access,
+        "new_refresh": refresh, "token_path": "/token"});
+    let m = mock_with(&mdir, &host, &tokens);
+    let port = m.port;
+    let file = w.home.join(".gemini/oauth_creds.json");
+    let creds = serde_json::json!({"access_token": access, "refresh_token": refresh,
+        "scope": "https://www.googleapis.com/auth/cloud-platform", "token_type": "Bearer",
+        "expiry_date": 1_700_000_000_000u64});
+    write(&file, &serde_json::to_string_pretty(&creds).unwrap());
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [signin.gemini]\nformat = \"gemini\"\nfile = \"~/.gemini/oauth_creds.json\"\n\
+             api_hosts = [\"{host}:{port}\"]\ntoken_url = \"https://{host}:{port}/token\"\n"
+        ),
+    );
+    w.trust_project(&[]);
+    let url = format!("https://{host}:{port}");
+    let greps: String = markers
+        .iter()
+        .map(|m| {
+            let (a, b) = m.split_at(m.len() / 2);
+            format!(
+                "P={a}; P=${{P}}{b}; if grep -rqs \"$P\" ~ /tmp \"$PWD\"; then echo FILE-LEAK-{a}; fi; \
+                 if cat /proc/[0-9]*/environ 2>/dev/null | grep -q \"$P\"; then echo ENV-LEAK-{a}; fi\n"
+            )
+        })
+        .collect();
+    let script = format!(
+        r#"F=~/.gemini/oauth_creds.json
+get() {{ python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$F" "$1"; }}
+A=$(get access_token); R=$(get refresh_token)
+echo "API1=$(curl -sS {url}/v1internal:generateContent -H "Authorization: Bearer $A")"
+RESP=$(curl -sS -X POST {url}/token -H 'Content-Type: application/x-www-form-urlencoded' --data-urlencode grant_type=refresh_token --data-urlencode "refresh_token=$R")
+echo "TOKENRESP=$RESP"
+echo "$RESP" | python3 -c '
+import json, sys
+r = json.load(sys.stdin); f = sys.argv[1]
+d = json.load(open(f)); d["access_token"] = r["access_token"]
+open(f, "w").write(json.dumps(d))
+' "$F"
+echo "API2=$(curl -sS {url}/v1internal:generateContent -H "Authorization: Bearer $(get access_token)")"
+echo "SAME_REFRESH=$(test "$(get refresh_token)" = "$R" && echo yes)"
+{greps}echo END
+"#
+    );
+    let mut c = w.corral();
+    c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
+        "run",
+        "gemini",
+        "--network",
+        "proxy",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    let all = out.both();
+    let stdout = out.stdout.as_str();
+    for marker in markers {
+        assert!(!all.contains(marker), "{marker} reached the jail:\n{all}");
+    }
+    assert!(!stdout.contains("-LEAK-"), "{all}");
+    assert_eq!(line(stdout, "API1="), "\"api-ok\"", "{all}");
+    assert_eq!(line(stdout, "API2="), "\"api-ok\"", "{all}");
+    // The unchanged refresh token keeps its placeholder.
+    assert_eq!(line(stdout, "SAME_REFRESH="), "yes", "{all}");
+    let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap();
+    assert!(seen.contains("GEMREFRESHreal"), "{seen}");
+
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(v["access_token"], new_access, "{v}");
+    assert_eq!(v["refresh_token"], refresh, "{v}");
+    assert_eq!(v["scope"], creds["scope"]);
+    assert!(v["expiry_date"].as_u64().unwrap() > 1_700_000_000_000);
+}
