@@ -70,6 +70,8 @@
 mod ca;
 mod placeholder;
 mod serve;
+pub mod signin;
+mod signin_serve;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -252,6 +254,8 @@ struct Inner {
     /// Encodings of real values the gateway put into requests (a `Basic` credential's base64),
     /// each with what the jail had sent instead: scrubbed from responses like the values.
     produced: std::sync::Mutex<Vec<(Vec<u8>, Vec<u8>)>>,
+    /// Sign-in credential files served in this run ([`signin`]).
+    signin: Vec<signin::Signin>,
 }
 
 /// How many produced encodings are remembered for scrubbing (one per distinct `Basic` user).
@@ -288,6 +292,15 @@ impl Gateway {
     /// environment), with a fresh CA, and the files and variables the jail needs.
     pub fn new(
         secrets: Vec<(SecretPlan, String)>,
+        config: GatewayConfig,
+    ) -> Result<(Gateway, JailTrust), GatewayError> {
+        Self::with_signin(secrets, Vec::new(), config)
+    }
+
+    /// [`Gateway::new`] that also serves sign-in credential files ([`signin`]).
+    pub fn with_signin(
+        secrets: Vec<(SecretPlan, String)>,
+        signins: Vec<signin::Signin>,
         config: GatewayConfig,
     ) -> Result<(Gateway, JailTrust), GatewayError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -331,6 +344,11 @@ impl Gateway {
                 placeholder,
             });
         }
+        for name in signins.iter().flat_map(signin::Signin::names) {
+            if !permitted.contains(&name) {
+                permitted.push(name);
+            }
+        }
         let ca = ca::RunCa::generate(permitted, provider.clone())?;
 
         let roots = match config.upstream_roots {
@@ -366,6 +384,7 @@ impl Gateway {
                 upstream: Arc::new(client),
                 audit: config.audit,
                 produced: std::sync::Mutex::new(Vec::new()),
+                signin: signins,
             }),
             timeouts: Timeouts::default(),
         };
@@ -391,12 +410,14 @@ impl Gateway {
     /// Whether a CONNECT to `host:port` must be handed to [`Gateway::intercept`]: a name (never
     /// an IP literal) that some secret is bound to.
     pub fn binds(&self, host: &Host, port: u16) -> bool {
-        matches!(host, Host::Name(_))
-            && self
-                .inner
+        let secret = || {
+            self.inner
                 .secrets
                 .iter()
                 .any(|s| s.hosts.iter().any(|p| p.matches(host, port)))
+        };
+        let signin = || self.inner.signin.iter().any(|s| s.binds(host, port));
+        matches!(host, Host::Name(_)) && (secret() || signin())
     }
 
     fn audit(&self, ev: NetEvent) {
@@ -516,6 +537,13 @@ impl Gateway {
                 ));
             }
         }
+        signin::swap_access(
+            &self.inner.signin,
+            headers,
+            (host, port),
+            plain,
+            &mut report,
+        );
         report
     }
 

@@ -149,7 +149,7 @@ impl Gateway {
     }
 
     /// Audit a refusal and turn it into the error `serve` returns.
-    fn refused(&self, d: &Dest<'_>, method: &str, reason: String) -> GatewayError {
+    pub(crate) fn refused(&self, d: &Dest<'_>, method: &str, reason: String) -> GatewayError {
         self.record(
             d,
             method,
@@ -303,6 +303,17 @@ impl Gateway {
         let Some(up) = c.up.as_mut() else {
             unreachable!("connected just above")
         };
+        if let Some(s) = self.token_endpoint(c.host, c.port, &req.target) {
+            let d = Dest {
+                client: c.client,
+                host: c.host,
+                port: c.port,
+                addr: Some(c.addr),
+            };
+            self.refresh_exchange(s, (&mut c.down, up), req, &d, &mut c.stats)
+                .await?;
+            return Ok(Next::Close);
+        }
         let bytes = req.to_bytes();
         up.io
             .write_all(&bytes)
@@ -438,6 +449,9 @@ impl Gateway {
             .unwrap_or_else(|e| e.into_inner());
         for (real, sent) in produced.iter() {
             r.add(real.clone(), sent.clone());
+        }
+        for (real, ph) in self.inner.signin.iter().flat_map(|s| s.scrub_pairs()) {
+            r.add(real, ph);
         }
         r
     }

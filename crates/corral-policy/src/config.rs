@@ -29,6 +29,8 @@ pub struct PolicyFile {
     pub env: Option<EnvSection>,
     pub network: Option<NetworkSection>,
     pub secrets: Option<BTreeMap<String, Spanned<SecretEntry>>>,
+    /// `[signin.NAME]`: sign-in credential files served by the gateway.
+    pub signin: Option<BTreeMap<String, crate::signin::SigninEntry>>,
     pub limits: Option<LimitsSection>,
     pub executor: Option<ExecutorSection>,
     pub terminal: Option<TerminalSection>,

@@ -10,6 +10,7 @@ pub mod harness;
 pub mod plan;
 pub mod profile;
 pub mod resolve;
+pub mod signin;
 pub mod toolchain;
 pub mod trust;
 

@@ -285,6 +285,9 @@ pub struct Plan {
     pub env: BTreeMap<String, String>,
     pub network: NetworkPlan,
     pub secrets: Vec<SecretPlan>,
+    /// Sign-in credential files served by the gateway (placeholder file in the jail).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signin: Vec<crate::signin::SigninPlan>,
     pub limits: Limits,
     pub executor: ExecutorPlan,
     pub skill: Option<SkillPlan>,
@@ -507,6 +510,7 @@ impl Plan {
                 upstream_proxy: None,
             },
             secrets: Vec::new(),
+            signin: Vec::new(),
             limits: Limits {
                 memory: None,
                 cpus: None,

@@ -61,6 +61,8 @@ pub struct Profile {
     pub allow: Vec<DomainPattern>,
     /// Secrets served by the gateway, included when the caller has the variable.
     pub secrets: BTreeMap<String, SecretSpec>,
+    /// Sign-in credential files served by the gateway (`[signin.NAME]`).
+    pub signin: BTreeMap<String, crate::signin::SigninSpec>,
     /// Arguments that make the harness load the executor skill; `{dir}` is the skill directory.
     /// `None` when the harness has no such option.
     pub skill_args: Option<Vec<String>>,
@@ -88,6 +90,7 @@ struct ProfileFile {
     env: Option<EnvSection>,
     network: Option<NetworkSection>,
     secrets: Option<BTreeMap<String, Spanned<SecretEntry>>>,
+    signin: Option<BTreeMap<String, crate::signin::SigninEntry>>,
     skill: Option<SkillSection>,
     image_build: ImageBuildSection,
 }
@@ -198,6 +201,12 @@ pub fn parse_profile(file: &Path, text: &str) -> Result<Profile, PolicyError> {
             .unwrap_or_default()
             .into_iter()
             .map(|(k, v)| Ok((k, v.get_ref().resolve(file, text)?)))
+            .collect::<Result<_, PolicyError>>()?,
+        signin: f
+            .signin
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| Ok((k, v.resolve(file, text)?)))
             .collect::<Result<_, PolicyError>>()?,
         skill_args: f.skill.map(|s| s.args),
         dockerfile: f.image_build.dockerfile,

@@ -223,6 +223,11 @@ pub(super) fn trust_grants(t: &TrustInput) -> Vec<(Loc, String)> {
             out.push((loc.clone(), secret_text(name, spec)));
         }
     }
+    for (name, (spec, loc)) in &p.signin {
+        if without.signin.get(name).map(|(w, _)| w) != Some(spec) {
+            out.push((loc.clone(), spec.grant_text(name)));
+        }
+    }
     limit_grants(t, &mut out);
     if p.clipboard == Some(true) && with.clipboard == Some(true) && without.clipboard != Some(true)
     {

@@ -130,6 +130,7 @@ pub(super) struct Layer {
     pub(super) env_set: BTreeMap<String, (String, Loc)>,
     pub(super) net: NetLayer,
     pub(super) secrets: BTreeMap<String, (SecretSpec, Loc)>,
+    pub(super) signin: BTreeMap<String, (crate::signin::SigninSpec, Loc)>,
     pub(super) memory: Option<u64>,
     pub(super) cpus: Option<f64>,
     pub(super) pids: Option<u64>,
@@ -178,6 +179,7 @@ impl Layer {
         self.env_set.extend(o.env_set);
         self.net.merge(o.net);
         self.secrets.extend(o.secrets);
+        self.signin.extend(o.signin);
         self.exec_allow_host |= o.exec_allow_host;
         self.allow_harness_config |= o.allow_harness_config;
         self.exec_read_only.extend(o.exec_read_only);

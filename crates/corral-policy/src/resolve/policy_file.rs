@@ -235,6 +235,14 @@ pub(super) fn file_layer(
     if let Some(secrets) = pf.secrets {
         r.secrets(&mut l, secrets)?;
     }
+    for (name, entry) in pf.signin.unwrap_or_default() {
+        let at = key_loc(file, text, &["signin", name.as_str()]);
+        let spec = entry.resolve(file, text)?;
+        if r.project {
+            r.grants.push(format!("{at}: {}", spec.grant_text(&name)));
+        }
+        l.signin.insert(name, (spec, at));
+    }
     if let Some(c) = pf.terminal.and_then(|t| t.clipboard) {
         if r.project && *c.get_ref() {
             // At the key, as the trust list says it (one line in `corral plan`).

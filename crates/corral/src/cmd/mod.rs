@@ -23,6 +23,7 @@ mod secrets;
 mod serve;
 mod shell;
 mod shim;
+mod signin;
 mod skill;
 pub mod trust;
 mod watch;

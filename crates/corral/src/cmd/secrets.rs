@@ -59,8 +59,11 @@ impl Drop for TrustDir {
 }
 
 /// Read each secret's real value from corral's environment and prepare the jail's side.
+/// Sign-in credential files (`[signin]`, [`super::signin`]) the same way: the jail gets a file of
+/// placeholders, the gateway keeps the real tokens.
 pub fn prepare(plan: &Plan, jail_id: &str, audit: &AuditLog) -> anyhow::Result<Secrets> {
-    if plan.secrets.is_empty() {
+    let signins = super::signin::load(plan)?;
+    if plan.secrets.is_empty() && signins.is_empty() {
         return Ok(Secrets {
             plan: None,
             gateway: None,
@@ -85,10 +88,11 @@ pub fn prepare(plan: &Plan, jail_id: &str, audit: &AuditLog) -> anyhow::Result<S
     let mut jailed = plan.clone();
     match plan.network.mode {
         NetworkMode::Host => bail!(
-            "[secrets] ({}) need network.mode = \"proxy\": with the host's network the gateway cannot put the real value into requests, and the jail's placeholder would be useless; use --network proxy",
+            "[secrets] and sign-ins ({}) need network.mode = \"proxy\": with the host's network the gateway cannot put the real value into requests, and the jail's placeholder would be useless; use --network proxy",
             plan.secrets
                 .iter()
-                .map(|s| s.name.as_str())
+                .map(|s| s.name.clone())
+                .chain(signins.iter().map(|s| format!("signin.{}", s.plan().name)))
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
@@ -100,16 +104,27 @@ pub fn prepare(plan: &Plan, jail_id: &str, audit: &AuditLog) -> anyhow::Result<S
                     .env
                     .insert(s.name.clone(), corral_gateway::placeholder_for(real)?);
             }
+            let dir = if signins.is_empty() {
+                None
+            } else {
+                let dir = TrustDir::create(jail_id)?;
+                jailed
+                    .mounts
+                    .extend(super::signin::jail_files(&signins, dir.path())?);
+                Some(dir)
+            };
             Ok(Secrets {
                 plan: Some(jailed),
                 gateway: None,
-                _trust_dir: None,
+                _trust_dir: dir,
             })
         }
         NetworkMode::Proxy => {
             let dir = TrustDir::create(jail_id)?;
-            let (gateway, trust) = Gateway::new(
+            let signin_mounts = super::signin::jail_files(&signins, dir.path())?;
+            let (gateway, trust) = Gateway::with_signin(
                 values,
+                signins,
                 GatewayConfig {
                     // The system store; SSL_CERT_FILE / SSL_CERT_DIR in corral's environment
                     // (a corporate CA) are honoured.
@@ -127,6 +142,8 @@ pub fn prepare(plan: &Plan, jail_id: &str, audit: &AuditLog) -> anyhow::Result<S
             // The system bundles themselves (system roots + run CA), for programs that read
             // only /etc/ssl and ignore every CA variable.
             jailed.mounts.extend(trust.system_overlays);
+            // After the state directories: each sign-in file over the real one.
+            jailed.mounts.extend(signin_mounts);
             Ok(Secrets {
                 plan: Some(jailed),
                 gateway: Some(gateway),

@@ -117,3 +117,19 @@ fn secret_plan(name: &str, spec: &SecretSpec) -> SecretPlan {
         hosts: spec.hosts.clone(),
     }
 }
+
+/// Sign-in entries: the profile's, each replaced by a policy entry of the same name.
+pub(super) fn signin(g: &Gathered, m: &Layer) -> Vec<crate::signin::SigninPlan> {
+    let mut all: BTreeMap<&str, &crate::signin::SigninSpec> = g
+        .profile
+        .signin
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    for (name, (spec, _)) in &m.signin {
+        all.insert(name, spec);
+    }
+    all.into_iter()
+        .map(|(name, s)| s.plan(name, &g.home))
+        .collect()
+}

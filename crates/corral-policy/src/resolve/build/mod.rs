@@ -115,6 +115,7 @@ fn jail(g: &Gathered, p: &Policy, side: Side) -> Result<Plan, PolicyError> {
         } else {
             Vec::new()
         },
+        signin: if agent { env::signin(g, m) } else { Vec::new() },
         limits: limits(p),
         executor: executor(g, p, side, target)?,
         skill: if agent { skill(g, m) } else { None },

@@ -1,0 +1,231 @@
+//! A sign-in's token endpoint inside an intercepted connection: the refresh request's body and
+//! the token response are read whole (bounded by [`MAX_SIGNIN_BYTES`]), the placeholder refresh
+//! token swapped for the real one on the way up, the new real tokens taken out of the answer on
+//! the way down (the jail gets new placeholders) and written back to the user's file. The
+//! connection closes after the exchange.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use corral_audit::Decision;
+use corral_http1::io::{BufConn, error_response, relay_body};
+use corral_http1::{Framing, Header, RequestHead, header_values, parse_response_head};
+use corral_policy::domain::Host;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use crate::signin::{MAX_SIGNIN_BYTES, Signin};
+use crate::{Dest, Gateway, GatewayError, InterceptStats, scrub_head};
+
+/// A body collected in memory, refused past [`MAX_SIGNIN_BYTES`].
+#[derive(Default)]
+struct Capped(Vec<u8>);
+
+impl AsyncWrite for Capped {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.0.len() + buf.len() > MAX_SIGNIN_BYTES {
+            return Poll::Ready(Err(std::io::Error::other(
+                "larger than the 1 MiB a sign-in exchange may carry",
+            )));
+        }
+        self.0.extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// `headers` declaring exactly `len` body bytes, and closing the connection when `close`.
+fn fixed_length(headers: &mut Vec<Header>, len: usize, close: bool) {
+    headers.retain(|h| {
+        let framing = h.name.eq_ignore_ascii_case("content-length")
+            || h.name.eq_ignore_ascii_case("transfer-encoding");
+        !(framing || close && h.name.eq_ignore_ascii_case("connection"))
+    });
+    headers.push(Header {
+        name: "Content-Length".into(),
+        value: len.to_string().into_bytes(),
+    });
+    if close {
+        headers.push(Header {
+            name: "Connection".into(),
+            value: b"close".to_vec(),
+        });
+    }
+}
+
+impl Gateway {
+    /// The sign-in whose token endpoint `target` on `host:port` is.
+    pub(crate) fn token_endpoint(&self, host: &Host, port: u16, target: &str) -> Option<&Signin> {
+        self.inner
+            .signin
+            .iter()
+            .find(|s| s.is_token_request(host, port, target))
+    }
+
+    /// Answer `status` with `why` to the jail and record the refusal.
+    async fn refuse_signin<D: AsyncWrite + Unpin>(
+        &self,
+        down: &mut D,
+        d: &Dest<'_>,
+        status: u16,
+        why: String,
+    ) -> GatewayError {
+        let body = format!("corral credential gateway: {why}\n");
+        let _ = down.write_all(&error_response(status, &body)).await;
+        let _ = down.shutdown().await;
+        self.refused(d, "POST", why)
+    }
+
+    /// One refresh request and its answer (see the module docs). `req` was checked, its
+    /// headers already rewritten and `Accept-Encoding: identity` set.
+    pub(crate) async fn refresh_exchange<D, U>(
+        &self,
+        s: &Signin,
+        (down, up): (&mut BufConn<D>, &mut BufConn<U>),
+        mut req: RequestHead,
+        d: &Dest<'_>,
+        stats: &mut InterceptStats,
+    ) -> Result<(), GatewayError>
+    where
+        D: AsyncRead + AsyncWrite + Unpin + Send,
+        U: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let t = self.timeouts.idle;
+        let id = format!("signin.{}", s.plan().name);
+        let path = crate::path_without_query(&req.target).to_string();
+        let method = req.method.clone();
+        let mut body = Capped::default();
+        if let Err(e) =
+            relay_body(down, &mut body, (req.framing, Framing::UntilClose), t, None).await
+        {
+            let why = format!("{method} {path}: request body: {e}");
+            return Err(self.refuse_signin(&mut down.io, d, 400, why).await);
+        }
+        let form = header_values(&req.headers, "content-type").any(|v| {
+            v.to_ascii_lowercase()
+                .starts_with(b"application/x-www-form-urlencoded")
+        });
+        let body = match s.swap_refresh(&body.0, form) {
+            Some(b) => {
+                let rule = format!("{id}: real refresh token put into {method} {path}");
+                self.record(d, &method, Decision::Allow, rule, Some(id.clone()));
+                b
+            }
+            None => {
+                let rule = format!(
+                    "{id}: no placeholder refresh token of this run in {method} {path}; sent as it is"
+                );
+                self.record(d, &method, Decision::Deny, rule, Some(id.clone()));
+                body.0
+            }
+        };
+        fixed_length(&mut req.headers, body.len(), false);
+        req.framing = Framing::Length(body.len() as u64);
+        let mut bytes = req.to_bytes();
+        bytes.extend_from_slice(&body);
+        let relay = |e| crate::GatewayError::Relay {
+            host: d.host.to_string(),
+            source: e,
+        };
+        up.io.write_all(&bytes).await.map_err(relay)?;
+        stats.bytes_up += bytes.len() as u64;
+        stats.requests += 1;
+        self.refresh_answer(s, (down, up), d, stats, &id).await
+    }
+
+    /// Read the token endpoint's answer, take the new tokens, send the jail its version.
+    async fn refresh_answer<D, U>(
+        &self,
+        s: &Signin,
+        (down, up): (&mut BufConn<D>, &mut BufConn<U>),
+        d: &Dest<'_>,
+        stats: &mut InterceptStats,
+        id: &str,
+    ) -> Result<(), GatewayError>
+    where
+        D: AsyncRead + AsyncWrite + Unpin + Send,
+        U: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let t = self.timeouts.idle;
+        let upstream = |why: String| GatewayError::Relay {
+            host: d.host.to_string(),
+            source: std::io::Error::other(why),
+        };
+        let mut resp = loop {
+            let head = up
+                .read_head(t, t)
+                .await
+                .map_err(|e| upstream(format!("token response: {e}")))?
+                .ok_or_else(|| upstream("token endpoint closed before answering".into()))?;
+            let r =
+                parse_response_head(&head).map_err(|e| upstream(format!("token response: {e}")))?;
+            if !(100..200).contains(&r.status) {
+                break r;
+            }
+        };
+        let framing = corral_http1::response_framing(&resp, "POST")
+            .map_err(|e| upstream(format!("token response framing: {e}")))?;
+        if let Err(why) = crate::scrub_response_head(&mut resp, framing, &self.scrubber()) {
+            return Err(self.refuse_signin(&mut down.io, d, 502, why).await);
+        }
+        let mut body = Capped::default();
+        if let Err(e) = relay_body(up, &mut body, (framing, Framing::UntilClose), t, None).await {
+            let why = format!("token response body: {e}");
+            return Err(self.refuse_signin(&mut down.io, d, 502, why).await);
+        }
+        let out = if resp.status == 200 {
+            self.take_tokens(s, &body.0, d, id)
+        } else {
+            self.scrubber().replace_all(&body.0)
+        };
+        // The head again, now that the new tokens are in the scrubber too.
+        scrub_head(&mut resp, &self.scrubber());
+        fixed_length(&mut resp.headers, out.len(), true);
+        let mut bytes = resp.to_bytes();
+        bytes.extend_from_slice(&out);
+        down.io
+            .write_all(&bytes)
+            .await
+            .map_err(|e| crate::GatewayError::Relay {
+                host: d.host.to_string(),
+                source: e,
+            })?;
+        stats.bytes_down += bytes.len() as u64;
+        let _ = down.io.shutdown().await;
+        Ok(())
+    }
+
+    /// The jail's version of a successful token response; the real tokens kept and written back.
+    fn take_tokens(&self, s: &Signin, body: &[u8], d: &Dest<'_>, id: &str) -> Vec<u8> {
+        let secret = Some(id.to_string());
+        match s.take_response(body) {
+            Ok((out, expires_in)) => {
+                let file = s.plan().file.display().to_string();
+                let (decision, rule) = match s.write_back(expires_in, std::time::SystemTime::now())
+                {
+                    Ok(()) => (
+                        Decision::Allow,
+                        format!(
+                            "{id}: refreshed; new tokens kept by corral and written back to {file}"
+                        ),
+                    ),
+                    Err(e) => (Decision::Deny, format!("{id}: refreshed; {e}")),
+                };
+                self.record(d, "POST", decision, rule, secret);
+                out
+            }
+            Err(e) => {
+                self.record(d, "POST", Decision::Deny, e.to_string(), secret);
+                self.scrubber().replace_all(body)
+            }
+        }
+    }
+}

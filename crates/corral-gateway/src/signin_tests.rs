@@ -1,0 +1,368 @@
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, UNIX_EPOCH};
+
+use corral_policy::domain::{DomainPattern, normalize_host};
+use corral_policy::signin::{SigninFormat, SigninPlan, parse_token_url};
+use serde_json::{Value, json};
+
+use super::*;
+
+const ACCESS: &str = "sk-ant-oat01-REALaccessREALaccessREALaccess0123456789abcdefABCDEF";
+const REFRESH: &str = "sk-ant-ort01-REALrefreshREALrefreshREALrefresh0123456789abcdefAB";
+
+fn plan(dir: &Path, format: SigninFormat, file: &str) -> SigninPlan {
+    let (token_host, token_path) = parse_token_url("https://auth.example/oauth/token").unwrap();
+    SigninPlan {
+        name: "h".into(),
+        format,
+        file: dir.join(file),
+        api_hosts: vec![DomainPattern::parse("api.example").unwrap()],
+        token_host,
+        token_path,
+    }
+}
+
+fn claude_file(dir: &Path) -> SigninPlan {
+    let p = plan(dir, SigninFormat::Claude, ".credentials.json");
+    let v = json!({"claudeAiOauth": {
+        "accessToken": ACCESS, "refreshToken": REFRESH, "expiresAt": 1000,
+        "scopes": ["user:inference", "user:profile"], "subscriptionType": "max"
+    }, "other": {"kept": true}});
+    std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
+    std::fs::set_permissions(&p.file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+fn file_json(p: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+fn has(hay: &[u8], needle: &str) -> bool {
+    contains(hay, needle.as_bytes())
+}
+
+#[test]
+fn a_missing_file_is_no_signin_and_a_wrong_shape_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(dir.path(), SigninFormat::Claude, "absent.json");
+    assert!(Signin::load(p.clone()).unwrap().is_none());
+    std::fs::write(&p.file, br#"{"claudeAiOauth": {"accessToken": 3}}"#).unwrap();
+    let e = Signin::load(p).unwrap_err().to_string();
+    assert!(
+        e.contains("absent.json") && e.contains("/claudeAiOauth/accessToken"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_jails_file_has_the_same_shape_and_placeholders_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Signin::load(claude_file(dir.path())).unwrap().unwrap();
+    let jailed = s.placeholder_file().unwrap();
+    assert!(
+        !has(&jailed, "REAL"),
+        "{}",
+        String::from_utf8_lossy(&jailed)
+    );
+    let v: Value = serde_json::from_slice(&jailed).unwrap();
+    let o = &v["claudeAiOauth"];
+    let (a, r) = (
+        o["accessToken"].as_str().unwrap(),
+        o["refreshToken"].as_str().unwrap(),
+    );
+    assert!(
+        a.starts_with("sk-ant-oat01-") && a.len() == ACCESS.len(),
+        "{a}"
+    );
+    assert!(
+        r.starts_with("sk-ant-ort01-") && r.len() == REFRESH.len(),
+        "{r}"
+    );
+    assert_eq!(o["scopes"], json!(["user:inference", "user:profile"]));
+    assert_eq!(
+        (o["expiresAt"].clone(), o["subscriptionType"].clone()),
+        (json!(1000), json!("max"))
+    );
+    assert_eq!(v["other"], json!({"kept": true}));
+}
+
+/// The placeholders the jail's file holds: (access, refresh).
+fn jail_tokens(s: &Signin) -> (String, String) {
+    let v: Value = serde_json::from_slice(&s.placeholder_file().unwrap()).unwrap();
+    let o = &v["claudeAiOauth"];
+    (
+        o["accessToken"].as_str().unwrap().to_string(),
+        o["refreshToken"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn access_placeholder_is_swapped_only_in_credential_headers_to_bound_hosts_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Signin::load(claude_file(dir.path())).unwrap().unwrap();
+    let (ph, _) = jail_tokens(&s);
+    let headers = || {
+        vec![
+            Header {
+                name: "Authorization".into(),
+                value: format!("Bearer {ph}").into_bytes(),
+            },
+            Header {
+                name: "X-Echo".into(),
+                value: ph.clone().into_bytes(),
+            },
+        ]
+    };
+    let signins = [s];
+    let api = normalize_host("api.example").unwrap();
+    let mut h = headers();
+    let mut report = RewriteReport::default();
+    swap_access(&signins, &mut h, (&api, 443), false, &mut report);
+    assert_eq!(h[0].value, format!("Bearer {ACCESS}").into_bytes());
+    assert_eq!(h[1].value, ph.as_bytes(), "non-credential header left");
+    assert_eq!(
+        report.injected,
+        vec![("signin.h".into(), "authorization".into())]
+    );
+    for (host, plain) in [("evil.example", false), ("api.example", true)] {
+        let mut h = headers();
+        let mut report = RewriteReport::default();
+        let host = normalize_host(host).unwrap();
+        swap_access(&signins, &mut h, (&host, 443), plain, &mut report);
+        assert_eq!(h, headers(), "{host} plain={plain}");
+        assert!(report.injected.is_empty() && !report.left.is_empty());
+    }
+}
+
+#[test]
+fn a_refresh_gets_the_real_token_and_the_answer_reaches_the_jail_as_new_placeholders() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = claude_file(dir.path());
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let (_, ph_refresh) = jail_tokens(&s);
+    let req = format!(
+        r#"{{"grant_type":"refresh_token","refresh_token":"{ph_refresh}","client_id":"c"}}"#
+    );
+    let up = s.swap_refresh(req.as_bytes(), false).unwrap();
+    assert_eq!(up, req.replace(&ph_refresh, REFRESH).into_bytes());
+    assert!(
+        s.swap_refresh(b"refresh_token=somethingelse", true)
+            .is_none()
+    );
+
+    let (new_a, new_r) = (
+        "sk-ant-oat01-NEWaccessNEWaccessNEWaccess01",
+        "sk-ant-ort01-NEWrefreshNEWrefreshNEWref01",
+    );
+    let answer = json!({"access_token": new_a, "refresh_token": new_r, "expires_in": 28800, "scope": "user:inference"});
+    let (jailed, expires) = s
+        .take_response(&serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    assert_eq!(expires, Some(28800));
+    assert!(
+        !has(&jailed, "NEW") && !has(&jailed, "REAL"),
+        "{}",
+        String::from_utf8_lossy(&jailed)
+    );
+    let jv: Value = serde_json::from_slice(&jailed).unwrap();
+    let (pa, pr) = (
+        jv["access_token"].as_str().unwrap(),
+        jv["refresh_token"].as_str().unwrap(),
+    );
+    assert!(
+        pa.starts_with("sk-ant-oat01-") && pa.len() == new_a.len(),
+        "{pa}"
+    );
+    assert_eq!(jv["scope"], json!("user:inference"));
+    // Old and new real tokens are all scrubbed from later answers.
+    let pairs = s.scrub_pairs();
+    for real in [ACCESS, REFRESH, new_a, new_r] {
+        assert!(
+            pairs.iter().any(|(r, _)| r == real.as_bytes()),
+            "{real} not scrubbed"
+        );
+    }
+    // The next refresh carries the new real refresh token.
+    let next = s
+        .swap_refresh(format!("refresh_token={pr}").as_bytes(), true)
+        .unwrap();
+    assert_eq!(next, format!("refresh_token={new_r}").into_bytes());
+
+    // Write-back: tokens and expiry updated, every other field and the mode kept.
+    let now = UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+    s.write_back(expires, now).unwrap();
+    let v = file_json(&p.file);
+    let o = &v["claudeAiOauth"];
+    assert_eq!(
+        (o["accessToken"].as_str(), o["refreshToken"].as_str()),
+        (Some(new_a), Some(new_r))
+    );
+    assert_eq!(o["expiresAt"], json!(2_000_000_000_000u64 + 28_800_000));
+    assert_eq!(o["scopes"], json!(["user:inference", "user:profile"]));
+    assert_eq!(v["other"], json!({"kept": true}));
+    let mode = std::fs::metadata(&p.file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+}
+
+#[test]
+fn a_refresh_on_the_host_meanwhile_is_adopted_and_never_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = claude_file(dir.path());
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let (_, ph_refresh) = jail_tokens(&s);
+    // The host's Claude Code refreshed: the file holds a newer refresh token.
+    let host_r = "sk-ant-ort01-HOSTrefreshHOSTrefreshHOSTrefresh01";
+    let mut v = file_json(&p.file);
+    v["claudeAiOauth"]["refreshToken"] = json!(host_r);
+    std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
+    let up = s
+        .swap_refresh(format!("refresh_token={ph_refresh}").as_bytes(), true)
+        .unwrap();
+    assert_eq!(
+        up,
+        format!("refresh_token={host_r}").into_bytes(),
+        "the host's token is used"
+    );
+    assert!(s.scrub_pairs().iter().any(|(r, _)| r == REFRESH.as_bytes()));
+
+    // Changed again between the refresh and the write-back: left alone.
+    let answer = json!({"access_token": "sk-ant-oat01-NEWaccessNEWaccessNEW", "expires_in": 10});
+    s.take_response(&serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    v["claudeAiOauth"]["refreshToken"] = json!("sk-ant-ort01-OTHERotherOTHERotherOTHER01");
+    std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
+    let e = s
+        .write_back(Some(10), std::time::SystemTime::now())
+        .unwrap_err();
+    assert!(matches!(e, SigninError::Changed { .. }), "{e}");
+    assert_eq!(file_json(&p.file), v);
+}
+
+#[test]
+fn a_token_response_without_an_access_token_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Signin::load(claude_file(dir.path())).unwrap().unwrap();
+    let before = s.scrub_pairs();
+    assert!(s.take_response(br#"{"error":"invalid_grant"}"#).is_err());
+    assert!(s.take_response(b"not json").is_err());
+    assert_eq!(s.scrub_pairs(), before);
+}
+
+fn jwt(claims: &str, sig: &str) -> String {
+    use base64::Engine as _;
+    let e = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    format!(
+        "{}.{}.{sig}",
+        e(r#"{"alg":"RS256","typ":"JWT"}"#),
+        e(claims)
+    )
+}
+
+#[test]
+fn codex_keeps_jwt_claims_and_replaces_signatures() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(dir.path(), SigninFormat::Codex, "auth.json");
+    let sig = "SIGrealSIGrealSIGrealSIGrealSIGrealSIGreal-_0123";
+    let (id, access) = (
+        jwt(
+            r#"{"email":"u@example.com","chatgpt_plan_type":"plus"}"#,
+            sig,
+        ),
+        jwt(r#"{"exp":1900000000}"#, sig),
+    );
+    let v = json!({"OPENAI_API_KEY": null, "tokens": {"id_token": id, "access_token": access,
+        "refresh_token": "rt_REALrefreshREALrefreshREAL0123", "account_id": "acc-1"},
+        "last_refresh": "2026-01-01T00:00:00Z"});
+    std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let jailed = s.placeholder_file().unwrap();
+    assert!(!has(&jailed, "SIGreal") && !has(&jailed, "REALrefresh"));
+    let jv: Value = serde_json::from_slice(&jailed).unwrap();
+    let jid = jv["tokens"]["id_token"].as_str().unwrap();
+    let keep = id.rsplit_once('.').unwrap().0;
+    assert!(jid.starts_with(keep) && jid.len() == id.len(), "{jid}");
+    assert_eq!(jv["tokens"]["account_id"], json!("acc-1"));
+    let ph_r = jv["tokens"]["refresh_token"].as_str().unwrap();
+    let up = s.swap_refresh(
+        format!("grant_type=refresh_token&refresh_token={ph_r}").as_bytes(),
+        true,
+    );
+    assert!(has(&up.unwrap(), "rt_REALrefresh"));
+    let answer = json!({"access_token": jwt(r#"{"exp":1900009999}"#, "NEWsigNEWsigNEWsigNEWsigNEWsig01"), "id_token": id});
+    let (out, _) = s
+        .take_response(&serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    assert!(!has(&out, "NEWsig") && !has(&out, "SIGreal"));
+    s.write_back(None, UNIX_EPOCH + Duration::from_secs(1_800_000_000))
+        .unwrap();
+    let w = file_json(&p.file);
+    assert!(
+        w["tokens"]["access_token"]
+            .as_str()
+            .unwrap()
+            .ends_with("NEWsigNEWsigNEWsigNEWsigNEWsig01")
+    );
+    assert_eq!(
+        w["tokens"]["refresh_token"],
+        json!("rt_REALrefreshREALrefreshREAL0123")
+    );
+    assert_eq!(w["last_refresh"], json!("2027-01-15T08:00:00.000000Z"));
+}
+
+#[test]
+fn gemini_tokens_are_replaced_and_the_expiry_written_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(dir.path(), SigninFormat::Gemini, "oauth_creds.json");
+    let v = json!({"access_token": "ya29.REALaccessREALaccessREALaccess_0123", "refresh_token": "1//REALrefreshREALrefreshREAL-0123",
+        "scope": "https://www.googleapis.com/auth/cloud-platform", "token_type": "Bearer", "expiry_date": 1});
+    std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let jailed = s.placeholder_file().unwrap();
+    assert!(
+        !has(&jailed, "REAL"),
+        "{}",
+        String::from_utf8_lossy(&jailed)
+    );
+    let jv: Value = serde_json::from_slice(&jailed).unwrap();
+    let ph_r = jv["refresh_token"].as_str().unwrap();
+    // Form-encoded: `/` of the real refresh token is percent-encoded.
+    let up = s
+        .swap_refresh(
+            format!("refresh_token={ph_r}&grant_type=refresh_token").as_bytes(),
+            true,
+        )
+        .unwrap();
+    assert!(
+        has(&up, "refresh_token=1%2F%2FREALrefresh"),
+        "{}",
+        String::from_utf8_lossy(&up)
+    );
+    // The placeholder itself percent-encoded by the jail's form encoder (curl, URLSearchParams).
+    let encoded = ph_r.replace('/', "%2F");
+    let up = s
+        .swap_refresh(format!("refresh_token={encoded}").as_bytes(), true)
+        .unwrap();
+    assert!(
+        has(&up, "refresh_token=1%2F%2FREALrefresh"),
+        "{}",
+        String::from_utf8_lossy(&up)
+    );
+    let answer = json!({"access_token": "ya29.NEWaccessNEWaccessNEWaccess", "expires_in": 3599, "token_type": "Bearer"});
+    let (out, exp) = s
+        .take_response(&serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    assert!(!has(&out, "NEWaccess"));
+    s.write_back(exp, UNIX_EPOCH + Duration::from_secs(100))
+        .unwrap();
+    let w = file_json(&p.file);
+    assert_eq!(w["access_token"], json!("ya29.NEWaccessNEWaccessNEWaccess"));
+    assert_eq!(w["expiry_date"], json!(100_000 + 3_599_000));
+    assert_eq!(w["scope"], v["scope"]);
+}

@@ -1,0 +1,692 @@
+//! Sign-in credentials never enter the jail (`[signin]`, issue #14 item 2), tried for real with
+//! Claude Code's file shape: the user's `~/.claude/.credentials.json` holds a real access and
+//! refresh token; a TLS mock serves an API that accepts only the current real access token and
+//! a token endpoint that accepts only the current real refresh token (and rotates both, as
+//! Anthropic's does). A jailed script does what Claude Code does: reads its credential file,
+//! calls the API, refreshes, writes the new tokens into its file, calls the API again, and also
+//! asks an echo endpoint to reflect its Authorization header. From the host, while the jail is
+//! still running, the memory of every jailed process is scanned for the real tokens; inside the
+//! jail every file it can read and every environment are grepped. After the run the user's file
+//! holds the new real tokens with its other fields and mode kept.
+
+mod e2e_support;
+mod jail_support;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use e2e_support::{certs, loopback_name, walk};
+use jail_support::*;
+
+// Distinct markers per token: a scan for a marker finds any copy of that token.
+const ACCESS: &str = "sk-ant-oat01-ACCESSrealACCESSrealACCESSreal0123456789abcdefghijklmnopqrstuv";
+const REFRESH: &str = "sk-ant-ort01-REFRESHrealREFRESHrealREFRESHreal0123456789abcdefghijklmnop";
+const NEW_ACCESS: &str = "sk-ant-oat01-NEWACCESSnewACCESSnewACCESS0123456789abcdefghijklmnopqrstu";
+const NEW_REFRESH: &str = "sk-ant-ort01-NEWREFRESHnewREFRESHnewREFRESH0123456789abcdefghijklmnopq";
+const MARKERS: [&str; 4] = [
+    "ACCESSrealACCESSreal",
+    "REFRESHrealREFRESHreal",
+    "NEWACCESSnewACCESS",
+    "NEWREFRESHnewREFRESH",
+];
+
+const MOCK: &str = r#"import http.server, ssl, json, sys, urllib.parse
+tok = json.load(open("tokens.json"))
+state = {"access": tok["access"], "refresh": tok["refresh"]}
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def answer(self, code, body):
+        b = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log(self, **kw):
+        with open("seen.jsonl", "a") as f:
+            f.write(json.dumps(dict(path=self.path, **kw)) + "\n")
+    def do_GET(self):
+        auth = self.headers.get("Authorization", "")
+        self.log(auth=auth)
+        if self.path == "/echo":
+            return self.answer(200, json.dumps({"you_sent": auth}))
+        ok = auth == "Bearer " + state["access"]
+        self.answer(200 if ok else 401, '"api-ok"' if ok else '"bad-token"')
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.log(body=body.decode(errors="replace"))
+        form = self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded")
+        try:
+            if form:
+                req = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()}
+            else:
+                req = json.loads(body)
+        except ValueError:
+            return self.answer(400, '{"error":"invalid_request"}')
+        if self.path != tok["token_path"] or req.get("refresh_token") != state["refresh"]:
+            return self.answer(400, '{"error":"invalid_grant"}')
+        state["access"], state["refresh"] = tok["new_access"], tok["new_refresh"]
+        answer = {"token_type": "Bearer", "access_token": state["access"],
+            "refresh_token": state["refresh"], "expires_in": 28800,
+            "scope": "user:inference user:profile"}
+        if "new_id" in tok:
+            answer["id_token"] = tok["new_id"]
+        self.answer(200, json.dumps(answer))
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+c.load_cert_chain("leaf.pem", "leaf.key")
+s.socket = c.wrap_socket(s.socket, server_side=True)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#;
+
+struct Mock {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The mock for Claude Code's tokens; see [`mock_with`].
+fn mock(dir: &Path, host: &str) -> Mock {
+    let tokens = serde_json::json!({"access": ACCESS, "refresh": REFRESH,
+        "new_access": NEW_ACCESS, "new_refresh": NEW_REFRESH, "token_path": "/v1/oauth/token"});
+    mock_with(dir, host, &tokens)
+}
+
+/// A TLS mock for `host` (test CA in `dir`): an API accepting only the current real access
+/// token, `/echo` reflecting Authorization, and a token endpoint at `tokens.token_path`
+/// accepting only the current real refresh token (JSON or form body) and rotating both.
+fn mock_with(dir: &Path, host: &str, tokens: &serde_json::Value) -> Mock {
+    certs(dir, host);
+    write(&dir.join("mock.py"), MOCK);
+    write(&dir.join("tokens.json"), &tokens.to_string());
+    let mut child = Command::new("python3")
+        .arg("mock.py")
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().parse().expect("mock port");
+    Mock { child, port }
+}
+
+/// The user's signed-in Claude Code: `~/.claude/.credentials.json`, mode 0600.
+fn signed_in(w: &World) -> std::path::PathBuf {
+    let file = w.home.join(".claude/.credentials.json");
+    let v = serde_json::json!({"claudeAiOauth": {"accessToken": ACCESS, "refreshToken": REFRESH,
+        "expiresAt": 1_700_000_000_000u64, "scopes": ["user:inference", "user:profile"],
+        "subscriptionType": "max"}});
+    write(&file, &serde_json::to_string_pretty(&v).unwrap());
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    file
+}
+
+/// Whether `needle` is anywhere in the readable memory of process `pid`; `None` when its memory
+/// cannot be read at all.
+fn memory_holds(pid: u32, needle: &[u8]) -> Option<bool> {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut read_any = false;
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
+            continue;
+        };
+        if !perms.starts_with('r') || hi - lo > 1 << 30 {
+            continue;
+        }
+        let mut region = vec![0u8; (hi - lo) as usize];
+        if mem.read_exact_at(&mut region, lo).is_err() {
+            continue;
+        }
+        read_any = true;
+        if region.windows(needle.len()).any(|w| w == needle) {
+            return Some(true);
+        }
+    }
+    read_any.then_some(false)
+}
+
+/// Every descendant of `pid`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut stack = children_of(pid);
+    while let Some(p) = stack.pop() {
+        stack.extend(children_of(p));
+        out.push(p);
+    }
+    out
+}
+
+/// What the jailed script does, Claude Code's way. It never spells a real token: the markers it
+/// greps for are assembled at run time.
+fn script(url: &str) -> String {
+    let greps: Vec<String> = MARKERS
+        .iter()
+        .map(|m| {
+            let (a, b) = m.split_at(m.len() / 2);
+            format!(
+                "P={a}; P=${{P}}{b}; \
+                 if grep -rqs \"$P\" ~ /tmp \"$PWD\" /proc/self/environ; then echo FILE-LEAK-{a}; fi; \
+                 if cat /proc/[0-9]*/environ 2>/dev/null | grep -q \"$P\"; then echo ENV-LEAK-{a}; fi; "
+            )
+        })
+        .collect();
+    let greps = greps.concat();
+    format!(
+        r#"F=~/.claude/.credentials.json
+get() {{ python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["claudeAiOauth"][sys.argv[2]])' "$F" "$1"; }}
+A=$(get accessToken); R=$(get refreshToken)
+echo "PH_ACCESS=$A"
+echo "API1=$(curl -sS {url}/v1/messages -H "Authorization: Bearer $A")"
+echo "ECHO=$(curl -sS {url}/echo -H "Authorization: Bearer $A")"
+RESP=$(curl -sS -X POST {url}/v1/oauth/token -H 'Content-Type: application/json' -d "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"$R\",\"client_id\":\"9d1c250a\"}}")
+echo "TOKENRESP=$RESP"
+# Claude Code's write: a temporary file renamed over the credential file (EBUSY on the bind
+# over it), then the in-place copy.
+echo "$RESP" | python3 -c '
+import json, os, shutil, sys
+r = json.load(sys.stdin); f = sys.argv[1]
+d = json.load(open(f)); o = d["claudeAiOauth"]
+o["accessToken"], o["refreshToken"] = r["access_token"], r["refresh_token"]
+tmp = f + ".tmp.1"
+open(tmp, "w").write(json.dumps(d))
+try:
+    os.replace(tmp, f); print("RENAME=ok")
+except OSError as e:
+    shutil.copyfile(tmp, f); os.unlink(tmp); print("RENAME=" + os.strerror(e.errno))
+' "$F"
+A2=$(get accessToken)
+echo "API2=$(curl -sS {url}/v1/messages -H "Authorization: Bearer $A2")"
+echo "REPLAY=$(curl -sS -X POST {url}/v1/oauth/token -H 'Content-Type: application/json' -d "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"$R\"}}")"
+{greps}
+touch "$PWD/ready"; while [ ! -e "$PWD/done" ]; do sleep 0.05; done
+echo END
+"#
+    )
+}
+
+fn line<'a>(out: &'a str, key: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} line in:\n{out}"))
+}
+
+#[test]
+fn the_jail_holds_placeholders_and_corral_refreshes_and_writes_back() {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    let m = mock(&mdir, &host);
+    let port = m.port;
+    let file = signed_in(&w);
+    // The profile's endpoints (api.anthropic.com, platform.claude.com) replaced by the mock's.
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [signin.claude]\nformat = \"claude\"\nfile = \"~/.claude/.credentials.json\"\n\
+             api_hosts = [\"{host}:{port}\"]\ntoken_url = \"https://{host}:{port}/v1/oauth/token\"\n"
+        ),
+    );
+    w.trust_project(&[]);
+    let url = format!("https://{host}:{port}");
+    let mut c = w.corral();
+    c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
+        "run",
+        "claude",
+        "--network",
+        "proxy",
+        "--",
+        "sh",
+        "-c",
+        &script(&url),
+    ]);
+    let (ready, done) = (w.project.join("ready"), w.project.join("done"));
+    let runner = std::thread::spawn(move || run(c));
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !ready.exists() {
+        if runner.is_finished() || Instant::now() > deadline {
+            let _ = std::fs::write(&done, "");
+            let out = runner.join().unwrap();
+            panic!("the jail never became ready:\n{}", out.both());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Scan every process under corral (its set-up process, the jail's PID 1, the script) while
+    // it runs; corral itself holds the real tokens by design and is not scanned.
+    let corral = children_of(std::process::id());
+    let jailed: Vec<u32> = corral.iter().flat_map(|p| descendants(*p)).collect();
+    let mut found = Vec::new();
+    let mut readable = 0;
+    for pid in &jailed {
+        for needle in [ACCESS, REFRESH, NEW_ACCESS, NEW_REFRESH] {
+            match memory_holds(*pid, needle.as_bytes()) {
+                Some(true) => found.push((*pid, needle)),
+                Some(false) => readable += 1,
+                None => {}
+            }
+        }
+    }
+    // The control: the script's shell assembled the last marker for its grep, so the scan must
+    // find that marker in jailed memory.
+    let control = jailed
+        .iter()
+        .any(|p| memory_holds(*p, MARKERS[3].as_bytes()) == Some(true));
+    std::fs::write(&done, "").unwrap();
+    let out = runner.join().unwrap();
+    ran(&out, "END");
+    let all = out.both();
+    let stdout = out.stdout.as_str();
+    assert!(
+        found.is_empty(),
+        "real tokens in jailed memory: {found:?}\n{all}"
+    );
+    assert!(
+        control,
+        "the scan did not find the script's own marker: it proves nothing"
+    );
+    assert!(
+        readable > 0,
+        "no jailed process's memory could be read: the scan proved nothing"
+    );
+    for marker in MARKERS {
+        assert!(
+            !all.contains(marker),
+            "{marker} reached the jail's output:\n{all}"
+        );
+    }
+    assert!(!stdout.contains("-LEAK-"), "{all}");
+    let ph = line(stdout, "PH_ACCESS=");
+    assert!(
+        ph.starts_with("sk-ant-oat01-") && ph.len() == ACCESS.len(),
+        "{ph}"
+    );
+    // The placeholder works for the API, and comes back as itself when reflected.
+    assert_eq!(line(stdout, "API1="), "\"api-ok\"", "{all}");
+    assert!(line(stdout, "ECHO=").contains(ph), "{all}");
+    // The refresh worked with the real refresh token; the jail got new placeholders, which work.
+    let resp: serde_json::Value = serde_json::from_str(line(stdout, "TOKENRESP=")).unwrap();
+    let new_ph = resp["access_token"].as_str().unwrap();
+    assert!(
+        new_ph.starts_with("sk-ant-oat01-") && new_ph != ph,
+        "{resp}"
+    );
+    assert_eq!(resp["scope"], "user:inference user:profile");
+    assert_eq!(line(stdout, "RENAME="), "Device or resource busy", "{all}");
+    assert_eq!(line(stdout, "API2="), "\"api-ok\"", "{all}");
+    // The old refresh placeholder now maps to a rotated token: the endpoint refuses it.
+    assert!(line(stdout, "REPLAY=").contains("invalid_grant"), "{all}");
+
+    // The mock saw real tokens only, never a placeholder.
+    let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap();
+    assert!(
+        seen.contains(&format!("Bearer {ACCESS}"))
+            && seen.contains(&format!("Bearer {NEW_ACCESS}")),
+        "{seen}"
+    );
+    assert!(
+        seen.contains(REFRESH) && !seen.contains(ph) && !seen.contains(new_ph),
+        "{seen}"
+    );
+
+    // Written back: new real tokens, scopes and the rest kept, mode kept, no stray files.
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let o = &v["claudeAiOauth"];
+    assert_eq!(o["accessToken"], NEW_ACCESS, "{v}");
+    assert_eq!(o["refreshToken"], NEW_REFRESH, "{v}");
+    assert_eq!(
+        o["scopes"],
+        serde_json::json!(["user:inference", "user:profile"])
+    );
+    assert_eq!(o["subscriptionType"], "max");
+    assert!(o["expiresAt"].as_u64().unwrap() > 1_700_000_000_000);
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let names: Vec<String> = std::fs::read_dir(w.home.join(".claude"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("credentials"))
+        .collect();
+    assert_eq!(names, vec![".credentials.json".to_string()]);
+
+    // The audit log names the sign-in and the refresh, never a token.
+    let mut logs = String::new();
+    for e in walk(&w.home.join(".local/state/corral")) {
+        logs.push_str(&std::fs::read_to_string(e).unwrap_or_default());
+    }
+    for marker in MARKERS {
+        assert!(!logs.contains(marker), "{marker} in the audit log");
+    }
+    assert!(
+        logs.contains("signin.claude: real refresh token put into POST /v1/oauth/token"),
+        "{logs}"
+    );
+    assert!(logs.contains("written back to"), "{logs}");
+}
+
+/// The control: without the sign-in entry's placeholder file, a jail that can see `~/.claude`
+/// reads the real refresh token (the attack the feature stops).
+#[test]
+fn control_without_signin_the_jail_reads_the_real_refresh_token() {
+    let w = World::new();
+    signed_in(&w);
+    let dir = w.home.join(".claude");
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--rw",
+        dir.to_str().unwrap(),
+        "--",
+    ])
+    .args([
+        "sh",
+        "-c",
+        "cat ~/.claude/.credentials.json; echo; echo END",
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    assert!(out.stdout.contains(REFRESH), "{}", out.both());
+}
+
+/// `--network none`: the jail still gets the placeholder file (the harness starts signed in),
+/// nothing real, and the user's file is untouched by what the jail writes.
+#[test]
+fn without_network_the_jail_gets_the_placeholder_file_and_cannot_touch_the_real_one() {
+    let w = World::new();
+    let file = signed_in(&w);
+    let before = std::fs::read(&file).unwrap();
+    let mut c = w.corral();
+    c.args(["run", "claude", "--network", "none", "--"]).args([
+        "sh",
+        "-c",
+        "cat ~/.claude/.credentials.json; echo; \
+         echo '{}' > ~/.claude/.credentials.json && echo WROTE; \
+         rm -f ~/.claude/.credentials.json 2>/dev/null || echo RM-REFUSED; \
+         mv ~/.claude ~/.claude-moved 2>/dev/null || echo MV-REFUSED; echo END",
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    for marker in MARKERS {
+        assert!(!out.both().contains(marker), "{marker}:\n{}", out.both());
+    }
+    assert!(
+        out.stdout.contains("sk-ant-ort01-") && out.stdout.contains("user:inference"),
+        "{}",
+        out.both()
+    );
+    assert!(
+        out.stdout.contains("WROTE") && out.stdout.contains("RM-REFUSED"),
+        "{}",
+        out.both()
+    );
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        before,
+        "the jail changed the user's file"
+    );
+}
+
+/// Codex's ChatGPT sign-in, the same attack: `~/.codex/auth.json` with JWT access and id
+/// tokens and an opaque refresh token; the refresh is form-encoded (as Codex sends it).
+#[test]
+fn codex_auth_json_the_jail_holds_placeholders_and_corral_refreshes_and_writes_back() {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    const HEAD: &str = "eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9";
+    const EXP: &str = "eyJleHAiOjE5MDAwMDAwMDB9";
+    const ID_CLAIMS: &str = "eyJlbWFpbCI6InVAZXhhbXBsZS5jb20iLCJodHRwczovL2FwaS5vcGVuYWkuY29tL2F1dGgiOnsiY2hhdGdwdF9wbGFuX3R5cGUiOiJwbHVzIn19";
+    let jwt = |claims: &str, sig: &str| format!("{HEAD}.{claims}.{sig}");
+    let access = jwt(
+        EXP,
+        "CDXACCESSsigCDXACCESSsigCDXACCESSsig0123456789-_abcdef",
+    );
+    let id = jwt(
+        ID_CLAIMS,
+        "CDXIDsigCDXIDsigCDXIDsigCDXIDsig0123456789-_abcdefghij",
+    );
+    let refresh = "rt_CDXREFRESHrealCDXREFRESHreal.0123456789abcdefABCDEF";
+    let new_access = jwt(
+        EXP,
+        "CDXNEWACCESSsigCDXNEWACCESSsig0123456789-_abcdefghijkl",
+    );
+    let new_refresh = "rt_CDXNEWREFRESHnewCDXNEWREFRESH.0123456789abcdefABCD";
+    let markers = [
+        "CDXACCESSsig",
+        "CDXIDsig",
+        "CDXREFRESHreal",
+        "CDXNEWACCESSsig",
+        "CDXNEWREFRESH",
+    ];
+
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    let tokens = serde_json::json!({"access": access, "refresh": refresh, "new_access": new_access,
+        "new_refresh": new_refresh, "new_id": id, "token_path": "/oauth/token"});
+    let m = mock_with(&mdir, &host, &tokens);
+    let port = m.port;
+    let file = w.home.join(".codex/auth.json");
+    let auth = serde_json::json!({"OPENAI_API_KEY": null, "tokens": {"id_token": id,
+        "access_token": access, "refresh_token": refresh, "account_id": "acc-1"},
+        "last_refresh": "2026-01-01T00:00:00Z"});
+    write(&file, &serde_json::to_string_pretty(&auth).unwrap());
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [signin.codex]\nformat = \"codex\"\nfile = \"~/.codex/auth.json\"\n\
+             api_hosts = [\"{host}:{port}\"]\ntoken_url = \"https://{host}:{port}/oauth/token\"\n"
+        ),
+    );
+    w.trust_project(&[]);
+    let url = format!("https://{host}:{port}");
+    let greps: String = markers
+        .iter()
+        .map(|m| {
+            let (a, b) = m.split_at(m.len() / 2);
+            format!(
+                "P={a}; P=${{P}}{b}; if grep -rqs \"$P\" ~ /tmp \"$PWD\"; then echo FILE-LEAK-{a}; fi; \
+                 if cat /proc/[0-9]*/environ 2>/dev/null | grep -q \"$P\"; then echo ENV-LEAK-{a}; fi\n"
+            )
+        })
+        .collect();
+    // Codex writes auth.json in place.
+    let script = format!(
+        r#"F=~/.codex/auth.json
+get() {{ python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens"][sys.argv[2]])' "$F" "$1"; }}
+A=$(get access_token); R=$(get refresh_token); I=$(get id_token)
+echo "PH_ACCESS=$A"
+echo "PH_ID=$I"
+echo "API1=$(curl -sS {url}/backend-api/codex -H "Authorization: Bearer $A")"
+RESP=$(curl -sS -X POST {url}/oauth/token -H 'Content-Type: application/x-www-form-urlencoded' --data-urlencode grant_type=refresh_token --data-urlencode client_id=app_x --data-urlencode "refresh_token=$R")
+echo "TOKENRESP=$RESP"
+echo "$RESP" | python3 -c '
+import json, sys
+r = json.load(sys.stdin); f = sys.argv[1]
+d = json.load(open(f))
+for k in ("access_token", "refresh_token", "id_token"):
+    d["tokens"][k] = r[k]
+open(f, "w").write(json.dumps(d))
+' "$F"
+echo "API2=$(curl -sS {url}/backend-api/codex -H "Authorization: Bearer $(get access_token)")"
+{greps}echo END
+"#
+    );
+    let mut c = w.corral();
+    c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
+        "run",
+        "codex",
+        "--network",
+        "proxy",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    let all = out.both();
+    let stdout = out.stdout.as_str();
+    for marker in markers {
+        assert!(!all.contains(marker), "{marker} reached the jail:\n{all}");
+    }
+    assert!(!stdout.contains("-LEAK-"), "{all}");
+    // JWT placeholders keep the header and claims (Codex reads them), not the signature.
+    let ph_id = line(stdout, "PH_ID=");
+    assert!(
+        ph_id.starts_with(&format!("{HEAD}.{ID_CLAIMS}.")) && ph_id.len() == id.len(),
+        "{ph_id}"
+    );
+    assert!(
+        line(stdout, "PH_ACCESS=").starts_with(&format!("{HEAD}.{EXP}.")),
+        "{all}"
+    );
+    assert_eq!(line(stdout, "API1="), "\"api-ok\"", "{all}");
+    assert_eq!(line(stdout, "API2="), "\"api-ok\"", "{all}");
+    let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap();
+    assert!(
+        seen.contains("CDXREFRESHreal"),
+        "the real refresh token did not reach the endpoint: {seen}"
+    );
+
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(v["tokens"]["access_token"], new_access.as_str(), "{v}");
+    assert_eq!(v["tokens"]["refresh_token"], new_refresh, "{v}");
+    assert_eq!(v["tokens"]["id_token"], id.as_str(), "{v}");
+    assert_eq!(v["tokens"]["account_id"], "acc-1");
+    assert_ne!(v["last_refresh"], "2026-01-01T00:00:00Z");
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+/// Gemini CLI's Google sign-in: `~/.gemini/oauth_creds.json` with top-level Google OAuth fields;
+/// the refresh is form-encoded and Google's answer carries no new refresh token.
+#[test]
+fn gemini_oauth_creds_the_jail_holds_placeholders_and_corral_refreshes_and_writes_back() {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let access = "ya29.GEMACCESSrealGEMACCESSrealGEMACCESSreal_0123456789-abcdefABCDEF";
+    let refresh = "1//GEMREFRESHrealGEMREFRESHrealGEMREFRESH-0123456789abcdefABCD";
+    let new_access = "ya29.GEMNEWACCESSnewGEMNEWACCESSnewGEMNEW_0123456789-abcdefABCD";
+    let markers = ["GEMACCESSreal", "GEMREFRESHreal", "GEMNEWACCESSnew"];
+
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    // Google does not rotate the refresh token: the mock answers the same one.
+    let tokens = serde_json::json!({"access": access, "refresh": refresh, "new_access": new_access,
+        "new_refresh": refresh, "token_path": "/token"});
+    let m = mock_with(&mdir, &host, &tokens);
+    let port = m.port;
+    let file = w.home.join(".gemini/oauth_creds.json");
+    let creds = serde_json::json!({"access_token": access, "refresh_token": refresh,
+        "scope": "https://www.googleapis.com/auth/cloud-platform", "token_type": "Bearer",
+        "expiry_date": 1_700_000_000_000u64});
+    write(&file, &serde_json::to_string_pretty(&creds).unwrap());
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [signin.gemini]\nformat = \"gemini\"\nfile = \"~/.gemini/oauth_creds.json\"\n\
+             api_hosts = [\"{host}:{port}\"]\ntoken_url = \"https://{host}:{port}/token\"\n"
+        ),
+    );
+    w.trust_project(&[]);
+    let url = format!("https://{host}:{port}");
+    let greps: String = markers
+        .iter()
+        .map(|m| {
+            let (a, b) = m.split_at(m.len() / 2);
+            format!(
+                "P={a}; P=${{P}}{b}; if grep -rqs \"$P\" ~ /tmp \"$PWD\"; then echo FILE-LEAK-{a}; fi; \
+                 if cat /proc/[0-9]*/environ 2>/dev/null | grep -q \"$P\"; then echo ENV-LEAK-{a}; fi\n"
+            )
+        })
+        .collect();
+    let script = format!(
+        r#"F=~/.gemini/oauth_creds.json
+get() {{ python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$F" "$1"; }}
+A=$(get access_token); R=$(get refresh_token)
+echo "API1=$(curl -sS {url}/v1internal:generateContent -H "Authorization: Bearer $A")"
+RESP=$(curl -sS -X POST {url}/token -H 'Content-Type: application/x-www-form-urlencoded' --data-urlencode grant_type=refresh_token --data-urlencode "refresh_token=$R")
+echo "TOKENRESP=$RESP"
+echo "$RESP" | python3 -c '
+import json, sys
+r = json.load(sys.stdin); f = sys.argv[1]
+d = json.load(open(f)); d["access_token"] = r["access_token"]
+open(f, "w").write(json.dumps(d))
+' "$F"
+echo "API2=$(curl -sS {url}/v1internal:generateContent -H "Authorization: Bearer $(get access_token)")"
+echo "SAME_REFRESH=$(test "$(get refresh_token)" = "$R" && echo yes)"
+{greps}echo END
+"#
+    );
+    let mut c = w.corral();
+    c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
+        "run",
+        "gemini",
+        "--network",
+        "proxy",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    let all = out.both();
+    let stdout = out.stdout.as_str();
+    for marker in markers {
+        assert!(!all.contains(marker), "{marker} reached the jail:\n{all}");
+    }
+    assert!(!stdout.contains("-LEAK-"), "{all}");
+    assert_eq!(line(stdout, "API1="), "\"api-ok\"", "{all}");
+    assert_eq!(line(stdout, "API2="), "\"api-ok\"", "{all}");
+    // The unchanged refresh token keeps its placeholder.
+    assert_eq!(line(stdout, "SAME_REFRESH="), "yes", "{all}");
+    let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap();
+    assert!(seen.contains("GEMREFRESHreal"), "{seen}");
+
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(v["access_token"], new_access, "{v}");
+    assert_eq!(v["refresh_token"], refresh, "{v}");
+    assert_eq!(v["scope"], creds["scope"]);
+    assert!(v["expiry_date"].as_u64().unwrap() > 1_700_000_000_000);
+}
