@@ -194,6 +194,21 @@ pub struct JailTrust {
     pub system_overlays: Vec<Mount>,
 }
 
+/// The files, variables and binds of [`trust_layout`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrustLayout {
+    /// C: the run CA alone.
+    pub ca_file: PathBuf,
+    /// B: the system roots plus the run CA.
+    pub bundle_file: PathBuf,
+    /// The CA variables (`SSL_CERT_FILE`=B, `NODE_EXTRA_CA_CERTS`=C, ...).
+    pub env: BTreeMap<String, String>,
+    /// Read-only bind of the trust directory at its own path.
+    pub mounts: Vec<Mount>,
+    /// Read-only binds of B over the system bundle paths that exist on this host.
+    pub system_overlays: Vec<Mount>,
+}
+
 /// Why a request was refused, and what the client is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -946,8 +961,8 @@ fn write_trust(
         source,
     })?;
     let ca_pem = ca.cert_pem();
-    let ca_file = dir.join("corral-run-ca.pem");
-    let bundle_file = dir.join("ca-bundle.pem");
+    let layout = trust_layout(dir);
+    let (ca_file, bundle_file) = (layout.ca_file.clone(), layout.bundle_file.clone());
     write_file(&ca_file, ca_pem.as_bytes())?;
     let system = match system_bundle {
         Some(p) => Some(std::fs::read(p).map_err(|source| GatewayError::Io {
@@ -963,7 +978,23 @@ fn write_trust(
     bundle.extend_from_slice(ca_pem.as_bytes());
     write_file(&bundle_file, &bundle)?;
     debug_assert!(!ca.cert_der().is_empty());
+    Ok(JailTrust {
+        ca_pem,
+        ca_file,
+        bundle_file,
+        env: layout.env,
+        mounts: layout.mounts,
+        system_overlays: layout.system_overlays,
+    })
+}
 
+/// Where a run's trust files go in the directory `dir`, and what names them in the jail: the
+/// CA variables, the read-only bind of `dir`, and the binds of the bundle over the system
+/// bundle paths that exist on this host. Pure: nothing is written ([`Gateway::new`] writes
+/// the files), so `corral plan` shows what a run attaches.
+pub fn trust_layout(dir: &Path) -> TrustLayout {
+    let ca_file = dir.join("corral-run-ca.pem");
+    let bundle_file = dir.join("ca-bundle.pem");
     let b = bundle_file.display().to_string();
     let c = ca_file.display().to_string();
     let mut env = BTreeMap::new();
@@ -1000,14 +1031,13 @@ fn write_trust(
             });
         }
     }
-    Ok(JailTrust {
-        ca_pem,
+    TrustLayout {
         ca_file,
         bundle_file,
         env,
         mounts,
         system_overlays,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -18,12 +18,8 @@ macro_rules! outln {
     }};
 }
 
-mod changes;
 mod cli;
 mod cmd;
-mod gitguard;
-mod setid;
-mod stateguard;
 mod usage;
 
 use std::process::ExitCode;

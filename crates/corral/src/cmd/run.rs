@@ -6,9 +6,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use corral_audit::{AuditLog, Event, JailEvent, Record};
+use corral_audit::AuditLog;
 use corral_policy::plan::{Engine, NetworkMode, Plan};
 use corral_policy::resolve::{ensure_state_paths, resolve};
+use corral_session::{Backend, Scope, Session};
 
 use crate::cli::{JailOptions, RunArgs};
 
@@ -28,7 +29,7 @@ pub fn run_jail(
     super::trust::gate(&plan)?;
     // A first run of a harness: its state directories do not exist yet, and binds need them.
     ensure_state_paths(&plan.profile, &req.home)?;
-    let code = run_plan(&plan);
+    let code = run_plan(&plan, Scope::Run);
     if plan.project.scratch
         && let Err(e) = std::fs::remove_dir_all(&plan.project.root)
     {
@@ -41,19 +42,20 @@ pub fn run_jail(
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
 
-/// Run `plan` in the native jail; the command's exit code.
-pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
+/// Run `plan` in the native jail (or the container engine it names) in a session of `scope`;
+/// the command's exit code.
+pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
     // The set-up process main() forked for this run, if it did (dropped, so ended, when the
     // run goes to a container engine).
     let early = corral_sandbox::take_early();
     match plan.engine {
         // auto: native where it runs here, else podman, else docker (cmd/engine_run.rs).
         Engine::Auto if !corral_sandbox::probe::run().native_backend => {
-            return super::engine_run::run_plan(plan);
+            return super::engine_run::run_plan(plan, scope);
         }
         Engine::Native | Engine::Auto => {}
         // The container engines: cmd/engine_run.rs.
-        Engine::Podman | Engine::Docker => return super::engine_run::run_plan(plan),
+        Engine::Podman | Engine::Docker => return super::engine_run::run_plan(plan, scope),
     }
     // Processes the run started whose parent died (an executor command jail whose server was
     // killed) come back to corral, which ends them all before the git check (`end_run`).
@@ -71,36 +73,20 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
         Some(prepared) => prepared,
         None => corral_sandbox::prepare(&opts.init_exe)?,
     };
-    let jail_id = corral_audit::new_jail_id();
-    let audit = AuditLog::for_project(&plan.project.root).context("cannot open the audit log")?;
-    // What the agent changes in the project, listed when it ends (changes.rs): the baseline is
-    // taken while the rest is set up, and complete before the jail starts.
-    let baseline = crate::changes::start(plan, &jail_id);
-    // The git files the jail could plant (gitguard.rs), recorded meanwhile: the other git
-    // directories of the project only when the jail can write it.
-    let git_guard = {
-        let root = plan.project.root.clone();
-        let home = plan.home.clone();
-        let nested =
-            !plan.project.scratch && plan.project.access == corral_policy::plan::Access::Rw;
-        std::thread::spawn(move || crate::gitguard::snapshot(&root, nested, &home))
-    };
+    // The session's snapshots (change baseline, git) are taken on threads while the rest is
+    // set up, and complete before the jail starts.
+    let beginning = Session::begin(plan, scope)?;
     // The jail's cgroup (as root, or with delegation: a few directories and limit files) is
     // made on a thread of its own meanwhile; it needs only the id and the limits.
     let prepared_plan = std::thread::scope(|s| {
-        let limits = s.spawn(|| corral_sandbox::cgroup::setup(&jail_id, &plan.limits));
-        let rest = jail_side(plan, &jail_id, &audit);
+        let limits = s.spawn(|| corral_sandbox::cgroup::setup(beginning.jail_id(), &plan.limits));
+        let rest = jail_side(plan, beginning.jail_id(), beginning.audit());
         let limits = limits.join().expect("the cgroup set-up thread panicked");
         // A failed cgroup set-up fails the run; one that worked is undone (its drop) when the
         // rest failed.
         Ok::<_, anyhow::Error>((limits?, rest?))
     })?;
-    let (limits, (secrets, plan, executor, _stub_files)) = prepared_plan;
-    let plan = &plan;
-
-    if !audit.path().exists() {
-        eprintln!("{}", first_run_line(plan, audit.path()));
-    }
+    let (limits, (secrets, plan, executor, stub_files)) = prepared_plan;
     for note in &limits.notes {
         eprintln!("corral: {note}");
     }
@@ -118,119 +104,88 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     }
     opts.rlimits = limits.fallback.clone();
     // The ids, the network rules and the cgroup are final: the set-up process builds the
-    // namespaces while corral writes the start record and takes its snapshots.
-    prepared.enter_namespaces(plan, &opts.cgroup_procs)?;
-
-    let baseline = crate::changes::ready(baseline);
-    let git_guard = git_guard
-        .join()
-        .map_err(|_| anyhow::anyhow!("the git snapshot thread panicked"))?;
-    // The dangerous parts of the git directories found are read-only in the jail (gitguard.rs).
-    let plan = &crate::gitguard::protect(plan, &git_guard);
-    write(
-        &audit,
-        &jail_id,
-        JailEvent {
-            event: "start".into(),
-            exit_code: None,
-            detail: serde_json::to_value(plan).unwrap_or_default(),
-        },
-    );
-    // Set-id files that appear where the jail can write from now on (setid.rs).
-    let set_id = crate::setid::watch(plan);
-    // The harness's guarded configuration files (stateguard.rs), as they are before it starts.
-    let state_guard = crate::stateguard::snapshot(plan);
-    let mut jail = match prepared.start(plan, &opts) {
-        Ok(jail) => jail,
-        Err(e) => {
-            write(
-                &audit,
-                &jail_id,
-                JailEvent {
-                    event: "error".into(),
-                    exit_code: Some(125),
-                    detail: serde_json::Value::String(e.to_string()),
-                },
-            );
-            return Err(e).context("cannot start the jail");
-        }
-    };
-    let mut net = jail.take_net();
-    let stub_sockets = (net.dns.take(), std::mem::take(&mut net.capture));
-    let proxy = serve_network(plan, net, &audit, &jail_id, secrets.gateway())?;
-    let _netcap = serve_netcap(
+    // namespaces while corral waits for the session's snapshots.
+    prepared.enter_namespaces(&plan, &opts.cgroup_procs)?;
+    let (session, plan) = beginning.ready(&plan)?;
+    let mut native = Native {
+        prepared: Some(prepared),
+        opts,
+        limits,
+        secrets,
+        executor,
+        _stub_files: stub_files,
         published,
-        stub_sockets,
-        proxy.as_ref(),
-        &mut jail,
-        &audit,
-        &jail_id,
-    )?;
-    let placeholders = jail.keep_placeholders();
-    let exit = jail.wait();
-    end_run(executor);
-    // No jail of the run binds them any more: the placeholders this run made go.
-    drop(placeholders);
-    // Nothing the run started can write any more: the checks see the final state.
-    let set_id = crate::setid::check(set_id);
-    for line in crate::gitguard::check(git_guard, &jail_id)
-        .into_iter()
-        .chain(crate::stateguard::check(state_guard, &jail_id))
-    {
-        eprintln!("corral: {line}");
-        write(
-            &audit,
-            &jail_id,
-            JailEvent {
-                event: "quarantine".into(),
-                exit_code: None,
-                detail: serde_json::Value::String(line),
-            },
-        );
+        proxy: None,
+        netcap: None,
+        terminal: None,
+    };
+    session.run(&plan, &mut native)
+}
+
+/// The native backend: the jail's set-up process and what the run serves it (cgroup, secrets'
+/// gateway, executor, network, published ports). Dropped after the session finished.
+struct Native {
+    prepared: Option<corral_sandbox::PreparedJail>,
+    opts: corral_sandbox::SpawnOptions,
+    limits: corral_sandbox::cgroup::LimitsSetup,
+    secrets: super::secrets::Secrets,
+    executor: Option<super::serve::RunExecutor>,
+    _stub_files: Option<StubFiles>,
+    published: Vec<(u16, std::net::TcpListener)>,
+    proxy: Option<corral_net::ProxyHandle>,
+    netcap: Option<corral_net::netcap::NetcapHandle>,
+    terminal: Option<corral_sandbox::termfilter::Dropped>,
+}
+
+impl Backend for Native {
+    fn run(&mut self, plan: &Plan, session: &Session) -> anyhow::Result<i32> {
+        let prepared = self
+            .prepared
+            .take()
+            .context("the native jail was already started")?;
+        let mut jail = prepared
+            .start(plan, &self.opts)
+            .context("cannot start the jail")?;
+        let (audit, jail_id) = (session.audit(), session.jail_id());
+        let mut net = jail.take_net();
+        let stub_sockets = (net.dns.take(), std::mem::take(&mut net.capture));
+        self.proxy = serve_network(plan, net, audit, jail_id, self.secrets.gateway())?;
+        self.netcap = serve_netcap(
+            std::mem::take(&mut self.published),
+            stub_sockets,
+            self.proxy.as_ref(),
+            &mut jail,
+            audit,
+            jail_id,
+        )?;
+        let placeholders = jail.keep_placeholders();
+        let exit = jail.wait();
+        end_run(self.executor.take());
+        // No jail of the run binds them any more: the placeholders this run made go.
+        drop(placeholders);
+        self.terminal = Some(exit.terminal);
+        Ok(exit.code)
     }
 
-    if let Some(cg) = &limits.cgroup {
-        let events = cg.events();
-        if events.oom_kills > 0 || events.memory_limit_hits > 0 {
-            write(
-                &audit,
-                &jail_id,
-                JailEvent {
-                    event: "oom".into(),
-                    exit_code: None,
-                    detail: serde_json::to_value(events).unwrap_or_default(),
-                },
-            );
+    fn report(&mut self, session: &Session) {
+        if let Some(cg) = &self.limits.cgroup {
+            let events = cg.events();
+            let detail = serde_json::to_value(events).unwrap_or_default();
+            if events.oom_kills > 0 || events.memory_limit_hits > 0 {
+                session.record("oom", None, detail.clone());
+            }
+            if events.pids_limit_hits > 0 {
+                session.record("pids", None, detail);
+            }
+            for line in events.summary() {
+                eprintln!("corral: {line}");
+            }
         }
-        if events.pids_limit_hits > 0 {
-            write(
-                &audit,
-                &jail_id,
-                JailEvent {
-                    event: "pids".into(),
-                    exit_code: None,
-                    detail: serde_json::to_value(events).unwrap_or_default(),
-                },
-            );
-        }
-        for line in events.summary() {
-            eprintln!("corral: {line}");
+        network_summary(self.proxy.as_ref(), session.audit());
+        if let Some(terminal) = self.terminal.take() {
+            report_terminal(terminal, session);
         }
     }
-    network_summary(proxy.as_ref(), &audit);
-    crate::changes::finish(baseline, &audit, &jail_id);
-    crate::setid::report(set_id, &audit, &jail_id);
-    report_terminal(exit.terminal, &audit, &jail_id);
-    write(
-        &audit,
-        &jail_id,
-        JailEvent {
-            event: "exit".into(),
-            exit_code: Some(exit.code),
-            detail: serde_json::Value::Null,
-        },
-    );
-    Ok(exit.code)
 }
 
 /// After the jail's command ended, before anything is checked or reported: stop the executor
@@ -456,7 +411,7 @@ impl Drop for StubFiles {
 
 /// What the output filter kept from the user's terminal (clipboard writes, host-acting escape
 /// sequences), with the fix, on stderr and as a `terminal` audit event.
-fn report_terminal(dropped: corral_sandbox::termfilter::Dropped, audit: &AuditLog, jail_id: &str) {
+fn report_terminal(dropped: corral_sandbox::termfilter::Dropped, session: &Session) {
     let lines = dropped.summary();
     if lines.is_empty() {
         return;
@@ -464,44 +419,9 @@ fn report_terminal(dropped: corral_sandbox::termfilter::Dropped, audit: &AuditLo
     for line in &lines {
         eprintln!("corral: {line}");
     }
-    write(
-        audit,
-        jail_id,
-        JailEvent {
-            event: "terminal".into(),
-            exit_code: None,
-            detail: serde_json::to_value(dropped).unwrap_or_default(),
-        },
+    session.record(
+        "terminal",
+        None,
+        serde_json::to_value(dropped).unwrap_or_default(),
     );
-}
-
-fn write(audit: &AuditLog, jail_id: &str, event: JailEvent) {
-    if let Err(e) = audit.write(&Record::now(jail_id, Event::Jail(event))) {
-        eprintln!("corral: cannot write the audit log: {e}");
-    }
-}
-
-/// The one line a project's first jailed run prints: what the jail allows and where the audit
-/// log is, so nobody has to guess what `corral run` did (`corral plan` shows all of it).
-fn first_run_line(plan: &Plan, audit: &std::path::Path) -> String {
-    let access = match plan.project.access {
-        corral_policy::plan::Access::Rw => "read-write",
-        corral_policy::plan::Access::Ro => "read-only",
-    };
-    let network = match plan.network.mode {
-        corral_policy::plan::NetworkMode::None => "no network".to_string(),
-        corral_policy::plan::NetworkMode::Host => "the host's network, unfiltered".to_string(),
-        corral_policy::plan::NetworkMode::Proxy if plan.network.allow.is_empty() => {
-            "no destination allowed through the proxy".to_string()
-        }
-        corral_policy::plan::NetworkMode::Proxy => {
-            let hosts: Vec<String> = plan.network.allow.iter().map(|p| p.to_string()).collect();
-            format!("only {} through the proxy", hosts.join(", "))
-        }
-    };
-    format!(
-        "corral: first jailed run here: {} {access}, {network}; audit log {} (details: corral plan, corral log)",
-        plan.project.root.display(),
-        audit.display()
-    )
 }

@@ -244,7 +244,9 @@ fn jail_helper() -> anyhow::Result<ExitCode> {
     let json = std::env::var(JAIL_PLAN_ENV)
         .with_context(|| format!("--jail-helper needs the command's Plan in {JAIL_PLAN_ENV}"))?;
     let plan: Plan = serde_json::from_str(&json).context("the jail helper's Plan is malformed")?;
-    let code = super::run::run_plan(&plan)?;
+    // The command runs inside its run's session, which checks the project after the executor
+    // has ended: no change baseline or git snapshot of its own.
+    let code = super::run::run_plan(&plan, corral_session::Scope::ExecutorCommand)?;
     Ok(ExitCode::from((code & 0xff) as u8))
 }
 
