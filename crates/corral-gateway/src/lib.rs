@@ -305,6 +305,16 @@ impl Gateway {
         secrets: Vec<(SecretPlan, String)>,
         config: GatewayConfig,
     ) -> Result<(Gateway, JailTrust), GatewayError> {
+        Self::with_placeholders(secrets, &BTreeMap::new(), config)
+    }
+
+    /// [`Gateway::new`] with the placeholders the run already chose (by secret name, each from
+    /// [`placeholder_for`] of the real value); a secret not in `placeholders` gets a fresh one.
+    pub fn with_placeholders(
+        secrets: Vec<(SecretPlan, String)>,
+        placeholders: &BTreeMap<String, String>,
+        config: GatewayConfig,
+    ) -> Result<(Gateway, JailTrust), GatewayError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut permitted: Vec<String> = Vec::new();
         let mut list = Vec::new();
@@ -338,7 +348,10 @@ impl Gateway {
                     permitted.push(name.to_string());
                 }
             }
-            let placeholder = placeholder_for(&real)?;
+            let placeholder = match placeholders.get(&plan.name) {
+                Some(p) => p.clone(),
+                None => placeholder_for(&real)?,
+            };
             list.push(Secret {
                 name: plan.name,
                 hosts: plan.hosts,

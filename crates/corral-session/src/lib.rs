@@ -13,4 +13,5 @@ mod session;
 pub mod setid;
 pub mod stateguard;
 
+pub use runplan::{RunInputs, RunPlan};
 pub use session::{Backend, Beginning, Scope, Session, first_run_line};

@@ -28,8 +28,6 @@ pub struct RunInputs {
     pub temp_dir: PathBuf,
     /// Each secret's placeholder, by secret name (made from its real value at run time).
     pub placeholders: BTreeMap<String, String>,
-    /// Paths the git snapshot found that the jail must get read-only (gitguard.rs `protect`).
-    pub protected: Vec<PathBuf>,
 }
 
 impl RunInputs {
@@ -44,7 +42,6 @@ impl RunInputs {
                 .unwrap_or_else(std::env::temp_dir),
             temp_dir: std::env::temp_dir(),
             placeholders: BTreeMap::new(),
-            protected: Vec::new(),
         }
     }
 
@@ -75,7 +72,8 @@ pub struct Attachments {
     pub secrets: Option<SecretsAttachment>,
     pub executor: Option<ExecutorAttachment>,
     pub dns: Option<DnsAttachment>,
-    /// The git directories' files held read-only (added to `protected`).
+    /// The git directories' files held read-only (added to `protected`, in the jail and in the
+    /// executor's jail): what the session's git snapshot found (gitguard.rs).
     pub git_protected: Vec<PathBuf>,
 }
 
@@ -113,29 +111,63 @@ pub struct DnsAttachment {
 }
 
 impl RunPlan {
-    /// `base` with every attachment of a run with `inputs`. Writes nothing.
+    /// `base` with every attachment of a native run with `inputs`. Writes nothing.
     pub fn new(base: &Plan, inputs: &RunInputs) -> RunPlan {
         let mut plan = base.clone();
-        let mut attachments = Attachments {
+        let attachments = Attachments {
             secrets: secrets(&mut plan, inputs),
             executor: executor(&mut plan, inputs),
             dns: dns(&mut plan, inputs),
-            git_protected: inputs.protected.clone(),
+            git_protected: Vec::new(),
         };
-        if !inputs.protected.is_empty() {
-            plan.protected.extend(inputs.protected.iter().cloned());
-            plan.protected.sort();
-            plan.protected.dedup();
-            // The executor's jail runs in the same project: the same files are read-only there.
-            if let Some(jail) = plan.executor.jail.as_mut() {
-                jail.protected.extend(inputs.protected.iter().cloned());
-                jail.protected.sort();
-                jail.protected.dedup();
-            }
-        }
-        attachments.git_protected.sort();
         RunPlan { plan, attachments }
     }
+
+    /// `base` as a container engine runs it: the engine attaches the rest itself (its commands
+    /// are in `corral plan --engine E`).
+    pub fn container(base: &Plan) -> RunPlan {
+        RunPlan {
+            plan: base.clone(),
+            attachments: Attachments::default(),
+        }
+    }
+
+    /// Hold `paths` read-only in the jail and in the executor's jail (the git files the
+    /// session's snapshot found, [`crate::Session::protected`]).
+    pub fn protect(&mut self, paths: &[PathBuf]) {
+        if paths.is_empty() {
+            return;
+        }
+        let add = |protected: &mut Vec<PathBuf>| {
+            protected.extend(paths.iter().cloned());
+            protected.sort();
+            protected.dedup();
+        };
+        add(&mut self.plan.protected);
+        // The executor's jail runs in the same project: the same files are read-only there.
+        if let Some(jail) = self.plan.executor.jail.as_mut() {
+            add(&mut jail.protected);
+        }
+        add(&mut self.attachments.git_protected);
+    }
+}
+
+/// What `corral plan --json` prints for `plan`: the RunPlan a run would hand its backend, with
+/// the jail id [`PLAN_JAIL_ID`] and each secret's placeholder described, and the git files a
+/// snapshot taken now holds read-only. Reads the project; writes nothing.
+pub fn planned(plan: &Plan) -> RunPlan {
+    use corral_policy::plan::Engine;
+    let mut run = match plan.engine {
+        Engine::Podman | Engine::Docker => RunPlan::container(plan),
+        Engine::Native | Engine::Auto => RunPlan::new(plan, &RunInputs::for_plan(plan)),
+    };
+    let snapshot = crate::gitguard::snapshot(
+        &plan.project.root,
+        crate::session::writes_project(plan),
+        &plan.home,
+    );
+    run.protect(&crate::gitguard::protected_paths(&snapshot));
+    run
 }
 
 fn ro_bind(source: PathBuf, target: PathBuf) -> Mount {

@@ -70,7 +70,7 @@ impl Session {
                 // of the project only when the jail can write it.
                 let root = plan.project.root.clone();
                 let home = plan.home.clone();
-                let nested = !plan.project.scratch && plan.project.access == Access::Rw;
+                let nested = writes_project(plan);
                 let git = std::thread::spawn(move || gitguard::snapshot(&root, nested, &home));
                 (baseline, Some(git))
             }
@@ -89,6 +89,15 @@ impl Session {
 
     pub fn audit(&self) -> &AuditLog {
         &self.audit
+    }
+
+    /// The git files the jail must get read-only: the dangerous parts of the project's other
+    /// git directories the snapshot found (gitguard.rs `protect`). None without a snapshot.
+    pub fn protected(&self) -> Vec<std::path::PathBuf> {
+        self.git
+            .as_ref()
+            .map(gitguard::protected_paths)
+            .unwrap_or_default()
     }
 
     /// Write a `Jail` event of this session to the audit log (a failure is said on stderr).
@@ -163,10 +172,9 @@ impl Beginning {
         &self.audit
     }
 
-    /// Wait for the snapshots (call before the jail starts) and return the session with the
-    /// Plan the jail must get: `plan` with the dangerous parts of the git directories found
-    /// read-only (gitguard.rs), in the jail and in the executor's jail alike.
-    pub fn ready(self, plan: &Plan) -> anyhow::Result<(Session, Plan)> {
+    /// Wait for the snapshots; call before the jail starts. The jail must then get the git
+    /// files [`Session::protected`] names read-only ([`crate::runplan::RunPlan::protect`]).
+    pub fn ready(self) -> anyhow::Result<Session> {
         let baseline = changes::ready(self.baseline);
         let git = match self.git {
             Some(handle) => Some(
@@ -176,24 +184,19 @@ impl Beginning {
             ),
             None => None,
         };
-        let plan = match &git {
-            Some(snapshot) => {
-                let mut protected = gitguard::protect(plan, snapshot);
-                if let Some(jail) = protected.executor.jail.take() {
-                    protected.executor.jail = Some(Box::new(gitguard::protect(&jail, snapshot)));
-                }
-                protected
-            }
-            None => plan.clone(),
-        };
-        let session = Session {
+        Ok(Session {
             jail_id: self.jail_id,
             audit: self.audit,
             baseline,
             git,
-        };
-        Ok((session, plan))
+        })
     }
+}
+
+/// Whether the jail can write the project (not `--scratch`, not read-only): the git snapshot
+/// then also covers the project's other git directories.
+pub(crate) fn writes_project(plan: &Plan) -> bool {
+    !plan.project.scratch && plan.project.access == Access::Rw
 }
 
 fn record(

@@ -60,6 +60,76 @@ fn an_executor_command_is_listed_by_its_runs_change_summary_only() {
     );
 }
 
+/// `corral plan --json` is the Plan the jail gets: the start record of a run (the Plan the
+/// backend consumed) equals the plan printed before it, without its `attachments` and with the
+/// run's jail id and the secret's placeholder (both made when the run starts) put in. The run
+/// attaches an executor, the DNS stub's /etc files, a secret's placeholder and the gateway's
+/// CA files, and holds a nested repository's config and hooks read-only.
+#[test]
+fn the_plan_shown_is_the_plan_the_jail_gets() {
+    let w = World::new();
+    let nested = w.project.join("vendored");
+    std::fs::create_dir_all(&nested).unwrap();
+    let git = Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(&nested)
+        .env("HOME", &w.home)
+        .status()
+        .expect("git");
+    assert!(git.success());
+    let policy = w.outside.join("policy.toml");
+    write(
+        &policy,
+        "[network]\nmode = \"proxy\"\ndns = \"stub\"\nallow = [\"api.example.invalid\"]\n\
+         [secrets]\nMY_API_KEY = { from_env = \"CALLER_REAL_KEY\", hosts = [\"api.example.invalid\"] }\n",
+    );
+    let with_policy = |c: &mut Command| {
+        c.arg("--policy")
+            .arg(&policy)
+            .env("CALLER_REAL_KEY", "sk-test-0123456789abcdef0123456789");
+    };
+    let mut c = w.corral();
+    c.arg("plan");
+    with_policy(&mut c);
+    c.args(["--json", "--", "sh", "-c", "echo END"]);
+    let shown = run(c);
+    assert_eq!(shown.code, 0, "{}", shown.both());
+    let mut c = w.corral();
+    c.arg("run");
+    with_policy(&mut c);
+    c.args(["--", "sh", "-c", "echo END"]);
+    let out = run(c);
+    ran(&out, "END");
+
+    let mut shown: serde_json::Value = serde_json::from_str(&shown.stdout).unwrap();
+    let attachments = shown
+        .as_object_mut()
+        .unwrap()
+        .remove("attachments")
+        .expect("plan --json has the attachments");
+    // Each attachment is there (else the comparison below proves little).
+    for key in ["secrets", "executor", "dns"] {
+        assert!(!attachments[key].is_null(), "no {key}: {attachments:#}");
+    }
+    let protected = strings(&attachments["git_protected"]);
+    assert!(
+        protected.iter().any(|p| p.ends_with("vendored/.git/hooks")),
+        "{protected:?}"
+    );
+    let starts = events(&w, "start");
+    assert_eq!(starts.len(), 1, "{starts:#?}");
+    let consumed = &starts[0]["detail"];
+    let jail_id = starts[0]["jail"].as_str().unwrap();
+    let placeholder = consumed["env"]["MY_API_KEY"].as_str().unwrap();
+    assert!(!placeholder.contains("0123456789abcdef"), "{placeholder}");
+    let shown = serde_json::to_string(&shown)
+        .unwrap()
+        .replace("JAILID", jail_id)
+        .replace("<placeholder of $CALLER_REAL_KEY>", placeholder);
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    similar_asserts::assert_eq!(shown, consumed.clone());
+}
+
 // ---- Container backends ----------------------------------------------------------------
 
 const IMAGE: &str = "localhost/corral-ci-harness:latest";

@@ -7,7 +7,7 @@ use anyhow::{Context as _, bail};
 use corral_engine::runner;
 use corral_engine::{Context, EngineKind};
 use corral_policy::plan::{Engine, Plan};
-use corral_session::{Backend, Scope, Session};
+use corral_session::{Backend, RunPlan, Scope, Session};
 
 /// The container engine a plan asks for: podman or docker by name; `auto` (when the native
 /// backend cannot run here) podman, else docker.
@@ -96,8 +96,12 @@ fn wait_harness(cmd: &corral_engine::Command) -> std::io::Result<std::process::E
 /// guard, set-id, change summary) apply as after a native run.
 pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
     let kind = engine_of(plan)?;
-    let beginning = Session::begin(plan, scope)?;
-    let (session, plan) = beginning.ready(plan)?;
+    let session = Session::begin(plan, scope)?.ready()?;
+    // The engine attaches the rest itself; the git files the snapshot found are read-only in
+    // the container as in a native jail.
+    let mut run = RunPlan::container(plan);
+    run.protect(&session.protected());
+    let plan = run.plan;
     let mut ctx = context(kind, &plan, session.jail_id())?;
     if plan.skill.is_some() {
         let dir = ctx.state_dir.join("skill").join(session.jail_id());

@@ -69,7 +69,10 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         let _ = std::fs::remove_dir(&plan.project.root);
     }
     let out = if args.json {
-        let mut s = serde_json::to_string_pretty(&plan).context("cannot serialize the plan")?;
+        // Exactly what a run hands its backend (the run's jail id and each secret's
+        // placeholder are made when it starts; runplan.rs).
+        let run = corral_session::runplan::planned(&plan);
+        let mut s = serde_json::to_string_pretty(&run).context("cannot serialize the plan")?;
         s.push('\n');
         s
     } else if matches!(plan.engine, Engine::Podman | Engine::Docker) {

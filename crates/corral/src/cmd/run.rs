@@ -9,7 +9,7 @@ use anyhow::Context;
 use corral_audit::AuditLog;
 use corral_policy::plan::{Engine, NetworkMode, Plan};
 use corral_policy::resolve::{ensure_state_paths, resolve};
-use corral_session::{Backend, Scope, Session};
+use corral_session::{Backend, RunInputs, RunPlan, Scope, Session};
 
 use crate::cli::{JailOptions, RunArgs};
 
@@ -76,17 +76,24 @@ pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
     // The session's snapshots (change baseline, git) are taken on threads while the rest is
     // set up, and complete before the jail starts.
     let beginning = Session::begin(plan, scope)?;
+    // The Plan the jail gets: `plan` with what the run attaches (runplan.rs), computed in one
+    // place; what follows creates those attachments on the host, where the RunPlan names them.
+    let values = super::secrets::read(plan)?;
+    let mut inputs = RunInputs::on_host(beginning.jail_id());
+    inputs.placeholders = super::secrets::placeholders(&values)?;
+    let mut run = RunPlan::new(plan, &inputs);
     // The jail's cgroup (as root, or with delegation: a few directories and limit files) is
     // made on a thread of its own meanwhile; it needs only the id and the limits.
     let prepared_plan = std::thread::scope(|s| {
         let limits = s.spawn(|| corral_sandbox::cgroup::setup(beginning.jail_id(), &plan.limits));
-        let rest = jail_side(plan, beginning.jail_id(), beginning.audit());
+        let secrets = super::secrets::prepare(values, &run, beginning.jail_id(), beginning.audit());
+        let stub_files = stub_files(&run);
         let limits = limits.join().expect("the cgroup set-up thread panicked");
         // A failed cgroup set-up fails the run; one that worked is undone (its drop) when the
         // rest failed.
-        Ok::<_, anyhow::Error>((limits?, rest?))
+        Ok::<_, anyhow::Error>((limits?, secrets?, stub_files?))
     })?;
-    let (limits, (secrets, plan, executor, stub_files)) = prepared_plan;
+    let (limits, secrets, stub_files) = prepared_plan;
     for note in &limits.notes {
         eprintln!("corral: {note}");
     }
@@ -105,8 +112,12 @@ pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
     opts.rlimits = limits.fallback.clone();
     // The ids, the network rules and the cgroup are final: the set-up process builds the
     // namespaces while corral waits for the session's snapshots.
-    prepared.enter_namespaces(&plan, &opts.cgroup_procs)?;
-    let (session, plan) = beginning.ready(&plan)?;
+    prepared.enter_namespaces(&run.plan, &opts.cgroup_procs)?;
+    let session = beginning.ready()?;
+    // The git files the snapshot found are read-only in the jail and the executor's jail.
+    run.protect(&session.protected());
+    // The executor is attached last: its jail's Plan is final now.
+    let executor = super::serve::attach_executor(&run)?;
     let mut native = Native {
         prepared: Some(prepared),
         opts,
@@ -119,7 +130,7 @@ pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
         netcap: None,
         terminal: None,
     };
-    session.run(&plan, &mut native)
+    session.run(&run.plan, &mut native)
 }
 
 /// The native backend: the jail's set-up process and what the run serves it (cgroup, secrets'
@@ -211,30 +222,6 @@ fn network_summary(proxy: Option<&corral_net::ProxyHandle>, audit: &AuditLog) {
     if let Some(f) = audit.failures() {
         eprintln!("{}", f.summary_line());
     }
-}
-
-/// What the jail's Plan gains on top of `plan` before it starts: [secrets] placeholders and the
-/// gateway's CA (real values stay in corral), the executor's socket and token, and the stub
-/// resolver's files. The handles keep the executor and the files alive until the run ends.
-fn jail_side(
-    plan: &Plan,
-    jail_id: &str,
-    audit: &AuditLog,
-) -> anyhow::Result<(
-    super::secrets::Secrets,
-    Plan,
-    Option<super::serve::RunExecutor>,
-    Option<StubFiles>,
-)> {
-    let secrets = super::secrets::prepare(plan, jail_id, audit)?;
-    // The executor (SPEC section 6): its unix socket (bound by corral) and token bound into the
-    // jail read-only, CORRAL_EXECUTOR set; `corral serve` outside the jail starts on the first
-    // connection (cmd/serve.rs). Stopped when the handle drops.
-    let mut plan = secrets.plan(plan).clone();
-    let executor = super::serve::attach_executor(&mut plan)?;
-    // network.dns = "stub": the jail's resolv.conf names its 127.0.0.1:53 (removed at the end).
-    let stub_files = stub_files(&mut plan)?;
-    Ok((secrets, plan, executor, stub_files))
 }
 
 /// Network mode `proxy`: corral's proxy accepts on the jail's 127.0.0.1:3128, and each
@@ -351,50 +338,25 @@ fn serve_netcap(
     )?))
 }
 
-/// Files bound over the jail's /etc with `network.dns = "stub"`: resolv.conf naming the stub
-/// on 127.0.0.1 (no search domains), and a hosts file with localhost and the jail's hostname
-/// only (the host's own names must not bypass the stub). Removed when the guard drops.
-fn stub_files(plan: &mut Plan) -> anyhow::Result<Option<StubFiles>> {
-    use corral_policy::plan::{Access, Dns, Mount, MountKind};
-    match (plan.network.mode, plan.network.dns) {
-        (NetworkMode::Proxy, Dns::Stub) => {}
-        (_, Dns::None) | (NetworkMode::None | NetworkMode::Host, Dns::Stub) => return Ok(None),
-    }
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .filter(|d| std::path::Path::new(d).is_dir())
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let dir = base.join(format!(
-        "corral-dns-{}-{}",
-        std::process::id(),
-        corral_audit::new_jail_id()
-    ));
+/// The stub resolver's files `run` attached (`network.dns = "stub"`), written into their private
+/// directory (0700). Removed when the guard drops.
+fn stub_files(run: &RunPlan) -> anyhow::Result<Option<StubFiles>> {
+    let Some(dns) = &run.attachments.dns else {
+        return Ok(None);
+    };
     {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .mode(0o700)
-            .create(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+            .create(&dns.dir)
+            .with_context(|| format!("cannot create {}", dns.dir.display()))?;
     }
-    let guard = StubFiles { dir: dir.clone() };
-    for (name, text) in [
-        (
-            "resolv.conf",
-            "# corral: the jail's stub resolver (allowlisted names only)\nnameserver 127.0.0.1\n",
-        ),
-        (
-            "hosts",
-            "127.0.0.1\tlocalhost corral\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-        ),
-    ] {
-        let path = dir.join(name);
+    let guard = StubFiles {
+        dir: dns.dir.clone(),
+    };
+    for (name, text) in &dns.files {
+        let path = dns.dir.join(name);
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
-        plan.mounts.push(Mount {
-            source: path,
-            target: std::path::Path::new("/etc").join(name),
-            kind: MountKind::Bind(Access::Ro),
-            optional: false,
-        });
     }
     Ok(Some(guard))
 }
