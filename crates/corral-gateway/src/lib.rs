@@ -196,6 +196,21 @@ pub struct JailTrust {
     pub system_overlays: Vec<Mount>,
 }
 
+/// The files, variables and binds of [`trust_layout`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrustLayout {
+    /// C: the run CA alone.
+    pub ca_file: PathBuf,
+    /// B: the system roots plus the run CA.
+    pub bundle_file: PathBuf,
+    /// The CA variables (`SSL_CERT_FILE`=B, `NODE_EXTRA_CA_CERTS`=C, ...).
+    pub env: BTreeMap<String, String>,
+    /// Read-only bind of the trust directory at its own path.
+    pub mounts: Vec<Mount>,
+    /// Read-only binds of B over the system bundle paths that exist on this host.
+    pub system_overlays: Vec<Mount>,
+}
+
 /// Why a request was refused, and what the client is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -294,12 +309,15 @@ impl Gateway {
         secrets: Vec<(SecretPlan, String)>,
         config: GatewayConfig,
     ) -> Result<(Gateway, JailTrust), GatewayError> {
-        Self::with_signin(secrets, Vec::new(), config)
+        Self::with_run(secrets, &BTreeMap::new(), Vec::new(), config)
     }
 
-    /// [`Gateway::new`] that also serves sign-in credential files ([`signin`]).
-    pub fn with_signin(
+    /// [`Gateway::new`] with the placeholders the run already chose (by secret name, each from
+    /// [`placeholder_for`] of the real value; a secret not in `placeholders` gets a fresh one)
+    /// and the sign-in credential files it serves ([`signin`]).
+    pub fn with_run(
         secrets: Vec<(SecretPlan, String)>,
+        placeholders: &BTreeMap<String, String>,
         signins: Vec<signin::Signin>,
         config: GatewayConfig,
     ) -> Result<(Gateway, JailTrust), GatewayError> {
@@ -336,7 +354,10 @@ impl Gateway {
                     permitted.push(name.to_string());
                 }
             }
-            let placeholder = placeholder_for(&real)?;
+            let placeholder = match placeholders.get(&plan.name) {
+                Some(p) => p.clone(),
+                None => placeholder_for(&real)?,
+            };
             list.push(Secret {
                 name: plan.name,
                 hosts: plan.hosts,
@@ -974,8 +995,8 @@ fn write_trust(
         source,
     })?;
     let ca_pem = ca.cert_pem();
-    let ca_file = dir.join("corral-run-ca.pem");
-    let bundle_file = dir.join("ca-bundle.pem");
+    let layout = trust_layout(dir);
+    let (ca_file, bundle_file) = (layout.ca_file.clone(), layout.bundle_file.clone());
     write_file(&ca_file, ca_pem.as_bytes())?;
     let system = match system_bundle {
         Some(p) => Some(std::fs::read(p).map_err(|source| GatewayError::Io {
@@ -991,7 +1012,23 @@ fn write_trust(
     bundle.extend_from_slice(ca_pem.as_bytes());
     write_file(&bundle_file, &bundle)?;
     debug_assert!(!ca.cert_der().is_empty());
+    Ok(JailTrust {
+        ca_pem,
+        ca_file,
+        bundle_file,
+        env: layout.env,
+        mounts: layout.mounts,
+        system_overlays: layout.system_overlays,
+    })
+}
 
+/// Where a run's trust files go in the directory `dir`, and what names them in the jail: the
+/// CA variables, the read-only bind of `dir`, and the binds of the bundle over the system
+/// bundle paths that exist on this host. Pure: nothing is written ([`Gateway::new`] writes
+/// the files), so `corral plan` shows what a run attaches.
+pub fn trust_layout(dir: &Path) -> TrustLayout {
+    let ca_file = dir.join("corral-run-ca.pem");
+    let bundle_file = dir.join("ca-bundle.pem");
     let b = bundle_file.display().to_string();
     let c = ca_file.display().to_string();
     let mut env = BTreeMap::new();
@@ -1028,14 +1065,13 @@ fn write_trust(
             });
         }
     }
-    Ok(JailTrust {
-        ca_pem,
+    TrustLayout {
         ca_file,
         bundle_file,
         env,
         mounts,
         system_overlays,
-    })
+    }
 }
 
 #[cfg(test)]

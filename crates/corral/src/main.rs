@@ -18,14 +18,10 @@ macro_rules! outln {
     }};
 }
 
-mod changes;
 mod cli;
 mod cmd;
 mod control;
-mod gitguard;
 mod live;
-mod setid;
-mod stateguard;
 mod usage;
 mod worktrees;
 

@@ -115,11 +115,15 @@ fn plan_pi_json_in_a_fresh_git_project() {
             .collect::<Vec<_>>(),
         ["settings.json", "auth.json", "models.json"].map(|f| agent.join(f))
     );
+    // The executor's variables are what the run attaches (runplan.rs): plan --json shows them.
     let names: Vec<&str> = plan.env.keys().map(String::as_str).collect();
     assert_eq!(
         names,
         vec![
             "ALL_PROXY",
+            "CORRAL_EXECUTOR",
+            "CORRAL_EXECUTOR_TOKEN_FILE",
+            "CORRAL_PROJECT_ROOT",
             "HOME",
             "HTTPS_PROXY",
             "HTTP_PROXY",

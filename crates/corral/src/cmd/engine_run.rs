@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
-use corral_audit::{AuditLog, Event, JailEvent, Record};
 use corral_engine::runner;
 use corral_engine::{Context, EngineKind};
 use corral_policy::plan::{Engine, Plan};
+use corral_session::{Backend, RunPlan, Scope, Session};
 
 /// The container engine a plan asks for: podman or docker by name; `auto` (when the native
 /// backend cannot run here) podman, else docker.
@@ -58,12 +58,6 @@ pub fn print_commands(plan: &Plan) -> anyhow::Result<String> {
     Ok(corral_engine::commands(&setup))
 }
 
-fn audit(log: &AuditLog, jail: &str, event: JailEvent) {
-    if let Err(e) = log.write(&Record::now(jail, Event::Jail(event))) {
-        eprintln!("corral: audit log: {e}");
-    }
-}
-
 /// Run the harness command to its end. corral stays alive through the signals a terminal sends
 /// its whole foreground group (SIGINT, SIGQUIT: the engine gets them too, and with `--tty` the
 /// container's terminal does), so the run's exit is still audited; SIGTERM and SIGHUP sent to
@@ -97,67 +91,62 @@ fn wait_harness(cmd: &corral_engine::Command) -> std::io::Result<std::process::E
     })
 }
 
-/// Run `plan` with its container engine; the harness's exit code.
-pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
+/// Run `plan` with its container engine in a session of `scope`; the harness's exit code. The
+/// project is bind-mounted into the container, so the session's host-side checks (git, state
+/// guard, set-id, change summary) apply as after a native run.
+pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
     let kind = engine_of(plan)?;
-    let jail_id = corral_audit::new_jail_id();
-    let mut ctx = context(kind, plan, &jail_id)?;
+    let session = Session::begin(plan, scope)?.ready()?;
+    // The engine attaches the rest itself; the git files the snapshot found are read-only in
+    // the container as in a native jail.
+    let mut run = RunPlan::container(plan);
+    run.protect(&session.protected());
+    let plan = run.plan;
+    let mut ctx = context(kind, &plan, session.jail_id())?;
     if plan.skill.is_some() {
-        let dir = ctx.state_dir.join("skill").join(&jail_id);
+        let dir = ctx.state_dir.join("skill").join(session.jail_id());
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
         std::fs::write(dir.join("SKILL.md"), corral_exec::SKILL_MD)
             .with_context(|| format!("cannot write {}/SKILL.md", dir.display()))?;
         ctx.skill_source = Some(dir);
     }
-    let setup = corral_engine::setup(plan, &ctx)?;
-    let log = AuditLog::for_project(&plan.project.root).context("cannot open the audit log")?;
-    audit(
-        &log,
-        &jail_id,
-        JailEvent::Start {
-            detail: serde_json::json!({ "engine": kind.program(), "plan": plan }),
-        },
-    );
-    // The harness's guarded configuration files, put back after the container is gone
-    // (stateguard.rs), as after a native run.
-    let state_guard = crate::stateguard::snapshot(plan);
-    let result = runner::run_with(plan, &ctx, &setup, wait_harness);
-    // The engine's own failure (125, or an error setting up) on a first run is usually the
-    // harness image not built yet, said in the engine's words (a failed pull of localhost/...):
-    // looked up only then, so a working run pays nothing for it.
-    let result = match result {
-        Ok(125) | Err(_) if !image_present(kind, plan) => Err(anyhow::anyhow!(
-            "the harness image {} is not in {kind}'s image store: build it with:  corral image \
-             build {} --engine {kind}",
-            corral_engine::argv::harness_image(plan),
-            plan.profile
-        )),
-        other => other.map_err(anyhow::Error::from),
-    };
-    for line in crate::stateguard::check(state_guard, &jail_id) {
-        eprintln!("corral: {line}");
-        audit(&log, &jail_id, JailEvent::Quarantine { detail: line });
+    let setup = corral_engine::setup(&plan, &ctx)?;
+    let mut container = Container { kind, ctx, setup };
+    session.run(&plan, &mut container)
+}
+
+/// The container backend: the engine, the host context and the set-up steps of one run.
+struct Container {
+    kind: EngineKind,
+    ctx: Context,
+    setup: corral_engine::Setup,
+}
+
+impl Backend for Container {
+    fn describe(&self, plan: &Plan) -> serde_json::Value {
+        serde_json::json!({ "engine": self.kind.program(), "plan": plan })
     }
-    if let Some(src) = &ctx.skill_source {
-        let _ = std::fs::remove_dir_all(src);
-    }
-    match result {
-        Ok(code) => {
-            audit(&log, &jail_id, JailEvent::Exit { exit_code: code });
-            Ok(code)
+
+    fn run(&mut self, plan: &Plan, _session: &Session) -> anyhow::Result<i32> {
+        let kind = self.kind;
+        let result = runner::run_with(plan, &self.ctx, &self.setup, wait_harness);
+        if let Some(src) = &self.ctx.skill_source {
+            let _ = std::fs::remove_dir_all(src);
         }
-        Err(e) => {
-            audit(
-                &log,
-                &jail_id,
-                JailEvent::Error {
-                    exit_code: 125,
-                    detail: e.to_string(),
-                },
-            );
-            Err(e).with_context(|| format!("cannot run the jail with {kind}"))
+        // The engine's own failure (125, or an error setting up) on a first run is usually the
+        // harness image not built yet, said in the engine's words (a failed pull of
+        // localhost/...): looked up only then, so a working run pays nothing for it.
+        match result {
+            Ok(125) | Err(_) if !image_present(kind, plan) => Err(anyhow::anyhow!(
+                "the harness image {} is not in {kind}'s image store: build it with:  corral \
+                 image build {} --engine {kind}",
+                corral_engine::argv::harness_image(plan),
+                plan.profile
+            )),
+            other => other.map_err(anyhow::Error::from),
         }
+        .with_context(|| format!("cannot run the jail with {kind}"))
     }
 }
 

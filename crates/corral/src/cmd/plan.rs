@@ -66,7 +66,10 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     // `plan` runs nothing and creates nothing (a `--scratch` directory is only named).
     let plan = corral_policy::resolve::preview(&req)?;
     let out = if args.json {
-        let mut s = serde_json::to_string_pretty(&plan).context("cannot serialize the plan")?;
+        // Exactly what a run hands its backend (the run's jail id and each secret's
+        // placeholder are made when it starts; runplan.rs).
+        let run = corral_session::runplan::planned(&plan);
+        let mut s = serde_json::to_string_pretty(&run).context("cannot serialize the plan")?;
         s.push('\n');
         s
     } else if matches!(plan.engine, Engine::Podman | Engine::Docker) {

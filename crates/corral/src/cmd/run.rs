@@ -6,9 +6,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use corral_audit::{AuditLog, Event, JailEvent, Record};
+use corral_audit::{AuditLog, JailEvent};
 use corral_policy::plan::{Engine, NetworkMode, Plan};
 use corral_policy::resolve::{ensure_state_paths, resolve};
+use corral_session::{Backend, RunInputs, RunPlan, Scope, Session};
 
 use crate::cli::{JailOptions, RunArgs};
 
@@ -32,7 +33,7 @@ pub fn run_jail(
     super::trust::gate(&plan)?;
     // A first run of a harness: its state directories do not exist yet, and binds need them.
     ensure_state_paths(&plan.profile, &req.home)?;
-    let code = run_plan_with(&plan, Some(&req));
+    let code = run_plan_with(&plan, Some(&req), Scope::Run);
     if plan.project.scratch
         && let Err(e) = std::fs::remove_dir_all(&plan.project.root)
     {
@@ -45,26 +46,30 @@ pub fn run_jail(
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
 
-/// Run `plan` in the native jail; the command's exit code.
-pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
-    run_plan_with(plan, None)
+/// Run `plan` in the native jail (or the container engine it names) in a session of `scope`;
+/// the command's exit code.
+pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
+    run_plan_with(plan, None, scope)
 }
 
-/// Run `plan`, resolved from `req` when given: the native jail's network rules then follow the
-/// policy files while it runs (live.rs).
-fn run_plan_with(plan: &Plan, req: Option<&corral_policy::Request>) -> anyhow::Result<i32> {
-    let resolved = plan;
+/// [`run_plan`] of a Plan resolved from `req` when given: the native jail's network rules then
+/// follow the policy files while it runs (live.rs).
+fn run_plan_with(
+    plan: &Plan,
+    req: Option<&corral_policy::Request>,
+    scope: Scope,
+) -> anyhow::Result<i32> {
     // The set-up process main() forked for this run, if it did (dropped, so ended, when the
     // run goes to a container engine).
     let early = corral_sandbox::take_early();
     match plan.engine {
         // auto: native where it runs here, else podman, else docker (cmd/engine_run.rs).
         Engine::Auto if !corral_sandbox::probe::run().native_backend => {
-            return super::engine_run::run_plan(plan);
+            return super::engine_run::run_plan(plan, scope);
         }
         Engine::Native | Engine::Auto => {}
         // The container engines: cmd/engine_run.rs.
-        Engine::Podman | Engine::Docker => return super::engine_run::run_plan(plan),
+        Engine::Podman | Engine::Docker => return super::engine_run::run_plan(plan, scope),
     }
     // Processes the run started whose parent died (an executor command jail whose server was
     // killed) come back to corral, which ends them all before the git check (`end_run`).
@@ -82,36 +87,34 @@ fn run_plan_with(plan: &Plan, req: Option<&corral_policy::Request>) -> anyhow::R
         Some(prepared) => prepared,
         None => corral_sandbox::prepare(&opts.init_exe)?,
     };
-    let jail_id = corral_audit::new_jail_id();
-    let audit = AuditLog::for_project(&plan.project.root).context("cannot open the audit log")?;
-    // What the agent changes in the project, listed when it ends (changes.rs): the baseline is
-    // taken while the rest is set up, and complete before the jail starts.
-    let baseline = crate::changes::start(plan, &jail_id);
-    // The git files the jail could plant (gitguard.rs), recorded meanwhile: the other git
-    // directories of the project only when the jail can write it.
-    let git_guard = {
-        let root = plan.project.root.clone();
-        let home = plan.home.clone();
-        let nested =
-            !plan.project.scratch && plan.project.access == corral_policy::plan::Access::Rw;
-        std::thread::spawn(move || crate::gitguard::snapshot(&root, nested, &home))
-    };
+    // The session's snapshots (change baseline, git) are taken on threads while the rest is
+    // set up, and complete before the jail starts.
+    let beginning = Session::begin(plan, scope)?;
+    // The Plan the jail gets: `plan` with what the run attaches (runplan.rs), computed in one
+    // place; what follows creates those attachments on the host, where the RunPlan names them.
+    let (values, signins) = super::secrets::read(plan)?;
+    let mut inputs = RunInputs::on_host(beginning.jail_id());
+    inputs.placeholders = super::secrets::placeholders(&values)?;
+    inputs.signins = signins.iter().map(|s| s.plan().name.clone()).collect();
+    let mut run = RunPlan::new(plan, &inputs);
     // The jail's cgroup (as root, or with delegation: a few directories and limit files) is
     // made on a thread of its own meanwhile; it needs only the id and the limits.
     let prepared_plan = std::thread::scope(|s| {
-        let limits = s.spawn(|| corral_sandbox::cgroup::setup(&jail_id, &plan.limits));
-        let rest = jail_side(plan, &jail_id, &audit);
+        let limits = s.spawn(|| corral_sandbox::cgroup::setup(beginning.jail_id(), &plan.limits));
+        let secrets = super::secrets::prepare(
+            values,
+            signins,
+            &run,
+            beginning.jail_id(),
+            beginning.audit(),
+        );
+        let stub_files = stub_files(&run);
         let limits = limits.join().expect("the cgroup set-up thread panicked");
         // A failed cgroup set-up fails the run; one that worked is undone (its drop) when the
         // rest failed.
-        Ok::<_, anyhow::Error>((limits?, rest?))
+        Ok::<_, anyhow::Error>((limits?, secrets?, stub_files?))
     })?;
-    let (limits, (secrets, plan, executor, _stub_files)) = prepared_plan;
-    let plan = &plan;
-
-    if !audit.path().exists() {
-        eprintln!("{}", first_run_line(plan, audit.path()));
-    }
+    let (limits, secrets, stub_files) = prepared_plan;
     for note in &limits.notes {
         eprintln!("corral: {note}");
     }
@@ -129,104 +132,109 @@ fn run_plan_with(plan: &Plan, req: Option<&corral_policy::Request>) -> anyhow::R
     }
     opts.rlimits = limits.fallback.clone();
     // The ids, the network rules and the cgroup are final: the set-up process builds the
-    // namespaces while corral writes the start record and takes its snapshots.
-    prepared.enter_namespaces(plan, &opts.cgroup_procs)?;
-
-    let baseline = crate::changes::ready(baseline);
-    let git_guard = git_guard
-        .join()
-        .map_err(|_| anyhow::anyhow!("the git snapshot thread panicked"))?;
-    // The dangerous parts of the git directories found are read-only in the jail (gitguard.rs).
-    let plan = &crate::gitguard::protect(plan, &git_guard);
-    write(
-        &audit,
-        &jail_id,
-        JailEvent::Start {
-            detail: serde_json::to_value(plan).unwrap_or_default(),
-        },
-    );
-    // Set-id files that appear where the jail can write from now on (setid.rs).
-    let set_id = crate::setid::watch(plan);
-    // The harness's guarded configuration files (stateguard.rs), as they are before it starts.
-    let state_guard = crate::stateguard::snapshot(plan);
-    let mut jail = match prepared.start(plan, &opts) {
-        Ok(jail) => jail,
-        Err(e) => {
-            write(
-                &audit,
-                &jail_id,
-                JailEvent::Error {
-                    exit_code: 125,
-                    detail: e.to_string(),
-                },
-            );
-            return Err(e).context("cannot start the jail");
-        }
-    };
-    let mut net = jail.take_net();
-    let stub_sockets = (net.dns.take(), std::mem::take(&mut net.capture));
-    let proxy = serve_network(plan, net, &audit, &jail_id, secrets.gateway())?;
-    let _netcap = serve_netcap(
+    // namespaces while corral waits for the session's snapshots.
+    prepared.enter_namespaces(&run.plan, &opts.cgroup_procs)?;
+    let session = beginning.ready()?;
+    // The git files the snapshot found are read-only in the jail and the executor's jail.
+    run.protect(&session.protected());
+    // The executor is attached last: its jail's Plan is final now.
+    let executor = super::serve::attach_executor(&run, session.audit())?;
+    let mut native = Native {
+        req,
+        resolved: plan,
+        prepared: Some(prepared),
+        opts,
+        limits,
+        secrets,
+        executor,
+        _stub_files: stub_files,
         published,
-        stub_sockets,
-        proxy.as_ref(),
-        &mut jail,
-        &audit,
-        &jail_id,
-    )?;
-    let live = live_policy(req, resolved, plan, proxy.as_ref(), &audit, &jail_id);
-    let placeholders = jail.keep_placeholders();
-    let exit = jail.wait();
-    drop(live);
-    end_run(executor);
-    // No jail of the run binds them any more: the placeholders this run made go.
-    drop(placeholders);
-    // Nothing the run started can write any more: the checks see the final state.
-    let set_id = crate::setid::check(set_id);
-    for line in crate::gitguard::check(git_guard, &jail_id)
-        .into_iter()
-        .chain(crate::stateguard::check(state_guard, &jail_id))
-    {
-        eprintln!("corral: {line}");
-        write(&audit, &jail_id, JailEvent::Quarantine { detail: line });
+        proxy: None,
+        netcap: None,
+        terminal: None,
+    };
+    session.run(&run.plan, &mut native)
+}
+
+/// The native backend: the jail's set-up process and what the run serves it (cgroup, secrets'
+/// gateway, executor, network, published ports). Dropped after the session finished.
+struct Native<'a> {
+    /// The request `resolved` came from, when the run has one: the proxy's rules then follow
+    /// the policy files while the jail runs (live.rs).
+    req: Option<&'a corral_policy::Request>,
+    resolved: &'a Plan,
+    prepared: Option<corral_sandbox::PreparedJail>,
+    opts: corral_sandbox::SpawnOptions,
+    limits: corral_sandbox::cgroup::LimitsSetup,
+    secrets: super::secrets::Secrets,
+    executor: Option<super::serve::RunExecutor>,
+    _stub_files: Option<StubFiles>,
+    published: Vec<(u16, std::net::TcpListener)>,
+    proxy: Option<corral_net::ProxyHandle>,
+    netcap: Option<corral_net::netcap::NetcapHandle>,
+    terminal: Option<corral_sandbox::termfilter::Dropped>,
+}
+
+impl Backend for Native<'_> {
+    fn run(&mut self, plan: &Plan, session: &Session) -> anyhow::Result<i32> {
+        let prepared = self
+            .prepared
+            .take()
+            .context("the native jail was already started")?;
+        let mut jail = prepared
+            .start(plan, &self.opts)
+            .context("cannot start the jail")?;
+        let (audit, jail_id) = (session.audit(), session.jail_id());
+        let mut net = jail.take_net();
+        let stub_sockets = (net.dns.take(), std::mem::take(&mut net.capture));
+        self.proxy = serve_network(plan, net, audit, jail_id, self.secrets.gateway())?;
+        self.netcap = serve_netcap(
+            std::mem::take(&mut self.published),
+            stub_sockets,
+            self.proxy.as_ref(),
+            &mut jail,
+            audit,
+            jail_id,
+        )?;
+        let live = live_policy(
+            self.req,
+            self.resolved,
+            plan,
+            self.proxy.as_ref(),
+            audit,
+            jail_id,
+        );
+        let placeholders = jail.keep_placeholders();
+        let exit = jail.wait();
+        drop(live);
+        end_run(self.executor.take());
+        // No jail of the run binds them any more: the placeholders this run made go.
+        drop(placeholders);
+        self.terminal = Some(exit.terminal);
+        Ok(exit.code)
     }
 
-    if let Some(cg) = &limits.cgroup {
-        let events = cg.events();
-        if events.oom_kills > 0 || events.memory_limit_hits > 0 {
-            write(
-                &audit,
-                &jail_id,
-                JailEvent::Oom {
-                    detail: serde_json::to_value(events).unwrap_or_default(),
-                },
-            );
+    fn report(&mut self, session: &Session) {
+        if let Some(cg) = &self.limits.cgroup {
+            let events = cg.events();
+            let detail = serde_json::to_value(events).unwrap_or_default();
+            if events.oom_kills > 0 || events.memory_limit_hits > 0 {
+                session.record(JailEvent::Oom {
+                    detail: detail.clone(),
+                });
+            }
+            if events.pids_limit_hits > 0 {
+                session.record(JailEvent::Pids { detail });
+            }
+            for line in events.summary() {
+                eprintln!("corral: {line}");
+            }
         }
-        if events.pids_limit_hits > 0 {
-            write(
-                &audit,
-                &jail_id,
-                JailEvent::Pids {
-                    detail: serde_json::to_value(events).unwrap_or_default(),
-                },
-            );
-        }
-        for line in events.summary() {
-            eprintln!("corral: {line}");
+        network_summary(self.proxy.as_ref(), session.audit());
+        if let Some(terminal) = self.terminal.take() {
+            report_terminal(terminal, session);
         }
     }
-    network_summary(proxy.as_ref(), &audit);
-    crate::changes::finish(baseline, &audit, &jail_id);
-    crate::setid::report(set_id, &audit, &jail_id);
-    report_terminal(exit.terminal, &audit, &jail_id);
-    write(
-        &audit,
-        &jail_id,
-        JailEvent::Exit {
-            exit_code: exit.code,
-        },
-    );
-    Ok(exit.code)
 }
 
 /// After the jail's command ended, before anything is checked or reported: stop the executor
@@ -252,30 +260,6 @@ fn network_summary(proxy: Option<&corral_net::ProxyHandle>, audit: &AuditLog) {
     if let Some(f) = audit.failures() {
         eprintln!("{}", f.summary_line());
     }
-}
-
-/// What the jail's Plan gains on top of `plan` before it starts: [secrets] placeholders and the
-/// gateway's CA (real values stay in corral), the executor's socket and token, and the stub
-/// resolver's files. The handles keep the executor and the files alive until the run ends.
-fn jail_side(
-    plan: &Plan,
-    jail_id: &str,
-    audit: &AuditLog,
-) -> anyhow::Result<(
-    super::secrets::Secrets,
-    Plan,
-    Option<super::serve::RunExecutor>,
-    Option<StubFiles>,
-)> {
-    let secrets = super::secrets::prepare(plan, jail_id, audit)?;
-    // The executor (SPEC section 6): its unix socket (bound by corral) and token bound into the
-    // jail read-only, CORRAL_EXECUTOR set; `corral serve` outside the jail starts on the first
-    // connection (cmd/serve.rs). Stopped when the handle drops.
-    let mut plan = secrets.plan(plan).clone();
-    let executor = super::serve::attach_executor(&mut plan, audit)?;
-    // network.dns = "stub": the jail's resolv.conf names its 127.0.0.1:53 (removed at the end).
-    let stub_files = stub_files(&mut plan)?;
-    Ok((secrets, plan, executor, stub_files))
 }
 
 /// Network mode `proxy`: corral's proxy accepts on the jail's 127.0.0.1:3128, and each
@@ -418,50 +402,25 @@ fn serve_netcap(
     )?))
 }
 
-/// Files bound over the jail's /etc with `network.dns = "stub"`: resolv.conf naming the stub
-/// on 127.0.0.1 (no search domains), and a hosts file with localhost and the jail's hostname
-/// only (the host's own names must not bypass the stub). Removed when the guard drops.
-fn stub_files(plan: &mut Plan) -> anyhow::Result<Option<StubFiles>> {
-    use corral_policy::plan::{Access, Dns, Mount, MountKind};
-    match (plan.network.mode, plan.network.dns) {
-        (NetworkMode::Proxy, Dns::Stub) => {}
-        (_, Dns::None) | (NetworkMode::None | NetworkMode::Host, Dns::Stub) => return Ok(None),
-    }
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .filter(|d| std::path::Path::new(d).is_dir())
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    let dir = base.join(format!(
-        "corral-dns-{}-{}",
-        std::process::id(),
-        corral_audit::new_jail_id()
-    ));
+/// The stub resolver's files `run` attached (`network.dns = "stub"`), written into their private
+/// directory (0700). Removed when the guard drops.
+fn stub_files(run: &RunPlan) -> anyhow::Result<Option<StubFiles>> {
+    let Some(dns) = &run.attachments.dns else {
+        return Ok(None);
+    };
     {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .mode(0o700)
-            .create(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+            .create(&dns.dir)
+            .with_context(|| format!("cannot create {}", dns.dir.display()))?;
     }
-    let guard = StubFiles { dir: dir.clone() };
-    for (name, text) in [
-        (
-            "resolv.conf",
-            "# corral: the jail's stub resolver (allowlisted names only)\nnameserver 127.0.0.1\n",
-        ),
-        (
-            "hosts",
-            "127.0.0.1\tlocalhost corral\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-        ),
-    ] {
-        let path = dir.join(name);
+    let guard = StubFiles {
+        dir: dns.dir.clone(),
+    };
+    for (name, text) in &dns.files {
+        let path = dns.dir.join(name);
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
-        plan.mounts.push(Mount {
-            source: path,
-            target: std::path::Path::new("/etc").join(name),
-            kind: MountKind::Bind(Access::Ro),
-            optional: false,
-        });
     }
     Ok(Some(guard))
 }
@@ -478,7 +437,7 @@ impl Drop for StubFiles {
 
 /// What the output filter kept from the user's terminal (clipboard writes, host-acting escape
 /// sequences), with the fix, on stderr and as a `terminal` audit event.
-fn report_terminal(dropped: corral_sandbox::termfilter::Dropped, audit: &AuditLog, jail_id: &str) {
+fn report_terminal(dropped: corral_sandbox::termfilter::Dropped, session: &Session) {
     let lines = dropped.summary();
     if lines.is_empty() {
         return;
@@ -486,42 +445,7 @@ fn report_terminal(dropped: corral_sandbox::termfilter::Dropped, audit: &AuditLo
     for line in &lines {
         eprintln!("corral: {line}");
     }
-    write(
-        audit,
-        jail_id,
-        JailEvent::Terminal {
-            detail: serde_json::to_value(dropped).unwrap_or_default(),
-        },
-    );
-}
-
-fn write(audit: &AuditLog, jail_id: &str, event: JailEvent) {
-    if let Err(e) = audit.write(&Record::now(jail_id, Event::Jail(event))) {
-        eprintln!("corral: cannot write the audit log: {e}");
-    }
-}
-
-/// The one line a project's first jailed run prints: what the jail allows and where the audit
-/// log is, so nobody has to guess what `corral run` did (`corral plan` shows all of it).
-fn first_run_line(plan: &Plan, audit: &std::path::Path) -> String {
-    let access = match plan.project.access {
-        corral_policy::plan::Access::Rw => "read-write",
-        corral_policy::plan::Access::Ro => "read-only",
-    };
-    let network = match plan.network.mode {
-        corral_policy::plan::NetworkMode::None => "no network".to_string(),
-        corral_policy::plan::NetworkMode::Host => "the host's network, unfiltered".to_string(),
-        corral_policy::plan::NetworkMode::Proxy if plan.network.allow.is_empty() => {
-            "no destination allowed through the proxy".to_string()
-        }
-        corral_policy::plan::NetworkMode::Proxy => {
-            let hosts: Vec<String> = plan.network.allow.iter().map(|p| p.to_string()).collect();
-            format!("only {} through the proxy", hosts.join(", "))
-        }
-    };
-    format!(
-        "corral: first jailed run here: {} {access}, {network}; audit log {} (details: corral plan, corral log)",
-        plan.project.root.display(),
-        audit.display()
-    )
+    session.record(JailEvent::Terminal {
+        detail: serde_json::to_value(dropped).unwrap_or_default(),
+    });
 }

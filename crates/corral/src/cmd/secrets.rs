@@ -2,25 +2,23 @@
 //! real values are read from corral's own environment and stay in this process (the gateway in
 //! the proxy puts them into requests to the hosts each secret names).
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context, bail};
 use corral_audit::AuditLog;
+use corral_gateway::signin::Signin;
 use corral_gateway::{AuditSink, Gateway, GatewayConfig};
-use corral_policy::plan::{NetworkMode, Plan};
+use corral_policy::plan::{NetworkMode, Plan, SecretPlan};
+use corral_session::RunPlan;
 
 /// What a run needs for its secrets; keep it alive until the jail has exited (it owns the
 /// directory with the jail's CA files).
 pub struct Secrets {
-    plan: Option<Plan>,
     gateway: Option<Gateway>,
     _trust_dir: Option<TrustDir>,
 }
 
 impl Secrets {
-    /// The plan to run: `base` with the placeholders and CA files added, or `base` itself.
-    pub fn plan<'a>(&'a self, base: &'a Plan) -> &'a Plan {
-        self.plan.as_ref().unwrap_or(base)
-    }
-
     /// The gateway the proxy must use, when the jail's network goes through the proxy.
     pub fn gateway(&self) -> Option<Gateway> {
         self.gateway.clone()
@@ -31,24 +29,18 @@ impl Secrets {
 struct TrustDir(std::path::PathBuf);
 
 impl TrustDir {
-    fn create(jail_id: &str) -> anyhow::Result<Self> {
+    fn create(path: &std::path::Path) -> anyhow::Result<Self> {
         use std::os::unix::fs::DirBuilderExt;
-        let path =
-            std::env::temp_dir().join(format!("corral-trust-{jail_id}-{}", std::process::id()));
         std::fs::DirBuilder::new()
             .mode(0o700)
-            .create(&path)
+            .create(path)
             .with_context(|| {
                 format!(
                     "cannot create {} for the jail's CA files (set TMPDIR to a writable directory)",
                     path.display()
                 )
             })?;
-        Ok(Self(path))
-    }
-
-    fn path(&self) -> &std::path::Path {
-        &self.0
+        Ok(Self(path.to_path_buf()))
     }
 }
 
@@ -58,17 +50,26 @@ impl Drop for TrustDir {
     }
 }
 
-/// Read each secret's real value from corral's environment and prepare the jail's side.
-/// Sign-in credential files (`[signin]`, [`super::signin`]) the same way: the jail gets a file of
-/// placeholders, the gateway keeps the real tokens.
-pub fn prepare(plan: &Plan, jail_id: &str, audit: &AuditLog) -> anyhow::Result<Secrets> {
+/// Each secret with its real value.
+pub type Values = Vec<(SecretPlan, String)>;
+
+/// Each secret of `plan` with its real value, read from corral's environment, and the sign-ins
+/// (`[signin]`, [`super::signin`]) whose credential file exists, read from it.
+pub fn read(plan: &Plan) -> anyhow::Result<(Values, Vec<Signin>)> {
     let signins = super::signin::load(plan)?;
     if plan.secrets.is_empty() && signins.is_empty() {
-        return Ok(Secrets {
-            plan: None,
-            gateway: None,
-            _trust_dir: None,
-        });
+        return Ok((Vec::new(), Vec::new()));
+    }
+    if plan.network.mode == NetworkMode::Host {
+        bail!(
+            "[secrets] and sign-ins ({}) need network.mode = \"proxy\": with the host's network the gateway cannot put the real value into requests, and the jail's placeholder would be useless; use --network proxy",
+            plan.secrets
+                .iter()
+                .map(|s| s.name.clone())
+                .chain(signins.iter().map(|s| format!("signin.{}", s.plan().name)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     let mut values = Vec::new();
     for s in &plan.secrets {
@@ -85,70 +86,68 @@ pub fn prepare(plan: &Plan, jail_id: &str, audit: &AuditLog) -> anyhow::Result<S
         })?;
         values.push((s.clone(), real));
     }
-    let mut jailed = plan.clone();
-    match plan.network.mode {
-        NetworkMode::Host => bail!(
-            "[secrets] and sign-ins ({}) need network.mode = \"proxy\": with the host's network the gateway cannot put the real value into requests, and the jail's placeholder would be useless; use --network proxy",
-            plan.secrets
-                .iter()
-                .map(|s| s.name.clone())
-                .chain(signins.iter().map(|s| format!("signin.{}", s.plan().name)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        NetworkMode::None => {
-            // No network: nothing could use the real value; the jail still gets a placeholder
-            // so harnesses that check for the variable start.
-            for (s, real) in &values {
-                jailed
-                    .env
-                    .insert(s.name.clone(), corral_gateway::placeholder_for(real)?);
-            }
-            let dir = if signins.is_empty() {
-                None
-            } else {
-                let dir = TrustDir::create(jail_id)?;
-                jailed
-                    .mounts
-                    .extend(super::signin::jail_files(&signins, dir.path())?);
-                Some(dir)
-            };
-            Ok(Secrets {
-                plan: Some(jailed),
-                gateway: None,
-                _trust_dir: dir,
-            })
-        }
-        NetworkMode::Proxy => {
-            let dir = TrustDir::create(jail_id)?;
-            let signin_mounts = super::signin::jail_files(&signins, dir.path())?;
-            let (gateway, trust) = Gateway::with_signin(
-                values,
-                signins,
-                GatewayConfig {
-                    // The system store; SSL_CERT_FILE / SSL_CERT_DIR in corral's environment
-                    // (a corporate CA) are honoured.
-                    upstream_roots: None,
-                    trust_dir: dir.path().to_path_buf(),
-                    system_bundle: None,
-                    audit: Some(AuditSink {
-                        log: audit.clone(),
-                        jail: jail_id.to_string(),
-                    }),
-                },
-            )?;
-            jailed.env.extend(trust.env);
-            jailed.mounts.extend(trust.mounts);
-            // The system bundles themselves (system roots + run CA), for programs that read
-            // only /etc/ssl and ignore every CA variable.
-            jailed.mounts.extend(trust.system_overlays);
-            // After the state directories: each sign-in file over the real one.
-            jailed.mounts.extend(signin_mounts);
-            Ok(Secrets {
-                plan: Some(jailed),
-                gateway: Some(gateway),
-                _trust_dir: Some(dir),
-            })
-        }
+    Ok((values, signins))
+}
+
+/// A fresh placeholder for each secret, by name: what the jail sees instead of the real value.
+pub fn placeholders(values: &[(SecretPlan, String)]) -> anyhow::Result<BTreeMap<String, String>> {
+    values
+        .iter()
+        .map(|(s, real)| Ok((s.name.clone(), corral_gateway::placeholder_for(real)?)))
+        .collect()
+}
+
+/// The host side of the secrets `run` attached: with the proxy, the gateway (holding the real
+/// `values`, swapping in the run's placeholders) and its CA files in the directory `run` names.
+pub fn prepare(
+    values: Vec<(SecretPlan, String)>,
+    signins: Vec<Signin>,
+    run: &RunPlan,
+    jail_id: &str,
+    audit: &AuditLog,
+) -> anyhow::Result<Secrets> {
+    let Some(attached) = &run.attachments.secrets else {
+        return Ok(Secrets {
+            gateway: None,
+            _trust_dir: None,
+        });
+    };
+    let Some(trust_dir) = &attached.trust_dir else {
+        // No network: nothing could use the real value; the jail still gets a placeholder so
+        // harnesses that check for the variable start.
+        return Ok(Secrets {
+            gateway: None,
+            _trust_dir: None,
+        });
+    };
+    let dir = TrustDir::create(trust_dir)?;
+    // Each sign-in's placeholder file, where the RunPlan binds it over the real one.
+    super::signin::jail_files(&signins, trust_dir)?;
+    if run.plan.network.mode != NetworkMode::Proxy {
+        // No network: the placeholder files only; nothing could use a real token.
+        return Ok(Secrets {
+            gateway: None,
+            _trust_dir: Some(dir),
+        });
     }
+    let (gateway, _trust) = Gateway::with_run(
+        values,
+        &attached.placeholders,
+        signins,
+        GatewayConfig {
+            // The system store; SSL_CERT_FILE / SSL_CERT_DIR in corral's environment (a
+            // corporate CA) are honoured.
+            upstream_roots: None,
+            trust_dir: trust_dir.clone(),
+            system_bundle: None,
+            audit: Some(AuditSink {
+                log: audit.clone(),
+                jail: jail_id.to_string(),
+            }),
+        },
+    )?;
+    Ok(Secrets {
+        gateway: Some(gateway),
+        _trust_dir: Some(dir),
+    })
 }

@@ -12,7 +12,7 @@ use corral_exec::{
 };
 use corral_policy::Plan;
 use corral_policy::config::{HumanDuration, Size, load_policy};
-use corral_policy::plan::{Access, ExecutorTarget, Mount, MountKind};
+use corral_session::RunPlan;
 
 use crate::cli::ServeArgs;
 
@@ -250,12 +250,11 @@ fn jail_helper() -> anyhow::Result<ExitCode> {
     let json = std::env::var(JAIL_PLAN_ENV)
         .with_context(|| format!("--jail-helper needs the command's Plan in {JAIL_PLAN_ENV}"))?;
     let plan: Plan = serde_json::from_str(&json).context("the jail helper's Plan is malformed")?;
-    let code = super::run::run_plan(&plan)?;
+    // The command runs inside its run's session, which checks the project after the executor
+    // has ended: no change baseline or git snapshot of its own.
+    let code = super::run::run_plan(&plan, corral_session::Scope::ExecutorCommand)?;
     Ok(ExitCode::from((code & 0xff) as u8))
 }
-
-/// Where the executor's socket and token appear inside the agent's jail.
-pub const JAIL_EXECUTOR_DIR: &str = "/run/corral/executor";
 
 /// The executor of a native `corral run`, socket-activated: corral binds the unix socket itself
 /// in a private directory (0700) beside a fresh token (0600), and a thread of corral's starts
@@ -275,40 +274,24 @@ struct Activator {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Start the executor `plan` asks for and give the jail access to it: a directory holding only
-/// the socket and the token, bound read-only at [`JAIL_EXECUTOR_DIR`], and `CORRAL_EXECUTOR`,
-/// `CORRAL_EXECUTOR_TOKEN_FILE`, `CORRAL_PROJECT_ROOT` set. The socket listens from here on;
-/// the server behind it starts on the first connection ([`RunExecutor`]). When the plan has a
-/// skill (`plan.skill`), SKILL.md is bound read-only at its directory and its arguments (pi:
-/// `--skill DIR`) are added to the command. `None` when there is neither (`compose:SERVICE`
-/// without a skill, or a plan that is itself an executor's jail).
-pub fn attach_executor(plan: &mut Plan, audit: &AuditLog) -> anyhow::Result<Option<RunExecutor>> {
-    let (start, jail_plan) = match (&plan.executor.target, &plan.executor.jail) {
-        (ExecutorTarget::Sandbox, Some(jail)) => (true, Some(jail.clone())),
-        (ExecutorTarget::Sandbox, None) | (ExecutorTarget::Compose(_), _) => (false, None),
-        (ExecutorTarget::Host, _) => (true, None),
-    };
-    if !start && plan.skill.is_none() {
+/// Create what `run` attached for the executor (runplan.rs `ExecutorAttachment`, which also
+/// put its binds, variables and skill arguments into the Plan): the private directory, the
+/// skill's SKILL.md, and when corral serves an executor the token and the listening socket;
+/// the server behind it starts on the first connection ([`RunExecutor`]). `None` when nothing
+/// is attached.
+pub fn attach_executor(run: &RunPlan, audit: &AuditLog) -> anyhow::Result<Option<RunExecutor>> {
+    let Some(attached) = &run.attachments.executor else {
         return Ok(None);
-    }
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .filter(|d| Path::new(d).is_dir())
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    // 16 random bytes for the token and 4 more for the directory's name: the name is in the
-    // server's command line (`ps`) and in the jail's mountinfo, so it holds no token bits.
-    let mut rnd = [0u8; 20];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut rnd))
-        .context("cannot read /dev/urandom for the executor token")?;
-    let to_hex = |bytes: &[u8]| -> String { bytes.iter().map(|b| format!("{b:02x}")).collect() };
-    let hex = to_hex(&rnd[..16]);
-    let dir = base.join(format!(
-        "corral-exec-{}-{}",
-        std::process::id(),
-        to_hex(&rnd[16..])
-    ));
-    let shared = dir.join("jail");
+    };
+    let plan = &run.plan;
+    let start = attached.serve;
+    // The executor's own jail (`[executor.sandbox]`), for the sandbox target.
+    let jail_plan = match plan.executor.target {
+        corral_policy::plan::ExecutorTarget::Sandbox => plan.executor.jail.clone(),
+        _ => None,
+    };
+    let dir = attached.dir.clone();
+    let shared = attached.shared();
     for d in [&dir, &shared] {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -320,22 +303,20 @@ pub fn attach_executor(plan: &mut Plan, audit: &AuditLog) -> anyhow::Result<Opti
         dir: dir.clone(),
         activator: None,
     };
-    if let Some(skill) = plan.skill.clone() {
-        let skill_dir = dir.join("skill");
-        std::fs::create_dir(&skill_dir)
+    if let Some(skill_dir) = &attached.skill {
+        std::fs::create_dir(skill_dir)
             .and_then(|_| std::fs::write(skill_dir.join("SKILL.md"), corral_exec::SKILL_MD))
             .with_context(|| format!("cannot write {}/SKILL.md", skill_dir.display()))?;
-        plan.mounts.push(Mount {
-            source: skill_dir,
-            target: skill.dir.clone(),
-            kind: MountKind::Bind(Access::Ro),
-            optional: false,
-        });
-        plan.command.extend(skill.args.iter().cloned());
     }
     if !start {
         return Ok(Some(handle));
     }
+    // 16 random bytes for the token.
+    let mut rnd = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut rnd))
+        .context("cannot read /dev/urandom for the executor token")?;
+    let hex: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
     let token = shared.join("token");
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -396,25 +377,6 @@ pub fn attach_executor(plan: &mut Plan, audit: &AuditLog) -> anyhow::Result<Opti
         stop: Some(stop_w),
         thread: Some(thread),
     });
-
-    plan.mounts.push(Mount {
-        source: shared,
-        target: PathBuf::from(JAIL_EXECUTOR_DIR),
-        kind: MountKind::Bind(Access::Ro),
-        optional: false,
-    });
-    plan.env.insert(
-        "CORRAL_EXECUTOR".into(),
-        format!("unix:{JAIL_EXECUTOR_DIR}/exec.sock"),
-    );
-    plan.env.insert(
-        "CORRAL_EXECUTOR_TOKEN_FILE".into(),
-        format!("{JAIL_EXECUTOR_DIR}/token"),
-    );
-    plan.env.insert(
-        "CORRAL_PROJECT_ROOT".into(),
-        plan.project.root.display().to_string(),
-    );
     Ok(Some(handle))
 }
 

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use corral_gateway::signin::Signin;
-use corral_policy::plan::{Access, Mount, MountKind, Plan};
+use corral_policy::plan::Plan;
 
 /// The sign-ins of `plan` whose credential file exists.
 pub fn load(plan: &Plan) -> anyhow::Result<Vec<Signin>> {
@@ -24,13 +24,11 @@ pub fn load(plan: &Plan) -> anyhow::Result<Vec<Signin>> {
     Ok(out)
 }
 
-/// Write each sign-in's placeholder file into `dir` (private to corral's user) and return the
-/// binds that show it at the real file's path inside the jail.
-pub fn jail_files(signins: &[Signin], dir: &Path) -> anyhow::Result<Vec<Mount>> {
-    let mut mounts = Vec::new();
+/// Write each sign-in's placeholder file into `dir` (private to corral's user), at the path
+/// the RunPlan binds over the real file in the jail (`corral_session::runplan::signin_file`).
+pub fn jail_files(signins: &[Signin], dir: &Path) -> anyhow::Result<()> {
     for s in signins {
-        let plan = s.plan();
-        let path = dir.join(format!("signin-{}.json", plan.name));
+        let path = corral_session::runplan::signin_file(dir, &s.plan().name);
         let data = s.placeholder_file()?;
         let mut f = std::fs::OpenOptions::new()
             .write(true)
@@ -40,12 +38,6 @@ pub fn jail_files(signins: &[Signin], dir: &Path) -> anyhow::Result<Vec<Mount>> 
             .with_context(|| format!("creating the jail's sign-in file {}", path.display()))?;
         f.write_all(&data)
             .with_context(|| format!("writing the jail's sign-in file {}", path.display()))?;
-        mounts.push(Mount {
-            source: path,
-            target: plan.file.clone(),
-            kind: MountKind::Bind(Access::Rw),
-            optional: false,
-        });
     }
-    Ok(mounts)
+    Ok(())
 }

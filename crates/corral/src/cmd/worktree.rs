@@ -52,7 +52,7 @@ pub fn run(
     super::trust::gate(&plan)?;
     ensure_state_paths(&plan.profile, &req.home)?;
     let plan = session.confine(&plan);
-    let code = super::run::run_plan(&plan);
+    let code = super::run::run_plan(&plan, corral_session::Scope::Run);
     for line in worktrees::finish(&session) {
         eprintln!("corral: {line}");
     }

@@ -376,6 +376,15 @@ pub fn protect(plan: &corral_policy::Plan, snapshot: &Snapshot) -> corral_policy
     plan
 }
 
+/// The paths [`protect`] adds to a Plan's `protected`.
+pub fn protected_paths(snapshot: &Snapshot) -> Vec<PathBuf> {
+    snapshot
+        .nested
+        .as_ref()
+        .map(|scan| scan.protect.clone())
+        .unwrap_or_default()
+}
+
 /// Take the snapshot: `nested` also scans every other git directory of the project (one walk
 /// of its directory entries).
 pub fn snapshot(project_root: &Path, nested: bool, home: &Path) -> Snapshot {

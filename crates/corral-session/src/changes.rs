@@ -843,6 +843,13 @@ pub fn start(plan: &corral_policy::Plan, jail_id: &str) -> Pending {
 /// A baseline being taken.
 pub struct Pending(Option<std::thread::JoinHandle<anyhow::Result<Baseline>>>);
 
+impl Pending {
+    /// No baseline: a session that lists no changes.
+    pub fn none() -> Pending {
+        Pending(None)
+    }
+}
+
 /// Wait for the baseline. Call before the jail starts.
 pub fn ready(pending: Pending) -> Option<Baseline> {
     let result = match pending.0?.join() {

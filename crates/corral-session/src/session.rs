@@ -1,0 +1,226 @@
+//! The run lifecycle: [`Session::begin`], [`Beginning::ready`], [`Session::run`].
+
+use anyhow::Context as _;
+use corral_audit::{AuditLog, Event, JailEvent, Record};
+use corral_policy::plan::{Access, NetworkMode, Plan};
+
+use crate::{changes, gitguard, setid, stateguard};
+
+/// Which checks a session takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// A run of its own (`corral run`, `corral shell`, a container run): every check.
+    Run,
+    /// One command of a run's executor, in a jail of its own (`corral serve --jail-helper`).
+    /// The run's session holds the project's change baseline and git snapshot, and checks them
+    /// once its executor (and so this command) has ended: this session takes neither.
+    ExecutorCommand,
+}
+
+/// A backend runs a Plan's command: the native jail, or a container engine.
+pub trait Backend {
+    /// The `start` record's detail for `plan`: the Plan itself, and what the backend adds.
+    fn describe(&self, plan: &Plan) -> serde_json::Value {
+        serde_json::to_value(plan).unwrap_or_default()
+    }
+
+    /// Run the command of `plan` to its end and return its exit code. When this returns,
+    /// nothing the run started can write any more: the session's checks see the final state.
+    fn run(&mut self, plan: &Plan, session: &Session) -> anyhow::Result<i32>;
+
+    /// The backend's own end-of-run lines and records (limits hit, the network's summary),
+    /// after the session's checks. None by default.
+    fn report(&mut self, _session: &Session) {}
+}
+
+/// A session whose snapshots are being taken (on threads of their own) while the backend
+/// prepares the jail.
+pub struct Beginning {
+    jail_id: String,
+    audit: AuditLog,
+    baseline: changes::Pending,
+    git: Option<std::thread::JoinHandle<gitguard::Snapshot>>,
+}
+
+/// A session ready to run: the snapshots are taken.
+pub struct Session {
+    jail_id: String,
+    audit: AuditLog,
+    baseline: Option<changes::Baseline>,
+    git: Option<gitguard::Snapshot>,
+}
+
+impl Session {
+    /// Begin the session of `plan`: a fresh jail id, the project's audit log, and (with
+    /// [`Scope::Run`]) the change baseline and the git snapshot, taken on threads meanwhile.
+    pub fn begin(plan: &Plan, scope: Scope) -> anyhow::Result<Beginning> {
+        let jail_id = corral_audit::new_jail_id();
+        let audit = AuditLog::for_project(&plan.project.root).with_context(|| {
+            format!(
+                "cannot open the audit log of {}",
+                plan.project.root.display()
+            )
+        })?;
+        let (baseline, git) = match scope {
+            Scope::ExecutorCommand => (changes::Pending::none(), None),
+            Scope::Run => {
+                // What the agent changes in the project, listed when it ends (changes.rs).
+                let baseline = changes::start(plan, &jail_id);
+                // The git files the jail could plant (gitguard.rs): the other git directories
+                // of the project only when the jail can write it.
+                let root = plan.project.root.clone();
+                let home = plan.home.clone();
+                let nested = writes_project(plan);
+                let git = std::thread::spawn(move || gitguard::snapshot(&root, nested, &home));
+                (baseline, Some(git))
+            }
+        };
+        Ok(Beginning {
+            jail_id,
+            audit,
+            baseline,
+            git,
+        })
+    }
+
+    pub fn jail_id(&self) -> &str {
+        &self.jail_id
+    }
+
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    /// The git files the jail must get read-only: the dangerous parts of the project's other
+    /// git directories the snapshot found (gitguard.rs `protect`). None without a snapshot.
+    pub fn protected(&self) -> Vec<std::path::PathBuf> {
+        self.git
+            .as_ref()
+            .map(gitguard::protected_paths)
+            .unwrap_or_default()
+    }
+
+    /// Write a `Jail` event of this session to the audit log (a failure is said on stderr).
+    pub fn record(&self, event: JailEvent) {
+        record(&self.audit, &self.jail_id, event);
+    }
+
+    /// Run `plan` on `backend` and finish: the start record, the set-id watch and the state
+    /// guard's snapshot, the run, then the checks (git, state guard, set-id), the backend's own
+    /// report, the change summary, and the exit record (or the error record, exit 125).
+    pub fn run(self, plan: &Plan, backend: &mut dyn Backend) -> anyhow::Result<i32> {
+        if !self.audit.path().exists() {
+            eprintln!("{}", first_run_line(plan, self.audit.path()));
+        }
+        self.record(JailEvent::Start {
+            detail: backend.describe(plan),
+        });
+        // Set-id files that appear where the jail can write from now on (setid.rs).
+        let set_id = setid::watch(plan);
+        // The harness's guarded configuration files (stateguard.rs), as they are before it
+        // starts.
+        let state_guard = stateguard::snapshot(plan);
+        let result = backend.run(plan, &self);
+        let Session {
+            jail_id,
+            audit,
+            baseline,
+            git,
+        } = self;
+        let set_id = setid::check(set_id);
+        let git_lines = git
+            .map(|g| gitguard::check(g, &jail_id))
+            .unwrap_or_default();
+        for line in git_lines
+            .into_iter()
+            .chain(stateguard::check(state_guard, &jail_id))
+        {
+            eprintln!("corral: {line}");
+            record(&audit, &jail_id, JailEvent::Quarantine { detail: line });
+        }
+        let session = Session {
+            jail_id,
+            audit,
+            baseline: None,
+            git: None,
+        };
+        backend.report(&session);
+        changes::finish(baseline, &session.audit, &session.jail_id);
+        setid::report(set_id, &session.audit, &session.jail_id);
+        match &result {
+            Ok(code) => session.record(JailEvent::Exit { exit_code: *code }),
+            Err(e) => session.record(JailEvent::Error {
+                exit_code: 125,
+                detail: format!("{e:#}"),
+            }),
+        }
+        result
+    }
+}
+
+impl Beginning {
+    pub fn jail_id(&self) -> &str {
+        &self.jail_id
+    }
+
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    /// Wait for the snapshots; call before the jail starts. The jail must then get the git
+    /// files [`Session::protected`] names read-only ([`crate::runplan::RunPlan::protect`]).
+    pub fn ready(self) -> anyhow::Result<Session> {
+        let baseline = changes::ready(self.baseline);
+        let git = match self.git {
+            Some(handle) => Some(
+                handle
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("the git snapshot thread panicked"))?,
+            ),
+            None => None,
+        };
+        Ok(Session {
+            jail_id: self.jail_id,
+            audit: self.audit,
+            baseline,
+            git,
+        })
+    }
+}
+
+/// Whether the jail can write the project (not `--scratch`, not read-only): the git snapshot
+/// then also covers the project's other git directories.
+pub(crate) fn writes_project(plan: &Plan) -> bool {
+    !plan.project.scratch && plan.project.access == Access::Rw
+}
+
+fn record(audit: &AuditLog, jail_id: &str, event: JailEvent) {
+    if let Err(e) = audit.write(&Record::now(jail_id, Event::Jail(event))) {
+        eprintln!("corral: cannot write the audit log: {e}");
+    }
+}
+
+/// The one line a project's first jailed run prints: what the jail allows and where the audit
+/// log is, so nobody has to guess what `corral run` did (`corral plan` shows all of it).
+pub fn first_run_line(plan: &Plan, audit: &std::path::Path) -> String {
+    let access = match plan.project.access {
+        Access::Rw => "read-write",
+        Access::Ro => "read-only",
+    };
+    let network = match plan.network.mode {
+        NetworkMode::None => "no network".to_string(),
+        NetworkMode::Host => "the host's network, unfiltered".to_string(),
+        NetworkMode::Proxy if plan.network.allow.is_empty() => {
+            "no destination allowed through the proxy".to_string()
+        }
+        NetworkMode::Proxy => {
+            let hosts: Vec<String> = plan.network.allow.iter().map(|p| p.to_string()).collect();
+            format!("only {} through the proxy", hosts.join(", "))
+        }
+    };
+    format!(
+        "corral: first jailed run here: {} {access}, {network}; audit log {} (details: corral plan, corral log)",
+        plan.project.root.display(),
+        audit.display()
+    )
+}
