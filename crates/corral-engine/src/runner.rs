@@ -8,7 +8,10 @@ use std::process::Stdio;
 
 use corral_policy::plan::{NetworkMode, Plan};
 
+use corral_net::standalone::SecretsFile;
+
 use crate::argv::{EXECUTOR_ADDRESS, PROXY_ADDRESS, PROXY_FALLBACK_USER};
+use crate::gateway::GatewayRun;
 use crate::names::{DEFAULT_PREFIX, Names};
 use crate::{Command, Context, EngineError, EngineKind, Result, Setup, Step, proxy_policy};
 
@@ -130,6 +133,12 @@ pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Co
             .filter(|v| !v.is_empty()),
         limits_enforceable,
         skill_source: None,
+        // The native gateway honours corral's SSL_CERT_FILE for the real hosts; the gateway
+        // proxy container is given the same file.
+        upstream_ca: std::env::var_os("SSL_CERT_FILE")
+            .filter(|_| !plan.secrets.is_empty())
+            .map(PathBuf::from)
+            .filter(|p| p.is_file()),
         prefix,
     })
 }
@@ -266,7 +275,7 @@ pub fn ensure(setup: &Setup, ctx: &Context, policy_changed: bool, names: &Names)
         .steps
         .iter()
         .any(|s| matches!(s, Step::Ensure { create, .. } if is_proxy(create)));
-    if has_proxy && proxy_running(ctx, names) {
+    if has_proxy && proxy_running(ctx, &names.proxy_container) {
         if policy_changed {
             let p = ctx.engine.program();
             output(&Command::new(p).args(["kill", "--signal", "HUP", &names.proxy_container]))?;
@@ -285,19 +294,33 @@ pub fn ensure(setup: &Setup, ctx: &Context, policy_changed: bool, names: &Names)
                 output(c)?;
             }
             if is_proxy(create) {
-                wait_proxy_ready(ctx, names)?;
+                wait_proxy_ready(ctx, &names.proxy_container)?;
+            } else if let Some(gateway) = gateway_container(create) {
+                wait_proxy_ready(ctx, gateway)?;
             }
         }
     }
     Ok(())
 }
 
+/// The container a step's `create` starts when it is a run's gateway proxy.
+fn gateway_container(create: &[Command]) -> Option<&str> {
+    let run = create.first()?;
+    if run.args.first().map(String::as_str) != Some("run")
+        || !run.args.iter().any(|a| a == "corral.role=gateway")
+    {
+        return None;
+    }
+    let at = run.args.iter().position(|a| a == "--name")?;
+    run.args.get(at + 1).map(String::as_str)
+}
+
 /// Wait until a new proxy container says it listens (its log's `listening on` line), so the
 /// harness's first request does not race it. A proxy that exits instead (a policy it cannot
 /// load, a binary the image cannot run) is an error quoting its log.
-fn wait_proxy_ready(ctx: &Context, names: &Names) -> Result<()> {
+fn wait_proxy_ready(ctx: &Context, container: &str) -> Result<()> {
     let p = ctx.engine.program();
-    let logs = Command::new(p).args(["logs", &names.proxy_container]);
+    let logs = Command::new(p).args(["logs", container]);
     for _ in 0..50 {
         let out = logs
             .to_std()
@@ -315,10 +338,10 @@ fn wait_proxy_ready(ctx: &Context, names: &Names) -> Result<()> {
         if text.contains("listening on") {
             return Ok(());
         }
-        if !proxy_running(ctx, names) {
+        if !proxy_running(ctx, container) {
             return Err(EngineError::ProxyExited {
                 engine: ctx.engine,
-                container: names.proxy_container.clone(),
+                container: container.to_string(),
                 log: text.trim().to_string(),
             });
         }
@@ -329,20 +352,20 @@ fn wait_proxy_ready(ctx: &Context, names: &Names) -> Result<()> {
 
 /// An existing proxy container: started if it stopped (it then reads the current policy),
 /// else signalled to reload when the policy changed.
-fn proxy_running(ctx: &Context, names: &Names) -> bool {
+fn proxy_running(ctx: &Context, container: &str) -> bool {
     output(&Command::new(ctx.engine.program()).args([
         "container",
         "inspect",
         "--format",
         "{{.State.Running}}",
-        &names.proxy_container,
+        container,
     ]))
     .is_ok_and(|out| out.trim() == "true")
 }
 
 fn start_or_reload(ctx: &Context, names: &Names, policy_changed: bool) -> Result<()> {
     let p = ctx.engine.program();
-    if !proxy_running(ctx, names) {
+    if !proxy_running(ctx, &names.proxy_container) {
         output(&Command::new(p).args(["start", &names.proxy_container]))?;
     } else if policy_changed {
         output(&Command::new(p).args(["kill", "--signal", "HUP", &names.proxy_container]))?;
@@ -353,19 +376,30 @@ fn start_or_reload(ctx: &Context, names: &Names, policy_changed: bool) -> Result
 /// The whole run: prepare the host, ensure the shared objects, run the harness in the
 /// foreground and return its exit code (the engine's own errors are 125, as `podman run`'s).
 /// `wait` runs the harness command and returns its status (the CLI passes one that keeps corral
-/// alive through the terminal's signals and forwards SIGTERM/SIGHUP).
+/// alive through the terminal's signals and forwards SIGTERM/SIGHUP). `secrets` are the real
+/// values of the plan's `[secrets]` (read by the caller from its environment), given to the
+/// run's gateway proxy only ([`crate::gateway`]).
 pub fn run_with(
     plan: &Plan,
     ctx: &Context,
     setup: &Setup,
+    secrets: &SecretsFile,
     wait: impl FnOnce(&Command) -> std::io::Result<std::process::ExitStatus>,
 ) -> Result<i32> {
     let relays = crate::ports::Relays::bind(plan)?;
     let changed = prepare_host(plan, ctx)?;
     let names = ctx.names(plan);
+    // Dropped at the end of the run, or on any error from here on: the gateway proxy and its
+    // files are removed.
+    let gateway = GatewayRun::prepare(plan, ctx, secrets)?;
     ensure(setup, ctx, changed, &names)?;
     let cmd = setup.run_command().ok_or(EngineError::NoCommand)?;
-    let cmd = &with_addresses(cmd, ctx, &names)?;
+    let (proxy, _) = ctx.proxy_for(plan);
+    let mut cmd = with_addresses(cmd, ctx, &names, &proxy)?;
+    if let Some(g) = &gateway {
+        cmd = crate::gateway::with_gateway(&cmd, &g.started()?, ctx)?;
+    }
+    let cmd = &cmd;
     // An absent policy file is covered by an empty read-only one; the runtime leaves an empty
     // mount point behind on the host, removed again below.
     let policy = &plan.project.policy_file;
@@ -373,6 +407,7 @@ pub fn run_with(
     let relaying = relays.start(ctx, plan);
     let status = wait(cmd);
     drop(relaying);
+    drop(gateway);
     if !policy_existed && fs::metadata(policy).is_ok_and(|m| m.is_file() && m.len() == 0) {
         let _ = fs::remove_file(policy);
     }
@@ -392,26 +427,29 @@ pub fn run_with(
 /// [`PROXY_ADDRESS`] or [`EXECUTOR_ADDRESS`] (podman's internal network has no DNS). A compose
 /// executor that is not running gets no host entry, and a line saying so: `corral exec` in
 /// the harness then fails until it runs.
-fn with_addresses(cmd: &Command, ctx: &Context, names: &Names) -> Result<Command> {
+fn with_addresses(
+    cmd: &Command,
+    ctx: &Context,
+    names: &Names,
+    proxy_container: &str,
+) -> Result<Command> {
     let holds = |token: &str| cmd.args.iter().any(|a| a.contains(token));
     if !holds(PROXY_ADDRESS) && !holds(EXECUTOR_ADDRESS) {
         return Ok(cmd.clone());
     }
-    let proxy =
-        address_on(ctx, &names.proxy_container, &names.internal_network)?.ok_or_else(|| {
-            EngineError::Failed {
-                command: format!(
-                    "{} container inspect {}",
-                    ctx.engine.program(),
-                    names.proxy_container
-                ),
-                status: "no address".into(),
-                stderr: format!(
-                    "the proxy container has no address on {}; `corral down` and run again",
-                    names.internal_network
-                ),
-            }
-        })?;
+    let proxy = address_on(ctx, proxy_container, &names.internal_network)?.ok_or_else(|| {
+        EngineError::Failed {
+            command: format!(
+                "{} container inspect {proxy_container}",
+                ctx.engine.program(),
+            ),
+            status: "no address".into(),
+            stderr: format!(
+                "the proxy container has no address on {}; `corral down` and run again",
+                names.internal_network
+            ),
+        }
+    })?;
     let executor = if holds(EXECUTOR_ADDRESS) {
         let found = executor_address(ctx, names)?;
         if found.is_none() {
@@ -495,7 +533,8 @@ fn executor_address(ctx: &Context, names: &Names) -> Result<Option<String>> {
 
 /// [`run_with`] waiting plainly.
 pub fn run(plan: &Plan, ctx: &Context, setup: &Setup) -> Result<i32> {
-    run_with(plan, ctx, setup, |cmd| cmd.to_std().status())
+    let none = SecretsFile { secrets: vec![] };
+    run_with(plan, ctx, setup, &none, |cmd| cmd.to_std().status())
 }
 
 /// What `corral down` removed.

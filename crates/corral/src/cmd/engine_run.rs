@@ -100,6 +100,9 @@ fn wait_harness(cmd: &corral_engine::Command) -> std::io::Result<std::process::E
 /// Run `plan` with its container engine; the harness's exit code.
 pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     let kind = engine_of(plan)?;
+    // [secrets]: the real values for the run's gateway proxy, or placeholders without network.
+    let (placeholders, secrets) = super::secrets::for_engine(plan)?;
+    let plan = placeholders.as_ref().unwrap_or(plan);
     let jail_id = corral_audit::new_jail_id();
     let mut ctx = context(kind, plan, &jail_id)?;
     if plan.skill.is_some() {
@@ -124,7 +127,7 @@ pub fn run_plan(plan: &Plan) -> anyhow::Result<i32> {
     // The harness's guarded configuration files, put back after the container is gone
     // (stateguard.rs), as after a native run.
     let state_guard = crate::stateguard::snapshot(plan);
-    let result = runner::run_with(plan, &ctx, &setup, wait_harness);
+    let result = runner::run_with(plan, &ctx, &setup, &secrets, wait_harness);
     // The engine's own failure (125, or an error setting up) on a first run is usually the
     // harness image not built yet, said in the engine's words (a failed pull of localhost/...):
     // looked up only then, so a working run pays nothing for it.
