@@ -116,7 +116,10 @@ macro_rules! on_every_engine {
     };
 }
 
-on_every_engine!(harness_gets_placeholders_and_the_origin_the_real_token);
+on_every_engine!(
+    harness_gets_placeholders_and_the_origin_the_real_token,
+    sigterm_to_corral_removes_the_gateway_proxy_and_its_files,
+);
 
 /// One test's engine objects (unique prefix) and files, removed on drop.
 struct World {
@@ -449,4 +452,70 @@ echo END
         audit.contains("\"secret\":\"API_TOKEN\""),
         "no injection record naming the secret:\n{audit}"
     );
+}
+
+/// SIGTERM to corral while the harness runs (what a service manager or `kill` sends): the
+/// harness stops, and the run's gateway proxy container and its files go with it.
+fn sigterm_to_corral_removes_the_gateway_proxy_and_its_files(e: Engine) {
+    if !e.ready() {
+        return;
+    }
+    let w = World::new(e);
+    let p = &w.project;
+    std::fs::write(
+        p.join("corral.toml"),
+        format!(
+            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\n\
+             [secrets]\nAPI_TOKEN = {{ from_env = \"CALLER_TOKEN\", hosts = [\"api.example.com\"] }}\n"
+        ),
+    )
+    .unwrap();
+    let out = w.corral(&["trust"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let ready = p.join("ready");
+    let script = format!("touch {}; exec sleep 300", ready.display());
+    let mut child = w
+        .corral(&[
+            "run",
+            "--engine",
+            e.name(),
+            "--",
+            "/bin/bash",
+            "-c",
+            &script,
+        ])
+        .env("CALLER_TOKEN", REAL)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..1200 {
+        if ready.exists() || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        ready.exists(),
+        "the harness never started: {:?}",
+        child.wait_with_output()
+    );
+    let running = w.containers();
+    assert!(
+        running.iter().any(|c| c.ends_with("-gateway")),
+        "no gateway proxy among {running:?}"
+    );
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let left = w.containers();
+    assert!(
+        !left.iter().any(|c| c.ends_with("-gateway")),
+        "the gateway proxy outlived the run: {left:?}\n{out:?}"
+    );
+    let files: Vec<PathBuf> = e2e_support::walk(&w.state)
+        .into_iter()
+        .filter(|f| f.components().any(|c| c.as_os_str() == "gateway"))
+        .collect();
+    assert!(files.is_empty(), "gateway files left: {files:?}");
 }
