@@ -294,9 +294,17 @@ pub fn ensure(setup: &Setup, ctx: &Context, policy_changed: bool, names: &Names)
                 output(c)?;
             }
             if is_proxy(create) {
-                wait_proxy_ready(ctx, &names.proxy_container)?;
+                wait_proxy_ready(ctx, &names.proxy_container, SHARED_PROXY_TRIES)?;
             } else if let Some(gateway) = gateway_container(create) {
-                wait_proxy_ready(ctx, gateway)?;
+                // The harness cannot start without what the gateway writes: not listening
+                // after the wait is an error, not a race.
+                if !wait_proxy_ready(ctx, gateway, GATEWAY_PROXY_TRIES)? {
+                    return Err(EngineError::Gateway(format!(
+                        "the gateway proxy container {gateway} did not say it listens within {} s; see `{} logs {gateway}`",
+                        GATEWAY_PROXY_TRIES / 10,
+                        ctx.engine.program()
+                    )));
+                }
             }
         }
     }
@@ -315,13 +323,19 @@ fn gateway_container(create: &[Command]) -> Option<&str> {
     run.args.get(at + 1).map(String::as_str)
 }
 
+/// How many times (every 100 ms) a new shared proxy's log is read for its `listening on` line.
+const SHARED_PROXY_TRIES: u32 = 50;
+/// The same for a run's gateway proxy, which the harness cannot start without.
+const GATEWAY_PROXY_TRIES: u32 = 600;
+
 /// Wait until a new proxy container says it listens (its log's `listening on` line), so the
-/// harness's first request does not race it. A proxy that exits instead (a policy it cannot
-/// load, a binary the image cannot run) is an error quoting its log.
-fn wait_proxy_ready(ctx: &Context, container: &str) -> Result<()> {
+/// harness's first request does not race it; whether it did within `tries` reads. A proxy that
+/// exits instead (a policy it cannot load, a binary the image cannot run) is an error quoting
+/// its log.
+fn wait_proxy_ready(ctx: &Context, container: &str, tries: u32) -> Result<bool> {
     let p = ctx.engine.program();
     let logs = Command::new(p).args(["logs", container]);
-    for _ in 0..50 {
+    for _ in 0..tries {
         let out = logs
             .to_std()
             .stdin(Stdio::null())
@@ -336,7 +350,7 @@ fn wait_proxy_ready(ctx: &Context, container: &str) -> Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
         if text.contains("listening on") {
-            return Ok(());
+            return Ok(true);
         }
         if !proxy_running(ctx, container) {
             return Err(EngineError::ProxyExited {
@@ -347,7 +361,7 @@ fn wait_proxy_ready(ctx: &Context, container: &str) -> Result<()> {
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    Ok(())
+    Ok(false)
 }
 
 /// An existing proxy container: started if it stopped (it then reads the current policy),

@@ -119,6 +119,7 @@ macro_rules! on_every_engine {
 on_every_engine!(
     harness_gets_placeholders_and_the_origin_the_real_token,
     sigterm_to_corral_removes_the_gateway_proxy_and_its_files,
+    a_value_the_gateway_refuses_is_an_error_naming_the_variable,
 );
 
 /// One test's engine objects (unique prefix) and files, removed on drop.
@@ -512,6 +513,64 @@ fn sigterm_to_corral_removes_the_gateway_proxy_and_its_files(e: Engine) {
     assert!(
         !left.iter().any(|c| c.ends_with("-gateway")),
         "the gateway proxy outlived the run: {left:?}\n{out:?}"
+    );
+    let files: Vec<PathBuf> = e2e_support::walk(&w.state)
+        .into_iter()
+        .filter(|f| f.components().any(|c| c.as_os_str() == "gateway"))
+        .collect();
+    assert!(files.is_empty(), "gateway files left: {files:?}");
+}
+
+/// A real value that cannot go into an HTTP header: the gateway proxy refuses it, and the run
+/// fails before the harness starts, with the proxy's reason (naming the variable, not the
+/// value) and nothing left behind.
+fn a_value_the_gateway_refuses_is_an_error_naming_the_variable(e: Engine) {
+    if !e.ready() {
+        return;
+    }
+    let w = World::new(e);
+    let p = &w.project;
+    std::fs::write(
+        p.join("corral.toml"),
+        format!(
+            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\n\
+             [secrets]\nAPI_TOKEN = {{ from_env = \"CALLER_TOKEN\", hosts = [\"api.example.com\"] }}\n"
+        ),
+    )
+    .unwrap();
+    let out = w.corral(&["trust"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let started = p.join("started");
+    let script = format!("touch {}", started.display());
+    let bad = "two words REALkeyREALkey";
+    let out = w
+        .corral(&[
+            "run",
+            "--engine",
+            e.name(),
+            "--",
+            "/bin/bash",
+            "-c",
+            &script,
+        ])
+        .env("CALLER_TOKEN", bad)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(!started.exists(), "the harness ran");
+    assert!(
+        stderr.contains("$CALLER_TOKEN holds characters that cannot go into an HTTP header"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains(REAL_PART),
+        "the value was printed: {stderr}"
+    );
+    let left = w.containers();
+    assert!(
+        !left.iter().any(|c| c.ends_with("-gateway")),
+        "the gateway proxy outlived the run: {left:?}"
     );
     let files: Vec<PathBuf> = e2e_support::walk(&w.state)
         .into_iter()
