@@ -218,6 +218,13 @@ pub fn commands(setup: &Setup) -> String {
                          {EXECUTOR_ADDRESS} the compose executor's (the internal network has no DNS)\n"
                     ));
                 }
+                if cmd.args.iter().any(|a| a.contains(CONTAINER_GATEWAY_DIR)) {
+                    out.push_str(
+                        "# and, once this run's gateway proxy has started, what it wrote: each secret's \
+                         placeholder and the CA variables (--env NAME), the CA bundle bound over the image's \
+                         system bundles\n",
+                    );
+                }
                 if !cmd.env.is_empty() {
                     out.push_str("# with these variables passed by name (--env NAME):\n");
                     for (k, v) in &cmd.env {

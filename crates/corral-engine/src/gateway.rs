@@ -370,6 +370,11 @@ mod tests {
             assert!(!k.contains("API_TOKEN"));
         }
         assert_eq!(run.env, want_env);
+        // `corral plan` says what is added at run time.
+        assert!(
+            crate::argv::commands(&s)
+                .contains("# and, once this run's gateway proxy has started, what it wrote:")
+        );
     }
 
     #[test]
