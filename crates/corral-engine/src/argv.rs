@@ -494,23 +494,7 @@ fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command
         .map(String::from),
     );
     a.push(STOP_TIMEOUT.to_string());
-    match e {
-        EngineKind::Podman => {
-            a.push("--network".into());
-            a.push(format!("{}:alias={alias}", names.internal_network));
-            a.push("--network".into());
-            a.push(names.external_network.clone());
-        }
-        // docker attaches one network at run time; the external one is connected below.
-        EngineKind::Docker => {
-            a.extend([
-                "--network".into(),
-                names.internal_network.clone(),
-                "--network-alias".into(),
-                alias.clone(),
-            ]);
-        }
-    }
+    a.extend(proxy_networks(e, names, &alias));
     // The lean proxy executable when there is one; `corral proxy` otherwise.
     let (bin, container_bin, subcommand) = match &ctx.proxy_bin {
         Some(p) => (p, CONTAINER_PROXY_BIN, None),
@@ -568,6 +552,25 @@ fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command
         ]));
     }
     Ok(cmds)
+}
+
+/// The proxy's networks: the internal one under `alias`, and the external one (docker attaches
+/// one network at run time; the external one is connected by a second command).
+fn proxy_networks(e: EngineKind, names: &Names, alias: &str) -> Vec<String> {
+    match e {
+        EngineKind::Podman => vec![
+            "--network".into(),
+            format!("{}:alias={alias}", names.internal_network),
+            "--network".into(),
+            names.external_network.clone(),
+        ],
+        EngineKind::Docker => vec![
+            "--network".into(),
+            names.internal_network.clone(),
+            "--network-alias".into(),
+            alias.to_string(),
+        ],
+    }
 }
 
 /// The gateway proxy's own binds: the real values (read-only, this container only), its
