@@ -90,12 +90,38 @@ pub fn proxy_bin(corral_bin: &Path) -> Option<PathBuf> {
     linked_alike.then_some(path)
 }
 
-/// The context of a run on this host.
-pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Context> {
-    let state = corral_audit::state_dir().map_err(|e| EngineError::Io {
+fn state_root() -> Result<PathBuf> {
+    corral_audit::state_dir().map_err(|e| EngineError::Io {
         path: PathBuf::from("$XDG_STATE_HOME"),
         source: std::io::Error::other(e.to_string()),
+    })
+}
+
+/// This project's engine files on the host: `$XDG_STATE_HOME/corral/engine/<key>`.
+pub fn project_state_dir(project_root: &Path) -> Result<PathBuf> {
+    Ok(state_root()?
+        .join("engine")
+        .join(corral_audit::project_key(project_root)))
+}
+
+/// What runs with `[secrets]` left in the project's state directory when corral was killed
+/// (their gateway directories; a run removes its own when it ends). `corral down` calls it
+/// after removing the containers.
+pub fn remove_gateway_leftovers(project_root: &Path) -> Result<Option<PathBuf>> {
+    let dir = project_state_dir(project_root)?.join("gateway");
+    if !dir.exists() {
+        return Ok(None);
+    }
+    fs::remove_dir_all(&dir).map_err(|source| EngineError::Io {
+        path: dir.clone(),
+        source,
     })?;
+    Ok(Some(dir))
+}
+
+/// The context of a run on this host.
+pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Context> {
+    let state = state_root()?;
     let audit =
         corral_audit::AuditLog::for_project(&plan.project.root).map_err(|e| EngineError::Io {
             path: PathBuf::from("$XDG_STATE_HOME"),
@@ -120,9 +146,7 @@ pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Co
         engine,
         rootless: rootless && engine == EngineKind::Podman,
         // Not under the audit directory: that one is mounted writable into the proxy.
-        state_dir: state
-            .join("engine")
-            .join(corral_audit::project_key(&plan.project.root)),
+        state_dir: project_state_dir(&plan.project.root)?,
         audit_dir,
         proxy_bin: proxy_bin(&corral_bin),
         corral_bin,

@@ -120,6 +120,7 @@ on_every_engine!(
     harness_gets_placeholders_and_the_origin_the_real_token,
     sigterm_to_corral_removes_the_gateway_proxy_and_its_files,
     a_value_the_gateway_refuses_is_an_error_naming_the_variable,
+    corral_down_removes_what_a_killed_secrets_run_left,
 );
 
 /// One test's engine objects (unique prefix) and files, removed on drop.
@@ -577,4 +578,72 @@ fn a_value_the_gateway_refuses_is_an_error_naming_the_variable(e: Engine) {
         .filter(|f| f.components().any(|c| c.as_os_str() == "gateway"))
         .collect();
     assert!(files.is_empty(), "gateway files left: {files:?}");
+}
+
+/// SIGKILL to corral while the harness runs: the containers and the gateway directory stay
+/// (nothing can clean up), but the real values' file is already gone; `corral down` removes
+/// the rest.
+fn corral_down_removes_what_a_killed_secrets_run_left(e: Engine) {
+    if !e.ready() {
+        return;
+    }
+    let w = World::new(e);
+    let p = &w.project;
+    std::fs::write(
+        p.join("corral.toml"),
+        format!(
+            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\n\
+             [secrets]\nAPI_TOKEN = {{ from_env = \"CALLER_TOKEN\", hosts = [\"api.example.com\"] }}\n"
+        ),
+    )
+    .unwrap();
+    let out = w.corral(&["trust"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let ready = p.join("ready");
+    let script = format!("touch {}; exec sleep 300", ready.display());
+    // No pipes: the engine client corral started outlives it and would hold them open.
+    let mut child = w
+        .corral(&[
+            "run",
+            "--engine",
+            e.name(),
+            "--",
+            "/bin/bash",
+            "-c",
+            &script,
+        ])
+        .env("CALLER_TOKEN", REAL)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..1200 {
+        if ready.exists() || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(ready.exists(), "the harness never started");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let gateway_files = || -> Vec<PathBuf> {
+        e2e_support::walk(&w.state)
+            .into_iter()
+            .filter(|f| f.components().any(|c| c.as_os_str() == "gateway"))
+            .collect()
+    };
+    let left = gateway_files();
+    assert!(
+        !left.is_empty(),
+        "control: a killed run leaves its gateway directory"
+    );
+    assert!(
+        !left.iter().any(|f| f.ends_with("secrets.json")),
+        "the real values' file outlived the gateway's start: {left:?}"
+    );
+    assert!(w.containers().iter().any(|c| c.ends_with("-gateway")));
+    let out = w.corral(&["down", "--engine", e.name()]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(w.containers().is_empty(), "{:?}", w.containers());
+    assert!(gateway_files().is_empty(), "{:?}", gateway_files());
 }
