@@ -36,6 +36,16 @@ pub const EXECUTOR_ADDRESS: &str = "{executor-address}";
 /// The resolver a podman harness is given: its own loopback, where nothing answers, so a name
 /// lookup fails at once instead of waiting on a server the internal network cannot reach.
 pub const NO_RESOLVER: &str = "127.0.0.1";
+/// Where a run's gateway proxy container sees its gateway directory ([`Context::gateway_dir`]):
+/// it writes the jail's CA files under `trust/` and the jail's side in `jail.json` there. The
+/// harness binds `trust/` read-only at the same path, so the CA variables name the same files.
+pub const CONTAINER_GATEWAY_DIR: &str = "/run/corral-gateway";
+/// Where the gateway proxy container reads the real values (a file bound read-only into that
+/// container only).
+pub const CONTAINER_SECRETS_FILE: &str = "/run/corral-secrets.json";
+/// Where the gateway proxy container reads the extra CA that verifies the real hosts
+/// ([`Context::upstream_ca`]), as its `SSL_CERT_FILE`.
+pub const CONTAINER_UPSTREAM_CA: &str = "/run/corral-upstream-ca.pem";
 
 /// What the argv depends on besides the Plan: the engine, this host, this run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +78,10 @@ pub struct Context {
     pub limits_enforceable: bool,
     /// Host directory holding SKILL.md for `plan.skill`, mounted read-only at its dir.
     pub skill_source: Option<PathBuf>,
+    /// CA certificates (PEM) the gateway trusts for the real hosts instead of the proxy
+    /// image's system store: corral's own `SSL_CERT_FILE` (a corporate CA), as the native
+    /// gateway honours it. Used only by runs with `[secrets]`.
+    pub upstream_ca: Option<PathBuf>,
 }
 
 impl Context {
@@ -99,6 +113,49 @@ impl Context {
     /// The proxy's policy directory on the host.
     pub fn proxy_dir(&self) -> PathBuf {
         self.state_dir.join("proxy")
+    }
+
+    /// This run's gateway directory on the host (`[secrets]`): the real values' file until the
+    /// gateway proxy has read it, and what the gateway writes for the jail (mode 0700, owned
+    /// by the proxy's user; removed when the run ends).
+    pub fn gateway_dir(&self) -> PathBuf {
+        self.state_dir.join("gateway").join(&self.jail_id)
+    }
+
+    /// The file holding the real values, bound read-only into the gateway proxy only.
+    pub fn secrets_file(&self) -> PathBuf {
+        self.gateway_dir().join("secrets.json")
+    }
+
+    /// The gateway's output directory, bound writable into the gateway proxy only.
+    pub fn gateway_out_dir(&self) -> PathBuf {
+        self.gateway_dir().join("out")
+    }
+
+    /// This run's gateway proxy container (runs with `[secrets]` get a proxy of their own: the
+    /// run CA and the real values live in one run's process, never in the project's shared
+    /// proxy).
+    pub fn gateway_container(&self, plan: &Plan) -> String {
+        format!("{}-gateway", self.harness_container(plan))
+    }
+
+    /// The gateway proxy's alias on the internal network, unique to the run (a DNS label).
+    pub fn gateway_alias(&self) -> String {
+        format!("{PROXY_ALIAS}-{}", self.jail_id)
+    }
+
+    /// Whether this plan's proxy is the run's own gateway proxy.
+    pub fn has_gateway(plan: &Plan) -> bool {
+        !plan.secrets.is_empty() && plan.network.mode == NetworkMode::Proxy
+    }
+
+    /// The container the harness sends its traffic to, and the name it knows it by.
+    pub fn proxy_for(&self, plan: &Plan) -> (String, String) {
+        if Self::has_gateway(plan) {
+            (self.gateway_container(plan), self.gateway_alias())
+        } else {
+            (self.names(plan).proxy_container, PROXY_ALIAS.to_string())
+        }
     }
 }
 
@@ -161,6 +218,13 @@ pub fn commands(setup: &Setup) -> String {
                          {EXECUTOR_ADDRESS} the compose executor's (the internal network has no DNS)\n"
                     ));
                 }
+                if cmd.args.iter().any(|a| a.contains(CONTAINER_GATEWAY_DIR)) {
+                    out.push_str(
+                        "# and, once this run's gateway proxy has started, what it wrote: each secret's \
+                         placeholder and the CA variables (--env NAME), the CA bundle bound over the image's \
+                         system bundles\n",
+                    );
+                }
                 if !cmd.env.is_empty() {
                     out.push_str("# with these variables passed by name (--env NAME):\n");
                     for (k, v) in &cmd.env {
@@ -180,9 +244,15 @@ pub fn setup(plan: &Plan, ctx: &Context) -> Result<Setup> {
     let mut steps = Vec::new();
     if plan.network.mode == NetworkMode::Proxy {
         steps.extend(network_steps(ctx, &names));
+        let (container, _) = ctx.proxy_for(plan);
+        let what = if Context::has_gateway(plan) {
+            format!("gateway proxy container {container} (this run's [secrets] only)")
+        } else {
+            format!("proxy container {container}")
+        };
         steps.push(Step::Ensure {
-            what: format!("proxy container {}", names.proxy_container),
-            check: exists(ctx.engine, "container", &names.proxy_container),
+            what,
+            check: exists(ctx.engine, "container", &container),
             create: proxy_create(plan, ctx, &names)?,
         });
     }
@@ -198,8 +268,10 @@ fn check_supported(plan: &Plan, ctx: &Context) -> Result<()> {
             what: what.to_string(),
         })
     };
-    if !plan.secrets.is_empty() {
-        return unsupported("[secrets] (the credential gateway)");
+    if !plan.secrets.is_empty() && plan.network.mode == NetworkMode::Host {
+        // As the native backend: with the host's network the gateway cannot put the real value
+        // into requests.
+        return unsupported("[secrets] with network.mode = \"host\" (use --network proxy)");
     }
     // Relayed by corral from the container's network namespace, which only root may join
     // (crate::ports).
@@ -303,7 +375,7 @@ fn user_args(ctx: &Context, uid: u32, gid: u32) -> Vec<String> {
 }
 
 /// `SRC:DST:OPTS` for `--volume`, refusing paths the syntax cannot carry.
-fn volume(engine: EngineKind, src: &Path, dst: &Path, access: Access) -> Result<String> {
+pub(crate) fn volume(engine: EngineKind, src: &Path, dst: &Path, access: Access) -> Result<String> {
     for p in [src, dst] {
         let s = p.to_string_lossy();
         if let Some(ch) = s.chars().find(|c| *c == ':' || *c == ',') {
@@ -368,8 +440,15 @@ fn limit_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
 /// The proxy container: on the internal network as `proxy` and on the external one, running
 /// the mounted static `corral-proxy` (else `corral proxy` from the mounted static corral) with
 /// the plan's rules.
+///
+/// A run with `[secrets]` gets its own such container ([`Context::gateway_container`], alias
+/// [`Context::gateway_alias`]) that also serves the credential gateway: the real values' file
+/// bound read-only into it alone, its gateway directory writable, `--secrets` and
+/// `--gateway-dir`.
 fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command>> {
     let e = ctx.engine;
+    let gateway = Context::has_gateway(plan);
+    let (container, alias) = ctx.proxy_for(plan);
     let image = ctx
         .proxy_image
         .clone()
@@ -378,15 +457,21 @@ fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command
         "run".into(),
         "--detach".into(),
         "--name".into(),
-        names.proxy_container.clone(),
+        container.clone(),
         "--label".into(),
         names.label(),
         "--label".into(),
-        "corral.role=proxy".into(),
-        "--pull".into(),
-        "never".into(),
-        "--init".into(),
     ];
+    if gateway {
+        a.extend([
+            "corral.role=gateway".into(),
+            "--label".into(),
+            format!("corral.jail={}", ctx.jail_id),
+        ]);
+    } else {
+        a.push("corral.role=proxy".into());
+    }
+    a.extend(["--pull".into(), "never".into(), "--init".into()]);
     a.extend(hardening(ctx));
     // Its own non-root user: the caller's (so the audit lines it writes are the caller's), or
     // nobody when the caller is root.
@@ -409,23 +494,7 @@ fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command
         .map(String::from),
     );
     a.push(STOP_TIMEOUT.to_string());
-    match e {
-        EngineKind::Podman => {
-            a.push("--network".into());
-            a.push(format!("{}:alias={PROXY_ALIAS}", names.internal_network));
-            a.push("--network".into());
-            a.push(names.external_network.clone());
-        }
-        // docker attaches one network at run time; the external one is connected below.
-        EngineKind::Docker => {
-            a.extend([
-                "--network".into(),
-                names.internal_network.clone(),
-                "--network-alias".into(),
-                PROXY_ALIAS.into(),
-            ]);
-        }
-    }
+    a.extend(proxy_networks(e, names, &alias));
     // The lean proxy executable when there is one; `corral proxy` otherwise.
     let (bin, container_bin, subcommand) = match &ctx.proxy_bin {
         Some(p) => (p, CONTAINER_PROXY_BIN, None),
@@ -447,6 +516,10 @@ fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command
         Path::new(CONTAINER_AUDIT_DIR),
         Access::Rw,
     )?);
+    let mut env = BTreeMap::new();
+    if gateway {
+        a.extend(gateway_volumes(ctx, &mut env)?);
+    }
     a.extend(["--entrypoint".into(), container_bin.into(), image]);
     a.extend(subcommand.map(String::from));
     a.extend([
@@ -457,16 +530,81 @@ fn proxy_create(plan: &Plan, ctx: &Context, names: &Names) -> Result<Vec<Command
         "--audit-log".into(),
         CONTAINER_AUDIT_LOG.into(),
     ]);
-    let mut cmds = vec![Command::new(e.program()).args(a)];
+    if gateway {
+        a.extend([
+            "--jail".into(),
+            ctx.jail_id.clone(),
+            "--secrets".into(),
+            CONTAINER_SECRETS_FILE.into(),
+            "--gateway-dir".into(),
+            CONTAINER_GATEWAY_DIR.into(),
+        ]);
+    }
+    let mut run = Command::new(e.program()).args(a);
+    run.env = env;
+    let mut cmds = vec![run];
     if e == EngineKind::Docker {
         cmds.push(Command::new("docker").args([
             "network",
             "connect",
             &names.external_network,
-            &names.proxy_container,
+            &container,
         ]));
     }
     Ok(cmds)
+}
+
+/// The proxy's networks: the internal one under `alias`, and the external one (docker attaches
+/// one network at run time; the external one is connected by a second command).
+fn proxy_networks(e: EngineKind, names: &Names, alias: &str) -> Vec<String> {
+    match e {
+        EngineKind::Podman => vec![
+            "--network".into(),
+            format!("{}:alias={alias}", names.internal_network),
+            "--network".into(),
+            names.external_network.clone(),
+        ],
+        EngineKind::Docker => vec![
+            "--network".into(),
+            names.internal_network.clone(),
+            "--network-alias".into(),
+            alias.to_string(),
+        ],
+    }
+}
+
+/// The gateway proxy's own binds: the real values (read-only, this container only), its
+/// gateway directory (writable), and the extra upstream CA as its `SSL_CERT_FILE`.
+fn gateway_volumes(ctx: &Context, env: &mut BTreeMap<String, String>) -> Result<Vec<String>> {
+    let e = ctx.engine;
+    let mut a = vec![
+        "--volume".into(),
+        volume(
+            e,
+            &ctx.secrets_file(),
+            Path::new(CONTAINER_SECRETS_FILE),
+            Access::Ro,
+        )?,
+        "--volume".into(),
+        volume(
+            e,
+            &ctx.gateway_out_dir(),
+            Path::new(CONTAINER_GATEWAY_DIR),
+            Access::Rw,
+        )?,
+    ];
+    if let Some(ca) = &ctx.upstream_ca {
+        a.push("--volume".into());
+        a.push(volume(e, ca, Path::new(CONTAINER_UPSTREAM_CA), Access::Ro)?);
+        a.extend(["--env".into(), "SSL_CERT_FILE".into()]);
+        env.insert("SSL_CERT_FILE".into(), CONTAINER_UPSTREAM_CA.into());
+    }
+    Ok(a)
+}
+
+/// The gateway's trust directory (CA certificate and bundle) as the proxy and harness see it.
+pub fn container_trust_dir() -> PathBuf {
+    Path::new(CONTAINER_GATEWAY_DIR).join(corral_net::standalone::GATEWAY_TRUST_DIR)
 }
 
 /// The harness image: the plan's, else the profile's default tag.
@@ -478,7 +616,12 @@ pub fn harness_image(plan: &Plan) -> String {
 
 /// The proxy variables a harness gets, pointing at the proxy container.
 pub fn proxy_env(no_proxy: &str) -> BTreeMap<String, String> {
-    let url = format!("http://{PROXY_ALIAS}:{PROXY_PORT}");
+    proxy_env_at(PROXY_ALIAS, no_proxy)
+}
+
+/// The proxy variables pointing at the proxy known as `host`.
+pub fn proxy_env_at(host: &str, no_proxy: &str) -> BTreeMap<String, String> {
+    let url = format!("http://{host}:{PROXY_PORT}");
     let mut env = BTreeMap::new();
     for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
         env.insert(name.to_string(), url.clone());
@@ -520,12 +663,10 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
         NetworkMode::Proxy => names.internal_network.clone(),
         NetworkMode::Host => "host".into(),
     });
+    let (_, proxy_host) = ctx.proxy_for(plan);
     if plan.network.mode == NetworkMode::Proxy && e == EngineKind::Podman {
         a.extend(["--dns".into(), NO_RESOLVER.into()]);
-        a.extend([
-            "--add-host".into(),
-            format!("{PROXY_ALIAS}:{PROXY_ADDRESS}"),
-        ]);
+        a.extend(["--add-host".into(), format!("{proxy_host}:{PROXY_ADDRESS}")]);
         if matches!(plan.executor.target, ExecutorTarget::Compose(_)) {
             a.extend([
                 "--add-host".into(),
@@ -537,6 +678,18 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
     a.extend(["--stop-timeout".into(), STOP_TIMEOUT.to_string()]);
     a.extend(["--workdir".into(), plan.cwd.display().to_string()]);
     a.extend(mount_args(plan, ctx)?);
+    if Context::has_gateway(plan) {
+        // The run CA's certificate and bundle (never the key), written by the gateway proxy.
+        let trust = container_trust_dir();
+        a.push("--volume".into());
+        a.push(volume(
+            e,
+            &ctx.gateway_out_dir()
+                .join(corral_net::standalone::GATEWAY_TRUST_DIR),
+            &trust,
+            Access::Ro,
+        )?);
+    }
 
     // The environment: exactly the plan's, with the proxy variables pointing at the proxy
     // container and the executor at its compose alias. Values travel in the engine's own
@@ -558,7 +711,7 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
             "::1".to_string(),
         ];
         no_proxy.extend(executor.clone());
-        env.extend(proxy_env(&no_proxy.join(",")));
+        env.extend(proxy_env_at(&proxy_host, &no_proxy.join(",")));
     }
     if let Some(alias) = &executor {
         env.insert(

@@ -23,6 +23,7 @@ use std::path::PathBuf;
 
 pub mod argv;
 pub mod compose;
+pub mod gateway;
 pub mod image;
 pub mod names;
 pub mod ports;
@@ -151,6 +152,8 @@ pub enum EngineError {
     },
     #[error("{0}")]
     Compose(String),
+    #[error("the run's credential gateway: {0}")]
+    Gateway(String),
     #[error("writing the containers' seccomp profile: {0}")]
     Seccomp(#[from] corral_sandbox::seccomp::SeccompError),
     #[error("`{command}` failed ({status}): {stderr}")]

@@ -8,7 +8,10 @@ use std::process::Stdio;
 
 use corral_policy::plan::{NetworkMode, Plan};
 
+use corral_net::standalone::SecretsFile;
+
 use crate::argv::{EXECUTOR_ADDRESS, PROXY_ADDRESS, PROXY_FALLBACK_USER};
+use crate::gateway::GatewayRun;
 use crate::names::{DEFAULT_PREFIX, Names};
 use crate::{Command, Context, EngineError, EngineKind, Result, Setup, Step, proxy_policy};
 
@@ -87,12 +90,38 @@ pub fn proxy_bin(corral_bin: &Path) -> Option<PathBuf> {
     linked_alike.then_some(path)
 }
 
-/// The context of a run on this host.
-pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Context> {
-    let state = corral_audit::state_dir().map_err(|e| EngineError::Io {
+fn state_root() -> Result<PathBuf> {
+    corral_audit::state_dir().map_err(|e| EngineError::Io {
         path: PathBuf::from("$XDG_STATE_HOME"),
         source: std::io::Error::other(e.to_string()),
+    })
+}
+
+/// This project's engine files on the host: `$XDG_STATE_HOME/corral/engine/<key>`.
+pub fn project_state_dir(project_root: &Path) -> Result<PathBuf> {
+    Ok(state_root()?
+        .join("engine")
+        .join(corral_audit::project_key(project_root)))
+}
+
+/// What runs with `[secrets]` left in the project's state directory when corral was killed
+/// (their gateway directories; a run removes its own when it ends). `corral down` calls it
+/// after removing the containers.
+pub fn remove_gateway_leftovers(project_root: &Path) -> Result<Option<PathBuf>> {
+    let dir = project_state_dir(project_root)?.join("gateway");
+    if !dir.exists() {
+        return Ok(None);
+    }
+    fs::remove_dir_all(&dir).map_err(|source| EngineError::Io {
+        path: dir.clone(),
+        source,
     })?;
+    Ok(Some(dir))
+}
+
+/// The context of a run on this host.
+pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Context> {
+    let state = state_root()?;
     let audit =
         corral_audit::AuditLog::for_project(&plan.project.root).map_err(|e| EngineError::Io {
             path: PathBuf::from("$XDG_STATE_HOME"),
@@ -117,9 +146,7 @@ pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Co
         engine,
         rootless: rootless && engine == EngineKind::Podman,
         // Not under the audit directory: that one is mounted writable into the proxy.
-        state_dir: state
-            .join("engine")
-            .join(corral_audit::project_key(&plan.project.root)),
+        state_dir: project_state_dir(&plan.project.root)?,
         audit_dir,
         proxy_bin: proxy_bin(&corral_bin),
         corral_bin,
@@ -130,6 +157,12 @@ pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Co
             .filter(|v| !v.is_empty()),
         limits_enforceable,
         skill_source: None,
+        // The native gateway honours corral's SSL_CERT_FILE for the real hosts; the gateway
+        // proxy container is given the same file.
+        upstream_ca: std::env::var_os("SSL_CERT_FILE")
+            .filter(|_| !plan.secrets.is_empty())
+            .map(PathBuf::from)
+            .filter(|p| p.is_file()),
         prefix,
     })
 }
@@ -266,7 +299,7 @@ pub fn ensure(setup: &Setup, ctx: &Context, policy_changed: bool, names: &Names)
         .steps
         .iter()
         .any(|s| matches!(s, Step::Ensure { create, .. } if is_proxy(create)));
-    if has_proxy && proxy_running(ctx, names) {
+    if has_proxy && proxy_running(ctx, &names.proxy_container) {
         if policy_changed {
             let p = ctx.engine.program();
             output(&Command::new(p).args(["kill", "--signal", "HUP", &names.proxy_container]))?;
@@ -285,20 +318,48 @@ pub fn ensure(setup: &Setup, ctx: &Context, policy_changed: bool, names: &Names)
                 output(c)?;
             }
             if is_proxy(create) {
-                wait_proxy_ready(ctx, names)?;
+                wait_proxy_ready(ctx, &names.proxy_container, SHARED_PROXY_TRIES)?;
+            } else if let Some(gateway) = gateway_container(create) {
+                // The harness cannot start without what the gateway writes: not listening
+                // after the wait is an error, not a race.
+                if !wait_proxy_ready(ctx, gateway, GATEWAY_PROXY_TRIES)? {
+                    return Err(EngineError::Gateway(format!(
+                        "the gateway proxy container {gateway} did not say it listens within {} s; see `{} logs {gateway}`",
+                        GATEWAY_PROXY_TRIES / 10,
+                        ctx.engine.program()
+                    )));
+                }
             }
         }
     }
     Ok(())
 }
 
+/// The container a step's `create` starts when it is a run's gateway proxy.
+fn gateway_container(create: &[Command]) -> Option<&str> {
+    let run = create.first()?;
+    if run.args.first().map(String::as_str) != Some("run")
+        || !run.args.iter().any(|a| a == "corral.role=gateway")
+    {
+        return None;
+    }
+    let at = run.args.iter().position(|a| a == "--name")?;
+    run.args.get(at + 1).map(String::as_str)
+}
+
+/// How many times (every 100 ms) a new shared proxy's log is read for its `listening on` line.
+const SHARED_PROXY_TRIES: u32 = 50;
+/// The same for a run's gateway proxy, which the harness cannot start without.
+const GATEWAY_PROXY_TRIES: u32 = 600;
+
 /// Wait until a new proxy container says it listens (its log's `listening on` line), so the
-/// harness's first request does not race it. A proxy that exits instead (a policy it cannot
-/// load, a binary the image cannot run) is an error quoting its log.
-fn wait_proxy_ready(ctx: &Context, names: &Names) -> Result<()> {
+/// harness's first request does not race it; whether it did within `tries` reads. A proxy that
+/// exits instead (a policy it cannot load, a binary the image cannot run) is an error quoting
+/// its log.
+fn wait_proxy_ready(ctx: &Context, container: &str, tries: u32) -> Result<bool> {
     let p = ctx.engine.program();
-    let logs = Command::new(p).args(["logs", &names.proxy_container]);
-    for _ in 0..50 {
+    let logs = Command::new(p).args(["logs", container]);
+    for _ in 0..tries {
         let out = logs
             .to_std()
             .stdin(Stdio::null())
@@ -313,36 +374,36 @@ fn wait_proxy_ready(ctx: &Context, names: &Names) -> Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
         if text.contains("listening on") {
-            return Ok(());
+            return Ok(true);
         }
-        if !proxy_running(ctx, names) {
+        if !proxy_running(ctx, container) {
             return Err(EngineError::ProxyExited {
                 engine: ctx.engine,
-                container: names.proxy_container.clone(),
+                container: container.to_string(),
                 log: text.trim().to_string(),
             });
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    Ok(())
+    Ok(false)
 }
 
 /// An existing proxy container: started if it stopped (it then reads the current policy),
 /// else signalled to reload when the policy changed.
-fn proxy_running(ctx: &Context, names: &Names) -> bool {
+fn proxy_running(ctx: &Context, container: &str) -> bool {
     output(&Command::new(ctx.engine.program()).args([
         "container",
         "inspect",
         "--format",
         "{{.State.Running}}",
-        &names.proxy_container,
+        container,
     ]))
     .is_ok_and(|out| out.trim() == "true")
 }
 
 fn start_or_reload(ctx: &Context, names: &Names, policy_changed: bool) -> Result<()> {
     let p = ctx.engine.program();
-    if !proxy_running(ctx, names) {
+    if !proxy_running(ctx, &names.proxy_container) {
         output(&Command::new(p).args(["start", &names.proxy_container]))?;
     } else if policy_changed {
         output(&Command::new(p).args(["kill", "--signal", "HUP", &names.proxy_container]))?;
@@ -353,19 +414,30 @@ fn start_or_reload(ctx: &Context, names: &Names, policy_changed: bool) -> Result
 /// The whole run: prepare the host, ensure the shared objects, run the harness in the
 /// foreground and return its exit code (the engine's own errors are 125, as `podman run`'s).
 /// `wait` runs the harness command and returns its status (the CLI passes one that keeps corral
-/// alive through the terminal's signals and forwards SIGTERM/SIGHUP).
+/// alive through the terminal's signals and forwards SIGTERM/SIGHUP). `secrets` are the real
+/// values of the plan's `[secrets]` (read by the caller from its environment), given to the
+/// run's gateway proxy only ([`crate::gateway`]).
 pub fn run_with(
     plan: &Plan,
     ctx: &Context,
     setup: &Setup,
+    secrets: &SecretsFile,
     wait: impl FnOnce(&Command) -> std::io::Result<std::process::ExitStatus>,
 ) -> Result<i32> {
     let relays = crate::ports::Relays::bind(plan)?;
     let changed = prepare_host(plan, ctx)?;
     let names = ctx.names(plan);
+    // Dropped at the end of the run, or on any error from here on: the gateway proxy and its
+    // files are removed.
+    let gateway = GatewayRun::prepare(plan, ctx, secrets)?;
     ensure(setup, ctx, changed, &names)?;
     let cmd = setup.run_command().ok_or(EngineError::NoCommand)?;
-    let cmd = &with_addresses(cmd, ctx, &names)?;
+    let (proxy, _) = ctx.proxy_for(plan);
+    let mut cmd = with_addresses(cmd, ctx, &names, &proxy)?;
+    if let Some(g) = &gateway {
+        cmd = crate::gateway::with_gateway(&cmd, &g.started()?, ctx)?;
+    }
+    let cmd = &cmd;
     // An absent policy file is covered by an empty read-only one; the runtime leaves an empty
     // mount point behind on the host, removed again below.
     let policy = &plan.project.policy_file;
@@ -373,6 +445,7 @@ pub fn run_with(
     let relaying = relays.start(ctx, plan);
     let status = wait(cmd);
     drop(relaying);
+    drop(gateway);
     if !policy_existed && fs::metadata(policy).is_ok_and(|m| m.is_file() && m.len() == 0) {
         let _ = fs::remove_file(policy);
     }
@@ -392,26 +465,29 @@ pub fn run_with(
 /// [`PROXY_ADDRESS`] or [`EXECUTOR_ADDRESS`] (podman's internal network has no DNS). A compose
 /// executor that is not running gets no host entry, and a line saying so: `corral exec` in
 /// the harness then fails until it runs.
-fn with_addresses(cmd: &Command, ctx: &Context, names: &Names) -> Result<Command> {
+fn with_addresses(
+    cmd: &Command,
+    ctx: &Context,
+    names: &Names,
+    proxy_container: &str,
+) -> Result<Command> {
     let holds = |token: &str| cmd.args.iter().any(|a| a.contains(token));
     if !holds(PROXY_ADDRESS) && !holds(EXECUTOR_ADDRESS) {
         return Ok(cmd.clone());
     }
-    let proxy =
-        address_on(ctx, &names.proxy_container, &names.internal_network)?.ok_or_else(|| {
-            EngineError::Failed {
-                command: format!(
-                    "{} container inspect {}",
-                    ctx.engine.program(),
-                    names.proxy_container
-                ),
-                status: "no address".into(),
-                stderr: format!(
-                    "the proxy container has no address on {}; `corral down` and run again",
-                    names.internal_network
-                ),
-            }
-        })?;
+    let proxy = address_on(ctx, proxy_container, &names.internal_network)?.ok_or_else(|| {
+        EngineError::Failed {
+            command: format!(
+                "{} container inspect {proxy_container}",
+                ctx.engine.program(),
+            ),
+            status: "no address".into(),
+            stderr: format!(
+                "the proxy container has no address on {}; `corral down` and run again",
+                names.internal_network
+            ),
+        }
+    })?;
     let executor = if holds(EXECUTOR_ADDRESS) {
         let found = executor_address(ctx, names)?;
         if found.is_none() {
@@ -495,7 +571,8 @@ fn executor_address(ctx: &Context, names: &Names) -> Result<Option<String>> {
 
 /// [`run_with`] waiting plainly.
 pub fn run(plan: &Plan, ctx: &Context, setup: &Setup) -> Result<i32> {
-    run_with(plan, ctx, setup, |cmd| cmd.to_std().status())
+    let none = SecretsFile { secrets: vec![] };
+    run_with(plan, ctx, setup, &none, |cmd| cmd.to_std().status())
 }
 
 /// What `corral down` removed.

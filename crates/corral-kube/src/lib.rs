@@ -233,7 +233,8 @@ fn check_supported(plan: &Plan, opts: &Options) -> Result<()> {
     }
     if !plan.secrets.is_empty() {
         return unsupported(
-            "[secrets] (the credential gateway runs inside `corral run`; the standalone proxy has none)",
+            "[secrets] (the sandbox would have to trust a run CA made before the proxy runs: not rendered yet; \
+             corral run --engine podman|docker serves them)",
         );
     }
     let n = &plan.network;

@@ -3,6 +3,13 @@
 //! listener (`HOST:PORT` or `unix:PATH`), the audit log; the rules are reloaded on SIGHUP and
 //! when the policy file's modification time changes, and a reload that fails validation keeps
 //! the old rules and says why (on stderr and in the audit log).
+//!
+//! With `--secrets FILE --gateway-dir DIR` it also runs the credential gateway (what the
+//! container backends' per-run proxy does): the real values are read from FILE (mounted only
+//! into the proxy's container), the run CA is generated here and its key stays in this
+//! process's memory; only the CA certificate, the bundle (system roots + run CA) and the jail's
+//! side ([`GatewayJail`]: placeholders and CA variables) are written under DIR, before the
+//! proxy says it listens.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,7 +31,60 @@ pub struct Options {
     pub audit_log: Option<PathBuf>,
     /// The jail id written into the audit records; `None`: a new id.
     pub jail: Option<String>,
+    /// `[secrets]` with their real values ([`SecretsFile`], JSON): the gateway is served.
+    pub secrets: Option<PathBuf>,
+    /// Where the gateway writes the jail's CA files (`DIR/trust/`) and [`GATEWAY_JAIL_FILE`];
+    /// required with `secrets`.
+    pub gateway_dir: Option<PathBuf>,
 }
+
+/// The file `--secrets` names: each secret's plan and its real value. Written 0600 by the
+/// caller and readable only by the proxy.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SecretsFile {
+    pub secrets: Vec<SecretValue>,
+}
+
+/// One secret and its real value.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SecretValue {
+    #[serde(flatten)]
+    pub plan: corral_policy::plan::SecretPlan,
+    pub value: String,
+}
+
+impl std::fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretValue")
+            .field("plan", &self.plan)
+            .field("value", &"<redacted>")
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for SecretsFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(&self.secrets).finish()
+    }
+}
+
+/// The jail's side of the gateway, written by the proxy to `DIR/`[`GATEWAY_JAIL_FILE`]: what
+/// the harness container must be given. No real value, no key.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GatewayJail {
+    /// Each secret's name with its placeholder, and the CA variables (paths under
+    /// `DIR/`[`GATEWAY_TRUST_DIR`], as the proxy sees them: the harness binds that directory
+    /// at the same path).
+    pub env: std::collections::BTreeMap<String, String>,
+    /// System CA bundle paths of the proxy's image that the bundle (system roots + run CA)
+    /// should cover in the harness, each with the bundle file's name in the trust directory.
+    pub system_overlays: Vec<(PathBuf, String)>,
+}
+
+/// The gateway's output file under `--gateway-dir`.
+pub const GATEWAY_JAIL_FILE: &str = "jail.json";
+/// The trust directory (CA certificate and bundle) under `--gateway-dir`.
+pub const GATEWAY_TRUST_DIR: &str = "trust";
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NetError {
     let what = what.into();
@@ -108,7 +168,11 @@ pub fn run(opts: Options) -> Result<(), NetError> {
         policy.display(),
         audit.path().display()
     );
-    let proxy = Arc::new(Proxy::new(rules, audit.clone(), jail.clone()));
+    let mut proxy = Proxy::new(rules, audit.clone(), jail.clone());
+    if let Some(gw) = gateway(&opts.secrets, &opts.gateway_dir, &audit, &jail)? {
+        proxy = proxy.with_gateway(gw);
+    }
+    let proxy = Arc::new(proxy);
     let rt = runtime()?;
     let listen = opts.listen;
     rt.block_on(async move {
@@ -150,6 +214,86 @@ pub fn run(opts: Options) -> Result<(), NetError> {
         }
         Ok(())
     })
+}
+
+/// The gateway of `--secrets FILE`, with the jail's side written under `--gateway-dir DIR`.
+fn gateway(
+    secrets: &Option<PathBuf>,
+    dir: &Option<PathBuf>,
+    audit: &AuditLog,
+    jail: &str,
+) -> Result<Option<corral_gateway::Gateway>, NetError> {
+    let (file, dir) = match (secrets, dir) {
+        (None, None) => return Ok(None),
+        (Some(f), Some(d)) => (f, d),
+        _ => {
+            return Err(NetError::Config(
+                "--secrets and --gateway-dir go together: the gateway needs both the real values and where to write the jail's CA files".into(),
+            ));
+        }
+    };
+    let text = std::fs::read_to_string(file).map_err(io(format!(
+        "cannot read the secrets file {}",
+        file.display()
+    )))?;
+    let parsed: SecretsFile = serde_json::from_str(&text).map_err(|e| {
+        NetError::Config(format!(
+            "the secrets file {} is not a list of secrets with values: {e}",
+            file.display()
+        ))
+    })?;
+    if parsed.secrets.is_empty() {
+        return Err(NetError::Config(format!(
+            "the secrets file {} names no secret",
+            file.display()
+        )));
+    }
+    let names: Vec<String> = parsed.secrets.iter().map(|s| s.plan.name.clone()).collect();
+    let values = parsed
+        .secrets
+        .into_iter()
+        .map(|s| (s.plan, s.value))
+        .collect();
+    let trust_dir = dir.join(GATEWAY_TRUST_DIR);
+    let (gw, trust) = corral_gateway::Gateway::new(
+        values,
+        corral_gateway::GatewayConfig {
+            // The system store; SSL_CERT_FILE / SSL_CERT_DIR in the proxy's environment (a
+            // corporate CA) are honoured.
+            upstream_roots: None,
+            trust_dir: trust_dir.clone(),
+            system_bundle: None,
+            audit: Some(corral_gateway::AuditSink {
+                log: audit.clone(),
+                jail: jail.to_string(),
+            }),
+        },
+    )
+    .map_err(|e| NetError::Config(format!("cannot start the credential gateway: {e}")))?;
+    let bundle = trust
+        .bundle_file
+        .strip_prefix(&trust_dir)
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let side = GatewayJail {
+        env: trust.env,
+        system_overlays: trust
+            .system_overlays
+            .into_iter()
+            .map(|m| (m.target, bundle.clone()))
+            .collect(),
+    };
+    let out = dir.join(GATEWAY_JAIL_FILE);
+    let tmp = dir.join(format!(".{GATEWAY_JAIL_FILE}.tmp"));
+    let json = serde_json::to_vec_pretty(&side).expect("plain data serializes");
+    std::fs::write(&tmp, json).map_err(io(format!("cannot write {}", tmp.display())))?;
+    std::fs::rename(&tmp, &out).map_err(io(format!("cannot write {}", out.display())))?;
+    eprintln!(
+        "corral proxy: credential gateway for {} (CA certificate in {})",
+        names.join(", "),
+        trust_dir.display()
+    );
+    Ok(Some(gw))
 }
 
 /// Reload on SIGHUP or when the file's modification time changes (polled every second).

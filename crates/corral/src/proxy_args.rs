@@ -21,6 +21,14 @@ pub struct ProxyArgs {
     /// Jail id written into the audit records (default: a new id)
     #[arg(long, value_name = "ID", env = "CORRAL_JAIL_ID")]
     pub jail: Option<String>,
+    /// Serve [secrets] through the credential gateway: a JSON file of the secrets with their
+    /// real values (written 0600 by `corral run --engine podman|docker`, or a Kubernetes Secret)
+    #[arg(long, value_name = "FILE", requires = "gateway_dir")]
+    pub secrets: Option<PathBuf>,
+    /// With --secrets: the directory the gateway writes the jail's CA certificate, bundle and
+    /// placeholders into (never the CA key, which stays in the proxy's memory)
+    #[arg(long, value_name = "DIR", requires = "secrets")]
+    pub gateway_dir: Option<PathBuf>,
 }
 
 impl ProxyArgs {
@@ -31,6 +39,8 @@ impl ProxyArgs {
             policy: self.policy,
             audit_log: self.audit_log,
             jail: self.jail,
+            secrets: self.secrets,
+            gateway_dir: self.gateway_dir,
         }
     }
 
@@ -47,6 +57,12 @@ impl ProxyArgs {
         }
         if let Some(j) = &self.jail {
             a.extend(["--jail".into(), j.into()]);
+        }
+        if let Some(p) = &self.secrets {
+            a.extend(["--secrets".into(), p.clone().into()]);
+        }
+        if let Some(p) = &self.gateway_dir {
+            a.extend(["--gateway-dir".into(), p.clone().into()]);
         }
         a
     }

@@ -81,6 +81,7 @@ fn ctx(engine: EngineKind, rootless: bool) -> Context {
         proxy_image: None,
         limits_enforceable: true,
         skill_source: None,
+        upstream_ca: None,
     }
 }
 

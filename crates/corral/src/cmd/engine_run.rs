@@ -96,6 +96,9 @@ fn wait_harness(cmd: &corral_engine::Command) -> std::io::Result<std::process::E
 /// guard, set-id, change summary) apply as after a native run.
 pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
     let kind = engine_of(plan)?;
+    // [secrets]: the real values for the run's gateway proxy, or placeholders without network.
+    let (placeholders, secrets) = super::secrets::for_engine(plan)?;
+    let plan = placeholders.as_ref().unwrap_or(plan);
     let session = Session::begin(plan, scope)?.ready()?;
     // The engine attaches the rest itself; the git files the snapshot found are read-only in
     // the container as in a native jail.
@@ -112,7 +115,12 @@ pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
         ctx.skill_source = Some(dir);
     }
     let setup = corral_engine::setup(&plan, &ctx)?;
-    let mut container = Container { kind, ctx, setup };
+    let mut container = Container {
+        kind,
+        ctx,
+        setup,
+        secrets,
+    };
     session.run(&plan, &mut container)
 }
 
@@ -121,6 +129,8 @@ struct Container {
     kind: EngineKind,
     ctx: Context,
     setup: corral_engine::Setup,
+    /// `[secrets]`: the real values the run's gateway proxy container gets (none without).
+    secrets: corral_net::standalone::SecretsFile,
 }
 
 impl Backend for Container {
@@ -130,7 +140,7 @@ impl Backend for Container {
 
     fn run(&mut self, plan: &Plan, _session: &Session) -> anyhow::Result<i32> {
         let kind = self.kind;
-        let result = runner::run_with(plan, &self.ctx, &self.setup, wait_harness);
+        let result = runner::run_with(plan, &self.ctx, &self.setup, &self.secrets, wait_harness);
         if let Some(src) = &self.ctx.skill_source {
             let _ = std::fs::remove_dir_all(src);
         }

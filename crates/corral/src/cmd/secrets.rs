@@ -71,21 +71,7 @@ pub fn read(plan: &Plan) -> anyhow::Result<(Values, Vec<Signin>)> {
                 .join(", ")
         );
     }
-    let mut values = Vec::new();
-    for s in &plan.secrets {
-        let Some(real) = std::env::var_os(&s.from_env) else {
-            bail!(
-                "secret {}: ${} is not set in corral's environment; export it before `corral run`, or remove secrets.{} from the policy",
-                s.name,
-                s.from_env,
-                s.name
-            );
-        };
-        let real = real.into_string().map_err(|_| {
-            anyhow::anyhow!("secret {}: ${} is not valid UTF-8", s.name, s.from_env)
-        })?;
-        values.push((s.clone(), real));
-    }
+    let values = real_values(plan)?;
     Ok((values, signins))
 }
 
@@ -150,4 +136,52 @@ pub fn prepare(
         gateway: Some(gateway),
         _trust_dir: Some(dir),
     })
+}
+
+/// `[secrets]` for the container backends: with `network.mode = "proxy"` the real values for
+/// the run's gateway proxy container (corral_engine::gateway); with no network a plan whose
+/// environment holds placeholders only (nothing could use the real value). Host mode is
+/// refused by the engine's setup, as by the native run.
+pub fn for_engine(
+    plan: &Plan,
+) -> anyhow::Result<(Option<Plan>, corral_net::standalone::SecretsFile)> {
+    let mut file = corral_net::standalone::SecretsFile { secrets: vec![] };
+    if plan.secrets.is_empty() || plan.network.mode == NetworkMode::Host {
+        return Ok((None, file));
+    }
+    let values = real_values(plan)?;
+    if plan.network.mode == NetworkMode::None {
+        let mut jailed = plan.clone();
+        for (s, real) in &values {
+            jailed
+                .env
+                .insert(s.name.clone(), corral_gateway::placeholder_for(real)?);
+        }
+        return Ok((Some(jailed), file));
+    }
+    file.secrets = values
+        .into_iter()
+        .map(|(plan, value)| corral_net::standalone::SecretValue { plan, value })
+        .collect();
+    Ok((None, file))
+}
+
+/// Each secret of the plan with its real value, read from corral's environment.
+fn real_values(plan: &Plan) -> anyhow::Result<Vec<(corral_policy::plan::SecretPlan, String)>> {
+    let mut values = Vec::new();
+    for s in &plan.secrets {
+        let Some(real) = std::env::var_os(&s.from_env) else {
+            bail!(
+                "secret {}: ${} is not set in corral's environment; export it before `corral run`, or remove secrets.{} from the policy",
+                s.name,
+                s.from_env,
+                s.name
+            );
+        };
+        let real = real.into_string().map_err(|_| {
+            anyhow::anyhow!("secret {}: ${} is not valid UTF-8", s.name, s.from_env)
+        })?;
+        values.push((s.clone(), real));
+    }
+    Ok(values)
 }
