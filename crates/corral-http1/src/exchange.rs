@@ -287,7 +287,22 @@ where
     let close = out.client_close || origin_close;
     let keeps_length = scrub.as_ref().is_none_or(|s| s.preserves_length());
     let to_client = client_framing(framing, out.version, keeps_length);
-    let head = serialize_response(&resp, to_client, close);
+    let mut head = serialize_response(&resp, to_client, close);
+    // A small body already read with its head goes out in the same write: one syscall and
+    // one segment per small response instead of two.
+    if let (Framing::Length(n), None) = (framing, &scrub)
+        && up.buf.len() as u64 >= n
+        && to_client == framing
+    {
+        head.extend_from_slice(&up.buf.split_to(n as usize));
+        client.io.write_all(&head).await.map_err(E::Client)?;
+        client.io.flush().await.map_err(E::Client)?;
+        moved.down += n;
+        return Ok(Done::Replied {
+            origin_close,
+            close,
+        });
+    }
     client.io.write_all(&head).await.map_err(E::Client)?;
     let both = (framing, to_client);
     let n = relay_body(up, &mut client.io, both, out.idle, scrub)
