@@ -630,15 +630,17 @@ impl AuditLog {
     /// Under the lock: follow a rotation (or a replacement) of the path, rotate if this line
     /// would pass `max_bytes`, append the line with one write.
     fn append_locked(&self, h: &mut Held, line: &[u8]) -> Result<(), AuditError> {
-        let open = h.log.metadata().map_err(|e| self.io_err(e))?;
+        let mut open = h.log.metadata().map_err(|e| self.io_err(e))?;
         let same = fs::symlink_metadata(&self.path)
             .is_ok_and(|m| m.dev() == open.dev() && m.ino() == open.ino());
         if !same {
             h.log = self.open_append()?;
+            open = h.log.metadata().map_err(|e| self.io_err(e))?;
         }
-        let len = h.log.metadata().map_err(|e| self.io_err(e))?.len();
+        // Under the lock, so no other writer changed the length since `open` was read.
+        let len = open.len();
         if len > 0 && len + line.len() as u64 > self.max_bytes {
-            let old = h.log.metadata().map_err(|e| self.io_err(e))?;
+            let old = open;
             fs::rename(&self.path, self.rotated_path()).map_err(|e| self.io_err(e))?;
             h.log = self.open_append()?;
             // The new generation keeps the old one's group and mode, so writers of another user

@@ -14,7 +14,7 @@ pub const PROJECT_LABEL: &str = "corral.project";
 pub const PROXY_ALIAS: &str = "proxy";
 
 /// The port the proxy container listens on.
-pub const PROXY_PORT: u16 = 3128;
+pub const PROXY_PORT: u16 = corral_policy::consts::PROXY_PORT;
 
 /// The port the compose executor service listens on (seed 003's).
 pub const EXECUTOR_PORT: u16 = 8080;

@@ -90,10 +90,9 @@ use tokio::net::TcpStream;
 
 pub use ca::{CA_VALIDITY, LEAF_VALIDITY};
 pub use corral_http1::io::Replacer;
-pub use corral_http1::io::Timeouts;
+pub use corral_http1::io::{Budget, Timeouts};
 pub use corral_http1::{Header, RequestHead};
 pub use placeholder::{placeholder_for, vendor_prefix};
-pub use serve::{identity_only, scrub_head, scrub_response_head};
 
 /// Request headers whose placeholder is replaced by the real value on a bound host
 /// (compared case-insensitively). `authorization` also gets `Basic` credentials decoded,
@@ -282,6 +281,9 @@ pub struct Gateway {
     inner: Arc<Inner>,
     /// The connection deadlines: the proxy's own ([`Gateway::with_timeouts`]).
     timeouts: Timeouts,
+    /// Where the request heads read inside intercepted tunnels are counted: the proxy's own
+    /// budget for its jail's partial heads ([`Gateway::with_budget`]); unlimited otherwise.
+    budget: Arc<Budget>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -408,6 +410,7 @@ impl Gateway {
                 signin: signins,
             }),
             timeouts: Timeouts::default(),
+            budget: Arc::new(Budget::unlimited()),
         };
         Ok((gw, trust))
     }
@@ -416,6 +419,14 @@ impl Gateway {
     /// an intercepted connection has the same bounds as a proxied one).
     pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
         self.timeouts = timeouts;
+        self
+    }
+
+    /// The same gateway counting the request heads (and response heads) it reads in `budget`:
+    /// the proxy passes the budget of its jail's partial heads, so what a jail makes corral hold
+    /// inside an intercepted tunnel is bounded with the rest (503 past it).
+    pub fn with_budget(mut self, budget: Arc<Budget>) -> Self {
+        self.budget = budget;
         self
     }
 
@@ -836,8 +847,8 @@ impl Gateway {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
         U: AsyncRead + AsyncWrite + Unpin + Send,
-        F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<U, GatewayError>>,
+        F: FnOnce() -> Fut + Send,
+        Fut: std::future::Future<Output = Result<U, GatewayError>> + Send,
     {
         let r = self
             .serve_inner(client, host, port, addr, client_label, connect)

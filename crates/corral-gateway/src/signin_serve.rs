@@ -14,7 +14,9 @@ use corral_policy::domain::Host;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::signin::{MAX_SIGNIN_BYTES, Signin};
-use crate::{Dest, Gateway, GatewayError, InterceptStats, scrub_head};
+use corral_http1::exchange::{scrub_head, scrub_response_head};
+
+use crate::{Dest, Gateway, GatewayError, InterceptStats};
 
 /// A body collected in memory, refused past [`MAX_SIGNIN_BYTES`].
 #[derive(Default)]
@@ -173,7 +175,7 @@ impl Gateway {
         };
         let framing = corral_http1::response_framing(&resp, "POST")
             .map_err(|e| upstream(format!("token response framing: {e}")))?;
-        if let Err(why) = crate::scrub_response_head(&mut resp, framing, &self.scrubber()) {
+        if let Err(why) = scrub_response_head(&mut resp, framing, &self.scrubber()) {
             return Err(self.refuse_signin(&mut down.io, d, 502, why).await);
         }
         let mut body = Capped::default();

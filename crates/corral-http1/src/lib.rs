@@ -11,6 +11,7 @@
 //! more than one Transfer-Encoding header, Content-Length together with Transfer-Encoding,
 //! Transfer-Encoding on HTTP/1.0, chunk sizes beyond 16 hex digits.
 
+pub mod exchange;
 pub mod io;
 
 /// The largest request or response head accepted (request line plus headers).

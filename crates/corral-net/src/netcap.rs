@@ -405,29 +405,10 @@ pub fn stub_reply_recorded(
     if u16::from_be_bytes([query[4], query[5]]) != 1 {
         return (Some(header(RCODE_REFUSED, 0, 0)), None);
     }
-    // The question: uncompressed labels, then type and class.
-    let mut pos = 12;
-    let mut labels: Vec<&[u8]> = Vec::new();
-    loop {
-        let Some(&len) = query.get(pos) else {
-            return (Some(header(RCODE_FORMERR, 0, 0)), None);
-        };
-        pos += 1;
-        if len == 0 {
-            break;
-        }
-        if len & 0xc0 != 0 || pos + len as usize > query.len() || pos > 12 + 255 {
-            return (Some(header(RCODE_FORMERR, 0, 0)), None);
-        }
-        labels.push(&query[pos..pos + len as usize]);
-        pos += len as usize;
-    }
-    let Some(tail) = query.get(pos..pos + 4) else {
+    let Some(q) = parse_question(query) else {
         return (Some(header(RCODE_FORMERR, 0, 0)), None);
     };
-    let qtype = u16::from_be_bytes([tail[0], tail[1]]);
-    let qclass = u16::from_be_bytes([tail[2], tail[3]]);
-    let question = &query[12..pos + 4];
+    let question = &query[12..q.end];
     let reply = |rcode: u16, answer: Option<Ipv4Addr>| {
         let mut r = header(rcode, 1, u16::from(answer.is_some()));
         r.extend_from_slice(question);
@@ -441,17 +422,64 @@ pub fn stub_reply_recorded(
         }
         r
     };
+    let (asked, rcode) = stub_answer(&q, rules, pool);
+    let out = match (record(&asked), rcode) {
+        (true, RCODE_NOERROR) => reply(RCODE_NOERROR, asked.address),
+        (false, RCODE_NOERROR) => reply(RCODE_SERVFAIL, None),
+        (_, rcode) => reply(rcode, None),
+    };
+    (Some(out), Some(asked))
+}
+
+/// The one question of a stub query.
+struct Question<'a> {
+    labels: Vec<&'a [u8]>,
+    qtype: u16,
+    qclass: u16,
+    /// Where the question ends in the query.
+    end: usize,
+}
+
+/// The question of `query` (uncompressed labels, then type and class); `None` when it does not
+/// parse (FORMERR).
+fn parse_question(query: &[u8]) -> Option<Question<'_>> {
+    let mut pos = 12;
+    let mut labels: Vec<&[u8]> = Vec::new();
+    loop {
+        let &len = query.get(pos)?;
+        pos += 1;
+        if len == 0 {
+            break;
+        }
+        if len & 0xc0 != 0 || pos + len as usize > query.len() || pos > 12 + 255 {
+            return None;
+        }
+        labels.push(&query[pos..pos + len as usize]);
+        pos += len as usize;
+    }
+    let tail = query.get(pos..pos + 4)?;
+    Some(Question {
+        labels,
+        qtype: u16::from_be_bytes([tail[0], tail[1]]),
+        qclass: u16::from_be_bytes([tail[2], tail[3]]),
+        end: pos + 4,
+    })
+}
+
+/// What the stub decides for question `q`, and the answer's rcode.
+fn stub_answer(q: &Question<'_>, rules: &Rules, pool: &StubPool) -> (StubQuery, u16) {
     // Only plain hostname characters make a name; anything else (a dot or NUL inside a label,
     // bytes IDNA would map) is refused here rather than reinterpreted.
     // The jail chooses these bytes: escaped (`\x1b`, `\n`, ...), so what reaches the audit log and
     // `corral log` cannot forge a row or drive the reader's terminal.
-    let shown: String = labels
+    let shown: String = q
+        .labels
         .iter()
         .map(|l| l.escape_ascii().to_string())
         .collect::<Vec<_>>()
         .join(".");
-    let plain = !labels.is_empty()
-        && labels.iter().all(|l| {
+    let plain = !q.labels.is_empty()
+        && q.labels.iter().all(|l| {
             l.iter()
                 .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_')
         });
@@ -460,7 +488,7 @@ pub fn stub_reply_recorded(
     } else {
         Err("not a plain host name".into())
     };
-    let decision = match (&host, qclass) {
+    let decision = match (&host, q.qclass) {
         (_, c) if c != CLASS_IN => Err(format!("class {c} is not IN")),
         (Ok(h), _) => stub_decision(rules, h),
         (Err(e), _) => Err(e.clone()),
@@ -471,7 +499,7 @@ pub fn stub_reply_recorded(
     };
     let mut asked = StubQuery {
         name: name.clone(),
-        qtype,
+        qtype: q.qtype,
         allowed: decision.is_ok(),
         rule: String::new(),
         address: None,
@@ -483,29 +511,19 @@ pub fn stub_reply_recorded(
         }
         Ok(rule) => {
             asked.rule = rule;
-            if qtype != TYPE_A {
+            if q.qtype != TYPE_A {
+                RCODE_NOERROR
+            } else if let Some(a) = pool.address_for(&name) {
+                asked.address = Some(a);
                 RCODE_NOERROR
             } else {
-                match pool.address_for(&name) {
-                    Some(a) => {
-                        asked.address = Some(a);
-                        RCODE_NOERROR
-                    }
-                    None => {
-                        asked.allowed = false;
-                        asked.rule = POOL_FULL.into();
-                        RCODE_SERVFAIL
-                    }
-                }
+                asked.allowed = false;
+                asked.rule = POOL_FULL.into();
+                RCODE_SERVFAIL
             }
         }
     };
-    let out = match (record(&asked), rcode) {
-        (true, RCODE_NOERROR) => reply(RCODE_NOERROR, asked.address),
-        (false, RCODE_NOERROR) => reply(RCODE_SERVFAIL, None),
-        (_, rcode) => reply(rcode, None),
-    };
-    (Some(out), Some(asked))
+    (asked, rcode)
 }
 
 fn qtype_name(t: u16) -> String {

@@ -23,11 +23,12 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 use crate::bounds::{Budget, Notice, out_of_descriptors};
-use crate::http::io::{BodyError, BufConn, ReadError, error_response, relay_body};
-use crate::http::{
-    self, Framing, MAX_HEAD_BYTES, ParseError, RequestHead, Version, parse_request_head,
-    parse_response_head,
+use crate::http::exchange::{
+    Done, ExchangeError, Flow, HeadRefusal, Moved, Outgoing, Requests, exchange, identity_only,
+    serve_requests,
 };
+use crate::http::io::{BufConn, error_response};
+use crate::http::{self, Framing, RequestHead, Version, parse_response_head};
 use crate::rules::{Denial, Kind, Resolver, Rules, SystemResolver, host_display};
 
 /// Resource bounds.
@@ -388,6 +389,71 @@ struct Upstream {
     bytes_down: u64,
     method: String,
 }
+
+/// The proxy's steps in the shared request loop (`corral_http1::exchange`, the loop the
+/// credential gateway runs too): plain-HTTP requests on one client connection, pinned to one
+/// host; a CONNECT on a fresh connection is handed back.
+struct PlainHttp<'a> {
+    proxy: &'a Proxy,
+    peer: &'a str,
+    pinned: Option<Pinned>,
+    /// A captured port-80 connection's destination: origin-form targets are taken as for it.
+    captured: Option<(Host, u16)>,
+}
+
+impl<S> Requests<S> for PlainHttp<'_>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    /// A CONNECT: the caller decides its tunnel.
+    type Handoff = RequestHead;
+
+    async fn refuse_head(&mut self, client: &mut BufConn<S>, r: HeadRefusal) {
+        let proxy = self.proxy;
+        if r.over_budget {
+            let limit = proxy.buffers.limit();
+            proxy.heads_refused.hit(|n| {
+                format!("corral proxy: {n} request(s) refused in the last 10 s: the jail's partial request heads passed {limit} bytes")
+            });
+        }
+        let body = format!("corral: {}\n", r.why);
+        proxy.reply_and_close(&mut client.io, r.status, &body).await;
+    }
+
+    async fn request(
+        &mut self,
+        client: &mut BufConn<S>,
+        mut req: RequestHead,
+    ) -> Flow<RequestHead> {
+        let (proxy, peer) = (self.proxy, self.peer);
+        if let Some((host, port)) = &self.captured
+            && req.target.starts_with('/')
+        {
+            req.target = format!("http://{}{}", authority_string(host, *port), req.target);
+        }
+        if req.method == "CONNECT" {
+            if self.pinned.is_none() {
+                return Flow::Handoff(req);
+            }
+            let why = "CONNECT on a connection already used for plain HTTP";
+            proxy.log_bad(peer, "CONNECT", &req.target, why);
+            let body = format!("corral: {why}; open a new connection\n");
+            proxy.reply_and_close(&mut client.io, 400, &body).await;
+            return Flow::Close;
+        }
+        match Box::pin(proxy.forward_one(client, req, peer, &mut self.pinned)).await {
+            true => Flow::Continue,
+            false => Flow::Close,
+        }
+    }
+}
+
+/// What the gateway's step gives a plain-HTTP request: its rewrite (audited once sent) and the
+/// scrubber of a secret-bound host's answer.
+type PlainRewrite<'a> = (
+    Option<(&'a corral_gateway::Gateway, corral_gateway::RewriteReport)>,
+    Option<http::io::Replacer>,
+);
 
 /// An established tunnel, handed out of the phase that decided it (whose state is then freed).
 struct Tunnel<S> {
@@ -934,7 +1000,8 @@ impl Proxy {
 
     /// Plain HTTP requests, on a connection pinned from the start to `captured` (a captured
     /// port-80 connection: origin-form requests are taken as requests for that host, and the
-    /// `Host` header must name it) or to the first host allowed.
+    /// `Host` header must name it) or to the first host allowed. The loop is the one the
+    /// credential gateway runs too (`corral_http1::exchange`); a CONNECT ends it.
     async fn http_pinned<S>(
         &self,
         mut client: BufConn<S>,
@@ -944,106 +1011,25 @@ impl Proxy {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let mut pinned: Option<Pinned> = captured.clone().map(|(host, port)| Pinned {
-            host,
-            port,
-            up: None,
-        });
-        let mut first_wait = self.config.header_timeout;
-        loop {
-            let head = match client
-                .read_head_within(first_wait, self.config.header_timeout, &self.buffers)
-                .await
-            {
-                Ok(Some(h)) => h,
-                Ok(None) => break,
-                Err(ReadError::Parse(ParseError::TooLarge)) => {
-                    self.reply_and_close(
-                        &mut client.io,
-                        431,
-                        &format!("corral: request header section exceeds {MAX_HEAD_BYTES} bytes\n"),
-                    )
-                    .await;
-                    break;
-                }
-                Err(ReadError::Parse(e)) => {
-                    self.reply_and_close(
-                        &mut client.io,
-                        400,
-                        &format!("corral: malformed request: {e}\n"),
-                    )
-                    .await;
-                    break;
-                }
-                Err(ReadError::Timeout) => {
-                    self.reply_and_close(
-                        &mut client.io,
-                        408,
-                        "corral: request head not received in time\n",
-                    )
-                    .await;
-                    break;
-                }
-                Err(ReadError::Budget) => {
-                    let limit = self.buffers.limit();
-                    self.heads_refused.hit(|n| {
-                        format!("corral proxy: {n} request(s) refused in the last 10 s: the jail's partial request heads passed {limit} bytes")
-                    });
-                    self.reply_and_close(
-                        &mut client.io,
-                        503,
-                        "corral: too many partial request heads from this jail; try again\n",
-                    )
-                    .await;
-                    break;
-                }
-                Err(ReadError::Io(_)) => break,
-            };
-            first_wait = self.config.idle_timeout;
-            let mut req = match parse_request_head(&head) {
-                Ok(r) => r,
-                Err(ParseError::TooLarge) => {
-                    self.reply_and_close(&mut client.io, 431, "corral: too many header fields\n")
-                        .await;
-                    break;
-                }
-                Err(e) => {
-                    self.reply_and_close(
-                        &mut client.io,
-                        400,
-                        &format!("corral: malformed request: {e}\n"),
-                    )
-                    .await;
-                    break;
-                }
-            };
-            if let Some((host, port)) = &captured
-                && req.target.starts_with('/')
-            {
-                req.target = format!("http://{}{}", authority_string(host, *port), req.target);
-            }
-            if req.method == "CONNECT" {
-                if pinned.is_some() {
-                    self.log_bad(
-                        peer,
-                        "CONNECT",
-                        &req.target,
-                        "CONNECT on a connection already used for plain HTTP",
-                    );
-                    self.reply_and_close(&mut client.io, 400, "corral: CONNECT on a connection already used for plain HTTP; open a new connection\n").await;
-                    break;
-                }
-                return Box::pin(self.connect(client, req, peer)).await;
-            }
-            match Box::pin(self.forward_one(&mut client, req, peer, &mut pinned)).await {
-                true => continue,
-                false => break,
-            }
-        }
-        if let Some(mut p) = pinned {
+        let mut steps = PlainHttp {
+            proxy: self,
+            peer,
+            pinned: captured.clone().map(|(host, port)| Pinned {
+                host,
+                port,
+                up: None,
+            }),
+            captured,
+        };
+        let t = http::io::Timeouts {
+            head: self.config.header_timeout,
+            idle: self.config.idle_timeout,
+        };
+        let connect = serve_requests(&mut client, &mut steps, t, &self.buffers).await;
+        if let Some(mut p) = steps.pinned.take() {
             self.drop_upstream(peer, &mut p);
         }
-        None
+        Box::pin(self.connect(client, connect?, peer)).await
     }
 
     /// Close the pinned upstream connection, if any (its `close` line is logged).
@@ -1454,10 +1440,15 @@ impl Proxy {
         let Some(gw) = self.gateway.as_ref() else {
             return;
         };
-        let gw = gw.clone().with_timeouts(http::io::Timeouts {
-            head: self.config.header_timeout,
-            idle: self.config.idle_timeout,
-        });
+        // The proxy's deadlines, and its budget for the jail's request heads: a head read
+        // inside the tunnel is counted with every other one the jail makes corral hold.
+        let gw = gw
+            .clone()
+            .with_timeouts(http::io::Timeouts {
+                head: self.config.header_timeout,
+                idle: self.config.idle_timeout,
+            })
+            .with_budget(self.buffers.clone());
         let stream = corral_gateway::Prefixed::new(client.buf.to_vec(), client.io);
         let (bytes_up, bytes_down) = gw
             .intercept_over(stream, up, host, port, address, peer)
@@ -1514,47 +1505,119 @@ impl Proxy {
     async fn forward_one<S>(
         &self,
         client: &mut BufConn<S>,
-        req: RequestHead,
+        mut req: RequestHead,
         peer: &str,
         pinned: &mut Option<Pinned>,
     ) -> bool
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let method = req.method.clone();
+        let Some((host, port, path)) = self.plain_target(client, &req, peer, pinned).await else {
+            return false;
+        };
+        let shown = host_display(&host);
+        let method = std::mem::take(&mut req.method);
+        let p = pinned.get_or_insert_with(|| Pinned {
+            host: host.clone(),
+            port,
+            up: None,
+        });
+        if !self.open_pinned(client, p, &method, peer).await {
+            return false;
+        }
+        let Some(address) = p.up.as_ref().map(|u| u.address) else {
+            return false;
+        };
+        // The gateway's step: placeholders swapped (or refused), answers of a secret-bound
+        // host scrubbed of every real value and asked for uncompressed, so they can be.
+        let mut headers = std::mem::take(&mut req.headers);
+        let Some((rewritten, mut scrub)) = self
+            .gateway_step(client, (&method, &path), &mut headers, (&host, port), peer)
+            .await
+        else {
+            return false;
+        };
+        let client_close = req.version == Version::Http10
+            || http::connection_tokens(&headers)
+                .iter()
+                .any(|t| t == "close");
+        let expect_continue = http::header_values(&headers, "expect")
+            .any(|v| v.eq_ignore_ascii_case(b"100-continue"));
+        let host_header = match (&host, port) {
+            (_, 80) => shown.clone(),
+            _ => authority_string(&host, port),
+        };
+        let head = http::serialize_request(&method, &path, &host_header, &headers, req.framing);
+        let out = Outgoing {
+            head: &head,
+            method: &method,
+            framing: req.framing,
+            version: req.version,
+            expect_continue,
+            client_close,
+            upgrade: false,
+            idle: self.config.idle_timeout,
+            budget: &self.buffers,
+        };
+        let sent = || {
+            if let Some((gw, report)) = &rewritten {
+                gw.plain_sent(report, (&method, &path), (&host, port), peer, address);
+            }
+        };
+        let Some(up) = p.up.as_mut() else {
+            return false;
+        };
+        let mut moved = Moved::default();
+        let done = exchange(client, &mut up.conn, out, scrub.as_mut(), sent, &mut moved).await;
+        up.bytes_up += moved.up;
+        up.bytes_down += moved.down;
+        self.exchanged(client, peer, p, done, (&method, &shown))
+            .await
+    }
+
+    /// The host, port and origin-form path of a plain-HTTP request, checked (absolute-form
+    /// `http://` target, `Host` agreeing with it, the connection's pinned host); `None` when
+    /// refused (answered and logged).
+    async fn plain_target<S>(
+        &self,
+        client: &mut BufConn<S>,
+        req: &RequestHead,
+        peer: &str,
+        pinned: &Option<Pinned>,
+    ) -> Option<(Host, u16, String)>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let method = &req.method;
         let (authority, path) = match split_absolute(&req.target) {
             Ok(x) => x,
             Err(why) => {
-                self.log_bad(peer, &method, &req.target, why);
+                self.log_bad(peer, method, &req.target, why);
                 self.reply_and_close(&mut client.io, 400, &format!("corral: {why}\n"))
                     .await;
-                return false;
+                return None;
             }
         };
         let (host, port) = match parse_authority(authority) {
             Ok((h, p)) => (h, p.unwrap_or(80)),
             Err(e) => {
-                self.log_bad(peer, &method, authority, &e.to_string());
-                self.reply_and_close(
-                    &mut client.io,
-                    400,
-                    &format!("corral: invalid host in {:?}: {e}\n", req.target),
-                )
-                .await;
-                return false;
+                self.log_bad(peer, method, authority, &e.to_string());
+                let body = format!("corral: invalid host in {:?}: {e}\n", req.target);
+                self.reply_and_close(&mut client.io, 400, &body).await;
+                return None;
             }
         };
         let shown = host_display(&host);
-        if let Err(why) = host_header_agrees(&req, &host, port, 80) {
+        if let Err(why) = host_header_agrees(req, &host, port, 80) {
             let d = Denial {
                 rule: why.clone(),
                 fix: "send a Host header that matches the request target".into(),
                 status: 400,
             };
-            self.log_denial(peer, &method, &shown, port, &d);
+            self.log_denial(peer, method, &shown, port, &d);
             self.reply_and_close(&mut client.io, 400, &format!("corral: {why}\n"))
                 .await;
-            return false;
+            return None;
         }
         if let Some(p) = pinned.as_ref()
             && (p.host != host || p.port != port)
@@ -1564,26 +1627,38 @@ impl Proxy {
                 fix: "open a new connection for another host".into(),
                 status: 403,
             };
-            self.log_denial(peer, &method, &shown, port, &d);
-            let body = Self::denial_body(&method, &authority_string(&host, port), &d);
+            self.log_denial(peer, method, &shown, port, &d);
+            let body = Self::denial_body(method, &authority_string(&host, port), &d);
             self.reply_and_close(&mut client.io, 403, &body).await;
-            return false;
+            return None;
         }
+        Some((host, port, path))
+    }
+
+    /// Decide a request to the pinned host with the rules in force, dial it if the connection
+    /// has no upstream yet, and record the decision; `false` when refused (answered, logged).
+    async fn open_pinned<S>(
+        &self,
+        client: &mut BufConn<S>,
+        p: &mut Pinned,
+        method: &str,
+        peer: &str,
+    ) -> bool
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let (host, port) = (p.host.clone(), p.port);
+        let shown = host_display(&host);
         let rules = self.rules();
         let rule = match rules.check_name(&host, port, Kind::Http) {
             Ok(r) => r,
             Err(d) => {
-                self.log_denial(peer, &method, &shown, port, &d);
-                let body = Self::denial_body(&method, &authority_string(&host, port), &d);
+                self.log_denial(peer, method, &shown, port, &d);
+                let body = Self::denial_body(method, &authority_string(&host, port), &d);
                 self.reply_and_close(&mut client.io, d.status, &body).await;
                 return false;
             }
         };
-        let p = pinned.get_or_insert_with(|| Pinned {
-            host: host.clone(),
-            port,
-            up: None,
-        });
         if p.up.is_none() {
             match Box::pin(self.dial(&rules, &host, port)).await {
                 Ok((s, address)) => {
@@ -1593,295 +1668,117 @@ impl Proxy {
                         started: Instant::now(),
                         bytes_up: 0,
                         bytes_down: 0,
-                        method: method.clone(),
+                        method: method.to_string(),
                     });
                 }
                 Err(r) => {
-                    self.refuse(&mut client.io, peer, &method, &host, port, r)
+                    self.refuse(&mut client.io, peer, method, &host, port, r)
                         .await;
                     return false;
                 }
             }
         }
-        let Some(up) = p.up.as_mut() else {
-            return false;
-        };
-        if !self.log_decision(
-            peer,
-            &method,
-            &shown,
-            port,
-            Some(up.address),
-            Decision::Allow,
-            &rule,
-        ) {
+        let address = p.up.as_ref().map(|u| u.address);
+        let allowed = Decision::Allow;
+        if !self.log_decision(peer, method, &shown, port, address, allowed, &rule) {
             // Fail closed: nothing is sent that the log does not show.
             return self
                 .abandon(&mut client.io, peer, p, 503, Self::UNRECORDED)
                 .await;
         }
-
-        let client_close = req.version == Version::Http10
-            || http::connection_tokens(&req.headers)
-                .iter()
-                .any(|t| t == "close");
-        let expects_continue = http::header_values(&req.headers, "expect")
-            .any(|v| v.eq_ignore_ascii_case(b"100-continue"));
-        if expects_continue
-            && req.framing != Framing::None
-            && client
-                .io
-                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                .await
-                .is_err()
-        {
-            return false;
-        }
-        let host_header = match (&host, port) {
-            (_, 80) => shown.clone(),
-            _ => authority_string(&host, port),
-        };
-        let mut headers = req.headers.clone();
-        let mut rewritten = None;
-        // Answers from a secret-bound host are scrubbed of every real value (and asked for
-        // uncompressed, so they can be).
-        let mut scrub = None;
-        if let Some(gw) = &self.gateway {
-            match gw.rewrite_plain_headers(&method, &path, &mut headers, &host, port, peer) {
-                Ok(report) => rewritten = Some((gw, report)),
-                Err(r) => {
-                    self.reply_and_close(&mut client.io, r.status, &format!("{}\n", r.message))
-                        .await;
-                    return false;
-                }
-            }
-            if gw.binds(&host, port) {
-                corral_gateway::identity_only(&mut headers);
-                scrub = Some(gw.scrubber());
-            }
-        }
-        let head = http::serialize_request(&method, &path, &host_header, &headers, req.framing);
-        let t = self.config.idle_timeout;
-        let sent = async {
-            up.conn.io.write_all(&head).await.map_err(BodyError::Dest)?;
-            if let Some((gw, report)) = &rewritten {
-                gw.plain_sent(report, (&method, &path), (&host, port), peer, up.address);
-            }
-            relay_body(client, &mut up.conn.io, (req.framing, req.framing), t, None).await
-        }
-        .await;
-        match sent {
-            Ok(n) => up.bytes_up += head.len() as u64 + n,
-            Err(BodyError::Source(e)) => {
-                // The origin got an incomplete request: drop that connection so it never completes.
-                self.drop_upstream(peer, p);
-                let (status, msg) = match e {
-                    ReadError::Parse(e) => (400, format!("corral: malformed request body: {e}\n")),
-                    ReadError::Timeout => {
-                        (408, "corral: request body not received in time\n".into())
-                    }
-                    ReadError::Io(_) | ReadError::Budget => return false,
-                };
-                self.log_bad(peer, &method, &shown, &msg);
-                self.reply_and_close(&mut client.io, status, &msg).await;
-                return false;
-            }
-            Err(BodyError::Dest(e)) => {
-                return self
-                    .abandon(
-                        &mut client.io,
-                        peer,
-                        p,
-                        502,
-                        &format!("corral: sending the request to {shown}: {e}\n"),
-                    )
-                    .await;
-            }
-        }
-        // The response: 1xx heads relayed, then the final one.
-        let resp = loop {
-            let head = match up.conn.read_head_within(t, t, &self.buffers).await {
-                Ok(Some(h)) => h,
-                other => {
-                    let why = match other {
-                        Err(ReadError::Timeout) => "timed out".to_string(),
-                        Err(e) => e.to_string(),
-                        _ => "closed the connection".to_string(),
-                    };
-                    return self
-                        .abandon(
-                            &mut client.io,
-                            peer,
-                            p,
-                            502,
-                            &format!("corral: no valid response from {shown}: {why}\n"),
-                        )
-                        .await;
-                }
-            };
-            up.bytes_down += head.len() as u64;
-            match parse_response_head(&head) {
-                Ok(r) if r.status == 101 || r.status < 100 => {
-                    return self
-                        .abandon(
-                            &mut client.io,
-                            peer,
-                            p,
-                            502,
-                            "corral: protocol upgrades are not forwarded\n",
-                        )
-                        .await;
-                }
-                Ok(mut r) if r.status < 200 => {
-                    if let Some(s) = &scrub {
-                        corral_gateway::scrub_head(&mut r, s);
-                    }
-                    if req.version == Version::Http11 {
-                        let out = http::serialize_response(&r, Framing::None, false);
-                        if client.io.write_all(&out).await.is_err() {
-                            return false;
-                        }
-                    }
-                }
-                Ok(r) => break r,
-                Err(e) => {
-                    return self
-                        .abandon(
-                            &mut client.io,
-                            peer,
-                            p,
-                            502,
-                            &format!("corral: invalid response from {shown}: {e}\n"),
-                        )
-                        .await;
-                }
-            }
-        };
-        let framing = match http::response_framing(&resp, &method) {
-            Ok(f) => f,
-            Err(e) => {
-                return self
-                    .abandon(
-                        &mut client.io,
-                        peer,
-                        p,
-                        502,
-                        &format!("corral: invalid response from {shown}: {e}\n"),
-                    )
-                    .await;
-            }
-        };
-        let mut resp = resp;
-        if let Some(s) = &scrub
-            && let Err(why) = corral_gateway::scrub_response_head(&mut resp, framing, s)
-        {
-            return self
-                .abandon(
-                    &mut client.io,
-                    peer,
-                    p,
-                    502,
-                    &format!("corral: response from {shown}: {why}\n"),
-                )
-                .await;
-        }
-        let origin_close = framing == Framing::UntilClose
-            || resp.version == Version::Http10
-            || http::connection_tokens(&resp.headers)
-                .iter()
-                .any(|t| t == "close");
-        let close = client_close || origin_close;
-        let keeps_length = scrub.as_ref().is_none_or(|s| s.preserves_length());
-        let out_framing = match (framing, req.version) {
-            (Framing::Chunked, Version::Http10) => Framing::UntilClose,
-            (Framing::Length(_), Version::Http11) if !keeps_length => Framing::Chunked,
-            (Framing::Length(_), Version::Http10) if !keeps_length => Framing::UntilClose,
-            (f, _) => f,
-        };
-        let out = http::serialize_response(&resp, out_framing, close);
-        if client.io.write_all(&out).await.is_err() {
-            return false;
-        }
-        match relay_body(
-            &mut up.conn,
-            &mut client.io,
-            (framing, out_framing),
-            t,
-            scrub.as_mut(),
-        )
-        .await
-        {
-            Ok(n) => up.bytes_down += n,
-            Err(_) => {
-                // Partial response: the client sees a truncated body and a closed connection.
-                self.drop_upstream(peer, p);
-                let _ = client.io.shutdown().await;
-                return false;
-            }
-        }
-        if origin_close {
-            self.drop_upstream(peer, p);
-        }
-        if close {
-            let _ = client.io.shutdown().await;
-            return false;
-        }
         true
+    }
+
+    /// The credential gateway's step for a plain-HTTP request: placeholders swapped (audited
+    /// as injected once sent), and for a secret-bound host the scrubber its answer goes
+    /// through; `None` when the gateway refuses the request (answered, audited by it).
+    async fn gateway_step<S>(
+        &self,
+        client: &mut BufConn<S>,
+        (method, path): (&str, &str),
+        headers: &mut Vec<http::Header>,
+        (host, port): (&Host, u16),
+        peer: &str,
+    ) -> Option<PlainRewrite<'_>>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let Some(gw) = &self.gateway else {
+            return Some((None, None));
+        };
+        match gw.rewrite_plain_headers(method, path, headers, host, port, peer) {
+            Ok(report) => {
+                let scrub = gw.binds(host, port).then(|| {
+                    identity_only(headers);
+                    gw.scrubber()
+                });
+                Some((Some((gw, report)), scrub))
+            }
+            Err(r) => {
+                let body = format!("{}\n", r.message);
+                self.reply_and_close(&mut client.io, r.status, &body).await;
+                None
+            }
+        }
+    }
+
+    /// After an exchange: whether the client connection goes on. A failed exchange drops the
+    /// upstream connection (the origin never completes a half-sent request) and answers what
+    /// still can be.
+    async fn exchanged<S>(
+        &self,
+        client: &mut BufConn<S>,
+        peer: &str,
+        p: &mut Pinned,
+        done: Result<Done, ExchangeError>,
+        (method, shown): (&str, &str),
+    ) -> bool
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        match done {
+            Ok(Done::Replied {
+                origin_close,
+                close,
+            }) => {
+                if origin_close {
+                    self.drop_upstream(peer, p);
+                }
+                if close {
+                    let _ = client.io.shutdown().await;
+                }
+                !close
+            }
+            Ok(Done::Upgraded) => {
+                // Not asked for (`upgrade: false`): the exchange refuses a 101 itself.
+                self.abandon(&mut client.io, peer, p, 502, "corral: unexpected upgrade\n")
+                    .await
+            }
+            Err(e) => match e.answer(shown) {
+                Some((status, why)) => {
+                    let body = format!("corral: {why}\n");
+                    if let ExchangeError::RequestBody(_) = e {
+                        self.log_bad(peer, method, shown, &body);
+                    }
+                    self.abandon(&mut client.io, peer, p, status, &body).await
+                }
+                None => {
+                    // A truncated response or a client gone: close both.
+                    self.drop_upstream(peer, p);
+                    let _ = client.io.shutdown().await;
+                    false
+                }
+            },
+        }
     }
 
     async fn socks<S>(&self, mut client: BufConn<S>, peer: &str) -> Option<Tunnel<S>>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        // One deadline for the whole handshake, as for an HTTP head: a client dribbling one
-        // byte at a time cannot hold a connection longer than that.
-        let t = Instant::now() + self.config.header_timeout;
-        // Greeting: VER NMETHODS METHODS...
-        let Ok(hdr) = client.read_exact_by(2, t).await else {
-            return None;
-        };
-        let Ok(methods) = client.read_exact_by(hdr[1] as usize, t).await else {
-            return None;
-        };
-        if !methods.contains(&0) {
-            let _ = client.io.write_all(&[5, 0xff]).await;
-            return None;
-        }
-        if client.io.write_all(&[5, 0]).await.is_err() {
-            return None;
-        }
-        // Request: VER CMD RSV ATYP DST.ADDR DST.PORT
-        let Ok(req) = client.read_exact_by(4, t).await else {
-            return None;
-        };
-        let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
-        if req[0] != 5 || req[2] != 0 {
-            return None;
-        }
-        let host = read_socks_address(&mut client, req[3], t).await?;
-        let Ok(port) = client.read_exact_by(2, t).await else {
-            return None;
-        };
-        let port = u16::from_be_bytes([port[0], port[1]]);
-        let host = match host {
-            Ok(h) => h,
-            Err(why) => {
-                self.log_bad(peer, "SOCKS5", "?", &why);
-                let _ = client.io.write_all(&reply(1)).await;
-                return None;
-            }
-        };
+        let (host, port) = self.socks_request(&mut client, peer).await?;
         let shown = host_display(&host);
-        if req[1] != 1 {
-            let d = Denial {
-                rule: "only SOCKS5 CONNECT is supported".into(),
-                fix: "use CONNECT".into(),
-                status: 400,
-            };
-            self.log_denial(peer, "SOCKS5", &shown, port, &d);
-            let _ = client.io.write_all(&reply(7)).await;
-            return None;
-        }
+        let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
         let rules = self.rules();
         let rule = match rules.check_name(&host, port, Kind::Socks) {
             Ok(r) => r,
@@ -1899,29 +1796,16 @@ impl Proxy {
                 return None;
             }
             Err(Refusal::Failed { rule, .. }) => {
-                let _ = self.log_decision(
-                    peer,
-                    "SOCKS5",
-                    &shown,
-                    port,
-                    None,
-                    Decision::Allow,
-                    &format!("allowed, but {rule}"),
-                );
+                let why = format!("allowed, but {rule}");
+                let _ =
+                    self.log_decision(peer, "SOCKS5", &shown, port, None, Decision::Allow, &why);
                 self.note_failed("SOCKS5", &format!("{shown}:{port}"), &rule);
                 let _ = client.io.write_all(&reply(4)).await;
                 return None;
             }
         };
-        if !self.log_decision(
-            peer,
-            "SOCKS5",
-            &shown,
-            port,
-            Some(address),
-            Decision::Allow,
-            &rule,
-        ) {
+        let allowed = Decision::Allow;
+        if !self.log_decision(peer, "SOCKS5", &shown, port, Some(address), allowed, &rule) {
             // Fail closed: REP=1, general failure.
             let _ = client.io.write_all(&reply(1)).await;
             return None;
@@ -1943,17 +1827,65 @@ impl Proxy {
             self.log_close(peer, "SOCKS5", &shown, port, address, 0, 0, started);
             return None;
         }
+        let meta = TunnelMeta {
+            method: "SOCKS5",
+            host: shown,
+            port,
+            address,
+            started,
+            early,
+        };
         Some(Tunnel {
             client: io,
             up,
-            meta: TunnelMeta {
-                method: "SOCKS5",
-                host: shown,
-                port,
-                address,
-                started,
-                early,
-            },
+            meta,
         })
+    }
+
+    /// The SOCKS5 greeting and CONNECT request: the destination, or `None` when the client
+    /// went away, was too slow, or asked for something refused (answered and logged).
+    async fn socks_request<S>(&self, client: &mut BufConn<S>, peer: &str) -> Option<(Host, u16)>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        // One deadline for the whole handshake, as for an HTTP head: a client dribbling one
+        // byte at a time cannot hold a connection longer than that.
+        let t = Instant::now() + self.config.header_timeout;
+        // Greeting: VER NMETHODS METHODS...
+        let hdr = client.read_exact_by(2, t).await.ok()?;
+        let methods = client.read_exact_by(hdr[1] as usize, t).await.ok()?;
+        if !methods.contains(&0) {
+            let _ = client.io.write_all(&[5, 0xff]).await;
+            return None;
+        }
+        client.io.write_all(&[5, 0]).await.ok()?;
+        // Request: VER CMD RSV ATYP DST.ADDR DST.PORT
+        let req = client.read_exact_by(4, t).await.ok()?;
+        let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
+        if req[0] != 5 || req[2] != 0 {
+            return None;
+        }
+        let host = read_socks_address(client, req[3], t).await?;
+        let port = client.read_exact_by(2, t).await.ok()?;
+        let port = u16::from_be_bytes([port[0], port[1]]);
+        let host = match host {
+            Ok(h) => h,
+            Err(why) => {
+                self.log_bad(peer, "SOCKS5", "?", &why);
+                let _ = client.io.write_all(&reply(1)).await;
+                return None;
+            }
+        };
+        if req[1] != 1 {
+            let d = Denial {
+                rule: "only SOCKS5 CONNECT is supported".into(),
+                fix: "use CONNECT".into(),
+                status: 400,
+            };
+            self.log_denial(peer, "SOCKS5", &host_display(&host), port, &d);
+            let _ = client.io.write_all(&reply(7)).await;
+            return None;
+        }
+        Some((host, port))
     }
 }

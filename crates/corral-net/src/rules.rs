@@ -36,40 +36,13 @@ impl Kind {
     }
 }
 
-/// An upstream proxy to chain through (`network.upstream_proxy = "http://HOST:PORT"`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream {
-    pub host: String,
-    pub port: u16,
-}
+/// An upstream proxy to chain through (`network.upstream_proxy = "http://HOST:PORT"`), parsed
+/// by the policy crate's one parser.
+pub use corral_policy::consts::UpstreamProxy as Upstream;
 
-impl Upstream {
-    pub fn parse(raw: &str) -> Result<Self, NetError> {
-        let bad = |why: &str| NetError::Config(format!("network.upstream_proxy {raw:?}: {why}"));
-        let rest = raw
-            .strip_prefix("http://")
-            .ok_or_else(|| bad("only http://HOST:PORT upstream proxies are supported"))?;
-        let rest = rest.strip_suffix('/').unwrap_or(rest);
-        if rest.contains(['/', '@', '?', '#']) {
-            return Err(bad(
-                "expected http://HOST:PORT, without path or credentials",
-            ));
-        }
-        let (host, port) = match rest.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
-                (h, p.parse::<u16>().map_err(|_| bad("invalid port"))?)
-            }
-            _ => (rest, 3128),
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        if host.is_empty() {
-            return Err(bad("empty host"));
-        }
-        Ok(Upstream {
-            host: host.to_string(),
-            port,
-        })
-    }
+/// [`Upstream::parse`], its error as the network rules report it.
+fn parse_upstream(raw: &str) -> Result<Upstream, NetError> {
+    Upstream::parse(raw).map_err(|why| NetError::Config(format!("network.upstream_proxy: {why}")))
 }
 
 /// The proxy's rules: built from a [`NetworkPlan`], replaced whole on reload.
@@ -113,7 +86,7 @@ impl Rules {
             .upstream_proxy
             .as_deref()
             .filter(|u| !u.is_empty())
-            .map(Upstream::parse)
+            .map(parse_upstream)
             .transpose()?;
         Ok(Rules {
             allow: net.allow.clone(),
@@ -142,7 +115,7 @@ impl Rules {
         };
         let upstream = net
             .upstream_proxy
-            .map(|u| Upstream::parse(&u.into_inner().0))
+            .map(|u| parse_upstream(&u.into_inner().0))
             .transpose()?;
         Ok(Rules {
             allow: net.allow.iter().map(pattern).collect::<Result<_, _>>()?,

@@ -4,6 +4,7 @@
 
 pub mod addr;
 pub mod config;
+pub mod consts;
 pub mod domain;
 pub mod error;
 pub mod harness;

@@ -13,7 +13,7 @@ use corral_policy::plan::NetworkPlan;
 use crate::error::JailError;
 
 /// Where the jail's processes find corral's proxy: 127.0.0.1:3128 inside the jail.
-pub const PROXY_PORT: u16 = 3128;
+pub const PROXY_PORT: u16 = corral_policy::consts::PROXY_PORT;
 
 /// Listening sockets created inside the jail's network namespace, held by corral only. The jail's
 /// own processes never hold them: accept on them from outside to serve the jail.

@@ -9,7 +9,7 @@ use clap::Args;
 #[derive(Debug, Args)]
 pub struct ProxyArgs {
     /// Address to listen on: HOST:PORT or unix:PATH
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3128")]
+    #[arg(long, value_name = "ADDR", default_value = corral_policy::consts::PROXY_LISTEN)]
     pub listen: String,
     /// Policy file holding the [network] rules (reloaded on SIGHUP and when it changes)
     #[arg(long, value_name = "FILE")]

@@ -160,7 +160,7 @@ pub const JAIL_BIN_DIR: &str = "/run/corral/bin";
 pub const SKILL_DIR: &str = "/run/corral/skill";
 /// The proxy address inside the native jail (its in-namespace listener). The container engine
 /// uses `http://proxy:3128` and rewrites the proxy variables.
-pub const JAIL_PROXY_URL: &str = "http://127.0.0.1:3128";
+pub use crate::consts::JAIL_PROXY_URL;
 const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
 /// Directories whose programs every jail sees read-only (`plan::system_mounts`).
 const SYSTEM_DIRS: &[&str] = &[
