@@ -548,7 +548,7 @@ async fn admit(
         let reason = format!(
             "the request sets {name}, which changes which program runs or what code it loads; \
              with executor.allow set a request may not set it (PATH, LD_*, shell start-up files, \
-             interpreter and toolchain hooks: see the executor section of docs/ARCHITECTURE.md)"
+             interpreter and toolchain hooks: see docs/executor.md)"
         );
         policy_refusal(st, &request, &cwd_text, &reason);
         return Err(Refusal {

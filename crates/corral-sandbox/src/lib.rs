@@ -14,7 +14,7 @@
 //! `spawn` must call [`init_if_requested`] first thing in `main` (it takes over when the first argument is [`INIT_ARG`]; corral's `main`
 //! does).
 //!
-//! Invariants (see docs/ARCHITECTURE.md, "Native backend"): the jail dies with corral
+//! Invariants (see docs/ARCHITECTURE.md, "Invariants", and docs/backends.md): the jail dies with corral
 //! (PR_SET_PDEATHSIG on the set-up process and on PID 1, PID 1's death ends the PID
 //! namespace); no host path the Plan does not name is visible (the root is a fresh tmpfs and
 //! the old root is detached); no jail process holds the user's terminal or corral's listeners.

@@ -174,10 +174,16 @@ impl RunPlan {
 /// the jail id [`PLAN_JAIL_ID`] and each secret's placeholder described, and the git files a
 /// snapshot taken now holds read-only. Reads the project; writes nothing.
 pub fn planned(plan: &Plan) -> RunPlan {
+    planned_with(plan, &RunInputs::for_plan(plan))
+}
+
+/// [`planned`] with the run's inputs given: what `corral plan --json` prints for a caller
+/// whose environment names these directories.
+pub fn planned_with(plan: &Plan, inputs: &RunInputs) -> RunPlan {
     use corral_policy::plan::Engine;
     let mut run = match plan.engine {
         Engine::Podman | Engine::Docker => RunPlan::container(plan),
-        Engine::Native | Engine::Auto => RunPlan::new(plan, &RunInputs::for_plan(plan)),
+        Engine::Native | Engine::Auto => RunPlan::new(plan, inputs),
     };
     let snapshot = crate::gitguard::snapshot(
         &plan.project.root,

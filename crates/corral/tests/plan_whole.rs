@@ -8,6 +8,7 @@ use std::process::Command;
 
 use corral_policy::Plan;
 use corral_policy::resolve::{Flags, Request, default_user_config, preview};
+use corral_session::runplan::{RunInputs, planned_with};
 use similar_asserts::assert_eq;
 
 /// A fresh git project with a `.env`, a home, a config directory and an empty TMPDIR.
@@ -104,7 +105,13 @@ fn corral_plan_prints_the_librarys_whole_plan() {
         ro: vec![PathBuf::from("/usr/share")],
         ..Flags::default()
     };
-    assert_eq!(shown, preview(&f.request("pi", flags)).unwrap());
+    // What the run attaches (the executor's socket and skill, here) is in the plan shown too
+    // (corral-session runplan.rs), with the caller's TMPDIR for its private directories.
+    let mut inputs = RunInputs::for_plan(&preview(&f.request("pi", flags.clone())).unwrap());
+    inputs.runtime_dir = f.tmpdir.clone();
+    inputs.temp_dir = f.tmpdir.clone();
+    let library = preview(&f.request("pi", flags)).unwrap();
+    assert_eq!(shown, planned_with(&library, &inputs).plan);
 }
 
 #[test]
