@@ -18,11 +18,8 @@ pub fn run(cmd: KubeCommand) -> anyhow::Result<ExitCode> {
 
 fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
     let req = super::plan::request(args.profile.clone(), &args.jail, args.command.clone())?;
-    let plan = corral_policy::resolve(&req)?;
-    // Rendering runs nothing: a scratch directory made for it is not needed.
-    if plan.project.scratch {
-        let _ = std::fs::remove_dir(&plan.project.root);
-    }
+    // Rendering runs nothing: a scratch run's directory is named, not made.
+    let plan = corral_policy::resolve::preview(&req)?;
     let opts = options(&args, &plan)?;
     if args.check {
         print!("{}", corral_kube::check_text(&opts));

@@ -45,8 +45,6 @@ fn check_dns(n: &NetLayer, plan: &NetworkPlan, key: &str) -> Result<(), PolicyEr
     }
 }
 
-/// The jail's loopback port of corral's proxy (network mode `proxy`).
-const JAIL_PROXY_PORT: u16 = 3128;
 /// The jail's loopback port of the stub resolver (`dns = "stub"`).
 const JAIL_DNS_PORT: u16 = 53;
 
@@ -59,7 +57,7 @@ fn check_own_ports(n: &NetLayer, plan: &NetworkPlan, key: &str) -> Result<(), Po
         return Ok(());
     }
     let own = |p: u16| match p {
-        JAIL_PROXY_PORT => Some("corral's proxy"),
+        crate::consts::PROXY_PORT => Some("corral's proxy"),
         JAIL_DNS_PORT if plan.dns == Dns::Stub => Some("the stub resolver"),
         _ => None,
     };
