@@ -8,150 +8,12 @@
 //! calls. Origins are containers the test starts on its own network; nothing leaves the machine.
 //! Every object carries a per-test prefix and is removed at the end.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU32, Ordering};
+mod engine_support;
 
-const IMAGE: &str = "localhost/corral-ci-harness:latest";
+use std::path::Path;
+use std::process::Command;
 
-fn on_path(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
-}
-
-fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self")
-        .map(|m| m.uid() == 0)
-        .unwrap_or(false)
-}
-
-/// The engine a test runs on, and where the two CLIs differ.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Engine {
-    Podman,
-    Docker,
-}
-
-impl Engine {
-    fn name(self) -> &'static str {
-        match self {
-            Engine::Podman => "podman",
-            Engine::Docker => "docker",
-        }
-    }
-
-    fn cli(self, args: &[&str]) -> Output {
-        Command::new(self.name())
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("{} runs: {e}", self.name()))
-    }
-
-    fn ok(self, args: &[&str]) -> String {
-        let out = self.cli(args);
-        assert!(
-            out.status.success(),
-            "{} {args:?} failed: {}",
-            self.name(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Whether this machine can run the test on this engine; prints why not.
-    fn ready(self) -> bool {
-        let setup = match self {
-            Engine::Podman => "ci/podman-setup.sh",
-            Engine::Docker => "ci/docker-setup.sh",
-        };
-        if on_path(self.name()).is_none() {
-            eprintln!(
-                "skipping: {} is not installed ({setup} installs it)",
-                self.name()
-            );
-            return false;
-        }
-        if !is_root() {
-            eprintln!(
-                "skipping: run as root (CI does); a rootless engine on this host's cgroup v1 cannot enforce the plan's limits"
-            );
-            return false;
-        }
-        let image = match self {
-            Engine::Podman => self.cli(&["image", "exists", IMAGE]),
-            Engine::Docker => self.cli(&["image", "inspect", IMAGE]),
-        };
-        assert!(
-            image.status.success(),
-            "{} is installed but {IMAGE} is missing (or its daemon is down): run {setup} first: {}",
-            self.name(),
-            String::from_utf8_lossy(&image.stderr)
-        );
-        true
-    }
-
-    /// Removes containers at once (podman's `--time 0`; docker's `--force` kills).
-    fn rm_force(self, names: &[&str]) -> Output {
-        let mut args = vec!["rm", "--force"];
-        if self == Engine::Podman {
-            args.extend(["--time", "0"]);
-        }
-        args.extend(names);
-        self.cli(&args)
-    }
-
-    fn container_exists(self, name: &str) -> bool {
-        self.cli(&["container", "inspect", name]).status.success()
-    }
-
-    /// The subnet of a network, as `network inspect` formats it on this engine.
-    fn subnet(self, network: &str) -> String {
-        let format = match self {
-            Engine::Podman => "{{range .Subnets}}{{.Subnet}}{{end}}",
-            Engine::Docker => "{{range .IPAM.Config}}{{.Subnet}}{{end}}",
-        };
-        self.ok(&["network", "inspect", "--format", format, network])
-            .trim()
-            .to_string()
-    }
-
-    /// podman-compose or docker-compose.
-    fn compose(self) -> PathBuf {
-        match self {
-            Engine::Podman => std::env::var_os("CORRAL_CI_PODMAN_COMPOSE")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    let venv = Path::new("/opt/corral-ci-venv/bin/podman-compose");
-                    venv.exists().then(|| venv.to_path_buf())
-                })
-                .or_else(|| on_path("podman-compose"))
-                .expect("podman-compose is missing: run ci/podman-setup.sh"),
-            Engine::Docker => on_path("docker-compose")
-                .expect("docker-compose is missing: run ci/docker-setup.sh"),
-        }
-    }
-}
-
-/// Each test once per engine.
-macro_rules! on_every_engine {
-    ($($test:ident),* $(,)?) => {
-        mod podman {
-            $(#[test]
-            fn $test() {
-                super::$test(super::Engine::Podman)
-            })*
-        }
-        mod docker {
-            $(#[test]
-            fn $test() {
-                super::$test(super::Engine::Docker)
-            })*
-        }
-    };
-}
+use engine_support::{Engine, IMAGE, World, on_every_engine, on_path, text};
 
 on_every_engine!(
     harness_container_sees_the_project_only_and_reaches_only_allowed_origins,
@@ -163,149 +25,6 @@ on_every_engine!(
     the_native_escape_suite_fails_in_the_harness_container,
     publish_and_host_ports_cross_the_internal_network,
 );
-
-/// One test's world: a unique prefix for every engine object, a project, a state directory.
-struct World {
-    engine: Engine,
-    dir: tempfile::TempDir,
-    prefix: String,
-    project: PathBuf,
-    state: PathBuf,
-}
-
-impl World {
-    fn new(engine: Engine, tag: &str) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let prefix = format!(
-            "c{}{}{}{}",
-            &engine.name()[..1],
-            tag,
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let dir = tempfile::Builder::new()
-            .prefix("corral-engine-test-")
-            .tempdir()
-            .unwrap();
-        let project = dir.path().join(format!("{prefix}-proj"));
-        std::fs::create_dir_all(&project).unwrap();
-        let state = dir.path().join("state");
-        std::fs::create_dir_all(&state).unwrap();
-        World {
-            engine,
-            dir,
-            prefix,
-            project,
-            state,
-        }
-    }
-
-    fn corral(&self, args: &[&str]) -> Output {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
-        c.args(args)
-            .current_dir(&self.project)
-            .env("XDG_STATE_HOME", &self.state)
-            .env("XDG_CONFIG_HOME", self.dir.path().join("config"))
-            .env("CORRAL_ENGINE_PREFIX", &self.prefix)
-            .stdin(std::process::Stdio::null());
-        if std::env::var_os("CORRAL_CONTAINER_BIN").is_none() {
-            // The test binary is dynamically linked; the CI image has this host's glibc.
-            c.env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"));
-        }
-        c.output().expect("corral runs")
-    }
-
-    fn key(&self) -> String {
-        corral_audit::project_key(&self.project)
-    }
-
-    fn audit(&self) -> String {
-        std::fs::read_to_string(
-            self.state
-                .join("corral")
-                .join(self.key())
-                .join("audit.jsonl"),
-        )
-        .unwrap_or_default()
-    }
-
-    /// Names of this test's containers (and pods) and networks still present.
-    fn leftovers(&self) -> (Vec<String>, Vec<String>) {
-        let e = self.engine;
-        let pods = match e {
-            Engine::Podman => e.ok(&["pod", "ls", "--format", "{{.Name}}"]),
-            Engine::Docker => String::new(),
-        };
-        let containers = e.ok(&[
-            "ps",
-            "--all",
-            "--filter",
-            &format!("label=corral.project={}", self.key()),
-            "--format",
-            "{{.Names}}",
-        ]);
-        let networks = e.ok(&["network", "ls", "--format", "{{.Name}}"]);
-        (
-            containers
-                .lines()
-                .chain(pods.lines().filter(|p| p.contains(&self.prefix)))
-                .map(String::from)
-                .collect(),
-            networks
-                .lines()
-                .filter(|n| n.starts_with(&self.prefix))
-                .map(String::from)
-                .collect(),
-        )
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        // Whatever a failed assertion left behind: containers, networks, volumes, images.
-        let e = self.engine;
-        let label = format!("label=corral.project={}", self.key());
-        let names = e.cli(&["ps", "--all", "--format", "{{.Names}}"]);
-        let labelled = e.cli(&["ps", "--all", "--filter", &label, "--format", "{{.Names}}"]);
-        for n in String::from_utf8_lossy(&names.stdout)
-            .lines()
-            .filter(|n| n.starts_with(&self.prefix) || n.contains(&self.key()))
-            .chain(String::from_utf8_lossy(&labelled.stdout).lines())
-        {
-            e.rm_force(&[n]);
-        }
-        if e == Engine::Podman {
-            let pods = e.cli(&["pod", "ls", "--format", "{{.Name}}"]);
-            for n in String::from_utf8_lossy(&pods.stdout).lines() {
-                if n.contains(&self.prefix) {
-                    e.cli(&["pod", "rm", "--force", n]);
-                }
-            }
-        }
-        let nets = e.cli(&["network", "ls", "--format", "{{.Name}}"]);
-        for n in String::from_utf8_lossy(&nets.stdout).lines() {
-            if n.starts_with(&self.prefix) {
-                e.cli(&["network", "rm", n]);
-            }
-        }
-        e.cli(&["volume", "rm", "--force", &format!("{}-bin", self.prefix)]);
-        let images = e.cli(&["images", "--format", "{{.Repository}}"]);
-        for i in String::from_utf8_lossy(&images.stdout).lines() {
-            if i.contains(&self.prefix) {
-                e.cli(&["rmi", "--force", i]);
-            }
-        }
-    }
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// An HTTP origin on the external network: a container answering `body` on port 8000.
 fn start_origin(e: Engine, name: &str, network: &str, body: &str) {
@@ -328,7 +47,7 @@ fn start_origin(e: Engine, name: &str, network: &str, body: &str) {
 }
 
 fn harness_container_sees_the_project_only_and_reaches_only_allowed_origins(e: Engine) {
-    if !e.ready() {
+    if !e.ready(&[]) {
         return;
     }
     let w = World::new(e, "h");
@@ -485,7 +204,7 @@ PY
 }
 
 fn compose_executor_answers_corral_exec_from_the_harness(e: Engine) {
-    if !e.ready() {
+    if !e.ready(&[]) {
         return;
     }
     let w = World::new(e, "x");
@@ -564,7 +283,7 @@ echo "exec-exit=$?"
 }
 
 fn an_absent_policy_file_cannot_be_created_from_inside(e: Engine) {
-    if !e.ready() {
+    if !e.ready(&[]) {
         return;
     }
     let w = World::new(e, "p");
@@ -601,7 +320,7 @@ fn an_absent_policy_file_cannot_be_created_from_inside(e: Engine) {
 }
 
 fn sigterm_to_corral_stops_the_container_and_the_run_is_audited(e: Engine) {
-    if !e.ready() {
+    if !e.ready(&[]) {
         return;
     }
     let w = World::new(e, "s");
@@ -610,17 +329,10 @@ fn sigterm_to_corral_stops_the_container_and_the_run_is_audited(e: Engine) {
         format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"none\"\n"),
     )
     .unwrap();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
-    c.args(["run", "--engine", e.name(), "--", "/bin/sleep", "60"])
-        .current_dir(&w.project)
-        .env("XDG_STATE_HOME", &w.state)
-        .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
-        .env("CORRAL_ENGINE_PREFIX", &w.prefix)
-        .stdin(std::process::Stdio::null());
-    if std::env::var_os("CORRAL_CONTAINER_BIN").is_none() {
-        c.env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"));
-    }
-    let mut child = c.spawn().unwrap();
+    let mut child = w
+        .command(&["run", "--engine", e.name(), "--", "/bin/sleep", "60"])
+        .spawn()
+        .unwrap();
     let label = format!("label=corral.project={}", w.key());
     let started = std::time::Instant::now();
     while e
@@ -653,7 +365,7 @@ fn sigterm_to_corral_stops_the_container_and_the_run_is_audited(e: Engine) {
 }
 
 fn two_projects_never_see_each_others_containers(e: Engine) {
-    if !e.ready() {
+    if !e.ready(&[]) {
         return;
     }
     // Same prefix (so the same shared external network), two projects.
@@ -664,17 +376,12 @@ fn two_projects_never_see_each_others_containers(e: Engine) {
     std::fs::write(w.project.join("corral.toml"), &toml).unwrap();
     std::fs::write(other.join("corral.toml"), &toml).unwrap();
     let run_in = |dir: &Path, script: &str| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
-        c.args(["run", "--engine", e.name(), "--", "/bin/bash", "-c", script])
-            .current_dir(dir)
-            .env("XDG_STATE_HOME", &w.state)
-            .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
-            .env("CORRAL_ENGINE_PREFIX", &w.prefix)
-            .stdin(std::process::Stdio::null());
-        if std::env::var_os("CORRAL_CONTAINER_BIN").is_none() {
-            c.env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"));
-        }
-        c.output().unwrap()
+        w.command_in(
+            dir,
+            &["run", "--engine", e.name(), "--", "/bin/bash", "-c", script],
+        )
+        .output()
+        .unwrap()
     };
     // The other project's proxy exists and listens.
     let out = run_in(&other, "true");
@@ -706,13 +413,8 @@ fn two_projects_never_see_each_others_containers(e: Engine) {
     assert_eq!(other_ip.split_whitespace().count(), 2, "{other_ip}");
 
     for dir in [&w.project, &other] {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
-        let out = c
-            .args(["down", "--engine", e.name()])
-            .current_dir(dir)
-            .env("XDG_STATE_HOME", &w.state)
-            .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
-            .env("CORRAL_ENGINE_PREFIX", &w.prefix)
+        let out = w
+            .command_in(dir, &["down", "--engine", e.name()])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", text(&out));
@@ -722,7 +424,7 @@ fn two_projects_never_see_each_others_containers(e: Engine) {
 }
 
 fn a_proxy_that_cannot_start_is_an_error_that_quotes_its_log(e: Engine) {
-    if !e.ready() {
+    if !e.ready(&[]) {
         return;
     }
     let Some(busybox) = on_path("busybox").filter(|_| Path::new("/bin/busybox").exists()) else {
@@ -735,14 +437,9 @@ fn a_proxy_that_cannot_start_is_an_error_that_quotes_its_log(e: Engine) {
     )
     .unwrap();
     // A static binary that is not corral: `busybox proxy ...` exits at once.
-    let out = Command::new(env!("CARGO_BIN_EXE_corral"))
-        .args(["run", "--engine", e.name(), "--", "/bin/true"])
-        .current_dir(&w.project)
-        .env("XDG_STATE_HOME", &w.state)
-        .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
-        .env("CORRAL_ENGINE_PREFIX", &w.prefix)
+    let out = w
+        .command(&["run", "--engine", e.name(), "--", "/bin/true"])
         .env("CORRAL_CONTAINER_BIN", &busybox)
-        .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
     let t = text(&out);
@@ -770,7 +467,7 @@ fn a_proxy_that_cannot_start_is_an_error_that_quotes_its_log(e: Engine) {
 /// `unshare -U` and a set-uid chmod through): the container runs corral's filter.
 fn the_native_escape_suite_fails_in_the_harness_container(e: Engine) {
     use std::os::unix::fs::PermissionsExt;
-    if !e.ready() {
+    if !e.ready(&[]) {
         return;
     }
     let w = World::new(e, "x");
@@ -896,7 +593,7 @@ fn the_native_escape_suite_fails_in_the_harness_container(e: Engine) {
 /// corral relays them from the container's network namespace (corral_engine::ports).
 fn publish_and_host_ports_cross_the_internal_network(e: Engine) {
     use std::io::{Read, Write};
-    if !e.ready() {
+    if !e.ready(&[]) {
         return;
     }
     let w = World::new(e, "n");
@@ -939,8 +636,7 @@ c.close()
 print("served")
 "#
     );
-    let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
-    c.args([
+    let mut c = w.command(&[
         "run",
         "--engine",
         e.name(),
@@ -948,15 +644,10 @@ print("served")
         "/usr/bin/python3",
         "-c",
         &script,
-    ])
-    .current_dir(&w.project)
-    .env("XDG_STATE_HOME", &w.state)
-    .env("XDG_CONFIG_HOME", w.dir.path().join("config"))
-    .env("CORRAL_ENGINE_PREFIX", &w.prefix)
-    .env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"))
-    .stdin(std::process::Stdio::null())
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped());
+    ]);
+    c.env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     let child = c.spawn().unwrap();
     // The host's side of publish: connect until the harness answers (before it listens, the
     // relay's connection inside is refused and ours is closed without a byte).

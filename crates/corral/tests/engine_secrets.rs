@@ -12,109 +12,17 @@
 //! ci/docker-setup.sh), as engine_containers.rs.
 
 mod e2e_support;
+mod engine_support;
 mod jail_support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::{Child, Stdio};
 
-const IMAGE: &str = "localhost/corral-ci-harness:latest";
+use engine_support::{Engine, IMAGE, World, on_every_engine};
+
 const REAL: &str = "sk-test-REALkeyREALkeyREALkey0123456789abc";
 const REAL_PART: &str = "REALkeyREALkey";
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Engine {
-    Podman,
-    Docker,
-}
-
-impl Engine {
-    fn name(self) -> &'static str {
-        match self {
-            Engine::Podman => "podman",
-            Engine::Docker => "docker",
-        }
-    }
-
-    fn cli(self, args: &[&str]) -> Output {
-        Command::new(self.name())
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("{} runs: {e}", self.name()))
-    }
-
-    fn ok(self, args: &[&str]) -> String {
-        let out = self.cli(args);
-        assert!(
-            out.status.success(),
-            "{} {args:?} failed: {}",
-            self.name(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Whether this machine can run the test on this engine; prints why not.
-    fn ready(self) -> bool {
-        if e2e_support::which(self.name()).is_none() {
-            eprintln!("skipping: {} is not installed", self.name());
-            return false;
-        }
-        if e2e_support::which("openssl").is_none() {
-            eprintln!("skipping: openssl is not installed");
-            return false;
-        }
-        if !nix_is_root() {
-            eprintln!("skipping: run as root (CI does), as engine_containers.rs");
-            return false;
-        }
-        let image = match self {
-            Engine::Podman => self.cli(&["image", "exists", IMAGE]),
-            Engine::Docker => self.cli(&["image", "inspect", IMAGE]),
-        };
-        assert!(
-            image.status.success(),
-            "{} is installed but {IMAGE} is missing (or its daemon is down): run ci/{}-setup.sh first: {}",
-            self.name(),
-            self.name(),
-            String::from_utf8_lossy(&image.stderr)
-        );
-        true
-    }
-
-    fn subnet(self, network: &str) -> String {
-        let format = match self {
-            Engine::Podman => "{{range .Subnets}}{{.Subnet}}{{end}}",
-            Engine::Docker => "{{range .IPAM.Config}}{{.Subnet}}{{end}}",
-        };
-        self.ok(&["network", "inspect", "--format", format, network])
-            .trim()
-            .to_string()
-    }
-}
-
-fn nix_is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
-
-macro_rules! on_every_engine {
-    ($($test:ident),* $(,)?) => {
-        mod podman {
-            $(#[test]
-            fn $test() {
-                super::$test(super::Engine::Podman)
-            })*
-        }
-        mod docker {
-            $(#[test]
-            fn $test() {
-                super::$test(super::Engine::Docker)
-            })*
-        }
-    };
-}
 
 on_every_engine!(
     harness_gets_placeholders_and_the_origin_the_real_token,
@@ -123,93 +31,62 @@ on_every_engine!(
     corral_down_removes_what_a_killed_secrets_run_left,
 );
 
-/// One test's engine objects (unique prefix) and files, removed on drop.
-struct World {
-    engine: Engine,
-    dir: tempfile::TempDir,
-    prefix: String,
-    project: PathBuf,
-    state: PathBuf,
+/// The files of the project's gateway proxies still in the state directory.
+fn gateway_files(w: &World) -> Vec<PathBuf> {
+    e2e_support::walk(&w.state)
+        .into_iter()
+        .filter(|f| f.components().any(|c| c.as_os_str() == "gateway"))
+        .collect()
 }
 
-impl World {
-    fn new(engine: Engine) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let prefix = format!(
-            "c{}s{}{}",
-            &engine.name()[..1],
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let dir = tempfile::Builder::new()
-            .prefix("corral-engine-secrets-")
-            .tempdir()
-            .unwrap();
-        let project = dir.path().join(format!("{prefix}-proj"));
-        let state = dir.path().join("state");
-        std::fs::create_dir_all(&project).unwrap();
-        std::fs::create_dir_all(&state).unwrap();
-        World {
-            engine,
-            dir,
-            prefix,
-            project,
-            state,
-        }
-    }
-
-    fn corral(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_corral"));
-        c.args(args)
-            .current_dir(&self.project)
-            .env("XDG_STATE_HOME", &self.state)
-            .env("XDG_CONFIG_HOME", self.dir.path().join("config"))
-            .env("CORRAL_ENGINE_PREFIX", &self.prefix)
-            .stdin(Stdio::null());
-        if std::env::var_os("CORRAL_CONTAINER_BIN").is_none() {
-            // The test binary is dynamically linked; the CI image has this host's glibc.
-            c.env("CORRAL_CONTAINER_BIN", env!("CARGO_BIN_EXE_corral"));
-        }
-        c
-    }
-
-    fn key(&self) -> String {
-        corral_audit::project_key(&self.project)
-    }
-
-    /// The names of the project's containers (every one corral made carries its label).
-    fn containers(&self) -> Vec<String> {
-        let label = format!("label=corral.project={}", self.key());
-        self.engine
-            .ok(&["ps", "--all", "--filter", &label, "--format", "{{.Names}}"])
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(String::from)
-            .collect()
-    }
+/// `corral run --engine E -- /bin/bash -c script` in the project.
+fn run_script(w: &World, script: &str) -> std::process::Command {
+    w.command(&[
+        "run",
+        "--engine",
+        w.engine.name(),
+        "--",
+        "/bin/bash",
+        "-c",
+        script,
+    ])
 }
 
-impl Drop for World {
-    fn drop(&mut self) {
-        let e = self.engine;
-        let names = e.cli(&["ps", "--all", "--format", "{{.Names}}"]);
-        let mut doomed: Vec<String> = String::from_utf8_lossy(&names.stdout)
-            .lines()
-            .filter(|n| n.starts_with(&self.prefix) || n.contains(&self.key()))
-            .map(String::from)
-            .collect();
-        doomed.extend(self.containers());
-        for n in doomed {
-            e.cli(&["rm", "--force", &n]);
+/// A trusted project in proxy mode with `$CALLER_TOKEN` as the secret API_TOKEN for
+/// api.example.com.
+fn trust_secret_project(w: &World) {
+    std::fs::write(
+        w.project.join("corral.toml"),
+        format!(
+            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\n\
+             [secrets]\nAPI_TOKEN = {{ from_env = \"CALLER_TOKEN\", hosts = [\"api.example.com\"] }}\n"
+        ),
+    )
+    .unwrap();
+    let out = w.corral(&["trust"]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// A run of `trust_secret_project` with the real token whose harness sleeps: started, with
+/// corral's output going to `output()`, and waited for until the harness is up (or corral
+/// ended). Returns corral and the file the harness touches when it is up.
+fn start_sleeping_harness(w: &World, output: fn() -> Stdio) -> (Child, PathBuf) {
+    trust_secret_project(w);
+    let ready = w.project.join("ready");
+    let script = format!("touch {}; exec sleep 300", ready.display());
+    let mut child = run_script(w, &script)
+        .env("CALLER_TOKEN", REAL)
+        .stdout(output())
+        .stderr(output())
+        .spawn()
+        .unwrap();
+    for _ in 0..1200 {
+        if ready.exists() || child.try_wait().unwrap().is_some() {
+            break;
         }
-        let nets = e.cli(&["network", "ls", "--format", "{{.Name}}"]);
-        for n in String::from_utf8_lossy(&nets.stdout).lines() {
-            if n.starts_with(&self.prefix) {
-                e.cli(&["network", "rm", n]);
-            }
-        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    (child, ready)
 }
 
 /// The origin: HTTPS on 8443 with a certificate for `host` from the test CA in `mock`; 200
@@ -266,10 +143,10 @@ s.serve_forever()
 }
 
 fn harness_gets_placeholders_and_the_origin_the_real_token(e: Engine) {
-    if !e.ready() {
+    if !e.ready(&["openssl"]) {
         return;
     }
-    let w = World::new(e);
+    let w = World::new(e, "s");
     let p = &w.project;
     let api = format!("{}-api", w.prefix);
     let unbound = format!("{}-other", w.prefix);
@@ -290,7 +167,7 @@ fn harness_gets_placeholders_and_the_origin_the_real_token(e: Engine) {
         ),
     )
     .unwrap();
-    let out = w.corral(&["trust"]).output().unwrap();
+    let out = w.corral(&["trust"]);
     assert!(out.status.success(), "{out:?}");
 
     let ready = p.join("ready");
@@ -318,16 +195,7 @@ echo END
         ready = ready.display(),
         go = go.display(),
     );
-    let mut child = w
-        .corral(&[
-            "run",
-            "--engine",
-            e.name(),
-            "--",
-            "/bin/bash",
-            "-c",
-            &script,
-        ])
+    let mut child = run_script(&w, &script)
         .env("CALLER_TOKEN", REAL)
         // The gateway verifies the real host against the system store; the origin's test CA
         // is added the way a corporate CA would be (corral's SSL_CERT_FILE).
@@ -442,10 +310,7 @@ echo END
         !left.iter().any(|c| c.ends_with("-gateway")),
         "the gateway proxy outlived the run: {left:?}"
     );
-    let gw_dirs: Vec<PathBuf> = e2e_support::walk(&w.state)
-        .into_iter()
-        .filter(|f| f.components().any(|c| c.as_os_str() == "gateway"))
-        .collect();
+    let gw_dirs = gateway_files(&w);
     assert!(gw_dirs.is_empty(), "gateway files left: {gw_dirs:?}");
     let audit =
         std::fs::read_to_string(w.state.join("corral").join(w.key()).join("audit.jsonl")).unwrap();
@@ -459,44 +324,11 @@ echo END
 /// SIGTERM to corral while the harness runs (what a service manager or `kill` sends): the
 /// harness stops, and the run's gateway proxy container and its files go with it.
 fn sigterm_to_corral_removes_the_gateway_proxy_and_its_files(e: Engine) {
-    if !e.ready() {
+    if !e.ready(&["openssl"]) {
         return;
     }
-    let w = World::new(e);
-    let p = &w.project;
-    std::fs::write(
-        p.join("corral.toml"),
-        format!(
-            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\n\
-             [secrets]\nAPI_TOKEN = {{ from_env = \"CALLER_TOKEN\", hosts = [\"api.example.com\"] }}\n"
-        ),
-    )
-    .unwrap();
-    let out = w.corral(&["trust"]).output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let ready = p.join("ready");
-    let script = format!("touch {}; exec sleep 300", ready.display());
-    let mut child = w
-        .corral(&[
-            "run",
-            "--engine",
-            e.name(),
-            "--",
-            "/bin/bash",
-            "-c",
-            &script,
-        ])
-        .env("CALLER_TOKEN", REAL)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    for _ in 0..1200 {
-        if ready.exists() || child.try_wait().unwrap().is_some() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let w = World::new(e, "s");
+    let (child, ready) = start_sleeping_harness(&w, Stdio::piped);
     assert!(
         ready.exists(),
         "the harness never started: {:?}",
@@ -515,10 +347,7 @@ fn sigterm_to_corral_removes_the_gateway_proxy_and_its_files(e: Engine) {
         !left.iter().any(|c| c.ends_with("-gateway")),
         "the gateway proxy outlived the run: {left:?}\n{out:?}"
     );
-    let files: Vec<PathBuf> = e2e_support::walk(&w.state)
-        .into_iter()
-        .filter(|f| f.components().any(|c| c.as_os_str() == "gateway"))
-        .collect();
+    let files = gateway_files(&w);
     assert!(files.is_empty(), "gateway files left: {files:?}");
 }
 
@@ -526,34 +355,15 @@ fn sigterm_to_corral_removes_the_gateway_proxy_and_its_files(e: Engine) {
 /// fails before the harness starts, with the proxy's reason (naming the variable, not the
 /// value) and nothing left behind.
 fn a_value_the_gateway_refuses_is_an_error_naming_the_variable(e: Engine) {
-    if !e.ready() {
+    if !e.ready(&["openssl"]) {
         return;
     }
-    let w = World::new(e);
-    let p = &w.project;
-    std::fs::write(
-        p.join("corral.toml"),
-        format!(
-            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\n\
-             [secrets]\nAPI_TOKEN = {{ from_env = \"CALLER_TOKEN\", hosts = [\"api.example.com\"] }}\n"
-        ),
-    )
-    .unwrap();
-    let out = w.corral(&["trust"]).output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let started = p.join("started");
+    let w = World::new(e, "s");
+    trust_secret_project(&w);
+    let started = w.project.join("started");
     let script = format!("touch {}", started.display());
     let bad = "two words REALkeyREALkey";
-    let out = w
-        .corral(&[
-            "run",
-            "--engine",
-            e.name(),
-            "--",
-            "/bin/bash",
-            "-c",
-            &script,
-        ])
+    let out = run_script(&w, &script)
         .env("CALLER_TOKEN", bad)
         .output()
         .unwrap();
@@ -573,10 +383,7 @@ fn a_value_the_gateway_refuses_is_an_error_naming_the_variable(e: Engine) {
         !left.iter().any(|c| c.ends_with("-gateway")),
         "the gateway proxy outlived the run: {left:?}"
     );
-    let files: Vec<PathBuf> = e2e_support::walk(&w.state)
-        .into_iter()
-        .filter(|f| f.components().any(|c| c.as_os_str() == "gateway"))
-        .collect();
+    let files = gateway_files(&w);
     assert!(files.is_empty(), "gateway files left: {files:?}");
 }
 
@@ -584,55 +391,16 @@ fn a_value_the_gateway_refuses_is_an_error_naming_the_variable(e: Engine) {
 /// (nothing can clean up), but the real values' file is already gone; `corral down` removes
 /// the rest.
 fn corral_down_removes_what_a_killed_secrets_run_left(e: Engine) {
-    if !e.ready() {
+    if !e.ready(&["openssl"]) {
         return;
     }
-    let w = World::new(e);
-    let p = &w.project;
-    std::fs::write(
-        p.join("corral.toml"),
-        format!(
-            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\n\
-             [secrets]\nAPI_TOKEN = {{ from_env = \"CALLER_TOKEN\", hosts = [\"api.example.com\"] }}\n"
-        ),
-    )
-    .unwrap();
-    let out = w.corral(&["trust"]).output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let ready = p.join("ready");
-    let script = format!("touch {}; exec sleep 300", ready.display());
+    let w = World::new(e, "s");
     // No pipes: the engine client corral started outlives it and would hold them open.
-    let mut child = w
-        .corral(&[
-            "run",
-            "--engine",
-            e.name(),
-            "--",
-            "/bin/bash",
-            "-c",
-            &script,
-        ])
-        .env("CALLER_TOKEN", REAL)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..1200 {
-        if ready.exists() || child.try_wait().unwrap().is_some() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let (mut child, ready) = start_sleeping_harness(&w, Stdio::null);
     assert!(ready.exists(), "the harness never started");
     child.kill().unwrap();
     child.wait().unwrap();
-    let gateway_files = || -> Vec<PathBuf> {
-        e2e_support::walk(&w.state)
-            .into_iter()
-            .filter(|f| f.components().any(|c| c.as_os_str() == "gateway"))
-            .collect()
-    };
-    let left = gateway_files();
+    let left = gateway_files(&w);
     assert!(
         !left.is_empty(),
         "control: a killed run leaves its gateway directory"
@@ -642,8 +410,8 @@ fn corral_down_removes_what_a_killed_secrets_run_left(e: Engine) {
         "the real values' file outlived the gateway's start: {left:?}"
     );
     assert!(w.containers().iter().any(|c| c.ends_with("-gateway")));
-    let out = w.corral(&["down", "--engine", e.name()]).output().unwrap();
+    let out = w.corral(&["down", "--engine", e.name()]);
     assert!(out.status.success(), "{out:?}");
     assert!(w.containers().is_empty(), "{:?}", w.containers());
-    assert!(gateway_files().is_empty(), "{:?}", gateway_files());
+    assert!(gateway_files(&w).is_empty(), "{:?}", gateway_files(&w));
 }

@@ -5,11 +5,13 @@
 //! test needs root and the image `localhost/corral-ci-harness:latest` (ci/podman-setup.sh,
 //! ci/docker-setup.sh), like crates/corral/tests/engine_containers.rs.
 
+mod engine_support;
 mod jail_support;
 
 use std::path::Path;
 use std::process::Command;
 
+use engine_support::{Engine, IMAGE, on_every_engine};
 use jail_support::*;
 
 /// The `Jail` events named `event` in the audit log.
@@ -132,69 +134,6 @@ fn the_plan_shown_is_the_plan_the_jail_gets() {
 
 // ---- Container backends ----------------------------------------------------------------
 
-const IMAGE: &str = "localhost/corral-ci-harness:latest";
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Engine {
-    Podman,
-    Docker,
-}
-
-impl Engine {
-    fn name(self) -> &'static str {
-        match self {
-            Engine::Podman => "podman",
-            Engine::Docker => "docker",
-        }
-    }
-
-    /// Whether this machine can run the test on this engine; prints why not.
-    fn ready(self) -> bool {
-        let on_path = std::env::var_os("PATH")
-            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(self.name()).is_file()));
-        if !on_path {
-            eprintln!("skipping: {} is not installed", self.name());
-            return false;
-        }
-        if !is_root() {
-            eprintln!(
-                "skipping: run as root (CI does); a rootless engine on this host's cgroup v1 cannot enforce the plan's limits"
-            );
-            return false;
-        }
-        let image = Command::new(self.name())
-            .args(["image", "inspect", IMAGE])
-            .output()
-            .expect("the engine runs");
-        assert!(
-            image.status.success(),
-            "{} is installed but {IMAGE} is missing (or its daemon is down): run ci/{}-setup.sh first: {}",
-            self.name(),
-            self.name(),
-            String::from_utf8_lossy(&image.stderr)
-        );
-        true
-    }
-}
-
-/// Each test once per engine.
-macro_rules! on_every_engine {
-    ($($test:ident),* $(,)?) => {
-        mod podman {
-            $(#[test]
-            fn $test() {
-                super::$test(super::Engine::Podman)
-            })*
-        }
-        mod docker {
-            $(#[test]
-            fn $test() {
-                super::$test(super::Engine::Docker)
-            })*
-        }
-    };
-}
-
 on_every_engine!(a_container_runs_git_plant_is_disarmed_and_its_changes_listed);
 
 /// `corral run --engine E` in `w`'s project with `script`; the engine objects carry `prefix`.
@@ -216,7 +155,7 @@ fn container_run(w: &World, e: Engine, prefix: &str, script: &str) -> Out {
 /// there. The session's git check, the same as after a native run, moves that config aside
 /// and records it; the change summary lists what the container made.
 fn a_container_runs_git_plant_is_disarmed_and_its_changes_listed(e: Engine) {
-    if !e.ready() {
+    if !e.ready(&[]) {
         return;
     }
     let w = World::new();
@@ -289,19 +228,10 @@ impl Drop for Down<'_> {
         c.args(["down", "--engine", self.e.name()])
             .env("CORRAL_ENGINE_PREFIX", self.prefix);
         let _ = c.output();
-        let nets = Command::new(self.e.name())
-            .args(["network", "ls", "--format", "{{.Name}}"])
-            .output();
-        for n in nets.iter().flat_map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .map(String::from)
-                .collect::<Vec<_>>()
-        }) {
+        let nets = self.e.cli(&["network", "ls", "--format", "{{.Name}}"]);
+        for n in String::from_utf8_lossy(&nets.stdout).lines() {
             if n.starts_with(self.prefix) {
-                let _ = Command::new(self.e.name())
-                    .args(["network", "rm", &n])
-                    .output();
+                self.e.cli(&["network", "rm", n]);
             }
         }
     }
