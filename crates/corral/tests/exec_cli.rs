@@ -490,6 +490,11 @@ wait $srv
     assert_eq!(read("out2"), "docker-compose.override.yml\n");
     assert_eq!(read("rc2").trim(), "0");
     let audit = read("audit.jsonl");
-    assert_eq!(audit.lines().count(), 2, "{audit}");
+    // Each command: a start record written before it runs (fail closed), then its end record.
+    let starts = audit
+        .lines()
+        .filter(|l| l.contains("\"phase\":\"start\""))
+        .count();
+    assert_eq!((starts, audit.lines().count()), (2, 4), "{audit}");
     assert!(audit.contains("\"exit_code\":3"));
 }
