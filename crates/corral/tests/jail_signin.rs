@@ -229,6 +229,46 @@ echo END
     )
 }
 
+/// Shell lines that print `FILE-LEAK-`/`ENV-LEAK-` when a marker is in the jail's files or in
+/// any of its processes' environments (each marker split, so the script holds neither whole).
+fn leak_greps(markers: &[&str]) -> String {
+    markers
+        .iter()
+        .map(|m| {
+            let (a, b) = m.split_at(m.len() / 2);
+            format!(
+                "P={a}; P=${{P}}{b}; if grep -rqs \"$P\" ~ /tmp \"$PWD\"; then echo FILE-LEAK-{a}; fi; \
+                 if cat /proc/[0-9]*/environ 2>/dev/null | grep -q \"$P\"; then echo ENV-LEAK-{a}; fi\n"
+            )
+        })
+        .collect()
+}
+
+/// The user's credential file `rel` (under the home, mode 0600, `creds`) and a trusted project
+/// policy serving it as sign-in `name` from the mock at `(host, port, token_path)`; the file's
+/// path.
+fn sign_in_project(
+    w: &World,
+    name: &str,
+    rel: &str,
+    (host, port, token_path): (&str, u16, &str),
+    creds: &serde_json::Value,
+) -> std::path::PathBuf {
+    let file = w.home.join(rel);
+    write(&file, &serde_json::to_string_pretty(creds).unwrap());
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [signin.{name}]\nformat = \"{name}\"\nfile = \"~/{rel}\"\n\
+             api_hosts = [\"{host}:{port}\"]\ntoken_url = \"https://{host}:{port}{token_path}\"\n"
+        ),
+    );
+    w.trust_project(&[]);
+    file
+}
+
 fn line<'a>(out: &'a str, key: &str) -> &'a str {
     out.lines()
         .find_map(|l| l.strip_prefix(key))
@@ -498,32 +538,18 @@ fn codex_auth_json_the_jail_holds_placeholders_and_corral_refreshes_and_writes_b
         "new_refresh": new_refresh, "new_id": id, "token_path": "/oauth/token"});
     let m = mock_with(&mdir, &host, &tokens);
     let port = m.port;
-    let file = w.home.join(".codex/auth.json");
     let auth = serde_json::json!({"OPENAI_API_KEY": null, "tokens": {"id_token": id,
         "access_token": access, "refresh_token": refresh, "account_id": "acc-1"},
         "last_refresh": "2026-01-01T00:00:00Z"});
-    write(&file, &serde_json::to_string_pretty(&auth).unwrap());
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    write(
-        &w.project.join("corral.toml"),
-        &format!(
-            "[network]\nmode = \"proxy\"\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
-             [signin.codex]\nformat = \"codex\"\nfile = \"~/.codex/auth.json\"\n\
-             api_hosts = [\"{host}:{port}\"]\ntoken_url = \"https://{host}:{port}/oauth/token\"\n"
-        ),
+    let file = sign_in_project(
+        &w,
+        "codex",
+        ".codex/auth.json",
+        (&host, port, "/oauth/token"),
+        &auth,
     );
-    w.trust_project(&[]);
     let url = format!("https://{host}:{port}");
-    let greps: String = markers
-        .iter()
-        .map(|m| {
-            let (a, b) = m.split_at(m.len() / 2);
-            format!(
-                "P={a}; P=${{P}}{b}; if grep -rqs \"$P\" ~ /tmp \"$PWD\"; then echo FILE-LEAK-{a}; fi; \
-                 if cat /proc/[0-9]*/environ 2>/dev/null | grep -q \"$P\"; then echo ENV-LEAK-{a}; fi\n"
-            )
-        })
-        .collect();
+    let greps = leak_greps(&markers);
     // Codex writes auth.json in place.
     let script = format!(
         r#"F=~/.codex/auth.json
@@ -614,32 +640,18 @@ fn gemini_oauth_creds_the_jail_holds_placeholders_and_corral_refreshes_and_write
         "new_refresh": refresh, "token_path": "/token"});
     let m = mock_with(&mdir, &host, &tokens);
     let port = m.port;
-    let file = w.home.join(".gemini/oauth_creds.json");
     let creds = serde_json::json!({"access_token": access, "refresh_token": refresh,
         "scope": "https://www.googleapis.com/auth/cloud-platform", "token_type": "Bearer",
         "expiry_date": 1_700_000_000_000u64});
-    write(&file, &serde_json::to_string_pretty(&creds).unwrap());
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    write(
-        &w.project.join("corral.toml"),
-        &format!(
-            "[network]\nmode = \"proxy\"\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
-             [signin.gemini]\nformat = \"gemini\"\nfile = \"~/.gemini/oauth_creds.json\"\n\
-             api_hosts = [\"{host}:{port}\"]\ntoken_url = \"https://{host}:{port}/token\"\n"
-        ),
+    let file = sign_in_project(
+        &w,
+        "gemini",
+        ".gemini/oauth_creds.json",
+        (&host, port, "/token"),
+        &creds,
     );
-    w.trust_project(&[]);
     let url = format!("https://{host}:{port}");
-    let greps: String = markers
-        .iter()
-        .map(|m| {
-            let (a, b) = m.split_at(m.len() / 2);
-            format!(
-                "P={a}; P=${{P}}{b}; if grep -rqs \"$P\" ~ /tmp \"$PWD\"; then echo FILE-LEAK-{a}; fi; \
-                 if cat /proc/[0-9]*/environ 2>/dev/null | grep -q \"$P\"; then echo ENV-LEAK-{a}; fi\n"
-            )
-        })
-        .collect();
+    let greps = leak_greps(&markers);
     let script = format!(
         r#"F=~/.gemini/oauth_creds.json
 get() {{ python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$F" "$1"; }}
