@@ -16,6 +16,31 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const HOST: &str = "api.socks.test";
 const REAL: &str = "sk-proj-SOCKSrealSOCKSrealSOCKSreal012345";
 
+/// Read one request head on `s`, record it in `seen`, answer what `response` makes of the head
+/// and its Authorization value (a reflecting origin), and close.
+async fn reflect<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut s: S,
+    seen: Arc<Mutex<String>>,
+    response: impl FnOnce(&str, &str) -> String,
+) {
+    let mut buf = Vec::new();
+    let mut b = [0u8; 4096];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut b).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&b[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&buf).into_owned();
+    seen.lock().unwrap().push_str(&head);
+    let auth = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Authorization: "))
+        .unwrap_or("");
+    let _ = s.write_all(response(&head, auth).as_bytes()).await;
+    let _ = s.shutdown().await;
+}
+
 /// A TLS origin for HOST (its own CA): records each request head, answers with the
 /// Authorization it got (a reflecting origin) and closes.
 async fn origin() -> (SocketAddr, rustls::RootCertStore, Arc<Mutex<String>>) {
@@ -50,30 +75,16 @@ async fn origin() -> (SocketAddr, rustls::RootCertStore, Arc<Mutex<String>>) {
         while let Ok((t, _)) = l.accept().await {
             let (a, seen) = (acceptor.clone(), seen2.clone());
             tokio::spawn(async move {
-                let Ok(mut s) = a.accept(t).await else {
+                let Ok(s) = a.accept(t).await else {
                     return;
                 };
-                let mut buf = Vec::new();
-                let mut b = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut b).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&b[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf).into_owned();
-                seen.lock().unwrap().push_str(&head);
-                let auth = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("Authorization: "))
-                    .unwrap_or("")
-                    .to_string();
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{auth}",
-                    auth.len()
-                );
-                let _ = s.write_all(resp.as_bytes()).await;
-                let _ = s.shutdown().await;
+                reflect(s, seen, |_, auth| {
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{auth}",
+                        auth.len()
+                    )
+                })
+                .await;
             });
         }
     });
@@ -238,30 +249,16 @@ async fn plain_echo() -> (SocketAddr, Arc<Mutex<String>>) {
     let seen = Arc::new(Mutex::new(String::new()));
     let seen2 = seen.clone();
     tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
+        while let Ok((s, _)) = l.accept().await {
             let seen = seen2.clone();
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut b = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut b).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&b[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf).into_owned();
-                seen.lock().unwrap().push_str(&head);
-                let auth = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("Authorization: "))
-                    .unwrap_or("")
-                    .to_string();
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\nX-Echo: {auth}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{head}",
-                    head.len()
-                );
-                let _ = s.write_all(resp.as_bytes()).await;
-                let _ = s.shutdown().await;
+                reflect(s, seen, |head, auth| {
+                    format!(
+                        "HTTP/1.1 200 OK\r\nX-Echo: {auth}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{head}",
+                        head.len()
+                    )
+                })
+                .await;
             });
         }
     });
