@@ -433,6 +433,26 @@ fn the_jail_holds_placeholders_and_corral_refreshes_and_writes_back() {
     assert!(logs.contains("written back to"), "{logs}");
 }
 
+/// A container engine has no sign-in placeholders: a signed-in harness is refused before any
+/// engine is asked, rather than mounted with its real tokens.
+#[test]
+fn a_container_run_refuses_a_signed_in_harness_rather_than_mount_its_real_tokens() {
+    let w = World::new();
+    signed_in(&w);
+    for engine in ["podman", "docker"] {
+        let mut c = w.corral();
+        c.args(["run", "claude", "--engine", engine, "--", "true"]);
+        let out = run(c);
+        assert_eq!(out.code, 125, "{}", out.both());
+        assert!(
+            out.stderr.contains("signin.claude") && out.stderr.contains("--engine native"),
+            "{}",
+            out.both()
+        );
+        assert!(!out.both().contains(REFRESH), "{}", out.both());
+    }
+}
+
 /// The control: without the sign-in entry's placeholder file, a jail that can see `~/.claude`
 /// reads the real refresh token (the attack the feature stops).
 #[test]

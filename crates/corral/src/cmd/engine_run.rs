@@ -91,10 +91,27 @@ fn wait_harness(cmd: &corral_engine::Command) -> std::io::Result<std::process::E
     })
 }
 
+/// A container engine would mount the harness's state directory with the real sign-in file in
+/// it: the placeholder file and the gateway's refresh exist for the native backend only
+/// (cmd/signin.rs), so a signed-in harness is refused rather than handed its real tokens.
+fn refuse_signins(plan: &Plan) -> anyhow::Result<()> {
+    if let Some(s) = plan.signin.iter().find(|s| s.file.is_file()) {
+        bail!(
+            "signin.{}: {} holds the harness's real sign-in tokens, and a container engine would \
+             mount it as it is (only the native backend gives the jail placeholders); run with \
+             --engine native, or use an API key through [secrets]",
+            s.name,
+            s.file.display()
+        );
+    }
+    Ok(())
+}
+
 /// Run `plan` with its container engine in a session of `scope`; the harness's exit code. The
 /// project is bind-mounted into the container, so the session's host-side checks (git, state
 /// guard, set-id, change summary) apply as after a native run.
 pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
+    refuse_signins(plan)?;
     let kind = engine_of(plan)?;
     // [secrets]: the real values for the run's gateway proxy, or placeholders without network.
     let (placeholders, secrets) = super::secrets::for_engine(plan)?;
