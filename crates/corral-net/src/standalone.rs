@@ -40,9 +40,22 @@ pub struct Options {
 
 /// The file `--secrets` names: each secret's plan and its real value. Written 0600 by the
 /// caller and readable only by the proxy.
-#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SecretsFile {
     pub secrets: Vec<SecretValue>,
+    /// `[signin]`: each sign-in's plan with the tokens corral read from the user's file on the
+    /// host (real, with the placeholders the jail's file holds). The gateway reaches the user's
+    /// file through corral on the host, on the socket [`GATEWAY_SIGNIN_SOCKET`] under
+    /// `--gateway-dir`.
+    #[serde(default)]
+    pub signins: Vec<SigninValue>,
+}
+
+/// One sign-in and its tokens.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SigninValue {
+    pub plan: corral_policy::signin::SigninPlan,
+    pub tokens: corral_gateway::signin::SigninTokens,
 }
 
 /// One secret and its real value.
@@ -64,7 +77,10 @@ impl std::fmt::Debug for SecretValue {
 
 impl std::fmt::Debug for SecretsFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(&self.secrets).finish()
+        f.debug_struct("SecretsFile")
+            .field("secrets", &self.secrets)
+            .field("signins", &self.signins)
+            .finish()
     }
 }
 
@@ -85,6 +101,9 @@ pub struct GatewayJail {
 pub const GATEWAY_JAIL_FILE: &str = "jail.json";
 /// The trust directory (CA certificate and bundle) under `--gateway-dir`.
 pub const GATEWAY_TRUST_DIR: &str = "trust";
+/// The socket under `--gateway-dir` on which corral on the host serves the user's sign-in files
+/// (corral_gateway::signin_remote).
+pub const GATEWAY_SIGNIN_SOCKET: &str = "signin.sock";
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NetError {
     let what = what.into();
@@ -242,21 +261,43 @@ fn gateway(
             file.display()
         ))
     })?;
-    if parsed.secrets.is_empty() {
+    if parsed.secrets.is_empty() && parsed.signins.is_empty() {
         return Err(NetError::Config(format!(
-            "the secrets file {} names no secret",
+            "the secrets file {} names no secret and no sign-in",
             file.display()
         )));
     }
-    let names: Vec<String> = parsed.secrets.iter().map(|s| s.plan.name.clone()).collect();
+    let names: Vec<String> = parsed
+        .secrets
+        .iter()
+        .map(|s| s.plan.name.clone())
+        .chain(
+            parsed
+                .signins
+                .iter()
+                .map(|s| format!("signin.{}", s.plan.name)),
+        )
+        .collect();
     let values = parsed
         .secrets
         .into_iter()
         .map(|s| (s.plan, s.value))
         .collect();
+    let socket = dir.join(GATEWAY_SIGNIN_SOCKET);
+    let signins = parsed
+        .signins
+        .into_iter()
+        .map(|s| {
+            let access = corral_gateway::signin::FileAccess::Remote(socket.clone());
+            corral_gateway::signin::Signin::from_tokens(s.plan, s.tokens, access)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| NetError::Config(format!("cannot serve the sign-ins: {e}")))?;
     let trust_dir = dir.join(GATEWAY_TRUST_DIR);
-    let (gw, trust) = corral_gateway::Gateway::new(
+    let (gw, trust) = corral_gateway::Gateway::with_run(
         values,
+        &std::collections::BTreeMap::new(),
+        signins,
         corral_gateway::GatewayConfig {
             // The system store; SSL_CERT_FILE / SSL_CERT_DIR in the proxy's environment (a
             // corporate CA) are honoured.
