@@ -63,9 +63,9 @@ pub fn run(args: DownArgs) -> anyhow::Result<ExitCode> {
     if failures.len() == tried {
         anyhow::bail!("no container engine could be reached; see the messages above");
     }
-    // The gateway files of runs with [secrets] whose corral was killed (their containers are
-    // gone with the project's above).
-    if let Some(dir) = runner::remove_gateway_leftovers(&plan.project.root)? {
+    // The gateway and sign-in files of runs with [secrets] or sign-ins whose corral was killed
+    // (their containers are gone with the project's above).
+    for dir in runner::remove_gateway_leftovers(&plan.project.root)? {
         eprintln!("corral: removed {} (left by a killed run)", dir.display());
     }
     Ok(ExitCode::SUCCESS)
