@@ -67,7 +67,8 @@ fn remote_err(name: &str, socket: &Path, e: impl std::fmt::Display) -> SigninErr
 
 fn call(socket: &Path, name: &str, req: &Request) -> Result<Reply, SigninError> {
     let err = |e: std::io::Error| remote_err(name, socket, e);
-    let mut s = UnixStream::connect(socket).map_err(err)?;
+    let (_dir, at) = reachable(socket).map_err(err)?;
+    let mut s = UnixStream::connect(at).map_err(err)?;
     s.set_read_timeout(Some(TIMEOUT)).map_err(err)?;
     s.set_write_timeout(Some(TIMEOUT)).map_err(err)?;
     let mut line = serde_json::to_vec(req).expect("plain data serializes");
@@ -139,7 +140,10 @@ impl std::fmt::Debug for FileServer {
 impl FileServer {
     /// Listen on `path` (created here; the caller sets who may connect) and serve `plans`.
     pub fn serve(path: &Path, plans: Vec<SigninPlan>) -> std::io::Result<FileServer> {
-        let listener = UnixListener::bind(path)?;
+        let listener = {
+            let (_dir, at) = reachable(path)?;
+            UnixListener::bind(at)?
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -171,7 +175,9 @@ impl Drop for FileServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         // Wakes the accept loop, which then sees the flag.
-        let woke = UnixStream::connect(&self.path).is_ok();
+        let woke = reachable(&self.path)
+            .and_then(|(_dir, at)| UnixStream::connect(at))
+            .is_ok();
         if let Some(t) = self.thread.take()
             && woke
         {
@@ -179,6 +185,25 @@ impl Drop for FileServer {
         }
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// `path` as a socket address can carry it: a socket path is limited to 107 bytes, which a
+/// project's state directory can exceed, so a longer one is reached through a descriptor of its
+/// directory (`/proc/self/fd/N/NAME`), kept open by the caller while it binds or connects.
+fn reachable(path: &Path) -> std::io::Result<(Option<std::fs::File>, PathBuf)> {
+    use std::os::fd::AsRawFd;
+    const SUN_PATH_MAX: usize = 107;
+    if path.as_os_str().len() <= SUN_PATH_MAX {
+        return Ok((None, path.to_path_buf()));
+    }
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(std::io::Error::other(
+            "a socket path needs a directory and a name",
+        ));
+    };
+    let dir = std::fs::File::open(parent)?;
+    let at = Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
+    Ok((Some(dir), at))
 }
 
 /// One request on `conn`, answered.
@@ -262,8 +287,13 @@ mod tests {
         )
         .unwrap();
         let inode = std::fs::metadata(&file).unwrap().ino();
-        let sock = dir.path().join("s.sock");
+        // Deeper than a socket address can name (a project's state directory may be).
+        let deep = dir.path().join("d".repeat(60)).join("e".repeat(60));
+        std::fs::create_dir_all(&deep).unwrap();
+        let sock = deep.join("s.sock");
         let server = FileServer::serve(&sock, vec![plan(&file)]).unwrap();
+        let (_d, short) = reachable(&sock).unwrap();
+        let sock = short;
         let tokens = read_tokens(&sock, "claude").unwrap();
         assert_eq!(
             tokens,
