@@ -33,6 +33,7 @@ on_every_engine!(
     sigterm_to_corral_removes_the_gateway_and_the_placeholder_files,
     corral_down_removes_what_a_killed_signin_run_left,
     control_without_signin_the_container_reads_the_real_refresh_token,
+    after_corral_is_killed_a_refresh_is_refused_rather_than_lost,
 );
 
 /// The user's home for the run, with the signed-in Claude Code file (mode 0600); the file.
@@ -553,4 +554,83 @@ fn control_without_signin_the_container_reads_the_real_refresh_token(e: Engine) 
         String::from_utf8_lossy(&out.stdout).contains(REFRESH),
         "{t}"
     );
+}
+
+/// corral on the host killed mid-run (SIGKILL) while the containers go on: nothing could write
+/// a refresh's new tokens back, so the gateway refuses the refresh (502, saying why) instead of
+/// rotating the user's refresh token upstream and leaving the file with a dead one. The token
+/// endpoint is never called and the user's file is untouched.
+fn after_corral_is_killed_a_refresh_is_refused_rather_than_lost(e: Engine) {
+    if !e.ready(&["openssl"]) {
+        return;
+    }
+    let w = World::new(e, "g");
+    let api = format!("{}-auth", w.prefix);
+    let mock = w.dir.path().join("mock");
+    std::fs::create_dir_all(&mock).unwrap();
+    let external = format!("{}-external", w.prefix);
+    e.ok(&["network", "create", &external]);
+    let subnet = e.subnet(&external);
+    start_mock(e, &mock, &api, &api, &external);
+    let file = signed_in(&w);
+    let before = std::fs::read(&file).unwrap();
+    signin_project(&w, &api, &subnet, "proxy");
+    let p = &w.project;
+    let (ready, go, result) = (p.join("ready"), p.join("go"), p.join("result"));
+    // The harness's output goes to the engine client corral started, which outlives it: the
+    // script writes its findings into the project.
+    let script = format!(
+        r#"R=$(python3 -c 'import json; print(json.load(open("'$HOME'/.claude/.credentials.json"))["claudeAiOauth"]["refreshToken"])')
+touch {ready}
+while [ ! -e {go} ]; do sleep 0.1; done
+curl -sS -o {result}.body -w '%{{http_code}}' -X POST https://{api}:8443/v1/oauth/token -H 'Content-Type: application/json' -d "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"$R\"}}" > {result}.tmp
+mv {result}.tmp {result}
+exec sleep 300
+"#,
+        ready = ready.display(),
+        go = go.display(),
+        result = result.display(),
+    );
+    let mut child = run_script(&w, &script)
+        .env("SSL_CERT_FILE", mock.join("ca.pem"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..1800 {
+        if ready.exists() || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(ready.exists(), "the harness never started");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::write(&go, "").unwrap();
+    for _ in 0..600 {
+        if result.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let code = std::fs::read_to_string(&result).expect("the harness's refresh result");
+    let body = std::fs::read_to_string(p.join("result.body")).unwrap_or_default();
+    assert_eq!(code.trim(), "502", "{body}");
+    assert!(body.contains("could not be written back"), "{body}");
+    let seen = std::fs::read_to_string(mock.join("seen.jsonl")).unwrap_or_default();
+    assert!(
+        !seen.contains("oauth/token"),
+        "the endpoint was called: {seen}"
+    );
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        before,
+        "the user's file changed"
+    );
+    let out = corral_cmd(&w, &["down", "--engine", e.name()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(w.containers().is_empty(), "{:?}", w.containers());
+    assert!(run_files(&w).is_empty(), "{:?}", run_files(&w));
 }
