@@ -64,6 +64,8 @@ pub enum SigninError {
     Changed { name: String, path: PathBuf },
     #[error("sign-in {name}: making placeholders: {reason}")]
     Placeholder { name: String, reason: String },
+    #[error("sign-in {name}: the tokens handed to the gateway: {reason}")]
+    Handover { name: String, reason: String },
 }
 
 /// One kind of token in a credential file and in a token response.
@@ -275,9 +277,9 @@ impl Signin {
     ) -> Result<Signin, SigninError> {
         let has = |k| tokens.tokens.iter().any(|(kind, _)| *kind == k);
         if !has(TokenKind::Access) || !has(TokenKind::Refresh) {
-            return Err(SigninError::Response {
+            return Err(SigninError::Handover {
                 name: plan.name.clone(),
-                reason: "the tokens handed over lack an access or a refresh token".into(),
+                reason: "no access or no refresh token".into(),
             });
         }
         let on_disk_refresh = find(&tokens.tokens, TokenKind::Refresh)
