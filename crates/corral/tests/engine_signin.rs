@@ -34,6 +34,7 @@ on_every_engine!(
     corral_down_removes_what_a_killed_signin_run_left,
     control_without_signin_the_container_reads_the_real_refresh_token,
     after_corral_is_killed_a_refresh_is_refused_rather_than_lost,
+    codex_auth_json_is_served_with_a_form_encoded_refresh_and_written_back,
 );
 
 /// The user's home for the run, with the signed-in Claude Code file (mode 0600); the file.
@@ -97,10 +98,20 @@ fn run_script(w: &World, script: &str) -> std::process::Command {
 /// The mock ([`MOCK`]) in a container named `name` on `network` as `alias`, with a certificate
 /// for `alias` from the test CA in `dir` (which it writes `seen.jsonl` into).
 fn start_mock(e: Engine, dir: &Path, name: &str, alias: &str, network: &str) {
-    e2e_support::certs(dir, alias);
-    std::fs::write(dir.join("mock.py"), MOCK).unwrap();
     let tokens = serde_json::json!({"access": ACCESS, "refresh": REFRESH,
         "new_access": NEW_ACCESS, "new_refresh": NEW_REFRESH, "token_path": "/v1/oauth/token"});
+    start_mock_with(e, dir, (name, alias, network), &tokens);
+}
+
+/// [`start_mock`] with the mock's `tokens` (as [`MOCK`] reads them).
+fn start_mock_with(
+    e: Engine,
+    dir: &Path,
+    (name, alias, network): (&str, &str, &str),
+    tokens: &serde_json::Value,
+) {
+    e2e_support::certs(dir, alias);
+    std::fs::write(dir.join("mock.py"), MOCK).unwrap();
     std::fs::write(dir.join("tokens.json"), tokens.to_string()).unwrap();
     let volume = format!("{}:/m:rw", dir.display());
     e.ok(&[
@@ -631,6 +642,141 @@ exec sleep 300
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
+    assert!(w.containers().is_empty(), "{:?}", w.containers());
+    assert!(run_files(&w).is_empty(), "{:?}", run_files(&w));
+}
+
+/// Codex's ChatGPT sign-in through the gateway proxy container: `~/.codex/auth.json` with JWT
+/// access and id tokens and an opaque refresh token, refreshed form-encoded, the file rewritten
+/// in place by the harness; the user's file gets the new tokens (and `last_refresh`) through
+/// corral on the host, in place.
+fn codex_auth_json_is_served_with_a_form_encoded_refresh_and_written_back(e: Engine) {
+    if !e.ready(&["openssl"]) {
+        return;
+    }
+    const HEAD: &str = "eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9";
+    const CLAIMS: &str = "eyJleHAiOjE5MDAwMDAwMDB9";
+    let jwt = |sig: &str| format!("{HEAD}.{CLAIMS}.{sig}");
+    let access = jwt("CDXACCESSsigCDXACCESSsigCDXACCESSsig0123456789-_abcdef");
+    let id = jwt("CDXIDsigCDXIDsigCDXIDsigCDXIDsig0123456789-_abcdefghij");
+    let refresh = "rt_CDXREFRESHrealCDXREFRESHreal.0123456789abcdefABCDEF";
+    let new_access = jwt("CDXNEWACCESSsigCDXNEWACCESSsig0123456789-_abcdefghijkl");
+    let new_refresh = "rt_CDXNEWREFRESHnewCDXNEWREFRESH.0123456789abcdefABCD";
+    let markers = [
+        "CDXACCESSsig",
+        "CDXIDsig",
+        "CDXREFRESHreal",
+        "CDXNEWACCESSsig",
+        "CDXNEWREFRESH",
+    ];
+
+    let w = World::new(e, "g");
+    let api = format!("{}-auth", w.prefix);
+    let mock = w.dir.path().join("mock");
+    std::fs::create_dir_all(&mock).unwrap();
+    let external = format!("{}-external", w.prefix);
+    e.ok(&["network", "create", &external]);
+    let subnet = e.subnet(&external);
+    let tokens = serde_json::json!({"access": access, "refresh": refresh, "new_access": new_access,
+        "new_refresh": new_refresh, "new_id": id, "token_path": "/oauth/token"});
+    start_mock_with(e, &mock, (&api, &api, &external), &tokens);
+    let file = home(&w).join(".codex/auth.json");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let auth = serde_json::json!({"OPENAI_API_KEY": null, "tokens": {"id_token": id,
+        "access_token": access, "refresh_token": refresh, "account_id": "acc-1"},
+        "last_refresh": "2026-01-01T00:00:00Z"});
+    std::fs::write(&file, serde_json::to_string_pretty(&auth).unwrap()).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let inode = std::fs::metadata(&file).unwrap().ino();
+    std::fs::write(
+        w.project.join("corral.toml"),
+        format!(
+            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\
+             allow = [\"{api}:8443\"]\nallow_cidrs = [\"{subnet}\"]\n\n\
+             [signin.codex]\nformat = \"codex\"\nfile = \"~/.codex/auth.json\"\n\
+             api_hosts = [\"{api}:8443\"]\ntoken_url = \"https://{api}:8443/oauth/token\"\n"
+        ),
+    )
+    .unwrap();
+    let out = corral_cmd(&w, &["trust"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let url = format!("https://{api}:8443");
+    let greps: String = markers
+        .iter()
+        .map(|m| {
+            let (a, b) = m.split_at(m.len() / 2);
+            format!(
+                "P={a}; P=${{P}}{b}; \
+                 if grep -rqs --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev --exclude-dir=usr \"$P\" /; then echo FILE-LEAK-{a}; fi; \
+                 if cat /proc/[0-9]*/environ 2>/dev/null | grep -q \"$P\"; then echo ENV-LEAK-{a}; fi\n"
+            )
+        })
+        .collect();
+    // Codex writes auth.json in place.
+    let script = format!(
+        r#"F=~/.codex/auth.json
+get() {{ python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens"][sys.argv[2]])' "$F" "$1"; }}
+A=$(get access_token); R=$(get refresh_token)
+echo "PH_ACCESS=$A"
+echo "API1=$(curl -sS {url}/backend-api/codex -H "Authorization: Bearer $A")"
+RESP=$(curl -sS -X POST {url}/oauth/token -H 'Content-Type: application/x-www-form-urlencoded' --data-urlencode grant_type=refresh_token --data-urlencode "refresh_token=$R")
+echo "$RESP" | python3 -c '
+import json, sys
+r = json.load(sys.stdin); f = sys.argv[1]
+d = json.load(open(f))
+for k in ("access_token", "refresh_token", "id_token"):
+    d["tokens"][k] = r[k]
+open(f, "w").write(json.dumps(d))
+' "$F"
+echo "API2=$(curl -sS {url}/backend-api/codex -H "Authorization: Bearer $(get access_token)")"
+{greps}echo END
+"#
+    );
+    let out = corral_cmd(
+        &w,
+        &[
+            "run",
+            "codex",
+            "--engine",
+            e.name(),
+            "--",
+            "/bin/bash",
+            "-c",
+            &script,
+        ],
+    )
+    .env("SSL_CERT_FILE", mock.join("ca.pem"))
+    .output()
+    .unwrap();
+    let t = engine_support::text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    for m in markers {
+        assert!(!t.contains(m), "{m} reached the harness:\n{t}");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("-LEAK-"), "{t}");
+    assert!(
+        line(&stdout, "PH_ACCESS=").starts_with(&format!("{HEAD}.{CLAIMS}.")),
+        "{t}"
+    );
+    assert_eq!(line(&stdout, "API1="), "\"api-ok\"", "{t}");
+    assert_eq!(line(&stdout, "API2="), "\"api-ok\"", "{t}");
+    let seen = std::fs::read_to_string(mock.join("seen.jsonl")).unwrap();
+    assert!(seen.contains("CDXREFRESHreal"), "{seen}");
+
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(v["tokens"]["access_token"], new_access.as_str(), "{v}");
+    assert_eq!(v["tokens"]["refresh_token"], new_refresh, "{v}");
+    assert_eq!(v["tokens"]["id_token"], id.as_str(), "{v}");
+    assert_eq!(v["tokens"]["account_id"], "acc-1");
+    assert_ne!(v["last_refresh"], "2026-01-01T00:00:00Z");
+    let meta = std::fs::metadata(&file).unwrap();
+    assert_eq!(
+        meta.ino(),
+        inode,
+        "the user's file was replaced, not rewritten"
+    );
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     assert!(w.containers().is_empty(), "{:?}", w.containers());
     assert!(run_files(&w).is_empty(), "{:?}", run_files(&w));
 }
