@@ -10,6 +10,10 @@ use corral_policy::plan::Plan;
 
 use crate::cli::{KubeCommand, KubeRenderArgs, KubeTarget, SeccompArg};
 
+/// The proxy image `corral kube render` names by default (its `--proxy-image`).
+pub(super) const DEFAULT_PROXY_IMAGE: &str =
+    concat!("localhost/corral-proxy:", env!("CARGO_PKG_VERSION"));
+
 pub fn run(cmd: KubeCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         KubeCommand::Render(args) => render(*args),
@@ -70,7 +74,7 @@ fn write_seccomp_profile(dir: &Path) -> anyhow::Result<()> {
 }
 
 /// Write the manifests readable by their owner only: they may hold the executor's token.
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+pub(super) fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     // A new file, so an existing one's wider mode is not kept.
@@ -100,7 +104,7 @@ fn new_token() -> anyhow::Result<String> {
 
 /// The rendering options, with the few facts about the host the plan does not carry (which
 /// protected and masked paths exist, which are directories) gathered here.
-fn options(args: &KubeRenderArgs, plan: &Plan) -> anyhow::Result<Options> {
+pub(super) fn options(args: &KubeRenderArgs, plan: &Plan) -> anyhow::Result<Options> {
     let name = args
         .name
         .clone()

@@ -1,0 +1,562 @@
+//! `corral run --engine kube` without a cluster: a test `kubectl` (a script in the test's
+//! directory, named by `CORRAL_KUBECTL`) records every call and the manifests it is given, and
+//! answers `apply`, `wait`, `get`, `logs`, `attach` and `delete` as a cluster would. The tests
+//! check that what is applied is exactly what `corral kube render` prints for the run (and
+//! validates strictly when kubernetes-validate is installed), that the harness's exit code
+//! comes back, and that the run's objects are deleted on exit, on SIGTERM and SIGINT to corral,
+//! after a failed apply or wait, and by `corral down` after corral was killed.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The Kubernetes release the manifests are built for (k8s-openapi's `v1_35`).
+const KUBERNETES_VERSION: &str = "1.35.0";
+
+/// The test kubectl. Global flags first (`--context`, `--namespace`), as corral passes them.
+/// `SHIM_FAIL=apply|wait|delete-f` makes that call fail; `SHIM_PHASE` is the sandbox's phase;
+/// `SHIM_EXIT` its exit code; `SHIM_HANG=1` keeps the harness's output streaming (the shim
+/// becomes `sleep`, its pid in `streaming`) until corral stops it.
+const SHIM: &str = r#"#!/bin/bash
+d="$SHIM_DIR"
+printf '%s\n' "$*" >> "$d/calls"
+while [[ "$1" == --context || "$1" == --namespace ]]; do shift 2; done
+case "$1" in
+  apply)
+    if [[ "$SHIM_FAIL" == apply ]]; then
+      echo 'error: resource mapping not found for name: "x": no matches for kind "Pod"' >&2; exit 1
+    fi
+    n=$(ls "$d" | grep -c '^applied-')
+    cp "$3" "$d/applied-$n.yaml"; echo applied >> "$d/state"; echo "pod/x created";;
+  wait)
+    if [[ "$SHIM_FAIL" == wait ]]; then
+      echo 'error: timed out waiting for the condition on deployments/x' >&2; exit 1
+    fi
+    echo "deployment.apps/x condition met";;
+  get)
+    case "$3" in
+      *phase*) printf '%s' "${SHIM_PHASE:-Running}";;
+      *exitCode*) printf '%s' "${SHIM_EXIT:-0}";;
+      *) echo "unexpected get: $*" >&2; exit 1;;
+    esac;;
+  logs|attach)
+    echo "output of the harness"
+    if [[ -n "$SHIM_HANG" ]]; then echo $$ > "$d/streaming.tmp"; mv "$d/streaming.tmp" "$d/streaming"; exec sleep 600; fi;;
+  delete)
+    if [[ "$SHIM_FAIL" == delete-f && "$2" == -f ]]; then
+      echo 'error: the server is currently unable to handle the request' >&2; exit 1
+    fi
+    echo "deleted" >> "$d/state";;
+  *) echo "unexpected call: $*" >&2; exit 1;;
+esac
+"#;
+
+fn corral_bin() -> PathBuf {
+    std::env::var_os("CORRAL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_corral")))
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A project (a git root, with a masked file), a home, and the test kubectl; removed on drop.
+struct Fixture {
+    root: PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let root = std::env::temp_dir().join(format!("corral-kuberun-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("proj/.git")).unwrap();
+        std::fs::create_dir_all(root.join("home")).unwrap();
+        std::fs::create_dir_all(root.join("shim")).unwrap();
+        std::fs::write(root.join("proj/.env"), "TOKEN=x\n").unwrap();
+        let shim = root.join("kubectl");
+        std::fs::write(&shim, SHIM).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Fixture { root }
+    }
+
+    fn shim_dir(&self) -> PathBuf {
+        self.root.join("shim")
+    }
+
+    fn corral(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(corral_bin());
+        c.args(args)
+            .current_dir(self.root.join("proj"))
+            .env("HOME", self.root.join("home"))
+            .env("XDG_CONFIG_HOME", self.root.join("home/.config"))
+            .env("XDG_STATE_HOME", self.root.join("home/.state"))
+            .env("CORRAL_KUBECTL", self.root.join("kubectl"))
+            .env("SHIM_DIR", self.shim_dir())
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// `corral run --engine kube` with the proxy and the options every test uses.
+    fn run(&self, extra: &[&str], cmd: &[&str]) -> Command {
+        let mut args = vec![
+            "run",
+            "--engine",
+            "kube",
+            "--network",
+            "proxy",
+            "--allow",
+            "api.example.com",
+            "--proxy-ip",
+            "10.96.0.50",
+            "--pids-by-node",
+            "--context",
+            "ctx-a",
+            "--namespace",
+            "agents",
+        ];
+        args.extend(extra);
+        args.push("--");
+        args.extend(cmd);
+        self.corral(&args)
+    }
+
+    /// Every kubectl call, one line each, the jail's name as NAME and the run's directory as
+    /// RUNDIR.
+    fn calls(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(self.shim_dir().join("calls")).unwrap_or_default();
+        let (Some(name), Some(dir)) = (self.jail_name(), self.applied_dir()) else {
+            return text.lines().map(String::from).collect();
+        };
+        text.lines()
+            .map(|l| {
+                l.replace(&dir.display().to_string(), "RUNDIR")
+                    .replace(&name, "NAME")
+            })
+            .collect()
+    }
+
+    /// The manifests the test kubectl was given to apply.
+    fn applied(&self) -> String {
+        std::fs::read_to_string(self.shim_dir().join("applied-0.yaml"))
+            .expect("nothing was applied")
+    }
+
+    /// The jail's name, read from the first `apply -f .../NAME/jail.yaml`.
+    fn jail_name(&self) -> Option<String> {
+        let dir = self.applied_dir()?;
+        Some(dir.file_name()?.to_string_lossy().into_owned())
+    }
+
+    /// The run's directory (`kube/<project key>/<name>` under the state directory), read from
+    /// the first `apply -f`.
+    fn applied_dir(&self) -> Option<PathBuf> {
+        let text = std::fs::read_to_string(self.shim_dir().join("calls")).ok()?;
+        let line = text.lines().find(|l| l.contains(" apply -f "))?;
+        Some(Path::new(line.rsplit(' ').next()?).parent()?.to_path_buf())
+    }
+
+    fn run_dir(&self, name: &str) -> PathBuf {
+        let dir = self.applied_dir().expect("nothing was applied");
+        assert!(dir.ends_with(name));
+        assert!(dir.starts_with(self.root.join("home/.state/corral/kube")));
+        dir
+    }
+
+    fn state(&self) -> String {
+        std::fs::read_to_string(self.shim_dir().join("state")).unwrap_or_default()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        // A harness `sleep` a killed corral left.
+        if let Ok(pid) = std::fs::read_to_string(self.shim_dir().join("streaming")) {
+            let _ = Command::new("kill").arg(pid.trim()).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The calls of a whole run in network mode proxy, after `head` (the apply and what follows).
+fn whole_run(delete: &[&str]) -> Vec<String> {
+    let g = "--context ctx-a --namespace agents";
+    let mut v = vec![
+        format!("{g} apply -f RUNDIR/jail.yaml"),
+        format!("{g} wait --for=condition=Available deployment/NAME-proxy --timeout=120s"),
+        format!(
+            "{g} get pod/NAME -o=jsonpath={{.status.phase}} {{.status.containerStatuses[0].state.waiting.reason}}"
+        ),
+        format!("{g} logs NAME -c harness -f"),
+        format!(
+            "{g} get pod/NAME -o=jsonpath={{.status.containerStatuses[0].state.terminated.exitCode}}"
+        ),
+    ];
+    v.extend(delete.iter().map(|d| format!("{g} {d}")));
+    v
+}
+
+const DELETE_F: &str = "delete -f RUNDIR/jail.yaml --wait=false --ignore-not-found";
+const DELETE_L: &str = "delete pod,deployment,service,configmap,secret,networkpolicy -l corral.dev/jail=NAME --wait=false --ignore-not-found";
+
+#[test]
+fn a_run_applies_the_rendered_jail_returns_the_exit_code_and_deletes_it() {
+    let f = Fixture::new();
+    let out = f
+        .run(&["--kube-timeout", "120s"], &["sh", "-c", "exit 7"])
+        .env("SHIM_EXIT", "7")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+    assert_eq!(f.calls(), whole_run(&[DELETE_F]), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("output of the harness"),
+        "{}",
+        text(&out)
+    );
+    let name = f.jail_name().unwrap();
+    assert!(
+        !f.run_dir(&name).exists(),
+        "the run's directory stayed after its objects were deleted"
+    );
+    // Exactly what `corral kube render` prints for the same options and name (the plan of
+    // engine kube: the host's toolchains are not on the Pod's PATH).
+    let rendered = f
+        .corral(&[
+            "kube",
+            "render",
+            "--engine",
+            "kube",
+            "--network",
+            "proxy",
+            "--allow",
+            "api.example.com",
+            "--proxy-ip",
+            "10.96.0.50",
+            "--pids-by-node",
+            "-n",
+            "agents",
+            "--name",
+            &name,
+            "--project-claim",
+            "corral-proj-project",
+            "--",
+            "sh",
+            "-c",
+            "exit 7",
+        ])
+        .output()
+        .unwrap();
+    assert!(rendered.status.success(), "{}", text(&rendered));
+    similar_asserts::assert_eq!(f.applied(), String::from_utf8(rendered.stdout).unwrap());
+    // The project is said to come from its claim, the checks that cannot be made said so.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("PersistentVolumeClaim corral-proj-project"),
+        "{err}"
+    );
+    assert!(err.contains("not made for this run"), "{err}");
+    if let Some(bin) = validator() {
+        let file = f.root.join("applied.yaml");
+        std::fs::write(&file, f.applied()).unwrap();
+        let (ok, text) = validate(&bin, &file);
+        assert!(ok, "kubernetes-validate --strict refused:\n{text}");
+        for kind in [
+            "pod/",
+            "networkpolicy/",
+            "configmap/",
+            "deployment/",
+            "service/",
+        ] {
+            assert!(text.contains(kind), "no {kind} validated:\n{text}");
+        }
+    } else {
+        eprintln!("kubernetes-validate not found: the applied manifests were not validated");
+    }
+}
+
+#[test]
+fn each_run_has_its_own_names() {
+    let f = Fixture::new();
+    let g = Fixture::new();
+    for fx in [&f, &g] {
+        let out = fx.run(&[], &["true"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    }
+    let (a, b) = (f.jail_name().unwrap(), g.jail_name().unwrap());
+    assert_ne!(a, b);
+    for name in [&a, &b] {
+        assert!(
+            name.starts_with("corral-proj-") && name.len() <= 40,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_failed_apply_is_an_error_and_deletes_what_it_may_have_made() {
+    let f = Fixture::new();
+    let out = f
+        .run(&[], &["true"])
+        .env("SHIM_FAIL", "apply")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("kubectl apply -f") && err.contains("no matches for kind"),
+        "{err}"
+    );
+    let calls = f.calls();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(calls[1].ends_with(DELETE_F), "{calls:?}");
+}
+
+#[test]
+fn a_proxy_that_never_becomes_available_is_an_error_and_the_jail_is_deleted() {
+    let f = Fixture::new();
+    let out = f
+        .run(&[], &["true"])
+        .env("SHIM_FAIL", "wait")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("was not available within") && err.contains("timed out waiting"),
+        "{err}"
+    );
+    let calls = f.calls();
+    assert_eq!(
+        calls.last().map(|c| c.ends_with(DELETE_F)),
+        Some(true),
+        "{calls:?}"
+    );
+    assert!(f.state().contains("deleted"), "{calls:?}");
+}
+
+#[test]
+fn a_sandbox_that_cannot_pull_its_image_fails_at_once_and_is_deleted() {
+    let f = Fixture::new();
+    let out = f
+        .run(&[], &["true"])
+        .env("SHIM_PHASE", "Pending ErrImagePull")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot start: ErrImagePull"), "{err}");
+    assert!(f.calls().last().unwrap().ends_with(DELETE_F));
+}
+
+#[test]
+fn a_sandbox_that_stays_pending_times_out_with_a_clear_error() {
+    let f = Fixture::new();
+    let out = f
+        .run(&["--kube-timeout", "1s"], &["true"])
+        .env("SHIM_PHASE", "Pending ContainerCreating")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("did not start within 1s") && err.contains("ContainerCreating"),
+        "{err}"
+    );
+    assert!(f.calls().last().unwrap().ends_with(DELETE_F));
+}
+
+/// Start a run whose harness keeps streaming; return once it streams.
+fn streaming_run(f: &Fixture) -> Child {
+    let mut child = f
+        .run(&[], &["sleep", "600"])
+        .env("SHIM_HANG", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let marker = f.shim_dir().join("streaming");
+    let give_up = Instant::now() + Duration::from_secs(120);
+    while !marker.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            panic!("corral ended before the harness streamed: {status:?}\n{err}");
+        }
+        assert!(Instant::now() < give_up, "the harness never streamed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+fn signal_deletes_the_jail(sig: i32) {
+    let f = Fixture::new();
+    let mut child = streaming_run(&f);
+    let streamer: i32 = std::fs::read_to_string(f.shim_dir().join("streaming"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(128 + sig), "{err}");
+    let calls = f.calls();
+    assert!(
+        calls.last().unwrap().ends_with(DELETE_F),
+        "no delete after signal {sig}: {calls:?}\n{err}"
+    );
+    // The streaming kubectl was stopped, not left behind.
+    assert!(
+        !Path::new(&format!("/proc/{streamer}")).exists(),
+        "kubectl (pid {streamer}) still runs after corral ended"
+    );
+    let name = f.jail_name().unwrap();
+    assert!(!f.run_dir(&name).exists(), "{err}");
+}
+
+#[test]
+fn sigterm_to_corral_deletes_the_jail() {
+    signal_deletes_the_jail(libc::SIGTERM);
+}
+
+#[test]
+fn sigint_to_corral_deletes_the_jail() {
+    signal_deletes_the_jail(libc::SIGINT);
+}
+
+#[test]
+fn sighup_to_corral_deletes_the_jail() {
+    signal_deletes_the_jail(libc::SIGHUP);
+}
+
+#[test]
+fn corral_down_deletes_what_a_killed_run_left_by_label_when_the_manifests_fail() {
+    let f = Fixture::new();
+    let mut child = streaming_run(&f);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let name = f.jail_name().unwrap();
+    assert!(f.run_dir(&name).join("jail.yaml").exists());
+    assert!(!f.state().contains("deleted"), "{:?}", f.calls());
+    let before = f.calls().len();
+    // The manifests' deletion fails (an API server hiccup): the label's deletion follows.
+    let out = f
+        .corral(&["down", "--engine", "kube"])
+        .env("SHIM_FAIL", "delete-f")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let g = "--context ctx-a --namespace agents";
+    assert_eq!(
+        f.calls()[before..],
+        [format!("{g} {DELETE_F}"), format!("{g} {DELETE_L}")],
+        "{}",
+        text(&out)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&name));
+    assert!(!f.run_dir(&name).exists(), "{}", text(&out));
+    // Nothing left: a second `down` calls nothing.
+    let out = f.corral(&["down", "--engine", "kube"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(f.calls().len(), before + 2);
+}
+
+#[test]
+fn kube_options_without_the_kube_engine_and_scratch_are_refused() {
+    let f = Fixture::new();
+    let out = f
+        .corral(&["run", "--proxy-ip", "10.96.0.50", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--proxy-ip apply to --engine kube only"),
+        "{}",
+        text(&out)
+    );
+    let out = f
+        .corral(&["run", "--engine", "kube", "--scratch", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--scratch cannot run on Kubernetes"),
+        "{}",
+        text(&out)
+    );
+    let out = f.corral(&["shell", "--engine", "kube"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("runs from `corral run` only"),
+        "{}",
+        text(&out)
+    );
+    // A policy file cannot send runs to a cluster.
+    std::fs::write(
+        f.root.join("proj/corral.toml"),
+        "[run]\nengine = \"kube\"\n",
+    )
+    .unwrap();
+    let out = f.corral(&["run", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown variant `kube`"),
+        "{}",
+        text(&out)
+    );
+    assert!(!f.shim_dir().join("calls").exists(), "kubectl was called");
+}
+
+/// `kubernetes-validate`: $CORRAL_KUBERNETES_VALIDATE, the CI's venv, else PATH.
+fn validator() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("CORRAL_KUBERNETES_VALIDATE") {
+        return Some(PathBuf::from(p));
+    }
+    let ci = Path::new("/opt/corral-ci-kube/bin/kubernetes-validate");
+    if ci.exists() {
+        return Some(ci.to_path_buf());
+    }
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("kubernetes-validate"))
+            .find(|p| p.exists())
+    })
+}
+
+fn validate(bin: &Path, file: &Path) -> (bool, String) {
+    let out = Command::new(bin)
+        .args(["--strict", "-k", KUBERNETES_VERSION])
+        .arg(file)
+        .output()
+        .expect("run kubernetes-validate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
