@@ -245,6 +245,10 @@ pub struct KubeRunArgs {
     /// The nodes' kubelet limits processes per Pod (podPidsLimit)
     #[arg(long)]
     pub pids_by_node: bool,
+    /// For `podman kube play` (ignores subPath): masked and empty files from DIR on the node,
+    /// which must be this host (made here), protected paths hostPath binds of themselves
+    #[arg(long, value_name = "DIR", requires = "project_hostpath")]
+    pub node_files: Option<PathBuf>,
     /// How long to wait for the proxy to be available and the sandbox to start (default 2m)
     #[arg(long, value_name = "DURATION")]
     pub kube_timeout: Option<String>,
@@ -254,7 +258,7 @@ impl KubeRunArgs {
     /// The options given, by flag name: refused on any engine but kube.
     pub fn given(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
-        let opts: [(&'static str, bool); 11] = [
+        let opts: [(&'static str, bool); 12] = [
             ("--context", self.kube_context.is_some()),
             ("--namespace", self.kube_namespace.is_some()),
             ("--proxy-ip", self.proxy_ip.is_some()),
@@ -265,6 +269,7 @@ impl KubeRunArgs {
             ("--project-claim", self.project_claim.is_some()),
             ("--project-hostpath", self.project_hostpath),
             ("--pids-by-node", self.pids_by_node),
+            ("--node-files", self.node_files.is_some()),
             ("--kube-timeout", self.kube_timeout.is_some()),
         ];
         for (name, set) in opts {
@@ -501,6 +506,11 @@ pub struct KubeRenderArgs {
     /// The nodes' kubelet limits processes per Pod (podPidsLimit): limits.pids is then not refused
     #[arg(long)]
     pub pids_by_node: bool,
+    /// For `podman kube play`, which ignores subPath: masked files are the node's DIR/masked
+    /// (mode 0000), a missing policy file DIR/empty (0444), protected paths hostPath binds of
+    /// themselves (needs --project-hostpath)
+    #[arg(long, value_name = "DIR", requires = "project_hostpath")]
+    pub node_files: Option<PathBuf>,
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }

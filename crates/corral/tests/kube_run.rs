@@ -154,7 +154,7 @@ impl Fixture {
     /// the first `apply -f`.
     fn applied_dir(&self) -> Option<PathBuf> {
         let text = std::fs::read_to_string(self.shim_dir().join("calls")).ok()?;
-        let line = text.lines().find(|l| l.contains(" apply -f "))?;
+        let line = text.lines().find(|l| l.contains("apply -f "))?;
         Some(Path::new(line.rsplit(' ').next()?).parent()?.to_path_buf())
     }
 
@@ -259,7 +259,13 @@ fn a_run_applies_the_rendered_jail_returns_the_exit_code_and_deletes_it() {
         .output()
         .unwrap();
     assert!(rendered.status.success(), "{}", text(&rendered));
-    similar_asserts::assert_eq!(f.applied(), String::from_utf8(rendered.stdout).unwrap());
+    // Without a terminal (stdin is /dev/null here) the harness gets none and no stdin: render's
+    // defaults are for `kubectl attach -it`.
+    let rendered = String::from_utf8(rendered.stdout).unwrap();
+    let interactive = "    stdin: true\n    tty: true\n";
+    assert_eq!(rendered.matches(interactive).count(), 1, "{rendered}");
+    let rendered = rendered.replace(interactive, "    stdin: false\n    tty: false\n");
+    similar_asserts::assert_eq!(f.applied(), rendered);
     // The project is said to come from its claim, the checks that cannot be made said so.
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -559,4 +565,247 @@ fn validate(bin: &Path, file: &Path) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), text)
+}
+
+// ---- podman kube play as the cluster ------------------------------------------------------------
+
+/// A kubectl that plays the manifests with `podman kube play` (which ignores NetworkPolicy and
+/// Services; the runs below use network mode none, so there is no proxy to play). `SHIM_NODE`
+/// is the node-files directory (its seccomp.json is the Localhost profile).
+const PODMAN_SHIM: &str = r#"#!/bin/bash
+d="$SHIM_DIR"
+printf '%s\n' "$*" >> "$d/calls"
+while [[ "$1" == --context || "$1" == --namespace ]]; do shift 2; done
+state() { podman inspect "$1-harness" --format '{{.State.Status}} {{.State.ExitCode}}' 2>/dev/null; }
+case "$1" in
+  apply)
+    cp "$3" "$d/applied-0.yaml"
+    exec podman kube play --network none --seccomp-profile-root "$SHIM_NODE" "$3";;
+  get)
+    name="${2#pod/}"; read -r status code <<< "$(state "$name")"
+    case "$3" in
+      *phase*)
+        case "$status" in
+          running) printf Running;;
+          exited|stopped) if [[ "$code" == 0 ]]; then printf Succeeded; else printf Failed; fi;;
+          *) printf Pending;;
+        esac;;
+      *exitCode*) [[ "$status" == exited || "$status" == stopped ]] && printf '%s' "$code";;
+    esac;;
+  logs)
+    if [[ "$4" == -f ]]; then exec podman logs -f "$2-harness"; fi
+    exec podman logs "$2-harness";;
+  delete)
+    if [[ "$2" == -f ]]; then name=$(basename "$(dirname "$3")"); else name="${4#corral.dev/jail=}"; fi
+    podman pod rm -f "$name" >/dev/null || exit 1
+    podman volume ls -q | grep "^$name-" | xargs -r podman volume rm >/dev/null
+    echo "deleted" >> "$d/state";;
+  *) echo "unexpected call: $*" >&2; exit 1;;
+esac
+"#;
+
+/// What the escape suite needs on the host: a secret file outside the project, a process with
+/// a marker in its environment, services on loopback, on every address and on an abstract
+/// socket. Each must be out of the sandbox's reach.
+struct HostTargets {
+    secret: PathBuf,
+    outside: PathBuf,
+    marker: String,
+    process: Child,
+    lo: std::net::TcpListener,
+    any: std::net::TcpListener,
+    abs: std::os::unix::net::UnixListener,
+    abstract_name: String,
+}
+
+impl HostTargets {
+    fn new(f: &Fixture) -> HostTargets {
+        let secret = f.root.join("host-secret.txt");
+        std::fs::write(&secret, "HOSTSECRET\n").unwrap();
+        let marker = format!("HOSTENV-{}", f.root.file_name().unwrap().to_string_lossy());
+        let process = Command::new("sleep")
+            .arg("300")
+            .env("HOST_ONLY_SECRET", &marker)
+            .spawn()
+            .unwrap();
+        let lo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let any = std::net::TcpListener::bind("[::]:0").unwrap();
+        let abstract_name = format!("corral-kuberun-{}", marker);
+        let abs = {
+            use std::os::linux::net::SocketAddrExt;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes())
+                .unwrap();
+            std::os::unix::net::UnixListener::bind_addr(&addr).unwrap()
+        };
+        lo.set_nonblocking(true).unwrap();
+        any.set_nonblocking(true).unwrap();
+        abs.set_nonblocking(true).unwrap();
+        HostTargets {
+            secret,
+            outside: f.root.join("created-from-inside"),
+            marker,
+            process,
+            lo,
+            any,
+            abs,
+            abstract_name,
+        }
+    }
+
+    /// The suite's arguments (no host addresses: the Pod has no network to reach them by).
+    fn args(&self) -> Vec<String> {
+        vec![
+            self.secret.display().to_string(),
+            self.outside.display().to_string(),
+            self.process.id().to_string(),
+            self.marker.clone(),
+            self.lo.local_addr().unwrap().port().to_string(),
+            self.any.local_addr().unwrap().port().to_string(),
+            self.abstract_name.clone(),
+            "127.0.0.2".into(),
+        ]
+    }
+
+    /// Nothing reached the host: the process lives, no service got a connection, no file.
+    fn untouched(mut self) {
+        assert!(
+            self.process.try_wait().unwrap().is_none(),
+            "the sandbox killed a host process"
+        );
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+        assert!(
+            self.lo.accept().is_err(),
+            "the host loopback service got a connection"
+        );
+        assert!(
+            self.any.accept().is_err(),
+            "a host service got a connection"
+        );
+        assert!(
+            self.abs.accept().is_err(),
+            "the host abstract socket got a connection"
+        );
+        assert!(!self.outside.exists(), "the sandbox created a host file");
+    }
+}
+
+/// Whether podman and the CI harness image are here (as root: the Pod runs as uid 65534 on the
+/// host's files).
+fn podman_ready() -> bool {
+    let root = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false);
+    if !root {
+        eprintln!("SKIP: podman kube play runs as root in CI (the Pod's uid must own the project)");
+        return false;
+    }
+    let ok = Command::new("podman")
+        .args(["image", "exists", HARNESS_IMAGE])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIP: podman or {HARNESS_IMAGE} is missing (ci/podman-setup.sh makes it)");
+    }
+    ok
+}
+
+const HARNESS_IMAGE: &str = "localhost/corral-ci-harness:latest";
+
+/// The rendered sandbox Pod, played by `podman kube play` (`--node-files`: podman ignores
+/// subPath), runs the native jail's escape suite (tests/engine_escape/suite.py, as the podman
+/// backend's test runs it): every attack fails as it does in the podman backend's harness
+/// container. The suite's network attacks meet podman's network none here, standing in for the
+/// NetworkPolicies podman does not enforce: they say nothing about the policies.
+#[test]
+fn the_escape_suite_fails_in_the_sandbox_pod_played_by_podman() {
+    if !podman_ready() {
+        return;
+    }
+    let f = Fixture::new();
+    std::fs::write(f.root.join("kubectl"), PODMAN_SHIM).unwrap();
+    let proj = f.root.join("proj");
+    // The Pod runs as 65534 (the caller is root): the project is its to write.
+    std::os::unix::fs::chown(&proj, Some(65534), Some(65534)).unwrap();
+    let node = f.root.join("node");
+    let host = HostTargets::new(&f);
+    let suite = include_str!("engine_escape/suite.py");
+    let mut args = vec![
+        "run",
+        "--engine",
+        "kube",
+        "--network",
+        "none",
+        "--pids-by-node",
+        "--project-hostpath",
+        "--node-files",
+        node.to_str().unwrap(),
+        "--image",
+        HARNESS_IMAGE,
+        "--",
+        "/usr/bin/python3",
+        "-c",
+        suite,
+    ];
+    let suite_args = host.args();
+    args.extend(suite_args.iter().map(String::as_str));
+    let out = f.corral(&args).env("SHIM_NODE", &node).output().unwrap();
+    let t = text(&out);
+    // Nothing is left in podman, whatever happened.
+    let name = f
+        .jail_name()
+        .unwrap_or_else(|| panic!("nothing was applied: {t}"));
+    let pods = Command::new("podman")
+        .args(["pod", "exists", &name])
+        .status()
+        .unwrap();
+    assert!(!pods.success(), "the Pod {name} is left: {t}");
+    let vols = Command::new("podman")
+        .args(["volume", "ls", "-q"])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&vols.stdout)
+            .lines()
+            .any(|v| v.starts_with(&name)),
+        "volumes of {name} are left"
+    );
+    assert!(!f.applied().contains("subPath"));
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let stdout = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
+    assert!(stdout.ends_with("END\n"), "the suite did not finish:\n{t}");
+    let escapes: Vec<&str> = stdout.lines().filter(|l| !l.starts_with("ok:")).collect();
+    assert_eq!(escapes, ["END"], "{t}");
+    assert!(stdout.lines().count() > 50, "{t}");
+    for name in [
+        "read-host-secret",
+        "write-policy",
+        "host-environment",
+        "userns",
+        "seccomp-unshare",
+        "tiocsti",
+        "af-packet",
+        "chmod-setuid",
+        "seccomp-fchmodat2",
+        "seccomp-ptrace",
+        "seccomp-io_uring_setup",
+    ] {
+        let line = format!("ok:{name}");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.split(' ').next() == Some(line.as_str())),
+            "{name} did not run:\n{t}"
+        );
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(proj.join("setid.bin"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o6000, 0, "a set-id file reached the host: {mode:o}");
+    assert!(!proj.join("setid2.bin").exists(), "{t}");
+    host.untouched();
 }

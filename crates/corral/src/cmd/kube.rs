@@ -173,5 +173,8 @@ pub(super) fn options(args: &KubeRenderArgs, plan: &Plan) -> anyhow::Result<Opti
         existing,
         dirs,
         executor,
+        node_files: args.node_files.clone(),
+        // `kubectl attach -it` finds a terminal (`corral run --engine kube` decides per run).
+        tty: true,
     })
 }

@@ -67,10 +67,18 @@ pub fn run(
     let session = Session::begin(&plan, Scope::Remote)?.ready()?;
     let name = run_name(&plan.project.root, session.jail_id());
     let render_args = render_args(kube, &name, &plan.project.root);
-    let opts = super::kube::options(&render_args, &plan)?;
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stdin())
+        && std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let mut opts = super::kube::options(&render_args, &plan)?;
+    // A terminal and stdin for `kubectl attach -it` at a terminal; else none (a harness
+    // reading its terminal would wait for input nobody sends), its output read by `logs -f`.
+    opts.tty = tty;
     let objects = corral_kube::render(&plan, &opts)?;
     let yaml = corral_kube::to_yaml(&objects)?;
     say_what_runs(&plan, &opts);
+    if let Some(node) = &kube.node_files {
+        write_node_files(node, opts.seccomp)?;
+    }
     let dir = RunDir::create(&plan.project.root, &name, &kubectl, &yaml)?;
     let mut backend = Kube {
         kubectl,
@@ -78,8 +86,7 @@ pub fn run(
         name,
         proxied: plan.network.mode == NetworkMode::Proxy,
         timeout,
-        tty: std::io::IsTerminal::is_terminal(&std::io::stdin())
-            && std::io::IsTerminal::is_terminal(&std::io::stdout()),
+        tty,
     };
     let code = session.run(&plan, &mut backend)?;
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
@@ -129,6 +136,7 @@ fn render_args(kube: &KubeRunArgs, name: &str, project_root: &Path) -> KubeRende
         project_claim: Some(claim),
         project_hostpath: kube.project_hostpath,
         pids_by_node: kube.pids_by_node,
+        node_files: kube.node_files.clone(),
         command: Vec::new(),
     }
 }
@@ -161,6 +169,33 @@ fn say_what_runs(plan: &Plan, opts: &corral_kube::Options) {
         "corral: kube: the change summary, the git check and the harness-config guard look at \
          the host's files, not the cluster's volume: not made for this run"
     );
+}
+
+/// `--node-files DIR`, the node being this host (`podman kube play`): the unreadable file, the
+/// empty one, and corral's seccomp profile (`podman kube play --seccomp-profile-root DIR`),
+/// as the podman backend writes its own.
+fn write_node_files(dir: &Path, seccomp: corral_kube::Seccomp) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for (name, mode) in [("masked", 0o000), ("empty", 0o444)] {
+        let path = dir.join(name);
+        if !path.exists() {
+            std::fs::write(&path, b"")
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("cannot set the mode of {}", path.display()))?;
+    }
+    if seccomp == corral_kube::Seccomp::Localhost {
+        let profile = corral_sandbox::seccomp::oci_profile()
+            .context("cannot build corral's seccomp profile for this architecture")?;
+        let path = dir.join(corral_kube::NODE_SECCOMP);
+        let text =
+            serde_json::to_string_pretty(&profile).context("cannot encode the seccomp profile")?;
+        std::fs::write(&path, text + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// How kubectl is run: the program and the flags every call gets.
