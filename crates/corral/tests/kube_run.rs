@@ -174,7 +174,10 @@ impl Drop for Fixture {
     fn drop(&mut self) {
         // A harness `sleep` a killed corral left.
         if let Ok(pid) = std::fs::read_to_string(self.shim_dir().join("streaming")) {
-            let _ = Command::new("kill").arg(pid.trim()).status();
+            let _ = Command::new("kill")
+                .arg(pid.trim())
+                .stderr(Stdio::null())
+                .status();
         }
         let _ = std::fs::remove_dir_all(&self.root);
     }
@@ -719,18 +722,15 @@ const HARNESS_IMAGE: &str = "localhost/corral-ci-harness:latest";
 /// backend's test runs it): every attack fails as it does in the podman backend's harness
 /// container. The suite's network attacks meet podman's network none here, standing in for the
 /// NetworkPolicies podman does not enforce: they say nothing about the policies.
-#[test]
-fn the_escape_suite_fails_in_the_sandbox_pod_played_by_podman() {
-    if !podman_ready() {
-        return;
-    }
-    let f = Fixture::new();
+/// Run the escape suite in the sandbox Pod played by podman, with `extra` options; corral's
+/// output, and the manifests applied. Nothing of the jail is left in podman afterwards.
+fn escape_suite_in_a_played_pod(
+    f: &Fixture,
+    host: &HostTargets,
+    extra: &[&str],
+) -> (Output, String) {
     std::fs::write(f.root.join("kubectl"), PODMAN_SHIM).unwrap();
-    let proj = f.root.join("proj");
-    // The Pod runs as 65534 (the caller is root): the project is its to write.
-    std::os::unix::fs::chown(&proj, Some(65534), Some(65534)).unwrap();
     let node = f.root.join("node");
-    let host = HostTargets::new(&f);
     let suite = include_str!("engine_escape/suite.py");
     let mut args = vec![
         "run",
@@ -744,16 +744,13 @@ fn the_escape_suite_fails_in_the_sandbox_pod_played_by_podman() {
         node.to_str().unwrap(),
         "--image",
         HARNESS_IMAGE,
-        "--",
-        "/usr/bin/python3",
-        "-c",
-        suite,
     ];
+    args.extend(extra);
+    args.extend(["--", "/usr/bin/python3", "-c", suite]);
     let suite_args = host.args();
     args.extend(suite_args.iter().map(String::as_str));
     let out = f.corral(&args).env("SHIM_NODE", &node).output().unwrap();
     let t = text(&out);
-    // Nothing is left in podman, whatever happened.
     let name = f
         .jail_name()
         .unwrap_or_else(|| panic!("nothing was applied: {t}"));
@@ -772,7 +769,37 @@ fn the_escape_suite_fails_in_the_sandbox_pod_played_by_podman() {
             .any(|v| v.starts_with(&name)),
         "volumes of {name} are left"
     );
-    assert!(!f.applied().contains("subPath"));
+    let applied = f.applied();
+    std::fs::remove_file(f.shim_dir().join("calls")).unwrap();
+    (out, applied)
+}
+
+/// The rendered sandbox Pod, played by `podman kube play` (`--node-files`: podman ignores
+/// subPath), runs the native jail's escape suite (tests/engine_escape/suite.py, as the podman
+/// backend's test runs it): every attack fails as it does in the podman backend's harness
+/// container. The suite's network attacks meet podman's network none here, standing in for the
+/// NetworkPolicies podman does not enforce: they say nothing about the policies. Control: under
+/// the runtime's default seccomp profile instead of corral's, the suite sees the attacks work
+/// that corral's filter stops (podman's profile lets `unshare` through).
+#[test]
+fn the_escape_suite_fails_in_the_sandbox_pod_played_by_podman() {
+    if !podman_ready() {
+        return;
+    }
+    let f = Fixture::new();
+    let proj = f.root.join("proj");
+    // The Pod runs as 65534 (the caller is root): the project is its to write.
+    std::os::unix::fs::chown(&proj, Some(65534), Some(65534)).unwrap();
+    let host = HostTargets::new(&f);
+    let (out, applied) = escape_suite_in_a_played_pod(&f, &host, &[]);
+    let t = text(&out);
+    assert!(!applied.contains("subPath"), "{applied}");
+    if let Some(bin) = validator() {
+        let file = f.root.join("played.yaml");
+        std::fs::write(&file, &applied).unwrap();
+        let (ok, text) = validate(&bin, &file);
+        assert!(ok, "kubernetes-validate --strict refused:\n{text}");
+    }
     assert_eq!(out.status.code(), Some(0), "{t}");
     let stdout = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
     assert!(stdout.ends_with("END\n"), "the suite did not finish:\n{t}");
@@ -807,5 +834,43 @@ fn the_escape_suite_fails_in_the_sandbox_pod_played_by_podman() {
         .mode();
     assert_eq!(mode & 0o6000, 0, "a set-id file reached the host: {mode:o}");
     assert!(!proj.join("setid2.bin").exists(), "{t}");
+    // Control: the same Pod under the runtime's default profile.
+    let (out, _) = escape_suite_in_a_played_pod(&f, &host, &["--seccomp", "runtime-default"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("ESCAPE:seccomp-unshare")),
+        "the control found nothing: the suite cannot tell\n{}",
+        text(&out)
+    );
     host.untouched();
+}
+
+/// At a terminal the harness gets one (the Pod's `tty`/`stdin`) and corral attaches to it
+/// (`kubectl attach -it`) instead of reading its log.
+#[test]
+fn at_a_terminal_corral_attaches_to_the_harness() {
+    let f = Fixture::new();
+    let corral = corral_bin();
+    let line = format!(
+        "{} run --engine kube --network none --pids-by-node -- sh -c true",
+        corral.display()
+    );
+    let cmd = f.corral(&[]);
+    let out = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .current_dir(f.root.join("proj"))
+        .envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let calls = f.calls();
+    assert!(
+        calls.iter().any(|c| c == "attach -it pod/NAME -c harness"),
+        "{calls:?}"
+    );
+    assert!(!calls.iter().any(|c| c.starts_with("logs")), "{calls:?}");
+    assert!(f.applied().contains("    stdin: true\n    tty: true\n"));
 }
