@@ -46,7 +46,7 @@ fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
             write_private(&path, &yaml)?;
             eprintln!("corral kube: wrote {}", path.display());
             if opts.seccomp == Seccomp::Localhost {
-                write_seccomp_profile(dir)?;
+                write_seccomp_profile(dir, opts.node_files.as_deref())?;
             }
         }
         None => print!("{yaml}"),
@@ -57,7 +57,7 @@ fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
 /// corral's seccomp filter as the OCI profile the sandbox Pod names (`Localhost`), generated
 /// from the same rules as the native jail's BPF (`corral_sandbox::seccomp::oci_profile`): the
 /// nodes need it at `/var/lib/kubelet/seccomp/` + [`corral_kube::SECCOMP_LOCALHOST`].
-fn write_seccomp_profile(dir: &Path) -> anyhow::Result<()> {
+fn write_seccomp_profile(dir: &Path, node_files: Option<&Path>) -> anyhow::Result<()> {
     let profile = corral_sandbox::seccomp::oci_profile()
         .context("cannot build corral's seccomp profile for this architecture")?;
     let path = dir.join("seccomp.json");
@@ -65,11 +65,21 @@ fn write_seccomp_profile(dir: &Path) -> anyhow::Result<()> {
         serde_json::to_string_pretty(&profile).context("cannot encode the seccomp profile")?;
     std::fs::write(&path, text + "\n")
         .with_context(|| format!("cannot write {}", path.display()))?;
-    eprintln!(
-        "corral kube: wrote {}: install it on every node as /var/lib/kubelet/seccomp/{} (or render with --seccomp runtime-default)",
-        path.display(),
-        corral_kube::SECCOMP_LOCALHOST
-    );
+    match node_files {
+        // --node-files: the Pod names `seccomp.json` directly under the seccomp root.
+        Some(node) => eprintln!(
+            "corral kube: wrote {}: put it, with an empty mode-0000 `masked` and an empty \
+             mode-0444 `empty`, in {} on the node, and play with --seccomp-profile-root {}",
+            path.display(),
+            node.display(),
+            node.display()
+        ),
+        None => eprintln!(
+            "corral kube: wrote {}: install it on every node as /var/lib/kubelet/seccomp/{} (or render with --seccomp runtime-default)",
+            path.display(),
+            corral_kube::SECCOMP_LOCALHOST
+        ),
+    }
     Ok(())
 }
 

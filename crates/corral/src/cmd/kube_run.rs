@@ -154,7 +154,13 @@ fn say_what_runs(plan: &Plan, opts: &corral_kube::Options) {
             eprintln!("corral: kube: the sandbox mounts the node's {root} (hostPath) at {root}")
         }
     }
-    if opts.seccomp == corral_kube::Seccomp::Localhost {
+    if let Some(dir) = &opts.node_files {
+        eprintln!(
+            "corral: kube: masked files, the policy file's stand-in and the seccomp profile come \
+             from {} on the node (podman kube play --seccomp-profile-root {0}); written here",
+            dir.display()
+        );
+    } else if opts.seccomp == corral_kube::Seccomp::Localhost {
         eprintln!(
             "corral: kube: the sandbox runs under seccomp profile Localhost {}: every node needs \
              it (corral kube render -o DIR writes it; or pass --seccomp runtime-default)",
