@@ -457,7 +457,7 @@ impl Kube {
         let file = manifests.to_string_lossy();
         let applied = step!(kubectl(&self.kubectl, &["apply", "-f", &file], true, signals).await?);
         if !applied.success {
-            bail!("kubectl apply -f {file} failed: {}", applied.stderr.trim());
+            bail!("kubectl apply -f {file} failed: {}", brief(&applied.stderr));
         }
         eprint!("{}", applied.stdout);
         let deadline = Instant::now() + self.timeout;
@@ -495,7 +495,7 @@ impl Kube {
                  {deployment} says why: the image localhost/corral-proxy must be pullable by \
                  the nodes, or pass --proxy-image)",
                 humantime::format_duration(self.timeout),
-                out.stderr.trim()
+                brief(&out.stderr)
             );
         }
         Ok(Ended::Done(()))
@@ -530,7 +530,7 @@ impl Kube {
                 let why = if out.success {
                     format!("phase {phase:?} {reason}")
                 } else {
-                    out.stderr.trim().to_string()
+                    brief(&out.stderr).to_string()
                 };
                 bail!(
                     "the sandbox {pod} did not start within {}: {} (kubectl describe {pod} says \
@@ -581,7 +581,7 @@ impl Kube {
                 bail!(
                     "the sandbox {pod} gave no exit code within {} after its output ended: {}",
                     humantime::format_duration(self.timeout),
-                    out.stderr.trim()
+                    brief(&out.stderr)
                 );
             }
             tokio::select! {
@@ -590,6 +590,17 @@ impl Kube {
             }
         }
     }
+}
+
+/// What kubectl said, in brief: its last line (client-side logging comes first, one line per
+/// retry; the message that says what failed is last).
+fn brief(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("(kubectl said nothing)")
 }
 
 /// Waiting reasons a container does not recover from by itself.
@@ -653,7 +664,7 @@ async fn delete_call(k: &Kubectl, args: &[&str]) -> anyhow::Result<Option<String
         format!(
             "kubectl {}: {}",
             args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
+            brief(&String::from_utf8_lossy(&out.stderr))
         )
     }))
 }
@@ -673,22 +684,41 @@ pub fn down_leftovers(root: &Path) -> anyhow::Result<Vec<String>> {
         .build()
         .context("cannot start the runtime that drives kubectl")?;
     let mut removed = Vec::new();
+    let mut failed = Vec::new();
     for entry in entries {
         let path = entry
             .with_context(|| format!("cannot read {}", dir.display()))?
             .path();
-        let record_path = path.join(RECORD);
-        let text = std::fs::read_to_string(&record_path)
-            .with_context(|| format!("cannot read {}", record_path.display()))?;
-        let record: Record = serde_json::from_str(&text)
-            .with_context(|| format!("{}: not a kube run record", record_path.display()))?;
-        rt.block_on(delete(&record.kubectl, &path.join(MANIFESTS), &record.name))?;
-        std::fs::remove_dir_all(&path)
-            .with_context(|| format!("cannot remove {}", path.display()))?;
-        removed.push(record.name);
+        // Each run on its own: a cluster out of reach keeps its runs' records, not the others'.
+        match down_one(&rt, &path) {
+            Ok(name) => removed.push(name),
+            Err(e) => {
+                eprintln!("corral: kube: {e:#}");
+                failed.push(path);
+            }
+        }
     }
     let _ = std::fs::remove_dir(&dir);
+    if !failed.is_empty() {
+        bail!(
+            "{} run(s) kept their objects and records (see above); run `corral down` again once \
+             their cluster answers",
+            failed.len()
+        );
+    }
     Ok(removed)
+}
+
+/// Delete the objects of the run recorded in `path`, then the record; the jail's name.
+fn down_one(rt: &tokio::runtime::Runtime, path: &Path) -> anyhow::Result<String> {
+    let record_path = path.join(RECORD);
+    let text = std::fs::read_to_string(&record_path)
+        .with_context(|| format!("cannot read {}", record_path.display()))?;
+    let record: Record = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a kube run record", record_path.display()))?;
+    rt.block_on(delete(&record.kubectl, &path.join(MANIFESTS), &record.name))?;
+    std::fs::remove_dir_all(path).with_context(|| format!("cannot remove {}", path.display()))?;
+    Ok(record.name)
 }
 
 #[cfg(test)]
