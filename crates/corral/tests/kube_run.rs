@@ -874,3 +874,50 @@ fn at_a_terminal_corral_attaches_to_the_harness() {
     assert!(!calls.iter().any(|c| c.starts_with("logs")), "{calls:?}");
     assert!(f.applied().contains("    stdin: true\n    tty: true\n"));
 }
+
+/// `--node-files` manifests are valid Kubernetes too (hostPath files, the seccomp annotation
+/// agreeing with the field), and name no subPath; without `--project-hostpath` it is refused.
+#[test]
+fn node_files_manifests_validate_strictly() {
+    let f = Fixture::new();
+    let node = f.root.join("node");
+    let render = |extra: &[&str]| {
+        let mut args = vec![
+            "kube",
+            "render",
+            "--engine",
+            "kube",
+            "--network",
+            "none",
+            "--pids-by-node",
+            "--node-files",
+            node.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        args.extend(["--", "sh", "-c", "true"]);
+        f.corral(&args).output().unwrap()
+    };
+    let out = render(&[]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--project-hostpath"),
+        "{}",
+        text(&out)
+    );
+    let out = render(&["--project-hostpath"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    assert!(!yaml.contains("subPath"), "{yaml}");
+    assert!(
+        yaml.contains("seccomp.security.alpha.kubernetes.io/pod: localhost/seccomp.json"),
+        "{yaml}"
+    );
+    let Some(bin) = validator() else {
+        eprintln!("SKIP: kubernetes-validate not found");
+        return;
+    };
+    let file = f.root.join("node.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    let (ok, text) = validate(&bin, &file);
+    assert!(ok, "kubernetes-validate --strict refused:\n{text}\n{yaml}");
+}
