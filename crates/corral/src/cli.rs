@@ -202,11 +202,12 @@ pub struct RunArgs {
     /// branch only (native backend)
     #[arg(long, value_name = "NAME", conflicts_with_all = ["project", "scratch"])]
     pub worktree: Option<String>,
-    #[command(flatten)]
-    pub kube: Box<KubeRunArgs>,
     /// The command to run instead of the profile's
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+    // Last: its help heading applies to every argument after it.
+    #[command(flatten)]
+    pub kube: Box<KubeRunArgs>,
 }
 
 /// `corral run --engine kube`: where the jail goes and what it is rendered with (the options
