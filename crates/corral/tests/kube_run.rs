@@ -540,20 +540,30 @@ fn kube_options_without_the_kube_engine_and_scratch_are_refused() {
     assert!(!f.shim_dir().join("calls").exists(), "kubectl was called");
 }
 
-/// `kubernetes-validate`: $CORRAL_KUBERNETES_VALIDATE, the CI's venv, else PATH.
+/// `kubernetes-validate`: $CORRAL_KUBERNETES_VALIDATE, the CI's venv, else PATH; one this user
+/// can run (the CI's venv is root's).
 fn validator() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("CORRAL_KUBERNETES_VALIDATE") {
-        return Some(PathBuf::from(p));
+    let found = if let Some(p) = std::env::var_os("CORRAL_KUBERNETES_VALIDATE") {
+        Some(PathBuf::from(p))
+    } else if Path::new("/opt/corral-ci-kube/bin/kubernetes-validate").exists() {
+        Some(PathBuf::from("/opt/corral-ci-kube/bin/kubernetes-validate"))
+    } else {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|d| d.join("kubernetes-validate"))
+                .find(|p| p.exists())
+        })
+    }?;
+    let runs = Command::new(&found)
+        .arg("--help")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !runs {
+        eprintln!("{} does not run for this user", found.display());
     }
-    let ci = Path::new("/opt/corral-ci-kube/bin/kubernetes-validate");
-    if ci.exists() {
-        return Some(ci.to_path_buf());
-    }
-    std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|d| d.join("kubernetes-validate"))
-            .find(|p| p.exists())
-    })
+    runs.then_some(found)
 }
 
 fn validate(bin: &Path, file: &Path) -> (bool, String) {
