@@ -19,7 +19,9 @@ pub fn engine_of(plan: &Plan) -> anyhow::Result<EngineKind> {
             "--engine auto: the native backend cannot run here and neither podman nor docker is \
              on PATH; install podman (apt-get install podman) or fix what `corral doctor` reports",
         )?,
-        Engine::Native => bail!("engine native is not a container engine"),
+        Engine::Native | Engine::Kube => {
+            bail!("engine {:?} is not a container engine", plan.engine)
+        }
     };
     if !runner::on_path(kind.program()) {
         bail!("--engine {kind}: `{kind}` is not on PATH; install it, or run with --engine native",);
@@ -51,7 +53,9 @@ pub fn print_commands(plan: &Plan) -> anyhow::Result<String> {
         Engine::Podman => EngineKind::Podman,
         Engine::Docker => EngineKind::Docker,
         Engine::Auto => runner::detect().unwrap_or(EngineKind::Podman),
-        Engine::Native => bail!("engine native runs no engine commands"),
+        Engine::Native | Engine::Kube => {
+            bail!("engine {:?} runs no container engine commands", plan.engine)
+        }
     };
     // The sign-ins a run would serve: those whose file exists.
     let mut plan = plan.clone();
@@ -232,7 +236,7 @@ pub fn init_compose(plan: &Plan) -> anyhow::Result<PathBuf> {
     let kind = match plan.engine {
         Engine::Docker => EngineKind::Docker,
         Engine::Podman => EngineKind::Podman,
-        Engine::Native | Engine::Auto => runner::detect().context(
+        Engine::Native | Engine::Auto | Engine::Kube => runner::detect().context(
             "`corral init --compose` needs podman or docker on PATH to create the binary volume",
         )?,
     };
