@@ -87,6 +87,7 @@ mod tests {
         let net = NetworkPlan {
             mode: NetworkMode::Proxy,
             allow: vec![
+            allow_paths: Vec::new(),
                 DomainPattern::parse("api.anthropic.com").unwrap(),
                 DomainPattern::parse("*.github.com").unwrap(),
                 DomainPattern::parse("registry.example.com:443").unwrap(),

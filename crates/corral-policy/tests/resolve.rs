@@ -166,6 +166,7 @@ fn shell_plan(f: &Fx) -> Plan {
     let network = |mode| NetworkPlan {
         mode,
         allow: vec![],
+        allow_paths: Vec::new(),
         deny: vec![],
         allow_cidrs: vec![],
         host_ports: vec![],
@@ -337,6 +338,7 @@ fn pi_plan(f: &Fx) -> Plan {
         network: NetworkPlan {
             mode: NetworkMode::None,
             allow: vec![],
+            allow_paths: Vec::new(),
             deny: vec![],
             allow_cidrs: vec![],
             host_ports: vec![],
@@ -433,6 +435,7 @@ fn pi_plan(f: &Fx) -> Plan {
         network: NetworkPlan {
             mode: NetworkMode::Proxy,
             allow: [
+            allow_paths: Vec::new(),
                 "api.anthropic.com",
                 "api.openai.com",
                 "generativelanguage.googleapis.com",
