@@ -30,17 +30,21 @@ pub enum AllowEntry {
 
 impl AllowEntry {
     /// A plain pattern unless the entry names a method (a space) or a path (a `/`).
-    pub fn parse(raw: &str) -> Result<Self, PathRuleError> {
+    pub fn parse(raw: &str) -> Result<Self, AllowError> {
         if raw.contains(' ') || raw.contains('/') {
-            return PathRule::parse(raw).map(AllowEntry::Path);
+            return Ok(AllowEntry::Path(PathRule::parse(raw)?));
         }
-        DomainPattern::parse(raw)
-            .map(AllowEntry::Host)
-            .map_err(|e| PathRuleError {
-                entry: raw.to_string(),
-                reason: e.to_string(),
-            })
+        Ok(AllowEntry::Host(DomainPattern::parse(raw)?))
     }
+}
+
+/// Why an allow entry was refused: as a host pattern, or as a path rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllowError {
+    #[error(transparent)]
+    Host(#[from] crate::domain::PatternError),
+    #[error(transparent)]
+    Path(#[from] PathRuleError),
 }
 
 /// `[METHODS ]HOST[:PORT]/GLOB`.

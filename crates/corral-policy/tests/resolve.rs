@@ -434,8 +434,8 @@ fn pi_plan(f: &Fx) -> Plan {
         env: jail_env,
         network: NetworkPlan {
             mode: NetworkMode::Proxy,
-            allow: [
             allow_paths: Vec::new(),
+            allow: [
                 "api.anthropic.com",
                 "api.openai.com",
                 "generativelanguage.googleapis.com",
