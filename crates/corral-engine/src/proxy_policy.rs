@@ -86,8 +86,8 @@ mod tests {
     fn renders_the_network_section_whole() {
         let net = NetworkPlan {
             mode: NetworkMode::Proxy,
-            allow: vec![
             allow_paths: Vec::new(),
+            allow: vec![
                 DomainPattern::parse("api.anthropic.com").unwrap(),
                 DomainPattern::parse("*.github.com").unwrap(),
                 DomainPattern::parse("registry.example.com:443").unwrap(),

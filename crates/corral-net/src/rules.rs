@@ -11,7 +11,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 
 use corral_policy::domain::{DomainPattern, Host};
+use corral_policy::pathrule::{AllowEntry, PathRule};
 use corral_policy::plan::NetworkPlan;
+use corral_policy::reqpath::{self, Normalized};
 use ipnet::IpNet;
 
 use crate::NetError;
@@ -49,9 +51,21 @@ fn parse_upstream(raw: &str) -> Result<Upstream, NetError> {
 #[derive(Debug, Clone, Default)]
 pub struct Rules {
     pub allow: Vec<DomainPattern>,
+    /// Rules by method and path: a host they name is decided request by request.
+    pub allow_paths: Vec<PathRule>,
     pub deny: Vec<DomainPattern>,
     pub allow_cidrs: Vec<IpNet>,
     pub upstream: Option<Upstream>,
+}
+
+/// How a host passed the name-level decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Allowed {
+    /// The whole host: an opaque tunnel or plain forwarding. The rule that allowed it.
+    Host(String),
+    /// Only some requests: each is decided by [`Rules::check_request`], so a CONNECT must be
+    /// terminated with the run's CA (never an opaque tunnel) and SOCKS refused. The rule set.
+    Paths(String),
 }
 
 /// Why a request was denied, and how to allow it.
@@ -90,6 +104,7 @@ impl Rules {
             .transpose()?;
         Ok(Rules {
             allow: net.allow.clone(),
+            allow_paths: net.allow_paths.clone(),
             deny: net.deny.clone(),
             allow_cidrs: net.allow_cidrs.clone(),
             upstream,
@@ -117,8 +132,17 @@ impl Rules {
             .upstream_proxy
             .map(|u| parse_upstream(&u.into_inner().0))
             .transpose()?;
+        let (mut allow, mut allow_paths) = (Vec::new(), Vec::new());
+        for a in &net.allow {
+            match AllowEntry::parse(a.get_ref()) {
+                Ok(AllowEntry::Host(_)) => allow.push(pattern(a)?),
+                Ok(AllowEntry::Path(r)) => allow_paths.push(r),
+                Err(e) => return Err(NetError::Config(format!("network.allow: {e}"))),
+            }
+        }
         Ok(Rules {
-            allow: net.allow.iter().map(pattern).collect::<Result<_, _>>()?,
+            allow,
+            allow_paths,
             deny: net.deny.iter().map(pattern).collect::<Result<_, _>>()?,
             allow_cidrs: net
                 .allow_cidrs
@@ -129,9 +153,11 @@ impl Rules {
         })
     }
 
-    /// The name-level decision: `Ok(rule)` naming the allow pattern, or the denial.
-    pub fn check_name(&self, host: &Host, port: u16, kind: Kind) -> Result<String, Denial> {
-        let shown = host_display(host);
+    /// The name-level decision: the whole host (naming the allow pattern), only the requests
+    /// its path rules allow, or the denial. Deny wins; a host that path rules name is decided
+    /// per request unless a plain pattern names it exactly (not through `*.`): the plainly
+    /// listed host is trusted whole, a wildcard does not undo a narrower path rule.
+    pub fn check_name(&self, host: &Host, port: u16, kind: Kind) -> Result<Allowed, Denial> {
         if let Some(p) = self.deny.iter().find(|p| p.matches(host, port)) {
             return Err(Denial {
                 rule: format!("network.deny: {p}"),
@@ -139,6 +165,68 @@ impl Rules {
                 status: 403,
             });
         }
+        let paths = self.paths_for(host, port, kind);
+        if paths.is_empty() {
+            return self.check_plain(host, port, kind).map(Allowed::Host);
+        }
+        if let Some(p) = self
+            .allow
+            .iter()
+            .find(|p| !p.is_wildcard() && p.matches(host, port) && port_ok(p.port(), port, kind))
+        {
+            return Ok(Allowed::Host(format!("network.allow: {p}")));
+        }
+        Ok(Allowed::Paths(rule_set(&paths)))
+    }
+
+    /// The path rules for `host:port` (a rule without a port names the default port of `kind`).
+    pub fn paths_for(&self, host: &Host, port: u16, kind: Kind) -> Vec<&PathRule> {
+        self.allow_paths
+            .iter()
+            .filter(|r| r.names_host(host, port) && port_ok(r.host().port(), port, kind))
+            .collect()
+    }
+
+    /// The decision of one request to `host:port` (`target` origin-form as received): the
+    /// normalised target to forward, the one that was decided on, with the rule that allowed
+    /// it; or the denial (`400` for a target that cannot be decided unambiguously, `403` for a
+    /// request no rule allows, naming the host's rules and the entry that would allow it).
+    pub fn check_request(
+        &self,
+        (host, port, kind): (&Host, u16, Kind),
+        method: &str,
+        target: &str,
+    ) -> Result<(Normalized, String), Denial> {
+        let n = reqpath::normalize(target).map_err(|e| Denial {
+            rule: e.to_string(),
+            fix: "send the path in plain form (no encoded `/`, `\\`, `;` or `%`, no `..` above the root)".into(),
+            status: 400,
+        })?;
+        let set = match self.check_name(host, port, kind)? {
+            Allowed::Host(rule) => return Ok((n, rule)),
+            Allowed::Paths(set) => set,
+        };
+        let paths = self.paths_for(host, port, kind);
+        if let Some(r) = paths.iter().find(|r| r.allows(method, &n.segments)) {
+            return Ok((n, format!("network.allow: {r}")));
+        }
+        let authority = match port == kind.default_port() {
+            true => host_display(host),
+            false => format!("{}:{port}", host_display(host)),
+        };
+        let path = n.path();
+        Err(Denial {
+            rule: format!("{method} {path} is not in network.allow for {authority} ({set})"),
+            fix: format!(
+                "allow with: corral run --allow '{method} {authority}{path}' (or add it to network.allow in corral.toml)"
+            ),
+            status: 403,
+        })
+    }
+
+    /// The plain allow list's decision (deny already checked).
+    fn check_plain(&self, host: &Host, port: u16, kind: Kind) -> Result<String, Denial> {
+        let shown = host_display(host);
         let mut port_blocked = false;
         for p in &self.allow {
             if !p.matches(host, port) {
@@ -175,6 +263,17 @@ impl Rules {
             status: 403,
         })
     }
+}
+
+/// Whether a pattern's port (or, without one, the default port of `kind`) is `port`.
+fn port_ok(pattern_port: Option<u16>, port: u16, kind: Kind) -> bool {
+    pattern_port.map_or(port == kind.default_port(), |p| p == port)
+}
+
+/// `path rules: GET github.com/myorg/**, github.com/docs/**`.
+fn rule_set(paths: &[&PathRule]) -> String {
+    let list: Vec<String> = paths.iter().map(|r| r.to_string()).collect();
+    format!("path rules: {}", list.join(", "))
 }
 
 /// A boxed future, so that [`Resolver`] stays object-safe.
