@@ -215,10 +215,11 @@ impl Rules {
             false => format!("{}:{port}", host_display(host)),
         };
         let path = n.path();
+        let entry = format!("{method} {authority}{path}");
         Err(Denial {
             rule: format!("{method} {path} is not in network.allow for {authority} ({set})"),
             fix: format!(
-                "allow with: corral run --allow '{method} {authority}{path}' (or add it to network.allow in corral.toml)"
+                "allow with: corral run --allow '{entry}', or in the project's corral.toml: corral allow '{entry}'"
             ),
             status: 403,
         })
@@ -326,5 +327,154 @@ impl Resolver for StaticResolver {
             io::Error::new(io::ErrorKind::NotFound, format!("{name}: no such host"))
         });
         Box::pin(async move { r })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_policy::domain::normalize_host;
+
+    fn rules(allow: &[&str], deny: &[&str]) -> Rules {
+        let mut r = Rules::default();
+        for a in allow {
+            match AllowEntry::parse(a).unwrap() {
+                AllowEntry::Host(p) => r.allow.push(p),
+                AllowEntry::Path(p) => r.allow_paths.push(p),
+            }
+        }
+        r.deny = deny
+            .iter()
+            .map(|d| DomainPattern::parse(d).unwrap())
+            .collect();
+        r
+    }
+
+    fn h(s: &str) -> Host {
+        normalize_host(s).unwrap()
+    }
+
+    fn name(r: &Rules, host: &str, port: u16, kind: Kind) -> Result<Allowed, String> {
+        r.check_name(&h(host), port, kind).map_err(|d| d.rule)
+    }
+
+    #[test]
+    fn a_host_named_by_path_rules_is_decided_per_request() {
+        let r = rules(&["github.com/myorg/**", "example.org"], &[]);
+        assert_eq!(
+            name(&r, "github.com", 443, Kind::Connect),
+            Ok(Allowed::Paths("path rules: github.com/myorg/**".into()))
+        );
+        // SOCKS and plain HTTP on the default ports: the same.
+        assert!(matches!(
+            name(&r, "github.com", 443, Kind::Socks),
+            Ok(Allowed::Paths(_))
+        ));
+        assert!(matches!(
+            name(&r, "github.com", 80, Kind::Http),
+            Ok(Allowed::Paths(_))
+        ));
+        // Another port is not named by a rule without one.
+        assert_eq!(
+            name(&r, "github.com", 8443, Kind::Connect),
+            Err("not in network.allow".into())
+        );
+        assert_eq!(
+            name(&r, "example.org", 443, Kind::Connect),
+            Ok(Allowed::Host("network.allow: example.org".into()))
+        );
+    }
+
+    #[test]
+    fn only_an_exact_plain_entry_opens_a_path_ruled_host_whole() {
+        let wild = rules(&["*.github.com", "GET api.github.com/repos/**"], &[]);
+        assert!(matches!(
+            name(&wild, "api.github.com", 443, Kind::Connect),
+            Ok(Allowed::Paths(_))
+        ));
+        assert!(matches!(
+            name(&wild, "raw.github.com", 443, Kind::Connect),
+            Ok(Allowed::Host(_))
+        ));
+        let exact = rules(&["api.github.com", "GET api.github.com/repos/**"], &[]);
+        assert_eq!(
+            name(&exact, "api.github.com", 443, Kind::Connect),
+            Ok(Allowed::Host("network.allow: api.github.com".into()))
+        );
+        // An exact entry for another port does not open this one.
+        let other_port = rules(&["api.github.com:8443", "api.github.com/repos/**"], &[]);
+        assert!(matches!(
+            name(&other_port, "api.github.com", 443, Kind::Connect),
+            Ok(Allowed::Paths(_))
+        ));
+    }
+
+    #[test]
+    fn deny_wins_over_path_rules() {
+        let r = rules(&["gist.github.com/myorg/**"], &["*.github.com"]);
+        assert_eq!(
+            name(&r, "gist.github.com", 443, Kind::Connect),
+            Err("network.deny: *.github.com".into())
+        );
+        let req = r.check_request(
+            (&h("gist.github.com"), 443, Kind::Connect),
+            "GET",
+            "/myorg/x",
+        );
+        assert_eq!(req.unwrap_err().rule, "network.deny: *.github.com");
+    }
+
+    #[test]
+    fn each_request_is_decided_on_the_normalised_path_it_forwards() {
+        let r = rules(
+            &["GET github.com/myorg/**", "POST github.com/myorg/upload"],
+            &[],
+        );
+        let dest = (&h("github.com"), 443, Kind::Connect);
+        let (n, rule) = r
+            .check_request(dest, "GET", "/myorg/./a//b?q=/../x")
+            .unwrap();
+        assert_eq!(n.target(), "/myorg/a/b?q=/../x");
+        assert_eq!(rule, "network.allow: GET github.com/myorg/**");
+        let (n, _) = r.check_request(dest, "POST", "/myorg/upload").unwrap();
+        assert_eq!(n.target(), "/myorg/upload");
+        let d = r
+            .check_request(dest, "POST", "/myorg/a/../other")
+            .unwrap_err();
+        assert_eq!(d.status, 403);
+        assert_eq!(
+            d.rule,
+            "POST /myorg/other is not in network.allow for github.com (path rules: GET github.com/myorg/**, POST github.com/myorg/upload)"
+        );
+        assert_eq!(
+            d.fix,
+            "allow with: corral run --allow 'POST github.com/myorg/other', or in the project's corral.toml: corral allow 'POST github.com/myorg/other'"
+        );
+        let d = r.check_request(dest, "GET", "/myorg/..%2f..").unwrap_err();
+        assert_eq!(d.status, 400);
+        let d = r.check_request(dest, "GET", "/myorg/../other").unwrap_err();
+        assert!(d.rule.starts_with("GET /other is not"), "{}", d.rule);
+        // A port other than the default is named in the suggested entry.
+        let r = rules(&["github.com:8443/a/**"], &[]);
+        let d = r
+            .check_request((&h("github.com"), 8443, Kind::Connect), "GET", "/b")
+            .unwrap_err();
+        assert!(d.fix.contains("'GET github.com:8443/b'"), "{}", d.fix);
+    }
+
+    #[test]
+    fn a_host_opened_whole_on_reload_is_still_normalised() {
+        let r = rules(&["github.com"], &[]);
+        let dest = (&h("github.com"), 443, Kind::Connect);
+        let (n, rule) = r.check_request(dest, "GET", "/a/../b").unwrap();
+        assert_eq!(
+            (n.target().as_str(), rule.as_str()),
+            ("/b", "network.allow: github.com")
+        );
+        let r = rules(&[], &[]);
+        assert_eq!(
+            r.check_request(dest, "GET", "/b").unwrap_err().rule,
+            "not in network.allow"
+        );
     }
 }

@@ -297,7 +297,8 @@ fn path_rules_decide_each_request_and_no_bypass_reaches_the_origin() {
         body.contains(&format!(
             "GET /other/secret is not in network.allow for {host}:{a}"
         )) && body.contains(&format!("{host}:{a}/myorg/**"))
-            && body.contains(&format!("corral run --allow 'GET {host}:{a}/other/secret'")),
+            && body.contains(&format!("corral run --allow 'GET {host}:{a}/other/secret'"))
+            && body.contains(&format!("corral allow 'GET {host}:{a}/other/secret'")),
         "{body}"
     );
 
