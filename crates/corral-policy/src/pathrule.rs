@@ -91,6 +91,11 @@ impl PathRule {
             entry: raw.to_string(),
             reason: reason.to_string(),
         };
+        if !raw.contains('/') {
+            return Err(bad(
+                "a host cannot contain a space, and a rule with methods needs a path (`GET host/**` for every path)",
+            ));
+        }
         let (methods, rest) = match raw.split_once(' ') {
             Some((m, rest)) => (parse_methods(m).map_err(|r| bad(&r))?, rest),
             None => (Vec::new(), raw),
@@ -309,6 +314,7 @@ mod tests {
             ("10.0.0.1/a", "host name"),
             ("*/a", "`*` alone"),
             ("exa mple.com/a", "lower-case"),
+            ("exa mple.com", "cannot contain a space"),
         ] {
             let e = AllowEntry::parse(raw).unwrap_err().to_string();
             assert!(e.contains(&format!("{raw:?}")), "{raw}: {e}");

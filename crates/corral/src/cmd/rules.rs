@@ -106,9 +106,7 @@ impl Target {
             });
         }
         if raw.contains(['/', ' ']) {
-            let rule = PathRule::parse(raw).map_err(|e| {
-                anyhow::anyhow!("{e}; a CIDR such as 10.0.0.0/8 is an address range")
-            })?;
+            let rule = PathRule::parse(raw)?;
             return Ok(Target {
                 pattern: None,
                 cidr: None,
