@@ -34,6 +34,11 @@
 //!   without query; `Debug` of every type here redacts values.
 //! - The jail side speaks HTTP/1.1 only (ALPN offers `http/1.1`), so one connection has one
 //!   `Host`; websocket upgrades get their headers swapped, then the two streams are spliced.
+//! - **Hosts the proxy decides by method and path** (`network.allow = ["GET host/path/**"]`)
+//!   are terminated the same way ([`Gateway::intercept_gated`], the CA's names include them):
+//!   after the checks above, each request goes to the proxy's [`RequestGate`], and is sent
+//!   with the target the gate decided on, or answered with its refusal and the connection
+//!   closed; a secret-bound host among them gets its swap after the gate.
 //!
 //! # The seam with the proxy (corral-net)
 //!
