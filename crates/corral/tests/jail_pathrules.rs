@@ -19,6 +19,8 @@ use std::process::{Child, Command, Stdio};
 use e2e_support::{certs, loopback_name};
 use jail_support::*;
 
+const REAL: &str = "sk-test-PATHRULESreal0123456789";
+
 struct Mock {
     child: Child,
     /// TLS, path-ruled; TLS, plainly allowed; plain HTTP, path-ruled.
@@ -45,8 +47,10 @@ class H(http.server.BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         if n:
             self.rfile.read(n)
+        auth = self.headers.get("Authorization")
         with open("seen.txt", "a") as f:
-            f.write("%d %s %s\n" % (self.server.server_address[1], self.command, self.path))
+            f.write("%d %s %s%s\n" % (self.server.server_address[1], self.command, self.path,
+                                      " auth=" + auth if auth else ""))
         body = ("origin %s %s\n" % (self.command, self.path)).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -167,6 +171,15 @@ fn script(host: &str, [a, b, c]: [u16; 3]) -> String {
                 "curl -sS -o /dev/null -o /dev/null -w '%{{http_code}},' {ua}/myorg/ok {ua}/other/secret"
             ),
         ),
+        // A secret-bound host with path rules: decided first, then the placeholder swapped.
+        (
+            "secret_ok",
+            format!("{code} -H \"Authorization: Bearer $MY_KEY\" {ua}/myorg/auth"),
+        ),
+        (
+            "secret_refused",
+            format!("{code} -H \"Authorization: Bearer $MY_KEY\" {ua}/other/auth"),
+        ),
         ("get", format!("{code} {ua}/getonly/x")),
         ("post", format!("{code} -X POST -d x=1 {ua}/getonly/x")),
         (
@@ -237,23 +250,24 @@ fn path_rules_decide_each_request_and_no_bypass_reaches_the_origin() {
         &format!(
             "[network]\nmode = \"proxy\"\n\
              allow = [\"{host}:{a}/myorg/**\", \"GET {host}:{a}/getonly/**\", \"{host}:{b}\", \"{host}:{c}/myorg/**\"]\n\
-             allow_cidrs = [\"127.0.0.0/8\"]\n"
+             allow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [secrets]\nMY_KEY = {{ from_env = \"CALLER_KEY\", hosts = [\"{host}:{a}\"] }}\n"
         ),
     );
     w.trust_project(&[]);
     let mut cmd = w.corral();
     // The gateway verifies the real host with the system store; the mock's test CA is added
     // the way a corporate CA would be.
-    cmd.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
-        "run",
-        "--",
-        "sh",
-        "-c",
-        &script(&host, m.ports),
-    ]);
+    cmd.env("SSL_CERT_FILE", mdir.join("ca.pem"))
+        .env("CALLER_KEY", REAL)
+        .args(["run", "--", "sh", "-c", &script(&host, m.ports)]);
     let out = run(cmd);
     ran(&out, "END");
     let all = out.both();
+    assert!(
+        !all.contains(REAL),
+        "the real value reached the jail:\n{all}"
+    );
     let got = codes(&out.stdout);
     let want = [
         ("ok", "200"),
@@ -273,6 +287,8 @@ fn path_rules_decide_each_request_and_no_bypass_reaches_the_origin() {
         ("absform", "400"),
         ("hostsni", "421"),
         ("keepalive", "200,403,"),
+        ("secret_ok", "200"),
+        ("secret_refused", "403"),
         ("get", "200"),
         ("post", "403"),
         ("socks_ok", "200"),
@@ -310,6 +326,7 @@ fn path_rules_decide_each_request_and_no_bypass_reaches_the_origin() {
     let mut expected = vec![
         format!("{a} GET /myorg/ok"),
         format!("{a} GET /getonly/x"),
+        format!("{a} GET /myorg/auth auth=Bearer {REAL}"),
         format!("{b} GET /myorg/../other/secret"),
         format!("{c} GET /myorg/ok"),
     ];
