@@ -415,3 +415,22 @@ fn malformed_path_rules_and_deny_paths_are_refused_naming_the_entry() {
         );
     }
 }
+
+#[test]
+fn a_container_engine_refuses_path_rules_rather_than_drop_them() {
+    let w = World::new();
+    write(
+        &w.project.join("corral.toml"),
+        "[network]\nmode = \"proxy\"\nallow = [\"GET api.example.com/repos/myorg/**\"]\n",
+    );
+    w.trust_project(&["--engine", "podman"]);
+    let mut c = w.corral();
+    c.args(["run", "--engine", "podman", "--", "true"]);
+    let out = run(c);
+    let all = out.both();
+    assert_eq!(out.code, 125, "{all}");
+    assert!(
+        all.contains("GET api.example.com/repos/myorg/**") && all.contains("native backend only"),
+        "{all}"
+    );
+}
