@@ -216,11 +216,15 @@ pub fn first_run_line(plan: &Plan, audit: &std::path::Path) -> String {
     let network = match plan.network.mode {
         NetworkMode::None => "no network".to_string(),
         NetworkMode::Host => "the host's network, unfiltered".to_string(),
-        NetworkMode::Proxy if plan.network.allow.is_empty() => {
+        NetworkMode::Proxy
+            if plan.network.allow.is_empty() && plan.network.allow_paths.is_empty() =>
+        {
             "no destination allowed through the proxy".to_string()
         }
         NetworkMode::Proxy => {
-            let hosts: Vec<String> = plan.network.allow.iter().map(|p| p.to_string()).collect();
+            let hosts: Vec<String> = (plan.network.allow.iter().map(|p| p.to_string()))
+                .chain(plan.network.allow_paths.iter().map(|r| r.to_string()))
+                .collect();
             format!("only {} through the proxy", hosts.join(", "))
         }
     };

@@ -256,6 +256,11 @@ impl State {
             {
                 rules.allow_cidrs.push(c);
             }
+            if let Some(r) = &t.rule
+                && !rules.allow_paths.contains(r)
+            {
+                rules.allow_paths.push(r.clone());
+            }
         }
         self.proxy.set_rules(rules);
     }
@@ -360,7 +365,12 @@ impl Diff {
         }
         let mut lists = BTreeMap::new();
         let pairs = [
-            ("network.allow", strings(&old.allow), strings(&new.allow)),
+            // Path rules are `network.allow` entries too.
+            (
+                "network.allow",
+                [strings(&old.allow), strings(&old.allow_paths)].concat(),
+                [strings(&new.allow), strings(&new.allow_paths)].concat(),
+            ),
             ("network.deny", strings(&old.deny), strings(&new.deny)),
             (
                 "network.allow_cidrs",

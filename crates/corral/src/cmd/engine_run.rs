@@ -130,10 +130,31 @@ fn signin_credentials(
     Ok(())
 }
 
+/// Rules by method and path need the run's CA in the proxy, which only the native backend's
+/// proxy has: a container run refuses them rather than drop them or open the host whole.
+fn refuse_path_rules(plan: &Plan) -> anyhow::Result<()> {
+    if plan.network.mode != corral_policy::plan::NetworkMode::Proxy
+        || plan.network.allow_paths.is_empty()
+    {
+        return Ok(());
+    }
+    let rules: Vec<String> = plan
+        .network
+        .allow_paths
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+    anyhow::bail!(
+        "network.allow rules by method and path ({}) work with the native backend only (a container engine's proxy cannot decide each request yet); run with --engine native, or allow the hosts whole",
+        rules.join(", ")
+    )
+}
+
 /// Run `plan` with its container engine in a session of `scope`; the harness's exit code. The
 /// project is bind-mounted into the container, so the session's host-side checks (git, state
 /// guard, set-id, change summary) apply as after a native run.
 pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
+    refuse_path_rules(plan)?;
     let kind = engine_of(plan)?;
     // [signin]: the sign-ins served (their files exist), each placeholder file for the harness
     // and the tokens for the run's gateway proxy.

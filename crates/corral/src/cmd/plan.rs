@@ -137,6 +137,13 @@ fn network(out: &mut String, n: &NetworkPlan, indent: &str) {
         "{indent}allow         {}",
         list(n.allow.iter().map(|a| a.to_string()).collect())
     );
+    if !n.allow_paths.is_empty() {
+        let _ = writeln!(
+            out,
+            "{indent}allow paths   {} (each request decided; TLS terminated with the run's CA)",
+            list(n.allow_paths.iter().map(|a| a.to_string()).collect())
+        );
+    }
     let _ = writeln!(
         out,
         "{indent}deny          {}",
