@@ -253,6 +253,12 @@ fn check_supported(plan: &Plan, opts: &Options) -> Result<()> {
         NetworkMode::Proxy if opts.proxy_ip.is_none() => return Err(KubeError::NoProxyIp),
         NetworkMode::Proxy | NetworkMode::None => {}
     }
+    if n.mode == NetworkMode::Proxy && !n.allow_paths.is_empty() {
+        return unsupported(
+            "network.allow rules by method and path (the cluster's proxy cannot decide each request yet; \
+             corral run --engine native does)",
+        );
+    }
     if !n.host_ports.is_empty() {
         return unsupported("network.host_ports");
     }

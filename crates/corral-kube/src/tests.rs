@@ -110,6 +110,14 @@ fn refuses_what_it_cannot_carry() {
         Err(KubeError::BadName { .. })
     ));
     let mut p = plan();
+    p.network
+        .allow_paths
+        .push("GET api.github.com/repos/myorg/**".parse().unwrap());
+    assert!(matches!(
+        render(&p, &opts()),
+        Err(KubeError::Unsupported { what }) if what.contains("by method and path")
+    ));
+    let mut p = plan();
     p.protected.push("/etc/elsewhere".into());
     assert!(matches!(
         render(&p, &opts()),
