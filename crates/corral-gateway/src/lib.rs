@@ -88,7 +88,7 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-pub use ca::{CA_VALIDITY, LEAF_VALIDITY};
+pub use ca::{CA_VALIDITY, CaPem, LEAF_VALIDITY};
 pub use corral_http1::io::Replacer;
 pub use corral_http1::io::{Budget, Timeouts};
 pub use corral_http1::{Header, RequestHead};
@@ -323,6 +323,29 @@ impl Gateway {
         signins: Vec<signin::Signin>,
         config: GatewayConfig,
     ) -> Result<(Gateway, JailTrust), GatewayError> {
+        Self::build(secrets, placeholders, signins, None, config)
+    }
+
+    /// [`Gateway::with_run`] with a run CA made before (by [`new_ca`], for a jail that had to
+    /// trust it before the gateway ran: `corral kube render`) instead of a fresh one; refused
+    /// unless it is such a CA, covering every secret's hosts, its key matching its certificate.
+    /// The jail's CA files hold that certificate.
+    pub fn with_ca(
+        secrets: Vec<(SecretPlan, String)>,
+        placeholders: &BTreeMap<String, String>,
+        ca: &CaPem,
+        config: GatewayConfig,
+    ) -> Result<(Gateway, JailTrust), GatewayError> {
+        Self::build(secrets, placeholders, Vec::new(), Some(ca), config)
+    }
+
+    fn build(
+        secrets: Vec<(SecretPlan, String)>,
+        placeholders: &BTreeMap<String, String>,
+        signins: Vec<signin::Signin>,
+        given_ca: Option<&CaPem>,
+        config: GatewayConfig,
+    ) -> Result<(Gateway, JailTrust), GatewayError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut permitted: Vec<String> = Vec::new();
         let mut list = Vec::new();
@@ -343,20 +366,17 @@ impl Gateway {
                     plan.from_env
                 )));
             }
-            if plan.hosts.is_empty() {
-                return Err(bad("`hosts` is empty: name the hosts the secret is for"));
-            }
-            for h in &plan.hosts {
-                let Some(name) = h.name() else {
-                    return Err(bad(&format!(
-                        "host {h} is an IP address: the gateway only serves names (an IP-literal CONNECT is never intercepted)"
-                    )));
-                };
-                if !permitted.iter().any(|p| p == name) {
-                    permitted.push(name.to_string());
+            for name in host_names(&plan)? {
+                if !permitted.contains(&name) {
+                    permitted.push(name);
                 }
             }
             let placeholder = match placeholders.get(&plan.name) {
+                Some(p) if p.is_empty() || *p == real || !valid_header_value(p) => {
+                    return Err(bad(
+                        "the placeholder given is empty, not usable in a header, or the real value itself",
+                    ));
+                }
                 Some(p) => p.clone(),
                 None => placeholder_for(&real)?,
             };
@@ -372,7 +392,10 @@ impl Gateway {
                 permitted.push(name);
             }
         }
-        let ca = ca::RunCa::generate(permitted, provider.clone())?;
+        let ca = match given_ca {
+            Some(pem) => ca::RunCa::load(pem, permitted, provider.clone())?,
+            None => ca::RunCa::generate(permitted, provider.clone())?,
+        };
 
         let roots = match config.upstream_roots {
             Some(r) => r,
@@ -994,6 +1017,48 @@ fn write_file(path: &Path, data: &[u8]) -> Result<(), GatewayError> {
         .open(path)
         .map_err(io)?;
     f.write_all(data).map_err(io)
+}
+
+/// The host names a secret is bound to (the run CA's permitted subtrees): refused when it
+/// names none, or an IP address (the gateway serves names only).
+fn host_names(plan: &SecretPlan) -> Result<Vec<String>, GatewayError> {
+    let bad = |reason: String| GatewayError::Secret {
+        name: plan.name.clone(),
+        reason,
+    };
+    if plan.hosts.is_empty() {
+        return Err(bad(
+            "`hosts` is empty: name the hosts the secret is for".into()
+        ));
+    }
+    plan.hosts
+        .iter()
+        .map(|h| match h.name() {
+            Some(name) => Ok(name.to_string()),
+            None => Err(bad(format!(
+                "host {h} is an IP address: the gateway only serves names (an IP-literal CONNECT is never intercepted)"
+            ))),
+        })
+        .collect()
+}
+
+/// A run CA for `secrets`, made before the gateway runs, for a jail that must trust it first
+/// (`corral kube render`: the certificate goes into the sandbox's ConfigMap, the key into the
+/// proxy's Secret, the one place a run CA's key is written). Constrained, like every run CA, to
+/// the secrets' host names; [`Gateway::with_ca`] takes it back.
+pub fn new_ca(secrets: &[SecretPlan]) -> Result<CaPem, GatewayError> {
+    let mut permitted: Vec<String> = Vec::new();
+    for plan in secrets {
+        for name in host_names(plan)? {
+            if !permitted.contains(&name) {
+                permitted.push(name);
+            }
+        }
+    }
+    ca::new_ca_pem(
+        permitted,
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
 }
 
 fn write_trust(
