@@ -9,7 +9,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use super::*;
 use crate::eval::{Endpoint, PodInfo, allowed};
 
-fn opts() -> Options {
+pub(crate) fn opts() -> Options {
     Options {
         name: "corral-demo".into(),
         namespace: Some("agents".into()),
@@ -28,7 +28,7 @@ fn opts() -> Options {
 
 /// A plan with fixed ids, the proxy, one allow_cidrs entry, a masked file and directory, a
 /// protected directory and the (missing) policy file.
-fn plan() -> Plan {
+pub(crate) fn plan() -> Plan {
     let root = Path::new("/work/demo");
     let mut plan = Plan::minimal(
         root,
