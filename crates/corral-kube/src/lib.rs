@@ -22,6 +22,7 @@ mod netpol;
 mod proxy;
 mod sandbox;
 pub mod secrets;
+pub mod skill;
 
 #[cfg(test)]
 pub(crate) mod eval;
@@ -177,6 +178,9 @@ pub fn render_with_secrets(
             plan, opts,
         ))));
     }
+    if skill::carried(plan, opts) {
+        out.push(Object::ConfigMap(Box::new(skill::config_map(opts))));
+    }
     if let secrets::Carried::Gateway(s) = carried {
         out.push(Object::ConfigMap(Box::new(secrets::ca_config_map(opts, s))));
         out.push(Object::Secret(Box::new(secrets::proxy_secret(opts, s)?)));
@@ -223,19 +227,26 @@ pub fn render_with_secrets(
     Ok(out)
 }
 
-/// The sandbox: a Pod or a SandboxTemplate, with what of `[secrets]` it carries.
+/// The sandbox: a Pod or a SandboxTemplate, with what of `[secrets]` and of the executor's
+/// skill it carries.
 fn sandbox_object(plan: &Plan, opts: &Options, carried: secrets::Carried<'_>) -> Result<Object> {
+    let attach = |spec: &mut k8s_openapi::api::core::v1::PodSpec| {
+        secrets::attach_sandbox(spec, opts, carried);
+        if skill::carried(plan, opts) {
+            skill::attach_sandbox(spec, plan, opts);
+        }
+    };
     Ok(match opts.target {
         Target::Pod => {
             let mut pod = sandbox::pod(plan, opts)?;
             if let Some(spec) = pod.spec.as_mut() {
-                secrets::attach_sandbox(spec, opts, carried);
+                attach(spec);
             }
             Object::Pod(Box::new(pod))
         }
         Target::SandboxTemplate => {
             let mut t = agent_sandbox::template(plan, opts)?;
-            secrets::attach_sandbox(&mut t.spec.pod_template.spec, opts, carried);
+            attach(&mut t.spec.pod_template.spec);
             Object::SandboxTemplate(Box::new(t))
         }
     })
@@ -305,9 +316,9 @@ pub fn not_carried(plan: &Plan, opts: &Options) -> Vec<String> {
         .iter()
         .map(|p| format!("host path {}", p.display()))
         .collect();
-    if let Some(skill) = &plan.skill {
+    if let (Some(skill), false) = (&plan.skill, skill::carried(plan, opts)) {
         out.push(format!(
-            "the executor's instructions (SKILL.md at {})",
+            "the executor's instructions (SKILL.md at {}): rendered only with the executor",
             skill.dir.display()
         ));
     }

@@ -113,6 +113,12 @@ fn refuses_what_it_cannot_carry() {
         render(&p, &opts()),
         Err(KubeError::OutsideProject { .. })
     ));
+    // Under the home (the Pod's own emptyDir) there is nothing of the host's to protect: not
+    // refused, and nothing is mounted there.
+    let mut p = plan();
+    p.protected.push("/home/dev/.pi/agent/bin".into());
+    let yaml = to_yaml(&render(&p, &opts()).unwrap()).unwrap();
+    assert!(!yaml.contains(".pi/agent"), "{yaml}");
 }
 
 #[test]
@@ -296,7 +302,7 @@ fn without_the_proxy_the_sandbox_reaches_nothing() {
     );
 }
 
-fn with_executor() -> (Plan, Options) {
+pub(crate) fn with_executor() -> (Plan, Options) {
     let mut p = plan();
     let mut jail = Plan::minimal(Path::new("/work/demo"), Path::new("/home/dev"), vec![]);
     jail.uid = 1000;
