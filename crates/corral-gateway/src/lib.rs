@@ -347,46 +347,7 @@ impl Gateway {
         config: GatewayConfig,
     ) -> Result<(Gateway, JailTrust), GatewayError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut permitted: Vec<String> = Vec::new();
-        let mut list = Vec::new();
-        for (plan, real) in secrets {
-            let bad = |reason: &str| GatewayError::Secret {
-                name: plan.name.clone(),
-                reason: reason.to_string(),
-            };
-            if real.is_empty() {
-                return Err(bad(&format!(
-                    "${} is empty or unset in corral's environment: set it, or remove the secret from [secrets]",
-                    plan.from_env
-                )));
-            }
-            if !valid_header_value(&real) {
-                return Err(bad(&format!(
-                    "${} holds characters that cannot go into an HTTP header (spaces, control or non-ASCII bytes)",
-                    plan.from_env
-                )));
-            }
-            for name in host_names(&plan)? {
-                if !permitted.contains(&name) {
-                    permitted.push(name);
-                }
-            }
-            let placeholder = match placeholders.get(&plan.name) {
-                Some(p) if p.is_empty() || *p == real || !valid_header_value(p) => {
-                    return Err(bad(
-                        "the placeholder given is empty, not usable in a header, or the real value itself",
-                    ));
-                }
-                Some(p) => p.clone(),
-                None => placeholder_for(&real)?,
-            };
-            list.push(Secret {
-                name: plan.name,
-                hosts: plan.hosts,
-                real,
-                placeholder,
-            });
-        }
+        let (list, mut permitted) = checked_secrets(secrets, placeholders)?;
         for name in signins.iter().flat_map(signin::Signin::names) {
             if !permitted.contains(&name) {
                 permitted.push(name);
@@ -1017,6 +978,56 @@ fn write_file(path: &Path, data: &[u8]) -> Result<(), GatewayError> {
         .open(path)
         .map_err(io)?;
     f.write_all(data).map_err(io)
+}
+
+/// Each secret checked (a real value usable in a header, names for hosts, a usable placeholder:
+/// the one given in `placeholders`, else a fresh one), and the host names they are bound to
+/// (the run CA's permitted names), each once.
+fn checked_secrets(
+    secrets: Vec<(SecretPlan, String)>,
+    placeholders: &BTreeMap<String, String>,
+) -> Result<(Vec<Secret>, Vec<String>), GatewayError> {
+    let mut permitted: Vec<String> = Vec::new();
+    let mut list = Vec::new();
+    for (plan, real) in secrets {
+        let bad = |reason: &str| GatewayError::Secret {
+            name: plan.name.clone(),
+            reason: reason.to_string(),
+        };
+        if real.is_empty() {
+            return Err(bad(&format!(
+                "${} is empty or unset in corral's environment: set it, or remove the secret from [secrets]",
+                plan.from_env
+            )));
+        }
+        if !valid_header_value(&real) {
+            return Err(bad(&format!(
+                "${} holds characters that cannot go into an HTTP header (spaces, control or non-ASCII bytes)",
+                plan.from_env
+            )));
+        }
+        for name in host_names(&plan)? {
+            if !permitted.contains(&name) {
+                permitted.push(name);
+            }
+        }
+        let placeholder = match placeholders.get(&plan.name) {
+            Some(p) if p.is_empty() || *p == real || !valid_header_value(p) => {
+                return Err(bad(
+                    "the placeholder given is empty, not usable in a header, or the real value itself",
+                ));
+            }
+            Some(p) => p.clone(),
+            None => placeholder_for(&real)?,
+        };
+        list.push(Secret {
+            name: plan.name,
+            hosts: plan.hosts,
+            real,
+            placeholder,
+        });
+    }
+    Ok((list, permitted))
 }
 
 /// The host names a secret is bound to (the run CA's permitted subtrees): refused when it
