@@ -55,7 +55,14 @@ fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
                 write_seccomp_profile(dir)?;
             }
         }
-        None => print!("{yaml}"),
+        None => {
+            if holds_secrets {
+                eprintln!(
+                    "corral kube: the manifests hold credentials in Secrets (the proxy's: the real [secrets] values and the run CA's key): pipe them to kubectl apply -f -, or write them with -o DIR (mode 0600)"
+                );
+            }
+            print!("{yaml}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
