@@ -82,6 +82,10 @@ pub struct Context {
     /// image's system store: corral's own `SSL_CERT_FILE` (a corporate CA), as the native
     /// gateway honours it. Used only by runs with `[secrets]`.
     pub upstream_ca: Option<PathBuf>,
+    /// Each served sign-in's credential file with symlinks resolved, by sign-in name, where
+    /// that differs from the plan's path: a bind whose source names the real location would
+    /// show the file there too, so the placeholder covers it there as well.
+    pub signin_real: BTreeMap<String, PathBuf>,
 }
 
 impl Context {
@@ -132,6 +136,24 @@ impl Context {
         self.gateway_dir().join("out")
     }
 
+    /// This run's placeholder sign-in files on the host (mode 0700, the caller's; removed when
+    /// the run ends): each bound read-write over its credential file in the harness.
+    pub fn signin_dir(&self) -> PathBuf {
+        self.state_dir.join("signin").join(&self.jail_id)
+    }
+
+    /// Sign-in `name`'s placeholder file in [`Context::signin_dir`].
+    pub fn signin_placeholder(&self, name: &str) -> PathBuf {
+        self.signin_dir().join(format!("{name}.json"))
+    }
+
+    /// The socket on which corral serves the user's sign-in files to the gateway proxy (in its
+    /// gateway directory, which only that container has).
+    pub fn signin_socket(&self) -> PathBuf {
+        self.gateway_out_dir()
+            .join(corral_net::standalone::GATEWAY_SIGNIN_SOCKET)
+    }
+
     /// This run's gateway proxy container (runs with `[secrets]` get a proxy of their own: the
     /// run CA and the real values live in one run's process, never in the project's shared
     /// proxy).
@@ -144,9 +166,12 @@ impl Context {
         format!("{PROXY_ALIAS}-{}", self.jail_id)
     }
 
-    /// Whether this plan's proxy is the run's own gateway proxy.
+    /// Whether this plan's proxy is the run's own gateway proxy: `[secrets]` or sign-ins (the
+    /// plan's `signin` holds the served ones only: the caller drops those whose file does not
+    /// exist) with the proxy.
     pub fn has_gateway(plan: &Plan) -> bool {
-        !plan.secrets.is_empty() && plan.network.mode == NetworkMode::Proxy
+        (!plan.secrets.is_empty() || !plan.signin.is_empty())
+            && plan.network.mode == NetworkMode::Proxy
     }
 
     /// The container the harness sends its traffic to, and the name it knows it by.
@@ -246,7 +271,7 @@ pub fn setup(plan: &Plan, ctx: &Context) -> Result<Setup> {
         steps.extend(network_steps(ctx, &names));
         let (container, _) = ctx.proxy_for(plan);
         let what = if Context::has_gateway(plan) {
-            format!("gateway proxy container {container} (this run's [secrets] only)")
+            format!("gateway proxy container {container} (this run's [secrets] and sign-ins only)")
         } else {
             format!("proxy container {container}")
         };
@@ -272,6 +297,17 @@ fn check_supported(plan: &Plan, ctx: &Context) -> Result<()> {
         // As the native backend: with the host's network the gateway cannot put the real value
         // into requests.
         return unsupported("[secrets] with network.mode = \"host\" (use --network proxy)");
+    }
+    if let Some(s) = plan.signin.first()
+        && plan.network.mode == NetworkMode::Host
+    {
+        // With the host's network nothing can swap the placeholders: the harness would need
+        // the real tokens.
+        return unsupported(&format!(
+            "signin.{} ({}) with network.mode = \"host\" (use --network proxy)",
+            s.name,
+            s.file.display()
+        ));
     }
     // Relayed by corral from the container's network namespace, which only root may join
     // (crate::ports).
@@ -678,6 +714,7 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
     a.extend(["--stop-timeout".into(), STOP_TIMEOUT.to_string()]);
     a.extend(["--workdir".into(), plan.cwd.display().to_string()]);
     a.extend(mount_args(plan, ctx)?);
+    a.extend(signin_args(plan, ctx)?);
     if Context::has_gateway(plan) {
         // The run CA's certificate and bundle (never the key), written by the gateway proxy.
         let trust = container_trust_dir();
@@ -734,6 +771,56 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
     Ok(cmd)
 }
 
+/// Every path at which the harness container would see sign-in `s`'s credential file: its own
+/// path, and wherever a bind of one of its parent directories (by the plan's path or the
+/// resolved one, [`Context::signin_real`]) puts it. The placeholder is bound at each.
+pub fn signin_targets(
+    plan: &Plan,
+    ctx: &Context,
+    s: &corral_policy::signin::SigninPlan,
+) -> Vec<PathBuf> {
+    let system: BTreeSet<PathBuf> = system_mounts().into_iter().map(|m| m.target).collect();
+    let mut files = vec![s.file.clone()];
+    files.extend(ctx.signin_real.get(&s.name).cloned());
+    let mut out = vec![s.file.clone()];
+    let binds = plan.mounts.iter().filter_map(|m| match m.kind {
+        MountKind::Bind(_) if !(system.contains(&m.target) && m.source == m.target) => {
+            Some((&m.source, &m.target))
+        }
+        MountKind::Bind(_) | MountKind::Tmpfs => None,
+    });
+    let protected = plan.protected.iter().map(|p| (p, p));
+    for (source, target) in binds.chain(protected) {
+        for f in &files {
+            if let Ok(rel) = f.strip_prefix(source) {
+                out.push(if rel.as_os_str().is_empty() {
+                    target.clone()
+                } else {
+                    target.join(rel)
+                });
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Each served sign-in's placeholder file, bound read-write at every path where the harness
+/// would otherwise see the user's credential file ([`signin_targets`]); after the plan's binds,
+/// so it lies over the state directory's.
+fn signin_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
+    let mut a = Vec::new();
+    for s in &plan.signin {
+        let source = ctx.signin_placeholder(&s.name);
+        for target in signin_targets(plan, ctx, s) {
+            a.push("--volume".into());
+            a.push(volume(ctx.engine, &source, &target, Access::Rw)?);
+        }
+    }
+    Ok(a)
+}
+
 /// The program the container runs. The plan resolved it on the host's PATH; a path under the
 /// system directories names the host's layout, not the image's (`/usr/bin/pi` on the host is
 /// `/usr/local/bin/pi` in a node image), so such a program is looked up on the image's PATH by
@@ -761,8 +848,17 @@ pub fn container_program(plan: &Plan) -> String {
 fn mount_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
     let e = ctx.engine;
     let system: BTreeSet<PathBuf> = system_mounts().into_iter().map(|m| m.target).collect();
+    // A sign-in's placeholder takes the place of any bind of the credential file itself.
+    let covered: BTreeSet<PathBuf> = plan
+        .signin
+        .iter()
+        .flat_map(|s| signin_targets(plan, ctx, s))
+        .collect();
     let mut a = Vec::new();
     for m in &plan.mounts {
+        if covered.contains(&m.target) {
+            continue;
+        }
         match m.kind {
             MountKind::Tmpfs => {
                 // Owned by the jail's user: podman chowns with `U`; docker passes the kernel's

@@ -9,12 +9,20 @@
 //! placeholders and CA variables) under DIR. The harness gets those: placeholders in its
 //! environment, the trust directory read-only, the bundle over the image's system bundles
 //! ([`with_gateway`]). Everything is removed when the run ends ([`GatewayRun`]'s `Drop`).
+//!
+//! Sign-ins (`[signin]`) ride along: the tokens corral read from the user's file on the host go
+//! into the same file; corral serves the user's credential files on a socket in the gateway's
+//! directory ([`corral_gateway::signin_remote`]), through which the gateway re-reads the tokens
+//! before a refresh and has the new ones written back, in place, by corral on the host. The
+//! harness gets each sign-in's placeholder file ([`SigninFiles`]) bound over its credential
+//! file wherever the container would see it.
 
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use corral_gateway::signin_remote::FileServer;
 use corral_net::standalone::{GATEWAY_JAIL_FILE, GATEWAY_TRUST_DIR, GatewayJail, SecretsFile};
 use corral_policy::plan::{Access, Plan};
 
@@ -29,6 +37,63 @@ pub struct GatewayRun {
     dir: PathBuf,
     secrets_file: PathBuf,
     out_dir: PathBuf,
+    /// The user's sign-in files served to the gateway (none without sign-ins).
+    files: Option<FileServer>,
+}
+
+/// What a container run's credentials need on the host: the gateway proxy's real values and
+/// sign-in tokens, and each sign-in's placeholder file for the harness (by sign-in name).
+#[derive(Debug, Default)]
+pub struct Credentials {
+    pub gateway: SecretsFile,
+    pub signin_files: std::collections::BTreeMap<String, Vec<u8>>,
+}
+
+/// This run's placeholder sign-in files ([`Context::signin_dir`]); dropping it removes them.
+#[derive(Debug)]
+pub struct SigninFiles {
+    dir: PathBuf,
+}
+
+impl SigninFiles {
+    /// Write each of the plan's sign-ins' placeholder file (from `files`, every one needed);
+    /// `None` when the plan serves no sign-in.
+    pub fn write(plan: &Plan, ctx: &Context, files: &Credentials) -> Result<Option<Self>> {
+        if plan.signin.is_empty() {
+            return Ok(None);
+        }
+        let dir = ctx.signin_dir();
+        if let Some(parent) = dir.parent() {
+            fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        // A leftover of the same jail id would be someone else's: refuse rather than reuse.
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io(&dir))?;
+        let out = SigninFiles { dir };
+        for s in &plan.signin {
+            let data = files.signin_files.get(&s.name).ok_or_else(|| {
+                EngineError::Gateway(format!("no placeholder file for signin.{}", s.name))
+            })?;
+            let path = ctx.signin_placeholder(&s.name);
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+                .map_err(io(&path))?;
+            f.write_all(data).map_err(io(&path))?;
+        }
+        Ok(Some(out))
+    }
+}
+
+impl Drop for SigninFiles {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EngineError + '_ {
@@ -67,15 +132,28 @@ impl GatewayRun {
                 "the plan's secrets {want:?} and the values given {have:?} differ"
             )));
         }
+        let want: Vec<_> = plan.signin.iter().collect();
+        let have: Vec<_> = secrets.signins.iter().map(|s| &s.plan).collect();
+        if want != have {
+            let names = |v: &[&corral_policy::signin::SigninPlan]| {
+                v.iter().map(|s| s.name.clone()).collect::<Vec<_>>()
+            };
+            return Err(EngineError::Gateway(format!(
+                "the plan's sign-ins {:?} and the tokens given {:?} differ",
+                names(&want),
+                names(&have)
+            )));
+        }
         let dir = ctx.gateway_dir();
         let out_dir = ctx.gateway_out_dir();
         let trust = out_dir.join(GATEWAY_TRUST_DIR);
-        let run = GatewayRun {
+        let mut run = GatewayRun {
             engine: ctx.engine,
             container: ctx.gateway_container(plan),
             secrets_file: ctx.secrets_file(),
             out_dir,
             dir,
+            files: None,
         };
         if let Some(parent) = run.dir.parent() {
             fs::create_dir_all(parent).map_err(io(parent))?;
@@ -110,6 +188,9 @@ impl GatewayRun {
         }
         // 0755 asked, but the umask may have taken bits: the harness's user must read it.
         fs::set_permissions(&trust, fs::Permissions::from_mode(0o755)).map_err(io(&trust))?;
+        if !plan.signin.is_empty() {
+            run.files = Some(serve_signin_files(plan, ctx)?);
+        }
         Ok(Some(run))
     }
 
@@ -128,6 +209,18 @@ impl GatewayRun {
     }
 }
 
+/// The user's sign-in files served on [`Context::signin_socket`], which only the gateway proxy
+/// (its user, mode 0600) may connect to.
+fn serve_signin_files(plan: &Plan, ctx: &Context) -> Result<FileServer> {
+    let socket = ctx.signin_socket();
+    let server = FileServer::serve(&socket, plan.signin.clone()).map_err(io(&socket))?;
+    fs::set_permissions(&socket, fs::Permissions::from_mode(0o600)).map_err(io(&socket))?;
+    if let Some((u, g)) = proxy_owner(plan) {
+        std::os::unix::fs::chown(&socket, Some(u), Some(g)).map_err(io(&socket))?;
+    }
+    Ok(server)
+}
+
 impl Drop for GatewayRun {
     fn drop(&mut self) {
         let mut rm = std::process::Command::new(self.engine.program());
@@ -141,6 +234,8 @@ impl Drop for GatewayRun {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .status();
+        // The gateway is gone: nothing asks for the files any more.
+        drop(self.files.take());
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
@@ -221,6 +316,7 @@ mod tests {
             limits_enforceable: true,
             skill_source: None,
             upstream_ca: Some(PathBuf::from("/etc/corp-ca.pem")),
+            signin_real: Default::default(),
         }
     }
 
@@ -247,7 +343,7 @@ mod tests {
         };
         assert_eq!(
             what,
-            &format!("gateway proxy container {gw} (this run's [secrets] only)")
+            &format!("gateway proxy container {gw} (this run's [secrets] and sign-ins only)")
         );
         assert_eq!(
             check.argv(),
@@ -448,9 +544,10 @@ mod tests {
                 plan: secret_plan(),
                 value: "real-value-123".into(),
             }],
+            signins: vec![],
         };
         // A value for a secret the plan does not have (or a missing one) is refused.
-        let wrong = SecretsFile { secrets: vec![] };
+        let wrong = SecretsFile::default();
         assert!(matches!(
             GatewayRun::prepare(&p, &c, &wrong),
             Err(EngineError::Gateway(_))

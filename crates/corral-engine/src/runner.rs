@@ -8,10 +8,8 @@ use std::process::Stdio;
 
 use corral_policy::plan::{NetworkMode, Plan};
 
-use corral_net::standalone::SecretsFile;
-
 use crate::argv::{EXECUTOR_ADDRESS, PROXY_ADDRESS, PROXY_FALLBACK_USER};
-use crate::gateway::GatewayRun;
+use crate::gateway::{Credentials, GatewayRun, SigninFiles};
 use crate::names::{DEFAULT_PREFIX, Names};
 use crate::{Command, Context, EngineError, EngineKind, Result, Setup, Step, proxy_policy};
 
@@ -104,19 +102,23 @@ pub fn project_state_dir(project_root: &Path) -> Result<PathBuf> {
         .join(corral_audit::project_key(project_root)))
 }
 
-/// What runs with `[secrets]` left in the project's state directory when corral was killed
-/// (their gateway directories; a run removes its own when it ends). `corral down` calls it
-/// after removing the containers.
-pub fn remove_gateway_leftovers(project_root: &Path) -> Result<Option<PathBuf>> {
-    let dir = project_state_dir(project_root)?.join("gateway");
-    if !dir.exists() {
-        return Ok(None);
+/// What runs with `[secrets]` or sign-ins left in the project's state directory when corral
+/// was killed (their gateway directories and placeholder sign-in files; a run removes its own
+/// when it ends). `corral down` calls it after removing the containers.
+pub fn remove_gateway_leftovers(project_root: &Path) -> Result<Vec<PathBuf>> {
+    let state = project_state_dir(project_root)?;
+    let mut removed = Vec::new();
+    for dir in [state.join("gateway"), state.join("signin")] {
+        if !dir.exists() {
+            continue;
+        }
+        fs::remove_dir_all(&dir).map_err(|source| EngineError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        removed.push(dir);
     }
-    fs::remove_dir_all(&dir).map_err(|source| EngineError::Io {
-        path: dir.clone(),
-        source,
-    })?;
-    Ok(Some(dir))
+    Ok(removed)
 }
 
 /// The context of a run on this host.
@@ -160,9 +162,17 @@ pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Co
         // The native gateway honours corral's SSL_CERT_FILE for the real hosts; the gateway
         // proxy container is given the same file.
         upstream_ca: std::env::var_os("SSL_CERT_FILE")
-            .filter(|_| !plan.secrets.is_empty())
+            .filter(|_| Context::has_gateway(plan))
             .map(PathBuf::from)
             .filter(|p| p.is_file()),
+        signin_real: plan
+            .signin
+            .iter()
+            .filter_map(|s| {
+                let real = fs::canonicalize(&s.file).ok()?;
+                (real != s.file).then(|| (s.name.clone(), real))
+            })
+            .collect(),
         prefix,
     })
 }
@@ -415,13 +425,14 @@ fn start_or_reload(ctx: &Context, names: &Names, policy_changed: bool) -> Result
 /// foreground and return its exit code (the engine's own errors are 125, as `podman run`'s).
 /// `wait` runs the harness command and returns its status (the CLI passes one that keeps corral
 /// alive through the terminal's signals and forwards SIGTERM/SIGHUP). `secrets` are the real
-/// values of the plan's `[secrets]` (read by the caller from its environment), given to the
-/// run's gateway proxy only ([`crate::gateway`]).
+/// values of the plan's `[secrets]` (read by the caller from its environment) and the tokens of
+/// its sign-ins, given to the run's gateway proxy only, and the sign-ins' placeholder files for
+/// the harness ([`crate::gateway`]).
 pub fn run_with(
     plan: &Plan,
     ctx: &Context,
     setup: &Setup,
-    secrets: &SecretsFile,
+    secrets: &Credentials,
     wait: impl FnOnce(&Command) -> std::io::Result<std::process::ExitStatus>,
 ) -> Result<i32> {
     let relays = crate::ports::Relays::bind(plan)?;
@@ -429,7 +440,8 @@ pub fn run_with(
     let names = ctx.names(plan);
     // Dropped at the end of the run, or on any error from here on: the gateway proxy and its
     // files are removed.
-    let gateway = GatewayRun::prepare(plan, ctx, secrets)?;
+    let signin_files = SigninFiles::write(plan, ctx, secrets)?;
+    let gateway = GatewayRun::prepare(plan, ctx, &secrets.gateway)?;
     ensure(setup, ctx, changed, &names)?;
     let cmd = setup.run_command().ok_or(EngineError::NoCommand)?;
     let (proxy, _) = ctx.proxy_for(plan);
@@ -446,6 +458,7 @@ pub fn run_with(
     let status = wait(cmd);
     drop(relaying);
     drop(gateway);
+    drop(signin_files);
     if !policy_existed && fs::metadata(policy).is_ok_and(|m| m.is_file() && m.len() == 0) {
         let _ = fs::remove_file(policy);
     }
@@ -571,7 +584,7 @@ fn executor_address(ctx: &Context, names: &Names) -> Result<Option<String>> {
 
 /// [`run_with`] waiting plainly.
 pub fn run(plan: &Plan, ctx: &Context, setup: &Setup) -> Result<i32> {
-    let none = SecretsFile { secrets: vec![] };
+    let none = Credentials::default();
     run_with(plan, ctx, setup, &none, |cmd| cmd.to_std().status())
 }
 

@@ -71,6 +71,7 @@ mod ca;
 mod placeholder;
 mod serve;
 pub mod signin;
+pub mod signin_remote;
 mod signin_serve;
 
 use std::collections::BTreeMap;

@@ -64,23 +64,26 @@ pub enum SigninError {
     Changed { name: String, path: PathBuf },
     #[error("sign-in {name}: making placeholders: {reason}")]
     Placeholder { name: String, reason: String },
+    #[error("sign-in {name}: the tokens handed to the gateway: {reason}")]
+    Handover { name: String, reason: String },
 }
 
 /// One kind of token in a credential file and in a token response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenKind {
     Access,
     Refresh,
     Id,
 }
 
-impl Kind {
+impl TokenKind {
     /// The field of an OAuth token response.
     fn response_field(self) -> &'static str {
         match self {
-            Kind::Access => "access_token",
-            Kind::Refresh => "refresh_token",
-            Kind::Id => "id_token",
+            TokenKind::Access => "access_token",
+            TokenKind::Refresh => "refresh_token",
+            TokenKind::Id => "id_token",
         }
     }
 }
@@ -95,28 +98,28 @@ enum Expiry {
 }
 
 /// Where each token sits in a format's file (JSON pointers).
-fn layout(format: SigninFormat) -> (&'static [(Kind, &'static str)], Expiry) {
+fn layout(format: SigninFormat) -> (&'static [(TokenKind, &'static str)], Expiry) {
     match format {
         SigninFormat::Claude => (
             &[
-                (Kind::Access, "/claudeAiOauth/accessToken"),
-                (Kind::Refresh, "/claudeAiOauth/refreshToken"),
+                (TokenKind::Access, "/claudeAiOauth/accessToken"),
+                (TokenKind::Refresh, "/claudeAiOauth/refreshToken"),
             ],
             Expiry::MillisAt("/claudeAiOauth/expiresAt"),
         ),
         SigninFormat::Codex => (
             &[
-                (Kind::Access, "/tokens/access_token"),
-                (Kind::Refresh, "/tokens/refresh_token"),
-                (Kind::Id, "/tokens/id_token"),
+                (TokenKind::Access, "/tokens/access_token"),
+                (TokenKind::Refresh, "/tokens/refresh_token"),
+                (TokenKind::Id, "/tokens/id_token"),
             ],
             Expiry::RefreshedAt("/last_refresh"),
         ),
         SigninFormat::Gemini => (
             &[
-                (Kind::Access, "/access_token"),
-                (Kind::Refresh, "/refresh_token"),
-                (Kind::Id, "/id_token"),
+                (TokenKind::Access, "/access_token"),
+                (TokenKind::Refresh, "/refresh_token"),
+                (TokenKind::Id, "/id_token"),
             ],
             Expiry::MillisAt("/expiry_date"),
         ),
@@ -124,14 +127,42 @@ fn layout(format: SigninFormat) -> (&'static [(Kind, &'static str)], Expiry) {
 }
 
 /// A real token and the placeholder the jail holds for it.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Pair {
     real: String,
     ph: String,
 }
 
+/// A sign-in's tokens as corral read them on the host (each real token with the placeholder the
+/// jail's file holds), handed to a gateway in another process (the container backends' gateway
+/// proxy, through its 0600 secrets file) with [`Signin::tokens`] and [`Signin::from_tokens`].
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SigninTokens {
+    tokens: Vec<(TokenKind, Pair)>,
+}
+
+impl std::fmt::Debug for SigninTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kinds: Vec<TokenKind> = self.tokens.iter().map(|(k, _)| *k).collect();
+        f.debug_struct("SigninTokens")
+            .field("kinds", &kinds)
+            .field("values", &"<redacted>")
+            .finish()
+    }
+}
+
+/// How a gateway reaches the user's credential file: directly (corral's own process, the
+/// native backend), or through the corral process on the host ([`crate::signin_remote`]: a
+/// gateway proxy container, which has no access to the user's files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileAccess {
+    Local,
+    /// The Unix socket corral serves on the host for this run.
+    Remote(PathBuf),
+}
+
 struct State {
-    current: Vec<(Kind, Pair)>,
+    current: Vec<(TokenKind, Pair)>,
     /// Tokens replaced by a refresh or adopted from the file: still scrubbed from answers.
     retired: Vec<Pair>,
     /// The refresh token in the user's file when corral last read or wrote it.
@@ -142,6 +173,7 @@ struct State {
 pub struct Signin {
     plan: SigninPlan,
     state: Mutex<State>,
+    file: FileAccess,
 }
 
 impl std::fmt::Debug for Signin {
@@ -171,13 +203,13 @@ fn now_millis(now: SystemTime) -> u64 {
 }
 
 /// The tokens of a credential file, by kind (an absent id token is skipped).
-fn tokens_in(format: SigninFormat, v: &Value) -> Result<Vec<(Kind, String)>, String> {
+fn tokens_in(format: SigninFormat, v: &Value) -> Result<Vec<(TokenKind, String)>, String> {
     let (fields, _) = layout(format);
     let mut out = Vec::new();
     for (kind, ptr) in fields {
         match v.pointer(ptr) {
             Some(Value::String(s)) if !s.is_empty() => out.push((*kind, s.clone())),
-            None | Some(Value::Null) if *kind == Kind::Id => {}
+            None | Some(Value::Null) if *kind == TokenKind::Id => {}
             _ => return Err(format!("no token at {ptr}")),
         }
     }
@@ -214,7 +246,7 @@ impl Signin {
             })?;
             current.push((kind, Pair { real, ph }));
         }
-        let on_disk_refresh = find(&current, Kind::Refresh)
+        let on_disk_refresh = find(&current, TokenKind::Refresh)
             .map(|p| p.real.clone())
             .unwrap_or_default();
         Ok(Some(Signin {
@@ -224,7 +256,44 @@ impl Signin {
                 retired: Vec::new(),
                 on_disk_refresh,
             }),
+            file: FileAccess::Local,
         }))
+    }
+
+    /// The tokens read by [`Signin::load`] (real, with their placeholders), for a gateway in
+    /// another process.
+    pub fn tokens(&self) -> SigninTokens {
+        SigninTokens {
+            tokens: self.state().current.clone(),
+        }
+    }
+
+    /// The sign-in another process loaded ([`Signin::tokens`]), served here; the user's file
+    /// is reached through `file`.
+    pub fn from_tokens(
+        plan: SigninPlan,
+        tokens: SigninTokens,
+        file: FileAccess,
+    ) -> Result<Signin, SigninError> {
+        let has = |k| tokens.tokens.iter().any(|(kind, _)| *kind == k);
+        if !has(TokenKind::Access) || !has(TokenKind::Refresh) {
+            return Err(SigninError::Handover {
+                name: plan.name.clone(),
+                reason: "no access or no refresh token".into(),
+            });
+        }
+        let on_disk_refresh = find(&tokens.tokens, TokenKind::Refresh)
+            .map(|p| p.real.clone())
+            .unwrap_or_default();
+        Ok(Signin {
+            plan,
+            state: Mutex::new(State {
+                current: tokens.tokens,
+                retired: Vec::new(),
+                on_disk_refresh,
+            }),
+            file,
+        })
     }
 
     pub fn plan(&self) -> &SigninPlan {
@@ -296,21 +365,37 @@ impl Signin {
             && crate::path_without_query(target) == self.plan.token_path
     }
 
+    /// Whether new tokens could be written back now: always for a local file; for a remote
+    /// one, corral on the host must answer. A refresh that could not be written back would
+    /// rotate the user's refresh token upstream and leave the file with a dead one, so the
+    /// gateway refuses it instead.
+    pub fn write_back_reachable(&self) -> Result<(), SigninError> {
+        match &self.file {
+            FileAccess::Local => Ok(()),
+            FileAccess::Remote(socket) => {
+                crate::signin_remote::read_tokens(socket, &self.plan.name).map(|_| ())
+            }
+        }
+    }
+
     /// Adopt tokens the user's file holds when someone else refreshed since corral read it.
     fn adopt_from_disk(&self) {
-        let Ok(text) = read_capped(&self.plan.file) else {
-            return;
-        };
-        let Ok(v) = serde_json::from_slice::<Value>(&text) else {
-            return;
-        };
-        let Ok(tokens) = tokens_in(self.plan.format, &v) else {
-            return;
+        let tokens = match &self.file {
+            FileAccess::Local => match file_tokens(&self.plan) {
+                Ok(t) => t,
+                Err(_) => return,
+            },
+            FileAccess::Remote(socket) => {
+                match crate::signin_remote::read_tokens(socket, &self.plan.name) {
+                    Ok(t) => t,
+                    Err(_) => return,
+                }
+            }
         };
         let mut st = self.state();
         let on_disk = tokens
             .iter()
-            .find(|(k, _)| *k == Kind::Refresh)
+            .find(|(k, _)| *k == TokenKind::Refresh)
             .map(|(_, t)| t.clone())
             .unwrap_or_default();
         if on_disk == st.on_disk_refresh {
@@ -336,7 +421,7 @@ impl Signin {
     pub fn swap_refresh(&self, body: &[u8], form: bool) -> Option<Vec<u8>> {
         self.adopt_from_disk();
         let st = self.state();
-        let p = find(&st.current, Kind::Refresh)?;
+        let p = find(&st.current, TokenKind::Refresh)?;
         // A form encoder may percent-encode the placeholder's `/`, `.`, ... (curl, URLSearchParams).
         let mut needles = vec![p.ph.clone()];
         if form {
@@ -371,7 +456,7 @@ impl Signin {
         }
         let expires_in = v.get("expires_in").and_then(Value::as_u64);
         let mut st = self.state();
-        for kind in [Kind::Access, Kind::Refresh, Kind::Id] {
+        for kind in [TokenKind::Access, TokenKind::Refresh, TokenKind::Id] {
             let Some(Value::String(real)) = v.get(kind.response_field()).cloned() else {
                 continue;
             };
@@ -413,62 +498,106 @@ impl Signin {
         Ok((out, expires_in))
     }
 
-    /// Write the current real tokens into the user's file (see the module docs).
+    /// Write the current real tokens into the user's file (see the module docs): here, or by
+    /// the corral process on the host ([`FileAccess::Remote`]).
     pub fn write_back(&self, expires_in: Option<u64>, now: SystemTime) -> Result<(), SigninError> {
-        let path = &self.plan.file;
-        let io = |step, source| plan_io(&self.plan, step, source);
-        let dir = path.parent().unwrap_or(Path::new("/"));
-        let lock = std::fs::File::open(dir).map_err(|e| io("opening the directory of", e))?;
-        lock.lock().map_err(|e| io("locking the directory of", e))?;
-        let text = read_capped(path).map_err(|e| io("re-reading", e))?;
-        let mut v: Value = serde_json::from_slice(&text).map_err(|e| SigninError::Shape {
-            name: self.plan.name.clone(),
-            path: path.clone(),
-            format: self.plan.format,
-            reason: e.to_string(),
-        })?;
-        let (fields, expiry) = layout(self.plan.format);
         let mut st = self.state();
-        let refresh_ptr = fields
+        let tokens: Vec<(TokenKind, String)> = st
+            .current
             .iter()
-            .find(|(k, _)| *k == Kind::Refresh)
-            .map(|(_, p)| *p);
-        let on_disk = refresh_ptr
-            .and_then(|p| v.pointer(p))
-            .and_then(Value::as_str);
-        if on_disk != Some(st.on_disk_refresh.as_str()) {
-            return Err(SigninError::Changed {
-                name: self.plan.name.clone(),
-                path: path.clone(),
-            });
-        }
-        for (kind, ptr) in fields {
-            if let Some(p) = find(&st.current, *kind) {
-                set_at(&mut v, ptr, Value::String(p.real.clone()));
+            .map(|(k, p)| (*k, p.real.clone()))
+            .collect();
+        match &self.file {
+            FileAccess::Local => {
+                write_tokens(&self.plan, &st.on_disk_refresh, &tokens, expires_in, now)?
             }
+            FileAccess::Remote(socket) => crate::signin_remote::write_tokens(
+                socket,
+                &self.plan.name,
+                &st.on_disk_refresh,
+                &tokens,
+                expires_in,
+            )?,
         }
-        match expiry {
-            Expiry::MillisAt(ptr) => {
-                if let Some(s) = expires_in {
-                    set_at(&mut v, ptr, Value::from(now_millis(now) + s * 1000));
-                }
-            }
-            Expiry::RefreshedAt(ptr) => {
-                let t = humantime::format_rfc3339_micros(now).to_string();
-                set_at(&mut v, ptr, Value::String(t));
-            }
-        }
-        let data = serde_json::to_vec_pretty(&v)
-            .map_err(|e| io("serialising", std::io::Error::other(e.to_string())))?;
-        rewrite_in_place(path, &data).map_err(|e| io("rewriting", e))?;
-        st.on_disk_refresh = find(&st.current, Kind::Refresh)
+        st.on_disk_refresh = find(&st.current, TokenKind::Refresh)
             .map(|p| p.real.clone())
             .unwrap_or_default();
         Ok(())
     }
 }
 
-fn find(current: &[(Kind, Pair)], kind: Kind) -> Option<&Pair> {
+/// The tokens in the user's credential file of `plan`, read now.
+pub fn file_tokens(plan: &SigninPlan) -> Result<Vec<(TokenKind, String)>, SigninError> {
+    let text = read_capped(&plan.file).map_err(|e| plan_io(plan, "re-reading", e))?;
+    let shape = |reason: String| SigninError::Shape {
+        name: plan.name.clone(),
+        path: plan.file.clone(),
+        format: plan.format,
+        reason,
+    };
+    let v: Value = serde_json::from_slice(&text).map_err(|e| shape(e.to_string()))?;
+    tokens_in(plan.format, &v).map_err(shape)
+}
+
+/// Write `tokens` (real) into the user's file of `plan`: under a lock on its directory, after
+/// re-reading it, only if the refresh token there is still `expected_refresh` (else
+/// [`SigninError::Changed`]), every other field kept, the expiry set from `expires_in` at
+/// `now`, rewritten in place (same inode and mode, fsynced).
+pub fn write_tokens(
+    plan: &SigninPlan,
+    expected_refresh: &str,
+    tokens: &[(TokenKind, String)],
+    expires_in: Option<u64>,
+    now: SystemTime,
+) -> Result<(), SigninError> {
+    let path = &plan.file;
+    let io = |step, source| plan_io(plan, step, source);
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let lock = std::fs::File::open(dir).map_err(|e| io("opening the directory of", e))?;
+    lock.lock().map_err(|e| io("locking the directory of", e))?;
+    let text = read_capped(path).map_err(|e| io("re-reading", e))?;
+    let mut v: Value = serde_json::from_slice(&text).map_err(|e| SigninError::Shape {
+        name: plan.name.clone(),
+        path: path.clone(),
+        format: plan.format,
+        reason: e.to_string(),
+    })?;
+    let (fields, expiry) = layout(plan.format);
+    let refresh_ptr = fields
+        .iter()
+        .find(|(k, _)| *k == TokenKind::Refresh)
+        .map(|(_, p)| *p);
+    let on_disk = refresh_ptr
+        .and_then(|p| v.pointer(p))
+        .and_then(Value::as_str);
+    if on_disk != Some(expected_refresh) {
+        return Err(SigninError::Changed {
+            name: plan.name.clone(),
+            path: path.clone(),
+        });
+    }
+    for (kind, ptr) in fields {
+        if let Some((_, real)) = tokens.iter().find(|(k, _)| k == kind) {
+            set_at(&mut v, ptr, Value::String(real.clone()));
+        }
+    }
+    match expiry {
+        Expiry::MillisAt(ptr) => {
+            if let Some(s) = expires_in {
+                set_at(&mut v, ptr, Value::from(now_millis(now) + s * 1000));
+            }
+        }
+        Expiry::RefreshedAt(ptr) => {
+            let t = humantime::format_rfc3339_micros(now).to_string();
+            set_at(&mut v, ptr, Value::String(t));
+        }
+    }
+    let data = serde_json::to_vec_pretty(&v)
+        .map_err(|e| io("serialising", std::io::Error::other(e.to_string())))?;
+    rewrite_in_place(path, &data).map_err(|e| io("rewriting", e))
+}
+
+fn find(current: &[(TokenKind, Pair)], kind: TokenKind) -> Option<&Pair> {
     current.iter().find(|(k, _)| *k == kind).map(|(_, p)| p)
 }
 
@@ -527,7 +656,7 @@ pub(crate) fn swap_access(
 ) {
     for s in signins {
         let st = s.state();
-        let Some(p) = find(&st.current, Kind::Access) else {
+        let Some(p) = find(&st.current, TokenKind::Access) else {
             continue;
         };
         let bound = !plain && matches!(host, Host::Name(_)) && s.binds(host, port);

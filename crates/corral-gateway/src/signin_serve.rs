@@ -111,6 +111,12 @@ impl Gateway {
             let why = format!("{method} {path}: request body: {e}");
             return Err(self.refuse_signin(&mut down.io, d, 400, why).await);
         }
+        if let Err(e) = s.write_back_reachable() {
+            let why = format!(
+                "{method} {path}: refresh refused, its new tokens could not be written back: {e}"
+            );
+            return Err(self.refuse_signin(&mut down.io, d, 502, why).await);
+        }
         let form = header_values(&req.headers, "content-type").any(|v| {
             v.to_ascii_lowercase()
                 .starts_with(b"application/x-www-form-urlencoded")

@@ -42,6 +42,7 @@ fn run() -> RunSecrets {
                 plan: secret_plan(),
                 value: REAL.into(),
             }],
+            signins: Vec::new(),
         },
         placeholders: BTreeMap::from([("ANTHROPIC_API_KEY".into(), PLACEHOLDER.into())]),
         system_bundle: "SYSTEM-ROOTS\n".into(),

@@ -50,9 +50,22 @@ pub struct Options {
 
 /// The file `--secrets` names: each secret's plan and its real value. Written 0600 by the
 /// caller and readable only by the proxy.
-#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SecretsFile {
     pub secrets: Vec<SecretValue>,
+    /// `[signin]`: each sign-in's plan with the tokens corral read from the user's file on the
+    /// host (real, with the placeholders the jail's file holds). The gateway reaches the user's
+    /// file through corral on the host, on the socket [`GATEWAY_SIGNIN_SOCKET`] under
+    /// `--gateway-dir`.
+    #[serde(default)]
+    pub signins: Vec<SigninValue>,
+}
+
+/// One sign-in and its tokens.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SigninValue {
+    pub plan: corral_policy::signin::SigninPlan,
+    pub tokens: corral_gateway::signin::SigninTokens,
 }
 
 /// One secret and its real value.
@@ -74,7 +87,10 @@ impl std::fmt::Debug for SecretValue {
 
 impl std::fmt::Debug for SecretsFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(&self.secrets).finish()
+        f.debug_struct("SecretsFile")
+            .field("secrets", &self.secrets)
+            .field("signins", &self.signins)
+            .finish()
     }
 }
 
@@ -95,6 +111,9 @@ pub struct GatewayJail {
 pub const GATEWAY_JAIL_FILE: &str = "jail.json";
 /// The trust directory (CA certificate and bundle) under `--gateway-dir`.
 pub const GATEWAY_TRUST_DIR: &str = "trust";
+/// The socket under `--gateway-dir` on which corral on the host serves the user's sign-in files
+/// (corral_gateway::signin_remote).
+pub const GATEWAY_SIGNIN_SOCKET: &str = "signin.sock";
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> NetError {
     let what = what.into();
@@ -271,6 +290,46 @@ impl Given<'_> {
     }
 }
 
+/// The `--secrets` file, read and parsed: refused when it names nothing to serve.
+fn read_secrets_file(file: &Path) -> Result<SecretsFile, NetError> {
+    let text = std::fs::read_to_string(file).map_err(io(format!(
+        "cannot read the secrets file {}",
+        file.display()
+    )))?;
+    let parsed: SecretsFile = serde_json::from_str(&text).map_err(|e| {
+        NetError::Config(format!(
+            "the secrets file {} is not a list of secrets with values: {e}",
+            file.display()
+        ))
+    })?;
+    if parsed.secrets.is_empty() && parsed.signins.is_empty() {
+        return Err(NetError::Config(format!(
+            "the secrets file {} names no secret and no sign-in",
+            file.display()
+        )));
+    }
+    Ok(parsed)
+}
+
+/// The gateway's configuration: the system store verifies the real hosts (SSL_CERT_FILE /
+/// SSL_CERT_DIR in the proxy's environment, a corporate CA, are honoured), the jail's CA files
+/// go to `trust_dir`, its records to the proxy's audit log.
+fn gateway_config(
+    trust_dir: PathBuf,
+    audit: &AuditLog,
+    jail: &str,
+) -> corral_gateway::GatewayConfig {
+    corral_gateway::GatewayConfig {
+        upstream_roots: None,
+        trust_dir,
+        system_bundle: None,
+        audit: Some(corral_gateway::AuditSink {
+            log: audit.clone(),
+            jail: jail.to_string(),
+        }),
+    }
+}
+
 /// The gateway of `--secrets FILE`, with the jail's side written under `--gateway-dir DIR`.
 fn gateway(
     secrets: &Option<PathBuf>,
@@ -288,28 +347,33 @@ fn gateway(
             ));
         }
     };
-    let text = std::fs::read_to_string(file).map_err(io(format!(
-        "cannot read the secrets file {}",
-        file.display()
-    )))?;
-    let parsed: SecretsFile = serde_json::from_str(&text).map_err(|e| {
-        NetError::Config(format!(
-            "the secrets file {} is not a list of secrets with values: {e}",
-            file.display()
-        ))
-    })?;
-    if parsed.secrets.is_empty() {
-        return Err(NetError::Config(format!(
-            "the secrets file {} names no secret",
-            file.display()
-        )));
-    }
-    let names: Vec<String> = parsed.secrets.iter().map(|s| s.plan.name.clone()).collect();
+    let parsed = read_secrets_file(file)?;
+    let names: Vec<String> = parsed
+        .secrets
+        .iter()
+        .map(|s| s.plan.name.clone())
+        .chain(
+            parsed
+                .signins
+                .iter()
+                .map(|s| format!("signin.{}", s.plan.name)),
+        )
+        .collect();
     let values = parsed
         .secrets
         .into_iter()
         .map(|s| (s.plan, s.value))
         .collect();
+    let socket = dir.join(GATEWAY_SIGNIN_SOCKET);
+    let signins = parsed
+        .signins
+        .into_iter()
+        .map(|s| {
+            let access = corral_gateway::signin::FileAccess::Remote(socket.clone());
+            corral_gateway::signin::Signin::from_tokens(s.plan, s.tokens, access)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| NetError::Config(format!("cannot serve the sign-ins: {e}")))?;
     let placeholders = given.placeholders()?;
     if let Some(unknown) = placeholders.keys().find(|k| !names.contains(k)) {
         return Err(NetError::Config(format!(
@@ -318,20 +382,16 @@ fn gateway(
         )));
     }
     let trust_dir = dir.join(GATEWAY_TRUST_DIR);
-    let config = corral_gateway::GatewayConfig {
-        // The system store; SSL_CERT_FILE / SSL_CERT_DIR in the proxy's environment (a
-        // corporate CA) are honoured.
-        upstream_roots: None,
-        trust_dir: trust_dir.clone(),
-        system_bundle: None,
-        audit: Some(corral_gateway::AuditSink {
-            log: audit.clone(),
-            jail: jail.to_string(),
-        }),
-    };
+    let config = gateway_config(trust_dir.clone(), audit, jail);
     let started = match given.ca()? {
+        Some(_) if !signins.is_empty() => {
+            return Err(NetError::Config(format!(
+                "the secrets file {} has sign-ins: they are not served with a run CA made before (--ca-cert)",
+                file.display()
+            )));
+        }
         Some(ca) => corral_gateway::Gateway::with_ca(values, &placeholders, &ca, config),
-        None => corral_gateway::Gateway::with_run(values, &placeholders, Vec::new(), config),
+        None => corral_gateway::Gateway::with_run(values, &placeholders, signins, config),
     };
     let (gw, trust) = started
         .map_err(|e| NetError::Config(format!("cannot start the credential gateway: {e}")))?;

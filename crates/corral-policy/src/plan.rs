@@ -20,6 +20,10 @@ pub enum Engine {
     Podman,
     Docker,
     Auto,
+    /// A Kubernetes cluster (`corral run --engine kube`). Only from the command line: a policy
+    /// file cannot send runs to whatever cluster the caller's kubectl points at.
+    #[serde(skip_deserializing)]
+    Kube,
 }
 
 /// Read-only or read-write.

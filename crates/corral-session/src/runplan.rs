@@ -182,7 +182,7 @@ pub fn planned(plan: &Plan) -> RunPlan {
 pub fn planned_with(plan: &Plan, inputs: &RunInputs) -> RunPlan {
     use corral_policy::plan::Engine;
     let mut run = match plan.engine {
-        Engine::Podman | Engine::Docker => RunPlan::container(plan),
+        Engine::Podman | Engine::Docker | Engine::Kube => RunPlan::container(plan),
         Engine::Native | Engine::Auto => RunPlan::new(plan, inputs),
     };
     let snapshot = crate::gitguard::snapshot(

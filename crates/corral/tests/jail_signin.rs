@@ -11,6 +11,7 @@
 
 mod e2e_support;
 mod jail_support;
+mod signin_support;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
@@ -20,70 +21,7 @@ use std::time::{Duration, Instant};
 
 use e2e_support::{certs, loopback_name, walk};
 use jail_support::*;
-
-// Distinct markers per token: a scan for a marker finds any copy of that token.
-const ACCESS: &str = "sk-ant-oat01-ACCESSrealACCESSrealACCESSreal0123456789abcdefghijklmnopqrstuv";
-const REFRESH: &str = "sk-ant-ort01-REFRESHrealREFRESHrealREFRESHreal0123456789abcdefghijklmnop";
-const NEW_ACCESS: &str = "sk-ant-oat01-NEWACCESSnewACCESSnewACCESS0123456789abcdefghijklmnopqrstu";
-const NEW_REFRESH: &str = "sk-ant-ort01-NEWREFRESHnewREFRESHnewREFRESH0123456789abcdefghijklmnopq";
-const MARKERS: [&str; 4] = [
-    "ACCESSrealACCESSreal",
-    "REFRESHrealREFRESHreal",
-    "NEWACCESSnewACCESS",
-    "NEWREFRESHnewREFRESH",
-];
-
-const MOCK: &str = r#"import http.server, ssl, json, sys, urllib.parse
-tok = json.load(open("tokens.json"))
-state = {"access": tok["access"], "refresh": tok["refresh"]}
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def answer(self, code, body):
-        b = body.encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(b)))
-        self.end_headers()
-        self.wfile.write(b)
-    def log(self, **kw):
-        with open("seen.jsonl", "a") as f:
-            f.write(json.dumps(dict(path=self.path, **kw)) + "\n")
-    def do_GET(self):
-        auth = self.headers.get("Authorization", "")
-        self.log(auth=auth)
-        if self.path == "/echo":
-            return self.answer(200, json.dumps({"you_sent": auth}))
-        ok = auth == "Bearer " + state["access"]
-        self.answer(200 if ok else 401, '"api-ok"' if ok else '"bad-token"')
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        self.log(body=body.decode(errors="replace"))
-        form = self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded")
-        try:
-            if form:
-                req = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()}
-            else:
-                req = json.loads(body)
-        except ValueError:
-            return self.answer(400, '{"error":"invalid_request"}')
-        if self.path != tok["token_path"] or req.get("refresh_token") != state["refresh"]:
-            return self.answer(400, '{"error":"invalid_grant"}')
-        state["access"], state["refresh"] = tok["new_access"], tok["new_refresh"]
-        answer = {"token_type": "Bearer", "access_token": state["access"],
-            "refresh_token": state["refresh"], "expires_in": 28800,
-            "scope": "user:inference user:profile"}
-        if "new_id" in tok:
-            answer["id_token"] = tok["new_id"]
-        self.answer(200, json.dumps(answer))
-    def log_message(self, *a):
-        pass
-s = http.server.HTTPServer(("127.0.0.1", 0), H)
-c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-c.load_cert_chain("leaf.pem", "leaf.key")
-s.socket = c.wrap_socket(s.socket, server_side=True)
-print(s.server_address[1], flush=True)
-s.serve_forever()
-"#;
+use signin_support::*;
 
 struct Mock {
     child: Child,
@@ -129,56 +67,10 @@ fn mock_with(dir: &Path, host: &str, tokens: &serde_json::Value) -> Mock {
 /// The user's signed-in Claude Code: `~/.claude/.credentials.json`, mode 0600.
 fn signed_in(w: &World) -> std::path::PathBuf {
     let file = w.home.join(".claude/.credentials.json");
-    let v = serde_json::json!({"claudeAiOauth": {"accessToken": ACCESS, "refreshToken": REFRESH,
-        "expiresAt": 1_700_000_000_000u64, "scopes": ["user:inference", "user:profile"],
-        "subscriptionType": "max"}});
+    let v = claude_credentials();
     write(&file, &serde_json::to_string_pretty(&v).unwrap());
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
     file
-}
-
-/// Whether `needle` is anywhere in the readable memory of process `pid`; `None` when its memory
-/// cannot be read at all.
-fn memory_holds(pid: u32, needle: &[u8]) -> Option<bool> {
-    use std::os::unix::fs::FileExt;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
-    let mut read_any = false;
-    for line in maps.lines() {
-        let mut fields = line.split_whitespace();
-        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
-            continue;
-        };
-        let Some((lo, hi)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
-            continue;
-        };
-        if !perms.starts_with('r') || hi - lo > 1 << 30 {
-            continue;
-        }
-        let mut region = vec![0u8; (hi - lo) as usize];
-        if mem.read_exact_at(&mut region, lo).is_err() {
-            continue;
-        }
-        read_any = true;
-        if region.windows(needle.len()).any(|w| w == needle) {
-            return Some(true);
-        }
-    }
-    read_any.then_some(false)
-}
-
-/// Every descendant of `pid`.
-fn descendants(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut stack = children_of(pid);
-    while let Some(p) = stack.pop() {
-        stack.extend(children_of(p));
-        out.push(p);
-    }
-    out
 }
 
 /// What the jailed script does, Claude Code's way. It never spells a real token: the markers it
@@ -196,33 +88,9 @@ fn script(url: &str) -> String {
         })
         .collect();
     let greps = greps.concat();
+    let exchange = claude_exchange(url);
     format!(
-        r#"F=~/.claude/.credentials.json
-get() {{ python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["claudeAiOauth"][sys.argv[2]])' "$F" "$1"; }}
-A=$(get accessToken); R=$(get refreshToken)
-echo "PH_ACCESS=$A"
-echo "API1=$(curl -sS {url}/v1/messages -H "Authorization: Bearer $A")"
-echo "ECHO=$(curl -sS {url}/echo -H "Authorization: Bearer $A")"
-RESP=$(curl -sS -X POST {url}/v1/oauth/token -H 'Content-Type: application/json' -d "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"$R\",\"client_id\":\"9d1c250a\"}}")
-echo "TOKENRESP=$RESP"
-# Claude Code's write: a temporary file renamed over the credential file (EBUSY on the bind
-# over it), then the in-place copy.
-echo "$RESP" | python3 -c '
-import json, os, shutil, sys
-r = json.load(sys.stdin); f = sys.argv[1]
-d = json.load(open(f)); o = d["claudeAiOauth"]
-o["accessToken"], o["refreshToken"] = r["access_token"], r["refresh_token"]
-tmp = f + ".tmp.1"
-open(tmp, "w").write(json.dumps(d))
-try:
-    os.replace(tmp, f); print("RENAME=ok")
-except OSError as e:
-    shutil.copyfile(tmp, f); os.unlink(tmp); print("RENAME=" + os.strerror(e.errno))
-' "$F"
-A2=$(get accessToken)
-echo "API2=$(curl -sS {url}/v1/messages -H "Authorization: Bearer $A2")"
-echo "REPLAY=$(curl -sS -X POST {url}/v1/oauth/token -H 'Content-Type: application/json' -d "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"$R\"}}")"
-{greps}
+        r#"{exchange}{greps}
 touch "$PWD/ready"; while [ ! -e "$PWD/done" ]; do sleep 0.05; done
 echo END
 "#
@@ -433,19 +301,29 @@ fn the_jail_holds_placeholders_and_corral_refreshes_and_writes_back() {
     assert!(logs.contains("written back to"), "{logs}");
 }
 
-/// A container engine has no sign-in placeholders: a signed-in harness is refused before any
-/// engine is asked, rather than mounted with its real tokens.
+/// A container engine serves sign-ins through its gateway proxy (engine_signin.rs), which needs
+/// the proxy: with the host's network a signed-in harness is refused before any container is
+/// started, rather than mounted with its real tokens.
 #[test]
-fn a_container_run_refuses_a_signed_in_harness_rather_than_mount_its_real_tokens() {
+fn a_container_run_with_the_host_network_refuses_a_signed_in_harness() {
     let w = World::new();
     signed_in(&w);
     for engine in ["podman", "docker"] {
         let mut c = w.corral();
-        c.args(["run", "claude", "--engine", engine, "--", "true"]);
+        c.args([
+            "run",
+            "claude",
+            "--engine",
+            engine,
+            "--network",
+            "host",
+            "--",
+            "true",
+        ]);
         let out = run(c);
         assert_eq!(out.code, 125, "{}", out.both());
         assert!(
-            out.stderr.contains("signin.claude") && out.stderr.contains("--engine native"),
+            out.stderr.contains("signin.claude") && out.stderr.contains("--network proxy"),
             "{}",
             out.both()
         );

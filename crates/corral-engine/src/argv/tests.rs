@@ -82,6 +82,7 @@ fn ctx(engine: EngineKind, rootless: bool) -> Context {
         limits_enforceable: true,
         skill_source: None,
         upstream_ca: None,
+        signin_real: Default::default(),
     }
 }
 
@@ -712,5 +713,76 @@ fn the_proxy_container_runs_the_lean_proxy_when_there_is_one() {
     assert!(
         !proxy_run.iter().any(|a| a.starts_with("/opt/c/corral:")),
         "corral itself is not mounted into the proxy container: {proxy_run:?}"
+    );
+}
+
+#[test]
+fn a_signin_placeholder_covers_the_credential_file_wherever_the_harness_would_see_it() {
+    use corral_policy::signin::{SigninFormat, SigninPlan};
+    let mut f = fixture();
+    let state = f
+        .plan
+        .mounts
+        .iter()
+        .find(|m| m.target == Path::new("/home/u/.pi/agent"))
+        .unwrap()
+        .source
+        .clone();
+    // The state directory also bound at a second path, and the credential file bound by itself
+    // (as a harness's state file would be).
+    let file = PathBuf::from("/home/u/.pi/agent/auth.json");
+    for (source, target) in [
+        (state.clone(), PathBuf::from("/home/u/other")),
+        (file.clone(), file.clone()),
+    ] {
+        f.plan.mounts.push(Mount {
+            source,
+            target,
+            kind: MountKind::Bind(Access::Rw),
+            optional: false,
+        });
+    }
+    f.plan.signin = vec![SigninPlan {
+        name: "pi".into(),
+        format: SigninFormat::Claude,
+        file: file.clone(),
+        api_hosts: vec![DomainPattern::parse("api.example.com").unwrap()],
+        token_host: DomainPattern::parse("auth.example.com").unwrap(),
+        token_path: "/token".into(),
+    }];
+    let mut c = ctx(EngineKind::Docker, false);
+    // The plan's path is a link to the file in the state directory.
+    c.signin_real.insert("pi".into(), state.join("auth.json"));
+    assert_eq!(
+        signin_targets(&f.plan, &c, &f.plan.signin[0]),
+        vec![file.clone(), PathBuf::from("/home/u/other/auth.json")]
+    );
+    let s = setup(&f.plan, &c).unwrap();
+    let run = s.run_command().unwrap().argv();
+    let volumes: Vec<&String> = run
+        .windows(2)
+        .filter(|w| w[0] == "--volume" && w[1].contains("auth.json"))
+        .map(|w| &w[1])
+        .collect();
+    assert_eq!(
+        volumes,
+        vec![
+            "/s/engine/signin/j1/pi.json:/home/u/.pi/agent/auth.json:rw",
+            "/s/engine/signin/j1/pi.json:/home/u/other/auth.json:rw",
+        ]
+    );
+    // A sign-in gets the run's own gateway proxy, as [secrets] do.
+    assert!(
+        s.steps
+            .iter()
+            .any(|st| matches!(st, Step::Ensure { what, .. }
+        if what.starts_with("gateway proxy container")))
+    );
+    // With the host's network nothing could swap its placeholders: refused.
+    f.plan.network.mode = NetworkMode::Host;
+    let e = setup(&f.plan, &c).unwrap_err().to_string();
+    assert!(
+        e.contains("signin.pi") && e.contains("--network proxy"),
+        "{e}"
     );
 }

@@ -20,6 +20,7 @@ fn ctx(engine: EngineKind, rootless: bool) -> Context {
         limits_enforceable: true,
         skill_source: None,
         upstream_ca: None,
+        signin_real: Default::default(),
     }
 }
 

@@ -19,7 +19,9 @@ pub fn engine_of(plan: &Plan) -> anyhow::Result<EngineKind> {
             "--engine auto: the native backend cannot run here and neither podman nor docker is \
              on PATH; install podman (apt-get install podman) or fix what `corral doctor` reports",
         )?,
-        Engine::Native => bail!("engine native is not a container engine"),
+        Engine::Native | Engine::Kube => {
+            bail!("engine {:?} is not a container engine", plan.engine)
+        }
     };
     if !runner::on_path(kind.program()) {
         bail!("--engine {kind}: `{kind}` is not on PATH; install it, or run with --engine native",);
@@ -51,10 +53,15 @@ pub fn print_commands(plan: &Plan) -> anyhow::Result<String> {
         Engine::Podman => EngineKind::Podman,
         Engine::Docker => EngineKind::Docker,
         Engine::Auto => runner::detect().unwrap_or(EngineKind::Podman),
-        Engine::Native => bail!("engine native runs no engine commands"),
+        Engine::Native | Engine::Kube => {
+            bail!("engine {:?} runs no container engine commands", plan.engine)
+        }
     };
-    let ctx = runner::host_context(kind, plan, "JAILID")?;
-    let setup = corral_engine::setup(plan, &ctx)?;
+    // The sign-ins a run would serve: those whose file exists.
+    let mut plan = plan.clone();
+    plan.signin.retain(|s| s.file.is_file());
+    let ctx = runner::host_context(kind, &plan, "JAILID")?;
+    let setup = corral_engine::setup(&plan, &ctx)?;
     Ok(corral_engine::commands(&setup))
 }
 
@@ -91,18 +98,34 @@ fn wait_harness(cmd: &corral_engine::Command) -> std::io::Result<std::process::E
     })
 }
 
-/// A container engine would mount the harness's state directory with the real sign-in file in
-/// it: the placeholder file and the gateway's refresh exist for the native backend only
-/// (cmd/signin.rs), so a signed-in harness is refused rather than handed its real tokens.
-fn refuse_signins(plan: &Plan) -> anyhow::Result<()> {
-    if let Some(s) = plan.signin.iter().find(|s| s.file.is_file()) {
-        bail!(
-            "signin.{}: {} holds the harness's real sign-in tokens, and a container engine would \
-             mount it as it is (only the native backend gives the jail placeholders); run with \
-             --engine native, or use an API key through [secrets]",
-            s.name,
-            s.file.display()
-        );
+/// The plan's sign-ins whose credential file exists (the only ones a run serves), in the plan
+/// the engine runs, and each one loaded: its real tokens and the jail's placeholder file.
+fn served_signins(plan: &Plan) -> anyhow::Result<(Plan, Vec<corral_gateway::signin::Signin>)> {
+    let signins = super::signin::load(plan)?;
+    let mut served = plan.clone();
+    served.signin = signins.iter().map(|s| s.plan().clone()).collect();
+    Ok((served, signins))
+}
+
+/// What the engine run needs for its sign-ins: each placeholder file, and (with the proxy) the
+/// tokens for the gateway proxy. With the host's network the engine's setup refuses them.
+fn signin_credentials(
+    plan: &Plan,
+    signins: Vec<corral_gateway::signin::Signin>,
+    creds: &mut corral_engine::gateway::Credentials,
+) -> anyhow::Result<()> {
+    for s in signins {
+        let name = s.plan().name.clone();
+        creds.signin_files.insert(name, s.placeholder_file()?);
+        if plan.network.mode == corral_policy::plan::NetworkMode::Proxy {
+            creds
+                .gateway
+                .signins
+                .push(corral_net::standalone::SigninValue {
+                    plan: s.plan().clone(),
+                    tokens: s.tokens(),
+                });
+        }
     }
     Ok(())
 }
@@ -111,11 +134,18 @@ fn refuse_signins(plan: &Plan) -> anyhow::Result<()> {
 /// project is bind-mounted into the container, so the session's host-side checks (git, state
 /// guard, set-id, change summary) apply as after a native run.
 pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
-    refuse_signins(plan)?;
     let kind = engine_of(plan)?;
+    // [signin]: the sign-ins served (their files exist), each placeholder file for the harness
+    // and the tokens for the run's gateway proxy.
+    let (served, signins) = served_signins(plan)?;
     // [secrets]: the real values for the run's gateway proxy, or placeholders without network.
-    let (placeholders, secrets) = super::secrets::for_engine(plan)?;
-    let plan = placeholders.as_ref().unwrap_or(plan);
+    let (placeholders, gateway) = super::secrets::for_engine(&served)?;
+    let plan = placeholders.as_ref().unwrap_or(&served);
+    let mut secrets = corral_engine::gateway::Credentials {
+        gateway,
+        ..Default::default()
+    };
+    signin_credentials(plan, signins, &mut secrets)?;
     let session = Session::begin(plan, scope)?.ready()?;
     // The engine attaches the rest itself; the git files the snapshot found are read-only in
     // the container as in a native jail.
@@ -146,8 +176,9 @@ struct Container {
     kind: EngineKind,
     ctx: Context,
     setup: corral_engine::Setup,
-    /// `[secrets]`: the real values the run's gateway proxy container gets (none without).
-    secrets: corral_net::standalone::SecretsFile,
+    /// `[secrets]` and `[signin]`: the real values and tokens the run's gateway proxy container
+    /// gets (none without), and the harness's placeholder sign-in files.
+    secrets: corral_engine::gateway::Credentials,
 }
 
 impl Backend for Container {
@@ -205,7 +236,7 @@ pub fn init_compose(plan: &Plan) -> anyhow::Result<PathBuf> {
     let kind = match plan.engine {
         Engine::Docker => EngineKind::Docker,
         Engine::Podman => EngineKind::Podman,
-        Engine::Native | Engine::Auto => runner::detect().context(
+        Engine::Native | Engine::Auto | Engine::Kube => runner::detect().context(
             "`corral init --compose` needs podman or docker on PATH to create the binary volume",
         )?,
     };
@@ -219,6 +250,7 @@ pub fn init_compose(plan: &Plan) -> anyhow::Result<PathBuf> {
     net_plan.network.host_ports.clear();
     net_plan.network.publish.clear();
     net_plan.secrets.clear();
+    net_plan.signin.clear();
     if net_plan.command.is_empty() {
         net_plan.command = vec!["true".into()];
     }

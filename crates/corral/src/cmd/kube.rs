@@ -10,6 +10,10 @@ use corral_policy::plan::Plan;
 
 use crate::cli::{KubeCommand, KubeRenderArgs, KubeTarget, SeccompArg};
 
+/// The proxy image `corral kube render` names by default (its `--proxy-image`).
+pub(super) const DEFAULT_PROXY_IMAGE: &str =
+    concat!("localhost/corral-proxy:", env!("CARGO_PKG_VERSION"));
+
 pub fn run(cmd: KubeCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         KubeCommand::Render(args) => render(*args),
@@ -52,7 +56,7 @@ fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
                 );
             }
             if opts.seccomp == Seccomp::Localhost {
-                write_seccomp_profile(dir)?;
+                write_seccomp_profile(dir, opts.node_files.as_deref())?;
             }
         }
         None => {
@@ -70,7 +74,7 @@ fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
 /// For a plan with `[secrets]`: the real values (from corral's environment, as `corral run`
 /// reads them), a placeholder for each, a run CA for their hosts (the sandbox must trust it
 /// before the proxy runs), and this host's system roots, which the sandbox's bundle starts from.
-fn run_secrets(plan: &Plan) -> anyhow::Result<Option<corral_kube::RunSecrets>> {
+pub(super) fn run_secrets(plan: &Plan) -> anyhow::Result<Option<corral_kube::RunSecrets>> {
     if plan.secrets.is_empty() {
         return Ok(None);
     }
@@ -96,6 +100,8 @@ fn run_secrets(plan: &Plan) -> anyhow::Result<Option<corral_kube::RunSecrets>> {
                 .into_iter()
                 .map(|(plan, value)| corral_net::standalone::SecretValue { plan, value })
                 .collect(),
+            // Sign-ins are not carried into a cluster (the home's credential files are not).
+            signins: Vec::new(),
         },
         placeholders,
         system_bundle,
@@ -106,7 +112,7 @@ fn run_secrets(plan: &Plan) -> anyhow::Result<Option<corral_kube::RunSecrets>> {
 /// corral's seccomp filter as the OCI profile the sandbox Pod names (`Localhost`), generated
 /// from the same rules as the native jail's BPF (`corral_sandbox::seccomp::oci_profile`): the
 /// nodes need it at `/var/lib/kubelet/seccomp/` + [`corral_kube::SECCOMP_LOCALHOST`].
-fn write_seccomp_profile(dir: &Path) -> anyhow::Result<()> {
+fn write_seccomp_profile(dir: &Path, node_files: Option<&Path>) -> anyhow::Result<()> {
     let profile = corral_sandbox::seccomp::oci_profile()
         .context("cannot build corral's seccomp profile for this architecture")?;
     let path = dir.join("seccomp.json");
@@ -114,16 +120,26 @@ fn write_seccomp_profile(dir: &Path) -> anyhow::Result<()> {
         serde_json::to_string_pretty(&profile).context("cannot encode the seccomp profile")?;
     std::fs::write(&path, text + "\n")
         .with_context(|| format!("cannot write {}", path.display()))?;
-    eprintln!(
-        "corral kube: wrote {}: install it on every node as /var/lib/kubelet/seccomp/{} (or render with --seccomp runtime-default)",
-        path.display(),
-        corral_kube::SECCOMP_LOCALHOST
-    );
+    match node_files {
+        // --node-files: the Pod names `seccomp.json` directly under the seccomp root.
+        Some(node) => eprintln!(
+            "corral kube: wrote {}: put it, with an empty mode-0000 `masked` and an empty \
+             mode-0444 `empty`, in {} on the node, and play with --seccomp-profile-root {}",
+            path.display(),
+            node.display(),
+            node.display()
+        ),
+        None => eprintln!(
+            "corral kube: wrote {}: install it on every node as /var/lib/kubelet/seccomp/{} (or render with --seccomp runtime-default)",
+            path.display(),
+            corral_kube::SECCOMP_LOCALHOST
+        ),
+    }
     Ok(())
 }
 
 /// Write the manifests readable by their owner only: they may hold the executor's token.
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+pub(super) fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     // A new file, so an existing one's wider mode is not kept.
@@ -153,7 +169,7 @@ fn new_token() -> anyhow::Result<String> {
 
 /// The rendering options, with the few facts about the host the plan does not carry (which
 /// protected and masked paths exist, which are directories) gathered here.
-fn options(args: &KubeRenderArgs, plan: &Plan) -> anyhow::Result<Options> {
+pub(super) fn options(args: &KubeRenderArgs, plan: &Plan) -> anyhow::Result<Options> {
     let name = args
         .name
         .clone()
@@ -222,5 +238,8 @@ fn options(args: &KubeRenderArgs, plan: &Plan) -> anyhow::Result<Options> {
         existing,
         dirs,
         executor,
+        node_files: args.node_files.clone(),
+        // `kubectl attach -it` finds a terminal (`corral run --engine kube` decides per run).
+        tty: true,
     })
 }

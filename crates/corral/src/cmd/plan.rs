@@ -36,6 +36,7 @@ pub fn flags(opts: &JailOptions) -> Flags {
             EngineArg::Podman => Engine::Podman,
             EngineArg::Docker => Engine::Docker,
             EngineArg::Auto => Engine::Auto,
+            EngineArg::Kube => Engine::Kube,
         }),
         network: opts.network.map(|n| match n {
             NetworkArg::None => NetworkMode::None,
@@ -190,6 +191,7 @@ fn overview(o: &mut String, p: &Plan) {
         Engine::Podman => "podman",
         Engine::Docker => "docker",
         Engine::Auto => "auto",
+        Engine::Kube => "kube",
     };
     let _ = writeln!(o, "profile       {}", p.profile);
     let _ = writeln!(o, "command       {}", p.command.join(" "));

@@ -145,7 +145,7 @@ pub fn prepare(
 pub fn for_engine(
     plan: &Plan,
 ) -> anyhow::Result<(Option<Plan>, corral_net::standalone::SecretsFile)> {
-    let mut file = corral_net::standalone::SecretsFile { secrets: vec![] };
+    let mut file = corral_net::standalone::SecretsFile::default();
     if plan.secrets.is_empty() || plan.network.mode == NetworkMode::Host {
         return Ok((None, file));
     }
