@@ -94,7 +94,7 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-pub use ca::{CA_VALIDITY, LEAF_VALIDITY};
+pub use ca::{CA_VALIDITY, CaPem, LEAF_VALIDITY};
 pub use corral_http1::io::Replacer;
 pub use corral_http1::io::{Budget, Timeouts};
 pub use corral_http1::{Header, RequestHead};
@@ -340,50 +340,32 @@ impl Gateway {
         decided: &[DomainPattern],
         config: GatewayConfig,
     ) -> Result<(Gateway, JailTrust), GatewayError> {
+        Self::build(secrets, placeholders, signins, decided, None, config)
+    }
+
+    /// [`Gateway::with_run`] with a run CA made before (by [`new_ca`], for a jail that had to
+    /// trust it before the gateway ran: `corral kube render`) instead of a fresh one; refused
+    /// unless it is such a CA, covering every secret's hosts, its key matching its certificate.
+    /// The jail's CA files hold that certificate.
+    pub fn with_ca(
+        secrets: Vec<(SecretPlan, String)>,
+        placeholders: &BTreeMap<String, String>,
+        ca: &CaPem,
+        config: GatewayConfig,
+    ) -> Result<(Gateway, JailTrust), GatewayError> {
+        Self::build(secrets, placeholders, Vec::new(), &[], Some(ca), config)
+    }
+
+    fn build(
+        secrets: Vec<(SecretPlan, String)>,
+        placeholders: &BTreeMap<String, String>,
+        signins: Vec<signin::Signin>,
+        decided: &[DomainPattern],
+        given_ca: Option<&CaPem>,
+        config: GatewayConfig,
+    ) -> Result<(Gateway, JailTrust), GatewayError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut permitted: Vec<String> = Vec::new();
-        let mut list = Vec::new();
-        for (plan, real) in secrets {
-            let bad = |reason: &str| GatewayError::Secret {
-                name: plan.name.clone(),
-                reason: reason.to_string(),
-            };
-            if real.is_empty() {
-                return Err(bad(&format!(
-                    "${} is empty or unset in corral's environment: set it, or remove the secret from [secrets]",
-                    plan.from_env
-                )));
-            }
-            if !valid_header_value(&real) {
-                return Err(bad(&format!(
-                    "${} holds characters that cannot go into an HTTP header (spaces, control or non-ASCII bytes)",
-                    plan.from_env
-                )));
-            }
-            if plan.hosts.is_empty() {
-                return Err(bad("`hosts` is empty: name the hosts the secret is for"));
-            }
-            for h in &plan.hosts {
-                let Some(name) = h.name() else {
-                    return Err(bad(&format!(
-                        "host {h} is an IP address: the gateway only serves names (an IP-literal CONNECT is never intercepted)"
-                    )));
-                };
-                if !permitted.iter().any(|p| p == name) {
-                    permitted.push(name.to_string());
-                }
-            }
-            let placeholder = match placeholders.get(&plan.name) {
-                Some(p) => p.clone(),
-                None => placeholder_for(&real)?,
-            };
-            list.push(Secret {
-                name: plan.name,
-                hosts: plan.hosts,
-                real,
-                placeholder,
-            });
-        }
+        let (list, mut permitted) = checked_secrets(secrets, placeholders)?;
         for name in decided.iter().filter_map(|p| p.name()) {
             if !permitted.iter().any(|p| p == name) {
                 permitted.push(name.to_string());
@@ -394,7 +376,10 @@ impl Gateway {
                 permitted.push(name);
             }
         }
-        let ca = ca::RunCa::generate(permitted, provider.clone())?;
+        let ca = match given_ca {
+            Some(pem) => ca::RunCa::load(pem, permitted, provider.clone())?,
+            None => ca::RunCa::generate(permitted, provider.clone())?,
+        };
 
         let roots = match config.upstream_roots {
             Some(r) => r,
@@ -1047,6 +1032,98 @@ fn write_file(path: &Path, data: &[u8]) -> Result<(), GatewayError> {
         .open(path)
         .map_err(io)?;
     f.write_all(data).map_err(io)
+}
+
+/// Each secret checked (a real value usable in a header, names for hosts, a usable placeholder:
+/// the one given in `placeholders`, else a fresh one), and the host names they are bound to
+/// (the run CA's permitted names), each once.
+fn checked_secrets(
+    secrets: Vec<(SecretPlan, String)>,
+    placeholders: &BTreeMap<String, String>,
+) -> Result<(Vec<Secret>, Vec<String>), GatewayError> {
+    let mut permitted: Vec<String> = Vec::new();
+    let mut list = Vec::new();
+    for (plan, real) in secrets {
+        let bad = |reason: &str| GatewayError::Secret {
+            name: plan.name.clone(),
+            reason: reason.to_string(),
+        };
+        if real.is_empty() {
+            return Err(bad(&format!(
+                "${} is empty or unset in corral's environment: set it, or remove the secret from [secrets]",
+                plan.from_env
+            )));
+        }
+        if !valid_header_value(&real) {
+            return Err(bad(&format!(
+                "${} holds characters that cannot go into an HTTP header (spaces, control or non-ASCII bytes)",
+                plan.from_env
+            )));
+        }
+        for name in host_names(&plan)? {
+            if !permitted.contains(&name) {
+                permitted.push(name);
+            }
+        }
+        let placeholder = match placeholders.get(&plan.name) {
+            Some(p) if p.is_empty() || *p == real || !valid_header_value(p) => {
+                return Err(bad(
+                    "the placeholder given is empty, not usable in a header, or the real value itself",
+                ));
+            }
+            Some(p) => p.clone(),
+            None => placeholder_for(&real)?,
+        };
+        list.push(Secret {
+            name: plan.name,
+            hosts: plan.hosts,
+            real,
+            placeholder,
+        });
+    }
+    Ok((list, permitted))
+}
+
+/// The host names a secret is bound to (the run CA's permitted subtrees): refused when it
+/// names none, or an IP address (the gateway serves names only).
+fn host_names(plan: &SecretPlan) -> Result<Vec<String>, GatewayError> {
+    let bad = |reason: String| GatewayError::Secret {
+        name: plan.name.clone(),
+        reason,
+    };
+    if plan.hosts.is_empty() {
+        return Err(bad(
+            "`hosts` is empty: name the hosts the secret is for".into()
+        ));
+    }
+    plan.hosts
+        .iter()
+        .map(|h| match h.name() {
+            Some(name) => Ok(name.to_string()),
+            None => Err(bad(format!(
+                "host {h} is an IP address: the gateway only serves names (an IP-literal CONNECT is never intercepted)"
+            ))),
+        })
+        .collect()
+}
+
+/// A run CA for `secrets`, made before the gateway runs, for a jail that must trust it first
+/// (`corral kube render`: the certificate goes into the sandbox's ConfigMap, the key into the
+/// proxy's Secret, the one place a run CA's key is written). Constrained, like every run CA, to
+/// the secrets' host names; [`Gateway::with_ca`] takes it back.
+pub fn new_ca(secrets: &[SecretPlan]) -> Result<CaPem, GatewayError> {
+    let mut permitted: Vec<String> = Vec::new();
+    for plan in secrets {
+        for name in host_names(plan)? {
+            if !permitted.contains(&name) {
+                permitted.push(name);
+            }
+        }
+    }
+    ca::new_ca_pem(
+        permitted,
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
 }
 
 fn write_trust(

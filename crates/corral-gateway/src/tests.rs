@@ -237,3 +237,113 @@ fn debug_output_redacts_values() {
     assert!(!dbg.contains("realreal"), "{dbg}");
     assert!(!dbg.contains(gw.placeholder("API_KEY").unwrap()), "{dbg}");
 }
+
+fn config(dir: &Path) -> GatewayConfig {
+    GatewayConfig {
+        upstream_roots: Some(RootCertStore::empty()),
+        trust_dir: dir.join("trust"),
+        system_bundle: None,
+        audit: None,
+    }
+}
+
+/// A CA made before the gateway (`corral kube render`) is the one the gateway serves: the
+/// jail's files hold exactly its certificate, leaves verify under it, the name constraints
+/// still hold, and the given placeholder is the one swapped.
+#[test]
+fn a_ca_made_before_is_served_with_the_given_placeholder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = secret("API_KEY", &["api.bound.test", "*.wild.test"]);
+    let ca = new_ca(std::slice::from_ref(&plan)).unwrap();
+    assert!(ca.key.contains("PRIVATE KEY") && !ca.cert.contains("PRIVATE"));
+    assert!(
+        !format!("{ca:?}").contains("PRIVATE KEY"),
+        "Debug shows the key"
+    );
+    let real = "sk-ant-api03-realrealrealrealrealreal";
+    let ph = placeholder_for(real).unwrap();
+    let placeholders = BTreeMap::from([("API_KEY".to_string(), ph.clone())]);
+    let (gw, trust) = Gateway::with_ca(
+        vec![(plan, real.into())],
+        &placeholders,
+        &ca,
+        config(tmp.path()),
+    )
+    .unwrap();
+    assert_eq!(trust.ca_pem, ca.cert);
+    assert_eq!(std::fs::read_to_string(&trust.ca_file).unwrap(), ca.cert);
+    assert_eq!(gw.placeholder("API_KEY"), Some(ph.as_str()));
+    assert_eq!(trust.env.get("API_KEY"), Some(&ph));
+    let v = verifier(&trust.ca_file);
+    let cfg_leaf = gw
+        .inner
+        .ca
+        .issue_unchecked_for_test("api.bound.test")
+        .unwrap();
+    assert!(verify(&v, &cfg_leaf, "api.bound.test"));
+    let evil = gw
+        .inner
+        .ca
+        .issue_unchecked_for_test("evil.example.com")
+        .unwrap();
+    assert!(!verify(&v, &evil, "evil.example.com"), "constraints lost");
+    assert!(gw.inner.ca.server_config("evil.example.com").is_err());
+}
+
+/// A CA that is not the pair made for these secrets is refused, saying why.
+#[test]
+fn a_given_ca_must_match_its_key_and_cover_the_hosts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = secret("API_KEY", &["api.bound.test"]);
+    let real = "sk-ant-api03-realrealrealrealrealreal";
+    let try_ca = |ca: &CaPem, plan: &SecretPlan| {
+        Gateway::with_ca(
+            vec![(plan.clone(), real.into())],
+            &BTreeMap::new(),
+            ca,
+            config(tmp.path()),
+        )
+        .map(|_| ())
+        .unwrap_err()
+        .to_string()
+    };
+    let a = new_ca(std::slice::from_ref(&plan)).unwrap();
+    let b = new_ca(std::slice::from_ref(&plan)).unwrap();
+    // A's certificate with B's key: same names, another key.
+    let swapped = CaPem {
+        cert: a.cert.clone(),
+        key: b.key.clone(),
+    };
+    let e = try_ca(&swapped, &plan);
+    assert!(e.contains("does not belong to its certificate"), "{e}");
+    // A CA made for other hosts does not cover this secret's.
+    let other = new_ca(&[secret("API_KEY", &["other.test"])]).unwrap();
+    let e = try_ca(&other, &plan);
+    assert!(e.contains("does not cover api.bound.test"), "{e}");
+    // Not PEM at all.
+    let junk = CaPem {
+        cert: "junk".into(),
+        key: a.key.clone(),
+    };
+    let e = try_ca(&junk, &plan);
+    assert!(e.contains("certificate cannot be read"), "{e}");
+    // A placeholder equal to the real value is refused.
+    let e = Gateway::with_ca(
+        vec![(plan.clone(), real.into())],
+        &BTreeMap::from([("API_KEY".to_string(), real.to_string())]),
+        &a,
+        config(tmp.path()),
+    )
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("the real value itself"), "{e}");
+    // And the matching pair works.
+    Gateway::with_ca(
+        vec![(plan.clone(), real.into())],
+        &BTreeMap::new(),
+        &a,
+        config(tmp.path()),
+    )
+    .unwrap();
+}

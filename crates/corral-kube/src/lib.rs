@@ -21,14 +21,19 @@ pub mod executor;
 mod netpol;
 mod proxy;
 mod sandbox;
+pub mod secrets;
+pub mod skill;
 
 #[cfg(test)]
 pub(crate) mod eval;
+#[cfg(test)]
+mod secrets_tests;
 #[cfg(test)]
 mod tests;
 
 pub use netpol::{dns_peer, proxy_policy, sandbox_policy};
 pub use sandbox::NODE_SECCOMP;
+pub use secrets::RunSecrets;
 
 /// The proxy's port (the container backend's).
 pub const PROXY_PORT: u16 = corral_engine::names::PROXY_PORT;
@@ -158,17 +163,37 @@ pub enum Object {
     NetworkPolicy(Box<NetworkPolicy>),
 }
 
-/// Every object of one jail, in the order `kubectl apply` should see them: ConfigMaps, the
-/// NetworkPolicies (so no Pod runs unfenced), the proxy, then the sandbox (a Pod, or a
-/// SandboxTemplate whose Pods carry the same labels, so the same policies fence them).
+/// Every object of one jail, in the order `kubectl apply` should see them: ConfigMaps (and
+/// Secrets), the NetworkPolicies (so no Pod runs unfenced), the proxy, then the sandbox (a Pod,
+/// or a SandboxTemplate whose Pods carry the same labels, so the same policies fence them).
+/// A plan with `[secrets]` is refused here: [`render_with_secrets`].
 pub fn render(plan: &Plan, opts: &Options) -> Result<Vec<Object>> {
+    render_with_secrets(plan, opts, None)
+}
+
+/// [`render`] for a plan with `[secrets]`, given the run CA, the real values and the
+/// placeholders made for it ([`secrets`]): the CA's ConfigMap for the sandbox, the proxy's
+/// Secret, the gateway's flags on the proxy and the placeholders in the sandbox.
+pub fn render_with_secrets(
+    plan: &Plan,
+    opts: &Options,
+    run: Option<&RunSecrets>,
+) -> Result<Vec<Object>> {
     check_supported(plan, opts)?;
-    let mut out = vec![Object::ConfigMap(Box::new(sandbox::files_config_map(opts)))];
     let proxied = plan.network.mode == NetworkMode::Proxy;
+    let carried = secrets::Carried::of(plan, run, proxied)?;
+    let mut out = vec![Object::ConfigMap(Box::new(sandbox::files_config_map(opts)))];
     if proxied {
         out.push(Object::ConfigMap(Box::new(proxy::policy_config_map(
             plan, opts,
         ))));
+    }
+    if skill::carried(plan, opts) {
+        out.push(Object::ConfigMap(Box::new(skill::config_map(opts))));
+    }
+    if let secrets::Carried::Gateway(s) = carried {
+        out.push(Object::ConfigMap(Box::new(secrets::ca_config_map(opts, s))));
+        out.push(Object::Secret(Box::new(secrets::proxy_secret(opts, s)?)));
     }
     let exec_jail = executor::jail(plan, opts);
     let exec_proxied = match exec_jail {
@@ -197,20 +222,44 @@ pub fn render(plan: &Plan, opts: &Options) -> Result<Vec<Object>> {
         ))));
     }
     if proxied {
-        out.push(Object::Deployment(Box::new(proxy::deployment(opts))));
+        let mut deployment = proxy::deployment(opts);
+        if let secrets::Carried::Gateway(_) = carried {
+            secrets::attach_proxy(&mut deployment, opts);
+        }
+        out.push(Object::Deployment(Box::new(deployment)));
         out.push(Object::Service(Box::new(proxy::service(opts)?)));
     }
     if let Some(jail) = exec_jail {
         out.push(Object::Service(Box::new(executor::service(opts)?)));
         out.push(Object::Pod(Box::new(executor::pod(plan, jail, opts)?)));
     }
-    out.push(match opts.target {
-        Target::Pod => Object::Pod(Box::new(sandbox::pod(plan, opts)?)),
-        Target::SandboxTemplate => {
-            Object::SandboxTemplate(Box::new(agent_sandbox::template(plan, opts)?))
-        }
-    });
+    out.push(sandbox_object(plan, opts, carried)?);
     Ok(out)
+}
+
+/// The sandbox: a Pod or a SandboxTemplate, with what of `[secrets]` and of the executor's
+/// skill it carries.
+fn sandbox_object(plan: &Plan, opts: &Options, carried: secrets::Carried<'_>) -> Result<Object> {
+    let attach = |spec: &mut k8s_openapi::api::core::v1::PodSpec| {
+        secrets::attach_sandbox(spec, opts, carried);
+        if skill::carried(plan, opts) {
+            skill::attach_sandbox(spec, plan, opts);
+        }
+    };
+    Ok(match opts.target {
+        Target::Pod => {
+            let mut pod = sandbox::pod(plan, opts)?;
+            if let Some(spec) = pod.spec.as_mut() {
+                attach(spec);
+            }
+            Object::Pod(Box::new(pod))
+        }
+        Target::SandboxTemplate => {
+            let mut t = agent_sandbox::template(plan, opts)?;
+            attach(&mut t.spec.pod_template.spec);
+            Object::SandboxTemplate(Box::new(t))
+        }
+    })
 }
 
 /// The objects as one multi-document YAML stream.
@@ -240,12 +289,6 @@ fn check_supported(plan: &Plan, opts: &Options) -> Result<()> {
     }
     if plan.command.is_empty() {
         return Err(KubeError::NoCommand);
-    }
-    if !plan.secrets.is_empty() {
-        return unsupported(
-            "[secrets] (the sandbox would have to trust a run CA made before the proxy runs: not rendered yet; \
-             corral run --engine podman|docker serves them)",
-        );
     }
     let n = &plan.network;
     match n.mode {
@@ -303,9 +346,9 @@ pub fn not_carried(plan: &Plan, opts: &Options) -> Vec<String> {
         .iter()
         .map(|p| format!("host path {}", p.display()))
         .collect();
-    if let Some(skill) = &plan.skill {
+    if let (Some(skill), false) = (&plan.skill, skill::carried(plan, opts)) {
         out.push(format!(
-            "the executor's instructions (SKILL.md at {})",
+            "the executor's instructions (SKILL.md at {}): rendered only with the executor",
             skill.dir.display()
         ));
     }

@@ -279,6 +279,19 @@ fn memory(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// Whether `p`, outside the project, is the Pod's own and never the host's: under a private
+/// directory (an emptyDir, gone with the Pod) or under a host bind that is not carried (so what
+/// is there is the read-only image or such an emptyDir). A protected path there (a harness's
+/// extensions under its state directory) has nothing of the host's to protect: what the jail
+/// writes there never reaches the host.
+fn pods_own(plan: &Plan, p: &Path) -> bool {
+    !p.starts_with(&plan.project.root)
+        && tmpfs_targets(plan)
+            .iter()
+            .chain(host_binds(plan).iter())
+            .any(|d| p.starts_with(d))
+}
+
 /// The host binds of the plan a cluster cannot have: everything but the project and the system
 /// directories (which come from the image).
 pub fn host_binds(plan: &Plan) -> Vec<PathBuf> {
@@ -415,6 +428,9 @@ pub fn volumes(plan: &Plan, opts: &Options) -> Result<(Vec<Volume>, Vec<VolumeMo
         }
     }
     for (i, p) in plan.protected.iter().enumerate() {
+        if pods_own(plan, p) {
+            continue;
+        }
         let rel = p
             .strip_prefix(root)
             .map_err(|_| KubeError::OutsideProject {

@@ -9,7 +9,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use super::*;
 use crate::eval::{Endpoint, PodInfo, allowed};
 
-fn opts() -> Options {
+pub(crate) fn opts() -> Options {
     Options {
         name: "corral-demo".into(),
         namespace: Some("agents".into()),
@@ -30,7 +30,7 @@ fn opts() -> Options {
 
 /// A plan with fixed ids, the proxy, one allow_cidrs entry, a masked file and directory, a
 /// protected directory and the (missing) policy file.
-fn plan() -> Plan {
+pub(crate) fn plan() -> Plan {
     let root = Path::new("/work/demo");
     let mut plan = Plan::minimal(
         root,
@@ -123,6 +123,12 @@ fn refuses_what_it_cannot_carry() {
         render(&p, &opts()),
         Err(KubeError::OutsideProject { .. })
     ));
+    // Under the home (the Pod's own emptyDir) there is nothing of the host's to protect: not
+    // refused, and nothing is mounted there.
+    let mut p = plan();
+    p.protected.push("/home/dev/.pi/agent/bin".into());
+    let yaml = to_yaml(&render(&p, &opts()).unwrap()).unwrap();
+    assert!(!yaml.contains(".pi/agent"), "{yaml}");
 }
 
 #[test]
@@ -306,7 +312,7 @@ fn without_the_proxy_the_sandbox_reaches_nothing() {
     );
 }
 
-fn with_executor() -> (Plan, Options) {
+pub(crate) fn with_executor() -> (Plan, Options) {
     let mut p = plan();
     let mut jail = Plan::minimal(Path::new("/work/demo"), Path::new("/home/dev"), vec![]);
     jail.uid = 1000;

@@ -10,6 +10,11 @@
 //! process's memory; only the CA certificate, the bundle (system roots + run CA) and the jail's
 //! side ([`GatewayJail`]: placeholders and CA variables) are written under DIR, before the
 //! proxy says it listens.
+//!
+//! With `--ca-cert FILE --ca-key FILE` (and `--placeholders FILE`) the gateway serves a run CA
+//! made before it ran, with the placeholders chosen then: `corral kube render` makes them, since
+//! the sandbox Pod must trust the CA and hold the placeholders before the proxy's Pod starts;
+//! the key and the real values come from the proxy's Kubernetes Secret.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,6 +41,11 @@ pub struct Options {
     /// Where the gateway writes the jail's CA files (`DIR/trust/`) and [`GATEWAY_JAIL_FILE`];
     /// required with `secrets`.
     pub gateway_dir: Option<PathBuf>,
+    /// A run CA made before (certificate and key, PEM files): served instead of a fresh one.
+    pub ca: Option<(PathBuf, PathBuf)>,
+    /// The placeholders chosen before (a JSON object, secret name to placeholder): each secret
+    /// named there gets that placeholder instead of a fresh one.
+    pub placeholders: Option<PathBuf>,
 }
 
 /// The file `--secrets` names: each secret's plan and its real value. Written 0600 by the
@@ -188,7 +198,11 @@ pub fn run(opts: Options) -> Result<(), NetError> {
         audit.path().display()
     );
     let mut proxy = Proxy::new(rules, audit.clone(), jail.clone());
-    if let Some(gw) = gateway(&opts.secrets, &opts.gateway_dir, &audit, &jail)? {
+    let given = Given {
+        ca: opts.ca.as_ref(),
+        placeholders: opts.placeholders.as_deref(),
+    };
+    if let Some(gw) = gateway(&opts.secrets, &opts.gateway_dir, given, &audit, &jail)? {
         proxy = proxy.with_gateway(gw);
     }
     let proxy = Arc::new(proxy);
@@ -235,22 +249,49 @@ pub fn run(opts: Options) -> Result<(), NetError> {
     })
 }
 
-/// The gateway of `--secrets FILE`, with the jail's side written under `--gateway-dir DIR`.
-fn gateway(
-    secrets: &Option<PathBuf>,
-    dir: &Option<PathBuf>,
-    audit: &AuditLog,
-    jail: &str,
-) -> Result<Option<corral_gateway::Gateway>, NetError> {
-    let (file, dir) = match (secrets, dir) {
-        (None, None) => return Ok(None),
-        (Some(f), Some(d)) => (f, d),
-        _ => {
-            return Err(NetError::Config(
-                "--secrets and --gateway-dir go together: the gateway needs both the real values and where to write the jail's CA files".into(),
-            ));
-        }
-    };
+/// What a gateway is given besides the real values: a CA and placeholders made before it ran.
+#[derive(Clone, Copy)]
+struct Given<'a> {
+    ca: Option<&'a (PathBuf, PathBuf)>,
+    placeholders: Option<&'a Path>,
+}
+
+impl Given<'_> {
+    /// The CA's PEM files, read.
+    fn ca(&self) -> Result<Option<corral_gateway::CaPem>, NetError> {
+        let Some((cert, key)) = self.ca else {
+            return Ok(None);
+        };
+        let read = |p: &Path, what: &str| {
+            std::fs::read_to_string(p)
+                .map_err(io(format!("cannot read the {what} {}", p.display())))
+        };
+        Ok(Some(corral_gateway::CaPem {
+            cert: read(cert, "run CA certificate")?,
+            key: read(key, "run CA key")?,
+        }))
+    }
+
+    /// The placeholders file, read; empty when none was given.
+    fn placeholders(&self) -> Result<std::collections::BTreeMap<String, String>, NetError> {
+        let Some(p) = self.placeholders else {
+            return Ok(Default::default());
+        };
+        let text = std::fs::read_to_string(p).map_err(io(format!(
+            "cannot read the placeholders file {}",
+            p.display()
+        )))?;
+        serde_json::from_str(&text).map_err(|e| {
+            NetError::Config(format!(
+                "the placeholders file {} is not a JSON object of secret names to placeholders: {e}",
+                p.display()
+            ))
+        })
+    }
+}
+
+/// The `--secrets` file, read and parsed: refused when it names nothing to serve.
+fn read_secrets_file(file: &Path) -> Result<SecretsFile, NetError> {
     let text = std::fs::read_to_string(file).map_err(io(format!(
         "cannot read the secrets file {}",
         file.display()
@@ -267,6 +308,46 @@ fn gateway(
             file.display()
         )));
     }
+    Ok(parsed)
+}
+
+/// The gateway's configuration: the system store verifies the real hosts (SSL_CERT_FILE /
+/// SSL_CERT_DIR in the proxy's environment, a corporate CA, are honoured), the jail's CA files
+/// go to `trust_dir`, its records to the proxy's audit log.
+fn gateway_config(
+    trust_dir: PathBuf,
+    audit: &AuditLog,
+    jail: &str,
+) -> corral_gateway::GatewayConfig {
+    corral_gateway::GatewayConfig {
+        upstream_roots: None,
+        trust_dir,
+        system_bundle: None,
+        audit: Some(corral_gateway::AuditSink {
+            log: audit.clone(),
+            jail: jail.to_string(),
+        }),
+    }
+}
+
+/// The gateway of `--secrets FILE`, with the jail's side written under `--gateway-dir DIR`.
+fn gateway(
+    secrets: &Option<PathBuf>,
+    dir: &Option<PathBuf>,
+    given: Given<'_>,
+    audit: &AuditLog,
+    jail: &str,
+) -> Result<Option<corral_gateway::Gateway>, NetError> {
+    let (file, dir) = match (secrets, dir) {
+        (None, None) => return Ok(None),
+        (Some(f), Some(d)) => (f, d),
+        _ => {
+            return Err(NetError::Config(
+                "--secrets and --gateway-dir go together: the gateway needs both the real values and where to write the jail's CA files".into(),
+            ));
+        }
+    };
+    let parsed = read_secrets_file(file)?;
     let names: Vec<String> = parsed
         .secrets
         .iter()
@@ -293,26 +374,28 @@ fn gateway(
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| NetError::Config(format!("cannot serve the sign-ins: {e}")))?;
+    let placeholders = given.placeholders()?;
+    if let Some(unknown) = placeholders.keys().find(|k| !names.contains(k)) {
+        return Err(NetError::Config(format!(
+            "the placeholders file names {unknown}, which is not a secret of {}",
+            file.display()
+        )));
+    }
     let trust_dir = dir.join(GATEWAY_TRUST_DIR);
-    let (gw, trust) = corral_gateway::Gateway::with_run(
-        values,
-        &std::collections::BTreeMap::new(),
-        signins,
-        // Rules by path are the native backend's only (container runs refuse them).
-        &[],
-        corral_gateway::GatewayConfig {
-            // The system store; SSL_CERT_FILE / SSL_CERT_DIR in the proxy's environment (a
-            // corporate CA) are honoured.
-            upstream_roots: None,
-            trust_dir: trust_dir.clone(),
-            system_bundle: None,
-            audit: Some(corral_gateway::AuditSink {
-                log: audit.clone(),
-                jail: jail.to_string(),
-            }),
-        },
-    )
-    .map_err(|e| NetError::Config(format!("cannot start the credential gateway: {e}")))?;
+    let config = gateway_config(trust_dir.clone(), audit, jail);
+    let started = match given.ca()? {
+        Some(_) if !signins.is_empty() => {
+            return Err(NetError::Config(format!(
+                "the secrets file {} has sign-ins: they are not served with a run CA made before (--ca-cert)",
+                file.display()
+            )));
+        }
+        Some(ca) => corral_gateway::Gateway::with_ca(values, &placeholders, &ca, config),
+        // Rules by path are the native backend's only (container and cluster runs refuse them).
+        None => corral_gateway::Gateway::with_run(values, &placeholders, signins, &[], config),
+    };
+    let (gw, trust) = started
+        .map_err(|e| NetError::Config(format!("cannot start the credential gateway: {e}")))?;
     let bundle = trust
         .bundle_file
         .strip_prefix(&trust_dir)

@@ -29,6 +29,16 @@ pub struct ProxyArgs {
     /// placeholders into (never the CA key, which stays in the proxy's memory)
     #[arg(long, value_name = "DIR", requires = "secrets")]
     pub gateway_dir: Option<PathBuf>,
+    /// With --secrets: serve this run CA certificate (PEM) instead of a fresh CA (`corral kube
+    /// render` makes it, so the sandbox trusts it before the proxy runs)
+    #[arg(long, value_name = "FILE", requires_all = ["secrets", "ca_key"])]
+    pub ca_cert: Option<PathBuf>,
+    /// With --ca-cert: that CA's private key (PEM)
+    #[arg(long, value_name = "FILE", requires = "ca_cert")]
+    pub ca_key: Option<PathBuf>,
+    /// With --secrets: the placeholders the jail was given (JSON: secret name to placeholder)
+    #[arg(long, value_name = "FILE", requires = "secrets")]
+    pub placeholders: Option<PathBuf>,
 }
 
 impl ProxyArgs {
@@ -41,6 +51,8 @@ impl ProxyArgs {
             jail: self.jail,
             secrets: self.secrets,
             gateway_dir: self.gateway_dir,
+            ca: self.ca_cert.zip(self.ca_key),
+            placeholders: self.placeholders,
         }
     }
 
@@ -63,6 +75,15 @@ impl ProxyArgs {
         }
         if let Some(p) = &self.gateway_dir {
             a.extend(["--gateway-dir".into(), p.clone().into()]);
+        }
+        if let Some(p) = &self.ca_cert {
+            a.extend(["--ca-cert".into(), p.clone().into()]);
+        }
+        if let Some(p) = &self.ca_key {
+            a.extend(["--ca-key".into(), p.clone().into()]);
+        }
+        if let Some(p) = &self.placeholders {
+            a.extend(["--placeholders".into(), p.clone().into()]);
         }
         a
     }

@@ -931,3 +931,53 @@ fn node_files_manifests_validate_strictly() {
     let (ok, text) = validate(&bin, &file);
     assert!(ok, "kubernetes-validate --strict refused:\n{text}\n{yaml}");
 }
+
+/// `[secrets]` in a kube run: the applied manifests are render's with the run CA, the real value
+/// only in the proxy's Secret (no other object holds it or the CA's key), the sandbox a
+/// placeholder; the Secret goes with the rest when the run ends, and so does the run's 0600
+/// copy of the manifests.
+#[test]
+fn a_run_with_secrets_applies_them_only_in_the_proxys_secret_and_deletes_them() {
+    const REAL: &str = "sk-test-REALkeyREALkeyREALkey0123456789abc";
+    let f = Fixture::new();
+    std::fs::write(
+        f.root.join("proj/corral.toml"),
+        "[network]\nmode = \"proxy\"\n\n[secrets]\n\
+         API_TOKEN = { from_env = \"CALLER_TOKEN\", hosts = [\"api.example.com\"] }\n",
+    )
+    .unwrap();
+    let out = f.corral(&["trust"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let out = f
+        .run(&[], &["sh", "-c", "exit 0"])
+        .env("CALLER_TOKEN", REAL)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(!text(&out).contains("REALkeyREALkey"), "{}", text(&out));
+    assert_eq!(f.calls(), whole_run(&[DELETE_F]), "{}", text(&out));
+    let name = f.jail_name().unwrap();
+    assert!(!f.run_dir(&name).exists(), "the run's manifests stayed");
+    let applied = f.applied();
+    let mut secrets = 0;
+    for doc in serde_yaml_ng::Deserializer::from_str(&applied) {
+        let v: serde_yaml_ng::Value = serde::Deserialize::deserialize(doc).unwrap();
+        let doc_text = serde_yaml_ng::to_string(&v).unwrap();
+        if v["kind"] == "Secret"
+            && v["metadata"]["name"] == format!("{name}-proxy-secrets").as_str()
+        {
+            secrets += 1;
+            assert!(doc_text.contains(REAL) && doc_text.contains("PRIVATE KEY"));
+            continue;
+        }
+        assert!(
+            !doc_text.contains("REALkeyREALkey") && !doc_text.contains("PRIVATE KEY"),
+            "outside the proxy's Secret:\n{doc_text}"
+        );
+    }
+    assert_eq!(secrets, 1, "{applied}");
+    assert!(
+        applied.contains("name: API_TOKEN"),
+        "no placeholder:\n{applied}"
+    );
+}

@@ -29,8 +29,12 @@ fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
         print!("{}", corral_kube::check_text(&opts));
         return Ok(ExitCode::SUCCESS);
     }
-    let objects = corral_kube::render(&plan, &opts)?;
+    let run = run_secrets(&plan)?;
+    let objects = corral_kube::render_with_secrets(&plan, &opts, run.as_ref())?;
     let yaml = corral_kube::to_yaml(&objects)?;
+    let holds_secrets = objects
+        .iter()
+        .any(|o| matches!(o, corral_kube::Object::Secret(_)));
     let left_out = corral_kube::not_carried(&plan, &opts);
     if !left_out.is_empty() {
         eprintln!(
@@ -45,13 +49,64 @@ fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
             let path = dir.join("jail.yaml");
             write_private(&path, &yaml)?;
             eprintln!("corral kube: wrote {}", path.display());
+            if holds_secrets {
+                eprintln!(
+                    "corral kube: {} is readable by you only: its Secrets hold credentials (the proxy's: the real [secrets] values and the run CA's key)",
+                    path.display()
+                );
+            }
             if opts.seccomp == Seccomp::Localhost {
                 write_seccomp_profile(dir, opts.node_files.as_deref())?;
             }
         }
-        None => print!("{yaml}"),
+        None => {
+            if holds_secrets {
+                eprintln!(
+                    "corral kube: the manifests hold credentials in Secrets (the proxy's: the real [secrets] values and the run CA's key): pipe them to kubectl apply -f -, or write them with -o DIR (mode 0600)"
+                );
+            }
+            print!("{yaml}");
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// For a plan with `[secrets]`: the real values (from corral's environment, as `corral run`
+/// reads them), a placeholder for each, a run CA for their hosts (the sandbox must trust it
+/// before the proxy runs), and this host's system roots, which the sandbox's bundle starts from.
+pub(super) fn run_secrets(plan: &Plan) -> anyhow::Result<Option<corral_kube::RunSecrets>> {
+    if plan.secrets.is_empty() {
+        return Ok(None);
+    }
+    let values = super::secrets::real_values(plan)?;
+    let placeholders = super::secrets::placeholders(&values)?;
+    let ca =
+        corral_gateway::new_ca(&plan.secrets).context("cannot make the run CA for [secrets]")?;
+    let layout = corral_gateway::trust_layout(Path::new(corral_kube::secrets::TRUST_DIR));
+    let system_paths: Vec<PathBuf> = layout
+        .system_overlays
+        .into_iter()
+        .map(|m| m.target)
+        .collect();
+    let system_bundle = match system_paths.first() {
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("cannot read the system CA bundle {}", p.display()))?,
+        None => String::new(),
+    };
+    Ok(Some(corral_kube::RunSecrets {
+        ca,
+        values: corral_net::standalone::SecretsFile {
+            secrets: values
+                .into_iter()
+                .map(|(plan, value)| corral_net::standalone::SecretValue { plan, value })
+                .collect(),
+            // Sign-ins are not carried into a cluster (the home's credential files are not).
+            signins: Vec::new(),
+        },
+        placeholders,
+        system_bundle,
+        system_paths,
+    }))
 }
 
 /// corral's seccomp filter as the OCI profile the sandbox Pod names (`Localhost`), generated

@@ -73,7 +73,11 @@ pub fn run(
     // A terminal and stdin for `kubectl attach -it` at a terminal; else none (a harness
     // reading its terminal would wait for input nobody sends), its output read by `logs -f`.
     opts.tty = tty;
-    let objects = corral_kube::render(&plan, &opts)?;
+    // `[secrets]` as `corral kube render` makes them: the run CA, the real values (from corral's
+    // environment) and the placeholders; the manifests holding them are written 0600 and
+    // deleted with the run.
+    let secrets = super::kube::run_secrets(&plan)?;
+    let objects = corral_kube::render_with_secrets(&plan, &opts, secrets.as_ref())?;
     let yaml = corral_kube::to_yaml(&objects)?;
     say_what_runs(&plan, &opts);
     if let Some(node) = &kube.node_files {

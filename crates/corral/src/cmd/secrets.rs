@@ -176,12 +176,14 @@ pub fn for_engine(
 }
 
 /// Each secret of the plan with its real value, read from corral's environment.
-fn real_values(plan: &Plan) -> anyhow::Result<Vec<(corral_policy::plan::SecretPlan, String)>> {
+pub(crate) fn real_values(
+    plan: &Plan,
+) -> anyhow::Result<Vec<(corral_policy::plan::SecretPlan, String)>> {
     let mut values = Vec::new();
     for s in &plan.secrets {
         let Some(real) = std::env::var_os(&s.from_env) else {
             bail!(
-                "secret {}: ${} is not set in corral's environment; export it before `corral run`, or remove secrets.{} from the policy",
+                "secret {}: ${} is not set in corral's environment; export it before running corral, or remove secrets.{} from the policy",
                 s.name,
                 s.from_env,
                 s.name
