@@ -26,6 +26,7 @@ use engine_support::{Engine, IMAGE, World, on_every_engine, text};
 
 on_every_engine!(
     allow_deny_and_an_untrusted_edit_reach_a_running_container_as_on_the_native_backend,
+    allow_deny_and_an_untrusted_edit_reach_a_run_behind_its_own_gateway_proxy,
     a_container_run_registers_for_corral_watch_and_refuses_run_only_allows,
 );
 
@@ -72,16 +73,25 @@ fn start_origin(e: Engine, name: &str, network: &str, body: &str) {
     }
 }
 
+/// `[secrets]` that give a run its own gateway proxy container (the value comes from
+/// `$CALLER_TOKEN`).
+const SECRETS: &str =
+    "\n[secrets]\nAPI_TOKEN = { from_env = \"CALLER_TOKEN\", hosts = [\"api.example.com\"] }\n";
+
 /// A project whose policy allows nothing yet but may reach the origins' private subnet once a
-/// host is allowed, trusted by the user; the origin's name.
-fn setup(w: &World, tag: &str) -> String {
+/// host is allowed, plus `extra`, trusted by the user; the origin's name.
+fn setup(w: &World, tag: &str, extra: &str) -> String {
     let e = w.engine;
     let external = format!("{}-external", w.prefix);
     e.ok(&["network", "create", &external]);
     let subnet = e.subnet(&external);
     let origin = format!("{}-{tag}", w.prefix);
     start_origin(e, &origin, &external, "origin-body");
-    std::fs::write(w.project.join("corral.toml"), policy(&subnet, "", "")).unwrap();
+    std::fs::write(
+        w.project.join("corral.toml"),
+        policy(&subnet, "", "") + extra,
+    )
+    .unwrap();
     let out = w.corral(&["trust"]);
     assert!(out.status.success(), "{}", text(&out));
     origin
@@ -121,6 +131,7 @@ fn start_run(w: &World, script: &str, runtime: &Path) -> std::process::Child {
         script,
     ])
     .env("XDG_RUNTIME_DIR", runtime)
+    .env("CALLER_TOKEN", "real-token-value")
     .stdout(std::process::Stdio::piped())
     .stderr(std::process::Stdio::piped())
     .spawn()
@@ -230,11 +241,23 @@ fn finish(child: std::process::Child) -> (i32, String) {
 }
 
 fn allow_deny_and_an_untrusted_edit_reach_a_running_container_as_on_the_native_backend(e: Engine) {
+    live_edits(e, "l", "");
+}
+
+/// The same through the run's own gateway proxy container (`[secrets]`), which reads the
+/// project's policy file too.
+fn allow_deny_and_an_untrusted_edit_reach_a_run_behind_its_own_gateway_proxy(e: Engine) {
+    live_edits(e, "g", SECRETS);
+}
+
+/// Allow, deny, an untrusted edit (refused) and the same edit trusted (applied), each seen from
+/// the running harness; `extra` is added to every version of corral.toml.
+fn live_edits(e: Engine, tag: &str, extra: &str) {
     if !e.ready(&[]) {
         return;
     }
-    let w = World::new(e, "l");
-    let origin = setup(&w, "origin");
+    let w = World::new(e, tag);
+    let origin = setup(&w, "origin", extra);
     let subnet = e.subnet(&format!("{}-external", w.prefix));
     let target = format!("{origin}:8000");
     let script = format!(
@@ -286,7 +309,7 @@ fn allow_deny_and_an_untrusted_edit_reach_a_running_container_as_on_the_native_b
     let generated = proxy_policy(&w);
     std::fs::write(
         p.join("corral.toml"),
-        policy(&subnet, &format!("\"{target}\""), ""),
+        policy(&subnet, &format!("\"{target}\""), "") + extra,
     )
     .unwrap();
     let r = wait_record(&w, &jail, "live-policy-refused", |_| true);
@@ -322,6 +345,17 @@ fn allow_deny_and_an_untrusted_edit_reach_a_running_container_as_on_the_native_b
     // The proxy container reloaded its policy (its own records), and `corral log` shows the
     // run's changes.
     let all = records(&w);
+    if !extra.is_empty() {
+        // The run's own gateway proxy decided (it records under the run's id).
+        assert!(
+            all.iter().any(|r| r["kind"] == "net"
+                && r["jail"] == jail.as_str()
+                && r["host"] == origin.as_str()
+                && r["decision"] == "allow"),
+            "no allow by the run's gateway proxy:\n{}",
+            w.audit()
+        );
+    }
     assert!(
         all.iter()
             .any(|r| r["kind"] == "jail" && r["event"] == "policy-reload"),
@@ -358,7 +392,7 @@ fn a_container_run_registers_for_corral_watch_and_refuses_run_only_allows(e: Eng
         return;
     }
     let w = World::new(e, "w");
-    let origin = setup(&w, "origin");
+    let origin = setup(&w, "origin", "");
     let target = format!("{origin}:8000");
     let script = format!(
         "{}step 1 \"$(try)\"\nwait_go 1\nstep 2 \"$(try)\"\n",
