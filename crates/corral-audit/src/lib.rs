@@ -63,6 +63,10 @@ pub struct NetEvent {
     pub method: String,
     pub host: String,
     pub port: u16,
+    /// The request's path (normalised when it could be), for a request decided by method
+    /// and path (`network.allow = ["GET host/path/**"]`). Absent in older logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     /// The address the proxy checked and connected to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,

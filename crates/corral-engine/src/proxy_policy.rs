@@ -86,6 +86,7 @@ mod tests {
     fn renders_the_network_section_whole() {
         let net = NetworkPlan {
             mode: NetworkMode::Proxy,
+            allow_paths: Vec::new(),
             allow: vec![
                 DomainPattern::parse("api.anthropic.com").unwrap(),
                 DomainPattern::parse("*.github.com").unwrap(),

@@ -2,7 +2,8 @@
 //!
 //! - ECDSA P-256 key made by `ring`, held only in this process's memory;
 //! - basic constraints CA with path length 0 (it can sign leaves, never another CA);
-//! - name constraints: permitted DNS subtrees are exactly the secret-bound host names (a
+//! - name constraints: permitted DNS subtrees are exactly the secret-bound host names and the hosts
+//!   decided by path rules (a
 //!   `*.example.org` pattern permits `example.org`'s subtree), every IPv4 and IPv6 address is
 //!   excluded; a leaf for any other name fails verification in webpki, OpenSSL, Node, Go;
 //! - valid from 5 minutes ago for [`CA_VALIDITY`]; leaves for [`LEAF_VALIDITY`], one DNS SAN each,
@@ -103,7 +104,7 @@ impl RunCa {
     }
 
     /// Whether `name` lies inside one of the permitted subtrees.
-    fn permits(&self, name: &str) -> bool {
+    pub(crate) fn permits(&self, name: &str) -> bool {
         self.permitted
             .iter()
             .any(|p| name == p || name.ends_with(&format!(".{p}")))

@@ -34,6 +34,11 @@
 //!   without query; `Debug` of every type here redacts values.
 //! - The jail side speaks HTTP/1.1 only (ALPN offers `http/1.1`), so one connection has one
 //!   `Host`; websocket upgrades get their headers swapped, then the two streams are spliced.
+//! - **Hosts the proxy decides by method and path** (`network.allow = ["GET host/path/**"]`)
+//!   are terminated the same way ([`Gateway::intercept_gated`], the CA's names include them):
+//!   after the checks above, each request goes to the proxy's [`RequestGate`], and is sent
+//!   with the target the gate decided on, or answered with its refusal and the connection
+//!   closed; a secret-bound host among them gets its swap after the gate.
 //!
 //! # The seam with the proxy (corral-net)
 //!
@@ -211,6 +216,14 @@ pub struct TrustLayout {
     pub system_overlays: Vec<Mount>,
 }
 
+/// The proxy's decision of each request inside an intercepted connection to a host it decides
+/// per request ([`Gateway::intercept_gated`]).
+pub trait RequestGate: Send + Sync {
+    /// `Ok(target)`: forward the request with this origin-form target (the normalised form
+    /// that was decided on). `Err`: answer with the refusal and close; the gate audits both.
+    fn decide(&self, method: &str, target: &str) -> Result<String, Refusal>;
+}
+
 /// Why a request was refused, and what the client is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
@@ -312,16 +325,19 @@ impl Gateway {
         secrets: Vec<(SecretPlan, String)>,
         config: GatewayConfig,
     ) -> Result<(Gateway, JailTrust), GatewayError> {
-        Self::with_run(secrets, &BTreeMap::new(), Vec::new(), config)
+        Self::with_run(secrets, &BTreeMap::new(), Vec::new(), &[], config)
     }
 
     /// [`Gateway::new`] with the placeholders the run already chose (by secret name, each from
     /// [`placeholder_for`] of the real value; a secret not in `placeholders` gets a fresh one)
-    /// and the sign-in credential files it serves ([`signin`]).
+    /// and the sign-in credential files it serves ([`signin`]). The run CA may also sign for
+    /// the names of `decided`: the hosts the proxy decides by method and path
+    /// ([`Gateway::intercept_gated`]).
     pub fn with_run(
         secrets: Vec<(SecretPlan, String)>,
         placeholders: &BTreeMap<String, String>,
         signins: Vec<signin::Signin>,
+        decided: &[DomainPattern],
         config: GatewayConfig,
     ) -> Result<(Gateway, JailTrust), GatewayError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -367,6 +383,11 @@ impl Gateway {
                 real,
                 placeholder,
             });
+        }
+        for name in decided.iter().filter_map(|p| p.name()) {
+            if !permitted.iter().any(|p| p == name) {
+                permitted.push(name.to_string());
+            }
         }
         for name in signins.iter().flat_map(signin::Signin::names) {
             if !permitted.contains(&name) {
@@ -808,7 +829,7 @@ impl Gateway {
             let _ = tcp.set_nodelay(true);
             Ok(tcp)
         };
-        self.serve(client, host, port, addr, client_label, dial)
+        self.serve(client, (host, port, addr), client_label, None, dial)
             .await
     }
 
@@ -830,8 +851,40 @@ impl Gateway {
         U: AsyncRead + AsyncWrite + Unpin + Send,
     {
         let ready = move || async move { Ok(upstream) };
-        self.serve(client, host, port, addr, client_label, ready)
+        self.serve(client, (host, port, addr), client_label, None, ready)
             .await
+    }
+
+    /// [`Gateway::intercept_over`] for a host the proxy decides request by request (network
+    /// rules by method and path): each request, once checked as every intercepted one is
+    /// (origin-form, `Host` naming the destination), goes to `gate`; it is forwarded with the
+    /// target the gate returns, or answered with the gate's refusal and the connection closed.
+    /// The host need not be bound to a secret, only inside the run CA's names
+    /// ([`Gateway::can_intercept`]); a secret-bound one still gets its swap after the gate.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn intercept_gated<S, U>(
+        &self,
+        client: S,
+        upstream: U,
+        host: &Host,
+        port: u16,
+        addr: SocketAddr,
+        client_label: &str,
+        gate: &dyn RequestGate,
+    ) -> Result<InterceptStats, GatewayError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+        U: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let ready = move || async move { Ok(upstream) };
+        self.serve(client, (host, port, addr), client_label, Some(gate), ready)
+            .await
+    }
+
+    /// Whether the run CA may sign for `host` (a name inside its constraints): what
+    /// [`Gateway::intercept_gated`] needs.
+    pub fn can_intercept(&self, host: &Host) -> bool {
+        host.as_name().is_some_and(|n| self.inner.ca.permits(n))
     }
 
     /// [`Gateway::serve_inner`], with every failure the gateway did not already record
@@ -839,10 +892,9 @@ impl Gateway {
     async fn serve<S, U, F, Fut>(
         &self,
         client: S,
-        host: &Host,
-        port: u16,
-        addr: SocketAddr,
+        (host, port, addr): (&Host, u16, SocketAddr),
         client_label: &str,
+        gate: Option<&dyn RequestGate>,
         connect: F,
     ) -> Result<InterceptStats, GatewayError>
     where
@@ -852,7 +904,7 @@ impl Gateway {
         Fut: std::future::Future<Output = Result<U, GatewayError>> + Send,
     {
         let r = self
-            .serve_inner(client, host, port, addr, client_label, connect)
+            .serve_inner(client, (host, port, addr), client_label, gate, connect)
             .await;
         if let Err(e) = &r
             && !matches!(

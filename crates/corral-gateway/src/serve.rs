@@ -17,7 +17,10 @@ use corral_http1::{RequestHead, Version, connection_tokens, header_values};
 use corral_policy::domain::Host;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use crate::{Dest, Gateway, GatewayError, HANDSHAKE, InterceptStats, Refusal, path_without_query};
+use crate::{
+    Dest, Gateway, GatewayError, HANDSHAKE, InterceptStats, Refusal, RequestGate,
+    path_without_query,
+};
 
 /// What the jail is told a refusal comes from.
 const PREFIX: &str = "corral credential gateway: ";
@@ -36,6 +39,8 @@ struct Intercepted<'a, U, F> {
     port: u16,
     addr: SocketAddr,
     client: &'a str,
+    /// The proxy's per-request decision, for a host decided by method and path.
+    gate: Option<&'a dyn RequestGate>,
     /// Why the connection ended early (refusals are answered and audited already).
     error: Option<GatewayError>,
 }
@@ -54,10 +59,9 @@ impl Gateway {
     pub(crate) async fn serve_inner<S, U, F, Fut>(
         &self,
         client: S,
-        host: &Host,
-        port: u16,
-        addr: SocketAddr,
+        (host, port, addr): (&Host, u16, SocketAddr),
         client_label: &str,
+        gate: Option<&dyn RequestGate>,
         connect: F,
     ) -> Result<InterceptStats, GatewayError>
     where
@@ -68,6 +72,8 @@ impl Gateway {
     {
         let name = match host {
             Host::Name(n) if self.binds(host, port) => n.clone(),
+            // Decided per request by the proxy: any name the run CA may sign for.
+            Host::Name(n) if gate.is_some() && self.inner.ca.permits(n) => n.clone(),
             _ => {
                 return Err(GatewayError::NotBound {
                     host: host.to_string(),
@@ -90,6 +96,7 @@ impl Gateway {
             port,
             addr,
             client: client_label,
+            gate,
             error: None,
         };
         let upgraded = serve_requests(&mut down, &mut steps, self.timeouts, &self.budget)
@@ -258,6 +265,24 @@ where
         self.gw.refused(&d, method, reason)
     }
 
+    /// Answer the gate's refusal and close (the gate audited it).
+    async fn refuse_gated<D>(&mut self, client: &mut BufConn<D>, r: Refusal) -> GatewayError
+    where
+        D: AsyncWrite + Unpin,
+    {
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            client.io.write_all(&error_response(r.status, &r.message)),
+        )
+        .await;
+        let _ = client.io.shutdown().await;
+        GatewayError::Refused {
+            host: self.host.to_string(),
+            port: self.port,
+            reason: r.message.trim_end().to_string(),
+        }
+    }
+
     /// One request: checked, its credentials swapped, then exchanged on the shared loop's
     /// terms (`corral_http1::exchange`), the response scrubbed.
     async fn forward<D>(
@@ -272,6 +297,13 @@ where
         if let Err(r) = Gateway::check_request(&req, self.host, self.port) {
             let why = r.message.trim_start_matches(PREFIX).to_string();
             return Err(self.refuse(client, Some(&req), r.status, why).await);
+        }
+        // The proxy's decision by method and path: the target it decided on is the one sent.
+        if let Some(gate) = self.gate {
+            match gate.decide(&req.method, &req.target) {
+                Ok(target) => req.target = target,
+                Err(r) => return Err(self.refuse_gated(client, r).await),
+            }
         }
         let report = gw.rewrite_headers(&req.target, &mut req.headers, self.host, self.port, false);
         // Responses are scrubbed byte by byte: ask for them uncompressed, and no compressed

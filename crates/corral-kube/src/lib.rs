@@ -28,6 +28,7 @@ pub(crate) mod eval;
 mod tests;
 
 pub use netpol::{dns_peer, proxy_policy, sandbox_policy};
+pub use sandbox::NODE_SECCOMP;
 
 /// The proxy's port (the container backend's).
 pub const PROXY_PORT: u16 = corral_engine::names::PROXY_PORT;
@@ -133,6 +134,15 @@ pub struct Options {
     /// them are directories.
     pub existing: BTreeSet<PathBuf>,
     pub dirs: BTreeSet<PathBuf>,
+    /// `podman kube play`, which ignores `subPath`: the unreadable and the empty file are the
+    /// node's `DIR/masked` (mode 0000) and `DIR/empty` (0444), and protected paths hostPath
+    /// binds of themselves, read-only (what the podman backend binds); volume names carry the
+    /// jail's name (podman makes a named volume of each emptyDir, by its name). Needs the
+    /// project as a hostPath. `None`: ConfigMap files and `subPath`s, as a cluster runs them.
+    pub node_files: Option<PathBuf>,
+    /// The harness gets a terminal and an open stdin (`kubectl attach -it`); without, its
+    /// output is its log and it reads nothing (a run whose caller has no terminal).
+    pub tty: bool,
 }
 
 /// One rendered object.
@@ -243,6 +253,12 @@ fn check_supported(plan: &Plan, opts: &Options) -> Result<()> {
         NetworkMode::Proxy if opts.proxy_ip.is_none() => return Err(KubeError::NoProxyIp),
         NetworkMode::Proxy | NetworkMode::None => {}
     }
+    if n.mode == NetworkMode::Proxy && !n.allow_paths.is_empty() {
+        return unsupported(
+            "network.allow rules by method and path (the cluster's proxy cannot decide each request yet; \
+             corral run --engine native does)",
+        );
+    }
     if !n.host_ports.is_empty() {
         return unsupported("network.host_ports");
     }
@@ -257,6 +273,20 @@ fn check_supported(plan: &Plan, opts: &Options) -> Result<()> {
         ExecutorTarget::Sandbox => {}
         ExecutorTarget::Compose(_) => return unsupported("executor.target = \"compose:...\""),
         ExecutorTarget::Host => return unsupported("the host executor"),
+    }
+    if opts.node_files.is_some() && opts.project != ProjectSource::HostPath {
+        return Err(KubeError::Bad {
+            what: "--node-files".into(),
+            message: "the protected paths are bound from the node's project: it needs \
+                      --project-hostpath"
+                .into(),
+        });
+    }
+    if opts.node_files.is_some() && opts.executor.is_some() {
+        return Err(KubeError::Bad {
+            what: "--node-files".into(),
+            message: "not with --executor-ip (the executor's Pod is rendered for a cluster)".into(),
+        });
     }
     if plan.limits.pids.is_some() && !opts.pids_by_node && plan.limits.enforce == Enforce::Strict {
         return Err(KubeError::PidsLimit);

@@ -99,13 +99,38 @@ pub fn pod(plan: &Plan, opts: &Options) -> Result<Pod> {
 /// trusted to hold (`podPidsLimit`; a Pod cannot carry one). Short values: podman's `kube play`
 /// refuses annotation values over 63 characters.
 pub fn annotations(plan: &Plan, opts: &Options) -> Option<BTreeMap<String, String>> {
-    match (plan.limits.pids, opts.pids_by_node) {
-        (Some(p), true) => Some(BTreeMap::from([(
-            "corral.dev/pids-limit-by-node".into(),
-            p.to_string(),
-        )])),
-        _ => None,
+    let mut out = BTreeMap::new();
+    if let (Some(p), true) = (plan.limits.pids, opts.pids_by_node) {
+        out.insert("corral.dev/pids-limit-by-node".into(), p.to_string());
     }
+    if opts.node_files.is_some() {
+        // `podman kube play` (4.3) reads the seccomp profile from this annotation only, and
+        // takes a profile's file name only (no directory): the node's DIR/seccomp.json, with
+        // `--seccomp-profile-root DIR`. The field says the same, as a cluster requires.
+        let value = match opts.seccomp {
+            Seccomp::Localhost => format!("localhost/{NODE_SECCOMP}"),
+            Seccomp::RuntimeDefault => "runtime/default".into(),
+        };
+        out.insert(SECCOMP_ANNOTATION.into(), value);
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// The annotation `podman kube play` takes a Pod's seccomp profile from.
+const SECCOMP_ANNOTATION: &str = "seccomp.security.alpha.kubernetes.io/pod";
+/// The profile's name under the seccomp root with [`Options::node_files`].
+pub const NODE_SECCOMP: &str = "seccomp.json";
+
+/// The sandbox's security settings; with [`Options::node_files`] its Localhost profile is
+/// `seccomp.json` directly under the node's seccomp root.
+fn sandbox_security(uid: i64, gid: i64, opts: &Options) -> PodSecurityContext {
+    let mut security = pod_security(uid, gid, opts.seccomp);
+    if let (Some(_), Some(profile)) = (&opts.node_files, security.seccomp_profile.as_mut())
+        && profile.localhost_profile.is_some()
+    {
+        profile.localhost_profile = Some(NODE_SECCOMP.into());
+    }
+    security
 }
 
 /// The sandbox's Pod spec (the Pod's, or the SandboxTemplate's pod template).
@@ -137,8 +162,8 @@ pub fn pod_spec(plan: &Plan, opts: &Options) -> Result<PodSpec> {
         env: Some(env(plan, with_executor)),
         resources: Some(resources(plan)),
         security_context: Some(container_security()),
-        stdin: Some(true),
-        tty: Some(true),
+        stdin: Some(opts.tty),
+        tty: Some(opts.tty),
         volume_mounts: Some(mounts),
         ..Default::default()
     };
@@ -150,7 +175,7 @@ pub fn pod_spec(plan: &Plan, opts: &Options) -> Result<PodSpec> {
         host_aliases: host_aliases(plan, opts, with_executor),
         restart_policy: Some("Never".into()),
         termination_grace_period_seconds: Some(5),
-        security_context: Some(pod_security(uid, gid, opts.seccomp)),
+        security_context: Some(sandbox_security(uid, gid, opts)),
         containers: vec![container],
         volumes: Some(volumes),
         ..Default::default()
@@ -277,6 +302,66 @@ fn mount(name: &str, path: &Path, read_only: bool, sub_path: Option<String>) -> 
     }
 }
 
+/// A volume's name: as given, or with the jail's name first for `podman kube play`, which
+/// makes a named volume of each emptyDir by its name (two Pods' `tmp` would be one volume).
+fn local_name(opts: &Options, base: &str) -> String {
+    match opts.node_files {
+        Some(_) => format!("{}-{base}", opts.name),
+        None => base.to_string(),
+    }
+}
+
+/// The volumes the unreadable and the empty file come from: the ConfigMap's, or the node's
+/// files ([`Options::node_files`]).
+fn file_volumes(opts: &Options) -> Vec<Volume> {
+    let Some(dir) = &opts.node_files else {
+        return vec![Volume {
+            name: FILES.into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: files_name(opts),
+                default_mode: Some(0o444),
+                items: Some(vec![
+                    KeyToPath {
+                        key: MASKED_KEY.into(),
+                        path: MASKED_KEY.into(),
+                        mode: Some(0),
+                    },
+                    KeyToPath {
+                        key: EMPTY_KEY.into(),
+                        path: EMPTY_KEY.into(),
+                        mode: Some(0o444),
+                    },
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }];
+    };
+    [MASKED_KEY, EMPTY_KEY]
+        .iter()
+        .map(|key| host_path(local_name(opts, key), &dir.join(key), "File"))
+        .collect()
+}
+
+/// The mount of the unreadable (`MASKED_KEY`) or the empty (`EMPTY_KEY`) file at `path`.
+fn file_mount(opts: &Options, path: &Path, key: &str) -> VolumeMount {
+    match opts.node_files {
+        Some(_) => mount(&local_name(opts, key), path, true, None),
+        None => mount(FILES, path, true, Some(key.into())),
+    }
+}
+
+fn host_path(name: String, path: &Path, kind: &str) -> Volume {
+    Volume {
+        name,
+        host_path: Some(HostPathVolumeSource {
+            path: path.display().to_string(),
+            type_: Some(kind.into()),
+        }),
+        ..Default::default()
+    }
+}
+
 fn empty_dir(name: String) -> Volume {
     Volume {
         name,
@@ -307,58 +392,54 @@ pub fn volumes(plan: &Plan, opts: &Options) -> Result<(Vec<Volume>, Vec<VolumeMo
             ..Default::default()
         },
     };
-    let files = Volume {
-        name: FILES.into(),
-        config_map: Some(ConfigMapVolumeSource {
-            name: files_name(opts),
-            default_mode: Some(0o444),
-            items: Some(vec![
-                KeyToPath {
-                    key: MASKED_KEY.into(),
-                    path: MASKED_KEY.into(),
-                    mode: Some(0),
-                },
-                KeyToPath {
-                    key: EMPTY_KEY.into(),
-                    path: EMPTY_KEY.into(),
-                    mode: Some(0o444),
-                },
-            ]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let mut vols = vec![project, files, empty_dir("tmp".into())];
+    let mut vols = vec![project];
+    vols.extend(file_volumes(opts));
+    let tmp = local_name(opts, "tmp");
+    vols.push(empty_dir(tmp.clone()));
     let mut mounts = vec![
         mount(PROJECT, root, ro, None),
-        mount("tmp", Path::new("/tmp"), false, None),
+        mount(&tmp, Path::new("/tmp"), false, None),
     ];
     for (i, target) in tmpfs_targets(plan).iter().enumerate() {
-        let name = format!("private-{i}");
+        let name = local_name(opts, &format!("private-{i}"));
         mounts.push(mount(&name, target, false, None));
         vols.push(empty_dir(name));
     }
     for (i, p) in plan.masked.iter().enumerate() {
         if opts.dirs.contains(p) {
-            let name = format!("masked-{i}");
+            let name = local_name(opts, &format!("masked-{i}"));
             mounts.push(mount(&name, p, true, None));
             vols.push(empty_dir(name));
         } else {
-            mounts.push(mount(FILES, p, true, Some(MASKED_KEY.into())));
+            mounts.push(file_mount(opts, p, MASKED_KEY));
         }
     }
-    for p in &plan.protected {
+    for (i, p) in plan.protected.iter().enumerate() {
         let rel = p
             .strip_prefix(root)
             .map_err(|_| KubeError::OutsideProject {
                 path: p.clone(),
                 root: root.clone(),
             })?;
-        if opts.existing.contains(p) {
-            mounts.push(mount(PROJECT, p, true, Some(rel.display().to_string())));
-        } else if *p == plan.project.policy_file {
-            mounts.push(mount(FILES, p, true, Some(EMPTY_KEY.into())));
+        if !opts.existing.contains(p) {
+            if *p == plan.project.policy_file {
+                mounts.push(file_mount(opts, p, EMPTY_KEY));
+            }
+            continue;
         }
+        if opts.node_files.is_none() {
+            mounts.push(mount(PROJECT, p, true, Some(rel.display().to_string())));
+            continue;
+        }
+        // The node's own path, as the podman backend binds it.
+        let name = local_name(opts, &format!("protected-{i}"));
+        let kind = if opts.dirs.contains(p) {
+            "Directory"
+        } else {
+            "File"
+        };
+        vols.push(host_path(name.clone(), p, kind));
+        mounts.push(mount(&name, p, true, None));
     }
     Ok((vols, mounts))
 }

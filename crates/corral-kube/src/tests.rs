@@ -23,6 +23,8 @@ fn opts() -> Options {
         pids_by_node: true,
         existing: BTreeSet::from([PathBuf::from("/work/demo/.git/hooks")]),
         dirs: BTreeSet::from([PathBuf::from("/work/demo/secrets")]),
+        node_files: None,
+        tty: true,
     }
 }
 
@@ -106,6 +108,14 @@ fn refuses_what_it_cannot_carry() {
     assert!(matches!(
         render(&plan(), &o),
         Err(KubeError::BadName { .. })
+    ));
+    let mut p = plan();
+    p.network
+        .allow_paths
+        .push("GET api.github.com/repos/myorg/**".parse().unwrap());
+    assert!(matches!(
+        render(&p, &opts()),
+        Err(KubeError::Unsupported { what }) if what.contains("by method and path")
     ));
     let mut p = plan();
     p.protected.push("/etc/elsewhere".into());
@@ -375,4 +385,102 @@ fn an_executor_with_the_jails_rules_shares_the_proxy() {
     // Other rules would need a second proxy: refused.
     p.executor.jail.as_mut().unwrap().network.allow.clear();
     assert!(matches!(render(&p, &o), Err(KubeError::Unsupported { .. })));
+}
+
+/// `--node-files` (podman kube play ignores subPath): no subPath anywhere, the masked and empty
+/// files and the protected paths bound from the node, every volume named for the jail.
+#[test]
+fn node_files_render_without_sub_path() {
+    let mut o = opts();
+    o.project = ProjectSource::HostPath;
+    o.node_files = Some(PathBuf::from("/var/lib/corral-node"));
+    let objects = render(&plan(), &o).unwrap();
+    let yaml = to_yaml(&objects).unwrap();
+    assert!(!yaml.contains("subPath"), "{yaml}");
+    let pod = objects
+        .iter()
+        .find_map(|o| match o {
+            Object::Pod(p) => Some(p),
+            _ => None,
+        })
+        .unwrap();
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(
+        pod.metadata.annotations,
+        Some(BTreeMap::from([
+            ("corral.dev/pids-limit-by-node".into(), "1024".into()),
+            (
+                "seccomp.security.alpha.kubernetes.io/pod".into(),
+                "localhost/seccomp.json".into()
+            ),
+        ]))
+    );
+    let profile = spec
+        .security_context
+        .as_ref()
+        .unwrap()
+        .seccomp_profile
+        .as_ref();
+    assert_eq!(
+        profile.and_then(|p| p.localhost_profile.as_deref()),
+        Some("seccomp.json")
+    );
+    let vols = serde_yaml_ng::to_string(&spec.volumes).unwrap();
+    let mounts = serde_yaml_ng::to_string(&spec.containers[0].volume_mounts).unwrap();
+    similar_asserts::assert_eq!(
+        vols,
+        "\
+- hostPath:
+    path: /work/demo
+    type: Directory
+  name: project
+- hostPath:
+    path: /var/lib/corral-node/masked
+    type: File
+  name: corral-demo-masked
+- hostPath:
+    path: /var/lib/corral-node/empty
+    type: File
+  name: corral-demo-empty
+- emptyDir: {}
+  name: corral-demo-tmp
+- emptyDir: {}
+  name: corral-demo-private-0
+- emptyDir: {}
+  name: corral-demo-masked-1
+- hostPath:
+    path: /work/demo/.git/hooks
+    type: File
+  name: corral-demo-protected-1
+"
+    );
+    similar_asserts::assert_eq!(
+        mounts,
+        "\
+- mountPath: /work/demo
+  name: project
+  readOnly: false
+- mountPath: /tmp
+  name: corral-demo-tmp
+  readOnly: false
+- mountPath: /home/dev
+  name: corral-demo-private-0
+  readOnly: false
+- mountPath: /work/demo/.env
+  name: corral-demo-masked
+  readOnly: true
+- mountPath: /work/demo/secrets
+  name: corral-demo-masked-1
+  readOnly: true
+- mountPath: /work/demo/corral.toml
+  name: corral-demo-empty
+  readOnly: true
+- mountPath: /work/demo/.git/hooks
+  name: corral-demo-protected-1
+  readOnly: true
+"
+    );
+    // Bound from the node's project: a claim cannot be.
+    o.project = ProjectSource::Claim("demo-project".into());
+    assert!(matches!(render(&plan(), &o), Err(KubeError::Bad { .. })));
 }

@@ -314,9 +314,10 @@ impl StubPool {
     }
 }
 
-/// Whether the stub answers for `host`: `Ok(rule)` when an allow pattern names it (for any
-/// port) and no port-less deny pattern does; the rule that refused it otherwise. The proxy
-/// still decides each connection on its port.
+/// Whether the stub answers for `host`: `Ok(rule)` when an allow pattern or a path rule's host
+/// names it (for any port) and no port-less deny pattern does; the rule that refused it
+/// otherwise. The proxy still decides each connection on its port (and a path-ruled host's
+/// each request).
 pub fn stub_decision(rules: &Rules, host: &Host) -> Result<String, String> {
     if let Host::Ip(_) = host {
         return Err("an IP address is not a name to resolve".into());
@@ -328,9 +329,8 @@ pub fn stub_decision(rules: &Rules, host: &Host) -> Result<String, String> {
     {
         return Err(format!("network.deny: {p}"));
     }
-    match rules
-        .allow
-        .iter()
+    match (rules.allow.iter())
+        .chain(rules.allow_paths.iter().map(|r| r.host()))
         .find(|p| p.matches(host, p.port().unwrap_or(0)))
     {
         Some(p) => Ok(format!("network.allow: {p}")),
@@ -823,6 +823,26 @@ mod tests {
             deny: p(deny),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_stub_answers_for_a_path_ruled_host() {
+        let mut r = rules(&[], &["gist.github.com"]);
+        r.allow_paths =
+            vec![corral_policy::pathrule::PathRule::parse("GET *.github.com/myorg/**").unwrap()];
+        let name = |n: &str| corral_policy::domain::normalize_host(n).unwrap();
+        assert_eq!(
+            stub_decision(&r, &name("api.github.com")),
+            Ok("network.allow: *.github.com".into())
+        );
+        assert_eq!(
+            stub_decision(&r, &name("gist.github.com")),
+            Err("network.deny: gist.github.com".into())
+        );
+        assert_eq!(
+            stub_decision(&r, &name("github.com")),
+            Err("not in network.allow".into())
+        );
     }
 
     fn query(id: u16, flags: u16, labels: &[&[u8]], qtype: u16) -> Vec<u8> {

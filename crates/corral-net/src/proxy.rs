@@ -29,7 +29,7 @@ use crate::http::exchange::{
 };
 use crate::http::io::{BufConn, error_response};
 use crate::http::{self, Framing, RequestHead, Version, parse_response_head};
-use crate::rules::{Denial, Kind, Resolver, Rules, SystemResolver, host_display};
+use crate::rules::{Allowed, Denial, Kind, Resolver, Rules, SystemResolver, host_display};
 
 /// Resource bounds.
 #[derive(Debug, Clone)]
@@ -178,6 +178,26 @@ pub struct Proxy {
     /// The credential gateway: CONNECTs to secret-bound hosts are handed to it, plain-HTTP
     /// heads are rewritten by it (crates/corral-gateway).
     gateway: Option<corral_gateway::Gateway>,
+}
+
+/// The proxy's decision of each request in a connection the gateway intercepted for a host
+/// decided by method and path ([`Rules::check_request`]).
+struct PathGate<'a> {
+    proxy: &'a Proxy,
+    peer: &'a str,
+    host: &'a Host,
+    port: u16,
+    kind: Kind,
+    address: SocketAddr,
+}
+
+impl corral_gateway::RequestGate for PathGate<'_> {
+    fn decide(&self, method: &str, target: &str) -> Result<String, corral_gateway::Refusal> {
+        let dest = (self.host, self.port, self.kind);
+        self.proxy
+            .decide_request(self.peer, dest, Some(self.address), method, target)
+            .map_err(|(status, message)| corral_gateway::Refusal { status, message })
+    }
 }
 
 /// Why a request was not served, for the answer and the log.
@@ -833,6 +853,7 @@ impl Proxy {
             bytes_down: down,
             duration_ms: started.elapsed().as_millis() as u64,
             secret: None,
+            path: None,
         });
     }
 
@@ -1344,8 +1365,11 @@ impl Proxy {
     {
         let shown = host_display(&host);
         let rules = self.rules();
-        let rule = match rules.check_name(&host, port, kind) {
-            Ok(rule) => rule,
+        let decided = rules
+            .check_name(&host, port, kind)
+            .and_then(|a| self.interceptable(&host, a));
+        let (rule, per_request) = match decided {
+            Ok(x) => x,
             Err(d) => {
                 self.log_denial(peer, method, &shown, port, &d);
                 if answer {
@@ -1393,6 +1417,13 @@ impl Proxy {
                 .await
                 .is_err()
         {
+            return None;
+        }
+        // A host decided by method and path: TLS terminated with the run's CA, each request
+        // decided (and, for a secret-bound one, its placeholder swapped after).
+        if per_request {
+            let dest = (&host, port, address, kind);
+            Box::pin(self.intercept_paths(client, up, dest, peer, method, started)).await;
             return None;
         }
         // A secret-bound name (never an IP literal): the gateway terminates TLS and swaps the
@@ -1460,6 +1491,143 @@ impl Proxy {
         );
     }
 
+    /// The rule of a host allowed whole, or for a host decided by method and path the rule
+    /// set and `true`, when the gateway can terminate its TLS; else the denial: such a host is
+    /// never an opaque tunnel.
+    fn interceptable(&self, host: &Host, a: Allowed) -> Result<(String, bool), Denial> {
+        match a {
+            Allowed::Host(rule) => Ok((rule, false)),
+            Allowed::Paths(set) if self.gateway.as_ref().is_some_and(|g| g.can_intercept(host)) => {
+                Ok((format!("{set} (each request decided)"), true))
+            }
+            Allowed::Paths(set) => Err(Denial {
+                rule: format!(
+                    "{set}: deciding its requests needs the run's CA, and this run's CA cannot sign for {}",
+                    host_display(host)
+                ),
+                fix: "path rules added while the jail runs take effect at the next run".into(),
+                status: 403,
+            }),
+        }
+    }
+
+    /// [`Proxy::intercept`] for a host decided by method and path: every request goes through
+    /// [`PathGate`] before it is forwarded.
+    async fn intercept_paths<S>(
+        &self,
+        client: BufConn<S>,
+        up: TcpStream,
+        (host, port, address, kind): (&Host, u16, SocketAddr, Kind),
+        peer: &str,
+        method: &str,
+        started: Instant,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let Some(gw) = self.gateway.as_ref() else {
+            return;
+        };
+        let gw = gw
+            .clone()
+            .with_timeouts(http::io::Timeouts {
+                head: self.config.header_timeout,
+                idle: self.config.idle_timeout,
+            })
+            .with_budget(self.buffers.clone());
+        let gate = PathGate {
+            proxy: self,
+            peer,
+            host,
+            port,
+            kind,
+            address,
+        };
+        let stream = corral_gateway::Prefixed::new(client.buf.to_vec(), client.io);
+        let (bytes_up, bytes_down) = gw
+            .intercept_gated(stream, up, host, port, address, peer, &gate)
+            .await
+            .map_or((0, 0), |s| (s.bytes_up, s.bytes_down));
+        let shown = host_display(host);
+        self.log_close(
+            peer, method, &shown, port, address, bytes_up, bytes_down, started,
+        );
+    }
+
+    /// One audit record for a request decided by method and path; `false` when it could not
+    /// be written.
+    #[allow(clippy::too_many_arguments)]
+    #[must_use]
+    fn log_request(
+        &self,
+        client: &str,
+        method: &str,
+        (host, port): (&str, u16),
+        path: &str,
+        address: Option<SocketAddr>,
+        decision: Decision,
+        rule: &str,
+    ) -> bool {
+        self.log(NetEvent {
+            phase: NetPhase::Decision,
+            client: client.into(),
+            method: method.into(),
+            host: host.into(),
+            port,
+            path: Some(path.into()),
+            address: address.map(|a| a.ip().to_string()),
+            decision: Some(decision),
+            rule: rule.into(),
+            ..Default::default()
+        })
+    }
+
+    /// Decide one request to a host decided by method and path: the normalised target to
+    /// send, recorded; or the refusal (recorded, counted in the summary, and its answer).
+    fn decide_request(
+        &self,
+        peer: &str,
+        (host, port, kind): (&Host, u16, Kind),
+        address: Option<SocketAddr>,
+        method: &str,
+        target: &str,
+    ) -> Result<String, (u16, String)> {
+        let shown = host_display(host);
+        match self
+            .rules()
+            .check_request((host, port, kind), method, target)
+        {
+            Ok((n, rule)) => {
+                let allow = Decision::Allow;
+                if self.log_request(
+                    peer,
+                    method,
+                    (&shown, port),
+                    &n.path(),
+                    address,
+                    allow,
+                    &rule,
+                ) {
+                    Ok(n.target())
+                } else {
+                    Err((503, Self::UNRECORDED.to_string()))
+                }
+            }
+            Err(d) => {
+                let path = target.split(['?', '#']).next().unwrap_or(target);
+                let deny = Decision::Deny;
+                let _ =
+                    self.log_request(peer, method, (&shown, port), path, address, deny, &d.rule);
+                let authority = authority_string(host, port);
+                self.note_blocked(method, &format!("{authority}{path}"), &d.rule, &d.fix);
+                let body = format!(
+                    "corral: blocked {method} {authority}{path}: {}\n{}\n",
+                    d.rule, d.fix
+                );
+                Err((d.status, body))
+            }
+        }
+    }
+
     async fn refuse<S: AsyncWrite + Unpin>(
         &self,
         io: &mut S,
@@ -1512,7 +1680,8 @@ impl Proxy {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let Some((host, port, path)) = self.plain_target(client, &req, peer, pinned).await else {
+        let Some((host, port, mut path)) = self.plain_target(client, &req, peer, pinned).await
+        else {
             return false;
         };
         let shown = host_display(&host);
@@ -1522,7 +1691,10 @@ impl Proxy {
             port,
             up: None,
         });
-        if !self.open_pinned(client, p, &method, peer).await {
+        if !self
+            .open_pinned(client, p, (&method, &mut path), peer)
+            .await
+        {
             return false;
         }
         let Some(address) = p.up.as_ref().map(|u| u.address) else {
@@ -1641,7 +1813,7 @@ impl Proxy {
         &self,
         client: &mut BufConn<S>,
         p: &mut Pinned,
-        method: &str,
+        (method, path): (&str, &mut String),
         peer: &str,
     ) -> bool
     where
@@ -1651,7 +1823,19 @@ impl Proxy {
         let shown = host_display(&host);
         let rules = self.rules();
         let rule = match rules.check_name(&host, port, Kind::Http) {
-            Ok(r) => r,
+            Ok(Allowed::Host(r)) => r,
+            // Decided by method and path: the normalised path decided on is the one sent.
+            Ok(Allowed::Paths(set)) => {
+                let dest = (&host, port, Kind::Http);
+                match self.decide_request(peer, dest, None, method, path) {
+                    Ok(target) => *path = target,
+                    Err((status, body)) => {
+                        self.reply_and_close(&mut client.io, status, &body).await;
+                        return false;
+                    }
+                }
+                format!("{set} (each request decided)")
+            }
             Err(d) => {
                 self.log_denial(peer, method, &shown, port, &d);
                 let body = Self::denial_body(method, &authority_string(&host, port), &d);
@@ -1780,8 +1964,11 @@ impl Proxy {
         let shown = host_display(&host);
         let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
         let rules = self.rules();
-        let rule = match rules.check_name(&host, port, Kind::Socks) {
-            Ok(r) => r,
+        let decided = rules
+            .check_name(&host, port, Kind::Socks)
+            .and_then(|a| self.interceptable(&host, a));
+        let (rule, per_request) = match decided {
+            Ok(x) => x,
             Err(d) => {
                 self.log_denial(peer, "SOCKS5", &shown, port, &d);
                 let _ = client.io.write_all(&reply(2)).await;
@@ -1814,6 +2001,12 @@ impl Proxy {
             return None;
         }
         let started = Instant::now();
+        // A host decided by method and path, as a CONNECT to it: never an opaque tunnel.
+        if per_request {
+            let dest = (&host, port, address, Kind::Socks);
+            Box::pin(self.intercept_paths(client, up, dest, peer, "SOCKS5", started)).await;
+            return None;
+        }
         // A secret-bound name goes through the gateway, as a CONNECT to it does: never an
         // opaque tunnel that would skip the swap.
         if self.gateway.as_ref().is_some_and(|g| g.binds(&host, port)) {

@@ -298,6 +298,8 @@ fn gateway(
         values,
         &std::collections::BTreeMap::new(),
         signins,
+        // Rules by path are the native backend's only (container runs refuse them).
+        &[],
         corral_gateway::GatewayConfig {
             // The system store; SSL_CERT_FILE / SSL_CERT_DIR in the proxy's environment (a
             // corporate CA) are honoured.

@@ -142,6 +142,7 @@ async fn secret_bound_connect_and_plain_http_carry_the_real_value() {
             DomainPattern::parse(&format!("{HOST}:{}", m.plain.port())).unwrap(),
             DomainPattern::parse(&format!("other.test:{}", m.plain.port())).unwrap(),
         ],
+        allow_paths: Vec::new(),
         deny: Vec::new(),
         allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
         upstream: None,
@@ -334,6 +335,7 @@ async fn client_hello_pipelined_behind_the_connect_is_not_lost() {
     let lo: IpAddr = "127.0.0.1".parse().unwrap();
     let rules = Rules {
         allow: vec![DomainPattern::parse(&format!("{HOST}:{}", m.tls.port())).unwrap()],
+        allow_paths: Vec::new(),
         deny: Vec::new(),
         allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
         upstream: None,

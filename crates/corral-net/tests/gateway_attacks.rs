@@ -120,6 +120,7 @@ async fn socks5_to_a_secret_bound_host_goes_through_the_gateway() {
     let lo: IpAddr = "127.0.0.1".parse().unwrap();
     let rules = Rules {
         allow: vec![DomainPattern::parse(&format!("{HOST}:{}", oaddr.port())).unwrap()],
+        allow_paths: Vec::new(),
         deny: Vec::new(),
         allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
         upstream: None,
@@ -295,6 +296,7 @@ async fn plain_http_reflection_is_scrubbed_and_trace_refused() {
     let lo: IpAddr = "127.0.0.1".parse().unwrap();
     let rules = Rules {
         allow: vec![DomainPattern::parse(&bound).unwrap()],
+        allow_paths: Vec::new(),
         deny: Vec::new(),
         allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
         upstream: None,

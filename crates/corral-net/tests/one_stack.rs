@@ -56,6 +56,7 @@ fn setup(config: ProxyConfig) -> Setup {
     let lo: IpAddr = "127.0.0.1".parse().unwrap();
     let rules = Rules {
         allow: vec![bound],
+        allow_paths: Vec::new(),
         deny: Vec::new(),
         allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
         upstream: None,

@@ -20,6 +20,10 @@ pub enum Engine {
     Podman,
     Docker,
     Auto,
+    /// A Kubernetes cluster (`corral run --engine kube`). Only from the command line: a policy
+    /// file cannot send runs to whatever cluster the caller's kubectl points at.
+    #[serde(skip_deserializing)]
+    Kube,
 }
 
 /// Read-only or read-write.
@@ -152,6 +156,11 @@ pub struct NetworkPlan {
     pub mode: NetworkMode,
     /// Destinations allowed through the proxy. Deny wins over allow.
     pub allow: Vec<DomainPattern>,
+    /// `network.allow` entries with a method or a path: their hosts' requests are decided one
+    /// by one (TLS terminated with the run's CA), unless the host is also allowed plainly by
+    /// its exact name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_paths: Vec<crate::pathrule::PathRule>,
     pub deny: Vec<DomainPattern>,
     /// Non-public ranges (loopback, private, link-local, ...) opened explicitly.
     pub allow_cidrs: Vec<IpNet>,
@@ -502,6 +511,7 @@ impl Plan {
             network: NetworkPlan {
                 mode: NetworkMode::None,
                 allow: Vec::new(),
+                allow_paths: Vec::new(),
                 deny: Vec::new(),
                 allow_cidrs: Vec::new(),
                 host_ports: Vec::new(),

@@ -166,6 +166,7 @@ fn shell_plan(f: &Fx) -> Plan {
     let network = |mode| NetworkPlan {
         mode,
         allow: vec![],
+        allow_paths: Vec::new(),
         deny: vec![],
         allow_cidrs: vec![],
         host_ports: vec![],
@@ -337,6 +338,7 @@ fn pi_plan(f: &Fx) -> Plan {
         network: NetworkPlan {
             mode: NetworkMode::None,
             allow: vec![],
+            allow_paths: Vec::new(),
             deny: vec![],
             allow_cidrs: vec![],
             host_ports: vec![],
@@ -432,6 +434,7 @@ fn pi_plan(f: &Fx) -> Plan {
         env: jail_env,
         network: NetworkPlan {
             mode: NetworkMode::Proxy,
+            allow_paths: Vec::new(),
             allow: [
                 "api.anthropic.com",
                 "api.openai.com",

@@ -182,7 +182,7 @@ pub fn planned(plan: &Plan) -> RunPlan {
 pub fn planned_with(plan: &Plan, inputs: &RunInputs) -> RunPlan {
     use corral_policy::plan::Engine;
     let mut run = match plan.engine {
-        Engine::Podman | Engine::Docker => RunPlan::container(plan),
+        Engine::Podman | Engine::Docker | Engine::Kube => RunPlan::container(plan),
         Engine::Native | Engine::Auto => RunPlan::new(plan, inputs),
     };
     let snapshot = crate::gitguard::snapshot(
@@ -204,14 +204,20 @@ fn ro_bind(source: PathBuf, target: PathBuf) -> Mount {
 }
 
 /// The placeholders, and with the proxy the gateway's CA variables and binds. None with no
-/// secret, and with network mode `host` (a run refuses secrets there: the gateway cannot act).
+/// secret, sign-in or rule by method and path (`network.allow = ["GET host/path/**"]`: the
+/// gateway terminates those hosts' TLS with the run's CA too), and with network mode `host` (a
+/// run refuses secrets there: the gateway cannot act).
 fn secrets(plan: &mut Plan, inputs: &RunInputs) -> Option<SecretsAttachment> {
     let signins: Vec<&corral_policy::signin::SigninPlan> = plan
         .signin
         .iter()
         .filter(|s| inputs.signins.contains(&s.name))
         .collect();
-    if (plan.secrets.is_empty() && signins.is_empty()) || plan.network.mode == NetworkMode::Host {
+    let path_rules =
+        plan.network.mode == NetworkMode::Proxy && !plan.network.allow_paths.is_empty();
+    if (plan.secrets.is_empty() && signins.is_empty() && !path_rules)
+        || plan.network.mode == NetworkMode::Host
+    {
         return None;
     }
     let signin_mounts: Vec<(String, PathBuf)> = signins

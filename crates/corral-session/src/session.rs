@@ -15,6 +15,12 @@ pub enum Scope {
     /// The run's session holds the project's change baseline and git snapshot, and checks them
     /// once its executor (and so this command) has ended: this session takes neither.
     ExecutorCommand,
+    /// A run whose project is a volume elsewhere (`corral run --engine kube`: a
+    /// PersistentVolumeClaim, or a hostPath on some node): the host's copy of the project is not
+    /// what the jail writes, so neither the change baseline nor the git snapshot is taken, and
+    /// no change summary or git check is made. The set-id watch and the state guard look at
+    /// host binds only, which such a run does not carry: they find nothing.
+    Remote,
 }
 
 /// A backend runs a Plan's command: the native jail, or a container engine.
@@ -62,7 +68,7 @@ impl Session {
             )
         })?;
         let (baseline, git) = match scope {
-            Scope::ExecutorCommand => (changes::Pending::none(), None),
+            Scope::ExecutorCommand | Scope::Remote => (changes::Pending::none(), None),
             Scope::Run => {
                 // What the agent changes in the project, listed when it ends (changes.rs).
                 let baseline = changes::start(plan, &jail_id);
@@ -210,11 +216,15 @@ pub fn first_run_line(plan: &Plan, audit: &std::path::Path) -> String {
     let network = match plan.network.mode {
         NetworkMode::None => "no network".to_string(),
         NetworkMode::Host => "the host's network, unfiltered".to_string(),
-        NetworkMode::Proxy if plan.network.allow.is_empty() => {
+        NetworkMode::Proxy
+            if plan.network.allow.is_empty() && plan.network.allow_paths.is_empty() =>
+        {
             "no destination allowed through the proxy".to_string()
         }
         NetworkMode::Proxy => {
-            let hosts: Vec<String> = plan.network.allow.iter().map(|p| p.to_string()).collect();
+            let hosts: Vec<String> = (plan.network.allow.iter().map(|p| p.to_string()))
+                .chain(plan.network.allow_paths.iter().map(|r| r.to_string()))
+                .collect();
             format!("only {} through the proxy", hosts.join(", "))
         }
     };

@@ -75,7 +75,8 @@ pub enum Command {
     /// Container images for the podman/docker backends
     #[command(subcommand)]
     Image(ImageCommand),
-    /// Remove this project's containers and networks (container engines)
+    /// Remove this project's containers and networks (container engines), and the Kubernetes
+    /// objects of its killed `--engine kube` runs
     Down(DownArgs),
     /// Kubernetes: the manifests of one jailed agent
     #[command(subcommand)]
@@ -115,6 +116,8 @@ pub enum EngineArg {
     Podman,
     Docker,
     Auto,
+    /// A Kubernetes cluster, through kubectl (`corral run` and `corral down` only)
+    Kube,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -204,6 +207,81 @@ pub struct RunArgs {
     /// The command to run instead of the profile's
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+    // Last: its help heading applies to every argument after it.
+    #[command(flatten)]
+    pub kube: Box<KubeRunArgs>,
+}
+
+/// `corral run --engine kube`: where the jail goes and what it is rendered with (the options
+/// of `corral kube render` that a run needs; the jail's name is made from the run's id).
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Kubernetes (--engine kube)")]
+pub struct KubeRunArgs {
+    /// kubectl's context (default: kubectl's current one, from KUBECONFIG)
+    #[arg(long = "context", value_name = "CONTEXT")]
+    pub kube_context: Option<String>,
+    /// Namespace of every object (default: the context's)
+    #[arg(long = "namespace", value_name = "NS")]
+    pub kube_namespace: Option<String>,
+    /// The proxy Service's ClusterIP, a free address in the cluster's service range (network
+    /// mode proxy)
+    #[arg(long, value_name = "IP")]
+    pub proxy_ip: Option<String>,
+    /// Image holding /usr/local/bin/corral-proxy
+    #[arg(long, value_name = "IMAGE")]
+    pub proxy_image: Option<String>,
+    /// Harness image (default: the plan's run.image, else localhost/corral-PROFILE:latest)
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// Also run the executor as its own Pod, its Service at this ClusterIP
+    #[arg(long, value_name = "IP")]
+    pub executor_ip: Option<String>,
+    /// Seccomp profile of the sandbox (localhost: corral's, installed on every node)
+    #[arg(long, value_enum, value_name = "PROFILE")]
+    pub seccomp: Option<SeccompArg>,
+    /// PersistentVolumeClaim holding the project (default: corral-PROJECT-project)
+    #[arg(long, value_name = "CLAIM", conflicts_with = "project_hostpath")]
+    pub project_claim: Option<String>,
+    /// Mount the project from its own path on the node (single-node clusters, podman kube play)
+    #[arg(long)]
+    pub project_hostpath: bool,
+    /// The nodes' kubelet limits processes per Pod (podPidsLimit)
+    #[arg(long)]
+    pub pids_by_node: bool,
+    /// For `podman kube play` (ignores subPath): masked and empty files from DIR on the node,
+    /// which must be this host (made here), protected paths hostPath binds of themselves
+    #[arg(long, value_name = "DIR", requires = "project_hostpath")]
+    pub node_files: Option<PathBuf>,
+    /// How long to wait for the proxy to be available and the sandbox to start (default 2m)
+    #[arg(long, value_name = "DURATION")]
+    pub kube_timeout: Option<String>,
+}
+
+impl KubeRunArgs {
+    /// The options given, by flag name: refused on any engine but kube.
+    pub fn given(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        let opts: [(&'static str, bool); 12] = [
+            ("--context", self.kube_context.is_some()),
+            ("--namespace", self.kube_namespace.is_some()),
+            ("--proxy-ip", self.proxy_ip.is_some()),
+            ("--proxy-image", self.proxy_image.is_some()),
+            ("--image", self.image.is_some()),
+            ("--executor-ip", self.executor_ip.is_some()),
+            ("--seccomp", self.seccomp.is_some()),
+            ("--project-claim", self.project_claim.is_some()),
+            ("--project-hostpath", self.project_hostpath),
+            ("--pids-by-node", self.pids_by_node),
+            ("--node-files", self.node_files.is_some()),
+            ("--kube-timeout", self.kube_timeout.is_some()),
+        ];
+        for (name, set) in opts {
+            if set {
+                out.push(name);
+            }
+        }
+        out
+    }
 }
 
 #[derive(Debug, Args)]
@@ -431,6 +509,11 @@ pub struct KubeRenderArgs {
     /// The nodes' kubelet limits processes per Pod (podPidsLimit): limits.pids is then not refused
     #[arg(long)]
     pub pids_by_node: bool,
+    /// For `podman kube play`, which ignores subPath: masked files are the node's DIR/masked
+    /// (mode 0000), a missing policy file DIR/empty (0444), protected paths hostPath binds of
+    /// themselves (needs --project-hostpath)
+    #[arg(long, value_name = "DIR", requires = "project_hostpath")]
+    pub node_files: Option<PathBuf>,
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }

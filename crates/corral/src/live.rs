@@ -301,6 +301,11 @@ impl State {
             {
                 rules.allow_cidrs.push(c);
             }
+            if let Some(r) = &t.rule
+                && !rules.allow_paths.contains(r)
+            {
+                rules.allow_paths.push(r.clone());
+            }
         }
         self.enforcer.apply(&rules, &self.network)
     }
@@ -354,6 +359,7 @@ impl State {
         self.network.allow = plan.network.allow.clone();
         self.network.deny = plan.network.deny.clone();
         self.network.allow_cidrs = plan.network.allow_cidrs.clone();
+        self.network.allow_paths = plan.network.allow_paths.clone();
         self.network.upstream_proxy = plan.network.upstream_proxy.clone();
         if let Err(e) = self.swap() {
             // Not enforced: the next edit is compared with what still is.
@@ -414,7 +420,12 @@ impl Diff {
         }
         let mut lists = BTreeMap::new();
         let pairs = [
-            ("network.allow", strings(&old.allow), strings(&new.allow)),
+            // Path rules are `network.allow` entries too.
+            (
+                "network.allow",
+                [strings(&old.allow), strings(&old.allow_paths)].concat(),
+                [strings(&new.allow), strings(&new.allow_paths)].concat(),
+            ),
             ("network.deny", strings(&old.deny), strings(&new.deny)),
             (
                 "network.allow_cidrs",

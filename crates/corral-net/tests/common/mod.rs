@@ -221,6 +221,7 @@ pub fn rules(allow: &[&str], cidrs: &[&str]) -> Rules {
             .iter()
             .map(|p| DomainPattern::parse(p).unwrap())
             .collect(),
+        allow_paths: Vec::new(),
         deny: Vec::new(),
         allow_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
         upstream: None,

@@ -198,7 +198,7 @@ fn look(g: &Gathered) -> Result<Disk, PolicyError> {
     let Policy { merged: m, .. } = build::merge(g);
     let toolchains = match m.engine.unwrap_or(DEFAULT_ENGINE) {
         Engine::Native | Engine::Auto => crate::toolchain::find(&g.home, &g.env),
-        Engine::Podman | Engine::Docker => Vec::new(),
+        Engine::Podman | Engine::Docker | Engine::Kube => Vec::new(),
     };
     let argv = build::argv(g, &m);
     let command = resolve_command(&argv, &g.env, &g.cwd, &g.home, &toolchains);

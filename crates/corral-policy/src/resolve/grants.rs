@@ -7,7 +7,6 @@ use std::path::Path;
 use ipnet::IpNet;
 
 use crate::config::SecretSpec;
-use crate::domain::DomainPattern;
 use crate::plan::{Access, Enforce, ExecutorTarget, NetworkMode};
 use crate::profile::Profile;
 
@@ -50,7 +49,7 @@ pub(super) fn bind_text(key: &str, p: &Path, real: &Path, rw: bool) -> String {
     )
 }
 
-pub(super) fn allow_text(key: &str, a: &DomainPattern) -> String {
+pub(super) fn allow_text(key: &str, a: &dyn std::fmt::Display) -> String {
     format!("{key}.allow lets the jail reach {a}")
 }
 
@@ -114,6 +113,11 @@ pub(super) fn net_trust(
     for (a, at) in &project.allow {
         if !without.allow.iter().any(|(w, _)| w == a) {
             out.push((at.clone(), allow_text(key, a)));
+        }
+    }
+    for (r, at) in &project.allow_paths {
+        if !without.allow_paths.iter().any(|(w, _)| w == r) {
+            out.push((at.clone(), allow_text(key, r)));
         }
     }
     for (c, at) in &project.allow_cidrs {

@@ -86,6 +86,7 @@ pub(super) enum Trust {
 pub(super) struct NetLayer {
     pub(super) mode: Option<(NetworkMode, Loc)>,
     pub(super) allow: Vec<(DomainPattern, Loc)>,
+    pub(super) allow_paths: Vec<(crate::pathrule::PathRule, Loc)>,
     pub(super) deny: Vec<DomainPattern>,
     pub(super) allow_cidrs: Vec<(IpNet, Loc)>,
     pub(super) host_ports: Vec<(u16, Loc)>,
@@ -100,6 +101,7 @@ impl NetLayer {
             self.mode = o.mode;
         }
         self.allow.extend(o.allow);
+        self.allow_paths.extend(o.allow_paths);
         self.deny.extend(o.deny);
         self.allow_cidrs.extend(o.allow_cidrs);
         self.host_ports.extend(o.host_ports);

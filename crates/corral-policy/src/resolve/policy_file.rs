@@ -8,8 +8,8 @@ use crate::config::{
     EnvName, EnvSection, ExecutorSection, FilesystemSection, MemorySize, NetworkSection,
     PolicyFile, RunSection, SecretEntry, Spanned, pattern_at,
 };
-use crate::domain::DomainPattern;
 use crate::error::PolicyError;
+use crate::pathrule::AllowEntry;
 use crate::plan::{ExecutorTarget, NetworkMode};
 
 use super::grants::{
@@ -29,16 +29,36 @@ pub(super) fn net_layer(
     text: &str,
     n: NetworkSection,
 ) -> Result<NetLayer, PolicyError> {
+    let mut allow = Vec::new();
+    let mut allow_paths = Vec::new();
+    for a in &n.allow {
+        let at = span_loc(file, text, a);
+        match AllowEntry::parse(a.get_ref()) {
+            Ok(AllowEntry::Host(p)) => allow.push((p, at)),
+            Ok(AllowEntry::Path(r)) => allow_paths.push((r, at)),
+            Err(e) => return Err(PolicyError::at(file, text, a.span().start, e.to_string())),
+        }
+    }
+    for d in &n.deny {
+        if d.get_ref().contains(['/', ' ']) {
+            return Err(PolicyError::at(
+                file,
+                text,
+                d.span().start,
+                format!(
+                    "network.deny entry {:?}: deny takes hosts only; to refuse some paths of a host, allow only the paths it may use (`network.allow = [\"GET host/path/**\"]`)",
+                    d.get_ref()
+                ),
+            ));
+        }
+    }
     Ok(NetLayer {
         mode: n.mode.map(|m| {
             let at = span_loc(file, text, &m);
             (m.into_inner(), at)
         }),
-        allow: n
-            .allow
-            .iter()
-            .map(|a| Ok((pattern_at(file, text, a)?, span_loc(file, text, a))))
-            .collect::<Result<_, PolicyError>>()?,
+        allow,
+        allow_paths,
         deny: n
             .deny
             .iter()
@@ -462,6 +482,9 @@ pub(super) fn check_project_network(
     for (a, at) in &n.allow {
         grants.push(format!("{at}: {}", allow_text(key, a)));
     }
+    for (r, at) in &n.allow_paths {
+        grants.push(format!("{at}: {}", allow_text(key, r)));
+    }
     for (c, at) in &n.allow_cidrs {
         grants.push(format!("{at}: {}", cidr_text(key, c)));
     }
@@ -508,9 +531,12 @@ pub(super) fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, P
         l.net.mode = Some((m, Loc::Flag("--network")));
     }
     for a in &f.allow {
-        let p = DomainPattern::parse(a)
-            .map_err(|e| PolicyError::Invalid(format!("--allow {a:?}: {e}")))?;
-        l.net.allow.push((p, Loc::Flag("--allow")));
+        match AllowEntry::parse(a)
+            .map_err(|e| PolicyError::Invalid(format!("--allow {a:?}: {e}")))?
+        {
+            AllowEntry::Host(p) => l.net.allow.push((p, Loc::Flag("--allow"))),
+            AllowEntry::Path(r) => l.net.allow_paths.push((r, Loc::Flag("--allow"))),
+        }
     }
     l.read_write = flag_binds("--rw", &f.rw, cwd, home)?;
     l.read_only = flag_binds("--ro", &f.ro, cwd, home)?;

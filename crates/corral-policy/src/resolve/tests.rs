@@ -136,6 +136,7 @@ fn no_network(mode: NetworkMode) -> NetworkPlan {
     NetworkPlan {
         mode,
         allow: vec![],
+        allow_paths: Vec::new(),
         deny: vec![],
         allow_cidrs: vec![],
         host_ports: vec![],
@@ -453,6 +454,7 @@ fn the_executor_sandbox_is_built_from_its_own_inputs() {
     expected.env = sandbox_env;
     expected.network = NetworkPlan {
         allow: vec![pat("crates.io")],
+        allow_paths: Vec::new(),
         ..no_network(NetworkMode::Proxy)
     };
     expected.executor.allow = vec!["cargo".into(), "make".into()];

@@ -1,4 +1,5 @@
-//! `corral down`: remove this project's containers and networks (container engines).
+//! `corral down`: remove this project's containers and networks (container engines), and the
+//! Kubernetes objects its killed `--engine kube` runs left (cmd/kube_run.rs).
 
 use std::process::ExitCode;
 
@@ -9,12 +10,59 @@ use corral_engine::{EngineKind, Names};
 use crate::cli::{DownArgs, EngineArg};
 
 pub fn run(args: DownArgs) -> anyhow::Result<ExitCode> {
+    let req =
+        corral_policy::Request::from_process().context("cannot describe the calling process")?;
+    let plan = corral_policy::resolve(&req)?;
+    // Each part is tried even when the other failed (a cluster out of reach does not keep the
+    // containers, nor the reverse).
+    let mut failed = Vec::new();
+    if args.engine != Some(EngineArg::Kube)
+        && let Err(e) = engines(&args, &plan)
+    {
+        failed.push(e);
+    }
+    if matches!(args.engine, None | Some(EngineArg::Kube | EngineArg::Auto))
+        && let Err(e) = kube(&plan, args.engine == Some(EngineArg::Kube))
+    {
+        failed.push(e);
+    }
+    match failed.len() {
+        0 => Ok(ExitCode::SUCCESS),
+        1 => Err(failed.remove(0)),
+        _ => {
+            for e in &failed {
+                eprintln!("corral: {e:#}");
+            }
+            anyhow::bail!(
+                "corral down: {} parts failed; see the messages above",
+                failed.len()
+            )
+        }
+    }
+}
+
+/// The objects of this project's kube runs whose corral was killed (each run's record names
+/// its context, namespace and jail; deleted by manifest, else by the jail's label).
+fn kube(plan: &corral_policy::plan::Plan, explicit: bool) -> anyhow::Result<()> {
+    let removed = super::kube_run::down_leftovers(&plan.project.root)
+        .context("cannot delete what this project's kube runs left")?;
+    for name in &removed {
+        eprintln!("corral: kube: deleted the objects of jail {name} (left by a killed run)");
+    }
+    if removed.is_empty() && explicit {
+        eprintln!("corral: kube: no run of this project left objects behind");
+    }
+    Ok(())
+}
+
+/// podman's and docker's containers and networks of the project.
+fn engines(args: &DownArgs, plan: &corral_policy::plan::Plan) -> anyhow::Result<()> {
     let explicit = matches!(args.engine, Some(EngineArg::Podman | EngineArg::Docker));
     let kinds: Vec<EngineKind> = match args.engine {
         Some(EngineArg::Podman) => vec![EngineKind::Podman],
         Some(EngineArg::Docker) => vec![EngineKind::Docker],
         // Both, when present: a project may have used either.
-        Some(EngineArg::Auto) | Some(EngineArg::Native) | None => {
+        Some(EngineArg::Auto) | Some(EngineArg::Native) | Some(EngineArg::Kube) | None => {
             [EngineKind::Podman, EngineKind::Docker]
                 .into_iter()
                 .filter(|k| runner::on_path(k.program()))
@@ -23,11 +71,8 @@ pub fn run(args: DownArgs) -> anyhow::Result<ExitCode> {
     };
     if kinds.is_empty() {
         eprintln!("corral: neither podman nor docker is on PATH: nothing to remove");
-        return Ok(ExitCode::SUCCESS);
+        return Ok(());
     }
-    let req =
-        corral_policy::Request::from_process().context("cannot describe the calling process")?;
-    let plan = corral_policy::resolve(&req)?;
     let prefix = std::env::var("CORRAL_ENGINE_PREFIX")
         .ok()
         .filter(|p| !p.is_empty())
@@ -68,5 +113,5 @@ pub fn run(args: DownArgs) -> anyhow::Result<ExitCode> {
     for dir in runner::remove_gateway_leftovers(&plan.project.root)? {
         eprintln!("corral: removed {} (left by a killed run)", dir.display());
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

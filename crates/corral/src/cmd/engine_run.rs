@@ -19,7 +19,9 @@ pub fn engine_of(plan: &Plan) -> anyhow::Result<EngineKind> {
             "--engine auto: the native backend cannot run here and neither podman nor docker is \
              on PATH; install podman (apt-get install podman) or fix what `corral doctor` reports",
         )?,
-        Engine::Native => bail!("engine native is not a container engine"),
+        Engine::Native | Engine::Kube => {
+            bail!("engine {:?} is not a container engine", plan.engine)
+        }
     };
     if !runner::on_path(kind.program()) {
         bail!("--engine {kind}: `{kind}` is not on PATH; install it, or run with --engine native",);
@@ -51,7 +53,9 @@ pub fn print_commands(plan: &Plan) -> anyhow::Result<String> {
         Engine::Podman => EngineKind::Podman,
         Engine::Docker => EngineKind::Docker,
         Engine::Auto => runner::detect().unwrap_or(EngineKind::Podman),
-        Engine::Native => bail!("engine native runs no engine commands"),
+        Engine::Native | Engine::Kube => {
+            bail!("engine {:?} runs no container engine commands", plan.engine)
+        }
     };
     // The sign-ins a run would serve: those whose file exists.
     let mut plan = plan.clone();
@@ -126,6 +130,26 @@ fn signin_credentials(
     Ok(())
 }
 
+/// Rules by method and path need the run's CA in the proxy, which only the native backend's
+/// proxy has: a container run refuses them rather than drop them or open the host whole.
+fn refuse_path_rules(plan: &Plan) -> anyhow::Result<()> {
+    if plan.network.mode != corral_policy::plan::NetworkMode::Proxy
+        || plan.network.allow_paths.is_empty()
+    {
+        return Ok(());
+    }
+    let rules: Vec<String> = plan
+        .network
+        .allow_paths
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+    anyhow::bail!(
+        "network.allow rules by method and path ({}) work with the native backend only (a container engine's proxy cannot decide each request yet); run with --engine native, or allow the hosts whole",
+        rules.join(", ")
+    )
+}
+
 /// Run `plan` with its container engine in a session of `scope`; the harness's exit code. The
 /// project is bind-mounted into the container, so the session's host-side checks (git, state
 /// guard, set-id, change summary) apply as after a native run. With the request `plan` was
@@ -135,6 +159,7 @@ pub fn run_plan(
     req: Option<&corral_policy::Request>,
     scope: Scope,
 ) -> anyhow::Result<i32> {
+    refuse_path_rules(plan)?;
     let kind = engine_of(plan)?;
     let resolved = plan;
     // [signin]: the sign-ins served (their files exist), each placeholder file for the harness
@@ -253,6 +278,18 @@ impl crate::live::Enforcer for ProxyContainers {
         rules: &corral_net::Rules,
         network: &corral_policy::plan::NetworkPlan,
     ) -> Result<(), String> {
+        if !rules.allow_paths.is_empty() {
+            // As at the start of a container run (`refuse_path_rules`).
+            return Err(format!(
+                "network.allow rules by method and path ({}) work with the native backend only",
+                rules
+                    .allow_paths
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         let mut net = network.clone();
         net.allow = rules.allow.clone();
         net.deny = rules.deny.clone();
@@ -347,7 +384,7 @@ pub fn init_compose(plan: &Plan) -> anyhow::Result<PathBuf> {
     let kind = match plan.engine {
         Engine::Docker => EngineKind::Docker,
         Engine::Podman => EngineKind::Podman,
-        Engine::Native | Engine::Auto => runner::detect().context(
+        Engine::Native | Engine::Auto | Engine::Kube => runner::detect().context(
             "`corral init --compose` needs podman or docker on PATH to create the binary volume",
         )?,
     };

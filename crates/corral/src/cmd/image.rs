@@ -20,6 +20,11 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<ExitCode> {
         Some(EngineArg::Auto) | Some(EngineArg::Native) | None => {
             runner::detect().context("`corral image build` needs podman or docker on PATH")?
         }
+        Some(EngineArg::Kube) => bail!(
+            "`corral image build` builds with podman or docker (--engine podman|docker); push \
+             the image where the cluster's nodes pull from and pass it to `corral run --engine \
+             kube --image IMAGE`"
+        ),
     };
     let mut req =
         corral_policy::Request::from_process().context("cannot describe the calling process")?;

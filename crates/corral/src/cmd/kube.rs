@@ -10,6 +10,10 @@ use corral_policy::plan::Plan;
 
 use crate::cli::{KubeCommand, KubeRenderArgs, KubeTarget, SeccompArg};
 
+/// The proxy image `corral kube render` names by default (its `--proxy-image`).
+pub(super) const DEFAULT_PROXY_IMAGE: &str =
+    concat!("localhost/corral-proxy:", env!("CARGO_PKG_VERSION"));
+
 pub fn run(cmd: KubeCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         KubeCommand::Render(args) => render(*args),
@@ -42,7 +46,7 @@ fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
             write_private(&path, &yaml)?;
             eprintln!("corral kube: wrote {}", path.display());
             if opts.seccomp == Seccomp::Localhost {
-                write_seccomp_profile(dir)?;
+                write_seccomp_profile(dir, opts.node_files.as_deref())?;
             }
         }
         None => print!("{yaml}"),
@@ -53,7 +57,7 @@ fn render(args: KubeRenderArgs) -> anyhow::Result<ExitCode> {
 /// corral's seccomp filter as the OCI profile the sandbox Pod names (`Localhost`), generated
 /// from the same rules as the native jail's BPF (`corral_sandbox::seccomp::oci_profile`): the
 /// nodes need it at `/var/lib/kubelet/seccomp/` + [`corral_kube::SECCOMP_LOCALHOST`].
-fn write_seccomp_profile(dir: &Path) -> anyhow::Result<()> {
+fn write_seccomp_profile(dir: &Path, node_files: Option<&Path>) -> anyhow::Result<()> {
     let profile = corral_sandbox::seccomp::oci_profile()
         .context("cannot build corral's seccomp profile for this architecture")?;
     let path = dir.join("seccomp.json");
@@ -61,16 +65,26 @@ fn write_seccomp_profile(dir: &Path) -> anyhow::Result<()> {
         serde_json::to_string_pretty(&profile).context("cannot encode the seccomp profile")?;
     std::fs::write(&path, text + "\n")
         .with_context(|| format!("cannot write {}", path.display()))?;
-    eprintln!(
-        "corral kube: wrote {}: install it on every node as /var/lib/kubelet/seccomp/{} (or render with --seccomp runtime-default)",
-        path.display(),
-        corral_kube::SECCOMP_LOCALHOST
-    );
+    match node_files {
+        // --node-files: the Pod names `seccomp.json` directly under the seccomp root.
+        Some(node) => eprintln!(
+            "corral kube: wrote {}: put it, with an empty mode-0000 `masked` and an empty \
+             mode-0444 `empty`, in {} on the node, and play with --seccomp-profile-root {}",
+            path.display(),
+            node.display(),
+            node.display()
+        ),
+        None => eprintln!(
+            "corral kube: wrote {}: install it on every node as /var/lib/kubelet/seccomp/{} (or render with --seccomp runtime-default)",
+            path.display(),
+            corral_kube::SECCOMP_LOCALHOST
+        ),
+    }
     Ok(())
 }
 
 /// Write the manifests readable by their owner only: they may hold the executor's token.
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+pub(super) fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     // A new file, so an existing one's wider mode is not kept.
@@ -100,7 +114,7 @@ fn new_token() -> anyhow::Result<String> {
 
 /// The rendering options, with the few facts about the host the plan does not carry (which
 /// protected and masked paths exist, which are directories) gathered here.
-fn options(args: &KubeRenderArgs, plan: &Plan) -> anyhow::Result<Options> {
+pub(super) fn options(args: &KubeRenderArgs, plan: &Plan) -> anyhow::Result<Options> {
     let name = args
         .name
         .clone()
@@ -169,5 +183,8 @@ fn options(args: &KubeRenderArgs, plan: &Plan) -> anyhow::Result<Options> {
         existing,
         dirs,
         executor,
+        node_files: args.node_files.clone(),
+        // `kubectl attach -it` finds a terminal (`corral run --engine kube` decides per run).
+        tty: true,
     })
 }

@@ -233,7 +233,8 @@ impl Printer {
         };
         let (kind, decision, target, rule) = match &r.event {
             Event::Net(n) => {
-                let target = format!("{} {}:{}", n.method, n.host, n.port);
+                let path = n.path.as_deref().unwrap_or("");
+                let target = format!("{} {}:{}{path}", n.method, n.host, n.port);
                 if n.phase == corral_audit::NetPhase::Close {
                     (
                         "net",

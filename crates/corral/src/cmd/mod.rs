@@ -13,6 +13,7 @@ mod generate;
 mod image;
 pub mod init;
 mod kube;
+mod kube_run;
 pub mod log;
 pub mod plan;
 mod profile_arg;

@@ -36,6 +36,7 @@ pub fn flags(opts: &JailOptions) -> Flags {
             EngineArg::Podman => Engine::Podman,
             EngineArg::Docker => Engine::Docker,
             EngineArg::Auto => Engine::Auto,
+            EngineArg::Kube => Engine::Kube,
         }),
         network: opts.network.map(|n| match n {
             NetworkArg::None => NetworkMode::None,
@@ -136,6 +137,13 @@ fn network(out: &mut String, n: &NetworkPlan, indent: &str) {
         "{indent}allow         {}",
         list(n.allow.iter().map(|a| a.to_string()).collect())
     );
+    if !n.allow_paths.is_empty() {
+        let _ = writeln!(
+            out,
+            "{indent}allow paths   {} (each request decided; TLS terminated with the run's CA)",
+            list(n.allow_paths.iter().map(|a| a.to_string()).collect())
+        );
+    }
     let _ = writeln!(
         out,
         "{indent}deny          {}",
@@ -190,6 +198,7 @@ fn overview(o: &mut String, p: &Plan) {
         Engine::Podman => "podman",
         Engine::Docker => "docker",
         Engine::Auto => "auto",
+        Engine::Kube => "kube",
     };
     let _ = writeln!(o, "profile       {}", p.profile);
     let _ = writeln!(o, "command       {}", p.command.join(" "));

@@ -27,6 +27,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use corral_policy::domain::DomainPattern;
+use corral_policy::pathrule::PathRule;
 use ipnet::IpNet;
 use toml_edit::{Array, DocumentMut, Item, Table, Value};
 
@@ -82,6 +83,9 @@ impl Outcome {
 pub struct Target {
     pub pattern: Option<DomainPattern>,
     pub cidr: Option<IpNet>,
+    /// A rule by method and path (`corral allow 'GET api.github.com/repos/myorg/**'`): into
+    /// `network.allow` as written in canonical form; never a deny entry.
+    pub rule: Option<PathRule>,
 }
 
 impl Target {
@@ -94,15 +98,19 @@ impl Target {
             }
             bail!("{raw:?}: a scheme is not a host: write {authority}");
         }
-        if raw.contains('/') {
-            let cidr: IpNet = raw.parse().map_err(|_| {
-                anyhow::anyhow!(
-                    "{raw:?}: a path is not part of a host, and it is not a CIDR such as 10.0.0.0/8"
-                )
-            })?;
+        if let Ok(cidr) = raw.parse::<IpNet>() {
             return Ok(Target {
                 pattern: None,
                 cidr: Some(cidr.trunc()),
+                rule: None,
+            });
+        }
+        if raw.contains(['/', ' ']) {
+            let rule = PathRule::parse(raw)?;
+            return Ok(Target {
+                pattern: None,
+                cidr: None,
+                rule: Some(rule),
             });
         }
         let pattern = DomainPattern::parse(raw)?;
@@ -110,6 +118,7 @@ impl Target {
         Ok(Target {
             pattern: Some(pattern),
             cidr,
+            rule: None,
         })
     }
 }
@@ -121,6 +130,14 @@ pub fn run(rule: Rule, args: RuleArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|h| Target::parse(h))
         .collect::<anyhow::Result<_>>()?;
+    if rule == Rule::Deny
+        && let Some(r) = targets.iter().find_map(|t| t.rule.as_ref())
+    {
+        bail!(
+            "{:?}: network.deny takes hosts only; to refuse some paths of a host, allow only the paths it may use (corral allow 'GET host/path/**')",
+            r.to_string()
+        );
+    }
     let file = if args.user {
         user_config_path()?
     } else {
@@ -244,6 +261,7 @@ fn edit_text(text: &str, rule: Rule, pattern: &DomainPattern) -> anyhow::Result<
     let target = Target {
         pattern: Some(pattern.clone()),
         cidr: None,
+        rule: None,
     };
     let (text, mut outcomes) = edit_targets(text, rule, std::slice::from_ref(&target))?;
     Ok((text, outcomes.remove(0)))
@@ -262,6 +280,16 @@ pub fn edit_targets(
     let fresh = text.trim().is_empty();
     let mut outcomes = Vec::new();
     for t in targets {
+        if let Some(r) = t.rule.as_ref().filter(|_| rule == Rule::Allow) {
+            let same = |s: &str| PathRule::parse(s).is_ok_and(|p| &p == r);
+            let edit = Edit {
+                entry: &r.to_string(),
+                add_to: Some(rule.key()),
+                remove_from: None,
+                same: &same,
+            };
+            outcomes.extend(edit.apply(&mut doc, fresh)?);
+        }
         if let Some(pattern) = &t.pattern {
             let same = |s: &str| DomainPattern::parse(s).is_ok_and(|p| &p == pattern);
             let edit = Edit {
@@ -588,6 +616,31 @@ mod tests {
             t,
             "[network]\nallow = [\"Example.com.\", \"example.com:8443\"]  # keep\n"
         );
+    }
+
+    #[test]
+    fn a_rule_by_path_goes_into_network_allow_in_canonical_form() {
+        let t = Target::parse("GET API.github.com/repos/myorg/**").unwrap();
+        assert_eq!((t.pattern.clone(), t.cidr), (None, None));
+        let (text, outcomes) = edit_targets("", Rule::Allow, std::slice::from_ref(&t)).unwrap();
+        assert_eq!(
+            text,
+            "[network]\nallow = [\"GET api.github.com/repos/myorg/**\"]\n"
+        );
+        assert!(outcomes[0].added);
+        // Already there in another spelling: left as it is.
+        let (again, outcomes) = edit_targets(
+            "[network]\nallow = [\"GET api.github.com/repos/myorg/**\"]\n",
+            Rule::Allow,
+            &[t],
+        )
+        .unwrap();
+        assert_eq!(again, text);
+        assert!(outcomes[0].present);
+        // CIDRs keep their meaning; a bad rule says what is wrong with it.
+        assert!(Target::parse("10.0.0.0/8").unwrap().cidr.is_some());
+        let e = Target::parse("github.com/a?b").unwrap_err().to_string();
+        assert!(e.contains("query"), "{e}");
     }
 
     #[test]

@@ -11,12 +11,16 @@ use corral_policy::plan::{Engine, NetworkMode, Plan};
 use corral_policy::resolve::{ensure_state_paths, resolve};
 use corral_session::{Backend, RunInputs, RunPlan, Scope, Session};
 
-use crate::cli::{JailOptions, RunArgs};
+use crate::cli::{EngineArg, JailOptions, RunArgs};
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(name) = &args.worktree {
         // `--worktree NAME`: the run in an agent's own git worktree (cmd/worktree.rs).
         return super::worktree::run(name, args.profile, &args.jail, args.command);
+    }
+    if args.jail.engine == Some(EngineArg::Kube) || !args.kube.given().is_empty() {
+        // `--engine kube`: cmd/kube_run.rs (it refuses its options on any other engine).
+        return super::kube_run::run(args.profile, &args.jail, &args.kube, args.command);
     }
     run_jail(args.profile, &args.jail, args.command)
 }
@@ -72,6 +76,10 @@ fn run_plan_with(
         Engine::Podman | Engine::Docker => {
             return super::engine_run::run_plan(plan, req, scope);
         }
+        Engine::Kube => anyhow::bail!(
+            "--engine kube runs from `corral run` only (not `corral shell`, `--worktree` or the \
+             executor's commands): use `corral run --engine kube [PROFILE] [-- CMD]`"
+        ),
     }
     // Processes the run started whose parent died (an executor command jail whose server was
     // killed) come back to corral, which ends them all before the git check (`end_run`).

@@ -116,10 +116,19 @@ pub fn prepare(
             _trust_dir: Some(dir),
         });
     }
+    // The hosts decided by method and path: the run CA may sign for them too.
+    let decided: Vec<_> = run
+        .plan
+        .network
+        .allow_paths
+        .iter()
+        .map(|r| r.host().clone())
+        .collect();
     let (gateway, _trust) = Gateway::with_run(
         values,
         &attached.placeholders,
         signins,
+        &decided,
         GatewayConfig {
             // The system store; SSL_CERT_FILE / SSL_CERT_DIR in corral's environment (a
             // corporate CA) are honoured.

@@ -20,7 +20,7 @@ pub fn run(
 ) -> anyhow::Result<ExitCode> {
     // `--engine podman|docker` is refused before any worktree is made (a policy file's engine
     // after the plan is resolved: `native_only`).
-    if let Some(e @ (EngineArg::Podman | EngineArg::Docker)) = opts.engine {
+    if let Some(e @ (EngineArg::Podman | EngineArg::Docker | EngineArg::Kube)) = opts.engine {
         bail!("{}", container_refused(&format!("{e:?}")));
     }
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
@@ -66,7 +66,7 @@ fn native_only(plan: &Plan) -> anyhow::Result<()> {
     let native = match plan.engine {
         Engine::Native => true,
         Engine::Auto => corral_sandbox::probe::run().native_backend,
-        Engine::Podman | Engine::Docker => false,
+        Engine::Podman | Engine::Docker | Engine::Kube => false,
     };
     if !native {
         bail!("{}", container_refused(&format!("{:?}", plan.engine)));

@@ -81,6 +81,7 @@ fn network_plan(n: &NetLayer, default_mode: NetworkMode) -> NetworkPlan {
     NetworkPlan {
         mode: n.mode.as_ref().map(|(m, _)| *m).unwrap_or(default_mode),
         allow: dedup(n.allow.iter().map(|(a, _)| a.clone())),
+        allow_paths: dedup(n.allow_paths.iter().map(|(a, _)| a.clone())),
         deny: dedup(n.deny.iter().cloned()),
         allow_cidrs: dedup(n.allow_cidrs.iter().map(|(c, _)| *c)),
         host_ports: dedup(n.host_ports.iter().map(|(p, _)| *p)),
