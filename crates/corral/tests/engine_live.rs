@@ -430,6 +430,13 @@ fn a_container_run_registers_for_corral_watch_and_refuses_run_only_allows(e: Eng
     // `reload` answers (what `corral watch` sends after `p` or `d`).
     let answer = control(&socket, "reload");
     assert!(answer.starts_with("ok "), "{answer}");
+    // A rule by method and path, which a container's proxy cannot decide: not applied (as a
+    // container run refuses one at its start), recorded, and the origin stays denied.
+    let out = w.corral(&["allow", &format!("GET {target}/index.html")]);
+    assert!(out.status.success(), "{}", text(&out));
+    let r = wait_record(&w, &jail, "live-policy-failed", |_| true);
+    assert!(summary(&r).contains("method and path"), "{r}");
+    assert!(!proxy_policy(&w).contains(&origin), "{}", proxy_policy(&w));
     go(&w, 1);
     assert_eq!(
         wait_file(&w.project.join("step2"), &mut child),
