@@ -440,10 +440,11 @@ async fn reloader(proxy: Arc<Proxy>, policy: PathBuf, audit: AuditLog, jail: Str
             _ = tick.tick() => {
                 let now = mtime(&policy);
                 if now == seen { continue; }
-                seen = now;
                 "file change"
             }
         };
+        // Also after a SIGHUP: the write it announces is not reloaded again by the next tick.
+        seen = mtime(&policy);
         let event = match load(&policy) {
             Ok(rules) => {
                 eprintln!(

@@ -53,12 +53,14 @@ pub enum Command {
     Log(LogArgs),
     /// Live view of this project's running jails: allow or deny what they are refused
     #[command(
-        long_about = "A terminal view of this project's running jails (native backend) and \
-                      their audit log: every network decision as it happens, denials in red \
+        long_about = "A terminal view of this project's running jails (native and \
+                      podman/docker) and their audit log: every network decision as it \
+                      happens, denials in red \
                       with the rule that denied them. On a denial (the selected row, else the \
                       latest one):\n\n  \
                       a        allow it for this run only (the jail that asked; not written \
-                      anywhere)\n  \
+                      anywhere; not for podman/docker runs, whose proxy container the \
+                      project's runs share)\n  \
                       p        allow it permanently: added to the project's corral.toml \
                       (comments kept, as `corral allow` does); every running jail of the \
                       project applies it\n  \

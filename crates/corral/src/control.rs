@@ -1,6 +1,6 @@
 //! The running jails of a user, and each one's control socket (`corral watch` talks to them).
 //!
-//! A native `corral run` with corral's proxy registers itself in the control directory,
+//! A `corral run` with corral's proxy (native, or a container engine's) registers itself in the control directory,
 //! `$XDG_RUNTIME_DIR/corral-jails` (else `$TMPDIR/corral-UID/jails`), mode 0700 and owned by the
 //! user: `JAIL.json` says which project it runs (its pid, the project root) and `JAIL.sock` is a
 //! unix socket (0600) that takes one request line and answers one line:
@@ -85,6 +85,9 @@ pub struct Entry {
     /// When it started (RFC 3339).
     pub started: String,
     pub socket: PathBuf,
+    /// The container engine running it (`podman`, `docker`); none for a native run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 /// The running jails of `project` (registrations whose process is gone are removed).
@@ -157,6 +160,7 @@ impl Server {
         dir: &Path,
         jail: &str,
         project: &Path,
+        engine: Option<&str>,
         handler: Handler,
     ) -> anyhow::Result<Server> {
         let socket = dir.join(format!("{jail}.sock"));
@@ -171,6 +175,7 @@ impl Server {
             project: project.to_path_buf(),
             started: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             socket: socket.clone(),
+            engine: engine.map(String::from),
         };
         let tmp = dir.join(format!(".{jail}.json.tmp"));
         std::fs::write(&tmp, serde_json::to_vec(&entry)?)

@@ -9,6 +9,13 @@
 //! decides with them too). What the proxy decides with changes; anything else the new files say
 //! (binds, limits, the network mode, ...) is recorded as taking effect at the next run.
 //!
+//! A container run (`--engine podman|docker`, cmd/engine_run.rs) follows them with the same
+//! watcher and trust gate; what applies the new rules is its [`Enforcer`]: the native backend
+//! swaps the proxy's rules in memory, the container backend rewrites the project's generated
+//! proxy policy file atomically and signals the proxy containers to reload it. The project's
+//! proxy container is shared by the project's container runs, so it cannot hold an allow for
+//! one run: a container run refuses run-only allows (the control request answers why).
+//!
 //! Invariants:
 //! - an edit of the project's `corral.toml` that grants what the user has not trusted changes
 //!   nothing (`live-policy-refused`), exactly as `corral run` would refuse it; an edit by the
@@ -26,12 +33,38 @@ use std::time::Duration;
 use corral_audit::{AuditLog, Event, JailEvent, LiveDetail, Record};
 use corral_net::{Proxy, Rules};
 use corral_policy::Plan;
+use corral_policy::plan::NetworkPlan;
 use corral_policy::resolve::{Request, resolve};
 
 use crate::cmd::rules::Target;
 
 /// How often the policy files are checked.
 const POLL: Duration = Duration::from_millis(250);
+
+/// What enforces a run's network rules: the native proxy in corral's memory, or a container
+/// backend's proxy containers reading a policy file.
+pub trait Enforcer: Send {
+    /// The rules enforced when the run started.
+    fn initial(&self) -> Rules;
+    /// Enforce `rules` (the plan's `network`, whose lists `rules` hold with the run-only allows
+    /// added, for a backend that writes the section out); an error names the step that failed.
+    fn apply(&self, rules: &Rules, network: &NetworkPlan) -> Result<(), String>;
+    /// Why this run cannot take run-only allows, when it cannot.
+    fn run_only_refused(&self) -> Option<String> {
+        None
+    }
+}
+
+impl Enforcer for Arc<Proxy> {
+    fn initial(&self) -> Rules {
+        self.rules().as_ref().clone()
+    }
+
+    fn apply(&self, rules: &Rules, _network: &NetworkPlan) -> Result<(), String> {
+        self.set_rules(rules.clone());
+        Ok(())
+    }
+}
 
 /// The live policy of one run; stopped when dropped.
 pub struct Live {
@@ -66,37 +99,42 @@ struct State {
     pending: Option<Vec<Option<Stamp>>>,
     /// The sections the last record said take effect at the next run.
     next_run: Vec<String>,
-    proxy: Arc<Proxy>,
+    /// The `network` section of the plan last accepted (the run's plan at start).
+    network: NetworkPlan,
+    enforcer: Box<dyn Enforcer>,
     audit: AuditLog,
     jail: String,
 }
 
-/// Start following the policy files of a run whose network goes through `proxy`, and serve
-/// its control socket. `plan` is the plan as resolved from `req`.
+/// Start following the policy files of a run whose network rules `enforcer` enforces, and
+/// serve its control socket. `plan` is the plan as resolved from `req`, `jail_plan` the one
+/// the jail runs; `engine` names a container engine's run in its registration.
 pub fn start(
     req: &Request,
     plan: &Plan,
     jail_plan: &Plan,
-    proxy: Arc<Proxy>,
+    enforcer: Box<dyn Enforcer>,
     audit: &AuditLog,
     jail: &str,
+    engine: Option<&str>,
 ) -> anyhow::Result<Live> {
     let files = watched_files(req, plan);
     let seen = files.iter().map(|f| stamp(f)).collect();
     let state = Arc::new(Mutex::new(State {
         req: req.clone(),
         started: plan.clone(),
-        base: proxy.rules().as_ref().clone(),
+        base: enforcer.initial(),
         run_only: Vec::new(),
         files,
         seen,
         pending: None,
         next_run: Vec::new(),
-        proxy,
+        network: jail_plan.network.clone(),
+        enforcer,
         audit: audit.clone(),
         jail: jail.to_string(),
     }));
-    let control = control_server(&state, plan, jail_plan, jail);
+    let control = control_server(&state, plan, jail_plan, jail, engine);
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let st = state.clone();
     let thread = std::thread::Builder::new()
@@ -124,6 +162,7 @@ fn control_server(
     plan: &Plan,
     jail_plan: &Plan,
     jail: &str,
+    engine: Option<&str>,
 ) -> Option<crate::control::Server> {
     let dir = match crate::control::dir() {
         Ok(d) => d,
@@ -145,7 +184,7 @@ fn control_server(
         let mut st = st.lock().unwrap_or_else(|e| e.into_inner());
         st.request(line)
     });
-    match crate::control::Server::start(&dir, jail, &plan.project.root, handler) {
+    match crate::control::Server::start(&dir, jail, &plan.project.root, engine, handler) {
         Ok(s) => Some(s),
         Err(e) => {
             eprintln!("corral: no control socket for corral watch: {e:#}");
@@ -230,10 +269,16 @@ impl State {
 
     fn allow_for_run(&mut self, host: &str) -> Result<String, String> {
         let target = Target::parse(host).map_err(|e| format!("{e:#}"))?;
-        if !self.run_only.contains(&target) {
-            self.run_only.push(target);
+        if let Some(why) = self.enforcer.run_only_refused() {
+            return Err(why);
         }
-        self.swap();
+        if !self.run_only.contains(&target) {
+            self.run_only.push(target.clone());
+        }
+        if let Err(e) = self.swap() {
+            self.run_only.retain(|t| *t != target);
+            return Err(self.failed(&format!("cannot apply the allow: {e}")));
+        }
         let summary = format!("{host} allowed for this run (corral watch)");
         self.record(
             |detail| JailEvent::LiveAllow { detail },
@@ -242,8 +287,8 @@ impl State {
         Ok(summary)
     }
 
-    /// The proxy's rules: the files' rules plus the run-only allows.
-    fn swap(&self) {
+    /// Enforce the files' rules plus the run-only allows.
+    fn swap(&self) -> Result<(), String> {
         let mut rules = self.base.clone();
         for t in &self.run_only {
             if let Some(p) = &t.pattern
@@ -262,7 +307,7 @@ impl State {
                 rules.allow_paths.push(r.clone());
             }
         }
-        self.proxy.set_rules(rules);
+        self.enforcer.apply(&rules, &self.network)
     }
 
     /// Resolve the policy again and apply its network rules when the trust gate passes; the
@@ -309,8 +354,18 @@ impl State {
         };
         let diff = Diff::between(&self.base, &rules);
         let next_run = next_run_sections(&self.started, &plan);
+        let (old_base, old_network) = (self.base.clone(), self.network.clone());
         self.base = rules;
-        self.swap();
+        self.network.allow = plan.network.allow.clone();
+        self.network.deny = plan.network.deny.clone();
+        self.network.allow_cidrs = plan.network.allow_cidrs.clone();
+        self.network.allow_paths = plan.network.allow_paths.clone();
+        self.network.upstream_proxy = plan.network.upstream_proxy.clone();
+        if let Err(e) = self.swap() {
+            // Not enforced: the next edit is compared with what still is.
+            (self.base, self.network) = (old_base, old_network);
+            return self.failed(&format!("cannot apply the new rules: {e}"));
+        }
         let summary = diff.summary(&next_run);
         if diff.lists.is_empty() && next_run == self.next_run {
             // A file was touched, or another project's trust changed: nothing to record.
@@ -326,7 +381,7 @@ impl State {
     }
 
     fn failed(&self, why: &str) -> String {
-        let summary = format!("the policy files cannot be read, the jail keeps its rules: {why}");
+        let summary = format!("the policy change is not applied, the jail keeps its rules: {why}");
         self.record(
             |detail| JailEvent::LivePolicyFailed { detail },
             serde_json::json!({ "summary": summary }),

@@ -152,10 +152,16 @@ fn refuse_path_rules(plan: &Plan) -> anyhow::Result<()> {
 
 /// Run `plan` with its container engine in a session of `scope`; the harness's exit code. The
 /// project is bind-mounted into the container, so the session's host-side checks (git, state
-/// guard, set-id, change summary) apply as after a native run.
-pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
+/// guard, set-id, change summary) apply as after a native run. With the request `plan` was
+/// resolved from, the proxy's rules follow the policy files while it runs (live.rs).
+pub fn run_plan(
+    plan: &Plan,
+    req: Option<&corral_policy::Request>,
+    scope: Scope,
+) -> anyhow::Result<i32> {
     refuse_path_rules(plan)?;
     let kind = engine_of(plan)?;
+    let resolved = plan;
     // [signin]: the sign-ins served (their files exist), each placeholder file for the harness
     // and the tokens for the run's gateway proxy.
     let (served, signins) = served_signins(plan)?;
@@ -188,6 +194,8 @@ pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
         ctx,
         setup,
         secrets,
+        req: req.cloned(),
+        resolved: resolved.clone(),
     };
     session.run(&plan, &mut container)
 }
@@ -200,6 +208,119 @@ struct Container {
     /// `[secrets]` and `[signin]`: the real values and tokens the run's gateway proxy container
     /// gets (none without), and the harness's placeholder sign-in files.
     secrets: corral_engine::gateway::Credentials,
+    /// The request and the plan resolved from it, for following the policy files (live.rs).
+    req: Option<corral_policy::Request>,
+    resolved: Plan,
+}
+
+impl Container {
+    /// With corral's proxy and the request the plan came from: the proxy containers' policy
+    /// follows the policy files and `corral watch` lists the run. Started once the proxy
+    /// containers run (just before the harness), so the run's own policy write comes first.
+    fn live_policy(&self, plan: &Plan, session: &Session) -> Option<crate::live::Live> {
+        let req = self.req.as_ref()?;
+        if plan.network.mode != corral_policy::plan::NetworkMode::Proxy {
+            return None;
+        }
+        let started = ProxyContainers::new(self.kind, &self.ctx, plan).and_then(|enforcer| {
+            crate::live::start(
+                req,
+                &self.resolved,
+                plan,
+                Box::new(enforcer),
+                session.audit(),
+                session.jail_id(),
+                Some(self.kind.program()),
+            )
+        });
+        started
+            .map_err(|e| {
+                eprintln!("corral: the policy files are not followed during this run: {e:#}")
+            })
+            .ok()
+    }
+}
+
+/// The container backend's [`crate::live::Enforcer`]: the project's generated proxy policy
+/// file, rewritten atomically, and the proxy containers that read it (the project's shared
+/// proxy, and the run's gateway proxy with `[secrets]`/sign-ins), signalled to reload it.
+struct ProxyContainers {
+    kind: EngineKind,
+    /// The directory of the generated `policy.toml` (`Context::proxy_dir`).
+    dir: PathBuf,
+    containers: Vec<String>,
+    initial: corral_net::Rules,
+}
+
+impl ProxyContainers {
+    fn new(kind: EngineKind, ctx: &Context, plan: &Plan) -> anyhow::Result<Self> {
+        let mut containers = vec![ctx.names(plan).proxy_container];
+        if Context::has_gateway(plan) {
+            containers.push(ctx.gateway_container(plan));
+        }
+        Ok(ProxyContainers {
+            kind,
+            dir: ctx.proxy_dir(),
+            containers,
+            initial: corral_net::Rules::from_plan(&plan.network)
+                .context("cannot read the run's network rules")?,
+        })
+    }
+}
+
+impl crate::live::Enforcer for ProxyContainers {
+    fn initial(&self) -> corral_net::Rules {
+        self.initial.clone()
+    }
+
+    fn apply(
+        &self,
+        rules: &corral_net::Rules,
+        network: &corral_policy::plan::NetworkPlan,
+    ) -> Result<(), String> {
+        if !rules.allow_paths.is_empty() {
+            // As at the start of a container run (`refuse_path_rules`).
+            return Err(format!(
+                "network.allow rules by method and path ({}) work with the native backend only",
+                rules
+                    .allow_paths
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let mut net = network.clone();
+        net.allow = rules.allow.clone();
+        net.deny = rules.deny.clone();
+        net.allow_cidrs = rules.allow_cidrs.clone();
+        let changed = corral_engine::proxy_policy::write(&self.dir, &net)
+            .map_err(|e| format!("cannot write the proxy containers' policy: {e}"))?;
+        if changed {
+            for c in &self.containers {
+                // Only quicker: a proxy that misses the signal (stopped, restarting) reads the
+                // file when it starts or sees its modification time change within a second.
+                let hup = corral_engine::Command::new(self.kind.program()).args([
+                    "kill",
+                    "--signal",
+                    "HUP",
+                    c.as_str(),
+                ]);
+                let _ = runner::output(&hup);
+            }
+        }
+        Ok(())
+    }
+
+    fn run_only_refused(&self) -> Option<String> {
+        Some(format!(
+            "allow for this run only is not available in a {} run: the project's proxy \
+             container is shared by all of the project's container runs and would allow it for \
+             every one; add it to corral.toml instead (`p` in corral watch, or `corral allow \
+             HOST`)",
+            self.kind
+        ))
+    }
 }
 
 impl Backend for Container {
@@ -207,9 +328,15 @@ impl Backend for Container {
         serde_json::json!({ "engine": self.kind.program(), "plan": plan })
     }
 
-    fn run(&mut self, plan: &Plan, _session: &Session) -> anyhow::Result<i32> {
+    fn run(&mut self, plan: &Plan, session: &Session) -> anyhow::Result<i32> {
         let kind = self.kind;
-        let result = runner::run_with(plan, &self.ctx, &self.setup, &self.secrets, wait_harness);
+        let wait = |cmd: &corral_engine::Command| {
+            let live = self.live_policy(plan, session);
+            let status = wait_harness(cmd);
+            drop(live);
+            status
+        };
+        let result = runner::run_with(plan, &self.ctx, &self.setup, &self.secrets, wait);
         if let Some(src) = &self.ctx.skill_source {
             let _ = std::fs::remove_dir_all(src);
         }

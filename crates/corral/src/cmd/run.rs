@@ -69,11 +69,13 @@ fn run_plan_with(
     match plan.engine {
         // auto: native where it runs here, else podman, else docker (cmd/engine_run.rs).
         Engine::Auto if !corral_sandbox::probe::run().native_backend => {
-            return super::engine_run::run_plan(plan, scope);
+            return super::engine_run::run_plan(plan, req, scope);
         }
         Engine::Native | Engine::Auto => {}
         // The container engines: cmd/engine_run.rs.
-        Engine::Podman | Engine::Docker => return super::engine_run::run_plan(plan, scope),
+        Engine::Podman | Engine::Docker => {
+            return super::engine_run::run_plan(plan, req, scope);
+        }
         Engine::Kube => anyhow::bail!(
             "--engine kube runs from `corral run` only (not `corral shell`, `--worktree` or the \
              executor's commands): use `corral run --engine kube [PROFILE] [-- CMD]`"
@@ -325,9 +327,10 @@ fn live_policy(
         req,
         resolved,
         jail_plan,
-        proxy.proxy().clone(),
+        Box::new(proxy.proxy().clone()),
         audit,
         jail_id,
+        None,
     )
     .map_err(|e| eprintln!("corral: the policy files are not followed during this run: {e:#}"))
     .ok()

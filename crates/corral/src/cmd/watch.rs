@@ -142,6 +142,13 @@ impl App {
         let shown = printable(&raw);
         match action {
             Action::AllowRun => match self.jails.iter().find(|j| j.jail == record.jail) {
+                // A container run's decisions are the shared proxy container's, recorded
+                // under the proxy's own id.
+                None if self.jails.iter().any(|j| j.engine.is_some()) => format!(
+                    "{} is not a running native jail; allow for this run only is not available \
+                     in container runs (the project's proxy container is shared): press p",
+                    record.jail
+                ),
                 None => format!("jail {} is not running: nothing to allow", record.jail),
                 Some(j) => match control::request(&j.socket, &format!("allow {raw}")) {
                     Ok(answer) => format!("{}: {}", j.jail, printable(&answer)),
@@ -186,7 +193,10 @@ impl App {
         } else {
             self.jails
                 .iter()
-                .map(|j| format!("{} (pid {})", j.jail, j.pid))
+                .map(|j| match &j.engine {
+                    Some(engine) => format!("{} ({engine}, pid {})", j.jail, j.pid),
+                    None => format!("{} (pid {})", j.jail, j.pid),
+                })
                 .collect::<Vec<_>>()
                 .join(", ")
         };
