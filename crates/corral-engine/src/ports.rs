@@ -135,13 +135,25 @@ pub fn relay_run(plan: &Plan, ctx: &Context) -> Result<Command> {
     a.extend(hardening(ctx));
     match relay_owner(plan) {
         Some((u, g)) => a.extend(["--user".into(), format!("{u}:{g}")]),
+        // Rootless podman gives each container a user namespace of its own, and a container
+        // whose user namespace does not own the network namespace it joins cannot mount its
+        // /sys: the relay shares the harness's (as the caller's uid; other namespaces, the PID
+        // one included, stay its own).
+        None if ctx.engine == EngineKind::Podman && ctx.rootless => a.extend([
+            "--userns".into(),
+            format!("container:{}", ctx.harness_container(plan)),
+            "--user".into(),
+            format!("{}:{}", plan.uid, plan.gid),
+        ]),
         None => a.extend(user_args(ctx, plan.uid, plan.gid)),
     }
-    for (flag, value) in [
+    // Where the engine ignores limits (rootless podman on cgroup v1), none are asked for.
+    let limits = [
         ("--cpus", RELAY_CPUS),
         ("--memory", RELAY_MEMORY),
         ("--pids-limit", RELAY_PIDS),
-    ] {
+    ];
+    for (flag, value) in limits.into_iter().filter(|_| ctx.limits_enforceable) {
         a.extend([flag.into(), value.into()]);
     }
     a.extend(["--stop-timeout".into(), STOP_TIMEOUT.to_string()]);

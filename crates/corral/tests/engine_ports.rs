@@ -4,8 +4,10 @@
 //! per engine (`podman::NAME`, `docker::NAME`).
 //!
 //! Needs the image `localhost/corral-ci-harness:latest` (ci/podman-setup.sh,
-//! ci/docker-setup.sh). As root (CI); `CORRAL_TEST_ROOTLESS=1` runs the podman tests as an
-//! unprivileged user (rootless podman), as scripts/test-rootless does for the jail tests.
+//! ci/docker-setup.sh). As root (CI). With `CORRAL_TEST_ROOTLESS=1` an unprivileged user runs
+//! the podman tests on rootless podman (the image in that user's storage, slirp4netns,
+//! a usable /dev/net/tun, `XDG_RUNTIME_DIR` set: without it podman falls back to `$TMPDIR`,
+//! which the harness's `podman run` gets from the plan).
 
 mod engine_support;
 
@@ -103,10 +105,24 @@ fn run_python(w: &World, script: &str) -> std::process::Command {
 fn read_from(port: u16) -> String {
     let mut got = String::new();
     if let Ok(mut c) = TcpStream::connect(("127.0.0.1", port)) {
-        let _ = c.set_read_timeout(Some(Duration::from_secs(20)));
+        let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
         let _ = c.read_to_string(&mut got);
     }
     got
+}
+
+/// The first answer on the host's 127.0.0.1:PORT, asked again while `running` (the relay
+/// starts a moment after the harness; rootless podman takes seconds). "" after five minutes.
+fn answer_on(port: u16, mut running: impl FnMut() -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while std::time::Instant::now() < deadline && running() {
+        let got = read_from(port);
+        if !got.is_empty() {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    String::new()
 }
 
 /// The attack both ways: the harness tries a host port the policy does not list (a host server
@@ -126,7 +142,7 @@ fn published_and_host_ports_cross_and_no_other_port_does(e: Engine) {
     let script = format!(
         r#"
 import socket, time
-for attempt in range(300):  # the relay starts a moment after the harness
+for attempt in range(1200):  # the relay starts a moment after the harness
     try:
         print(socket.create_connection(("127.0.0.1", {host_port}), timeout=5).recv(100).decode().strip())
         break
@@ -163,14 +179,7 @@ print("served")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut got = String::new();
-    for _ in 0..600 {
-        got = read_from(published);
-        if !got.is_empty() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let got = answer_on(published, || true);
     let unpublished_got = read_from(unpublished);
     let done = read_from(published);
     let out = child.wait_with_output().unwrap();
@@ -248,14 +257,8 @@ while True:
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    for _ in 0..600 {
-        if read_from(published) == "up\n" {
-            break;
-        }
-        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(read_from(published), "up\n", "the relay never answered");
+    let got = answer_on(published, || child.try_wait().unwrap().is_none());
+    assert_eq!(got, "up\n", "the relay never answered");
     assert!(
         w.containers().iter().any(|c| c.ends_with("-ports")),
         "{:?}",

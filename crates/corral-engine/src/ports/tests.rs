@@ -131,7 +131,17 @@ fn the_relay_container_argv_for_each_engine_and_user() {
     let c = ctx(EngineKind::Podman, true, state);
     assert_eq!(
         relay_run(&p, &c).unwrap().argv(),
-        expected("podman", &key, &podman_tmpfs, &["--userns", "keep-id"])
+        expected(
+            "podman",
+            &key,
+            &podman_tmpfs,
+            &[
+                "--userns",
+                &format!("container:corral-{key}-j1"),
+                "--user",
+                "1000:1000"
+            ]
+        )
     );
     let c = ctx(EngineKind::Docker, false, state);
     assert_eq!(
