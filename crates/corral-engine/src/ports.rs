@@ -328,21 +328,25 @@ fn make_run_dir(path: &Path, owner: Option<(u32, u32)>) -> Result<RunDir> {
     })
 }
 
-/// Wait for the harness to run, then start the relay; a relay that cannot start is said once
-/// (the run goes on without its ports).
+/// Wait for the harness to run, then start the relay; a relay that cannot start beside a
+/// harness that still runs is said once (the run goes on without its ports).
 fn start_relay(running: &Command, run: &Command, done: &AtomicBool) {
+    let is_running = || {
+        let out = running.to_std().stdin(Stdio::null()).output();
+        out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "true")
+    };
     loop {
         if done.load(Ordering::Relaxed) {
             return;
         }
-        let out = running.to_std().stdin(Stdio::null()).output();
-        if out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "true") {
+        if is_running() {
             break;
         }
         thread::sleep(Duration::from_millis(50));
     }
     if let Err(e) = crate::runner::output(run)
         && !done.load(Ordering::Relaxed)
+        && is_running()
     {
         eprintln!("corral: publish/host_ports: the relay container did not start: {e}");
     }
