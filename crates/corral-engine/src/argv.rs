@@ -309,15 +309,6 @@ fn check_supported(plan: &Plan, ctx: &Context) -> Result<()> {
             s.file.display()
         ));
     }
-    // Relayed by corral from the container's network namespace, which only root may join
-    // (crate::ports).
-    let relayed = plan.network.mode != NetworkMode::Host;
-    if relayed && plan.uid != 0 && !plan.network.host_ports.is_empty() {
-        return unsupported("network.host_ports without root");
-    }
-    if relayed && plan.uid != 0 && !plan.network.publish.is_empty() {
-        return unsupported("network.publish / --publish without root");
-    }
     if plan.network.dns != corral_policy::plan::Dns::None {
         return unsupported("network.dns = \"stub\"");
     }
@@ -380,7 +371,7 @@ fn network_steps(ctx: &Context, names: &Names) -> Vec<Step> {
 /// The options every container corral starts carries: a read-only root with private tmpfs
 /// scratch space, no capabilities, no new privileges, and corral's seccomp filter (the native
 /// jail's rules as an OCI profile, [`Context::seccomp_file`]) instead of the engine's default.
-fn hardening(ctx: &Context) -> Vec<String> {
+pub(crate) fn hardening(ctx: &Context) -> Vec<String> {
     let mut a: Vec<String> = vec!["--read-only".into()];
     match ctx.engine {
         EngineKind::Podman => a.push("--read-only-tmpfs".into()),
@@ -403,7 +394,7 @@ fn hardening(ctx: &Context) -> Vec<String> {
 }
 
 /// How a container keeps the caller's identity.
-fn user_args(ctx: &Context, uid: u32, gid: u32) -> Vec<String> {
+pub(crate) fn user_args(ctx: &Context, uid: u32, gid: u32) -> Vec<String> {
     match (ctx.engine, ctx.rootless) {
         (EngineKind::Podman, true) => vec!["--userns".into(), "keep-id".into()],
         _ => vec!["--user".into(), format!("{uid}:{gid}")],

@@ -435,7 +435,7 @@ pub fn run_with(
     secrets: &Credentials,
     wait: impl FnOnce(&Command) -> std::io::Result<std::process::ExitStatus>,
 ) -> Result<i32> {
-    let relays = crate::ports::Relays::bind(plan)?;
+    let relays = crate::ports::Relays::bind(plan, ctx)?;
     let changed = prepare_host(plan, ctx)?;
     let names = ctx.names(plan);
     // Dropped at the end of the run, or on any error from here on: the gateway proxy and its
@@ -454,7 +454,7 @@ pub fn run_with(
     // mount point behind on the host, removed again below.
     let policy = &plan.project.policy_file;
     let policy_existed = policy.symlink_metadata().is_ok();
-    let relaying = relays.start(ctx, plan);
+    let relaying = relays.start(ctx, plan)?;
     let status = wait(cmd);
     drop(relaying);
     drop(gateway);
@@ -614,14 +614,19 @@ pub fn down(engine: EngineKind, names: &Names) -> Result<Removed> {
         .filter(|l| !l.is_empty())
         .map(String::from)
         .collect();
-    if !containers.is_empty() {
+    // Relay containers first: podman does not remove a container whose network namespace
+    // another one shares (crate::ports).
+    let (relays, others): (Vec<&String>, Vec<&String>) = containers
+        .iter()
+        .partition(|c| c.ends_with(crate::ports::RELAY_SUFFIX));
+    for batch in [relays, others].into_iter().filter(|b| !b.is_empty()) {
         let mut rm = Command::new(p).args(["rm", "--force"]);
         if engine == EngineKind::Podman {
             rm = rm.args(["--time", "5"]);
         }
-        output(&rm.args(containers.iter().cloned()))?;
-        removed.containers = containers;
+        output(&rm.args(batch.into_iter().cloned()))?;
     }
+    removed.containers = containers;
     let exists = |n: &str| match engine {
         EngineKind::Podman => Command::new(p).args(["network", "exists", n]),
         EngineKind::Docker => Command::new(p).args(["network", "inspect", n]),

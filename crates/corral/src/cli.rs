@@ -108,6 +108,23 @@ pub enum Command {
     /// An agent's git worktree of this repository: `corral worktree rm NAME`
     #[command(subcommand)]
     Worktree(WorktreeCommand),
+    /// Inside a run's relay container: its published ports and host ports (internal)
+    #[command(hide = true)]
+    PortRelay(PortRelayArgs),
+}
+
+/// `corral port-relay`: run by corral in a container beside the harness, never by hand.
+#[derive(Debug, Args)]
+pub struct PortRelayArgs {
+    /// The run's socket directory, bound in from the host
+    #[arg(long, value_name = "DIR")]
+    pub dir: std::path::PathBuf,
+    /// A published port: the socket p<PORT> reaches 127.0.0.1:PORT here
+    #[arg(long, value_name = "PORT")]
+    pub publish: Vec<u16>,
+    /// A host port: 127.0.0.1:PORT here reaches the socket h<PORT>
+    #[arg(long, value_name = "PORT")]
+    pub host_port: Vec<u16>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -113,5 +113,10 @@ fn engines(args: &DownArgs, plan: &corral_policy::plan::Plan) -> anyhow::Result<
     for dir in runner::remove_gateway_leftovers(&plan.project.root)? {
         eprintln!("corral: removed {} (left by a killed run)", dir.display());
     }
+    // The socket directories of runs with publish/host_ports whose corral was killed.
+    let state = runner::project_state_dir(&plan.project.root)?;
+    if let Some(dir) = corral_engine::ports::remove_leftovers(&state)? {
+        eprintln!("corral: removed {} (left by a killed run)", dir.display());
+    }
     Ok(())
 }

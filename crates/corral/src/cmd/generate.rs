@@ -63,8 +63,10 @@ mod tests {
     }
 
     fn subcommands() -> Vec<String> {
+        // Not the hidden internal ones (`port-relay`): no page, no completion.
         Cli::command()
             .get_subcommands()
+            .filter(|s| !s.is_hide_set())
             .map(|s| s.get_name().to_string())
             .collect()
     }

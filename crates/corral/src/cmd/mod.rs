@@ -70,6 +70,11 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Log(args) => log::run(args),
         Command::Image(cmd) => image::run(cmd),
         Command::Down(args) => down::run(args),
+        Command::PortRelay(args) => {
+            corral_engine::ports::serve_relay(&args.dir, &args.publish, &args.host_port)
+                .map_err(|e| anyhow::anyhow!("corral port-relay: {e}"))?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
         Command::Kube(cmd) => kube::run(cmd),
         Command::Shim(cmd) => shim::run(cmd),
         Command::Allow(args) => rules::run(rules::Rule::Allow, args),
