@@ -69,6 +69,9 @@ struct State {
     proxy: Arc<Proxy>,
     audit: AuditLog,
     jail: String,
+    /// Whether questions can be answered (the control socket serves): `network.on_deny`
+    /// follows the policy files then.
+    asking: std::sync::atomic::AtomicBool,
 }
 
 /// Start following the policy files of a run whose network goes through `proxy`, and serve
@@ -95,8 +98,10 @@ pub fn start(
         proxy,
         audit: audit.clone(),
         jail: jail.to_string(),
+        asking: std::sync::atomic::AtomicBool::new(false),
     }));
     let control = control_server(&state, plan, jail_plan, jail);
+    ask_through(&state, control.is_some(), plan);
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let st = state.clone();
     let thread = std::thread::Builder::new()
@@ -152,6 +157,21 @@ fn control_server(
             None
         }
     }
+}
+
+/// `network.on_deny = "ask"` needs the control socket (it is how `corral watch` answers):
+/// without one, denials are refused at once, said once on stderr.
+fn ask_through(state: &Arc<Mutex<State>>, control: bool, plan: &Plan) {
+    let st = state.lock().unwrap_or_else(|e| e.into_inner());
+    match (plan.network.on_deny, control) {
+        (corral_policy::plan::OnDeny::Ask { .. }, false) => eprintln!(
+            "corral: network.on_deny = \"ask\" needs the control socket: denials are refused at once"
+        ),
+        (on, true) => st.proxy.set_on_deny(on),
+        _ => {}
+    }
+    st.asking
+        .store(control, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The files whose change can change the plan: every layer read, the project's `corral.toml`
@@ -217,12 +237,16 @@ impl State {
     fn request(&mut self, line: &str) -> Result<String, String> {
         match line.split_once(' ') {
             Some(("allow", host)) => self.allow_for_run(host.trim()),
+            Some(("refuse", host)) => self.refuse_question(host.trim()),
+            None if line == "asks" => serde_json::to_string(&self.proxy.asks().list())
+                .map_err(|e| format!("cannot list the questions: {e}")),
             None if line == "reload" => {
                 self.seen = self.stamps();
                 Ok(self.reload())
             }
             _ => Err(format!(
-                "unknown request {:?}: expected `allow HOST[:PORT]` or `reload`",
+                "unknown request {:?}: expected `allow HOST[:PORT]`, `refuse HOST[:PORT]`, \
+                 `asks` or `reload`",
                 corral_audit::printable(line)
             )),
         }
@@ -242,7 +266,19 @@ impl State {
         Ok(summary)
     }
 
-    /// The proxy's rules: the files' rules plus the run-only allows.
+    /// Refuse the pending questions about `host` (`network.on_deny = "ask"`).
+    fn refuse_question(&mut self, host: &str) -> Result<String, String> {
+        match self.proxy.asks().refuse(host) {
+            0 => Err(format!(
+                "no question about {} is pending",
+                corral_audit::printable(host)
+            )),
+            _ => Ok(format!("{host} refused for this run (corral watch)")),
+        }
+    }
+
+    /// The proxy's rules: the files' rules plus the run-only allows; the questions they now
+    /// answer are woken (their connections decide again with these rules).
     fn swap(&self) {
         let mut rules = self.base.clone();
         for t in &self.run_only {
@@ -263,6 +299,7 @@ impl State {
             }
         }
         self.proxy.set_rules(rules);
+        self.proxy.asks().settle(&self.proxy.rules());
     }
 
     /// Resolve the policy again and apply its network rules when the trust gate passes; the
@@ -307,6 +344,9 @@ impl State {
             Ok(r) => r,
             Err(e) => return self.failed(&e.to_string()),
         };
+        if self.asking.load(std::sync::atomic::Ordering::Relaxed) {
+            self.proxy.set_on_deny(plan.network.on_deny);
+        }
         let diff = Diff::between(&self.base, &rules);
         let next_run = next_run_sections(&self.started, &plan);
         self.base = rules;
@@ -436,7 +476,7 @@ fn next_run_sections(old: &Plan, new: &Plan) -> Vec<String> {
                 o.remove(k);
             }
             if let Some(n) = o.get_mut("network").and_then(|n| n.as_object_mut()) {
-                for k in ["allow", "deny", "allow_cidrs", "upstream_proxy"] {
+                for k in ["allow", "deny", "allow_cidrs", "upstream_proxy", "on_deny"] {
                     n.remove(k);
                 }
             }
