@@ -369,7 +369,7 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn no_answer_is_a_refusal_at_the_deadline() {
         let asks = Arc::new(Asks::default());
         let h = name("a.example");
