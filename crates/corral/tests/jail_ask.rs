@@ -203,6 +203,21 @@ fn no_answer_refuses_at_the_timeout() {
             && r["rule"] == "not in network.allow; asked, no answer within 1 s"),
         "{records:?}"
     );
+    // `corral log` shows the question, then the refusal.
+    let log = corral_ok(&w, &["log"]);
+    let target = format!("GET 127.0.0.1:{port}");
+    let rows: Vec<&str> = log.stdout.lines().filter(|l| l.contains(&target)).collect();
+    assert!(
+        rows.iter()
+            .any(|l| l.contains(" ask ") && l.contains("not in network.allow")),
+        "{}",
+        log.stdout
+    );
+    assert!(
+        rows.iter().any(|l| l.contains("no answer within 1 s")),
+        "{}",
+        log.stdout
+    );
 }
 
 #[test]
@@ -346,6 +361,39 @@ fn corral_watch_shows_the_question_and_a_lets_the_held_request_through() {
         std::fs::read_to_string(&policy_file).unwrap(),
         before,
         "an allow for the run is written nowhere"
+    );
+    assert!(watch.quit().success());
+}
+
+#[test]
+fn corral_watch_r_refuses_the_held_request() {
+    let w = World::new();
+    let port = origin();
+    write(
+        &w.project.join("corral.toml"),
+        &ask_policy("ask_timeout = 300\n"),
+    );
+    w.trust_project(&[]);
+    let script = format!(
+        "{}step 1 ready\necho \"HELD $(ask held)\"\necho END\n",
+        prelude(port)
+    );
+    let bg = Background::start(&w, &script);
+    wait_file(&w.project.join("step1"));
+    let socket = control_socket(&w);
+    wait_asks(&socket, |a| !a.is_empty());
+    let mut watch = Watch::start(&w);
+    watch.wait_for("ASK");
+    watch.wait_for(&format!("127.0.0.1:{port}"));
+    watch.master.write_all(b"r").unwrap();
+    let out = bg.finish();
+    assert!(out.stdout.contains("HELD 403"), "{}", out.both());
+    let records = net_records(&w, "127.0.0.1");
+    assert!(
+        records
+            .iter()
+            .any(|r| r["rule"] == "not in network.allow; refused in corral watch"),
+        "{records:?}"
     );
     assert!(watch.quit().success());
 }
