@@ -397,3 +397,34 @@ fn corral_watch_r_refuses_the_held_request() {
     );
     assert!(watch.quit().success());
 }
+
+#[test]
+fn corral_watch_p_adds_the_question_to_corral_toml_and_lets_it_through() {
+    let w = World::new();
+    let port = origin();
+    let target = format!("127.0.0.1:{port}");
+    let policy_file = w.project.join("corral.toml");
+    write(&policy_file, &ask_policy("ask_timeout = 300\n"));
+    w.trust_project(&[]);
+    let script = format!(
+        "{}step 1 ready\necho \"HELD $(ask held)\"\necho END\n",
+        prelude(port)
+    );
+    let bg = Background::start(&w, &script);
+    wait_file(&w.project.join("step1"));
+    let socket = control_socket(&w);
+    wait_asks(&socket, |a| !a.is_empty());
+    let mut watch = Watch::start(&w);
+    watch.wait_for("ASK");
+    watch.wait_for(&target);
+    watch.master.write_all(b"p").unwrap();
+    let out = bg.finish();
+    assert!(out.stdout.contains("HELD 200"), "{}", out.both());
+    let text = std::fs::read_to_string(&policy_file).unwrap();
+    assert!(text.contains(&format!("allow = [\"{target}\"]")), "{text}");
+    assert!(
+        text.starts_with("# corral.toml of the live-policy test: this comment stays\n"),
+        "{text}"
+    );
+    assert!(watch.quit().success());
+}
