@@ -52,6 +52,9 @@ pub enum NetPhase {
     Close,
     /// The credential gateway handled a request to a secret's host.
     Gateway,
+    /// The proxy holds a connection the allow list does not name while `corral watch` asks
+    /// (`network.on_deny = "ask"`); its decision record follows.
+    Ask,
 }
 
 /// One network decision or closed connection (SPEC section 5).

@@ -98,6 +98,7 @@ mod tests {
             publish: vec![],
             upstream_proxy: Some("http://proxy.corp:3128".into()),
             dns: Default::default(),
+            on_deny: Default::default(),
         };
         similar_asserts::assert_eq!(
             render(&net),

@@ -10,6 +10,7 @@
 //! - [`netcap`]: `--publish` (the host's loopback port to the jail's) through sockets made in
 //!   the jail's network namespace.
 
+pub mod ask;
 pub mod bounds;
 pub mod forward;
 pub mod netcap;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -18,10 +18,12 @@ use std::time::{Duration, Instant};
 use corral_audit::{AuditLog, Decision, Event, NetEvent, NetPhase, Record};
 use corral_policy::addr::check_destination;
 use corral_policy::domain::{Host, normalize_host, parse_authority};
+use corral_policy::plan::OnDeny;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
+use crate::ask::{Asks, HELD_BYTES, NotHeld, Outcome};
 use crate::bounds::{Budget, Notice, out_of_descriptors};
 use crate::http::exchange::{
     Done, ExchangeError, Flow, HeadRefusal, Moved, Outgoing, Requests, exchange, identity_only,
@@ -178,6 +180,10 @@ pub struct Proxy {
     /// The credential gateway: CONNECTs to secret-bound hosts are handed to it, plain-HTTP
     /// heads are rewritten by it (crates/corral-gateway).
     gateway: Option<corral_gateway::Gateway>,
+    /// `network.on_deny = "ask"`: the seconds a held connection waits; 0 refuses at once.
+    ask_timeout: AtomicU32,
+    /// The questions pending (the run's control socket lists and answers them).
+    asks: Arc<Asks>,
 }
 
 /// The proxy's decision of each request in a connection the gateway intercepted for a host
@@ -530,6 +536,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Future for TunnelTask<S> {
 /// DST.ADDR of a SOCKS5 request of address type `atyp`, read by `deadline`: the host, or why
 /// it is not one; `None` when the client went away or was too slow, or named an unknown
 /// address type (answered REP=8).
+/// Budget bytes given back when dropped.
+struct Given<'a>(&'a Budget, usize);
+
+impl Drop for Given<'_> {
+    fn drop(&mut self) {
+        self.0.give(self.1);
+    }
+}
+
+/// Ends when the client closes its side or fails; what it sends meanwhile is kept in its
+/// buffer, up to [`HELD_BYTES`] (beyond, it is not read and this waits forever).
+async fn client_gone<S: AsyncRead + Unpin>(client: &mut BufConn<S>) {
+    use tokio::io::AsyncReadExt as _;
+    loop {
+        let room = HELD_BYTES.saturating_sub(client.buf.len());
+        if room == 0 {
+            return std::future::pending().await;
+        }
+        match (&mut client.io)
+            .take(room as u64)
+            .read_buf(&mut client.buf)
+            .await
+        {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
 async fn read_socks_address<S>(
     client: &mut BufConn<S>,
     atyp: u8,
@@ -658,6 +693,8 @@ impl Proxy {
             audit_refused: Notice::new(),
             heads_refused: Notice::new(),
             gateway: None,
+            ask_timeout: AtomicU32::new(0),
+            asks: Arc::new(Asks::default()),
         }
     }
 
@@ -691,6 +728,21 @@ impl Proxy {
     /// including the next request on a kept-alive connection, uses the new rules.
     pub fn set_rules(&self, rules: Rules) {
         *self.rules.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rules);
+    }
+
+    /// What to do with a request the allow list does not name (`network.on_deny`); a policy
+    /// reload may change it.
+    pub fn set_on_deny(&self, on: OnDeny) {
+        let secs = match on {
+            OnDeny::Refuse => 0,
+            OnDeny::Ask { timeout } => timeout.max(1),
+        };
+        self.ask_timeout.store(secs, Ordering::Relaxed);
+    }
+
+    /// The questions pending with `network.on_deny = "ask"`.
+    pub fn asks(&self) -> &Arc<Asks> {
+        &self.asks
     }
 
     pub fn audit(&self) -> &AuditLog {
@@ -1364,10 +1416,9 @@ impl Proxy {
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
         let shown = host_display(&host);
-        let rules = self.rules();
-        let decided = rules
-            .check_name(&host, port, kind)
-            .and_then(|a| self.interceptable(&host, a));
+        let (rules, decided) =
+            Box::pin(self.decide_asking(&mut client, (&host, port, kind), method, peer)).await?;
+        let decided = decided.and_then(|a| self.interceptable(&host, a));
         let (rule, per_request) = match decided {
             Ok(x) => x,
             Err(d) => {
@@ -1628,6 +1679,121 @@ impl Proxy {
         }
     }
 
+    /// The name-level decision with the rules in force; with `network.on_deny = "ask"`, a
+    /// request only the allow list refuses is held until `corral watch` answers (see
+    /// `ask.rs`), then decided again with the rules then in force. `None` when the client went
+    /// away while held (recorded).
+    async fn decide_asking<S>(
+        &self,
+        client: &mut BufConn<S>,
+        (host, port, kind): (&Host, u16, Kind),
+        method: &str,
+        peer: &str,
+    ) -> Option<(Arc<Rules>, Result<Allowed, Denial>)>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let rules = self.rules();
+        let d = match rules.check_name(host, port, kind) {
+            Ok(a) => return Some((rules, Ok(a))),
+            Err(d) => d,
+        };
+        let secs = self.ask_timeout.load(Ordering::Relaxed);
+        if secs == 0 || !Self::askable(&rules, host, port, &d) {
+            return Some((rules, Err(d)));
+        }
+        match self
+            .held(client, (host, port, kind), method, peer, &d, secs)
+            .await
+        {
+            Some(Ok(())) => {}
+            Some(Err(why)) => {
+                let d = Denial {
+                    rule: format!("{}; {why}", d.rule),
+                    ..d
+                };
+                return Some((rules, Err(d)));
+            }
+            None => {
+                let gone = Denial {
+                    rule: format!("{}; the client went away while asked", d.rule),
+                    ..d
+                };
+                self.log_denial(peer, method, &host_display(host), port, &gone);
+                return None;
+            }
+        }
+        let rules = self.rules();
+        let decided = rules.check_name(host, port, kind);
+        Some((rules, decided))
+    }
+
+    /// Whether a denial may become a question: the allow list alone refused (no deny rule
+    /// names the destination), and an address literal passes the address checks.
+    fn askable(rules: &Rules, host: &Host, port: u16, d: &Denial) -> bool {
+        let denied = rules.deny.iter().any(|p| p.matches(host, port));
+        let address_ok = match host {
+            Host::Name(_) => true,
+            Host::Ip(ip) => check_destination(*ip, &rules.allow_cidrs).is_ok(),
+        };
+        d.status == 403 && !denied && address_ok
+    }
+
+    /// Hold the connection on its question: `Ok` when the answer allows it, `Err(why)` when it
+    /// is refused (answer, timeout, bounds), `None` when the client went away. Bytes the client
+    /// sends meanwhile are kept (up to [`HELD_BYTES`], counted in the head budget).
+    async fn held<S>(
+        &self,
+        client: &mut BufConn<S>,
+        dest: (&Host, u16, Kind),
+        method: &str,
+        peer: &str,
+        d: &Denial,
+        secs: u32,
+    ) -> Option<Result<(), String>>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        if !self.buffers.take(HELD_BYTES) {
+            return Some(Err(
+                "not asked: the proxy's budget for held connections is spent".into(),
+            ));
+        }
+        let _budget = Given(&self.buffers, HELD_BYTES);
+        let timeout = Duration::from_secs(secs.into());
+        let mut hold = match self.asks.hold(dest, method, &d.rule, timeout) {
+            Ok(h) => h,
+            Err(NotHeld::Full) => {
+                let max = crate::ask::MAX_HELD;
+                return Some(Err(format!(
+                    "not asked: {max} connections wait for an answer already"
+                )));
+            }
+            Err(NotHeld::Refused) => return Some(Err("refused in corral watch".into())),
+        };
+        if hold.first {
+            let (host, port, _) = dest;
+            let _ = self.log(NetEvent {
+                phase: NetPhase::Ask,
+                client: peer.into(),
+                method: method.into(),
+                host: host_display(host),
+                port,
+                rule: d.rule.clone(),
+                ..Default::default()
+            });
+        }
+        let outcome = tokio::select! {
+            o = hold.wait() => o,
+            () = client_gone(client) => return None,
+        };
+        Some(match outcome {
+            Outcome::Allowed => Ok(()),
+            Outcome::Refused => Err("refused in corral watch".into()),
+            Outcome::TimedOut => Err(format!("asked, no answer within {secs} s")),
+        })
+    }
+
     async fn refuse<S: AsyncWrite + Unpin>(
         &self,
         io: &mut S,
@@ -1821,8 +1987,12 @@ impl Proxy {
     {
         let (host, port) = (p.host.clone(), p.port);
         let shown = host_display(&host);
-        let rules = self.rules();
-        let rule = match rules.check_name(&host, port, Kind::Http) {
+        let dest = (&host, port, Kind::Http);
+        let Some((rules, decided)) = Box::pin(self.decide_asking(client, dest, method, peer)).await
+        else {
+            return false;
+        };
+        let rule = match decided {
             Ok(Allowed::Host(r)) => r,
             // Decided by method and path: the normalised path decided on is the one sent.
             Ok(Allowed::Paths(set)) => {
@@ -1963,10 +2133,10 @@ impl Proxy {
         let (host, port) = self.socks_request(&mut client, peer).await?;
         let shown = host_display(&host);
         let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
-        let rules = self.rules();
-        let decided = rules
-            .check_name(&host, port, Kind::Socks)
-            .and_then(|a| self.interceptable(&host, a));
+        let dest = (&host, port, Kind::Socks);
+        let (rules, decided) =
+            Box::pin(self.decide_asking(&mut client, dest, "SOCKS5", peer)).await?;
+        let decided = decided.and_then(|a| self.interceptable(&host, a));
         let (rule, per_request) = match decided {
             Ok(x) => x,
             Err(d) => {

@@ -96,7 +96,24 @@ pub struct NetworkSection {
     pub publish: Vec<Spanned<u16>>,
     /// `"none"` (default) or `"stub"`.
     pub dns: Option<Spanned<Dns>>,
+    /// `"refuse"` (default) or `"ask"`.
+    pub on_deny: Option<Spanned<OnDenyMode>>,
+    /// Seconds a held connection waits for an answer (`on_deny = "ask"`), 1..=300.
+    pub ask_timeout: Option<Spanned<i64>>,
 }
+
+/// `network.on_deny` as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDenyMode {
+    Refuse,
+    Ask,
+}
+
+/// Seconds a question waits when `network.ask_timeout` is not set.
+pub const DEFAULT_ASK_TIMEOUT: u32 = 30;
+/// The longest `network.ask_timeout`.
+pub const MAX_ASK_TIMEOUT: u32 = 300;
 
 /// `NAME = { from_env = "VAR", hosts = ["api.example.com"] }` under `[secrets]`, as written.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

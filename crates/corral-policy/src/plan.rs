@@ -65,6 +65,24 @@ impl Dns {
     }
 }
 
+/// `network.on_deny`: what the proxy does with a request the allow list does not name (deny
+/// rules and the address checks always refuse at once).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDeny {
+    /// Refuse at once (403).
+    #[default]
+    Refuse,
+    /// Hold the connection up to `timeout` seconds while `corral watch` asks the user.
+    Ask { timeout: u32 },
+}
+
+impl OnDeny {
+    pub fn is_refuse(&self) -> bool {
+        *self == OnDeny::Refuse
+    }
+}
+
 /// Whether a limit that cannot be enforced stops the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -173,6 +191,9 @@ pub struct NetworkPlan {
     /// `network.dns`: none (the default) or the stub resolver with transparent capture.
     #[serde(default, skip_serializing_if = "Dns::is_none")]
     pub dns: Dns,
+    /// `network.on_deny`: what the proxy does with a destination the allow list does not name.
+    #[serde(default, skip_serializing_if = "OnDeny::is_refuse")]
+    pub on_deny: OnDeny,
 }
 
 /// A secret served by the credential gateway: the jail sees a placeholder, the named hosts get
@@ -517,6 +538,7 @@ impl Plan {
                 host_ports: Vec::new(),
                 publish: Vec::new(),
                 dns: Dns::None,
+                on_deny: OnDeny::Refuse,
                 upstream_proxy: None,
             },
             secrets: Vec::new(),

@@ -173,6 +173,7 @@ fn shell_plan(f: &Fx) -> Plan {
         publish: vec![],
         upstream_proxy: None,
         dns: Default::default(),
+        on_deny: Default::default(),
     };
     let executor = |jail| ExecutorPlan {
         target: ExecutorTarget::Sandbox,
@@ -345,6 +346,7 @@ fn pi_plan(f: &Fx) -> Plan {
             publish: vec![],
             upstream_proxy: None,
             dns: Default::default(),
+            on_deny: Default::default(),
         },
         secrets: vec![],
         signin: vec![],
@@ -453,6 +455,7 @@ fn pi_plan(f: &Fx) -> Plan {
             publish: vec![],
             upstream_proxy: None,
             dns: Default::default(),
+            on_deny: Default::default(),
         },
         secrets: vec![SecretPlan {
             name: "ANTHROPIC_API_KEY".into(),
@@ -1859,5 +1862,58 @@ fn the_claude_profile_serves_its_signin_and_a_project_entry_replacing_it_needs_t
     assert!(
         e.contains(":5:13: token_url") && e.contains("https://"),
         "{e}"
+    );
+}
+
+#[test]
+fn network_on_deny_is_refuse_by_default_ask_with_a_bounded_timeout() {
+    use corral_policy::plan::OnDeny;
+    let f = fx();
+    let plan = resolve(&f.req(None)).unwrap();
+    assert_eq!(plan.network.on_deny, OnDeny::Refuse);
+    // The Plan's JSON names it only when it is not the default.
+    assert!(serde_json::to_value(&plan).unwrap()["network"]["on_deny"].is_null());
+
+    f.project_policy("[network]\non_deny = \"ask\"\n");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert_eq!(plan.network.on_deny, OnDeny::Ask { timeout: 30 });
+    // Only making denials wait: nothing for the user to trust.
+    assert!(plan.project_grants.is_empty(), "{:?}", plan.project_grants);
+    let json = serde_json::to_value(&plan).unwrap();
+    assert_eq!(
+        json["network"]["on_deny"],
+        serde_json::json!({"ask": {"timeout": 30}})
+    );
+
+    f.project_policy("[network]\non_deny = \"ask\"\nask_timeout = 300\n");
+    let plan = resolve(&f.req(None)).unwrap();
+    assert_eq!(plan.network.on_deny, OnDeny::Ask { timeout: 300 });
+    f.project_policy("[network]\non_deny = \"refuse\"\nask_timeout = 5\n");
+    assert_eq!(
+        resolve(&f.req(None)).unwrap().network.on_deny,
+        OnDeny::Refuse
+    );
+
+    let file = f.root.join("corral.toml");
+    for bad in ["0", "301", "-1"] {
+        f.project_policy(&format!(
+            "[network]\non_deny = \"ask\"\nask_timeout = {bad}\n"
+        ));
+        assert_eq!(
+            err(resolve(&f.req(None))),
+            format!(
+                "{}:3:15: network.ask_timeout = {bad}: seconds a held connection waits for an \
+                 answer, from 1 to 300",
+                file.display()
+            )
+        );
+    }
+    f.project_policy("[network]\non_deny = \"prompt\"\n");
+    assert_eq!(
+        err(resolve(&f.req(None))),
+        format!(
+            "{}:2:11: unknown variant `prompt`, expected `refuse` or `ask`",
+            file.display()
+        )
     );
 }

@@ -67,6 +67,10 @@ pub enum Command {
                       d        deny it permanently: added to corral.toml's network.deny\n  \
                       up/down  (or k/j) select a row; Esc follows the latest again\n  \
                       q        quit (also Ctrl-C)\n\n\
+                      With network.on_deny = \"ask\", a request the allow list does not name \
+                      is held and shown highlighted at the top with its time left; while one \
+                      is, a allows it for this run, p adds it to corral.toml and allows it, \
+                      d or r refuses it now (the held request proceeds or gets 403).\n\n\
                       Edits of corral.toml go through the same trust rule as `corral allow`: a \
                       trusted file stays trusted; one never trusted is not applied to running \
                       jails until you run `corral trust`."

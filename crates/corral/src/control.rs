@@ -6,7 +6,9 @@
 //! unix socket (0600) that takes one request line and answers one line:
 //!
 //! - `allow HOST[:PORT]`: allow the destination for this run only (as `corral allow` parses it);
-//! - `reload`: re-read the policy files now.
+//! - `reload`: re-read the policy files now;
+//! - `asks`: the questions pending (`network.on_deny = "ask"`), one JSON array;
+//! - `refuse HOST[:PORT]`: refuse the pending question about it (`allow` answers one too).
 //!
 //! The socket must never be visible in the jail (the agent would allow itself anything): the run
 //! refuses to create it when one of the jail's binds covers the directory ([`visible_in`]), the

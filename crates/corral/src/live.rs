@@ -53,6 +53,10 @@ pub trait Enforcer: Send {
     fn run_only_refused(&self) -> Option<String> {
         None
     }
+    /// The proxy in corral's memory, for what only it can do (`network.on_deny = "ask"`).
+    fn proxy(&self) -> Option<&Arc<Proxy>> {
+        None
+    }
 }
 
 impl Enforcer for Arc<Proxy> {
@@ -63,6 +67,10 @@ impl Enforcer for Arc<Proxy> {
     fn apply(&self, rules: &Rules, _network: &NetworkPlan) -> Result<(), String> {
         self.set_rules(rules.clone());
         Ok(())
+    }
+
+    fn proxy(&self) -> Option<&Arc<Proxy>> {
+        Some(self)
     }
 }
 
@@ -104,6 +112,9 @@ struct State {
     enforcer: Box<dyn Enforcer>,
     audit: AuditLog,
     jail: String,
+    /// Whether questions can be answered (the control socket serves): `network.on_deny`
+    /// follows the policy files then.
+    asking: std::sync::atomic::AtomicBool,
 }
 
 /// Start following the policy files of a run whose network rules `enforcer` enforces, and
@@ -133,8 +144,10 @@ pub fn start(
         enforcer,
         audit: audit.clone(),
         jail: jail.to_string(),
+        asking: std::sync::atomic::AtomicBool::new(false),
     }));
     let control = control_server(&state, plan, jail_plan, jail, engine);
+    ask_through(&state, control.is_some(), plan);
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let st = state.clone();
     let thread = std::thread::Builder::new()
@@ -191,6 +204,27 @@ fn control_server(
             None
         }
     }
+}
+
+/// `network.on_deny = "ask"` needs the control socket (it is how `corral watch` answers):
+/// without one, denials are refused at once, said once on stderr.
+fn ask_through(state: &Arc<Mutex<State>>, control: bool, plan: &Plan) {
+    let st = state.lock().unwrap_or_else(|e| e.into_inner());
+    match (plan.network.on_deny, control) {
+        (corral_policy::plan::OnDeny::Ask { .. }, false) => eprintln!(
+            "corral: network.on_deny = \"ask\" needs the control socket: denials are refused at once"
+        ),
+        (on, true) => match st.enforcer.proxy() {
+            Some(proxy) => proxy.set_on_deny(on),
+            None if !on.is_refuse() => eprintln!(
+                "corral: network.on_deny = \"ask\" is for native runs: this run's denials are refused at once"
+            ),
+            None => {}
+        },
+        _ => {}
+    }
+    st.asking
+        .store(control, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The files whose change can change the plan: every layer read, the project's `corral.toml`
@@ -256,12 +290,19 @@ impl State {
     fn request(&mut self, line: &str) -> Result<String, String> {
         match line.split_once(' ') {
             Some(("allow", host)) => self.allow_for_run(host.trim()),
+            Some(("refuse", host)) => self.refuse_question(host.trim()),
+            None if line == "asks" => {
+                let asks = self.enforcer.proxy().map(|p| p.asks().list());
+                serde_json::to_string(&asks.unwrap_or_default())
+                    .map_err(|e| format!("cannot list the questions: {e}"))
+            }
             None if line == "reload" => {
                 self.seen = self.stamps();
                 Ok(self.reload())
             }
             _ => Err(format!(
-                "unknown request {:?}: expected `allow HOST[:PORT]` or `reload`",
+                "unknown request {:?}: expected `allow HOST[:PORT]`, `refuse HOST[:PORT]`, \
+                 `asks` or `reload`",
                 corral_audit::printable(line)
             )),
         }
@@ -287,7 +328,22 @@ impl State {
         Ok(summary)
     }
 
-    /// Enforce the files' rules plus the run-only allows.
+    /// Refuse the pending questions about `host` (`network.on_deny = "ask"`).
+    fn refuse_question(&mut self, host: &str) -> Result<String, String> {
+        let Some(proxy) = self.enforcer.proxy() else {
+            return Err("this run's proxy does not ask (container runs refuse at once)".into());
+        };
+        match proxy.asks().refuse(host) {
+            0 => Err(format!(
+                "no question about {} is pending",
+                corral_audit::printable(host)
+            )),
+            _ => Ok(format!("{host} refused for this run (corral watch)")),
+        }
+    }
+
+    /// Enforce the files' rules plus the run-only allows; the questions they now answer are
+    /// woken (their connections decide again with these rules).
     fn swap(&self) -> Result<(), String> {
         let mut rules = self.base.clone();
         for t in &self.run_only {
@@ -307,7 +363,11 @@ impl State {
                 rules.allow_paths.push(r.clone());
             }
         }
-        self.enforcer.apply(&rules, &self.network)
+        self.enforcer.apply(&rules, &self.network)?;
+        if let Some(proxy) = self.enforcer.proxy() {
+            proxy.asks().settle(&proxy.rules());
+        }
+        Ok(())
     }
 
     /// Resolve the policy again and apply its network rules when the trust gate passes; the
@@ -352,6 +412,11 @@ impl State {
             Ok(r) => r,
             Err(e) => return self.failed(&e.to_string()),
         };
+        if self.asking.load(std::sync::atomic::Ordering::Relaxed)
+            && let Some(proxy) = self.enforcer.proxy()
+        {
+            proxy.set_on_deny(plan.network.on_deny);
+        }
         let diff = Diff::between(&self.base, &rules);
         let next_run = next_run_sections(&self.started, &plan);
         let (old_base, old_network) = (self.base.clone(), self.network.clone());
@@ -491,7 +556,7 @@ fn next_run_sections(old: &Plan, new: &Plan) -> Vec<String> {
                 o.remove(k);
             }
             if let Some(n) = o.get_mut("network").and_then(|n| n.as_object_mut()) {
-                for k in ["allow", "deny", "allow_cidrs", "upstream_proxy"] {
+                for k in ["allow", "deny", "allow_cidrs", "upstream_proxy", "on_deny"] {
                     n.remove(k);
                 }
             }

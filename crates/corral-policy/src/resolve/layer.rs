@@ -93,6 +93,8 @@ pub(super) struct NetLayer {
     pub(super) upstream_proxy: Option<(String, Loc)>,
     pub(super) publish: Vec<(u16, Loc)>,
     pub(super) dns: Option<(Dns, Loc)>,
+    pub(super) on_deny: Option<(crate::config::OnDenyMode, Loc)>,
+    pub(super) ask_timeout: Option<(u32, Loc)>,
 }
 
 impl NetLayer {
@@ -111,6 +113,12 @@ impl NetLayer {
         self.publish.extend(o.publish);
         if o.dns.is_some() {
             self.dns = o.dns;
+        }
+        if o.on_deny.is_some() {
+            self.on_deny = o.on_deny;
+        }
+        if o.ask_timeout.is_some() {
+            self.ask_timeout = o.ask_timeout;
         }
     }
 }

@@ -52,6 +52,27 @@ pub(super) fn net_layer(
             ));
         }
     }
+    let ask_timeout = match &n.ask_timeout {
+        None => None,
+        Some(t) => {
+            let max = crate::config::MAX_ASK_TIMEOUT;
+            let secs = u32::try_from(*t.get_ref())
+                .ok()
+                .filter(|s| (1..=max).contains(s))
+                .ok_or_else(|| {
+                    PolicyError::at(
+                        file,
+                        text,
+                        t.span().start,
+                        format!(
+                            "network.ask_timeout = {}: seconds a held connection waits for an answer, from 1 to {max}",
+                            t.get_ref()
+                        ),
+                    )
+                })?;
+            Some((secs, span_loc(file, text, t)))
+        }
+    };
     Ok(NetLayer {
         mode: n.mode.map(|m| {
             let at = span_loc(file, text, &m);
@@ -96,6 +117,11 @@ pub(super) fn net_layer(
             let at = span_loc(file, text, &d);
             (d.into_inner(), at)
         }),
+        on_deny: n.on_deny.map(|d| {
+            let at = span_loc(file, text, &d);
+            (d.into_inner(), at)
+        }),
+        ask_timeout,
     })
 }
 

@@ -143,6 +143,7 @@ fn no_network(mode: NetworkMode) -> NetworkPlan {
         publish: vec![],
         upstream_proxy: None,
         dns: Default::default(),
+        on_deny: Default::default(),
     }
 }
 

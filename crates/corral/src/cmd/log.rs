@@ -242,6 +242,9 @@ impl Printer {
                         target,
                         format!("↑{} ↓{} {}ms", n.bytes_up, n.bytes_down, n.duration_ms),
                     )
+                } else if n.phase == corral_audit::NetPhase::Ask {
+                    // A held request's question (network.on_deny = "ask"): its decision follows.
+                    ("net", "ask".to_string(), target, n.rule.clone())
                 } else {
                     ("net", decision_word(n.decision), target, n.rule.clone())
                 }

@@ -176,6 +176,12 @@ fn network(out: &mut String, n: &NetworkPlan, indent: &str) {
             );
         }
     }
+    if let corral_policy::plan::OnDeny::Ask { timeout } = n.on_deny {
+        let _ = writeln!(
+            out,
+            "{indent}on_deny       ask: a destination not in allow waits up to {timeout} s for corral watch"
+        );
+    }
 }
 
 /// The plan for people: what the jail sees, reaches and may use.

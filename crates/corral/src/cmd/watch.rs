@@ -26,6 +26,7 @@ use ratatui::widgets::{Block, Borders, Paragraph, Row, Table, TableState};
 use super::rules::{Rule, Target};
 use crate::cli::WatchArgs;
 use crate::control;
+use corral_net::ask::Question;
 
 /// The most rows kept in memory (at least; `-n` may ask for more).
 const KEEP: usize = 2000;
@@ -47,6 +48,7 @@ pub fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
         rows: VecDeque::new(),
         tail: Tail::new(log.path()),
         jails: Vec::new(),
+        asks: Vec::new(),
         selected: None,
         status:
             "keys: a allow for this run · p add to corral.toml · d deny in corral.toml · q quit"
@@ -70,6 +72,9 @@ struct App {
     rows: VecDeque<Record>,
     tail: Tail,
     jails: Vec<control::Entry>,
+    /// The questions the running jails hold connections for (`network.on_deny = "ask"`),
+    /// with the jail's socket: the keys answer the first one while there is one.
+    asks: Vec<(control::Entry, Question)>,
     /// The selected row; `None` follows the latest denial.
     selected: Option<usize>,
     status: String,
@@ -97,6 +102,7 @@ impl App {
             if ticks.is_multiple_of(5) {
                 self.jails = control::list(&self.root);
             }
+            self.asks = pending_questions(&self.jails);
         }
     }
 
@@ -113,6 +119,10 @@ impl App {
                 self.selected = self.selected.map(|s| (s + 1).min(last));
             }
             KeyCode::Esc | KeyCode::End => self.selected = None,
+            KeyCode::Char('a' | 'p' | 'd' | 'r') if !self.asks.is_empty() => {
+                self.status = self.answer(key.code);
+                self.asks = pending_questions(&self.jails);
+            }
             KeyCode::Char('a') => self.status = self.act(Action::AllowRun),
             KeyCode::Char('p') => self.status = self.act(Action::Edit(Rule::Allow)),
             KeyCode::Char('d') => self.status = self.act(Action::Edit(Rule::Deny)),
@@ -181,9 +191,43 @@ impl App {
         }
     }
 
+    /// Answer the first pending question: `a` allow for this run, `p` add to corral.toml and
+    /// allow, `d`/`r` refuse now.
+    fn answer(&self, key: KeyCode) -> String {
+        let Some((jail, q)) = self.asks.first() else {
+            return "no question pending".into();
+        };
+        let raw = question_destination(q);
+        let shown = printable(&raw);
+        let request = |line: &str| match control::request(&jail.socket, line) {
+            Ok(answer) => format!("{}: {}", jail.jail, printable(&answer)),
+            Err(e) => format!("{}: {}", jail.jail, printable(&format!("{e:#}"))),
+        };
+        match key {
+            KeyCode::Char('d' | 'r') => request(&format!("refuse {}:{}", q.host, q.port)),
+            KeyCode::Char('p') => {
+                let target = match Target::parse(&raw) {
+                    Ok(t) => t,
+                    Err(_) => return format!("{shown} is not a host corral can allow"),
+                };
+                let edited = match super::rules::edit_project(&self.policy, Rule::Allow, &[target])
+                {
+                    Ok(_) => format!("allowed {shown} in {}; ", self.policy.display()),
+                    Err(e) => format!("{}; ", printable(&format!("{e:#}"))),
+                };
+                for j in &self.jails {
+                    let _ = control::request(&j.socket, "reload");
+                }
+                edited + &request(&format!("allow {raw}"))
+            }
+            _ => request(&format!("allow {raw}")),
+        }
+    }
+
     fn draw(&self, f: &mut ratatui::Frame) {
+        let shown_asks = self.asks.len().min(MAX_ASKS_SHOWN);
         let [head, body, foot] = Layout::vertical([
-            Constraint::Length(2),
+            Constraint::Length(2 + shown_asks as u16),
             Constraint::Min(3),
             Constraint::Length(2),
         ])
@@ -200,13 +244,25 @@ impl App {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        f.render_widget(
-            Paragraph::new(vec![
-                Line::from(format!("corral watch  {}", self.root.display())),
-                Line::from(format!("running: {jails}")),
-            ]),
-            head,
-        );
+        let mut lines = vec![
+            Line::from(format!("corral watch  {}", self.root.display())),
+            Line::from(format!("running: {jails}")),
+        ];
+        let asking = Style::default()
+            .fg(Color::Yellow)
+            .add_modifier(Modifier::BOLD | Modifier::REVERSED);
+        for (i, (jail, q)) in self.asks.iter().take(shown_asks).enumerate() {
+            let keys = match i {
+                0 => "  a allow for this run · p add to corral.toml · d/r refuse",
+                _ => "",
+            };
+            let text = format!(
+                "ASK {} {}:{} ({}, {} s left){keys}",
+                q.method, q.host, q.port, jail.jail, q.remaining
+            );
+            lines.push(Line::styled(printable(&text), asking));
+        }
+        f.render_widget(Paragraph::new(lines), head);
         let target = self.target_row().map(|r| r as *const Record);
         let rows: Vec<Row> = self
             .rows
@@ -252,6 +308,37 @@ impl App {
             foot,
         );
     }
+}
+
+/// Questions shown at once at the top (the rest wait their turn).
+const MAX_ASKS_SHOWN: usize = 5;
+
+/// The pending questions of the running jails, oldest first per jail.
+fn pending_questions(jails: &[control::Entry]) -> Vec<(control::Entry, Question)> {
+    let mut out = Vec::new();
+    for j in jails {
+        let Ok(answer) = control::request(&j.socket, "asks") else {
+            continue;
+        };
+        let Some(json) = answer.strip_prefix("ok ") else {
+            continue;
+        };
+        for q in serde_json::from_str::<Vec<Question>>(json).unwrap_or_default() {
+            out.push((j.clone(), q));
+        }
+    }
+    out
+}
+
+/// What to allow for a question, as [`destination`] writes it for a denial.
+fn question_destination(q: &Question) -> String {
+    let host = q.host.trim_start_matches('[').trim_end_matches(']');
+    destination(&NetEvent {
+        method: q.method.clone(),
+        host: host.to_string(),
+        port: q.port,
+        ..NetEvent::default()
+    })
 }
 
 enum Action {

@@ -88,5 +88,14 @@ fn network_plan(n: &NetLayer, default_mode: NetworkMode) -> NetworkPlan {
         publish: dedup(n.publish.iter().map(|(p, _)| *p)),
         upstream_proxy: n.upstream_proxy.as_ref().map(|(u, _)| u.clone()),
         dns: n.dns.as_ref().map(|(d, _)| *d).unwrap_or_default(),
+        on_deny: match n.on_deny.as_ref().map(|(d, _)| *d) {
+            Some(crate::config::OnDenyMode::Ask) => crate::plan::OnDeny::Ask {
+                timeout: n
+                    .ask_timeout
+                    .as_ref()
+                    .map_or(crate::config::DEFAULT_ASK_TIMEOUT, |(t, _)| *t),
+            },
+            Some(crate::config::OnDenyMode::Refuse) | None => crate::plan::OnDeny::Refuse,
+        },
     }
 }

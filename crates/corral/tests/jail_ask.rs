@@ -1,0 +1,430 @@
+//! `network.on_deny = "ask"` (issue #17): a request only the allow list refuses is held while
+//! `corral watch` asks; the answer (through the run's control socket, or `corral watch`'s keys
+//! in a real pty) lets it through or refuses it, no answer refuses it at the timeout. A deny
+//! rule and the address checks are never turned into a question, the jail cannot answer its own
+//! question, and the held connections are bounded.
+//!
+//! The jail's script and the test take turns through files in the project (live_support); the
+//! test waits for the question to be listed before answering, so nothing depends on timing.
+
+mod jail_support;
+mod live_support;
+
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use jail_support::*;
+use live_support::*;
+
+/// The project's policy: asking, with `extra` lines in `[network]`.
+fn ask_policy(extra: &str) -> String {
+    policy("").replace(
+        "[network]\n",
+        &format!("[network]\non_deny = \"ask\"\n{extra}"),
+    )
+}
+
+/// `try` that waits long enough for any answer (the held request waits for the test).
+fn prelude(port: u16) -> String {
+    format!(
+        "{}get() {{ curl -s --max-time 200 --noproxy '' -o /dev/null -w '%{{http_code}}' \"$1\"; }}\n\
+         ask() {{ get \"http://127.0.0.1:{port}/$1\"; }}\n",
+        script_prelude(port)
+    )
+}
+
+/// The questions the run lists once `pred` holds for them.
+#[track_caller]
+fn wait_asks(
+    socket: &std::path::Path,
+    pred: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let start = Instant::now();
+    loop {
+        let answer = control(socket, "asks");
+        let json = answer.strip_prefix("ok ").expect(&answer);
+        let asks: Vec<serde_json::Value> = serde_json::from_str(json).unwrap();
+        if pred(&asks) {
+            return asks;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the questions did not become as expected: {answer}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The network records of `host`.
+fn net_records(w: &World, host: &str) -> Vec<serde_json::Value> {
+    w.audit_records()
+        .into_iter()
+        .filter(|r| r["kind"] == "net" && r["host"] == host)
+        .collect()
+}
+
+#[test]
+fn a_held_request_proceeds_once_allowed_through_the_control_socket() {
+    let w = World::new();
+    let port = origin();
+    let target = format!("127.0.0.1:{port}");
+    write(
+        &w.project.join("corral.toml"),
+        &ask_policy("ask_timeout = 300\n"),
+    );
+    w.trust_project(&[]);
+    let script = format!(
+        "{}step 1 ready\necho \"HELD $(ask held)\"\necho END\n",
+        prelude(port)
+    );
+    let bg = Background::start(&w, &script);
+    wait_file(&w.project.join("step1"));
+    let socket = control_socket(&w);
+    let asks = wait_asks(&socket, |a| !a.is_empty());
+    assert_eq!(asks.len(), 1, "{asks:?}");
+    assert_eq!(asks[0]["host"], "127.0.0.1");
+    assert_eq!(asks[0]["port"], port);
+    assert_eq!(asks[0]["method"], "GET");
+    assert_eq!(asks[0]["rule"], format!("not in network.allow"));
+    let answer = control(&socket, &format!("allow {target}"));
+    assert!(answer.starts_with("ok "), "{answer}");
+    let out = bg.finish();
+    assert!(out.stdout.contains("HELD 200"), "{}", out.both());
+    // The question is in the audit log, then the decision the answer led to.
+    let records = net_records(&w, "127.0.0.1");
+    assert!(
+        records
+            .iter()
+            .any(|r| r["phase"] == "ask" && r["method"] == "GET"),
+        "{records:?}"
+    );
+    assert!(
+        records
+            .iter()
+            .any(|r| r["phase"] == "decision" && r["decision"] == "allow"),
+        "{records:?}"
+    );
+    wait_record(&w, "live-allow", |r| summary(r).contains(&target));
+}
+
+#[test]
+fn deny_rules_and_private_addresses_are_refused_at_once_and_the_jail_cannot_answer() {
+    let w = World::new();
+    let port = origin();
+    let target = format!("127.0.0.1:{port}");
+    // The questions would wait 300 s, longer than curl's 200: a held request shows as 000.
+    write(
+        &w.project.join("corral.toml"),
+        &ask_policy("ask_timeout = 300\ndeny = [\"denied.test\"]\n"),
+    );
+    w.trust_project(&[]);
+    let script = format!(
+        r#"{}echo "DENIED $(get http://denied.test:{port}/x)"
+echo "PRIVATE $(get http://10.0.0.1:{port}/x)"
+echo "METADATA $(get http://169.254.169.254/latest/meta-data/)"
+( echo "REFUSED $(ask refused)" > refused.out ) &
+step 1 ready
+wait_go 1
+python3 - "$(cat sockpath)" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect(sys.argv[1])
+    s.sendall(b"allow {target}\n")
+    print("CONTROL reached", s.recv(200))
+except OSError as e:
+    print("CONTROL unreachable", type(e).__name__)
+PY
+step 2 tried
+wait_go 2
+wait
+cat refused.out
+echo END
+"#,
+        prelude(port)
+    );
+    let bg = Background::start(&w, &script);
+    wait_file(&w.project.join("step1"));
+    let socket = control_socket(&w);
+    // Only the loopback origin the allow list does not name is asked.
+    let asks = wait_asks(&socket, |a| !a.is_empty());
+    assert_eq!(asks.len(), 1, "{asks:?}");
+    assert_eq!(asks[0]["port"], port, "{asks:?}");
+    write(&w.project.join("sockpath"), socket.to_str().unwrap());
+    go(&w, 1);
+    wait_file(&w.project.join("step2"));
+    // The jail's attempt answered nothing: the question still waits.
+    let asks = wait_asks(&socket, |_| true);
+    assert_eq!(asks.len(), 1, "{asks:?}");
+    let answer = control(&socket, &format!("refuse {target}"));
+    assert!(answer.starts_with("ok "), "{answer}");
+    go(&w, 2);
+    let out = bg.finish();
+    for line in ["DENIED 403", "PRIVATE 403", "METADATA 403", "REFUSED 403"] {
+        assert!(out.stdout.contains(line), "{line}: {}", out.both());
+    }
+    assert!(out.stdout.contains("CONTROL unreachable"), "{}", out.both());
+    for host in ["denied.test", "10.0.0.1", "169.254.169.254"] {
+        let records = net_records(&w, host);
+        assert!(!records.is_empty(), "no record of {host}");
+        assert!(
+            records.iter().all(|r| r["phase"] != "ask"),
+            "{host} was asked: {records:?}"
+        );
+    }
+    let refused = net_records(&w, "127.0.0.1");
+    assert!(
+        refused.iter().any(|r| r["decision"] == "deny"
+            && r["rule"]
+                .as_str()
+                .unwrap()
+                .ends_with("refused in corral watch")),
+        "{refused:?}"
+    );
+}
+
+#[test]
+fn no_answer_refuses_at_the_timeout() {
+    let w = World::new();
+    let port = origin();
+    write(
+        &w.project.join("corral.toml"),
+        &ask_policy("ask_timeout = 1\n"),
+    );
+    w.trust_project(&[]);
+    let script = format!("{}echo \"LATE $(ask late)\"\necho END\n", prelude(port));
+    let out = Background::start(&w, &script).finish();
+    assert!(out.stdout.contains("LATE 403"), "{}", out.both());
+    let records = net_records(&w, "127.0.0.1");
+    assert!(records.iter().any(|r| r["phase"] == "ask"), "{records:?}");
+    assert!(
+        records.iter().any(|r| r["decision"] == "deny"
+            && r["rule"] == "not in network.allow; asked, no answer within 1 s"),
+        "{records:?}"
+    );
+    // `corral log` shows the question, then the refusal.
+    let log = corral_ok(&w, &["log"]);
+    let target = format!("GET 127.0.0.1:{port}");
+    let rows: Vec<&str> = log.stdout.lines().filter(|l| l.contains(&target)).collect();
+    assert!(
+        rows.iter()
+            .any(|l| l.contains(" ask ") && l.contains("not in network.allow")),
+        "{}",
+        log.stdout
+    );
+    assert!(
+        rows.iter().any(|l| l.contains("no answer within 1 s")),
+        "{}",
+        log.stdout
+    );
+}
+
+#[test]
+fn held_connections_are_bounded_and_share_one_question() {
+    let w = World::new();
+    let port = origin();
+    let target = format!("127.0.0.1:{port}");
+    write(
+        &w.project.join("corral.toml"),
+        &ask_policy("ask_timeout = 300\n"),
+    );
+    w.trust_project(&[]);
+    let script = format!(
+        "{}i=0; while [ $i -lt 64 ]; do ( ask held$i > held$i.out ) & i=$((i+1)); done\n\
+         step 1 ready\nwait_go 1\necho \"OVER $(ask over)\"\nstep 2 over\nwait_go 2\nwait\n\
+         echo \"HELD403 $(grep -lx 403 held*.out | wc -l)\"\necho END\n",
+        prelude(port)
+    );
+    let bg = Background::start(&w, &script);
+    wait_file(&w.project.join("step1"));
+    let socket = control_socket(&w);
+    // Sixty-four connections to one destination: one question.
+    let asks = wait_asks(&socket, |a| a.first().is_some_and(|q| q["held"] == 64));
+    assert_eq!(asks.len(), 1, "{asks:?}");
+    go(&w, 1);
+    // The sixty-fifth is refused at once.
+    assert!(wait_file(&w.project.join("step2")).contains("over"));
+    let answer = control(&socket, &format!("refuse {target}"));
+    assert!(answer.starts_with("ok "), "{answer}");
+    go(&w, 2);
+    let out = bg.finish();
+    assert!(out.stdout.contains("OVER 403"), "{}", out.both());
+    assert!(out.stdout.contains("HELD403 64"), "{}", out.both());
+    let records = net_records(&w, "127.0.0.1");
+    assert_eq!(
+        records.iter().filter(|r| r["phase"] == "ask").count(),
+        1,
+        "{records:?}"
+    );
+    assert!(
+        records.iter().any(|r| r["rule"]
+            == "not in network.allow; not asked: 64 connections wait for an answer already"),
+        "{records:?}"
+    );
+}
+
+/// `corral watch` on a pty; what it drew is read on a thread so it never blocks on output.
+struct Watch {
+    master: std::fs::File,
+    _slave: std::fs::File,
+    child: std::process::Child,
+    screen: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Watch {
+    fn start(w: &World) -> Watch {
+        let mut c = w.corral();
+        c.arg("watch").env("TERM", "xterm-256color");
+        let (master, slave, child) = under_pty(c, 40, 200);
+        let screen = Arc::new(Mutex::new(Vec::new()));
+        let (mut reader, s) = (master.try_clone().unwrap(), screen.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                s.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Watch {
+            master,
+            _slave: slave,
+            child,
+            screen,
+        }
+    }
+
+    #[track_caller]
+    fn wait_for(&mut self, needle: &str) {
+        let start = Instant::now();
+        loop {
+            let text = String::from_utf8_lossy(&self.screen.lock().unwrap()).into_owned();
+            if text.contains(needle) {
+                return;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("corral watch exited ({status}) before showing {needle:?}:\n{text}");
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "corral watch did not show {needle:?}:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn quit(mut self) -> std::process::ExitStatus {
+        self.master.write_all(b"q").unwrap();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() > DEADLINE {
+                let _ = self.child.kill();
+                panic!("corral watch did not quit on q");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn corral_watch_shows_the_question_and_a_lets_the_held_request_through() {
+    let w = World::new();
+    let port = origin();
+    let target = format!("127.0.0.1:{port}");
+    let policy_file = w.project.join("corral.toml");
+    write(&policy_file, &ask_policy("ask_timeout = 300\n"));
+    w.trust_project(&[]);
+    let script = format!(
+        "{}step 1 ready\necho \"HELD $(ask held)\"\necho END\n",
+        prelude(port)
+    );
+    let bg = Background::start(&w, &script);
+    wait_file(&w.project.join("step1"));
+    let socket = control_socket(&w);
+    wait_asks(&socket, |a| !a.is_empty());
+    let mut watch = Watch::start(&w);
+    // The question at the top, with its time left (words: the terminal skips blank cells).
+    watch.wait_for("ASK");
+    watch.wait_for(&target);
+    watch.wait_for("left");
+    let before = std::fs::read_to_string(&policy_file).unwrap();
+    watch.master.write_all(b"a").unwrap();
+    let out = bg.finish();
+    assert!(out.stdout.contains("HELD 200"), "{}", out.both());
+    wait_record(&w, "live-allow", |r| summary(r).contains(&target));
+    assert_eq!(
+        std::fs::read_to_string(&policy_file).unwrap(),
+        before,
+        "an allow for the run is written nowhere"
+    );
+    assert!(watch.quit().success());
+}
+
+#[test]
+fn corral_watch_r_refuses_the_held_request() {
+    let w = World::new();
+    let port = origin();
+    write(
+        &w.project.join("corral.toml"),
+        &ask_policy("ask_timeout = 300\n"),
+    );
+    w.trust_project(&[]);
+    let script = format!(
+        "{}step 1 ready\necho \"HELD $(ask held)\"\necho END\n",
+        prelude(port)
+    );
+    let bg = Background::start(&w, &script);
+    wait_file(&w.project.join("step1"));
+    let socket = control_socket(&w);
+    wait_asks(&socket, |a| !a.is_empty());
+    let mut watch = Watch::start(&w);
+    watch.wait_for("ASK");
+    watch.wait_for(&format!("127.0.0.1:{port}"));
+    watch.master.write_all(b"r").unwrap();
+    let out = bg.finish();
+    assert!(out.stdout.contains("HELD 403"), "{}", out.both());
+    let records = net_records(&w, "127.0.0.1");
+    assert!(
+        records
+            .iter()
+            .any(|r| r["rule"] == "not in network.allow; refused in corral watch"),
+        "{records:?}"
+    );
+    assert!(watch.quit().success());
+}
+
+#[test]
+fn corral_watch_p_adds_the_question_to_corral_toml_and_lets_it_through() {
+    let w = World::new();
+    let port = origin();
+    let target = format!("127.0.0.1:{port}");
+    let policy_file = w.project.join("corral.toml");
+    write(&policy_file, &ask_policy("ask_timeout = 300\n"));
+    w.trust_project(&[]);
+    let script = format!(
+        "{}step 1 ready\necho \"HELD $(ask held)\"\necho END\n",
+        prelude(port)
+    );
+    let bg = Background::start(&w, &script);
+    wait_file(&w.project.join("step1"));
+    let socket = control_socket(&w);
+    wait_asks(&socket, |a| !a.is_empty());
+    let mut watch = Watch::start(&w);
+    watch.wait_for("ASK");
+    watch.wait_for(&target);
+    watch.master.write_all(b"p").unwrap();
+    let out = bg.finish();
+    assert!(out.stdout.contains("HELD 200"), "{}", out.both());
+    let text = std::fs::read_to_string(&policy_file).unwrap();
+    assert!(text.contains(&format!("allow = [\"{target}\"]")), "{text}");
+    assert!(
+        text.starts_with("# corral.toml of the live-policy test: this comment stays\n"),
+        "{text}"
+    );
+    assert!(watch.quit().success());
+}
