@@ -309,6 +309,11 @@ fn check_supported(plan: &Plan, ctx: &Context) -> Result<()> {
             s.file.display()
         ));
     }
+    if plan.network.mode == NetworkMode::Proxy && !plan.network.allow_paths.is_empty() {
+        // The engines' proxies have no run CA to decide each request with: never drop the
+        // rules (the host would stay closed, or be opened whole).
+        return unsupported("network.allow rules by method and path (native backend only)");
+    }
     if plan.network.dns != corral_policy::plan::Dns::None {
         return unsupported("network.dns = \"stub\"");
     }

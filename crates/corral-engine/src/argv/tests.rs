@@ -599,6 +599,16 @@ fn what_cannot_be_enforced_is_refused() {
     p.gid = 0;
     assert!(setup(&p, &ctx(EngineKind::Podman, false)).is_ok());
     let mut p = f.plan.clone();
+    p.network
+        .allow_paths
+        .push("GET api.github.com/repos/myorg/**".parse().unwrap());
+    assert!(
+        setup(&p, &c)
+            .unwrap_err()
+            .to_string()
+            .contains("by method and path")
+    );
+    let mut p = f.plan.clone();
     p.network.dns = corral_policy::plan::Dns::Stub;
     assert!(
         setup(&p, &c)
