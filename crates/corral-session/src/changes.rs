@@ -440,15 +440,16 @@ const SEQUENTIAL_MAX: usize = corral_policy::resolve::SEQUENTIAL_WALK_MAX;
 /// filter off, not following symlinks (`corral_policy::resolve::raw_walker`, as the `hide`
 /// search): on this thread when there are at most [`SEQUENTIAL_MAX`], else in one parallel walk.
 fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
-    walk_skipping(root, &[], WALK_MAX)
+    walk_skipping(root, &[], WALK_MAX, SEQUENTIAL_MAX)
 }
 
-/// [`walk`], not entering (nor listing) the directories `skip` (relative to `root`), and
-/// failing beyond `max` entries.
+/// [`walk`], not entering (nor listing) the directories `skip` (relative to `root`), failing
+/// beyond `max` entries, on this thread up to `sequential` entries.
 fn walk_skipping(
     root: &Path,
     skip: &[OsString],
     max: usize,
+    sequential: usize,
 ) -> anyhow::Result<HashMap<OsString, Meta>> {
     let mut builder = corral_policy::resolve::raw_walker(root, root.join(".git"));
     if !skip.is_empty() {
@@ -466,7 +467,7 @@ fn walk_skipping(
             && let Ok(m) = entry.path().symlink_metadata()
         {
             small.insert(rel.as_os_str().to_os_string(), Meta::of(&m));
-            if small.len() > SEQUENTIAL_MAX {
+            if small.len() > sequential {
                 complete = false;
                 break;
             }
@@ -652,7 +653,7 @@ impl Quick {
             .map(|e| OsString::from_vec(e.as_bytes()[..e.len() - 1].to_vec()))
             .collect();
         let quick = Quick {
-            entries: Quick::walk(root, &pruned)?,
+            entries: Quick::walk(root, &pruned, SEQUENTIAL_MAX)?,
             pruned,
         };
         let racy = quick
@@ -662,8 +663,12 @@ impl Quick {
         (!racy).then_some(quick)
     }
 
-    fn walk(root: &Path, pruned: &[OsString]) -> Option<HashMap<OsString, Meta>> {
-        let mut entries = walk_skipping(root, pruned, QUICK_MAX).ok()?;
+    fn walk(
+        root: &Path,
+        pruned: &[OsString],
+        sequential: usize,
+    ) -> Option<HashMap<OsString, Meta>> {
+        let mut entries = walk_skipping(root, pruned, QUICK_MAX, sequential).ok()?;
         for dir in pruned {
             let m = root.join(dir).symlink_metadata().ok()?;
             entries.insert(dir.clone(), Meta::of(&m));
@@ -700,7 +705,13 @@ impl Quick {
     /// the paths `own` (corral's placeholders, made while the start's walk ran) and what lies
     /// below them left out.
     fn unchanged(mut self, root: &Path, own: &[OsString]) -> bool {
-        let Some(mut now) = Quick::walk(root, &self.pruned) else {
+        // The start's count decides the end's way: one thread for a tree of a size the start
+        // walked on one, else parallel at once (not a sequential walk thrown away midway).
+        let sequential = match self.entries.len() {
+            n if n <= SEQUENTIAL_MAX => SEQUENTIAL_MAX,
+            _ => 0,
+        };
+        let Some(mut now) = Quick::walk(root, &self.pruned, sequential) else {
             return false;
         };
         for map in [&mut self.entries, &mut now] {
