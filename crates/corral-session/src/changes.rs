@@ -631,12 +631,15 @@ struct Quick {
     /// not enter them (an excluded directory cannot re-include anything below it), so neither
     /// does the walk; their own metadata is compared, times included.
     pruned: Vec<OsString>,
+    /// An entry whose mtime or ctime is this or later voids the shortcut ([`QUICK_RACY_NS`]).
+    racy_from: i128,
 }
 
 impl Quick {
     /// The walk of `root` now, given git's listing of its ignored entries. `None` when it is
-    /// too large, fails, or finds an entry whose mtime or ctime is `racy_from` or later (a
-    /// change by the run could not be told apart from it: [`QUICK_RACY_NS`]).
+    /// too large or fails. An entry whose mtime or ctime is `racy_from` or later voids it at
+    /// the end (a change by the run could not be told apart from it: [`QUICK_RACY_NS`]; checked
+    /// there, once corral's own placeholders, made meanwhile, are left out).
     fn take(root: &Path, ignored: &BTreeSet<OsString>, racy_from: i128) -> Option<Quick> {
         let pruned: Vec<OsString> = ignored
             .iter()
@@ -652,15 +655,11 @@ impl Quick {
             })
             .map(|e| OsString::from_vec(e.as_bytes()[..e.len() - 1].to_vec()))
             .collect();
-        let quick = Quick {
+        Some(Quick {
             entries: Quick::walk(root, &pruned, SEQUENTIAL_MAX)?,
             pruned,
-        };
-        let racy = quick
-            .entries
-            .values()
-            .any(|m| m.ctime_ns.max(m.mtime_ns) >= racy_from);
-        (!racy).then_some(quick)
+            racy_from,
+        })
     }
 
     fn walk(
@@ -703,8 +702,16 @@ impl Quick {
 
     /// Whether the project at `root` is, entry for entry, as the walk found it at the start;
     /// the paths `own` (corral's placeholders, made while the start's walk ran) and what lies
-    /// below them left out.
+    /// below them left out. False when an entry was racy at the start.
     fn unchanged(mut self, root: &Path, own: &[OsString]) -> bool {
+        let not_own = |k: &OsString| !own.iter().any(|o| Path::new(k).starts_with(o));
+        let racy = self
+            .entries
+            .iter()
+            .any(|(k, m)| m.ctime_ns.max(m.mtime_ns) >= self.racy_from && not_own(k));
+        if racy {
+            return false;
+        }
         // The start's count decides the end's way: one thread for a tree of a size the start
         // walked on one, else parallel at once (not a sequential walk thrown away midway).
         let sequential = match self.entries.len() {
@@ -715,7 +722,7 @@ impl Quick {
             return false;
         };
         for map in [&mut self.entries, &mut now] {
-            map.retain(|k, _| !own.iter().any(|o| Path::new(k).starts_with(o)));
+            map.retain(|k, _| not_own(k));
         }
         now == self.entries
     }
@@ -1201,13 +1208,27 @@ mod tests {
         assert!(quick.unchanged(dir.path(), &[]), "no change git sees");
     }
 
-    /// An entry changed at or after the racy mark (or dated in the future) voids the shortcut.
+    /// An entry changed at or after the racy mark voids the shortcut, unless it is one of
+    /// corral's own placeholders.
     #[test]
     fn a_recent_change_voids_the_shortcut() {
         let (dir, ignored) = quick_project();
-        assert!(Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).is_none());
+        let quick = Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).unwrap();
+        assert!(!quick.unchanged(dir.path(), &[]));
         let (dir, ignored) = quick_project();
-        assert!(Quick::take(dir.path(), &ignored, i128::MAX).is_some());
+        let quick = Quick::take(dir.path(), &ignored, i128::MAX).unwrap();
+        assert!(quick.unchanged(dir.path(), &[]));
+        // Every recent entry corral's own (quick_project just wrote them all: ctime now): the
+        // shortcut holds.
+        let (dir, ignored) = quick_project();
+        let quick = Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).unwrap();
+        let own = ["a.txt", "src", "target"].map(OsString::from);
+        assert!(quick.unchanged(dir.path(), &own));
+        // One left that is not: void.
+        let (dir, ignored) = quick_project();
+        let quick = Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).unwrap();
+        let own = ["a.txt", "target"].map(OsString::from);
+        assert!(!quick.unchanged(dir.path(), &own));
     }
 
     /// Only directories git did not enter are pruned, and none that holds a tracked file.

@@ -57,7 +57,7 @@ pub struct Session {
 /// The change baseline of a session: on its thread, or taken (`None`: no summary this run).
 enum Baseline {
     Pending(changes::Pending),
-    Taken(Option<changes::Baseline>),
+    Taken(Option<Box<changes::Baseline>>),
 }
 
 impl Session {
@@ -119,7 +119,7 @@ impl Session {
             return;
         }
         if let Baseline::Pending(pending) = std::mem::replace(&mut *slot, Baseline::Taken(None)) {
-            *slot = Baseline::Taken(changes::ready(pending));
+            *slot = Baseline::Taken(changes::ready(pending).map(Box::new));
         }
     }
 
@@ -138,7 +138,7 @@ impl Session {
         self.await_baseline();
         let mut slot = self.baseline.lock().unwrap_or_else(|p| p.into_inner());
         match std::mem::replace(&mut *slot, Baseline::Taken(None)) {
-            Baseline::Taken(b) => b,
+            Baseline::Taken(b) => b.map(|b| *b),
             Baseline::Pending(_) => None,
         }
     }
