@@ -476,6 +476,9 @@ fn walk_skipping(
     if complete {
         return Ok(small);
     }
+    if max <= sequential {
+        bail!("more than {max} files under {}", root.display());
+    }
     drop(small);
     let found = std::sync::Mutex::new(Vec::new());
     let over = std::sync::atomic::AtomicBool::new(false);
@@ -555,16 +558,16 @@ fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
     let repo = PrivateGitDir::create(root, jail_id)?;
     // The ignored entries are listed beside the rest, then the shortcut's walk is taken.
     let (listed, ignored) = std::thread::scope(|sc| {
-        let ig = sc.spawn(|| {
-            let ignored = repo.ignored()?;
-            let quick = Quick::take(root, &ignored, now_ns() - QUICK_RACY_NS);
-            Ok((ignored, quick))
-        });
+        let ig = sc.spawn(|| repo.ignored());
         let listed = repo.ls_files(&["-c", "-m", "-d", "-o"]);
         (listed, join(ig))
     });
-    let (listed, (ignored, quick)) = (listed?, ignored?);
-    let quick = quick.filter(|q| !q.prunes_any_of(&listed));
+    let (listed, ignored) = (listed?, ignored?);
+    // The shortcut for small projects only: beyond, its walks cost more than git's listings.
+    let quick = (listed.len() <= QUICK_LISTED_MAX)
+        .then(|| Quick::take(root, &ignored, now_ns() - QUICK_RACY_NS))
+        .flatten()
+        .filter(|q| !q.prunes_any_of(&listed));
     // Bits that make git skip an entry: cleared in the private copy, then listed again.
     // `-v` tags an assume-unchanged entry in lower case, a skip-worktree one `S`/`s`.
     // update-index applies one of these options per call, so one call each.
@@ -612,8 +615,12 @@ fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
     })
 }
 
-/// Entries the shortcut's walk takes at most: beyond, the end runs git as it would anyway.
-const QUICK_MAX: usize = 200_000;
+/// Files git lists at the start (tracked, and untracked not ignored) at most for the shortcut:
+/// on a larger project its two walks cost more CPU than the end's two `git ls-files` (measured:
+/// docs/BENCHMARKS.md "In a git project").
+const QUICK_LISTED_MAX: usize = 1000;
+/// Entries the shortcut's walk takes at most (on this thread): beyond, the end runs git.
+const QUICK_MAX: usize = SEQUENTIAL_MAX;
 /// A file changed this recently before the start could be changed again by the run within the
 /// same timestamp tick (mtime and ctime come from a coarse clock; some file systems keep
 /// seconds): the shortcut is then not trusted.
@@ -656,18 +663,14 @@ impl Quick {
             .map(|e| OsString::from_vec(e.as_bytes()[..e.len() - 1].to_vec()))
             .collect();
         Some(Quick {
-            entries: Quick::walk(root, &pruned, SEQUENTIAL_MAX)?,
+            entries: Quick::walk(root, &pruned)?,
             pruned,
             racy_from,
         })
     }
 
-    fn walk(
-        root: &Path,
-        pruned: &[OsString],
-        sequential: usize,
-    ) -> Option<HashMap<OsString, Meta>> {
-        let mut entries = walk_skipping(root, pruned, QUICK_MAX, sequential).ok()?;
+    fn walk(root: &Path, pruned: &[OsString]) -> Option<HashMap<OsString, Meta>> {
+        let mut entries = walk_skipping(root, pruned, QUICK_MAX, QUICK_MAX).ok()?;
         for dir in pruned {
             let m = root.join(dir).symlink_metadata().ok()?;
             entries.insert(dir.clone(), Meta::of(&m));
@@ -712,13 +715,7 @@ impl Quick {
         if racy {
             return false;
         }
-        // The start's count decides the end's way: one thread for a tree of a size the start
-        // walked on one, else parallel at once (not a sequential walk thrown away midway).
-        let sequential = match self.entries.len() {
-            n if n <= SEQUENTIAL_MAX => SEQUENTIAL_MAX,
-            _ => 0,
-        };
-        let Some(mut now) = Quick::walk(root, &self.pruned, sequential) else {
+        let Some(mut now) = Quick::walk(root, &self.pruned) else {
             return false;
         };
         for map in [&mut self.entries, &mut now] {
