@@ -77,6 +77,11 @@ pub(crate) struct InitConfig {
     /// The soft open-file limit corral started with (it raised its own): the command's.
     #[serde(default)]
     pub nofile_soft: Option<u64>,
+    /// The config comes with one more descriptor, last: the read end of the exec gate. PID 1
+    /// builds the root, then waits for one byte on it before it forks the command's process
+    /// (EOF: corral let the jail go without releasing it; the command never runs).
+    #[serde(default)]
+    pub exec_gate: bool,
 }
 
 /// Entry point of `corral __corral-jail-init` (a fresh exec, the control socket on fd 3).
@@ -169,8 +174,13 @@ fn set_up_process() -> Result<i32, JailError> {
     drop(net);
     // The jail's stdio comes with the config, except at a terminal: then the jail makes its
     // pty below.
-    let Some((config, stdio)) = read_init(&ctl)? else {
+    let Some((config, mut stdio)) = read_init(&ctl)? else {
         return Ok(EXIT_SETUP_FAILED);
+    };
+    // The exec gate's read end came last (`InitConfig::exec_gate`): PID 1's alone.
+    let gate = match config.exec_gate {
+        true => stdio.pop(),
+        false => None,
     };
     // One Plan: the namespaces were built from the same ids and network rules.
     if (config.plan.uid, config.plan.gid) != (ns.uid, ns.gid) || config.plan.network != ns.network {
@@ -194,7 +204,7 @@ fn set_up_process() -> Result<i32, JailError> {
         ForkResult::Child => {
             // PID 1 and everything it starts must never reach the factory.
             drop(ctl);
-            let code = match pid_one(&config) {
+            let code = match pid_one(&config, gate) {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("corral: jail set-up: {e}");
@@ -203,7 +213,10 @@ fn set_up_process() -> Result<i32, JailError> {
             };
             std::process::exit(code)
         }
-        ForkResult::Parent { child } => Ok(wait_forwarding(child, false, Some(ctl))),
+        ForkResult::Parent { child } => {
+            drop(gate);
+            Ok(wait_forwarding(child, false, Some(ctl)))
+        }
     }
 }
 
@@ -228,7 +241,7 @@ fn read_init(ctl: &OwnedFd) -> Result<Option<(InitConfig, Vec<OwnedFd>)>, JailEr
     };
     let config: InitConfig =
         serde_json::from_slice(&body).map_err(|e| JailError::step("decode the jail config", e))?;
-    let want = if config.tty { 0 } else { 3 };
+    let want = usize::from(!config.tty) * 3 + usize::from(config.exec_gate);
     if received.len() != want {
         return Err(JailError::Plan(format!(
             "the jail config came with {} descriptors, not {want}",
@@ -442,11 +455,15 @@ fn control_readable(ctl: &OwnedFd, pipe: Option<&SignalPipe>) -> bool {
     }
 }
 
-/// The jail's PID 1.
-fn pid_one(config: &InitConfig) -> Result<i32, JailError> {
+/// The jail's PID 1. With a `gate`, the command's process is forked only once corral released
+/// it (`RunningJail::release_exec`): the root is built meanwhile.
+fn pid_one(config: &InitConfig, gate: Option<OwnedFd>) -> Result<i32, JailError> {
     die_with_parent()?;
     mounts::set_up_root(&config.plan, config.tty)?;
     make_non_dumpable()?;
+    if let Some(gate) = gate {
+        wait_for_gate(gate)?;
+    }
     // SAFETY: single-threaded (forked from the single-threaded set-up process).
     match unsafe { fork() }.map_err(|e| JailError::step("fork the command's process", e))? {
         ForkResult::Child => {
@@ -467,6 +484,24 @@ fn pid_one(config: &InitConfig) -> Result<i32, JailError> {
             // PID 1 keeps nothing it does not need: no capabilities, no new privileges.
             crate::caps::drop_all().map_err(|e| JailError::step("drop PID 1's capabilities", e))?;
             Ok(wait_forwarding(child, true, None))
+        }
+    }
+}
+
+/// Block until corral writes the exec gate's byte; its EOF instead (corral let the jail go
+/// without releasing it) is an error: the command must not run.
+fn wait_for_gate(gate: OwnedFd) -> Result<(), JailError> {
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(&gate, &mut byte) {
+            Ok(1) => return Ok(()),
+            Ok(_) => {
+                return Err(JailError::Plan(
+                    "corral closed the exec gate without releasing the command".into(),
+                ));
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(JailError::step("wait for the exec gate", e)),
         }
     }
 }

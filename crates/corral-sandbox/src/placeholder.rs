@@ -35,6 +35,8 @@ use crate::mounts::{Kind, deepest_below, open_path, planted_link, walk, writable
 pub(crate) struct Placeholder {
     /// Kept for their `Drop`, which removes what this run created.
     _held: Vec<Held>,
+    /// The placeholders this run created.
+    made: Vec<PathBuf>,
 }
 
 struct Held {
@@ -75,7 +77,12 @@ impl Placeholder {
             }
         }
         out.protected.sort();
-        Ok((Some(Placeholder { _held: held }), out))
+        Ok((Some(Placeholder { _held: held, made }), out))
+    }
+
+    /// The placeholders this run created (it removes them when dropped).
+    pub(crate) fn made(&self) -> &[PathBuf] {
+        &self.made
     }
 }
 

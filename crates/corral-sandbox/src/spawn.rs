@@ -33,6 +33,9 @@ pub struct SpawnOptions {
     /// The soft open-file limit to give the command back (corral raises its own at start; a
     /// program using select() breaks above 1,024).
     pub nofile_soft: Option<u64>,
+    /// Hold the command's exec until [`RunningJail::release_exec`]: the namespaces and mounts
+    /// are built meanwhile, the command does not run (a change baseline still being taken).
+    pub hold_exec: bool,
 }
 
 impl SpawnOptions {
@@ -51,6 +54,7 @@ impl SpawnOptions {
                 built_in: Default::default(),
             },
             nofile_soft: None,
+            hold_exec: false,
         })
     }
 }
@@ -78,6 +82,8 @@ pub struct RunningJail {
     reaped: bool,
     /// The control socket, until the config is sent.
     ctl: Option<std::fs::File>,
+    /// The write end of the exec gate ([`SpawnOptions::hold_exec`]) until released.
+    gate: Option<OwnedFd>,
 }
 
 /// A set-up process started ahead of its Plan (see [`prepare`]): it waits for the config.
@@ -312,6 +318,7 @@ impl PreparedJail {
                 _placeholder: None,
                 reaped: false,
                 ctl: Some(ctl),
+                gate: None,
             },
         }
     }
@@ -391,6 +398,7 @@ impl PreparedJail {
             tty: stdio.tty,
             rlimits: opts.rlimits.clone(),
             nofile_soft: opts.nofile_soft,
+            exec_gate: opts.hold_exec,
         };
         let body = serde_json::to_vec(&config)
             .map_err(|e| JailError::step("encode the jail config", e))?;
@@ -398,7 +406,18 @@ impl PreparedJail {
             .ctl
             .take()
             .ok_or_else(|| JailError::Plan("this jail was already started".into()))?;
-        let fds: Vec<RawFd> = stdio.fds.iter().map(|fd| fd.as_raw_fd()).collect();
+        let mut fds: Vec<RawFd> = stdio.fds.iter().map(|fd| fd.as_raw_fd()).collect();
+        // The exec gate's read end goes last; corral keeps the write end (`release_exec`).
+        let gate_read = match opts.hold_exec {
+            true => {
+                let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                    .map_err(|e| JailError::step("create the exec gate pipe", e))?;
+                jail.gate = Some(w);
+                fds.push(r.as_raw_fd());
+                Some(r)
+            }
+            false => None,
+        };
         let sent = match namespaces_ok {
             true => {
                 netns::send_frame(stream.as_raw_fd(), &body, &fds).map_err(std::io::Error::from)
@@ -408,6 +427,7 @@ impl PreparedJail {
         // The jail's copies are in flight or refused: corral's go now (a pipe's writer must be
         // the jail alone, for the copying thread to see its end).
         drop(stdio.fds);
+        drop(gate_read);
         let net = match sent {
             Ok(()) => netns::recv_listeners(stream.as_raw_fd())?,
             Err(_) => None,
@@ -587,8 +607,35 @@ impl RunningJail {
         }
     }
 
+    /// The placeholders this jail's start created for absent protected paths (empty files and
+    /// directories corral removes after the run): not the run's changes.
+    pub fn placeholders_made(&self) -> Vec<PathBuf> {
+        self._placeholder
+            .as_ref()
+            .map(|p| p.made().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Let the command exec ([`SpawnOptions::hold_exec`]): one byte through the gate, then its
+    /// write end closed. Nothing when the jail was started without the gate, or already released.
+    pub fn release_exec(&mut self) -> Result<(), JailError> {
+        let Some(gate) = self.gate.take() else {
+            return Ok(());
+        };
+        match nix::unistd::write(&gate, b"g") {
+            Ok(1) => Ok(()),
+            // The jail's PID 1 is gone (its set-up failed): `wait` reports that.
+            Err(nix::errno::Errno::EPIPE) => Ok(()),
+            Ok(_) => Err(JailError::Plan("the exec gate took no byte".into())),
+            Err(e) => Err(JailError::step("open the exec gate", e)),
+        }
+    }
+
     /// Relay terminal and signals until the jail exits; restores the terminal on every path.
+    /// A gate still held is closed unopened first: the jail's PID 1 then ends without running
+    /// the command (exit 125) rather than waiting for ever.
     pub fn wait(mut self) -> JailExit {
+        drop(self.gate.take());
         let signals = match self.signals.take() {
             Some(s) => s,
             None => {

@@ -103,6 +103,8 @@ pub struct Baseline {
 
 enum BaselineKind {
     Git {
+        /// The shortcut for a run that changed nothing: `None` when it cannot be trusted.
+        quick: Option<Quick>,
         repo: PrivateGitDir,
         /// Every path dirty at the start (relative, as git prints it): `None` when absent.
         start: BTreeMap<OsString, Option<Fingerprint>>,
@@ -266,8 +268,10 @@ impl Baseline {
         })
     }
 
-    /// Compare the project now with the baseline.
-    pub fn compare(self) -> anyhow::Result<Changes> {
+    /// Compare the project now with the baseline. `own`: paths relative to the root that
+    /// corral made for the run (left out of the shortcut's comparison; the caller leaves them
+    /// out of the lists).
+    pub fn compare(self, own: &[OsString]) -> anyhow::Result<Changes> {
         let mut ch = Changes {
             root: self.root.clone(),
             note: self.note.clone(),
@@ -275,11 +279,15 @@ impl Baseline {
         };
         match self.kind {
             BaselineKind::Git {
+                quick,
                 repo,
                 start,
                 ignored,
             } => {
                 ch.method = "git".into();
+                if quick.is_some_and(|q| q.unchanged(&self.root, own)) {
+                    return Ok(ch);
+                }
                 // The two listings run side by side.
                 let (end, ignored_now) = std::thread::scope(|sc| {
                     let ig = sc.spawn(|| repo.ignored());
@@ -432,7 +440,23 @@ const SEQUENTIAL_MAX: usize = corral_policy::resolve::SEQUENTIAL_WALK_MAX;
 /// filter off, not following symlinks (`corral_policy::resolve::raw_walker`, as the `hide`
 /// search): on this thread when there are at most [`SEQUENTIAL_MAX`], else in one parallel walk.
 fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
-    let builder = corral_policy::resolve::raw_walker(root, root.join(".git"));
+    walk_skipping(root, &[], WALK_MAX, SEQUENTIAL_MAX)
+}
+
+/// [`walk`], not entering (nor listing) the directories `skip` (relative to `root`), failing
+/// beyond `max` entries, on this thread up to `sequential` entries.
+fn walk_skipping(
+    root: &Path,
+    skip: &[OsString],
+    max: usize,
+    sequential: usize,
+) -> anyhow::Result<HashMap<OsString, Meta>> {
+    let mut builder = corral_policy::resolve::raw_walker(root, root.join(".git"));
+    if !skip.is_empty() {
+        let mut skipped: BTreeSet<PathBuf> = skip.iter().map(|s| root.join(s)).collect();
+        skipped.insert(root.join(".git"));
+        builder.filter_entry(move |e| !skipped.contains(e.path()));
+    }
     let mut small = HashMap::new();
     let mut complete = true;
     for entry in builder.build() {
@@ -443,7 +467,7 @@ fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
             && let Ok(m) = entry.path().symlink_metadata()
         {
             small.insert(rel.as_os_str().to_os_string(), Meta::of(&m));
-            if small.len() > SEQUENTIAL_MAX {
+            if small.len() > sequential {
                 complete = false;
                 break;
             }
@@ -451,6 +475,9 @@ fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
     }
     if complete {
         return Ok(small);
+    }
+    if max <= sequential {
+        bail!("more than {max} files under {}", root.display());
     }
     drop(small);
     let found = std::sync::Mutex::new(Vec::new());
@@ -460,6 +487,7 @@ fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
             local: Vec::new(),
             found: &found,
             over: &over,
+            max,
         };
         Box::new(move |entry| {
             if batch.over.load(std::sync::atomic::Ordering::Relaxed) {
@@ -485,7 +513,7 @@ fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
     });
     if over.into_inner() {
         bail!(
-            "more than {WALK_MAX} files under {} (CORRAL_CHANGES=off skips this walk)",
+            "more than {max} files under {} (CORRAL_CHANGES=off skips this walk)",
             root.display()
         );
     }
@@ -498,13 +526,14 @@ struct Batch<'a> {
     local: Vec<(OsString, Meta)>,
     found: &'a std::sync::Mutex<Vec<(OsString, Meta)>>,
     over: &'a std::sync::atomic::AtomicBool,
+    max: usize,
 }
 
 impl Batch<'_> {
     fn flush(&mut self) {
         let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
         found.append(&mut self.local);
-        if found.len() > WALK_MAX {
+        if found.len() > self.max {
             self.over.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
@@ -527,13 +556,18 @@ enum Dirt {
 
 fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
     let repo = PrivateGitDir::create(root, jail_id)?;
-    // The ignored entries are listed beside the rest.
+    // The ignored entries are listed beside the rest, then the shortcut's walk is taken.
     let (listed, ignored) = std::thread::scope(|sc| {
         let ig = sc.spawn(|| repo.ignored());
         let listed = repo.ls_files(&["-c", "-m", "-d", "-o"]);
         (listed, join(ig))
     });
     let (listed, ignored) = (listed?, ignored?);
+    // The shortcut for small projects only: beyond, its walks cost more than git's listings.
+    let quick = (listed.len() <= QUICK_LISTED_MAX)
+        .then(|| Quick::take(root, &ignored, now_ns() - QUICK_RACY_NS))
+        .flatten()
+        .filter(|q| !q.prunes_any_of(&listed));
     // Bits that make git skip an entry: cleared in the private copy, then listed again.
     // `-v` tags an assume-unchanged entry in lower case, a skip-worktree one `S`/`s`.
     // update-index applies one of these options per call, so one call each.
@@ -574,10 +608,129 @@ fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
         start.insert(rel, fp);
     }
     Ok(BaselineKind::Git {
+        quick,
         repo,
         start,
         ignored,
     })
+}
+
+/// Files git lists at the start (tracked, and untracked not ignored) at most for the shortcut:
+/// on a larger project its two walks cost more CPU than the end's two `git ls-files` (measured:
+/// docs/BENCHMARKS.md "In a git project").
+const QUICK_LISTED_MAX: usize = 1000;
+/// Entries the shortcut's walk takes at most (on this thread): beyond, the end runs git.
+const QUICK_MAX: usize = SEQUENTIAL_MAX;
+/// A file changed this recently before the start could be changed again by the run within the
+/// same timestamp tick (mtime and ctime come from a coarse clock; some file systems keep
+/// seconds): the shortcut is then not trusted.
+const QUICK_RACY_NS: i128 = 5_000_000_000;
+
+/// The git method's shortcut for a run that changed nothing: a metadata walk (type, mode,
+/// size, mtime, ctime, inode) of every entry git looks at, taken at the start once git listed
+/// the project. If the same walk at the end finds every entry as it was, then every file git
+/// reads is as it was (ctime cannot be set back), so git would list exactly what it listed at
+/// the start against the start's copy of the index: no change, and git is not run again. Any
+/// difference, however small (a directory's times), and the end runs git as usual.
+struct Quick {
+    entries: HashMap<OsString, Meta>,
+    /// Directories git listed as ignored (`dir/`) without listing anything under them: it did
+    /// not enter them (an excluded directory cannot re-include anything below it), so neither
+    /// does the walk; their own metadata is compared, times included.
+    pruned: Vec<OsString>,
+    /// An entry whose mtime or ctime is this or later voids the shortcut ([`QUICK_RACY_NS`]).
+    racy_from: i128,
+}
+
+impl Quick {
+    /// The walk of `root` now, given git's listing of its ignored entries. `None` when it is
+    /// too large or fails. An entry whose mtime or ctime is `racy_from` or later voids it at
+    /// the end (a change by the run could not be told apart from it: [`QUICK_RACY_NS`]; checked
+    /// there, once corral's own placeholders, made meanwhile, are left out).
+    fn take(root: &Path, ignored: &BTreeSet<OsString>, racy_from: i128) -> Option<Quick> {
+        let pruned: Vec<OsString> = ignored
+            .iter()
+            .filter(|e| e.as_bytes().ends_with(b"/"))
+            .filter(|e| {
+                ignored
+                    .range::<OsString, _>((
+                        std::ops::Bound::Excluded(*e),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .next()
+                    .is_none_or(|next| !next.as_bytes().starts_with(e.as_bytes()))
+            })
+            .map(|e| OsString::from_vec(e.as_bytes()[..e.len() - 1].to_vec()))
+            .collect();
+        Some(Quick {
+            entries: Quick::walk(root, &pruned)?,
+            pruned,
+            racy_from,
+        })
+    }
+
+    fn walk(root: &Path, pruned: &[OsString]) -> Option<HashMap<OsString, Meta>> {
+        let mut entries = walk_skipping(root, pruned, QUICK_MAX, QUICK_MAX).ok()?;
+        for dir in pruned {
+            let m = root.join(dir).symlink_metadata().ok()?;
+            entries.insert(dir.clone(), Meta::of(&m));
+        }
+        Some(entries)
+    }
+
+    /// Whether a tracked path of `listed` (`ls-files -v` records) lies under a pruned
+    /// directory (git lists no such directory as ignored as a whole; if it did, the walk would
+    /// miss a change to that file).
+    fn prunes_any_of(&self, listed: &[(u8, OsString)]) -> bool {
+        if self.pruned.is_empty() {
+            return false;
+        }
+        let tracked: BTreeSet<&[u8]> = listed
+            .iter()
+            .filter(|(tag, _)| *tag != b'?')
+            .map(|(_, p)| p.as_bytes())
+            .collect();
+        self.pruned.iter().any(|d| {
+            let mut below = d.as_bytes().to_vec();
+            below.push(b'/');
+            tracked
+                .range::<[u8], _>((
+                    std::ops::Bound::Included(&below[..]),
+                    std::ops::Bound::Unbounded,
+                ))
+                .next()
+                .is_some_and(|p| p.starts_with(&below))
+        })
+    }
+
+    /// Whether the project at `root` is, entry for entry, as the walk found it at the start;
+    /// the paths `own` (corral's placeholders, made while the start's walk ran) and what lies
+    /// below them left out. False when an entry was racy at the start.
+    fn unchanged(mut self, root: &Path, own: &[OsString]) -> bool {
+        let not_own = |k: &OsString| !own.iter().any(|o| Path::new(k).starts_with(o));
+        let racy = self
+            .entries
+            .iter()
+            .any(|(k, m)| m.ctime_ns.max(m.mtime_ns) >= self.racy_from && not_own(k));
+        if racy {
+            return false;
+        }
+        let Some(mut now) = Quick::walk(root, &self.pruned) else {
+            return false;
+        };
+        for map in [&mut self.entries, &mut now] {
+            map.retain(|k, _| not_own(k));
+        }
+        now == self.entries
+    }
+}
+
+/// The time now, in nanoseconds since the epoch (as `Meta`'s times).
+fn now_ns() -> i128 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i128::try_from(d.as_nanos()).unwrap_or(i128::MAX)
 }
 
 /// The result of a listing thread.
@@ -867,17 +1020,31 @@ pub fn ready(pending: Pending) -> Option<Baseline> {
 
 /// Compare the project with `baseline`, print the summary on stderr and record it in the
 /// audit log (a `Jail` event `changes`, only when something changed).
-pub fn finish(baseline: Option<Baseline>, audit: &corral_audit::AuditLog, jail_id: &str) {
+/// `own`: paths corral made for the run (the jail's placeholders), never listed.
+pub fn finish(
+    baseline: Option<Baseline>,
+    own: &[PathBuf],
+    audit: &corral_audit::AuditLog,
+    jail_id: &str,
+) {
     let Some(baseline) = baseline else { return };
     let baseline_root = baseline.root.clone();
-    let changes = match baseline.compare() {
+    let own: Vec<OsString> = own
+        .iter()
+        .filter_map(|p| p.strip_prefix(&baseline_root).ok())
+        .filter(|rel| !rel.as_os_str().is_empty())
+        .map(|rel| rel.as_os_str().to_os_string())
+        .collect();
+    let changes = match baseline.compare(&own) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("corral: cannot list what changed in the project: {e:#}");
             return;
         }
     };
-    let changes = changes.without(&own_dirs(&baseline_root));
+    let mut skip = own_dirs(&baseline_root);
+    skip.extend(own.iter().map(|o| o.to_string_lossy().into_owned()));
+    let changes = changes.without(&skip);
     if changes.is_empty() {
         return;
     }
@@ -955,6 +1122,128 @@ mod tests {
                 .keys()
                 .all(|k| !k.to_string_lossy().starts_with(".git"))
         );
+    }
+
+    /// A project for the shortcut: files, a directory, and `target/`, which git listed as
+    /// ignored without entering it.
+    fn quick_project() -> (tempfile::TempDir, BTreeSet<OsString>) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::create_dir_all(root.join("src/sub")).unwrap();
+        std::fs::create_dir_all(root.join("target/debug")).unwrap();
+        for f in ["a.txt", "src/lib.rs", "src/sub/m.rs", "target/debug/o"] {
+            std::fs::write(root.join(f), "text\n").unwrap();
+        }
+        // Dated in the past, so a change now gets another mtime whatever the clock's tick.
+        let past = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        for e in [
+            "a.txt",
+            "src/lib.rs",
+            "src/sub/m.rs",
+            "src/sub",
+            "src",
+            "target",
+        ] {
+            std::fs::File::open(root.join(e))
+                .unwrap()
+                .set_modified(past)
+                .unwrap();
+        }
+        let ignored = [OsString::from("target/")].into_iter().collect();
+        (dir, ignored)
+    }
+
+    /// Every change git could see makes the shortcut fall through to git; a run that changed
+    /// nothing (or only inside a directory git does not enter) takes it.
+    #[test]
+    fn the_shortcut_holds_only_for_an_unchanged_project() {
+        type Change = fn(&Path);
+        let changes: [(&str, Change); 8] = [
+            ("append", |r| {
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(r.join("a.txt"))
+                    .unwrap();
+                f.write_all(b"more").unwrap();
+            }),
+            ("create", |r| {
+                std::fs::write(r.join("src/sub/new.rs"), "").unwrap()
+            }),
+            ("delete", |r| {
+                std::fs::remove_file(r.join("src/lib.rs")).unwrap()
+            }),
+            ("chmod", |r| {
+                use std::os::unix::fs::PermissionsExt;
+                let p = std::fs::Permissions::from_mode(0o755);
+                std::fs::set_permissions(r.join("a.txt"), p).unwrap();
+            }),
+            ("replace by rename", |r| {
+                std::fs::write(r.join("tmp"), "text\n").unwrap();
+                std::fs::rename(r.join("tmp"), r.join("a.txt")).unwrap();
+            }),
+            ("mkdir", |r| std::fs::create_dir(r.join("src/new")).unwrap()),
+            ("entry in an ignored directory", |r| {
+                std::fs::write(r.join("target/.gitignore"), "!x\n").unwrap()
+            }),
+            ("ignored directory replaced", |r| {
+                std::fs::remove_dir_all(r.join("target")).unwrap();
+                std::fs::create_dir(r.join("target")).unwrap();
+            }),
+        ];
+        for (what, change) in changes {
+            let (dir, ignored) = quick_project();
+            let quick = Quick::take(dir.path(), &ignored, i128::MAX).expect("walk");
+            assert_eq!(quick.pruned, [OsString::from("target")]);
+            change(dir.path());
+            assert!(!quick.unchanged(dir.path(), &[]), "{what} went unnoticed");
+        }
+        let (dir, ignored) = quick_project();
+        let quick = Quick::take(dir.path(), &ignored, i128::MAX).expect("walk");
+        std::fs::write(dir.path().join(".git/index"), "x").unwrap();
+        std::fs::write(dir.path().join("target/debug/new.o"), "x").unwrap();
+        assert!(quick.unchanged(dir.path(), &[]), "no change git sees");
+    }
+
+    /// An entry changed at or after the racy mark voids the shortcut, unless it is one of
+    /// corral's own placeholders.
+    #[test]
+    fn a_recent_change_voids_the_shortcut() {
+        let (dir, ignored) = quick_project();
+        let quick = Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).unwrap();
+        assert!(!quick.unchanged(dir.path(), &[]));
+        let (dir, ignored) = quick_project();
+        let quick = Quick::take(dir.path(), &ignored, i128::MAX).unwrap();
+        assert!(quick.unchanged(dir.path(), &[]));
+        // Every recent entry corral's own (quick_project just wrote them all: ctime now): the
+        // shortcut holds.
+        let (dir, ignored) = quick_project();
+        let quick = Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).unwrap();
+        let own = ["a.txt", "src", "target"].map(OsString::from);
+        assert!(quick.unchanged(dir.path(), &own));
+        // One left that is not: void.
+        let (dir, ignored) = quick_project();
+        let quick = Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).unwrap();
+        let own = ["a.txt", "target"].map(OsString::from);
+        assert!(!quick.unchanged(dir.path(), &own));
+    }
+
+    /// Only directories git did not enter are pruned, and none that holds a tracked file.
+    #[test]
+    fn only_unentered_ignored_directories_are_pruned() {
+        let (dir, _) = quick_project();
+        let ignored: BTreeSet<OsString> = ["a/", "b/", "b/.gitignore", "b/sub/", "c.log"]
+            .into_iter()
+            .map(OsString::from)
+            .collect();
+        for d in ["a", "b/sub"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        let quick = Quick::take(dir.path(), &ignored, i128::MAX).unwrap();
+        assert_eq!(quick.pruned, [OsString::from("a"), OsString::from("b/sub")]);
+        let rec = |t: u8, p: &str| (t, OsString::from(p));
+        assert!(!quick.prunes_any_of(&[rec(b'H', "ab"), rec(b'?', "a/x"), rec(b'H', "b/y")]));
+        assert!(quick.prunes_any_of(&[rec(b'H', "b/sub/x")]));
     }
 
     #[test]

@@ -48,12 +48,22 @@ pub struct Beginning {
     git: Option<std::thread::JoinHandle<gitguard::Snapshot>>,
 }
 
-/// A session ready to run: the snapshots are taken.
+/// A session ready to run: the git snapshot is taken; the change baseline is taken, or (after
+/// [`Beginning::ready_for_mounts`]) still being taken until [`Session::await_baseline`].
 pub struct Session {
     jail_id: String,
     audit: AuditLog,
-    baseline: Option<changes::Baseline>,
+    baseline: std::sync::Mutex<Baseline>,
     git: Option<gitguard::Snapshot>,
+    /// Paths corral itself made in the project for the run (placeholders): not listed as
+    /// changes.
+    own: std::sync::Mutex<Vec<std::path::PathBuf>>,
+}
+
+/// The change baseline of a session: on its thread, or taken (`None`: no summary this run).
+enum Baseline {
+    Pending(changes::Pending),
+    Taken(Option<Box<changes::Baseline>>),
 }
 
 impl Session {
@@ -106,6 +116,39 @@ impl Session {
             .unwrap_or_default()
     }
 
+    /// Wait until the change baseline is taken (at once when it is). What the jail's command
+    /// writes must come after it: a backend that started the jail with its exec held
+    /// ([`Beginning::ready_for_mounts`]) calls this before it lets the command run.
+    pub fn await_baseline(&self) {
+        let mut slot = self.baseline.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(*slot, Baseline::Taken(_)) {
+            return;
+        }
+        if let Baseline::Pending(pending) = std::mem::replace(&mut *slot, Baseline::Taken(None)) {
+            *slot = Baseline::Taken(changes::ready(pending).map(Box::new));
+        }
+    }
+
+    /// Paths corral made in the project for this run and removes after it (the jail's
+    /// placeholders): the change summary leaves them out. The baseline may be taken while they
+    /// are made (`ready_for_mounts`).
+    pub fn made_by_corral(&self, paths: Vec<std::path::PathBuf>) {
+        self.own
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(paths);
+    }
+
+    /// The baseline, taken (waiting for it if need be).
+    fn take_baseline(&self) -> Option<changes::Baseline> {
+        self.await_baseline();
+        let mut slot = self.baseline.lock().unwrap_or_else(|p| p.into_inner());
+        match std::mem::replace(&mut *slot, Baseline::Taken(None)) {
+            Baseline::Taken(b) => b.map(|b| *b),
+            Baseline::Pending(_) => None,
+        }
+    }
+
     /// Write a `Jail` event of this session to the audit log (a failure is said on stderr).
     pub fn record(&self, event: JailEvent) {
         record(&self.audit, &self.jail_id, event);
@@ -127,12 +170,15 @@ impl Session {
         // starts.
         let state_guard = stateguard::snapshot(plan);
         let result = backend.run(plan, &self);
+        let baseline = self.take_baseline();
         let Session {
             jail_id,
             audit,
-            baseline,
             git,
+            own,
+            ..
         } = self;
+        let own = own.into_inner().unwrap_or_else(|p| p.into_inner());
         let set_id = setid::check(set_id);
         let git_lines = git
             .map(|g| gitguard::check(g, &jail_id))
@@ -147,11 +193,12 @@ impl Session {
         let session = Session {
             jail_id,
             audit,
-            baseline: None,
+            baseline: std::sync::Mutex::new(Baseline::Taken(None)),
             git: None,
+            own: Default::default(),
         };
         backend.report(&session);
-        changes::finish(baseline, &session.audit, &session.jail_id);
+        changes::finish(baseline, &own, &session.audit, &session.jail_id);
         setid::report(set_id, &session.audit, &session.jail_id);
         match &result {
             Ok(code) => session.record(JailEvent::Exit { exit_code: *code }),
@@ -176,7 +223,16 @@ impl Beginning {
     /// Wait for the snapshots; call before the jail starts. The jail must then get the git
     /// files [`Session::protected`] names read-only ([`crate::runplan::RunPlan::protect`]).
     pub fn ready(self) -> anyhow::Result<Session> {
-        let baseline = changes::ready(self.baseline);
+        let session = self.ready_for_mounts()?;
+        session.await_baseline();
+        Ok(session)
+    }
+
+    /// Wait for the git snapshot only (the jail's mounts need what it protects); the change
+    /// baseline goes on being taken. The backend must hold the command's exec until
+    /// [`Session::await_baseline`] returned (the native jail: `SpawnOptions::hold_exec`, then
+    /// `RunningJail::release_exec`), so nothing the command writes is in the baseline.
+    pub fn ready_for_mounts(self) -> anyhow::Result<Session> {
         let git = match self.git {
             Some(handle) => Some(
                 handle
@@ -188,8 +244,9 @@ impl Beginning {
         Ok(Session {
             jail_id: self.jail_id,
             audit: self.audit,
-            baseline,
+            baseline: std::sync::Mutex::new(Baseline::Pending(self.baseline)),
             git,
+            own: Default::default(),
         })
     }
 }

@@ -144,7 +144,10 @@ fn run_plan_with(
     // The ids, the network rules and the cgroup are final: the set-up process builds the
     // namespaces while corral waits for the session's snapshots.
     prepared.enter_namespaces(&run.plan, &opts.cgroup_procs)?;
-    let session = beginning.ready()?;
+    // The jail's mounts wait for the git snapshot (what it protects); the command's exec waits
+    // for the change baseline too (`hold_exec`, released in `Native::run`).
+    let session = beginning.ready_for_mounts()?;
+    opts.hold_exec = true;
     // The git files the snapshot found are read-only in the jail and the executor's jail.
     run.protect(&session.protected());
     // The executor is attached last: its jail's Plan is final now.
@@ -194,6 +197,8 @@ impl Backend for Native<'_> {
         let mut jail = prepared
             .start(plan, &self.opts)
             .context("cannot start the jail")?;
+        // The placeholders it made may be in the baseline, taken meanwhile: not changes.
+        session.made_by_corral(jail.placeholders_made());
         let (audit, jail_id) = (session.audit(), session.jail_id());
         let mut net = jail.take_net();
         let stub_sockets = (net.dns.take(), std::mem::take(&mut net.capture));
@@ -215,6 +220,11 @@ impl Backend for Native<'_> {
             jail_id,
         );
         let placeholders = jail.keep_placeholders();
+        // The command's first write must come after the change baseline (changes.rs): its exec
+        // was held while the root was built; it goes once the baseline is complete.
+        session.await_baseline();
+        jail.release_exec()
+            .context("cannot let the jail's command start")?;
         let exit = jail.wait();
         drop(live);
         end_run(self.executor.take());
