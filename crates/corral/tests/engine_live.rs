@@ -16,12 +16,14 @@
 
 mod engine_support;
 mod jail_support;
+mod watch_support;
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use watch_support::Watch;
+
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::fs::DirBuilderExt as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use engine_support::{Engine, IMAGE, World, on_every_engine, text};
@@ -450,87 +452,6 @@ fn a_container_run_registers_for_corral_watch_and_refuses_run_only_allows(e: Eng
     assert!(e.rm_force(&[&origin]).status.success());
 }
 
-/// `corral watch` on a pty in the project; what it drew is read on a thread.
-struct Watch {
-    master: std::fs::File,
-    _slave: std::fs::File,
-    child: std::process::Child,
-    screen: Arc<Mutex<Vec<u8>>>,
-}
-
-impl Watch {
-    fn start(w: &World, runtime: &Path) -> Watch {
-        let mut c = w.command(&["watch"]);
-        c.env("TERM", "xterm-256color")
-            .env("XDG_RUNTIME_DIR", runtime);
-        let (master, slave, child) = jail_support::under_pty(c, 40, 200);
-        let screen = Arc::new(Mutex::new(Vec::new()));
-        let (mut reader, s) = (master.try_clone().unwrap(), screen.clone());
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = reader.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                s.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-        Watch {
-            master,
-            _slave: slave,
-            child,
-            screen,
-        }
-    }
-
-    /// Wait until the terminal output since `from` contains `needle` (a word: the terminal
-    /// skips cells already blank, so a phrase arrives in pieces); the output's length then.
-    #[track_caller]
-    fn wait_for(&mut self, from: usize, needle: &str) -> usize {
-        let start = Instant::now();
-        loop {
-            let seen = self.screen.lock().unwrap();
-            if let Some(i) = String::from_utf8_lossy(&seen[from.min(seen.len())..]).find(needle) {
-                return from + i + needle.len();
-            }
-            let text = String::from_utf8_lossy(&seen).into_owned();
-            drop(seen);
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("corral watch exited ({status}) before showing {needle:?}:\n{text}");
-            }
-            assert!(
-                start.elapsed() < DEADLINE,
-                "corral watch did not show {needle:?}:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.screen.lock().unwrap().len()
-    }
-
-    fn key(&mut self, k: &str) {
-        self.master.write_all(k.as_bytes()).unwrap();
-    }
-
-    /// `q`, and its exit status.
-    fn quit(mut self) -> std::process::ExitStatus {
-        self.key("q");
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            if start.elapsed() > DEADLINE {
-                let _ = self.child.kill();
-                panic!("corral watch did not quit on q");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
 fn corral_watch_shows_a_container_runs_denial_and_its_keys_work_through_the_files(e: Engine) {
     if !e.ready(&[]) {
         return;
@@ -551,7 +472,11 @@ fn corral_watch_shows_a_container_runs_denial_and_its_keys_work_through_the_file
 
     // The run is listed with its engine, and the proxy container's denial is shown with the
     // rule that denied it.
-    let mut watch = Watch::start(&w, &runtime);
+    let mut watch = Watch::start({
+        let mut c = w.command(&["watch"]);
+        c.env("XDG_RUNTIME_DIR", &runtime);
+        c
+    });
     watch.wait_for(0, &jail);
     watch.wait_for(0, &format!("({}", e.name()));
     watch.wait_for(0, &origin);

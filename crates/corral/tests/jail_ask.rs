@@ -9,13 +9,13 @@
 
 mod jail_support;
 mod live_support;
+mod watch_support;
 
-use std::io::{Read, Write};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use jail_support::*;
 use live_support::*;
+use watch_support::{Watch, corral_watch};
 
 /// The project's policy: asking, with `extra` lines in `[network]`.
 fn ask_policy(extra: &str) -> String {
@@ -264,73 +264,6 @@ fn held_connections_are_bounded_and_share_one_question() {
     );
 }
 
-/// `corral watch` on a pty; what it drew is read on a thread so it never blocks on output.
-struct Watch {
-    master: std::fs::File,
-    _slave: std::fs::File,
-    child: std::process::Child,
-    screen: Arc<Mutex<Vec<u8>>>,
-}
-
-impl Watch {
-    fn start(w: &World) -> Watch {
-        let mut c = w.corral();
-        c.arg("watch").env("TERM", "xterm-256color");
-        let (master, slave, child) = under_pty(c, 40, 200);
-        let screen = Arc::new(Mutex::new(Vec::new()));
-        let (mut reader, s) = (master.try_clone().unwrap(), screen.clone());
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = reader.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                s.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-        Watch {
-            master,
-            _slave: slave,
-            child,
-            screen,
-        }
-    }
-
-    #[track_caller]
-    fn wait_for(&mut self, needle: &str) {
-        let start = Instant::now();
-        loop {
-            let text = String::from_utf8_lossy(&self.screen.lock().unwrap()).into_owned();
-            if text.contains(needle) {
-                return;
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("corral watch exited ({status}) before showing {needle:?}:\n{text}");
-            }
-            assert!(
-                start.elapsed() < DEADLINE,
-                "corral watch did not show {needle:?}:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn quit(mut self) -> std::process::ExitStatus {
-        self.master.write_all(b"q").unwrap();
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            if start.elapsed() > DEADLINE {
-                let _ = self.child.kill();
-                panic!("corral watch did not quit on q");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
 #[test]
 fn corral_watch_shows_the_question_and_a_lets_the_held_request_through() {
     let w = World::new();
@@ -347,13 +280,13 @@ fn corral_watch_shows_the_question_and_a_lets_the_held_request_through() {
     wait_file(&w.project.join("step1"));
     let socket = control_socket(&w);
     wait_asks(&socket, |a| !a.is_empty());
-    let mut watch = Watch::start(&w);
+    let mut watch = Watch::start(corral_watch(&w));
     // The question at the top, with its time left (words: the terminal skips blank cells).
-    watch.wait_for("ASK");
-    watch.wait_for(&target);
-    watch.wait_for("left");
+    watch.wait_for(0, "ASK");
+    watch.wait_for(0, &target);
+    watch.wait_for(0, "left");
     let before = std::fs::read_to_string(&policy_file).unwrap();
-    watch.master.write_all(b"a").unwrap();
+    watch.key("a");
     let out = bg.finish();
     assert!(out.stdout.contains("HELD 200"), "{}", out.both());
     wait_record(&w, "live-allow", |r| summary(r).contains(&target));
@@ -382,10 +315,10 @@ fn corral_watch_r_refuses_the_held_request() {
     wait_file(&w.project.join("step1"));
     let socket = control_socket(&w);
     wait_asks(&socket, |a| !a.is_empty());
-    let mut watch = Watch::start(&w);
-    watch.wait_for("ASK");
-    watch.wait_for(&format!("127.0.0.1:{port}"));
-    watch.master.write_all(b"r").unwrap();
+    let mut watch = Watch::start(corral_watch(&w));
+    watch.wait_for(0, "ASK");
+    watch.wait_for(0, &format!("127.0.0.1:{port}"));
+    watch.key("r");
     let out = bg.finish();
     assert!(out.stdout.contains("HELD 403"), "{}", out.both());
     let records = net_records(&w, "127.0.0.1");
@@ -414,10 +347,10 @@ fn corral_watch_p_adds_the_question_to_corral_toml_and_lets_it_through() {
     wait_file(&w.project.join("step1"));
     let socket = control_socket(&w);
     wait_asks(&socket, |a| !a.is_empty());
-    let mut watch = Watch::start(&w);
-    watch.wait_for("ASK");
-    watch.wait_for(&target);
-    watch.master.write_all(b"p").unwrap();
+    let mut watch = Watch::start(corral_watch(&w));
+    watch.wait_for(0, "ASK");
+    watch.wait_for(0, &target);
+    watch.key("p");
     let out = bg.finish();
     assert!(out.stdout.contains("HELD 200"), "{}", out.both());
     let text = std::fs::read_to_string(&policy_file).unwrap();

@@ -5,88 +5,11 @@
 
 mod jail_support;
 mod live_support;
-
-use std::io::{Read, Write};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+mod watch_support;
 
 use jail_support::*;
 use live_support::*;
-
-/// `corral watch` on a pty; what it drew is read on a thread so it never blocks on output.
-struct Watch {
-    master: std::fs::File,
-    _slave: std::fs::File,
-    child: std::process::Child,
-    screen: Arc<Mutex<Vec<u8>>>,
-}
-
-impl Watch {
-    fn start(w: &World) -> Watch {
-        let mut c = w.corral();
-        c.arg("watch").env("TERM", "xterm-256color");
-        let (master, slave, child) = under_pty(c, 40, 200);
-        let screen = Arc::new(Mutex::new(Vec::new()));
-        let (mut reader, s) = (master.try_clone().unwrap(), screen.clone());
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = reader.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                s.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-        Watch {
-            master,
-            _slave: slave,
-            child,
-            screen,
-        }
-    }
-
-    /// Wait until the terminal output since `from` contains `needle`; the output's length.
-    #[track_caller]
-    fn wait_for(&mut self, from: usize, needle: &str) -> usize {
-        let start = Instant::now();
-        loop {
-            let seen = self.screen.lock().unwrap();
-            if let Some(i) = String::from_utf8_lossy(&seen[from.min(seen.len())..]).find(needle) {
-                return from + i + needle.len();
-            }
-            let text = String::from_utf8_lossy(&seen).into_owned();
-            drop(seen);
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("corral watch exited ({status}) before showing {needle:?}:\n{text}");
-            }
-            assert!(
-                start.elapsed() < DEADLINE,
-                "corral watch did not show {needle:?}:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn key(&mut self, k: &str) {
-        self.master.write_all(k.as_bytes()).unwrap();
-    }
-
-    /// `q`, and its exit status.
-    fn quit(mut self) -> std::process::ExitStatus {
-        self.key("q");
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            if start.elapsed() > DEADLINE {
-                let _ = self.child.kill();
-                panic!("corral watch did not quit on q");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
+use watch_support::{Watch, corral_watch};
 
 #[test]
 fn watch_allows_for_the_run_then_denies_in_corral_toml() {
@@ -103,7 +26,7 @@ fn watch_allows_for_the_run_then_denies_in_corral_toml() {
     );
     let bg = Background::start(&w, &script);
     assert_eq!(wait_file(&w.project.join("step1")).trim(), "BEFORE 403");
-    let mut watch = Watch::start(&w);
+    let mut watch = Watch::start(corral_watch(&w));
     // The denial, with the rule that denied it (words: the terminal skips cells that are
     // already blank, so a phrase arrives in pieces).
     watch.wait_for(0, &target);
@@ -149,7 +72,7 @@ fn watch_adds_the_allow_to_corral_toml_keeping_its_comments() {
     );
     let bg = Background::start(&w, &script);
     assert_eq!(wait_file(&w.project.join("step1")).trim(), "BEFORE 403");
-    let mut watch = Watch::start(&w);
+    let mut watch = Watch::start(corral_watch(&w));
     watch.wait_for(0, &target);
     watch.key("p");
     wait_record(&w, "live-policy", |r| {
