@@ -264,26 +264,36 @@ fn held_connections_are_bounded_and_share_one_question() {
     );
 }
 
-#[test]
-fn corral_watch_shows_the_question_and_a_lets_the_held_request_through() {
-    let w = World::new();
+/// A jail with `on_deny = "ask"` whose request to a loopback origin waits for an answer, and
+/// `corral watch` on a pty showing the question; the origin's `host:port`.
+fn held_in_watch(w: &World) -> (Background, Watch, String) {
     let port = origin();
     let target = format!("127.0.0.1:{port}");
-    let policy_file = w.project.join("corral.toml");
-    write(&policy_file, &ask_policy("ask_timeout = 300\n"));
+    write(
+        &w.project.join("corral.toml"),
+        &ask_policy("ask_timeout = 300\n"),
+    );
     w.trust_project(&[]);
     let script = format!(
         "{}step 1 ready\necho \"HELD $(ask held)\"\necho END\n",
         prelude(port)
     );
-    let bg = Background::start(&w, &script);
+    let bg = Background::start(w, &script);
     wait_file(&w.project.join("step1"));
-    let socket = control_socket(&w);
-    wait_asks(&socket, |a| !a.is_empty());
-    let mut watch = Watch::start(corral_watch(&w));
-    // The question at the top, with its time left (words: the terminal skips blank cells).
+    wait_asks(&control_socket(w), |a| !a.is_empty());
+    let mut watch = Watch::start(corral_watch(w));
+    // The question at the top (words: the terminal skips blank cells).
     watch.wait_for(0, "ASK");
     watch.wait_for(0, &target);
+    (bg, watch, target)
+}
+
+#[test]
+fn corral_watch_shows_the_question_and_a_lets_the_held_request_through() {
+    let w = World::new();
+    let policy_file = w.project.join("corral.toml");
+    let (bg, mut watch, target) = held_in_watch(&w);
+    // With its time left.
     watch.wait_for(0, "left");
     let before = std::fs::read_to_string(&policy_file).unwrap();
     watch.key("a");
@@ -301,23 +311,7 @@ fn corral_watch_shows_the_question_and_a_lets_the_held_request_through() {
 #[test]
 fn corral_watch_r_refuses_the_held_request() {
     let w = World::new();
-    let port = origin();
-    write(
-        &w.project.join("corral.toml"),
-        &ask_policy("ask_timeout = 300\n"),
-    );
-    w.trust_project(&[]);
-    let script = format!(
-        "{}step 1 ready\necho \"HELD $(ask held)\"\necho END\n",
-        prelude(port)
-    );
-    let bg = Background::start(&w, &script);
-    wait_file(&w.project.join("step1"));
-    let socket = control_socket(&w);
-    wait_asks(&socket, |a| !a.is_empty());
-    let mut watch = Watch::start(corral_watch(&w));
-    watch.wait_for(0, "ASK");
-    watch.wait_for(0, &format!("127.0.0.1:{port}"));
+    let (bg, mut watch, _) = held_in_watch(&w);
     watch.key("r");
     let out = bg.finish();
     assert!(out.stdout.contains("HELD 403"), "{}", out.both());
@@ -334,22 +328,8 @@ fn corral_watch_r_refuses_the_held_request() {
 #[test]
 fn corral_watch_p_adds_the_question_to_corral_toml_and_lets_it_through() {
     let w = World::new();
-    let port = origin();
-    let target = format!("127.0.0.1:{port}");
     let policy_file = w.project.join("corral.toml");
-    write(&policy_file, &ask_policy("ask_timeout = 300\n"));
-    w.trust_project(&[]);
-    let script = format!(
-        "{}step 1 ready\necho \"HELD $(ask held)\"\necho END\n",
-        prelude(port)
-    );
-    let bg = Background::start(&w, &script);
-    wait_file(&w.project.join("step1"));
-    let socket = control_socket(&w);
-    wait_asks(&socket, |a| !a.is_empty());
-    let mut watch = Watch::start(corral_watch(&w));
-    watch.wait_for(0, "ASK");
-    watch.wait_for(0, &target);
+    let (bg, mut watch, target) = held_in_watch(&w);
     watch.key("p");
     let out = bg.finish();
     assert!(out.stdout.contains("HELD 200"), "{}", out.both());
