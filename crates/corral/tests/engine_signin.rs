@@ -95,15 +95,29 @@ fn run_script(w: &World, script: &str) -> std::process::Command {
     )
 }
 
-/// The mock ([`MOCK`]) in a container named `name` on `network` as `alias`, with a certificate
-/// for `alias` from the test CA in `dir` (which it writes `seen.jsonl` into).
-fn start_mock(e: Engine, dir: &Path, name: &str, alias: &str, network: &str) {
-    let tokens = serde_json::json!({"access": ACCESS, "refresh": REFRESH,
-        "new_access": NEW_ACCESS, "new_refresh": NEW_REFRESH, "token_path": "/v1/oauth/token"});
-    start_mock_with(e, dir, (name, alias, network), &tokens);
+/// The tokens of the Claude-shaped sign-in the mock knows.
+fn claude_tokens() -> serde_json::Value {
+    serde_json::json!({"access": ACCESS, "refresh": REFRESH,
+        "new_access": NEW_ACCESS, "new_refresh": NEW_REFRESH, "token_path": "/v1/oauth/token"})
 }
 
-/// [`start_mock`] with the mock's `tokens` (as [`MOCK`] reads them).
+/// A world whose mock API and token endpoint (answering `tokens`) run on an external network
+/// of their own: the world, the mock's name (also its alias), the network's subnet and the
+/// mock's directory (its test CA `ca.pem`, the `seen.jsonl` it writes).
+fn mock_world(e: Engine, tokens: &serde_json::Value) -> (World, String, String, PathBuf) {
+    let w = World::new(e, "g");
+    let api = format!("{}-auth", w.prefix);
+    let mock = w.dir.path().join("mock");
+    std::fs::create_dir_all(&mock).unwrap();
+    let external = format!("{}-external", w.prefix);
+    e.ok(&["network", "create", &external]);
+    let subnet = e.subnet(&external);
+    start_mock_with(e, &mock, (&api, &api, &external), tokens);
+    (w, api, subnet, mock)
+}
+
+/// The mock ([`MOCK`]) in a container named `name` on `network` as `alias`, answering `tokens`,
+/// with a certificate for `alias` from the test CA in `dir` (which it writes `seen.jsonl` into).
 fn start_mock_with(
     e: Engine,
     dir: &Path,
@@ -251,14 +265,7 @@ fn the_harness_holds_placeholders_and_the_host_file_gets_the_refreshed_tokens(e:
     if !e.ready(&["openssl"]) {
         return;
     }
-    let w = World::new(e, "g");
-    let api = format!("{}-auth", w.prefix);
-    let mock = w.dir.path().join("mock");
-    std::fs::create_dir_all(&mock).unwrap();
-    let external = format!("{}-external", w.prefix);
-    e.ok(&["network", "create", &external]);
-    let subnet = e.subnet(&external);
-    start_mock(e, &mock, &api, &api, &external);
+    let (w, api, subnet, mock) = mock_world(e, &claude_tokens());
     let file = signed_in(&w);
     let inode = std::fs::metadata(&file).unwrap().ino();
     signin_project(&w, &api, &subnet, "proxy");
@@ -575,14 +582,7 @@ fn after_corral_is_killed_a_refresh_is_refused_rather_than_lost(e: Engine) {
     if !e.ready(&["openssl"]) {
         return;
     }
-    let w = World::new(e, "g");
-    let api = format!("{}-auth", w.prefix);
-    let mock = w.dir.path().join("mock");
-    std::fs::create_dir_all(&mock).unwrap();
-    let external = format!("{}-external", w.prefix);
-    e.ok(&["network", "create", &external]);
-    let subnet = e.subnet(&external);
-    start_mock(e, &mock, &api, &api, &external);
+    let (w, api, subnet, mock) = mock_world(e, &claude_tokens());
     let file = signed_in(&w);
     let before = std::fs::read(&file).unwrap();
     signin_project(&w, &api, &subnet, "proxy");
@@ -670,16 +670,9 @@ fn codex_auth_json_is_served_with_a_form_encoded_refresh_and_written_back(e: Eng
         "CDXNEWREFRESH",
     ];
 
-    let w = World::new(e, "g");
-    let api = format!("{}-auth", w.prefix);
-    let mock = w.dir.path().join("mock");
-    std::fs::create_dir_all(&mock).unwrap();
-    let external = format!("{}-external", w.prefix);
-    e.ok(&["network", "create", &external]);
-    let subnet = e.subnet(&external);
     let tokens = serde_json::json!({"access": access, "refresh": refresh, "new_access": new_access,
         "new_refresh": new_refresh, "new_id": id, "token_path": "/oauth/token"});
-    start_mock_with(e, &mock, (&api, &api, &external), &tokens);
+    let (w, api, subnet, mock) = mock_world(e, &tokens);
     let file = home(&w).join(".codex/auth.json");
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
     let auth = serde_json::json!({"OPENAI_API_KEY": null, "tokens": {"id_token": id,
