@@ -66,6 +66,8 @@ pub struct FilesystemSection {
     pub protect: Vec<Spanned<String>>,
     /// Let the harness change its own code in its state directories (user config only).
     pub allow_harness_config: Option<Spanned<bool>>,
+    /// The jail may create git repositories where the host sees them (user config only).
+    pub allow_new_repositories: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

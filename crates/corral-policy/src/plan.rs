@@ -341,6 +341,32 @@ pub struct Plan {
     /// (they are code the host runs later), their programs on PATH. Their binds are in `mounts`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub toolchains: Vec<Toolchain>,
+    /// Git directories, and whether the jail may create repositories while it runs.
+    #[serde(default, skip_serializing_if = "GitPlan::is_default")]
+    pub git: GitPlan,
+}
+
+/// What the name gate (corral-sandbox `namegate.rs`) needs: while a native jail runs, no name
+/// that would make a git repository discoverable on the host (`.git`, `HEAD`, `commondir`) can
+/// be created outside the jail's own file systems.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GitPlan {
+    /// The git directories that existed when the run started (the project's, nested
+    /// repositories', submodules', linked worktrees' administrative directories, those of
+    /// read-write binds): the only places outside the jail's own file systems where a `HEAD`
+    /// may be created (commits and checkouts replace it). Filled from the session's snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dirs: Vec<PathBuf>,
+    /// `filesystem.allow_new_repositories` (user config only): no name gate; what the run
+    /// creates is checked when it ends instead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub new_repositories: bool,
+}
+
+impl GitPlan {
+    pub fn is_default(&self) -> bool {
+        self == &GitPlan::default()
+    }
 }
 
 /// A language toolchain the jail can use, read-only.
@@ -564,6 +590,7 @@ impl Plan {
             sources: Vec::new(),
             project_grants: Vec::new(),
             project_trust: None,
+            git: Default::default(),
             toolchains: Vec::new(),
         }
     }

@@ -228,6 +228,7 @@ fn shell_plan(f: &Fx) -> Plan {
         sources: vec![],
         project_grants: vec![],
         project_trust: None,
+        git: Default::default(),
         toolchains: Vec::new(),
     };
     Plan {
@@ -365,6 +366,7 @@ fn pi_plan(f: &Fx) -> Plan {
         sources: vec![],
         project_grants: vec![],
         project_trust: None,
+        git: Default::default(),
         toolchains: Vec::new(),
     };
 
@@ -481,6 +483,7 @@ fn pi_plan(f: &Fx) -> Plan {
         sources: vec![],
         project_grants: vec![],
         project_trust: None,
+        git: Default::default(),
         toolchains: Vec::new(),
     }
 }

@@ -124,6 +124,75 @@ pub fn drop_all() -> Result<(), CapsError> {
     Ok(())
 }
 
+/// Keep only capability `cap` (below 32) in the calling thread, in its bounding, permitted and
+/// effective sets, and set no_new_privs: the name gate's thread (namegate.rs) keeps
+/// CAP_SYS_PTRACE over the jail's user namespace to read the memory of jail processes that are
+/// not dumpable.
+pub fn keep_only(cap: u32) -> Result<(), CapsError> {
+    for other in (0..=CAP_MAX_TRY).filter(|&c| c != cap) {
+        // SAFETY: prctl with integer arguments only.
+        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, other as libc::c_ulong, 0, 0, 0) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
+            // SAFETY: prctl with integer arguments only.
+            let held =
+                unsafe { libc::prctl(libc::PR_CAPBSET_READ, other as libc::c_ulong, 0, 0, 0) };
+            if held != 0 {
+                return Err(CapsError::Bounding {
+                    cap: other,
+                    cause: e,
+                });
+            }
+        }
+    }
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+        return Err(CapsError::Ambient(io::Error::last_os_error()));
+    }
+    let mut hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let bit = 1u32 << cap;
+    let data = [
+        CapData {
+            effective: bit,
+            permitted: bit,
+            inheritable: 0,
+        },
+        CapData::default(),
+    ];
+    // SAFETY: capset reads a v3 header and two data structs, which we pass.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) };
+    if rc != 0 {
+        return Err(CapsError::Capset(io::Error::last_os_error()));
+    }
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(CapsError::NoNewPrivs(io::Error::last_os_error()));
+    }
+    let now = current()?;
+    if (now.effective | now.permitted | now.inheritable) & !u64::from(bit) != 0 {
+        return Err(CapsError::StillHeld {
+            what: "the effective/permitted/inheritable set",
+            value: now.effective | now.permitted | now.inheritable,
+        });
+    }
+    Ok(())
+}
+
 /// The calling thread's capability sets, as 64-bit masks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CapSets {

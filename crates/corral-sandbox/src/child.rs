@@ -459,15 +459,39 @@ fn control_readable(ctl: &OwnedFd, pipe: Option<&SignalPipe>) -> bool {
 /// it (`RunningJail::release_exec`): the root is built meanwhile.
 fn pid_one(config: &InitConfig, gate: Option<OwnedFd>) -> Result<i32, JailError> {
     die_with_parent()?;
-    mounts::set_up_root(&config.plan, config.tty)?;
+    let private = mounts::set_up_root(&config.plan, config.tty)?;
     make_non_dumpable()?;
     if let Some(gate) = gate {
         wait_for_gate(gate)?;
     }
-    // SAFETY: single-threaded (forked from the single-threaded set-up process).
+    // The name gate (namegate.rs) performs the command's creations with the command's rights:
+    // one Landlock domain for PID 1 and everything it forks; the command drops every
+    // capability, PID 1 too once the gate's thread (CAP_SYS_PTRACE only) has started.
+    let names = crate::namegate::Gate::prepare(&config.plan, &private);
+    let filters = Filters::build(names.is_some())?;
+    crate::landlock::restrict(&config.plan).map_err(|e| JailError::step("apply Landlock", e))?;
+    let channel = match names {
+        Some(_) => Some(
+            nix::sys::socket::socketpair(
+                nix::sys::socket::AddressFamily::Unix,
+                nix::sys::socket::SockType::Stream,
+                None,
+                nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            )
+            .map_err(|e| JailError::step("make the name gate's socket", e))?,
+        ),
+        None => None,
+    };
+    let (to_gate, from_command) = match channel {
+        Some((a, b)) => (Some(a), Some(b)),
+        None => (None, None),
+    };
+    // SAFETY: single-threaded (forked from the single-threaded set-up process; the gate's
+    // threads start after this fork).
     match unsafe { fork() }.map_err(|e| JailError::step("fork the command's process", e))? {
         ForkResult::Child => {
-            let code = match exec_command(config) {
+            drop(from_command);
+            let code = match exec_command(config, filters, to_gate) {
                 Ok(never) => match never {},
                 Err(CommandError::Setup(e)) => {
                     eprintln!("corral: jail set-up: {e}");
@@ -481,6 +505,10 @@ fn pid_one(config: &InitConfig, gate: Option<OwnedFd>) -> Result<i32, JailError>
             std::process::exit(code)
         }
         ForkResult::Parent { child } => {
+            drop(to_gate);
+            if let (Some(names), Some(from)) = (names, from_command) {
+                names.serve(from);
+            }
             // PID 1 keeps nothing it does not need: no capabilities, no new privileges.
             crate::caps::drop_all().map_err(|e| JailError::step("drop PID 1's capabilities", e))?;
             Ok(wait_forwarding(child, true, None))
@@ -550,8 +578,32 @@ impl From<JailError> for CommandError {
     }
 }
 
-/// The command's process, from fork to exec.
-fn exec_command(config: &InitConfig) -> Result<std::convert::Infallible, CommandError> {
+/// The seccomp programs of the command, built in PID 1 before it forks.
+struct Filters {
+    base: Vec<libc::sock_filter>,
+    gate: Option<Vec<libc::sock_filter>>,
+}
+
+impl Filters {
+    fn build(gate: bool) -> Result<Filters, JailError> {
+        let step = |e| JailError::step("build the seccomp filter", e);
+        Ok(Filters {
+            base: crate::seccomp::build_filter().map_err(step)?,
+            gate: match gate {
+                true => Some(crate::seccomp::build_gate_filter().map_err(step)?),
+                false => None,
+            },
+        })
+    }
+}
+
+/// The command's process, from fork to exec. Landlock was PID 1's (the name gate acts in the
+/// same domain).
+fn exec_command(
+    config: &InitConfig,
+    filters: Filters,
+    to_gate: Option<OwnedFd>,
+) -> Result<std::convert::Infallible, CommandError> {
     let plan = &config.plan;
     crate::sig::reset_dispositions(FORWARDED);
     // SIGPIPE too: corral (a Rust program) ignores it, an ignored disposition survives exec,
@@ -562,10 +614,25 @@ fn exec_command(config: &InitConfig) -> Result<std::convert::Infallible, Command
     enter_working_directory(&plan.cwd)?;
     let (path, argv, envp) = resolve_command(plan)?;
     apply_rlimits(config)?;
-    crate::landlock::restrict(plan).map_err(|e| JailError::step("apply Landlock", e))?;
     crate::caps::drop_all().map_err(|e| JailError::step("drop capabilities", e))?;
-    close_other_fds()?;
-    crate::seccomp::install().map_err(|e| JailError::step("install the seccomp filter", e))?;
+    let to_gate = close_other_fds(to_gate)?;
+    crate::seccomp::install_program(&filters.base)
+        .map_err(|e| JailError::step("install the seccomp filter", e))?;
+    if let (Some(prog), Some(to)) = (&filters.gate, to_gate) {
+        let listener = match crate::seccomp::install_gate(prog) {
+            Ok(Some(l)) => Some(l),
+            Ok(None) => {
+                eprintln!(
+                    "corral: this kernel lacks what the name gate needs (Linux 5.19): git \
+                     repositories the jail creates are checked when the run ends instead"
+                );
+                None
+            }
+            Err(e) => return Err(JailError::step("install the name gate's filter", e).into()),
+        };
+        crate::namegate::send_listener(to.as_raw_fd(), listener.as_ref())
+            .map_err(|e| JailError::step("send the name gate's listener", e))?;
+    }
     let err = nix::unistd::execve(&path, &argv, &envp).unwrap_err();
     let code = match err {
         nix::errno::Errno::ENOENT => EXIT_NOT_FOUND,
@@ -664,16 +731,35 @@ fn apply_rlimits(config: &InitConfig) -> Result<(), JailError> {
     Ok(())
 }
 
-fn close_other_fds() -> Result<(), JailError> {
-    // SAFETY: close_range closes descriptors of this process only; none above 2 is in use by
-    // Rust code past this point.
-    if unsafe { libc::close_range(3, libc::c_uint::MAX, 0) } != 0 {
-        return Err(JailError::step(
+/// Close every descriptor above 2 but `keep` (the name gate's socket), which moves to 3
+/// (close-on-exec).
+fn close_other_fds(keep: Option<OwnedFd>) -> Result<Option<OwnedFd>, JailError> {
+    let err = |_| {
+        JailError::step(
             "close inherited descriptors",
             std::io::Error::last_os_error(),
-        ));
+        )
+    };
+    let mut first = 3;
+    let kept = match keep {
+        Some(fd) => {
+            let raw = fd.into_raw_fd();
+            // SAFETY: dup3 onto fd 3 (whatever was there is closed, as it would be below).
+            if raw != 3 && unsafe { libc::dup3(raw, 3, libc::O_CLOEXEC) } != 3 {
+                return Err(err(()));
+            }
+            first = 4;
+            // SAFETY: fd 3 now holds the socket, owned here alone.
+            Some(unsafe { OwnedFd::from_raw_fd(3) })
+        }
+        None => None,
+    };
+    // SAFETY: close_range closes descriptors of this process only; none above 2 (or 3, the
+    // gate's socket) is in use by Rust code past this point.
+    if unsafe { libc::close_range(first, libc::c_uint::MAX, 0) } != 0 {
+        return Err(err(()));
     }
-    Ok(())
+    Ok(kept)
 }
 
 /// Forward `sig` to `pid` (used by corral for the set-up process).

@@ -25,6 +25,7 @@ mod child;
 mod error;
 pub mod landlock;
 mod mounts;
+mod namegate;
 mod netns;
 mod placeholder;
 pub mod probe;

@@ -32,16 +32,26 @@ const NONE: Option<&str> = None;
 /// Build the jail's root from `plan` and pivot into it. Runs in the jail's PID 1, which owns the
 /// jail's user and mount namespaces. `own_devpts`: the set-up process mounted the jail's devpts
 /// instance over /dev/pts already (the jail's pty is in it); else a fresh one is mounted.
-pub fn set_up_root(plan: &Plan, own_devpts: bool) -> Result<(), JailError> {
+pub fn set_up_root(plan: &Plan, own_devpts: bool) -> Result<PrivateDevices, JailError> {
     make_mounts_private()?;
     pivot_into_base()?;
     mount_new_root()?;
+    // The devices of the file systems made here, each taken right after its mount (a bind of
+    // the Plan may cover its path later): what the jail writes there, the host never sees
+    // (the name gate, namegate.rs).
+    let mut private = PrivateDevices::default();
+    private.add(NEW)?;
     let sizes = TmpfsSizes::of(plan);
     mount_private_tmp(&sizes.tmp)?;
+    private.add(&format!("{NEW}/tmp"))?;
     mount_dev(&sizes.other, own_devpts)?;
+    private.add(&format!("{NEW}/dev"))?;
+    private.add(&format!("{NEW}/dev/shm"))?;
     mount_proc()?;
     for index in 0..plan.mounts.len() {
-        apply_plan_mount(plan, index, &sizes.other)?;
+        if let Some(tmpfs) = apply_plan_mount(plan, index, &sizes.other)? {
+            private.add(&tmpfs)?;
+        }
     }
     make_mask_sources()?;
     let masks = Masks::open()?;
@@ -56,7 +66,21 @@ pub fn set_up_root(plan: &Plan, own_devpts: bool) -> Result<(), JailError> {
     pivot_into_new_root()?;
     detach_old_root()?;
     remount_root_read_only()?;
-    Ok(())
+    Ok(private)
+}
+
+/// The devices (`st_dev`) of the file systems the jail made itself.
+#[derive(Default, Debug)]
+pub(crate) struct PrivateDevices(pub(crate) Vec<u64>);
+
+impl PrivateDevices {
+    fn add(&mut self, path: &str) -> Result<(), JailError> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path)
+            .map_err(|e| JailError::at("stat a tmpfs the jail made", path, e))?;
+        self.0.push(m.dev());
+        Ok(())
+    }
 }
 
 fn make_mounts_private() -> Result<(), JailError> {
@@ -256,7 +280,12 @@ fn mount_proc() -> Result<(), JailError> {
     })
 }
 
-fn apply_plan_mount(plan: &Plan, index: usize, tmpfs_size: &str) -> Result<(), JailError> {
+/// Apply one mount of the Plan; a tmpfs's path (to stat it) is returned.
+fn apply_plan_mount(
+    plan: &Plan,
+    index: usize,
+    tmpfs_size: &str,
+) -> Result<Option<String>, JailError> {
     let m = &plan.mounts[index];
     match m.kind {
         MountKind::Tmpfs => {
@@ -269,7 +298,9 @@ fn apply_plan_mount(plan: &Plan, index: usize, tmpfs_size: &str) -> Result<(), J
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
                 Some(format!("mode=0755{tmpfs_size}").as_str()),
             )
-            .map_err(|e| JailError::at("mount a tmpfs", &m.target, e))
+            .map_err(|e| JailError::at("mount a tmpfs", &m.target, e))?;
+            // Stat it through its path: the descriptor is the directory below the mount.
+            Ok(Some(under(NEW, &m.target).to_string_lossy().into_owned()))
         }
         MountKind::Bind(access) => {
             check_named_path(plan, &m.target)?;
@@ -291,7 +322,7 @@ fn apply_plan_mount(plan: &Plan, index: usize, tmpfs_size: &str) -> Result<(), J
                     }
                     if !w.complete() {
                         if m.optional {
-                            return Ok(());
+                            return Ok(None);
                         }
                         return Err(JailError::at(
                             "find a mount's source",
@@ -306,7 +337,7 @@ fn apply_plan_mount(plan: &Plan, index: usize, tmpfs_size: &str) -> Result<(), J
                     let meta = match fs::symlink_metadata(&source) {
                         Ok(meta) => meta,
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound && m.optional => {
-                            return Ok(());
+                            return Ok(None);
                         }
                         Err(e) => {
                             return Err(JailError::at("find a mount's source", &m.source, e));
@@ -322,6 +353,7 @@ fn apply_plan_mount(plan: &Plan, index: usize, tmpfs_size: &str) -> Result<(), J
                             mkdir_all(parent)?;
                         }
                         return std::os::unix::fs::symlink(&to, &target)
+                            .map(|()| None)
                             .map_err(|e| JailError::at("recreate a symlink", &m.target, e));
                     }
                     open_path(&source)
@@ -332,7 +364,7 @@ fn apply_plan_mount(plan: &Plan, index: usize, tmpfs_size: &str) -> Result<(), J
                 .map_err(|e| JailError::at("find a mount's source", &m.source, e))?
                 == Kind::Dir;
             let target = mount_point(plan, index, is_dir)?;
-            bind_fd(&source, &target, access, &m.target)
+            bind_fd(&source, &target, access, &m.target).map(|()| None)
         }
     }
 }

@@ -130,7 +130,7 @@ impl Check {
 pub fn run() -> Report {
     let landlock_abi = crate::landlock::kernel_abi();
     let userns = probe_userns();
-    let seccomp = probe_seccomp();
+    let (seccomp, gate) = probe_seccomp();
     let (cgroups, version) = probe_cgroups();
     let strict_limits = cgroups.status == Status::Ok;
     let limits_path = match version {
@@ -142,6 +142,7 @@ pub fn run() -> Report {
         userns,
         probe_landlock(landlock_abi),
         seccomp,
+        gate,
         cgroups,
         probe_pty(),
         probe_tiocsti(),
@@ -361,23 +362,41 @@ fn probe_landlock(abi: Option<u32>) -> Check {
     }
 }
 
-fn probe_seccomp() -> Check {
+/// The seccomp check, and the name gate's (namegate.rs: a listener that waits killably, Linux
+/// 5.19), tried in the same child.
+fn probe_seccomp() -> (Check, Check) {
+    let gate_missing = |why: &str| {
+        check("name-gate", Status::Warn, why.to_string())
+            .disables(
+                "refusing new git repositories while a run lasts (they are checked when it ends)",
+            )
+            .fix("use Linux 5.19 or later")
+    };
+    probe_seccomp_with(&gate_missing)
+}
+
+fn probe_seccomp_with(gate_missing: &dyn Fn(&str) -> Check) -> (Check, Check) {
+    let gate_prog = crate::seccomp::build_gate_filter().ok();
+    let no_gate = || gate_missing("not tried: seccomp is missing");
     let mode = fs::read_to_string("/proc/self/status").ok().and_then(|s| {
         s.lines()
             .find_map(|l| l.strip_prefix("Seccomp:").map(|v| v.trim().to_string()))
     });
     let Some(mode) = mode else {
-        return check(
-            "seccomp",
-            Status::Missing,
-            "the kernel has no seccomp (no Seccomp: line in /proc/self/status)",
-        )
-        .disables("the native backend: corral never runs a jail without its syscall filter")
-        .fix("use a kernel built with CONFIG_SECCOMP_FILTER, or --engine podman/docker");
+        return (
+            check(
+                "seccomp",
+                Status::Missing,
+                "the kernel has no seccomp (no Seccomp: line in /proc/self/status)",
+            )
+            .disables("the native backend: corral never runs a jail without its syscall filter")
+            .fix("use a kernel built with CONFIG_SECCOMP_FILTER, or --engine podman/docker"),
+            no_gate(),
+        );
     };
     let prog = match crate::seccomp::build_filter() {
         Ok(p) => p,
-        Err(e) => return check("seccomp", Status::Missing, e.to_string()),
+        Err(e) => return (check("seccomp", Status::Missing, e.to_string()), no_gate()),
     };
     // In a child: install corral's real filter, then try what it must deny and what it must not.
     let r = in_child(|| {
@@ -393,33 +412,54 @@ fn probe_seccomp() -> Check {
                 return 5;
             }
         }
-        0
+        match gate_prog.as_deref().map(crate::seccomp::install_gate) {
+            Some(Ok(Some(_))) => 0,
+            _ => 6,
+        }
     });
     let inherited = if mode == "0" {
         String::new()
     } else {
         format!("; corral itself already runs under a seccomp filter (mode {mode}), which stacks")
     };
-    match r {
-        Ok(0) => check(
+    let gate_ok = || {
+        check(
+            "name-gate",
+            Status::Ok,
+            "seccomp user notification with a killable wait: new git repositories are refused \
+             while a run lasts",
+        )
+    };
+    let seccomp_ok = || {
+        check(
             "seccomp",
             Status::Ok,
             format!(
                 "corral's filter installed in a child; unshare(CLONE_NEWUSER) got EPERM there{inherited}"
             ),
-        ),
-        Ok(c) => check(
-            "seccomp",
-            Status::Missing,
-            match c {
-                3 => "installing corral's seccomp filter failed".to_string(),
-                4 => "the filter did not deny unshare(CLONE_NEWUSER)".to_string(),
-                _ => "ordinary syscalls failed under the filter".to_string(),
-            },
         )
-        .disables("the native backend: corral never runs a jail without its syscall filter")
-        .fix("use a kernel built with CONFIG_SECCOMP_FILTER, or --engine podman/docker"),
-        Err(e) => check("seccomp", Status::Missing, e),
+    };
+    match r {
+        Ok(0) => (seccomp_ok(), gate_ok()),
+        Ok(6) => (
+            seccomp_ok(),
+            gate_missing("this kernel cannot install the name gate's listener"),
+        ),
+        Ok(c) => (
+            check(
+                "seccomp",
+                Status::Missing,
+                match c {
+                    3 => "installing corral's seccomp filter failed".to_string(),
+                    4 => "the filter did not deny unshare(CLONE_NEWUSER)".to_string(),
+                    _ => "ordinary syscalls failed under the filter".to_string(),
+                },
+            )
+            .disables("the native backend: corral never runs a jail without its syscall filter")
+            .fix("use a kernel built with CONFIG_SECCOMP_FILTER, or --engine podman/docker"),
+            no_gate(),
+        ),
+        Err(e) => (check("seccomp", Status::Missing, e), no_gate()),
     }
 }
 

@@ -93,6 +93,19 @@ const O_TMPFILE_BIT: u32 = 0o20_000_000;
 const TIOCSTI: u32 = 0x5412;
 const TIOCLINUX: u32 = 0x541C;
 const TIOCSETD: u32 = 0x5423;
+// Names made by an ioctl rather than a path syscall, which the name gate (namegate.rs) could not
+// see: btrfs snapshots and subvolumes (any name, `.git` included, and no Landlock hook), and
+// bcachefs subvolumes.
+const BTRFS_IOC_SNAP_CREATE: u32 = 0x5000_9401;
+const BTRFS_IOC_SUBVOL_CREATE: u32 = 0x5000_940e;
+const BTRFS_IOC_SNAP_CREATE_V2: u32 = 0x5000_9417;
+const BTRFS_IOC_SUBVOL_CREATE_V2: u32 = 0x5000_9418;
+const BCH_IOCTL_SUBVOLUME_CREATE: u32 = 0x4020_bc10;
+/// Setting inode flags: the casefold flag would make a directory match `.GIT` to `.git` after
+/// the gate checked a name (the gate asks a directory whether it folds names only when a
+/// variant of a git name is created in it).
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
 
 // clone/unshare namespace flags.
 const CLONE_NEWTIME: u32 = 0x0000_0080;
@@ -635,6 +648,14 @@ pub fn rules() -> Vec<Rule> {
         rule!(ioctl, eperm, [check(1, Eq(TIOCSTI))]),
         rule!(ioctl, eperm, [check(1, Eq(TIOCLINUX))]),
         rule!(ioctl, eperm, [check(1, Eq(TIOCSETD))]),
+        // ioctls that make names or fold them (see the constants): the name gate's.
+        rule!(ioctl, eperm, [check(1, Eq(BTRFS_IOC_SNAP_CREATE))]),
+        rule!(ioctl, eperm, [check(1, Eq(BTRFS_IOC_SUBVOL_CREATE))]),
+        rule!(ioctl, eperm, [check(1, Eq(BTRFS_IOC_SNAP_CREATE_V2))]),
+        rule!(ioctl, eperm, [check(1, Eq(BTRFS_IOC_SUBVOL_CREATE_V2))]),
+        rule!(ioctl, eperm, [check(1, Eq(BCH_IOCTL_SUBVOLUME_CREATE))]),
+        rule!(ioctl, eperm, [check(1, Eq(FS_IOC_SETFLAGS))]),
+        rule!(ioctl, eperm, [check(1, Eq(FS_IOC32_SETFLAGS))]),
         // personality: querying and ordinary personas are fine; flags that disable ASLR or make
         // data executable are not.
         rule!(
@@ -884,6 +905,121 @@ pub fn install_program(prog: &[libc::sock_filter]) -> Result<(), SeccompError> {
         return Err(SeccompError::Install(io::Error::last_os_error()));
     }
     Ok(())
+}
+
+// ---- the name gate's filter (namegate.rs) ----
+
+/// The syscalls that create a name in a directory: the name gate (namegate.rs) performs each
+/// one itself after checking the name. open/openat only when they create (O_CREAT; O_TMPFILE
+/// makes no name, its `linkat` does); openat2 never gets here (ENOSYS above).
+fn gate_always() -> Vec<i64> {
+    let mut v = vec![
+        libc::SYS_mkdirat,
+        libc::SYS_mknodat,
+        libc::SYS_linkat,
+        libc::SYS_symlinkat,
+        libc::SYS_renameat2,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([
+        libc::SYS_creat,
+        libc::SYS_mkdir,
+        libc::SYS_mknod,
+        libc::SYS_link,
+        libc::SYS_symlink,
+        libc::SYS_rename,
+        libc::SYS_renameat,
+    ]);
+    v
+}
+
+/// The name gate's filter: `SECCOMP_RET_USER_NOTIF` for every syscall that creates a name
+/// ([`gate_always`], open/openat with O_CREAT), EPERM for `landlock_restrict_self` (the gate
+/// performs creations with the jail's own Landlock rights, so a Landlock domain nested inside
+/// the jail would not bind them: refused rather than silently weakened), allow for the rest.
+/// Installed after [`install`]'s filter: the kernel runs both and the stricter verdict wins,
+/// so what that filter refuses (a set-id mode, another architecture) never reaches the gate.
+pub fn build_gate_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return Err(SeccompError::UnsupportedArch);
+
+    let mut p = Program::default();
+    let native = p.label();
+    p.load(OFF_ARCH);
+    p.jump(BPF_JEQ, AUDIT_ARCH_NATIVE, Target::To(native), Target::Next);
+    p.ret(SECCOMP_RET_ALLOW);
+    p.mark(native);
+    p.load(OFF_NR);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let native_abi = p.label();
+        p.jump(
+            BPF_JGE,
+            X32_SYSCALL_BIT,
+            Target::Next,
+            Target::To(native_abi),
+        );
+        p.ret(SECCOMP_RET_ALLOW);
+        p.mark(native_abi);
+    }
+    let creating_open = |p: &mut Program, flags_arg: u32| {
+        p.load(off_arg_lo(flags_arg));
+        let plain = p.label();
+        p.jump(BPF_JSET, O_CREAT, Target::Next, Target::To(plain));
+        p.ret(libc::SECCOMP_RET_USER_NOTIF);
+        p.mark(plain);
+        p.ret(SECCOMP_RET_ALLOW);
+    };
+    p.on_syscall(libc::SYS_openat, |p| creating_open(p, 2));
+    #[cfg(target_arch = "x86_64")]
+    p.on_syscall(libc::SYS_open, |p| creating_open(p, 1));
+    // umask(2) too: the gate keeps each caller's umask (reading it costs more than a
+    // creation) and forgets them when one changes. No path: the gate lets it continue.
+    for nr in gate_always().into_iter().chain([libc::SYS_umask]) {
+        p.on_syscall(nr, |p| p.ret(libc::SECCOMP_RET_USER_NOTIF));
+    }
+    p.on_syscall(libc::SYS_landlock_restrict_self, |p| {
+        p.ret(errno(libc::EPERM))
+    });
+    p.ret(SECCOMP_RET_ALLOW);
+    p.assemble()
+}
+
+/// Install the gate's filter on this thread and return its listener: `None` when the kernel
+/// lacks what the gate needs (a listener that waits killably once the notification is read:
+/// Linux 5.19, which also has `SECCOMP_IOCTL_NOTIF_ADDFD` and `openat2`). Allocation-free
+/// apart from the program, which the caller builds before fork.
+pub fn install_gate(
+    prog: &[libc::sock_filter],
+) -> Result<Option<std::os::fd::OwnedFd>, SeccompError> {
+    use std::os::fd::FromRawFd;
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    let flags =
+        libc::SECCOMP_FILTER_FLAG_NEW_LISTENER | libc::SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV;
+    // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel copies the program
+    // and returns a new descriptor, which we own.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            flags,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EINVAL) => Ok(None),
+            _ => Err(SeccompError::Install(e)),
+        };
+    }
+    // SAFETY: a fresh descriptor the kernel just returned.
+    Ok(Some(unsafe {
+        std::os::fd::OwnedFd::from_raw_fd(fd as i32)
+    }))
 }
 
 /// A small interpreter for the filter, so the rules can be unit-tested without installing them.
@@ -1186,6 +1322,74 @@ mod tests {
         // Syscalls no rule names are allowed by both.
         assert_eq!(oci_eval(&profile, "read", [0; 6]), SECCOMP_RET_ALLOW);
         assert_eq!(profile["defaultAction"], "SCMP_ACT_ALLOW");
+    }
+
+    #[test]
+    fn the_gate_stops_every_creating_call_and_nothing_else() {
+        let prog = build_gate_filter().unwrap();
+        let gate = |nr: i64, args: [u64; 6]| run(&prog, AUDIT_ARCH_NATIVE, nr, args);
+        let notify = libc::SECCOMP_RET_USER_NOTIF;
+        let at = libc::AT_FDCWD as u32 as u64;
+        for nr in gate_always() {
+            assert_eq!(gate(nr, [0; 6]), notify, "syscall {nr}");
+        }
+        // openat creates only with O_CREAT (high bits of the flags word are ignored).
+        let creat = libc::O_CREAT as u64;
+        assert_eq!(
+            gate(
+                libc::SYS_openat,
+                [at, 0, creat | libc::O_WRONLY as u64, 0o644, 0, 0]
+            ),
+            notify
+        );
+        assert_eq!(
+            gate(libc::SYS_openat, [at, 0, (1 << 32) | creat, 0, 0, 0]),
+            notify
+        );
+        assert_eq!(
+            gate(libc::SYS_openat, [at, 0, libc::O_RDONLY as u64, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
+        // O_TMPFILE names nothing until its linkat.
+        assert_eq!(
+            gate(libc::SYS_openat, [at, 0, libc::O_TMPFILE as u64, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert_eq!(gate(libc::SYS_open, [0, creat, 0, 0, 0, 0]), notify);
+            assert_eq!(gate(libc::SYS_open, [0, 0, 0, 0, 0, 0]), SECCOMP_RET_ALLOW);
+            assert_eq!(gate(libc::SYS_unlink, [0; 6]), SECCOMP_RET_ALLOW);
+        }
+        assert_eq!(gate(libc::SYS_unlinkat, [0; 6]), SECCOMP_RET_ALLOW);
+        assert_eq!(gate(libc::SYS_write, [0; 6]), SECCOMP_RET_ALLOW);
+        assert_eq!(gate(libc::SYS_umask, [0o22, 0, 0, 0, 0, 0]), notify);
+        // The ioctls that make or fold names are the base filter's to refuse.
+        for req in [
+            BTRFS_IOC_SNAP_CREATE,
+            BTRFS_IOC_SUBVOL_CREATE,
+            BTRFS_IOC_SNAP_CREATE_V2,
+            BTRFS_IOC_SUBVOL_CREATE_V2,
+            BCH_IOCTL_SUBVOLUME_CREATE,
+            FS_IOC_SETFLAGS,
+            FS_IOC32_SETFLAGS,
+        ] {
+            assert_eq!(
+                eval(libc::SYS_ioctl, [3, u64::from(req), 0, 0, 0, 0]),
+                EPERM
+            );
+        }
+        // FICLONE (same 0x94 type) stays.
+        assert_eq!(
+            eval(libc::SYS_ioctl, [3, 0x4004_9409, 4, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
+        assert_eq!(gate(libc::SYS_landlock_restrict_self, [0; 6]), EPERM);
+        // Another architecture's numbers are the base filter's to kill.
+        assert_eq!(
+            run(&prog, 0x4000_0003, libc::SYS_mkdirat, [0; 6]),
+            SECCOMP_RET_ALLOW
+        );
     }
 
     #[test]

@@ -127,6 +127,14 @@ impl Scan {
         for name in ["config", "config.worktree", "commondir"] {
             self.protect_file(dir.join(name));
         }
+        // An absent config: an empty read-only placeholder (git reads it as empty), so the jail
+        // cannot give this repository a config while the run lasts.
+        let config = dir.join("config");
+        if fs::symlink_metadata(&config).is_err()
+            && nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok()
+        {
+            self.protect.push(config);
+        }
         let hooks = dir.join("hooks");
         match fs::symlink_metadata(&hooks) {
             Ok(m) if m.is_dir() => {
@@ -237,6 +245,10 @@ struct Found {
     /// directory as a bare repository when it is run in it or below, no `.git` needed (unless
     /// the user's git has `safe.bareRepository=explicit`).
     bare: Vec<PathBuf>,
+    /// `HEAD` files in directories that are not (yet) git directories: read-only in the jail,
+    /// or writing one and adding `objects/` and `refs/` would make a repository the name gate
+    /// never saw created.
+    stray_heads: Vec<PathBuf>,
 }
 
 /// Every `.git` under `root` except `root/.git`, and every directory shaped like a bare
@@ -277,6 +289,9 @@ fn find_git_dirs(root: &Path) -> Found {
             found.bare.push(dir);
             subdirs.clear();
         } else {
+            if head {
+                found.stray_heads.push(dir.join("HEAD"));
+            }
             stack.append(&mut subdirs);
         }
     }
@@ -302,6 +317,9 @@ fn scan(root: &Path) -> Scan {
     }
     s.modules(&own.join("modules"), 0);
     let found = find_git_dirs(root);
+    for head in found.stray_heads {
+        s.protect_file(head);
+    }
     for dir in &found.bare {
         s.gitdir(dir, 0);
         s.repos.push((dir.clone(), dir.clone()));
@@ -383,6 +401,44 @@ pub fn protected_paths(snapshot: &Snapshot) -> Vec<PathBuf> {
         .as_ref()
         .map(|scan| scan.protect.clone())
         .unwrap_or_default()
+}
+
+/// The git directories that exist now, for the name gate (`Plan::git`, corral-sandbox
+/// `namegate.rs`): the only places outside the jail's own file systems where the jail may
+/// create a `HEAD` while it runs. Every git directory the snapshot found (the project's, nested
+/// repositories', submodules', linked worktrees' administrative directories), where the
+/// project's own `.git` file leads (a linked worktree: its administrative directory and the
+/// repository's), and the `.git` directory of each of `rw_binds`.
+pub fn git_dirs(snapshot: &Snapshot, rw_binds: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = snapshot
+        .nested
+        .as_ref()
+        .map(|scan| scan.gitdirs.iter().cloned().collect())
+        .unwrap_or_default();
+    let own = snapshot.root.join(".git");
+    let mut linked = Vec::new();
+    match fs::symlink_metadata(&own) {
+        Ok(m) if m.is_dir() => linked.push(own),
+        Ok(_) => {
+            if let Some(admin) = gitlink_target(&own) {
+                if let Ok(common) = fs::read_to_string(admin.join("commondir")) {
+                    linked.push(admin.join(common.trim_end_matches(['\n', '\r'])));
+                }
+                linked.push(admin);
+            }
+        }
+        Err(_) => {}
+    }
+    linked.extend(rw_binds.iter().map(|b| b.join(".git")));
+    dirs.extend(
+        linked
+            .into_iter()
+            .filter(|d| d.is_dir())
+            .filter_map(|d| d.canonicalize().ok()),
+    );
+    dirs.sort();
+    dirs.dedup();
+    dirs
 }
 
 /// Take the snapshot: `nested` also scans every other git directory of the project (one walk

@@ -150,6 +150,15 @@ impl RunPlan {
         }
     }
 
+    /// The git directories where the jail (and the executor's jail) may create a `HEAD` while
+    /// it runs ([`crate::Session::git_dirs`]; the name gate, corral-sandbox `namegate.rs`).
+    pub fn git_dirs(&mut self, dirs: &[PathBuf]) {
+        self.plan.git.dirs = dirs.to_vec();
+        if let Some(jail) = self.plan.executor.jail.as_mut() {
+            jail.git.dirs = dirs.to_vec();
+        }
+    }
+
     /// Hold `paths` read-only in the jail and in the executor's jail (the git files the
     /// session's snapshot found, [`crate::Session::protected`]).
     pub fn protect(&mut self, paths: &[PathBuf]) {
@@ -191,6 +200,10 @@ pub fn planned_with(plan: &Plan, inputs: &RunInputs) -> RunPlan {
         &plan.home,
     );
     run.protect(&crate::gitguard::protected_paths(&snapshot));
+    run.git_dirs(&crate::gitguard::git_dirs(
+        &snapshot,
+        &crate::session::rw_bind_sources(&run.plan),
+    ));
     run
 }
 

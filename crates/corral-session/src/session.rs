@@ -116,6 +116,15 @@ impl Session {
             .unwrap_or_default()
     }
 
+    /// The git directories that existed when the session began (gitguard.rs `git_dirs`): where
+    /// the name gate lets the jail create a `HEAD`. None without a snapshot.
+    pub fn git_dirs(&self, plan: &Plan) -> Vec<std::path::PathBuf> {
+        self.git
+            .as_ref()
+            .map(|g| gitguard::git_dirs(g, &rw_bind_sources(plan)))
+            .unwrap_or_default()
+    }
+
     /// Wait until the change baseline is taken (at once when it is). What the jail's command
     /// writes must come after it: a backend that started the jail with its exec held
     /// ([`Beginning::ready_for_mounts`]) calls this before it lets the command run.
@@ -290,4 +299,14 @@ pub fn first_run_line(plan: &Plan, audit: &std::path::Path) -> String {
         plan.project.root.display(),
         audit.display()
     )
+}
+
+/// The host directories `plan` binds read-write: their `.git` is one of the run's git
+/// directories (gitguard.rs `git_dirs`).
+pub(crate) fn rw_bind_sources(plan: &Plan) -> Vec<std::path::PathBuf> {
+    plan.mounts
+        .iter()
+        .filter(|m| matches!(m.kind, corral_policy::plan::MountKind::Bind(Access::Rw)))
+        .map(|m| m.source.clone())
+        .collect()
 }

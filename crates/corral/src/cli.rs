@@ -208,6 +208,11 @@ pub struct JailOptions {
     /// hooks, plugins, MCP servers, settings that name commands); a project's policy file cannot
     #[arg(long)]
     pub allow_harness_config: bool,
+    /// Let the jail create git repositories outside its own /tmp and home (`git init`, `git
+    /// clone`, `git worktree add` in the project); they are checked when the run ends instead
+    /// of refused while it runs; a project's policy file cannot
+    #[arg(long)]
+    pub allow_new_repositories: bool,
 }
 
 #[derive(Debug, Args)]

@@ -66,6 +66,8 @@ fn still_running(tag: &str) -> String {
 #[test]
 fn an_executor_command_that_outlives_the_jail_is_ended_before_the_git_check() {
     let w = World::new();
+    // The check after the run (what the name gate would refuse earlier: jail_gitwindow).
+    w.allow_new_repositories();
     let tag = format!("gitescape-{}-{}", std::process::id(), line!());
     // The executor command: on TERM (sent when the agent's client went away), wait a little,
     // then plant a commondir pointing at a repository the jail made; never exit on its own.
@@ -110,6 +112,8 @@ fn an_executor_command_that_outlives_the_jail_is_ended_before_the_git_check() {
 #[test]
 fn a_linked_worktrees_administrative_files_cannot_be_repointed() {
     let w = World::new();
+    // The check after the run (what the name gate would refuse earlier: jail_gitwindow).
+    w.allow_new_repositories();
     commit(&w);
     let wt = w.outside.join("wt");
     ok(&host_git(
@@ -168,6 +172,8 @@ fn a_linked_worktrees_administrative_files_cannot_be_repointed() {
 #[test]
 fn a_worktree_made_in_the_jail_and_repointed_is_disarmed() {
     let w = World::new();
+    // The check after the run (what the name gate would refuse earlier: jail_gitwindow).
+    w.allow_new_repositories();
     commit(&w);
     let marker = w.outside.join("fsmonitor-ran");
     let script = format!(
@@ -203,6 +209,8 @@ fn a_worktree_made_in_the_jail_and_repointed_is_disarmed() {
 #[test]
 fn a_plain_directory_turned_into_a_bare_repository_is_disarmed() {
     let w = World::new();
+    // The check after the run (what the name gate would refuse earlier: jail_gitwindow).
+    w.allow_new_repositories();
     let marker = w.outside.join("pager-ran");
     let fsmon = w.outside.join("fsmonitor-ran");
     std::fs::create_dir_all(w.project.join("plain/deeper")).unwrap();

@@ -149,6 +149,8 @@ pub(super) struct Layer {
     pub(super) exec_allow_host: bool,
     /// The harness may change its code in its state directories (user config or flag only).
     pub(super) allow_harness_config: bool,
+    /// New git repositories outside the jail's own file systems (user config or flag only).
+    pub(super) allow_new_repositories: bool,
     pub(super) exec_allow: Option<Vec<String>>,
     pub(super) exec_timeout_ms: Option<u64>,
     pub(super) exec_max_output: Option<u64>,
@@ -192,6 +194,7 @@ impl Layer {
         self.signin.extend(o.signin);
         self.exec_allow_host |= o.exec_allow_host;
         self.allow_harness_config |= o.allow_harness_config;
+        self.allow_new_repositories |= o.allow_new_repositories;
         self.exec_read_only.extend(o.exec_read_only);
         self.exec_read_write.extend(o.exec_read_write);
         self.exec_net.merge(o.exec_net);

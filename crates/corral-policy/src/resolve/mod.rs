@@ -63,6 +63,9 @@ pub struct Flags {
     /// Let this run change the harness's code in its state directories (extensions, hooks,
     /// plugins, MCP servers: the profile's `state_code` and `guard`), `--allow-harness-config`.
     pub allow_harness_config: bool,
+    /// Let the jail create git repositories where the host can see them; checked when the run
+    /// ends instead (`--allow-new-repositories`).
+    pub allow_new_repositories: bool,
 }
 
 /// Everything `resolve` needs to know about the caller.

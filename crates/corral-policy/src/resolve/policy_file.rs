@@ -379,6 +379,13 @@ impl Reader<'_> {
                 "--allow-harness-config",
             )?;
         }
+        if let Some(a) = fs.allow_new_repositories {
+            l.allow_new_repositories = self.user_only(
+                &a,
+                "filesystem.allow_new_repositories",
+                "--allow-new-repositories",
+            )?;
+        }
         l.read_only = self.binds(fs.read_only, "filesystem.read_only", false)?;
         l.read_write = self.binds(fs.read_write, "filesystem.read_write", true)?;
         for raw in fs.hide {
@@ -548,6 +555,7 @@ pub(super) fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, P
         engine: f.engine,
         exec_allow_host: f.allow_host_executor,
         allow_harness_config: f.allow_harness_config,
+        allow_new_repositories: f.allow_new_repositories,
         cpus: f.cpus,
         pids: f.pids,
         enforce: f.enforce,

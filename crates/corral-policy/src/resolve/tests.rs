@@ -212,6 +212,7 @@ fn shell_plan() -> Plan {
         sources: vec![],
         project_grants: vec![],
         project_trust: None,
+        git: Default::default(),
         toolchains: vec![],
     };
     Plan {
@@ -239,6 +240,7 @@ fn shell_plan() -> Plan {
         sources: vec![],
         project_grants: vec![],
         project_trust: None,
+        git: Default::default(),
         toolchains: vec![],
     }
 }

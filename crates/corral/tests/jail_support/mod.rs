@@ -102,6 +102,23 @@ impl World {
         c
     }
 
+    /// `filesystem.allow_new_repositories = true` in the user config: no name gate, what the
+    /// jail creates is checked when the run ends (the tests of that check).
+    pub fn allow_new_repositories(&self) {
+        let file = self.home.join(".config/corral/config.toml");
+        let text = std::fs::read_to_string(&file).unwrap();
+        let text = text.replacen(
+            "[filesystem]\n",
+            "[filesystem]\nallow_new_repositories = true\n",
+            1,
+        );
+        assert!(
+            text.contains("allow_new_repositories"),
+            "no [filesystem] in the user config"
+        );
+        std::fs::write(&file, text).unwrap();
+    }
+
     /// Every record of the audit logs under this world's home.
     pub fn audit_records(&self) -> Vec<serde_json::Value> {
         let mut lines = Vec::new();

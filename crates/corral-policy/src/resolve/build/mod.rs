@@ -127,6 +127,10 @@ fn jail(g: &Gathered, p: &Policy, side: Side) -> Result<Plan, PolicyError> {
         project_grants,
         project_trust,
         toolchains: g.disk.toolchains.clone(),
+        git: crate::plan::GitPlan {
+            dirs: Vec::new(),
+            new_repositories: m.allow_new_repositories,
+        },
     })
 }
 

@@ -1,0 +1,1507 @@
+//! The name gate: while the jail runs, no git repository can appear where git on the host
+//! would find it (#12, "the git window during a run"; docs/host-safety.md).
+//!
+//! Git run in a directory finds its repository through an entry named `.git`, or by taking
+//! the directory itself for a git directory when it holds a `HEAD` (plus `objects/` and
+//! `refs/`; a `commondir` sends it to another one). A shell prompt or an editor runs git every
+//! few seconds in the directory the user is in, so a repository the jail creates there is live
+//! before any check after the run could see it. The gate closes that by construction: every
+//! syscall that creates a name (open/openat with O_CREAT, creat, mkdir, mknod, link, symlink,
+//! rename; `seccomp::build_gate_filter`) is stopped by a seccomp user notification and
+//! performed here, by the jail's PID 1, on the path it read once from the caller's memory. A
+//! name that would make a repository discoverable is refused with EPERM:
+//! - `.git` (any case) anywhere outside the jail's own file systems;
+//! - `HEAD` there too, except in a git directory that existed when the run started, or below
+//!   one (commits and checkouts replace `HEAD`, reflogs are `logs/HEAD`);
+//! - `commondir` there too (only `git worktree add` writes one, in a new directory).
+//!
+//! The jail's own file systems (its tmpfs /tmp, home, /dev) are invisible to the host: a clone
+//! or `git init` there works. A rename cannot carry a repository from them into a bind (EXDEV).
+//!
+//! Why performed here and not let through (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`): the kernel
+//! would read the path again from the caller's memory, which another thread (or another
+//! process writing `/proc/PID/mem`) can change between the check and the call. Performing the
+//! call on the copy that was checked leaves nothing to race. The performer has the caller's
+//! rights: PID 1 applied the jail's Landlock domain and dropped its capabilities before it
+//! forked the command (so the command and the gate share one domain and ids), and its threads
+//! take the caller's umask before each creation. The caller's cwd and directory descriptors
+//! are opened through `/proc/PID/`; paths are resolved with `openat2(RESOLVE_NO_MAGICLINKS)`
+//! so no `/proc` magic link resolves to the gate's own process, and the caller's own magic
+//! names (`/proc/self/fd/N`, `/dev/stdout`, `/dev/fd/N`, `/dev/tty`) are translated to the
+//! caller's. A final symlink that an O_CREAT open would follow is followed here, one hop at a
+//! time, so the name finally created is the one checked. Since a Landlock domain nested in the
+//! jail would not bind what the gate performs, `landlock_restrict_self` is refused while the
+//! gate runs.
+//!
+//! PID 1 is an ancestor of every process of the jail (Yama's `ptrace_scope=1` lets it read
+//! their memory) and non-dumpable (they cannot read or trace it).
+
+use std::collections::HashSet;
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::sync::Mutex;
+
+use corral_policy::plan::Plan;
+
+/// Longest path the gate reads from a caller (the kernel's PATH_MAX, with its NUL).
+const PATH_MAX: usize = 4096;
+/// Symlinks an O_CREAT open follows at most (the kernel's MAXSYMLINKS).
+const MAX_HOPS: usize = 40;
+/// Refusals reported on the jail's stderr, at most (each path once).
+const REPORT_MAX: usize = 20;
+const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+
+/// What PID 1 knows before it forks the command: where a `HEAD` may be created, and which
+/// file systems are the jail's own.
+pub(crate) struct Gate {
+    /// (device, inode) of each git directory that existed when the run started and held a
+    /// `HEAD` (the Plan's `git.dirs`, as the jail sees them).
+    git_dirs: HashSet<(u64, u64)>,
+    /// Their descriptors, held for the run: an inode number cannot be reused while it is open.
+    _held: Vec<OwnedFd>,
+    /// Devices of the file systems the jail made (tmpfs root, /tmp, /dev, /dev/shm, the
+    /// Plan's tmpfs mounts), each taken right after its mount: nothing there is visible to
+    /// the host.
+    private_devs: HashSet<u64>,
+    /// `fs.protected_symlinks`: the gate follows links itself, so it applies the rule itself.
+    protected_symlinks: bool,
+    /// The jail's uid (the gate's own, as the caller's).
+    uid: libc::uid_t,
+    reports: Reporter,
+    umasks: Umasks,
+    fifo_waits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// What a name is to git's discovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// `.git`: where git finds a repository from a directory.
+    DotGit,
+    /// `HEAD`: makes a directory a git directory (with `objects` and `refs`).
+    Head,
+    /// `commondir`: sends git to another git directory.
+    Commondir,
+    /// `objects` or `refs` below a git directory: with a `HEAD` beside them, a git directory
+    /// inside one (a reflog directory holds `logs/HEAD`).
+    Part,
+}
+
+impl Refusal {
+    /// The name's meaning to git, and whether it is spelled exactly as git spells it (a
+    /// variant, `.GIT` or `.git.`, is the same name only on a case-insensitive or
+    /// name-normalising file system).
+    fn of(name: &[u8]) -> Option<(Refusal, bool)> {
+        let trimmed = {
+            let end = name
+                .iter()
+                .rposition(|&b| b != b'.' && b != b' ')
+                .map_or(0, |i| i + 1);
+            // ".git" itself ends in no dot to trim; keep a name made of dots as it is.
+            if name.starts_with(b".") && end <= 1 {
+                name
+            } else {
+                &name[..end]
+            }
+        };
+        let (kind, exact): (Refusal, &[u8]) = if trimmed.eq_ignore_ascii_case(b".git") {
+            (Refusal::DotGit, b".git")
+        } else if trimmed.eq_ignore_ascii_case(b"head") {
+            (Refusal::Head, b"HEAD")
+        } else if trimmed.eq_ignore_ascii_case(b"commondir") {
+            (Refusal::Commondir, b"commondir")
+        } else if trimmed.eq_ignore_ascii_case(b"objects") {
+            (Refusal::Part, b"objects")
+        } else if trimmed.eq_ignore_ascii_case(b"refs") {
+            (Refusal::Part, b"refs")
+        } else {
+            return None;
+        };
+        Some((kind, name == exact))
+    }
+}
+
+impl Gate {
+    /// The gate for `plan`, or `None` when the Plan lets the jail create repositories
+    /// (`filesystem.allow_new_repositories`). Runs in PID 1 once the root is built.
+    pub(crate) fn prepare(plan: &Plan, private: &crate::mounts::PrivateDevices) -> Option<Gate> {
+        if plan.git.new_repositories {
+            return None;
+        }
+        let mut git_dirs = HashSet::new();
+        let mut held = Vec::new();
+        for dir in &plan.git.dirs {
+            let Ok(fd) = open_path(libc::AT_FDCWD, dir.as_os_str(), libc::O_DIRECTORY) else {
+                continue;
+            };
+            if fstatat(&fd, OsStr::new("HEAD"), libc::AT_SYMLINK_NOFOLLOW).is_err() {
+                continue;
+            }
+            if let Ok(st) = fstat(&fd) {
+                git_dirs.insert((st.st_dev, st.st_ino));
+                held.push(fd);
+            }
+        }
+        let protected_symlinks = std::fs::read_to_string("/proc/sys/fs/protected_symlinks")
+            .map(|v| v.trim() != "0")
+            .unwrap_or(true);
+        Some(Gate {
+            git_dirs,
+            _held: held,
+            private_devs: private.0.iter().copied().collect(),
+            protected_symlinks,
+            // SAFETY: getuid cannot fail.
+            uid: unsafe { libc::getuid() },
+            reports: Reporter::default(),
+            umasks: Umasks::default(),
+            fifo_waits: Default::default(),
+        })
+    }
+
+    /// Serve the command's notifications on a thread of PID 1, once the command's process
+    /// sends its listener on `from` (nothing: the gate could not be installed, or the command
+    /// failed before; then the thread ends). Called right after PID 1 forked the command and
+    /// before it drops its capabilities: the thread keeps CAP_SYS_PTRACE in the jail's user
+    /// namespace alone, to read the memory of a caller that is not dumpable (a program whose
+    /// file is not readable starts so), and nothing else.
+    pub(crate) fn serve(self, from: OwnedFd) {
+        let gate = self;
+        let spawned = std::thread::Builder::new()
+            .name("corral-gate".into())
+            .spawn(move || {
+                if let Err(e) = crate::caps::keep_only(CAP_SYS_PTRACE) {
+                    eprintln!("corral: jail: name gate: {e}");
+                    return;
+                }
+                let Some(listener) = receive_listener(&from) else {
+                    return;
+                };
+                drop(from);
+                // Wake the caller on this CPU when answering (Linux 6.6; older kernels refuse
+                // the flag and wake it the usual way): the caller and the gate take turns.
+                let sync_wake_up: u64 = 1; // SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP
+                // SAFETY: SET_FLAGS reads one u64 flag word, passed by value.
+                unsafe {
+                    libc::ioctl(
+                        listener.as_raw_fd(),
+                        libc::SECCOMP_IOCTL_NOTIF_SET_FLAGS as _,
+                        sync_wake_up,
+                    )
+                };
+                worker(&gate, &listener);
+            });
+        if let Err(e) = spawned {
+            // The command waits on its first creation until the listener's last copy closes,
+            // then gets ENOSYS: nothing is created unchecked.
+            eprintln!("corral: jail: cannot start the name gate ({e}); file creation fails");
+        }
+    }
+
+    /// May `name` be created in the directory `parent`?
+    fn allows(&self, parent: &OwnedFd, name: &[u8]) -> Result<(), Refusal> {
+        let Some((kind, exact)) = Refusal::of(name) else {
+            return Ok(());
+        };
+        let st = fstat(parent).map_err(|_| kind)?;
+        if self.private_devs.contains(&st.st_dev) {
+            return Ok(());
+        }
+        if !exact && !folds_names(parent) {
+            // `.GIT` in a case-sensitive directory is not git's `.git`.
+            return Ok(());
+        }
+        let at = (st.st_dev, st.st_ino);
+        match kind {
+            Refusal::DotGit | Refusal::Commondir => Err(kind),
+            // A run's git directory itself, or its `logs/` (`logs/HEAD`, `logs/refs/`): a git
+            // directory's top holds these, and `logs/` cannot get `objects` (below).
+            Refusal::Head if self.git_dirs.contains(&at) || self.is_logs_of_git_dir(parent) => {
+                Ok(())
+            }
+            Refusal::Head => Err(kind),
+            Refusal::Part
+                if name.eq_ignore_ascii_case(b"refs") && self.is_logs_of_git_dir(parent) =>
+            {
+                Ok(())
+            }
+            Refusal::Part if self.git_dirs.contains(&at) => Ok(()),
+            // Anywhere else inside a git directory, `objects`/`refs` would shape a git
+            // directory inside it; outside one they are ordinary names.
+            Refusal::Part if self.below_git_dir(parent, st) => Err(kind),
+            Refusal::Part => Ok(()),
+        }
+    }
+
+    /// Is `dir` the `logs` directory directly in one of the run's git directories?
+    fn is_logs_of_git_dir(&self, dir: &OwnedFd) -> bool {
+        let Ok(up) = open_path(dir.as_raw_fd(), OsStr::new(".."), libc::O_DIRECTORY) else {
+            return false;
+        };
+        let (Ok(ust), Ok(dst), Ok(logs)) = (
+            fstat(&up),
+            fstat(dir),
+            fstatat(&up, OsStr::new("logs"), libc::AT_SYMLINK_NOFOLLOW),
+        ) else {
+            return false;
+        };
+        self.git_dirs.contains(&(ust.st_dev, ust.st_ino))
+            && (logs.st_dev, logs.st_ino) == (dst.st_dev, dst.st_ino)
+    }
+
+    /// Is `dir` (whose stat is `st`) below one of the run's git directories?
+    fn below_git_dir(&self, dir: &OwnedFd, st: libc::stat) -> bool {
+        let mut at = (st.st_dev, st.st_ino);
+        let mut up: Option<OwnedFd> = None;
+        for _ in 0..256 {
+            if self.git_dirs.contains(&at) {
+                return true;
+            }
+            let from = up.as_ref().unwrap_or(dir);
+            let Ok(parent) = open_path(from.as_raw_fd(), OsStr::new(".."), libc::O_DIRECTORY)
+            else {
+                return false;
+            };
+            let Ok(pst) = fstat(&parent) else {
+                return false;
+            };
+            if (pst.st_dev, pst.st_ino) == at {
+                return false; // the root
+            }
+            at = (pst.st_dev, pst.st_ino);
+            up = Some(parent);
+        }
+        // Deeper than any path: refuse rather than guess.
+        true
+    }
+
+    /// The kernel's `fs.protected_symlinks` rule for a link the gate is about to follow on a
+    /// caller's behalf: in a sticky world-writable directory, only a link owned by the caller
+    /// or by the directory's owner is followed.
+    fn may_follow(&self, entry: &Entry, link: Option<libc::stat>) -> Result<(), i32> {
+        let (Some(link), true) = (link, self.protected_symlinks) else {
+            return Ok(());
+        };
+        let dir = fstat(&entry.parent)?;
+        let sticky_world = dir.st_mode & libc::S_ISVTX != 0 && dir.st_mode & libc::S_IWOTH != 0;
+        if sticky_world && link.st_uid != self.uid && link.st_uid != dir.st_uid {
+            return Err(libc::EACCES);
+        }
+        Ok(())
+    }
+
+    /// One stderr line per refused path (at most [`REPORT_MAX`]), written by a thread of its
+    /// own: the jail can stop its terminal's output, which must not stop the gate.
+    fn report(&self, kind: Refusal, parent: &OwnedFd, name: &[u8]) {
+        let dir = std::fs::read_link(format!("/proc/self/fd/{}", parent.as_raw_fd()))
+            .map(|p| p.into_os_string().into_vec())
+            .unwrap_or_else(|_| b"?".to_vec());
+        let mut path = dir;
+        if path.last() != Some(&b'/') {
+            path.push(b'/');
+        }
+        path.extend_from_slice(name);
+        let what = match kind {
+            Refusal::DotGit => "a `.git`",
+            Refusal::Head => "a `HEAD` outside the run's git directories",
+            Refusal::Commondir => "a `commondir`",
+            Refusal::Part => "a git directory's `objects` or `refs` inside a git directory",
+        };
+        self.reports.send(
+            path.clone(),
+            format!(
+                "corral: refused creating {what} at {} during the run: git on the host would \
+                 take it for a repository before corral could check it. Create repositories \
+                 under /tmp in the jail, or allow it with `filesystem.allow_new_repositories = \
+                 true` in your user config (checked when the run ends instead).",
+                String::from_utf8_lossy(&path)
+            ),
+        );
+    }
+}
+
+/// CAP_SYS_PTRACE's number.
+const CAP_SYS_PTRACE: u32 = 19;
+
+/// The gate's stderr lines, written by a thread so a stopped terminal cannot stall the gate.
+#[derive(Default)]
+struct Reporter {
+    state: Mutex<ReporterState>,
+}
+
+#[derive(Default)]
+struct ReporterState {
+    seen: HashSet<Vec<u8>>,
+    to: Option<std::sync::mpsc::SyncSender<String>>,
+}
+
+impl Reporter {
+    fn send(&self, key: Vec<u8>, line: String) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.seen.len() >= REPORT_MAX || !s.seen.insert(key) {
+            return;
+        }
+        if s.to.is_none() {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<String>(REPORT_MAX);
+            let writer = std::thread::Builder::new()
+                .name("corral-gate-log".into())
+                .spawn(move || {
+                    for line in rx {
+                        eprintln!("{line}");
+                    }
+                });
+            if writer.is_err() {
+                return;
+            }
+            s.to = Some(tx);
+        }
+        if let Some(tx) = &s.to {
+            let _ = tx.try_send(line);
+        }
+    }
+}
+
+/// Does the directory compare names without case or drop trailing dots (vfat, exFAT, SMB,
+/// NTFS, HFS+, or an ext4/f2fs directory with the casefold flag)? Asked only of a variant of a
+/// git name.
+fn folds_names(dir: &OwnedFd) -> bool {
+    const FOLDING: [i64; 8] = [
+        0x4d44,     // MSDOS_SUPER_MAGIC (vfat)
+        0x2011bab0, // EXFAT_SUPER_MAGIC
+        0xff534d42, // CIFS_SUPER_MAGIC
+        0xfe534d42, // SMB2_SUPER_MAGIC
+        0x517b,     // SMB_SUPER_MAGIC
+        0x5346544e, // NTFS_SB_MAGIC (ntfs3)
+        0x482b,     // HFSPLUS_SUPER_MAGIC
+        0x4244,     // HFS_SUPER_MAGIC
+    ];
+    if fstatfs_type(dir).is_ok_and(|t| FOLDING.contains(&t)) {
+        return true;
+    }
+    // FS_IOC_GETFLAGS needs a descriptor that is not O_PATH.
+    let Ok(d) = openat_entry_raw(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY) else {
+        return true; // cannot tell: the cautious answer
+    };
+    let mut flags: libc::c_long = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one long.
+    let rc = unsafe { libc::ioctl(d.as_raw_fd(), FS_IOC_GETFLAGS as _, &mut flags) };
+    rc == 0 && flags & FS_CASEFOLD_FL != 0
+}
+
+const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+const FS_CASEFOLD_FL: libc::c_long = 0x4000_0000;
+
+fn openat_entry_raw(dir: &OwnedFd, name: &std::ffi::CStr, flags: i32) -> Result<OwnedFd, i32> {
+    // SAFETY: our own path and descriptor; the result is a new descriptor.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The command's process: send the gate's listener (or nothing) to PID 1 on `to`.
+pub(crate) fn send_listener(to: RawFd, listener: Option<&OwnedFd>) -> io::Result<()> {
+    let fds: Vec<RawFd> = listener.map(|l| vec![l.as_raw_fd()]).unwrap_or_default();
+    crate::netns::send_frame(to, b"{}", &fds).map_err(io::Error::from)
+}
+
+fn receive_listener(from: &OwnedFd) -> Option<OwnedFd> {
+    match crate::netns::recv_frame(from.as_raw_fd()) {
+        Ok(Some((_, mut fds))) if fds.len() == 1 => fds.pop(),
+        _ => None,
+    }
+}
+
+fn worker(gate: &Gate, listener: &OwnedFd) {
+    // Each thread its own umask (set to the caller's before each creation).
+    // SAFETY: unshare of this thread's fs attributes only.
+    if unsafe { libc::unshare(libc::CLONE_FS) } != 0 {
+        eprintln!(
+            "corral: jail: name gate: unshare(CLONE_FS) failed: {}",
+            io::Error::last_os_error()
+        );
+        return;
+    }
+    loop {
+        // SAFETY: seccomp_notif is plain data; the kernel wants it zeroed.
+        let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+        // SAFETY: the RECV ioctl fills `req`, which is the size the request number encodes.
+        let rc = unsafe {
+            libc::ioctl(
+                listener.as_raw_fd(),
+                libc::SECCOMP_IOCTL_NOTIF_RECV as _,
+                &mut req,
+            )
+        };
+        if rc != 0 {
+            match io::Error::last_os_error().raw_os_error() {
+                // The caller died, or a signal: next one.
+                Some(libc::ENOENT | libc::EINTR) => continue,
+                // The jail is gone (no filter left holding the listener).
+                _ => return,
+            }
+        }
+        let call = Call {
+            id: req.id,
+            tid: req.pid as libc::pid_t,
+            nr: i64::from(req.data.nr),
+            args: req.data.args,
+        };
+        let verdict = handle(gate, listener, &call);
+        respond(listener, call.id, verdict);
+    }
+}
+
+struct Call {
+    id: u64,
+    tid: libc::pid_t,
+    nr: i64,
+    args: [u64; 6],
+}
+
+impl Call {
+    fn fd_arg(&self, i: usize) -> i32 {
+        self.args[i] as u32 as i32
+    }
+    fn int_arg(&self, i: usize) -> i32 {
+        self.args[i] as u32 as i32
+    }
+}
+
+/// What the caller's syscall returns.
+enum Verdict {
+    /// This value (0 for the calls that return no descriptor).
+    Value(i64),
+    /// -1 with this errno.
+    Errno(i32),
+    /// Install this descriptor in the caller and return its number.
+    Fd(OwnedFd, bool),
+    /// Already answered (a blocking open finished on its own thread).
+    Answered,
+    /// Let the call run as the caller made it (a call with no path: nothing to re-read).
+    Continue,
+}
+
+fn respond(listener: &OwnedFd, id: u64, verdict: Verdict) {
+    match verdict {
+        Verdict::Answered => {}
+        Verdict::Continue => {
+            let resp = libc::seccomp_notif_resp {
+                id,
+                val: 0,
+                error: 0,
+                flags: libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
+            };
+            // SAFETY: SEND reads `resp`.
+            unsafe {
+                libc::ioctl(
+                    listener.as_raw_fd(),
+                    libc::SECCOMP_IOCTL_NOTIF_SEND as _,
+                    &resp,
+                )
+            };
+        }
+        Verdict::Fd(fd, cloexec) => {
+            let addfd = libc::seccomp_notif_addfd {
+                id,
+                flags: libc::SECCOMP_ADDFD_FLAG_SEND as u32,
+                srcfd: fd.as_raw_fd() as u32,
+                newfd: 0,
+                newfd_flags: if cloexec { libc::O_CLOEXEC as u32 } else { 0 },
+            };
+            // SAFETY: ADDFD reads `addfd`; with SEND it also answers the notification.
+            let rc = unsafe {
+                libc::ioctl(
+                    listener.as_raw_fd(),
+                    libc::SECCOMP_IOCTL_NOTIF_ADDFD as _,
+                    &addfd,
+                )
+            };
+            if rc < 0 {
+                let e = io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO);
+                // EMFILE and the like: the caller gets the error (ENOENT: it is gone).
+                if e != libc::ENOENT {
+                    send(listener, id, 0, e);
+                }
+            }
+        }
+        Verdict::Value(v) => send(listener, id, v, 0),
+        Verdict::Errno(e) => send(listener, id, 0, e),
+    }
+}
+
+fn send(listener: &OwnedFd, id: u64, val: i64, error: i32) {
+    let resp = libc::seccomp_notif_resp {
+        id,
+        val,
+        error: -error,
+        flags: 0,
+    };
+    // SAFETY: SEND reads `resp`; ENOENT (the caller died meanwhile) needs nothing more.
+    unsafe {
+        libc::ioctl(
+            listener.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_SEND as _,
+            &resp,
+        )
+    };
+}
+
+/// The caller, as the gate reads it: its memory, and its ids in /proc.
+struct Caller<'a> {
+    tid: libc::pid_t,
+    id: u64,
+    listener: &'a OwnedFd,
+    gate: &'a Gate,
+}
+
+impl Caller<'_> {
+    /// Is the notification still pending? Then the caller is alive and blocked in its call, so
+    /// what was just read from `tid` was read from it (a tid is reused only once its task is
+    /// gone, and the notification goes with it).
+    fn still_waiting(&self) -> Result<(), i32> {
+        // SAFETY: ID_VALID reads the u64 id.
+        let rc = unsafe {
+            libc::ioctl(
+                self.listener.as_raw_fd(),
+                libc::SECCOMP_IOCTL_NOTIF_ID_VALID as _,
+                &self.id,
+            )
+        };
+        match rc {
+            0 => Ok(()),
+            _ => Err(libc::ENOENT),
+        }
+    }
+
+    /// The NUL-terminated string at `addr` in the caller's memory (process_vm_readv: PID 1 is
+    /// an ancestor of every jail process, which Yama's ptrace_scope=1 asks for).
+    fn string(&self, addr: u64) -> Result<Vec<u8>, i32> {
+        if addr == 0 {
+            return Err(libc::EFAULT);
+        }
+        let mut out = Vec::new();
+        let mut at = addr;
+        let mut buf = [0u8; 4096];
+        while out.len() < PATH_MAX {
+            // Up to the end of the page: the next one may be unmapped.
+            let chunk = ((4096 - (at % 4096)) as usize).min(PATH_MAX - out.len());
+            let local = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: chunk,
+            };
+            let remote = libc::iovec {
+                iov_base: at as *mut libc::c_void,
+                iov_len: chunk,
+            };
+            // SAFETY: the local iovec points at `buf`, at least `chunk` bytes long; the remote
+            // one is only read by the kernel, in the caller's address space.
+            let n = unsafe { libc::process_vm_readv(self.tid, &local, 1, &remote, 1, 0) };
+            if n <= 0 {
+                return Err(match errno() {
+                    libc::ESRCH => libc::ENOENT,
+                    libc::EPERM => libc::EPERM,
+                    _ => libc::EFAULT,
+                });
+            }
+            let n = n as usize;
+            if let Some(end) = buf[..n].iter().position(|&b| b == 0) {
+                out.extend_from_slice(&buf[..end]);
+                self.still_waiting()?;
+                return Ok(out);
+            }
+            out.extend_from_slice(&buf[..n]);
+            at += n as u64;
+        }
+        Err(libc::ENAMETOOLONG)
+    }
+
+    fn umask(&self) -> Result<libc::mode_t, i32> {
+        self.gate.umasks.of(self)
+    }
+
+    /// Take the caller's umask for the creation about to be performed on this thread.
+    fn take_umask(&self) -> Result<(), i32> {
+        let mask = self.umask()?;
+        // SAFETY: umask of this thread (its fs attributes are its own: CLONE_FS unshared).
+        unsafe { libc::umask(mask) };
+        Ok(())
+    }
+
+    /// The directory a relative path of the caller starts from.
+    fn dirfd(&self, fd: i32) -> Result<OwnedFd, i32> {
+        let link = match fd {
+            libc::AT_FDCWD => format!("/proc/{}/cwd", self.tid),
+            n if n >= 0 => format!("/proc/{}/fd/{n}", self.tid),
+            _ => return Err(libc::EBADF),
+        };
+        open_path(libc::AT_FDCWD, OsStr::new(&link), 0).map_err(|e| match e {
+            libc::ENOENT => libc::EBADF,
+            e => e,
+        })
+    }
+
+    /// The caller's own names for itself, in terms of its /proc directory.
+    fn translate(&self, path: &[u8]) -> Vec<u8> {
+        let own = format!("/proc/{}", self.tid).into_bytes();
+        let std = |n: &str| [own.as_slice(), b"/fd/", n.as_bytes()].concat();
+        match path {
+            b"/dev/stdin" => return std("0"),
+            b"/dev/stdout" => return std("1"),
+            b"/dev/stderr" => return std("2"),
+            _ => {}
+        }
+        for (prefix, with) in [
+            (&b"/dev/fd"[..], [own.as_slice(), b"/fd"].concat()),
+            (b"/proc/self", own.clone()),
+            (b"/proc/thread-self", own.clone()),
+        ] {
+            if let Some(rest) = path.strip_prefix(prefix)
+                && (rest.is_empty() || rest[0] == b'/')
+            {
+                return [with.as_slice(), rest].concat();
+            }
+        }
+        path.to_vec()
+    }
+}
+
+/// Where a path names an entry: the directory holding it, and its last component (with any
+/// trailing slashes, which the kernel interprets).
+struct Entry {
+    parent: OwnedFd,
+    last: Vec<u8>,
+}
+
+impl Entry {
+    /// The last component without trailing slashes: the name checked.
+    fn name(&self) -> &[u8] {
+        let end = self
+            .last
+            .iter()
+            .rposition(|&b| b != b'/')
+            .map_or(0, |i| i + 1);
+        &self.last[..end]
+    }
+    fn c_last(&self) -> CString {
+        CString::new(self.last.clone()).unwrap_or_default()
+    }
+}
+
+/// Where a caller's path leads: a plain entry (a directory and a last component), or one of
+/// the caller's own /proc entries, which PID 1 reopens for it.
+enum Resolved {
+    Entry(Entry),
+    /// `/proc/TID/fd/N`, `/proc/TID/cwd`, `/proc/TID/root` (the caller's own files, through
+    /// their magic links: opened as the caller would), or one plain file of `/proc/TID/`
+    /// (`oom_score_adj`), which is opened beneath `/proc/TID` with no link followed.
+    Own(OwnProc),
+}
+
+enum OwnProc {
+    /// The path of the caller's magic link.
+    Magic(String),
+    /// `/proc/TID` and one plain name in it.
+    File(OwnedFd, Vec<u8>),
+}
+
+impl OwnProc {
+    /// Open it with `flags` (no O_CREAT: it exists; O_EXCL makes that EEXIST, and a
+    /// directory opened to create gives EISDIR, as the kernel would say).
+    fn open(&self, flags: i32) -> Result<OwnedFd, i32> {
+        if flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0 {
+            return Err(libc::EEXIST);
+        }
+        let flags = (flags & !(libc::O_CREAT | libc::O_EXCL)) | libc::O_NOCTTY | libc::O_CLOEXEC;
+        let fd = match self {
+            OwnProc::Magic(link) => {
+                let c = CString::new(link.as_bytes()).map_err(|_| libc::EINVAL)?;
+                // SAFETY: our own path; the result is a new descriptor.
+                let fd = unsafe { libc::open(c.as_ptr(), flags) };
+                if fd < 0 {
+                    return Err(errno());
+                }
+                // SAFETY: fresh descriptor.
+                unsafe { OwnedFd::from_raw_fd(fd) }
+            }
+            OwnProc::File(dir, name) => openat2_beneath(dir, name, flags)?,
+        };
+        Ok(fd)
+    }
+
+    /// An O_PATH descriptor of it (for link).
+    fn path_fd(&self) -> Result<OwnedFd, i32> {
+        match self {
+            OwnProc::Magic(link) => open_path(libc::AT_FDCWD, OsStr::new(link), 0),
+            OwnProc::File(dir, name) => openat2_beneath(dir, name, libc::O_PATH),
+        }
+    }
+}
+
+fn resolve(caller: &Caller, dirfd: i32, path: &[u8]) -> Result<Resolved, i32> {
+    if path.is_empty() {
+        return Err(libc::ENOENT);
+    }
+    let path = caller.translate(path);
+    let own = format!("/proc/{}/", caller.tid).into_bytes();
+    if let Some(rest) = path.strip_prefix(own.as_slice()) {
+        let (first, tail) = split_first(rest);
+        let link = |what: &str| format!("/proc/{}/{what}", caller.tid);
+        let magic = match first {
+            b"fd" => {
+                let (n, tail2) = split_first(tail);
+                (!n.is_empty() && n.iter().all(u8::is_ascii_digit))
+                    .then(|| (link(&format!("fd/{}", String::from_utf8_lossy(n))), tail2))
+            }
+            b"cwd" => Some((link("cwd"), tail)),
+            b"root" => Some((link("root"), tail)),
+            _ => None,
+        };
+        if let Some((link, tail)) = magic {
+            if tail.iter().all(|&b| b == b'/') {
+                return Ok(Resolved::Own(OwnProc::Magic(link)));
+            }
+            // Below the caller's own directory descriptor, cwd or root: resolved from there.
+            let base = open_path(libc::AT_FDCWD, OsStr::new(&link), 0)?;
+            return split(base, tail).map(Resolved::Entry);
+        }
+        // One plain name of the caller's /proc directory, nothing else.
+        if tail.is_empty() && !first.is_empty() && first != b"." && first != b".." {
+            let dir = open_path(libc::AT_FDCWD, OsStr::new(&link("")), libc::O_DIRECTORY)?;
+            return Ok(Resolved::Own(OwnProc::File(dir, first.to_vec())));
+        }
+        return Err(libc::EACCES);
+    }
+    let base = if path[0] == b'/' {
+        open_path(libc::AT_FDCWD, OsStr::new("/"), libc::O_DIRECTORY)?
+    } else {
+        caller.dirfd(dirfd)?
+    };
+    split(base, &path).map(Resolved::Entry)
+}
+
+fn split_first(p: &[u8]) -> (&[u8], &[u8]) {
+    match p.iter().position(|&b| b == b'/') {
+        Some(i) => (&p[..i], &p[i + 1..]),
+        None => (p, &[]),
+    }
+}
+
+/// Open the directory part of `path` (relative to `base`) and return it with the last
+/// component. A directory on /proc is refused (another process's files, /proc/sys): PID 1
+/// may reach more of /proc than the caller; the caller's own entries are [`resolve`]'s.
+fn split(base: OwnedFd, path: &[u8]) -> Result<Entry, i32> {
+    let trimmed_end = path.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
+    let entry = if trimmed_end == 0 {
+        // "/" or "///": the root itself.
+        Entry {
+            parent: base,
+            last: b".".to_vec(),
+        }
+    } else {
+        let (dir, last) = match path[..trimmed_end].iter().rposition(|&b| b == b'/') {
+            Some(i) => (&path[..=i], &path[i + 1..]),
+            None => (&b""[..], path),
+        };
+        let parent = if dir.is_empty() {
+            base
+        } else {
+            openat2_path(&base, dir, libc::O_DIRECTORY)?
+        };
+        Entry {
+            parent,
+            last: last.to_vec(),
+        }
+    };
+    if fstatfs_type(&entry.parent)? == PROC_SUPER_MAGIC {
+        return Err(libc::EACCES);
+    }
+    Ok(entry)
+}
+
+fn handle(gate: &Gate, listener: &OwnedFd, call: &Call) -> Verdict {
+    if call.nr == libc::SYS_umask {
+        // The caller's umask changes: forget every one known (threads share theirs).
+        gate.umasks.changing(call.tid);
+        return Verdict::Continue;
+    }
+    let caller = Caller {
+        tid: call.tid,
+        id: call.id,
+        listener,
+        gate,
+    };
+    match perform(gate, listener, &caller, call) {
+        Ok(v) => v,
+        Err(e) => Verdict::Errno(e),
+    }
+}
+
+fn perform(gate: &Gate, listener: &OwnedFd, caller: &Caller, call: &Call) -> Result<Verdict, i32> {
+    let a = &call.args;
+    let s = |i: usize| caller.string(a[i]);
+    match call.nr {
+        libc::SYS_openat => open(
+            gate,
+            listener,
+            caller,
+            call,
+            call.fd_arg(0),
+            &s(1)?,
+            call.int_arg(2),
+            a[3] as libc::mode_t,
+        ),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_open => open(
+            gate,
+            listener,
+            caller,
+            call,
+            libc::AT_FDCWD,
+            &s(0)?,
+            call.int_arg(1),
+            a[2] as libc::mode_t,
+        ),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_creat => open(
+            gate,
+            listener,
+            caller,
+            call,
+            libc::AT_FDCWD,
+            &s(0)?,
+            libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC,
+            a[1] as libc::mode_t,
+        ),
+        libc::SYS_mkdirat => mkdir(gate, caller, call.fd_arg(0), &s(1)?, a[2] as libc::mode_t),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_mkdir => mkdir(gate, caller, libc::AT_FDCWD, &s(0)?, a[1] as libc::mode_t),
+        libc::SYS_mknodat => mknod(
+            gate,
+            caller,
+            call.fd_arg(0),
+            &s(1)?,
+            a[2] as libc::mode_t,
+            a[3],
+        ),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_mknod => mknod(
+            gate,
+            caller,
+            libc::AT_FDCWD,
+            &s(0)?,
+            a[1] as libc::mode_t,
+            a[2],
+        ),
+        libc::SYS_symlinkat => symlink(gate, caller, &s(0)?, call.fd_arg(1), &s(2)?),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_symlink => symlink(gate, caller, &s(0)?, libc::AT_FDCWD, &s(1)?),
+        libc::SYS_linkat => {
+            let flags = call.int_arg(4);
+            let old = if flags & libc::AT_EMPTY_PATH != 0 {
+                caller.string(a[1]).unwrap_or_default()
+            } else {
+                s(1)?
+            };
+            link(
+                gate,
+                caller,
+                call.fd_arg(0),
+                &old,
+                call.fd_arg(2),
+                &s(3)?,
+                flags,
+            )
+        }
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_link => link(
+            gate,
+            caller,
+            libc::AT_FDCWD,
+            &s(0)?,
+            libc::AT_FDCWD,
+            &s(1)?,
+            0,
+        ),
+        libc::SYS_renameat2 => rename(
+            gate,
+            caller,
+            call.fd_arg(0),
+            &s(1)?,
+            call.fd_arg(2),
+            &s(3)?,
+            a[4] as u32,
+        ),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_renameat => rename(
+            gate,
+            caller,
+            call.fd_arg(0),
+            &s(1)?,
+            call.fd_arg(2),
+            &s(3)?,
+            0,
+        ),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_rename => rename(
+            gate,
+            caller,
+            libc::AT_FDCWD,
+            &s(0)?,
+            libc::AT_FDCWD,
+            &s(1)?,
+            0,
+        ),
+        _ => Err(libc::ENOSYS),
+    }
+}
+
+fn check(gate: &Gate, entry: &Entry) -> Result<(), i32> {
+    gate.allows(&entry.parent, entry.name()).map_err(|kind| {
+        gate.report(kind, &entry.parent, entry.name());
+        libc::EPERM
+    })
+}
+
+/// The entry a new name goes in: only a plain entry (not one of the caller's /proc files).
+fn new_entry(caller: &Caller, dirfd: i32, path: &[u8]) -> Result<Entry, i32> {
+    match resolve(caller, dirfd, path)? {
+        Resolved::Entry(e) => Ok(e),
+        // /proc files and the caller's descriptors exist: nothing new is named there.
+        Resolved::Own(..) => Err(libc::EEXIST),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn open(
+    gate: &Gate,
+    listener: &OwnedFd,
+    caller: &Caller,
+    call: &Call,
+    dirfd: i32,
+    path: &[u8],
+    flags: i32,
+    mode: libc::mode_t,
+) -> Result<Verdict, i32> {
+    let cloexec = flags & libc::O_CLOEXEC != 0;
+    let mut entry = match resolve(caller, dirfd, path)? {
+        Resolved::Entry(e) => e,
+        Resolved::Own(own) => return own_open(&own, flags, cloexec),
+    };
+    for _ in 0..MAX_HOPS {
+        if entry.last.ends_with(b"/") && entry.name() != b"." && entry.name() != b".." {
+            // O_CREAT with a trailing slash: the kernel refuses it so.
+            return Err(libc::EISDIR);
+        }
+        let existing = fstatat(
+            &entry.parent,
+            OsStr::from_bytes(entry.name()),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+        .ok();
+        let kind = existing.map(|st| st.st_mode & libc::S_IFMT);
+        let follows = flags & (libc::O_NOFOLLOW | libc::O_EXCL) == 0;
+        if kind == Some(libc::S_IFLNK) && follows {
+            // The kernel would follow it and create its target: so do we, one hop at a time,
+            // so the name finally created is the one checked.
+            gate.may_follow(&entry, existing)?;
+            let target = readlinkat(&entry.parent, entry.name())?;
+            entry = match target.first() {
+                Some(b'/') => match resolve(caller, libc::AT_FDCWD, &target)? {
+                    Resolved::Entry(e) => e,
+                    Resolved::Own(own) => return own_open(&own, flags, cloexec),
+                },
+                _ => split(entry.parent, &target)?,
+            };
+            continue;
+        }
+        if kind != Some(libc::S_IFDIR) {
+            // The name this open ends at, whether or not it exists now (it may be gone by the
+            // time of the open, which then creates it). A directory is never created by an
+            // open: the kernel says EISDIR.
+            check(gate, &entry)?;
+        }
+        match existing {
+            Some(st) if kind == Some(libc::S_IFCHR) && st.st_rdev == libc::makedev(5, 0) => {
+                // /dev/tty: the caller's controlling terminal, not PID 1's.
+                return controlling_tty(caller, flags).map(|fd| Verdict::Fd(fd, cloexec));
+            }
+            Some(_) if kind == Some(libc::S_IFIFO) && flags & libc::O_NONBLOCK == 0 => {
+                // A blocking FIFO open waits for the other end: on its own thread, so the gate
+                // keeps serving the rest of the jail meanwhile.
+                return Ok(open_fifo_later(
+                    gate, listener, call.id, entry, flags, cloexec,
+                ));
+            }
+            _ => {}
+        }
+        // It may be created (or be gone and created by the open): with the caller's umask.
+        caller.take_umask()?;
+        // A device may block its open (a FIFO went to its own thread above): open it without
+        // waiting, then as the caller asked.
+        let device = matches!(kind, Some(libc::S_IFCHR | libc::S_IFBLK));
+        let nonblock = if device { libc::O_NONBLOCK } else { 0 };
+        let fd = openat_entry(&entry, flags | libc::O_NOFOLLOW | nonblock, mode)?;
+        if device && flags & libc::O_NONBLOCK == 0 {
+            set_blocking(&fd);
+        }
+        return Ok(Verdict::Fd(fd, cloexec));
+    }
+    Err(libc::ELOOP)
+}
+
+/// The caller opening one of its own /proc entries (`/proc/self/fd/1` is `/dev/stdout`).
+fn own_open(own: &OwnProc, flags: i32, cloexec: bool) -> Result<Verdict, i32> {
+    let fd = own.open(flags)?;
+    if flags & libc::O_CREAT != 0 && fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        return Err(libc::EISDIR);
+    }
+    Ok(Verdict::Fd(fd, cloexec))
+}
+
+fn openat_entry(entry: &Entry, flags: i32, mode: libc::mode_t) -> Result<OwnedFd, i32> {
+    let flags = flags | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: a path we own, on a directory descriptor we own; the result is a new descriptor.
+    let fd = unsafe {
+        libc::openat(
+            entry.parent.as_raw_fd(),
+            entry.c_last().as_ptr(),
+            flags,
+            mode as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn set_blocking(fd: &OwnedFd) {
+    // SAFETY: fcntl on our own descriptor.
+    unsafe {
+        let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+    }
+}
+
+/// FIFO opens waiting at once, at most (each holds a thread of PID 1 until the other end
+/// opens, or the jail ends).
+const FIFO_WAITS_MAX: usize = 64;
+
+/// A FIFO that exists: opened (never created: O_CREAT dropped, so a FIFO removed meanwhile
+/// gives ENOENT) on a thread of its own, which answers the caller when the other end opens.
+fn open_fifo_later(
+    gate: &Gate,
+    listener: &OwnedFd,
+    id: u64,
+    entry: Entry,
+    flags: i32,
+    cloexec: bool,
+) -> Verdict {
+    use std::sync::atomic::Ordering;
+    if gate.fifo_waits.fetch_add(1, Ordering::SeqCst) >= FIFO_WAITS_MAX {
+        gate.fifo_waits.fetch_sub(1, Ordering::SeqCst);
+        return Verdict::Errno(libc::EAGAIN);
+    }
+    let Ok(listener) = listener.try_clone() else {
+        gate.fifo_waits.fetch_sub(1, Ordering::SeqCst);
+        return Verdict::Errno(libc::EMFILE);
+    };
+    let waits = gate.fifo_waits.clone();
+    let spawned = std::thread::Builder::new()
+        .name("corral-gate-fifo".into())
+        .spawn(move || {
+            let plain = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
+            let verdict = match openat_entry(&entry, plain | libc::O_NOFOLLOW, 0) {
+                Ok(fd) => Verdict::Fd(fd, cloexec),
+                Err(e) => Verdict::Errno(e),
+            };
+            respond(&listener, id, verdict);
+            waits.fetch_sub(1, Ordering::SeqCst);
+        });
+    match spawned {
+        Ok(_) => Verdict::Answered,
+        Err(_) => {
+            gate.fifo_waits.fetch_sub(1, Ordering::SeqCst);
+            Verdict::Errno(libc::EAGAIN)
+        }
+    }
+}
+
+/// `/dev/tty` for the caller: its controlling terminal (field 7 of /proc/PID/stat), which in
+/// the jail can only be one of its own pseudo-terminals.
+fn controlling_tty(caller: &Caller, flags: i32) -> Result<OwnedFd, i32> {
+    let stat =
+        std::fs::read_to_string(format!("/proc/{}/stat", caller.tid)).map_err(|_| libc::ESRCH)?;
+    let after = stat.rsplit_once(')').map(|(_, r)| r).ok_or(libc::ESRCH)?;
+    let tty_nr: u32 = after
+        .split_whitespace()
+        .nth(4)
+        .and_then(|v| v.parse().ok())
+        .ok_or(libc::ESRCH)?;
+    let major = (tty_nr >> 8) & 0xfff;
+    let minor = (tty_nr & 0xff) | ((tty_nr >> 12) & 0xfff00);
+    if tty_nr == 0 || !(136..=143).contains(&major) {
+        return Err(libc::ENXIO);
+    }
+    let n = minor + (major - 136) * 256;
+    OwnProc::Magic(format!("/dev/pts/{n}")).open(flags)
+}
+
+fn mkdir(
+    gate: &Gate,
+    caller: &Caller,
+    dirfd: i32,
+    path: &[u8],
+    mode: libc::mode_t,
+) -> Result<Verdict, i32> {
+    let entry = new_entry(caller, dirfd, path)?;
+    check(gate, &entry)?;
+    caller.take_umask()?;
+    // SAFETY: our own path and descriptor.
+    let rc = unsafe { libc::mkdirat(entry.parent.as_raw_fd(), entry.c_last().as_ptr(), mode) };
+    done(rc)
+}
+
+fn mknod(
+    gate: &Gate,
+    caller: &Caller,
+    dirfd: i32,
+    path: &[u8],
+    mode: libc::mode_t,
+    dev: u64,
+) -> Result<Verdict, i32> {
+    let entry = new_entry(caller, dirfd, path)?;
+    check(gate, &entry)?;
+    caller.take_umask()?;
+    // SAFETY: as mkdir.
+    let rc = unsafe {
+        libc::mknodat(
+            entry.parent.as_raw_fd(),
+            entry.c_last().as_ptr(),
+            mode,
+            dev as libc::dev_t,
+        )
+    };
+    done(rc)
+}
+
+fn symlink(
+    gate: &Gate,
+    caller: &Caller,
+    target: &[u8],
+    dirfd: i32,
+    path: &[u8],
+) -> Result<Verdict, i32> {
+    let entry = new_entry(caller, dirfd, path)?;
+    check(gate, &entry)?;
+    let target = CString::new(target.to_vec()).map_err(|_| libc::EINVAL)?;
+    // SAFETY: as mkdir.
+    let rc = unsafe {
+        libc::symlinkat(
+            target.as_ptr(),
+            entry.parent.as_raw_fd(),
+            entry.c_last().as_ptr(),
+        )
+    };
+    done(rc)
+}
+
+fn link(
+    gate: &Gate,
+    caller: &Caller,
+    olddir: i32,
+    old: &[u8],
+    newdir: i32,
+    new: &[u8],
+    flags: i32,
+) -> Result<Verdict, i32> {
+    let entry = new_entry(caller, newdir, new)?;
+    check(gate, &entry)?;
+    // The file linked: opened here (O_PATH) and linked through this process's own descriptor,
+    // so no magic link is ever followed on the caller's behalf.
+    let source = if old.is_empty() && flags & libc::AT_EMPTY_PATH != 0 {
+        open_path(
+            libc::AT_FDCWD,
+            OsStr::new(&format!("/proc/{}/fd/{olddir}", caller.tid)),
+            0,
+        )?
+    } else {
+        match resolve(caller, olddir, old)? {
+            Resolved::Own(own) => own.path_fd()?,
+            Resolved::Entry(e) => {
+                let nofollow = if flags & libc::AT_SYMLINK_FOLLOW == 0 {
+                    libc::O_NOFOLLOW
+                } else {
+                    0
+                };
+                openat2_path(&e.parent, &e.last, nofollow)?
+            }
+        }
+    };
+    let via =
+        CString::new(format!("/proc/self/fd/{}", source.as_raw_fd())).map_err(|_| libc::EINVAL)?;
+    // SAFETY: our own paths and descriptors.
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            via.as_ptr(),
+            entry.parent.as_raw_fd(),
+            entry.c_last().as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    done(rc)
+}
+
+fn rename(
+    gate: &Gate,
+    caller: &Caller,
+    olddir: i32,
+    old: &[u8],
+    newdir: i32,
+    new: &[u8],
+    flags: u32,
+) -> Result<Verdict, i32> {
+    let to = new_entry(caller, newdir, new)?;
+    check(gate, &to)?;
+    let from = new_entry(caller, olddir, old)?;
+    if flags & libc::RENAME_EXCHANGE != 0 {
+        // Both names get a new entry.
+        check(gate, &from)?;
+    }
+    // SAFETY: our own paths and descriptors.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            from.parent.as_raw_fd(),
+            from.c_last().as_ptr(),
+            to.parent.as_raw_fd(),
+            to.c_last().as_ptr(),
+            flags,
+        )
+    };
+    done(rc as i32)
+}
+
+fn done(rc: i32) -> Result<Verdict, i32> {
+    if rc != 0 {
+        return Err(errno());
+    }
+    Ok(Verdict::Value(0))
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// `openat(base, path, O_PATH | extra)`, following links as the kernel does for a caller,
+/// magic links of /proc allowed (only for paths the gate built itself).
+fn open_path(base: RawFd, path: &OsStr, extra: i32) -> Result<OwnedFd, i32> {
+    let c = CString::new(path.as_bytes()).map_err(|_| libc::EINVAL)?;
+    // SAFETY: our own path; the result is a new descriptor.
+    let fd = unsafe { libc::openat(base, c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC | extra) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `openat2(base, path, O_PATH | extra, RESOLVE_NO_MAGICLINKS)`: a caller's path, resolved as
+/// the kernel would for the caller except that no /proc magic link is followed (it would
+/// resolve to PID 1's own files).
+fn openat2_path(base: &OwnedFd, path: &[u8], extra: i32) -> Result<OwnedFd, i32> {
+    let c = CString::new(path.to_vec()).map_err(|_| libc::EINVAL)?;
+    // SAFETY: open_how is plain data.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_PATH | libc::O_CLOEXEC | extra) as u64;
+    how.resolve = libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: `how` and the path outlive the call; the result is a new descriptor.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            base.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `openat2(dir, name, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS)`:
+/// one plain entry of `dir`, no link followed.
+fn openat2_beneath(dir: &OwnedFd, name: &[u8], flags: i32) -> Result<OwnedFd, i32> {
+    let c = CString::new(name.to_vec()).map_err(|_| libc::EINVAL)?;
+    // SAFETY: open_how is plain data.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    let extra = if flags & libc::O_PATH != 0 {
+        libc::O_CLOEXEC
+    } else {
+        libc::O_CLOEXEC | libc::O_NOCTTY
+    };
+    how.flags = (flags | extra) as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
+    // SAFETY: `how` and the path outlive the call; the result is a new descriptor.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn fstat(fd: &OwnedFd) -> Result<libc::stat, i32> {
+    // SAFETY: stat is plain data, filled by the kernel.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: our own descriptor; AT_EMPTY_PATH stats it.
+    let rc = unsafe { libc::fstatat(fd.as_raw_fd(), c"".as_ptr(), &mut st, libc::AT_EMPTY_PATH) };
+    if rc != 0 {
+        return Err(errno());
+    }
+    Ok(st)
+}
+
+fn fstatat(dir: &OwnedFd, name: &OsStr, flags: i32) -> Result<libc::stat, i32> {
+    let c = CString::new(name.as_bytes()).map_err(|_| libc::EINVAL)?;
+    // SAFETY: as fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: our own path and descriptor.
+    let rc = unsafe { libc::fstatat(dir.as_raw_fd(), c.as_ptr(), &mut st, flags) };
+    if rc != 0 {
+        return Err(errno());
+    }
+    Ok(st)
+}
+
+fn fstatfs_type(fd: &OwnedFd) -> Result<i64, i32> {
+    // SAFETY: statfs is plain data, filled by the kernel.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: our own descriptor.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(errno());
+    }
+    Ok(st.f_type as i64)
+}
+
+fn readlinkat(dir: &OwnedFd, name: &[u8]) -> Result<Vec<u8>, i32> {
+    let c = CString::new(name.to_vec()).map_err(|_| libc::EINVAL)?;
+    let mut buf = vec![0u8; PATH_MAX];
+    // SAFETY: the buffer is PATH_MAX bytes long, as passed.
+    let n = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(errno());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// The callers' umasks. /proc/PID/status, the only place a umask shows, costs about 50 µs to
+/// read on a small VM (it renders every field), so each task's is kept once read, with a pidfd
+/// of that task: an entry is used only while its task lives (a tid is reused only after).
+/// A umask changes only through umask(2), which the gate's filter also stops and lets
+/// continue: every entry is then forgotten, and none is kept again until the task that called
+/// it has made another gated call (so its umask(2) has returned) or is gone; a task sharing
+/// that umask could otherwise read and keep the old value in between.
+#[derive(Default)]
+struct Umasks {
+    known: Mutex<UmaskTable>,
+}
+
+#[derive(Default)]
+struct UmaskTable {
+    by_tid: std::collections::HashMap<libc::pid_t, (OwnedFd, libc::mode_t)>,
+    /// Tasks whose umask(2) may not have run yet.
+    changing: std::collections::HashMap<libc::pid_t, Option<OwnedFd>>,
+}
+
+const UMASKS_KEPT: usize = 512;
+/// `pidfd_open` of a thread that is not its group's leader (Linux 6.9).
+const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
+
+fn alive(pidfd: &OwnedFd) -> bool {
+    // SAFETY: signal 0 to a pidfd we own: an existence check.
+    unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, 0usize, 0) == 0 }
+}
+
+impl Umasks {
+    fn of(&self, caller: &Caller) -> Result<libc::mode_t, i32> {
+        let mut t = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        // This task's umask(2), if it made one, has returned: it is in another call now.
+        t.changing.remove(&caller.tid);
+        t.changing
+            .retain(|_, pidfd| pidfd.as_ref().is_none_or(alive));
+        if let Some((pidfd, mask)) = t.by_tid.get(&caller.tid) {
+            if alive(pidfd) {
+                return Ok(*mask);
+            }
+            t.by_tid.remove(&caller.tid);
+        }
+        let status =
+            std::fs::read(format!("/proc/{}/status", caller.tid)).map_err(|_| libc::ESRCH)?;
+        let mask = std::str::from_utf8(&status)
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Umask:")))
+            .and_then(|v| libc::mode_t::from_str_radix(v.trim(), 8).ok())
+            .ok_or(libc::ESRCH)?;
+        if t.changing.is_empty()
+            && let Some(pidfd) = pidfd_open(caller.tid)
+        {
+            // Still the caller (alive and waiting): the pidfd is its task's.
+            caller.still_waiting()?;
+            if t.by_tid.len() >= UMASKS_KEPT {
+                t.by_tid.clear();
+            }
+            t.by_tid.insert(caller.tid, (pidfd, mask));
+        }
+        Ok(mask)
+    }
+
+    /// `tid` calls umask(2).
+    fn changing(&self, tid: libc::pid_t) {
+        let mut t = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        t.by_tid.clear();
+        t.changing.insert(tid, pidfd_open(tid));
+    }
+}
+
+fn pidfd_open(tid: libc::pid_t) -> Option<OwnedFd> {
+    for flags in [0, PIDFD_THREAD] {
+        // SAFETY: pidfd_open returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid, flags) };
+        if fd >= 0 {
+            // SAFETY: fresh descriptor.
+            return Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+        }
+    }
+    None
+}

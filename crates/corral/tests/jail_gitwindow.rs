@@ -1,0 +1,476 @@
+//! The git window during a run (issue 12, item 1): while the jail runs, the user's prompt runs
+//! git in the directory the user is in every few seconds, so a repository the jail creates in
+//! the project is live before any check after the run. The name gate (corral-sandbox
+//! namegate.rs) refuses every name that would make one discoverable (`.git`, `HEAD`,
+//! `commondir`) outside the jail's own file systems, whichever syscall creates it, and
+//! performs every creation itself so a racing thread cannot swap the checked path. Each test
+//! attacks while the jail is still running and runs git on the host then, as a prompt would.
+//! Runs as root and, through scripts/test-rootless, unprivileged.
+
+mod jail_support;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use jail_support::*;
+
+/// git on the host, as the user's prompt runs it: the world's home, no system config.
+fn host_git(w: &World, dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("HOME", &w.home)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .output()
+        .expect("git")
+}
+
+fn ok(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn commit(w: &World) {
+    ok(&host_git(w, &w.project, &["add", "README"]));
+    ok(&host_git(
+        w,
+        &w.project,
+        &[
+            "-c",
+            "user.name=u",
+            "-c",
+            "user.email=u@e",
+            "commit",
+            "-qm",
+            "first",
+        ],
+    ));
+}
+
+/// A jail running `script`, which touches `ready` in the project once it has made its attempt
+/// and then waits for the host to create `go`.
+struct Running {
+    child: Child,
+    go: PathBuf,
+}
+
+impl Running {
+    fn start(w: &World, extra: &[&str], script: &str) -> Running {
+        let go = w.project.join("go");
+        let ready = w.project.join("ready");
+        let script =
+            format!("{script}\n: > ready; while [ ! -e go ]; do sleep 0.05; done; echo END");
+        let mut c = w.corral();
+        c.arg("run")
+            .args(extra)
+            .args(["--network", "none", "--", "sh", "-c", &script]);
+        let child = c
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("corral");
+        let mut r = Running { child, go };
+        let start = Instant::now();
+        while !ready.exists() {
+            if let Ok(Some(status)) = r.child.try_wait() {
+                let out = r.finish_output();
+                panic!("the jail ended ({status}) before its attempt:\n{out}");
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "the jail never got ready"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        r
+    }
+
+    fn finish_output(&mut self) -> String {
+        let mut out = String::new();
+        if let Some(mut s) = self.child.stdout.take() {
+            let _ = s.read_to_string(&mut out);
+        }
+        if let Some(mut s) = self.child.stderr.take() {
+            let _ = s.read_to_string(&mut out);
+        }
+        let _ = self.child.wait();
+        out
+    }
+
+    /// Let the jail end; its stdout and stderr.
+    fn finish(mut self) -> String {
+        std::fs::write(&self.go, "").unwrap();
+        let start = Instant::now();
+        while self.child.try_wait().expect("wait").is_none() {
+            if start.elapsed() > Duration::from_secs(120) {
+                let _ = self.child.kill();
+                panic!("the jail did not end");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = self.finish_output();
+        assert!(
+            out.contains("END"),
+            "the jail did not reach its end:\n{out}"
+        );
+        out
+    }
+}
+
+/// Where git run in `dir` on the host finds its repository.
+fn git_dir_seen_from(w: &World, dir: &Path) -> String {
+    let out = host_git(w, dir, &["rev-parse", "--absolute-git-dir"]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Every way a process can make a name: each attempt plants a repository whose config runs
+/// `touch MARKER` in git's fsmonitor hook, in its own directory of the project.
+fn attempts(marker: &Path) -> String {
+    let config = format!(
+        "printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tfsmonitor = touch {}\\n'",
+        marker.display()
+    );
+    format!(
+        r#"
+mkdir -p a b c d e f g h i j /tmp/stage
+# git init (mkdir .git, then files inside)
+git init -q a 2>/dev/null && {config} > a/.git/config
+# mkdir of .git by itself
+mkdir b/.git 2>/dev/null && echo MADE-b
+# a bare repository: HEAD in a plain directory (open O_CREAT)
+mkdir c/objects c/refs && echo 'ref: refs/heads/main' > c/HEAD 2>/dev/null && {config} > c/config
+# rename of a prepared directory onto .git
+mkdir d/prep && git init -q --bare /tmp/stage/x && cp -r /tmp/stage/x/. d/prep/ 2>/dev/null
+mv d/prep d/.git 2>/dev/null && echo MADE-d
+# a symlink named .git to a repository in the jail's /tmp (the host resolves it to its own)
+git init -q /tmp/stage/y && ln -s /tmp/stage/y/.git e/.git 2>/dev/null && echo MADE-e
+# a hard link named HEAD
+echo 'ref: refs/heads/main' > /tmp/stage/head; echo 'ref: refs/heads/main' > f/h && ln f/h f/HEAD 2>/dev/null && echo MADE-f
+# O_CREAT through a dangling symlink whose target is .git
+ln -s .git g/link && echo 'gitdir: ../a' > g/link 2>/dev/null && echo MADE-g
+# a FIFO named HEAD (mknod)
+mkfifo h/HEAD 2>/dev/null && echo MADE-h
+# a commondir in the project's own git directory
+echo ../i > .git/commondir 2>/dev/null && echo MADE-i
+# a gitlink file written by rename of a temporary file
+echo 'gitdir: /tmp/stage/y/.git' > j/tmp && mv j/tmp j/.git 2>/dev/null && echo MADE-j
+"#
+    )
+}
+
+#[test]
+fn a_repository_made_during_the_run_is_refused_before_git_on_the_host_sees_it() {
+    let w = World::new();
+    commit(&w);
+    let marker = w.outside.join("fsmonitor-ran");
+    let jail = Running::start(&w, &[], &attempts(&marker));
+    // The jail is still running: the user's prompt runs git in each directory now.
+    let own = w.project.join(".git");
+    for d in ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"] {
+        let dir = w.project.join(d);
+        let _ = host_git(&w, &dir, &["status", "--short"]);
+        assert_eq!(
+            git_dir_seen_from(&w, &dir),
+            own.display().to_string(),
+            "git on the host in {d}/ found another repository during the run"
+        );
+    }
+    assert!(
+        !marker.exists(),
+        "git on the host ran the jail's fsmonitor during the run"
+    );
+    let out = jail.finish();
+    assert!(!out.contains("MADE-"), "a name was created:\n{out}");
+    for name in [".git", "HEAD"] {
+        for d in ["a", "b", "c", "d", "e", "f", "g", "h", "j"] {
+            let p = w.project.join(d).join(name);
+            assert!(
+                std::fs::symlink_metadata(&p).is_err(),
+                "{} exists:\n{out}",
+                p.display()
+            );
+        }
+    }
+    assert!(!w.project.join(".git/commondir").exists(), "{out}");
+    assert!(out.contains("corral: refused creating a `.git`"), "{out}");
+    assert!(out.contains("corral: refused creating a `HEAD`"), "{out}");
+    // The jail still committed and switched branches in the project's own repository.
+    let work = Running::start(
+        &w,
+        &[],
+        "echo b >> README && git add README && \
+         git -c user.name=a -c user.email=a@b commit -qm second && echo COMMITTED && \
+         git checkout -qb topic && git checkout -q - && echo SWITCHED && \
+         git init -q /tmp/clone && git -C /tmp/clone status --short && echo TMP-REPO",
+    );
+    let out = work.finish();
+    for m in ["COMMITTED", "SWITCHED", "TMP-REPO"] {
+        assert!(out.contains(m), "{m} missing:\n{out}");
+    }
+}
+
+/// Control: with `--allow-new-repositories` the same attempts succeed, and git on the host
+/// runs the jail's fsmonitor during the run; the check after the run moves the config aside.
+#[test]
+fn control_without_the_gate_git_on_the_host_runs_the_new_repository_during_the_run() {
+    let w = World::new();
+    commit(&w);
+    let marker = w.outside.join("fsmonitor-ran");
+    let jail = Running::start(&w, &["--allow-new-repositories"], &attempts(&marker));
+    let a = w.project.join("a");
+    assert_eq!(
+        git_dir_seen_from(&w, &a),
+        a.join(".git").display().to_string()
+    );
+    let _ = host_git(&w, &a, &["status", "--short"]);
+    assert!(
+        marker.exists(),
+        "control: the planted fsmonitor did not run"
+    );
+    let out = jail.finish();
+    assert!(out.contains("MADE-b"), "{out}");
+    assert!(out.contains("moved aside"), "{out}");
+}
+
+/// The gate performs each creation on the path it checked: a second thread that keeps
+/// rewriting the path buffer between `sub/plain` and `sub/.git` while the first one calls
+/// mkdir/open(O_CREAT)/symlink/rename on it never gets a `.git` made.
+#[test]
+fn a_thread_racing_the_path_never_gets_a_checked_name_swapped() {
+    let Some(cc) = ["cc", "gcc"].into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }) else {
+        eprintln!("SKIP: no C compiler (cc, gcc) to build the racing program");
+        return;
+    };
+    let w = World::new();
+    let src = w.project.join("race.c");
+    write(&src, RACE_C);
+    let out = Command::new(cc)
+        .args(["-O2", "-pthread", "-o"])
+        .arg(w.project.join("race"))
+        .arg(&src)
+        .output()
+        .expect("cc");
+    ok(&out);
+    let out = w.sh(
+        "none",
+        "mkdir racedir && ./race racedir 8000; echo RACE-EXIT=$?; ls -a racedir; echo END",
+    );
+    ran(&out, "END");
+    assert!(out.stdout.contains("RACE-EXIT=0"), "{}", out.both());
+    assert!(!out.stdout.contains("RACED"), "{}", out.both());
+    assert!(
+        std::fs::symlink_metadata(w.project.join("racedir/.git")).is_err(),
+        "{}",
+        out.both()
+    );
+    // The racing calls did create the plain name many times: the race ran.
+    let made: u64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("PLAIN-MADE="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        made > 100,
+        "the plain name was made only {made} times:\n{}",
+        out.both()
+    );
+}
+
+const RACE_C: &str = r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char path[256];
+static char plain[256], dotgit[256];
+static volatile int stop;
+
+static void *flip(void *arg) {
+    (void)arg;
+    size_t n = strlen(plain);
+    while (!stop) {
+        memcpy(path, dotgit, n + 1);
+        memcpy(path, plain, n + 1);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    snprintf(plain, sizeof plain, "%s/plain", argv[1]);
+    snprintf(dotgit, sizeof dotgit, "%s/.git", argv[1]);
+    char other[256];
+    snprintf(other, sizeof other, "%s/other", argv[1]);
+    strcpy(path, plain);
+    pthread_t t;
+    pthread_create(&t, NULL, flip, NULL);
+    long made = 0, n = atol(argv[2]);
+    struct stat st;
+    for (long i = 0; i < n; i++) {
+        int op = i % 4;
+        int ok = 0;
+        if (op == 0) ok = mkdir(path, 0755) == 0;
+        else if (op == 1) { int fd = open(path, O_CREAT | O_WRONLY, 0644); if (fd >= 0) { close(fd); ok = 1; } }
+        else if (op == 2) ok = symlink("x", path) == 0;
+        else { int fd = open(other, O_CREAT | O_WRONLY, 0644); if (fd >= 0) close(fd); ok = rename(other, path) == 0; }
+        if (ok) made++;
+        if (lstat(dotgit, &st) == 0) { printf("RACED at %ld (op %d)\n", i, op); stop = 1; return 1; }
+        rmdir(plain); unlink(plain); unlink(other);
+    }
+    stop = 1;
+    pthread_join(t, NULL);
+    printf("PLAIN-MADE=%ld\n", made);
+    return 0;
+}
+"#;
+
+/// What the gate performs behaves as if the caller had: modes follow the caller's umask,
+/// owners are the caller's, O_EXCL, O_APPEND, FIFOs, `> /dev/stdout`, `/dev/fd/N`, links and
+/// renames work, and a nested Landlock domain is refused rather than silently not applied.
+#[test]
+fn creations_the_gate_performs_behave_as_the_callers_own() {
+    let w = World::new();
+    let script = r#"
+set -e
+umask 077; : > m600; mkdir d700
+umask 022; : > m644; mkdir d755
+stat -c '%a %n' m600 d700 m644 d755
+if sh -c 'set -C; : > m644' 2>/dev/null; then echo NOCLOBBER-BROKEN; fi
+echo one > app; echo two >> app; cat app | tr '\n' ' '; echo
+echo to-stdout > /dev/stdout; echo to-fd > /dev/fd/1; echo to-stderr > /dev/stderr
+mkfifo pipe; (cat pipe > from-fifo &) ; echo through-fifo > pipe; wait; sleep 0.2; cat from-fifo
+ln app hard; ln -s app soft; mv hard moved; cat moved soft | tr '\n' ' '; echo
+cp "$(command -v touch)" xtouch; chmod 111 xtouch; ./xtouch made-by-exec-only && echo EXEC-ONLY-OK
+sh -c ': > /proc/self/../1/environ' 2>/dev/null || echo PROC-OTHER-REFUSED
+# the jail's own /proc file: as without the gate (Landlock keeps /proc read-only)
+sh -c 'echo 0 > /proc/self/oom_score_adj' 2>&1 | grep -q 'Permission denied' && echo PROC-OWN-AS-JAIL
+python3 - <<'EOF'
+import ctypes, fcntl, os, struct, tempfile
+libc = ctypes.CDLL(None, use_errno=True)
+r = libc.syscall(446, -1, 0)  # landlock_restrict_self
+print("LANDLOCK", r, os.strerror(ctypes.get_errno()))
+os.mkdir("cf")
+fd = os.open("cf", os.O_RDONLY)
+try:
+    fcntl.ioctl(fd, 0x40086602, struct.pack("l", 0x40000000))  # FS_IOC_SETFLAGS casefold
+    print("SETFLAGS-ALLOWED")
+except OSError as e:
+    print("SETFLAGS", e.errno)
+fd, p = tempfile.mkstemp(dir=".")
+os.write(fd, b"x"); os.close(fd); os.rename(p, "renamed")
+fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o600)
+os.write(fd, b"tmpfile"); os.link(f"/proc/self/fd/{fd}", "linked-tmpfile")
+print("PY-OK", open("linked-tmpfile").read())
+EOF
+echo END
+"#;
+    let out = w.sh("none", script);
+    ran(&out, "END");
+    let s = &out.stdout;
+    for want in [
+        "600 m600",
+        "700 d700",
+        "644 m644",
+        "755 d755",
+        "one two",
+        "to-stdout",
+        "to-fd",
+        "through-fifo",
+        "one two one two",
+        "LANDLOCK -1 Operation not permitted",
+        "PY-OK tmpfile",
+        "EXEC-ONLY-OK",
+        "PROC-OTHER-REFUSED",
+        "PROC-OWN-AS-JAIL",
+        "SETFLAGS 1",
+    ] {
+        assert!(s.contains(want), "{want:?} missing:\n{}", out.both());
+    }
+    assert!(!s.contains("NOCLOBBER-BROKEN"), "{}", out.both());
+    assert!(out.stderr.contains("to-stderr"), "{}", out.both());
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(w.project.join("m644")).unwrap();
+    assert_eq!(
+        (m.uid(), m.gid()),
+        (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw()
+        )
+    );
+}
+
+/// The executor's command jails get the gate too.
+#[test]
+fn an_executor_command_cannot_make_a_repository_during_the_run_either() {
+    let w = World::new();
+    let out = w.sh(
+        "none",
+        "corral exec -- sh -c 'mkdir sub && git init -q sub && echo EXEC-MADE; mkdir sub/.git || echo EXEC-REFUSED'; echo END",
+    );
+    ran(&out, "END");
+    assert!(out.stdout.contains("EXEC-REFUSED"), "{}", out.both());
+    assert!(!out.stdout.contains("EXEC-MADE"), "{}", out.both());
+    assert!(
+        std::fs::symlink_metadata(w.project.join("sub/.git")).is_err(),
+        "{}",
+        out.both()
+    );
+}
+
+/// A git directory cannot be built inside an existing one and reached from elsewhere: a `HEAD`
+/// is refused below a git directory except in `logs/`, and `objects`/`refs` are refused there
+/// (so `logs/`, which holds a `HEAD` and `refs/`, cannot become one either).
+#[test]
+fn a_git_directory_cannot_be_built_inside_an_existing_one() {
+    let w = World::new();
+    commit(&w);
+    let marker = w.outside.join("fsmonitor-ran");
+    let script = format!(
+        "mkdir .git/x && echo 'ref: refs/heads/main' > .git/x/HEAD 2>/dev/null && echo MADE-HEAD\n\
+         mkdir .git/x/objects 2>/dev/null && echo MADE-OBJECTS\n\
+         mkdir .git/x/refs 2>/dev/null && echo MADE-REFS\n\
+         mkdir .git/logs/objects 2>/dev/null && echo MADE-LOGS-OBJECTS\n\
+         printf '[core]\\n\\tfsmonitor = touch {m}\\n' > .git/logs/config\n\
+         ln -s .git/logs docs && echo LINKED\n\
+         echo b >> README && git add README && git -c user.name=a -c user.email=a@b commit -qm two && echo COMMITTED",
+        m = marker.display()
+    );
+    let jail = Running::start(&w, &[], &script);
+    let docs = w.project.join("docs");
+    let _ = host_git(&w, &docs, &["status", "--short"]);
+    assert_ne!(
+        git_dir_seen_from(&w, &docs),
+        w.project.join(".git/logs").display().to_string(),
+        "git took .git/logs for a repository"
+    );
+    assert!(!marker.exists(), "git on the host ran the jail's fsmonitor");
+    let out = jail.finish();
+    for made in [
+        "MADE-HEAD",
+        "MADE-OBJECTS",
+        "MADE-REFS",
+        "MADE-LOGS-OBJECTS",
+    ] {
+        assert!(!out.contains(made), "{made}:\n{out}");
+    }
+    assert!(out.contains("LINKED") && out.contains("COMMITTED"), "{out}");
+}
