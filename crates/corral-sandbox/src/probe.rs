@@ -366,7 +366,7 @@ fn probe_landlock(abi: Option<u32>) -> Check {
 /// 5.19), tried in the same child.
 fn probe_seccomp() -> (Check, Check) {
     let gate_missing = |why: &str| {
-        check("name-gate", Status::Warn, why.to_string())
+        check("name_gate", Status::Warn, why.to_string())
             .disables(
                 "refusing new git repositories while a run lasts (they are checked when it ends)",
             )
@@ -424,7 +424,7 @@ fn probe_seccomp_with(gate_missing: &dyn Fn(&str) -> Check) -> (Check, Check) {
     };
     let gate_ok = || {
         check(
-            "name-gate",
+            "name_gate",
             Status::Ok,
             "seccomp user notification with a killable wait: new git repositories are refused \
              while a run lasts",

@@ -359,7 +359,7 @@ pub const ARGUMENT_RULES: &[(&str, &str)] = &[
     ("unshare", "EPERM with any CLONE_NEW* flag: as clone"),
     (
         "ioctl",
-        "EPERM for TIOCSTI (injects input into a terminal), TIOCLINUX (console control) and TIOCSETD (line disciplines: rarely used kernel code); low 32 bits compared",
+        "EPERM for TIOCSTI (injects input into a terminal), TIOCLINUX (console control), TIOCSETD (line disciplines: rarely used kernel code), btrfs snapshot/subvolume and bcachefs subvolume creation (names the name gate cannot see) and FS_IOC_SETFLAGS (the casefold flag); low 32 bits compared",
     ),
     (
         "personality",

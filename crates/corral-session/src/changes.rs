@@ -239,10 +239,12 @@ fn escape(name: &str) -> String {
 
 impl Baseline {
     /// The state of the project at `root` now. `jail_id` names the private git directory.
-    pub fn take(root: &Path, jail_id: &str) -> anyhow::Result<Baseline> {
+    /// `git`: the project had a `.git` when the session began (looked at then: corral may
+    /// put a placeholder `.git` there for the jail while this runs on its thread).
+    pub fn take(root: &Path, jail_id: &str, git: bool) -> anyhow::Result<Baseline> {
         let root = root.to_path_buf();
         let mut note = None;
-        if root.join(".git").symlink_metadata().is_ok() {
+        if git {
             match git_baseline(&root, jail_id) {
                 Ok(kind) => {
                     return Ok(Baseline {
@@ -988,8 +990,9 @@ pub fn start(plan: &corral_policy::Plan, jail_id: &str) -> Pending {
     }
     let root = plan.project.root.clone();
     let jail_id = jail_id.to_string();
+    let git = root.join(".git").symlink_metadata().is_ok();
     Pending(Some(std::thread::spawn(move || {
-        Baseline::take(&root, &jail_id)
+        Baseline::take(&root, &jail_id, git)
     })))
 }
 

@@ -46,6 +46,7 @@ fn doctor_reports_every_probe_and_exits_by_what_it_found() {
             "user_namespaces",
             "landlock",
             "seccomp",
+            "name_gate",
             "cgroups",
             "pty",
             "tiocsti",
