@@ -117,12 +117,12 @@ impl Session {
     }
 
     /// The git directories that existed when the session began (gitguard.rs `git_dirs`): where
-    /// the name gate lets the jail create a `HEAD`. None without a snapshot.
-    pub fn git_dirs(&self, plan: &Plan) -> Vec<std::path::PathBuf> {
+    /// the name gate lets the jail create a `HEAD`. `None` without a snapshot (an executor
+    /// command's session: its Plan already has its run's).
+    pub fn git_dirs(&self, plan: &Plan) -> Option<Vec<std::path::PathBuf>> {
         self.git
             .as_ref()
             .map(|g| gitguard::git_dirs(g, &rw_bind_sources(plan)))
-            .unwrap_or_default()
     }
 
     /// Wait until the change baseline is taken (at once when it is). What the jail's command

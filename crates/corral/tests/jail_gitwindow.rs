@@ -418,16 +418,20 @@ echo END
     );
 }
 
-/// The executor's command jails get the gate too.
+/// The executor's command jails get the gate too, with the run's git directories: a command
+/// still commits (a reflog append is a `logs/HEAD` creation).
 #[test]
 fn an_executor_command_cannot_make_a_repository_during_the_run_either() {
     let w = World::new();
+    commit(&w);
     let out = w.sh(
         "none",
-        "corral exec -- sh -c 'mkdir sub && git init -q sub && echo EXEC-MADE; mkdir sub/.git || echo EXEC-REFUSED'; echo END",
+        "corral exec -- sh -c 'mkdir sub && git init -q sub && echo EXEC-MADE; mkdir sub/.git || echo EXEC-REFUSED'; \
+         corral exec -- sh -c 'echo b >> README && git add README && git -c user.name=a -c user.email=a@b commit -qm exec && echo EXEC-COMMITTED'; echo END",
     );
     ran(&out, "END");
     assert!(out.stdout.contains("EXEC-REFUSED"), "{}", out.both());
+    assert!(out.stdout.contains("EXEC-COMMITTED"), "{}", out.both());
     assert!(!out.stdout.contains("EXEC-MADE"), "{}", out.both());
     assert!(
         std::fs::symlink_metadata(w.project.join("sub/.git")).is_err(),

@@ -179,8 +179,9 @@ pub fn run_plan(
     let mut run = RunPlan::container(plan);
     run.protect(&session.protected());
     // Where the jail may create a `HEAD` while it runs (the name gate).
-    let git_dirs = session.git_dirs(&run.plan);
-    run.git_dirs(&git_dirs);
+    if let Some(git_dirs) = session.git_dirs(&run.plan) {
+        run.git_dirs(&git_dirs);
+    }
     let plan = run.plan;
     let mut ctx = context(kind, &plan, session.jail_id())?;
     if plan.skill.is_some() {

@@ -151,8 +151,9 @@ fn run_plan_with(
     // The git files the snapshot found are read-only in the jail and the executor's jail.
     run.protect(&session.protected());
     // Where the jail may create a `HEAD` while it runs (the name gate).
-    let git_dirs = session.git_dirs(&run.plan);
-    run.git_dirs(&git_dirs);
+    if let Some(git_dirs) = session.git_dirs(&run.plan) {
+        run.git_dirs(&git_dirs);
+    }
     // The executor is attached last: its jail's Plan is final now.
     let executor = super::serve::attach_executor(&run, session.audit())?;
     let mut native = Native {
