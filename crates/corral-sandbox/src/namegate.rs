@@ -83,8 +83,7 @@ enum Refusal {
     Head,
     /// `commondir`: sends git to another git directory.
     Commondir,
-    /// `objects` or `refs` below a git directory: with a `HEAD` beside them, a git directory
-    /// inside one (a reflog directory holds `logs/HEAD`).
+    /// `objects` beside a `HEAD` (with `refs`, a git directory).
     Part,
 }
 
@@ -113,8 +112,6 @@ impl Refusal {
             (Refusal::Commondir, b"commondir")
         } else if trimmed.eq_ignore_ascii_case(b"objects") {
             (Refusal::Part, b"objects")
-        } else if trimmed.eq_ignore_ascii_case(b"refs") {
-            (Refusal::Part, b"refs")
         } else {
             return None;
         };
@@ -212,41 +209,20 @@ impl Gate {
             return Ok(());
         }
         let at = (st.st_dev, st.st_ino);
+        // A git directory is a directory holding `HEAD`, `objects` and `refs` (or a
+        // `commondir`): below the run's git directories, where git writes `HEAD` files of its
+        // own (`logs/HEAD`, `refs/remotes/origin/HEAD`), no directory may hold both a `HEAD`
+        // and an `objects`; elsewhere there may be no `HEAD` at all, and no `objects` beside a
+        // `HEAD` that was there before the run. Creations are performed one at a time, so the
+        // second of the pair always sees the first.
         match kind {
             Refusal::DotGit | Refusal::Commondir => Err(kind),
-            // A run's git directory itself, or its `logs/` (`logs/HEAD`, `logs/refs/`): a git
-            // directory's top holds these, and `logs/` cannot get `objects` (below).
-            Refusal::Head if self.git_dirs.contains(&at) || self.is_logs_of_git_dir(parent) => {
-                Ok(())
-            }
+            _ if self.git_dirs.contains(&at) => Ok(()),
+            Refusal::Head if !holds(parent, "objects") && self.below_git_dir(parent, st) => Ok(()),
             Refusal::Head => Err(kind),
-            Refusal::Part
-                if name.eq_ignore_ascii_case(b"refs") && self.is_logs_of_git_dir(parent) =>
-            {
-                Ok(())
-            }
-            Refusal::Part if self.git_dirs.contains(&at) => Ok(()),
-            // Anywhere else inside a git directory, `objects`/`refs` would shape a git
-            // directory inside it; outside one they are ordinary names.
-            Refusal::Part if self.below_git_dir(parent, st) => Err(kind),
+            Refusal::Part if holds(parent, "HEAD") => Err(kind),
             Refusal::Part => Ok(()),
         }
-    }
-
-    /// Is `dir` the `logs` directory directly in one of the run's git directories?
-    fn is_logs_of_git_dir(&self, dir: &OwnedFd) -> bool {
-        let Ok(up) = open_path(dir.as_raw_fd(), OsStr::new(".."), libc::O_DIRECTORY) else {
-            return false;
-        };
-        let (Ok(ust), Ok(dst), Ok(logs)) = (
-            fstat(&up),
-            fstat(dir),
-            fstatat(&up, OsStr::new("logs"), libc::AT_SYMLINK_NOFOLLOW),
-        ) else {
-            return false;
-        };
-        self.git_dirs.contains(&(ust.st_dev, ust.st_ino))
-            && (logs.st_dev, logs.st_ino) == (dst.st_dev, dst.st_ino)
     }
 
     /// Is `dir` (whose stat is `st`) below one of the run's git directories?
@@ -305,7 +281,7 @@ impl Gate {
             Refusal::DotGit => "a `.git`",
             Refusal::Head => "a `HEAD` outside the run's git directories",
             Refusal::Commondir => "a `commondir`",
-            Refusal::Part => "a git directory's `objects` or `refs` inside a git directory",
+            Refusal::Part => "an `objects` beside a `HEAD`",
         };
         self.reports.send(
             path.clone(),
@@ -318,6 +294,12 @@ impl Gate {
             ),
         );
     }
+}
+
+/// Does `dir` hold an entry named `name` (of any type: git needs `objects` only to pass
+/// `access(X_OK)`)?
+fn holds(dir: &OwnedFd, name: &str) -> bool {
+    fstatat(dir, OsStr::new(name), libc::AT_SYMLINK_NOFOLLOW).is_ok()
 }
 
 /// CAP_SYS_PTRACE's number.

@@ -440,41 +440,63 @@ fn an_executor_command_cannot_make_a_repository_during_the_run_either() {
     );
 }
 
-/// A git directory cannot be built inside an existing one and reached from elsewhere: a `HEAD`
-/// is refused below a git directory except in `logs/`, and `objects`/`refs` are refused there
-/// (so `logs/`, which holds a `HEAD` and `refs/`, cannot become one either).
+/// A git directory cannot be built inside an existing one and reached from elsewhere, nor
+/// beside a `HEAD` that was there before the run: no directory below a git directory may hold
+/// both a `HEAD` and an `objects`, and no `objects` may join a stray `HEAD`. What git itself
+/// writes there (`logs/HEAD`, `refs/remotes/origin/HEAD`, a branch named `objects`) still works.
 #[test]
 fn a_git_directory_cannot_be_built_inside_an_existing_one() {
     let w = World::new();
     commit(&w);
+    write(&w.project.join("plain/HEAD"), "ref: refs/heads/main\n");
     let marker = w.outside.join("fsmonitor-ran");
     let script = format!(
-        "mkdir .git/x && echo 'ref: refs/heads/main' > .git/x/HEAD 2>/dev/null && echo MADE-HEAD\n\
-         mkdir .git/x/objects 2>/dev/null && echo MADE-OBJECTS\n\
-         mkdir .git/x/refs 2>/dev/null && echo MADE-REFS\n\
+        "mkdir .git/x && echo 'ref: refs/heads/main' > .git/x/HEAD && mkdir .git/x/refs && echo X-HEAD-AND-REFS\n\
+         mkdir .git/x/objects 2>/dev/null && echo MADE-X-OBJECTS\n\
+         mkdir .git/y .git/y/objects .git/y/refs && echo Y-OBJECTS-AND-REFS\n\
+         echo 'ref: refs/heads/main' > .git/y/HEAD 2>/dev/null && echo MADE-Y-HEAD\n\
+         mv .git/x/HEAD .git/y/HEAD 2>/dev/null && echo MOVED-HEAD\n\
          mkdir .git/logs/objects 2>/dev/null && echo MADE-LOGS-OBJECTS\n\
-         printf '[core]\\n\\tfsmonitor = touch {m}\\n' > .git/logs/config\n\
-         ln -s .git/logs docs && echo LINKED\n\
-         echo b >> README && git add README && git -c user.name=a -c user.email=a@b commit -qm two && echo COMMITTED",
+         mkdir plain/objects 2>/dev/null && echo MADE-PLAIN-OBJECTS\n\
+         mkdir plain/refs && echo PLAIN-REFS\n\
+         printf '[core]\\n\\tfsmonitor = touch {m}\\n' > .git/x/config\n\
+         cp .git/x/config .git/y/config; cp .git/x/config plain/config\n\
+         ln -s .git/x docs-x && ln -s .git/y docs-y && echo LINKED\n\
+         echo b >> README && git add README && git -c user.name=a -c user.email=a@b commit -qm two && echo COMMITTED\n\
+         git symbolic-ref refs/remotes/origin/HEAD refs/remotes/origin/main && echo REMOTE-HEAD\n\
+         git branch objects && echo BRANCH-OBJECTS",
         m = marker.display()
     );
     let jail = Running::start(&w, &[], &script);
-    let docs = w.project.join("docs");
-    let _ = host_git(&w, &docs, &["status", "--short"]);
-    assert_ne!(
-        git_dir_seen_from(&w, &docs),
-        w.project.join(".git/logs").display().to_string(),
-        "git took .git/logs for a repository"
-    );
+    for d in ["docs-x", "docs-y", "plain"] {
+        let dir = w.project.join(d);
+        let _ = host_git(&w, &dir, &["status", "--short"]);
+        let seen = git_dir_seen_from(&w, &dir);
+        assert!(
+            !seen.ends_with(".git/x") && !seen.ends_with(".git/y") && !seen.ends_with("plain"),
+            "git took {d} for a repository: {seen}"
+        );
+    }
     assert!(!marker.exists(), "git on the host ran the jail's fsmonitor");
     let out = jail.finish();
     for made in [
-        "MADE-HEAD",
-        "MADE-OBJECTS",
-        "MADE-REFS",
+        "MADE-X-OBJECTS",
+        "MADE-Y-HEAD",
+        "MOVED-HEAD",
         "MADE-LOGS-OBJECTS",
+        "MADE-PLAIN-OBJECTS",
     ] {
         assert!(!out.contains(made), "{made}:\n{out}");
     }
-    assert!(out.contains("LINKED") && out.contains("COMMITTED"), "{out}");
+    for did in [
+        "X-HEAD-AND-REFS",
+        "Y-OBJECTS-AND-REFS",
+        "PLAIN-REFS",
+        "LINKED",
+        "COMMITTED",
+        "REMOTE-HEAD",
+        "BRANCH-OBJECTS",
+    ] {
+        assert!(out.contains(did), "{did} missing:\n{out}");
+    }
 }
