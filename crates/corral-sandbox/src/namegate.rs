@@ -85,6 +85,8 @@ enum Refusal {
     Commondir,
     /// `objects` beside a `HEAD` (with `refs`, a git directory).
     Part,
+    /// A non-ASCII name in a directory that folds names: it may stand for a git name.
+    Folded,
 }
 
 impl Refusal {
@@ -198,6 +200,14 @@ impl Gate {
     /// May `name` be created in the directory `parent`?
     fn allows(&self, parent: &OwnedFd, name: &[u8]) -> Result<(), Refusal> {
         let Some((kind, exact)) = Refusal::of(name) else {
+            // A directory that folds names may take a non-ASCII name for a git one (`objectſ`,
+            // a zero-width joiner in `.git`): such names are refused there (host-visible).
+            if !name.is_ascii() && folds_names(parent) {
+                let st = fstat(parent).map_err(|_| Refusal::Folded)?;
+                if !self.private_devs.contains(&st.st_dev) {
+                    return Err(Refusal::Folded);
+                }
+            }
             return Ok(());
         };
         let st = fstat(parent).map_err(|_| kind)?;
@@ -216,7 +226,7 @@ impl Gate {
         // `HEAD` that was there before the run. Creations are performed one at a time, so the
         // second of the pair always sees the first.
         match kind {
-            Refusal::DotGit | Refusal::Commondir => Err(kind),
+            Refusal::DotGit | Refusal::Commondir | Refusal::Folded => Err(kind),
             _ if self.git_dirs.contains(&at) => Ok(()),
             Refusal::Head if !holds(parent, "objects") && self.below_git_dir(parent, st) => Ok(()),
             Refusal::Head => Err(kind),
@@ -247,8 +257,8 @@ impl Gate {
             at = (pst.st_dev, pst.st_ino);
             up = Some(parent);
         }
-        // Deeper than any path: refuse rather than guess.
-        true
+        // Deeper than any path: not below one (then a `HEAD` is refused).
+        false
     }
 
     /// The kernel's `fs.protected_symlinks` rule for a link the gate is about to follow on a
@@ -282,6 +292,9 @@ impl Gate {
             Refusal::Head => "a `HEAD` outside the run's git directories",
             Refusal::Commondir => "a `commondir`",
             Refusal::Part => "an `objects` beside a `HEAD`",
+            Refusal::Folded => {
+                "a non-ASCII name in a directory that folds names (it may stand for `.git`)"
+            }
         };
         self.reports.send(
             path.clone(),
@@ -606,6 +619,29 @@ impl Caller<'_> {
         self.gate.umasks.of(self)
     }
 
+    /// `len` bytes at `addr` in the caller's memory (a socket address).
+    fn bytes(&self, addr: u64, len: usize) -> Result<Vec<u8>, i32> {
+        let mut buf = vec![0u8; len];
+        if len == 0 {
+            return Ok(buf);
+        }
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: len,
+        };
+        let remote = libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: len,
+        };
+        // SAFETY: the local iovec points at `buf`, `len` bytes long.
+        let n = unsafe { libc::process_vm_readv(self.tid, &local, 1, &remote, 1, 0) };
+        if n != len as isize {
+            return Err(libc::EFAULT);
+        }
+        self.still_waiting()?;
+        Ok(buf)
+    }
+
     /// Take the caller's umask for the creation about to be performed on this thread.
     fn take_umask(&self) -> Result<(), i32> {
         let mask = self.umask()?;
@@ -621,10 +657,13 @@ impl Caller<'_> {
             n if n >= 0 => format!("/proc/{}/fd/{n}", self.tid),
             _ => return Err(libc::EBADF),
         };
-        open_path(libc::AT_FDCWD, OsStr::new(&link), 0).map_err(|e| match e {
+        let fd = open_path(libc::AT_FDCWD, OsStr::new(&link), 0).map_err(|e| match e {
             libc::ENOENT => libc::EBADF,
             e => e,
-        })
+        })?;
+        // Opened from the caller's tid: still the caller's (not a reused tid's).
+        self.still_waiting()?;
+        Ok(fd)
     }
 
     /// The caller's own names for itself, in terms of its /proc directory.
@@ -938,15 +977,139 @@ fn perform(gate: &Gate, listener: &OwnedFd, caller: &Caller, call: &Call) -> Res
             &s(1)?,
             0,
         ),
+        libc::SYS_bind => bind(gate, caller, call.fd_arg(0), a[1], a[2] as usize),
         _ => Err(libc::ENOSYS),
     }
 }
 
-fn check(gate: &Gate, entry: &Entry) -> Result<(), i32> {
-    gate.allows(&entry.parent, entry.name()).map_err(|kind| {
-        gate.report(kind, &entry.parent, entry.name());
+/// bind(2): a Unix socket bound to a path is a new name (a socket passes git's
+/// `access(objects, X_OK)` check). The caller's socket is taken with pidfd_getfd; one of
+/// another family is let through (its bind makes no name whatever the address says); a Unix
+/// socket is bound here, to an abstract or unnamed address as asked, to a path through the
+/// checked directory (`/proc/self/fd/DIR/NAME`).
+fn bind(gate: &Gate, caller: &Caller, fd: i32, addr: u64, len: usize) -> Result<Verdict, i32> {
+    let pidfd = pidfd_open(caller.tid).ok_or(libc::ESRCH)?;
+    // SAFETY: pidfd_getfd returns a new descriptor (a duplicate of the caller's) or -1.
+    let sock = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if sock < 0 {
+        return Err(match errno() {
+            libc::EBADF => libc::EBADF,
+            _ => libc::EPERM,
+        });
+    }
+    // SAFETY: fresh descriptor.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock as i32) };
+    caller.still_waiting()?;
+    let mut domain: libc::c_int = 0;
+    let mut dlen = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: SO_DOMAIN writes one int.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_DOMAIN,
+            (&mut domain as *mut libc::c_int).cast(),
+            &mut dlen,
+        )
+    };
+    if rc != 0 {
+        // Not a socket: the kernel's answer.
+        return Err(libc::ENOTSOCK);
+    }
+    if domain != libc::AF_UNIX {
+        return Ok(Verdict::Continue);
+    }
+    let size = std::mem::size_of::<libc::sockaddr_un>();
+    if len > size {
+        return Err(libc::EINVAL);
+    }
+    let raw = caller.bytes(addr, len)?;
+    // SAFETY: sockaddr_un is plain data.
+    let mut un: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    // SAFETY: `raw` is at most sizeof(sockaddr_un) bytes, copied into it.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            raw.as_ptr(),
+            (&mut un as *mut libc::sockaddr_un).cast(),
+            raw.len(),
+        )
+    };
+    let path_off = std::mem::size_of::<libc::sa_family_t>();
+    let path: Vec<u8> = raw
+        .get(path_off..)
+        .unwrap_or(&[])
+        .iter()
+        .take_while(|&&b| b != 0)
+        .copied()
+        .collect();
+    let named = raw.len() > path_off && raw[path_off] != 0;
+    let (un, ulen, _held, _parent) = if named {
+        let entry = new_entry(caller, libc::AT_FDCWD, &path)?;
+        let held = check(gate, &entry)?;
+        let via = format!("/proc/self/fd/{}/", entry.parent.as_raw_fd()).into_bytes();
+        let full = [via.as_slice(), entry.last.as_slice()].concat();
+        // SAFETY: sockaddr_un is plain data.
+        let mut v: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        v.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        if full.len() >= v.sun_path.len() {
+            return Err(libc::ENAMETOOLONG);
+        }
+        for (d, b) in v.sun_path.iter_mut().zip(&full) {
+            *d = *b as libc::c_char;
+        }
+        let l = (path_off + full.len() + 1) as libc::socklen_t;
+        caller.take_umask()?;
+        (v, l, held, Some(entry.parent))
+    } else {
+        (un, len as libc::socklen_t, None, None)
+    };
+    // SAFETY: `un` is a sockaddr_un of `ulen` bytes, on our duplicate of the caller's socket.
+    let rc = unsafe {
+        libc::bind(
+            sock.as_raw_fd(),
+            (&un as *const libc::sockaddr_un).cast(),
+            ulen,
+        )
+    };
+    done(rc)
+}
+
+/// Check the name `entry` would create. For a `HEAD` or an `objects` (whose rule depends on
+/// what the directory holds), the directory stays locked (flock) until the returned guard is
+/// dropped, after the creation: the jail's other gates (an executor command's, another run's
+/// in the same project) take the same lock, so one of a pair always sees the other.
+fn check(gate: &Gate, entry: &Entry) -> Result<Option<OwnedFd>, i32> {
+    let name = entry.name();
+    let paired = matches!(Refusal::of(name), Some((Refusal::Head | Refusal::Part, _)));
+    let lock = if paired {
+        Some(lock_dir(&entry.parent)?)
+    } else {
+        None
+    };
+    gate.allows(&entry.parent, name).map_err(|kind| {
+        gate.report(kind, &entry.parent, name);
         libc::EPERM
-    })
+    })?;
+    Ok(lock)
+}
+
+/// An exclusive flock on `dir` (a descriptor of its own), waited for at most 5 s: a process
+/// of the jail holding it longer gets its creation refused (EAGAIN) rather than stall the gate.
+fn lock_dir(dir: &OwnedFd) -> Result<OwnedFd, i32> {
+    let d = openat_entry_raw(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY)?;
+    for _ in 0..500 {
+        // SAFETY: flock on our own descriptor.
+        if unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(d);
+        }
+        match errno() {
+            libc::EWOULDBLOCK | libc::EINTR => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            e => return Err(e),
+        }
+    }
+    Err(libc::EAGAIN)
 }
 
 /// The entry a new name goes in: only a plain entry (not one of the caller's /proc files).
@@ -1001,12 +1164,10 @@ fn open(
             };
             continue;
         }
-        if kind != Some(libc::S_IFDIR) {
-            // The name this open ends at, whether or not it exists now (it may be gone by the
-            // time of the open, which then creates it). A directory is never created by an
-            // open: the kernel says EISDIR.
-            check(gate, &entry)?;
-        }
+        {}
+        // The name this open ends at, whether or not it exists now (it may be gone by the time
+        // of the open, which then creates it), a directory too (it may be removed meanwhile).
+        let _held = check(gate, &entry)?;
         match existing {
             Some(st) if kind == Some(libc::S_IFCHR) && st.st_rdev == libc::makedev(5, 0) => {
                 // /dev/tty: the caller's controlling terminal, not PID 1's.
@@ -1145,7 +1306,7 @@ fn mkdir(
     mode: libc::mode_t,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
-    check(gate, &entry)?;
+    let _held = check(gate, &entry)?;
     caller.take_umask()?;
     // SAFETY: our own path and descriptor.
     let rc = unsafe { libc::mkdirat(entry.parent.as_raw_fd(), entry.c_last().as_ptr(), mode) };
@@ -1161,7 +1322,7 @@ fn mknod(
     dev: u64,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
-    check(gate, &entry)?;
+    let _held = check(gate, &entry)?;
     caller.take_umask()?;
     // SAFETY: as mkdir.
     let rc = unsafe {
@@ -1183,7 +1344,7 @@ fn symlink(
     path: &[u8],
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
-    check(gate, &entry)?;
+    let _held = check(gate, &entry)?;
     let target = CString::new(target.to_vec()).map_err(|_| libc::EINVAL)?;
     // SAFETY: as mkdir.
     let rc = unsafe {
@@ -1206,7 +1367,7 @@ fn link(
     flags: i32,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, newdir, new)?;
-    check(gate, &entry)?;
+    let _held = check(gate, &entry)?;
     // The file linked: opened here (O_PATH) and linked through this process's own descriptor,
     // so no magic link is ever followed on the caller's behalf.
     let source = if old.is_empty() && flags & libc::AT_EMPTY_PATH != 0 {
@@ -1253,11 +1414,12 @@ fn rename(
     flags: u32,
 ) -> Result<Verdict, i32> {
     let to = new_entry(caller, newdir, new)?;
-    check(gate, &to)?;
+    let _held_to = check(gate, &to)?;
     let from = new_entry(caller, olddir, old)?;
+    let mut _held_from = None;
     if flags & libc::RENAME_EXCHANGE != 0 {
         // Both names get a new entry.
-        check(gate, &from)?;
+        _held_from = check(gate, &from)?;
     }
     // SAFETY: our own paths and descriptors.
     let rc = unsafe {

@@ -974,8 +974,12 @@ pub fn build_gate_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
     #[cfg(target_arch = "x86_64")]
     p.on_syscall(libc::SYS_open, |p| creating_open(p, 1));
     // umask(2) too: the gate keeps each caller's umask (reading it costs more than a
-    // creation) and forgets them when one changes. No path: the gate lets it continue.
-    for nr in gate_always().into_iter().chain([libc::SYS_umask]) {
+    // creation) and forgets them when one changes. No path: the gate lets it continue. And
+    // bind(2): a Unix socket bound to a path is a name.
+    for nr in gate_always()
+        .into_iter()
+        .chain([libc::SYS_umask, libc::SYS_bind])
+    {
         p.on_syscall(nr, |p| p.ret(libc::SECCOMP_RET_USER_NOTIF));
     }
     p.on_syscall(libc::SYS_landlock_restrict_self, |p| {
@@ -1364,6 +1368,7 @@ mod tests {
         assert_eq!(gate(libc::SYS_unlinkat, [0; 6]), SECCOMP_RET_ALLOW);
         assert_eq!(gate(libc::SYS_write, [0; 6]), SECCOMP_RET_ALLOW);
         assert_eq!(gate(libc::SYS_umask, [0o22, 0, 0, 0, 0, 0]), notify);
+        assert_eq!(gate(libc::SYS_bind, [3, 0, 0, 0, 0, 0]), notify);
         // The ioctls that make or fold names are the base filter's to refuse.
         for req in [
             BTRFS_IOC_SNAP_CREATE,

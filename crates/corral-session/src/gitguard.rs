@@ -127,13 +127,10 @@ impl Scan {
         for name in ["config", "config.worktree", "commondir"] {
             self.protect_file(dir.join(name));
         }
-        // An absent config: an empty read-only placeholder (git reads it as empty), so the jail
-        // cannot give this repository a config while the run lasts.
-        let config = dir.join("config");
-        if fs::symlink_metadata(&config).is_err()
-            && nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok()
-        {
-            self.protect.push(config);
+        // An absent config or config.worktree: an empty read-only placeholder (git reads it as
+        // empty), so the jail cannot give this repository one while the run lasts.
+        for name in ["config", "config.worktree"] {
+            self.hold_absent(dir, name);
         }
         let hooks = dir.join("hooks");
         match fs::symlink_metadata(&hooks) {
@@ -150,6 +147,16 @@ impl Scan {
         }
         self.worktrees(dir);
         self.modules(&dir.join("modules"), depth);
+    }
+
+    /// An absent `dir/name`: held by an empty read-only placeholder, where corral can make one.
+    fn hold_absent(&mut self, dir: &Path, name: &str) {
+        let path = dir.join(name);
+        if fs::symlink_metadata(&path).is_err()
+            && nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_ok()
+        {
+            self.protect.push(path);
+        }
     }
 
     /// Protect `path` when it is a regular file (a link there is left to the check after the
@@ -186,6 +193,7 @@ impl Scan {
                     for name in ["commondir", "config.worktree", "gitdir"] {
                         self.protect_file(admin.join(name));
                     }
+                    self.hold_absent(&admin, "config.worktree");
                 }
                 _ => {}
             }
@@ -275,10 +283,12 @@ fn find_git_dirs(root: &Path) -> Found {
                 }
                 continue;
             }
+            // git asks only access(X_OK) of `objects` and `refs`: a socket or an executable
+            // file passes as well as a directory.
             match name.as_encoded_bytes() {
                 b"HEAD" => head = !is_dir,
-                b"objects" => objects = is_dir,
-                b"refs" => refs = is_dir,
+                b"objects" => objects = true,
+                b"refs" => refs = true,
                 _ => {}
             }
             if is_dir {
@@ -312,6 +322,7 @@ fn scan(root: &Path) -> Scan {
         for name in ["config.worktree", "commondir"] {
             s.protect_file(own.join(name));
         }
+        s.hold_absent(&own, "config.worktree");
         s.worktrees(&own);
         s.repos.push((own.clone(), root.to_path_buf()));
     }
@@ -1161,9 +1172,13 @@ mod tests {
         assert_eq!(
             rel,
             [
+                // Absent ones: placeholders (git reads one if extensions.worktreeConfig is set).
+                ".git/config.worktree",
                 ".git/worktrees/wt/commondir",
+                ".git/worktrees/wt/config.worktree",
                 ".git/worktrees/wt/gitdir",
                 "lib.git/config",
+                "lib.git/config.worktree",
                 "lib.git/hooks",
                 "tools/hooks",
             ]

@@ -464,7 +464,8 @@ fn a_git_directory_cannot_be_built_inside_an_existing_one() {
          ln -s .git/x docs-x && ln -s .git/y docs-y && echo LINKED\n\
          echo b >> README && git add README && git -c user.name=a -c user.email=a@b commit -qm two && echo COMMITTED\n\
          git symbolic-ref refs/remotes/origin/HEAD refs/remotes/origin/main && echo REMOTE-HEAD\n\
-         git branch objects && echo BRANCH-OBJECTS",
+         git branch objects && echo BRANCH-OBJECTS\n\
+         python3 -c \"import socket\nfor p in ['.git/x/objects', 'plain/objects', 'made.sock']:\n    s = socket.socket(socket.AF_UNIX)\n    try:\n        s.bind(p); print('BOUND', p)\n    except OSError as e:\n        print('REFUSED', p, e.errno)\"",
         m = marker.display()
     );
     let jail = Running::start(&w, &[], &script);
@@ -479,6 +480,14 @@ fn a_git_directory_cannot_be_built_inside_an_existing_one() {
     }
     assert!(!marker.exists(), "git on the host ran the jail's fsmonitor");
     let out = jail.finish();
+    // A Unix socket passes git's access(X_OK) check as `objects`: bind(2) is gated too.
+    for want in [
+        "REFUSED .git/x/objects 1",
+        "REFUSED plain/objects 1",
+        "BOUND made.sock",
+    ] {
+        assert!(out.contains(want), "{want} missing:\n{out}");
+    }
     for made in [
         "MADE-X-OBJECTS",
         "MADE-Y-HEAD",
