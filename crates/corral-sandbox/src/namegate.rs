@@ -2,36 +2,40 @@
 //! would find it (#12, "the git window during a run"; docs/host-safety.md).
 //!
 //! Git run in a directory finds its repository through an entry named `.git`, or by taking
-//! the directory itself for a git directory when it holds a `HEAD` (plus `objects/` and
-//! `refs/`; a `commondir` sends it to another one). A shell prompt or an editor runs git every
-//! few seconds in the directory the user is in, so a repository the jail creates there is live
-//! before any check after the run could see it. The gate closes that by construction: every
-//! syscall that creates a name (open/openat with O_CREAT, creat, mkdir, mknod, link, symlink,
-//! rename; `seccomp::build_gate_filter`) is stopped by a seccomp user notification and
-//! performed here, by the jail's PID 1, on the path it read once from the caller's memory. A
-//! name that would make a repository discoverable is refused with EPERM:
-//! - `.git` (any case) anywhere outside the jail's own file systems;
-//! - `HEAD` there too, except in a git directory that existed when the run started, or below
-//!   one (commits and checkouts replace `HEAD`, reflogs are `logs/HEAD`);
-//! - `commondir` there too (only `git worktree add` writes one, in a new directory).
+//! the directory itself for a git directory when it holds a `HEAD`, an `objects` and a `refs`
+//! (which only need to pass `access(X_OK)`), or a `commondir` that sends it to another one. A
+//! shell prompt or an editor runs git every few seconds in the directory the user is in, so a
+//! repository the jail creates there is live before any check after the run could see it. The
+//! gate closes that by construction: every syscall that creates a name (open/openat with
+//! O_CREAT, creat, mkdir, mknod, link, symlink, rename, bind of a Unix socket;
+//! `seccomp::build_gate_filter`) is stopped by a seccomp user notification and performed here,
+//! by a thread of the jail's PID 1, on the path it read once from the caller's memory. Outside
+//! the jail's own file systems ([`Gate::allows`]):
+//! - `.git` and `commondir` are refused;
+//! - a `HEAD` only in a git directory that existed when the run started, or below one in a
+//!   directory holding no `objects` (git's `logs/HEAD`, `refs/remotes/origin/HEAD`);
+//! - an `objects` never beside a `HEAD` (checked and created under a flock of the directory,
+//!   which every gate of the run takes, so the second of the pair sees the first);
+//! - a variant spelling, or any non-ASCII name, only where the directory does not fold names.
 //!
 //! The jail's own file systems (its tmpfs /tmp, home, /dev) are invisible to the host: a clone
 //! or `git init` there works. A rename cannot carry a repository from them into a bind (EXDEV).
 //!
 //! Why performed here and not let through (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`): the kernel
-//! would read the path again from the caller's memory, which another thread (or another
-//! process writing `/proc/PID/mem`) can change between the check and the call. Performing the
-//! call on the copy that was checked leaves nothing to race. The performer has the caller's
-//! rights: PID 1 applied the jail's Landlock domain and dropped its capabilities before it
-//! forked the command (so the command and the gate share one domain and ids), and its threads
-//! take the caller's umask before each creation. The caller's cwd and directory descriptors
-//! are opened through `/proc/PID/`; paths are resolved with `openat2(RESOLVE_NO_MAGICLINKS)`
-//! so no `/proc` magic link resolves to the gate's own process, and the caller's own magic
-//! names (`/proc/self/fd/N`, `/dev/stdout`, `/dev/fd/N`, `/dev/tty`) are translated to the
-//! caller's. A final symlink that an O_CREAT open would follow is followed here, one hop at a
-//! time, so the name finally created is the one checked. Since a Landlock domain nested in the
-//! jail would not bind what the gate performs, `landlock_restrict_self` is refused while the
-//! gate runs.
+//! would read the path again from the caller's memory, which another thread can change between
+//! the check and the call. Performing the call on the copy that was checked leaves nothing to
+//! race (only umask(2), which has no path, and bind of a socket that is not a Unix one are let
+//! through). The performer has the caller's rights: PID 1 applied the jail's Landlock domain
+//! before it forked the command (one domain for both); the gate's thread holds no capability
+//! but CAP_SYS_PTRACE over the jail's user namespace (to read a non-dumpable caller's memory)
+//! and takes the caller's umask before each creation. The caller's cwd and directory
+//! descriptors are opened through `/proc/TID/`; paths are resolved with
+//! `openat2(RESOLVE_NO_MAGICLINKS)` so no `/proc` magic link resolves to PID 1's own files, and
+//! the caller's own magic names (`/proc/self/fd/N`, `/dev/stdout`, `/dev/fd/N`, `/dev/tty`) are
+//! translated to the caller's. A final symlink that an O_CREAT open would follow is followed
+//! here, one hop at a time, so the name finally created is the one checked. Since a Landlock
+//! domain nested in the jail would not bind what the gate performs, `landlock_restrict_self` is
+//! refused while the gate runs.
 //!
 //! PID 1 is an ancestor of every process of the jail (Yama's `ptrace_scope=1` lets it read
 //! their memory) and non-dumpable (they cannot read or trace it).
