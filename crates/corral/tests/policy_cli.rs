@@ -95,10 +95,12 @@ fn plan_pi_json_in_a_fresh_git_project() {
         plan.masked,
         vec![p.root.join(".env"), p.root.join("sub/.env")]
     );
-    // The project's git files and policy, and pi's code in its agent directory.
+    // The project's git files and policy (an absent config.worktree held by a placeholder),
+    // and pi's code in its agent directory.
     let agent = p.home.join(".pi/agent");
     let mut protected = vec![
         p.root.join(".git/config"),
+        p.root.join(".git/config.worktree"),
         p.root.join(".git/hooks"),
         p.root.join("corral.toml"),
         agent.join("bin"),
