@@ -7,50 +7,9 @@
 
 mod jail_support;
 
-use std::path::Path;
 use std::process::Command;
 
 use jail_support::*;
-
-/// git on the host, as the user runs it: the world's home, no system config.
-fn host_git(w: &World, dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("HOME", &w.home)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .output()
-        .expect("git")
-}
-
-fn ok(out: &std::process::Output) {
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A first commit in the project, made on the host.
-fn commit(w: &World) {
-    ok(&host_git(w, &w.project, &["add", "README"]));
-    ok(&host_git(
-        w,
-        &w.project,
-        &[
-            "-c",
-            "user.name=u",
-            "-c",
-            "user.email=u@e",
-            "commit",
-            "-qm",
-            "first",
-        ],
-    ));
-}
 
 /// Whether a process whose command line holds `tag` still runs anywhere on the host.
 fn still_running(tag: &str) -> String {
@@ -100,7 +59,7 @@ fn an_executor_command_that_outlives_the_jail_is_ended_before_the_git_check() {
     // Nothing of the run is left: the TERM-ignoring command is gone too.
     let left = still_running(&tag);
     assert!(left.is_empty(), "left running after corral exited: {left}");
-    let st = host_git(&w, &w.project, &["status", "--short"]);
+    let st = w.host_git(&w.project, &["status", "--short"]);
     ok(&st);
     assert!(!w.outside.join("fsmonitor-ran").exists());
 }
@@ -114,13 +73,9 @@ fn a_linked_worktrees_administrative_files_cannot_be_repointed() {
     let w = World::new();
     // The check after the run (what the name gate would refuse earlier: jail_gitwindow).
     w.allow_new_repositories();
-    commit(&w);
+    w.commit_readme();
     let wt = w.outside.join("wt");
-    ok(&host_git(
-        &w,
-        &w.project,
-        &["worktree", "add", "-q", wt.to_str().unwrap()],
-    ));
+    ok(&w.host_git(&w.project, &["worktree", "add", "-q", wt.to_str().unwrap()]));
     let marker = w.outside.join("fsmonitor-ran");
     let script = format!(
         "git clone -q --bare . evil && git config -f evil/config core.fsmonitor 'touch {m}'; \
@@ -136,7 +91,7 @@ fn a_linked_worktrees_administrative_files_cannot_be_repointed() {
     assert!(!out.stdout.contains("COMMONDIR-WRITTEN"), "{}", out.both());
     assert!(!out.stdout.contains("GITDIR-WRITTEN"), "{}", out.both());
     assert!(out.stdout.contains("COMMITTED"), "{}", out.both());
-    ok(&host_git(&w, &wt, &["status", "--short"]));
+    ok(&w.host_git(&wt, &["status", "--short"]));
     assert!(
         !marker.exists(),
         "the user's git in the linked worktree ran the jail's fsmonitor"
@@ -147,8 +102,7 @@ fn a_linked_worktrees_administrative_files_cannot_be_repointed() {
     // the planted command.
     let evil = w.project.join("evil/config");
     let cmd = format!("touch {}", marker.display());
-    ok(&host_git(
-        &w,
+    ok(&w.host_git(
         &w.project,
         &[
             "config",
@@ -160,7 +114,7 @@ fn a_linked_worktrees_administrative_files_cannot_be_repointed() {
     ));
     let admin = w.project.join(".git/worktrees/wt/commondir");
     std::fs::write(&admin, format!("{}\n", w.project.join("evil").display())).unwrap();
-    let _ = host_git(&w, &wt, &["status", "--short"]);
+    let _ = w.host_git(&wt, &["status", "--short"]);
     assert!(
         marker.exists(),
         "control: the re-pointed worktree runs nothing"
@@ -174,7 +128,7 @@ fn a_worktree_made_in_the_jail_and_repointed_is_disarmed() {
     let w = World::new();
     // The check after the run (what the name gate would refuse earlier: jail_gitwindow).
     w.allow_new_repositories();
-    commit(&w);
+    w.commit_readme();
     let marker = w.outside.join("fsmonitor-ran");
     let script = format!(
         "set -e; git clone -q --bare . evil; git config -f evil/config core.fsmonitor 'touch {m}'; \
@@ -194,12 +148,8 @@ fn a_worktree_made_in_the_jail_and_repointed_is_disarmed() {
     // A worktree made by `git worktree add` in the jail and left alone is kept.
     assert!(w.project.join("good/.git").is_file(), "{}", out.both());
     assert!(!out.stderr.contains("good/.git"), "{}", out.both());
-    ok(&host_git(
-        &w,
-        &w.project.join("good"),
-        &["status", "--short"],
-    ));
-    let _ = host_git(&w, &w.project.join("inner"), &["status", "--short"]);
+    ok(&w.host_git(&w.project.join("good"), &["status", "--short"]));
+    let _ = w.host_git(&w.project.join("inner"), &["status", "--short"]);
     assert!(!marker.exists(), "the host's git ran the jail's fsmonitor");
 }
 
@@ -232,8 +182,8 @@ fn a_plain_directory_turned_into_a_bare_repository_is_disarmed() {
     assert!(out.stderr.contains("plain/config"), "{}", out.both());
     assert!(out.stderr.contains("moved aside"), "{}", out.both());
     // The host's git in it and below runs nothing of it.
-    let _ = host_git(&w, &plain.join("deeper"), &["status"]);
-    let _ = host_git(&w, &plain, &["-p", "log"]);
+    let _ = w.host_git(&plain.join("deeper"), &["status"]);
+    let _ = w.host_git(&plain, &["-p", "log"]);
     assert!(
         !fsmon.exists() && !marker.exists(),
         "git ran the jail's command"
@@ -250,7 +200,7 @@ fn a_plain_directory_turned_into_a_bare_repository_is_disarmed() {
         .expect("the config was moved aside")
         .path();
     std::fs::rename(aside, plain.join("config")).unwrap();
-    let got = host_git(&w, &plain.join("deeper"), &["config", "core.fsmonitor"]);
+    let got = w.host_git(&plain.join("deeper"), &["config", "core.fsmonitor"]);
     assert!(
         String::from_utf8_lossy(&got.stdout).contains("touch"),
         "control: git does not take the directory for a repository"
@@ -264,12 +214,8 @@ fn existing_nested_and_bare_repositories_are_read_only_where_git_runs_commands()
     let w = World::new();
     let sub = w.project.join("sub");
     std::fs::create_dir_all(&sub).unwrap();
-    ok(&host_git(&w, &sub, &["init", "-q"]));
-    ok(&host_git(
-        &w,
-        &w.project,
-        &["init", "-q", "--bare", "vendor/lib.git"],
-    ));
+    ok(&w.host_git(&sub, &["init", "-q"]));
+    ok(&w.host_git(&w.project, &["init", "-q", "--bare", "vendor/lib.git"]));
     let script = "git config -f sub/.git/config core.fsmonitor x && echo SUB-CONFIG-WRITTEN; \
          printf '#!/bin/sh\\n' > sub/.git/hooks/post-checkout && echo SUB-HOOK-WRITTEN; \
          git config -f vendor/lib.git/config core.pager x && echo BARE-CONFIG-WRITTEN; \
@@ -421,8 +367,7 @@ fn hooks_in_the_work_tree_named_by_core_hookspath_are_read_only() {
         &w.project.join(".githooks/pre-commit"),
         "#!/bin/sh\nexit 0\n",
     );
-    ok(&host_git(
-        &w,
+    ok(&w.host_git(
         &w.project,
         &["config", "-f", ".git/config", "core.hooksPath", ".githooks"],
     ));

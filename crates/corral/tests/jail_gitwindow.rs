@@ -16,45 +16,6 @@ use std::time::{Duration, Instant};
 
 use jail_support::*;
 
-/// git on the host, as the user's prompt runs it: the world's home, no system config.
-fn host_git(w: &World, dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("HOME", &w.home)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .output()
-        .expect("git")
-}
-
-fn ok(out: &std::process::Output) {
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn commit(w: &World) {
-    ok(&host_git(w, &w.project, &["add", "README"]));
-    ok(&host_git(
-        w,
-        &w.project,
-        &[
-            "-c",
-            "user.name=u",
-            "-c",
-            "user.email=u@e",
-            "commit",
-            "-qm",
-            "first",
-        ],
-    ));
-}
-
 /// A jail running `script`, which touches `ready` in the project once it has made its attempt
 /// and then waits for the host to create `go`.
 struct Running {
@@ -128,7 +89,7 @@ impl Running {
 
 /// Where git run in `dir` on the host finds its repository.
 fn git_dir_seen_from(w: &World, dir: &Path) -> String {
-    let out = host_git(w, dir, &["rev-parse", "--absolute-git-dir"]);
+    let out = w.host_git(dir, &["rev-parse", "--absolute-git-dir"]);
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -170,14 +131,14 @@ echo 'gitdir: /tmp/stage/y/.git' > j/tmp && mv j/tmp j/.git 2>/dev/null && echo 
 #[test]
 fn a_repository_made_during_the_run_is_refused_before_git_on_the_host_sees_it() {
     let w = World::new();
-    commit(&w);
+    w.commit_readme();
     let marker = w.outside.join("fsmonitor-ran");
     let jail = Running::start(&w, &[], &attempts(&marker));
     // The jail is still running: the user's prompt runs git in each directory now.
     let own = w.project.join(".git");
     for d in ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"] {
         let dir = w.project.join(d);
-        let _ = host_git(&w, &dir, &["status", "--short"]);
+        let _ = w.host_git(&dir, &["status", "--short"]);
         assert_eq!(
             git_dir_seen_from(&w, &dir),
             own.display().to_string(),
@@ -223,7 +184,7 @@ fn a_repository_made_during_the_run_is_refused_before_git_on_the_host_sees_it() 
 #[test]
 fn control_without_the_gate_git_on_the_host_runs_the_new_repository_during_the_run() {
     let w = World::new();
-    commit(&w);
+    w.commit_readme();
     let marker = w.outside.join("fsmonitor-ran");
     let jail = Running::start(&w, &["--allow-new-repositories"], &attempts(&marker));
     let a = w.project.join("a");
@@ -231,7 +192,7 @@ fn control_without_the_gate_git_on_the_host_runs_the_new_repository_during_the_r
         git_dir_seen_from(&w, &a),
         a.join(".git").display().to_string()
     );
-    let _ = host_git(&w, &a, &["status", "--short"]);
+    let _ = w.host_git(&a, &["status", "--short"]);
     assert!(
         marker.exists(),
         "control: the planted fsmonitor did not run"
@@ -423,7 +384,7 @@ echo END
 #[test]
 fn an_executor_command_cannot_make_a_repository_during_the_run_either() {
     let w = World::new();
-    commit(&w);
+    w.commit_readme();
     let out = w.sh(
         "none",
         "corral exec -- sh -c 'mkdir sub && git init -q sub && echo EXEC-MADE; mkdir sub/.git || echo EXEC-REFUSED'; \
@@ -447,7 +408,7 @@ fn an_executor_command_cannot_make_a_repository_during_the_run_either() {
 #[test]
 fn a_git_directory_cannot_be_built_inside_an_existing_one() {
     let w = World::new();
-    commit(&w);
+    w.commit_readme();
     write(&w.project.join("plain/HEAD"), "ref: refs/heads/main\n");
     let marker = w.outside.join("fsmonitor-ran");
     let script = format!(
@@ -471,7 +432,7 @@ fn a_git_directory_cannot_be_built_inside_an_existing_one() {
     let jail = Running::start(&w, &[], &script);
     for d in ["docs-x", "docs-y", "plain"] {
         let dir = w.project.join(d);
-        let _ = host_git(&w, &dir, &["status", "--short"]);
+        let _ = w.host_git(&dir, &["status", "--short"]);
         let seen = git_dir_seen_from(&w, &dir);
         assert!(
             !seen.ends_with(".git/x") && !seen.ends_with(".git/y") && !seen.ends_with("plain"),

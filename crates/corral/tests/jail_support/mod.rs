@@ -119,6 +119,37 @@ impl World {
         std::fs::write(&file, text).unwrap();
     }
 
+    /// git on the host in `dir`, as the user (or their shell prompt) runs it: the world's home,
+    /// no system config, no GIT_DIR/GIT_WORK_TREE from the test's environment.
+    pub fn host_git(&self, dir: &Path, args: &[&str]) -> std::process::Output {
+        Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("HOME", &self.home)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env_remove("GIT_DIR")
+            .env_remove("GIT_WORK_TREE")
+            .output()
+            .expect("git")
+    }
+
+    /// A first commit of the project's README, made on the host.
+    pub fn commit_readme(&self) {
+        ok(&self.host_git(&self.project, &["add", "README"]));
+        ok(&self.host_git(
+            &self.project,
+            &[
+                "-c",
+                "user.name=u",
+                "-c",
+                "user.email=u@e",
+                "commit",
+                "-qm",
+                "first",
+            ],
+        ));
+    }
+
     /// Every record of the audit logs under this world's home.
     pub fn audit_records(&self) -> Vec<serde_json::Value> {
         let mut lines = Vec::new();
@@ -236,6 +267,17 @@ impl Out {
 
 /// How long one corral run may take before the test kills it and fails.
 const RUN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Assert a command succeeded, showing its output if not.
+#[track_caller]
+pub fn ok(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
 
 /// Run corral to its end, its output captured. A run still going after `RUN_DEADLINE` is
 /// killed (the jail dies with corral) and the test panics with the output so far.
