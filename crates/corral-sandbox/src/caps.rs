@@ -54,8 +54,23 @@ struct CapData {
 /// Drop all capabilities of the calling thread and set no_new_privs. Allocation-free, so it
 /// can run between fork/clone and exec.
 pub fn drop_all() -> Result<(), CapsError> {
+    reduce_to(None)
+}
+
+/// Keep only capability `cap` (below 32) in the calling thread, in its bounding, permitted and
+/// effective sets, and set no_new_privs: the name gate's thread (namegate.rs) keeps
+/// CAP_SYS_PTRACE over the jail's user namespace to read the memory of jail processes that are
+/// not dumpable.
+pub fn keep_only(cap: u32) -> Result<(), CapsError> {
+    reduce_to(Some(cap))
+}
+
+/// Every capability but `keep` out of the bounding, ambient, inheritable, permitted and
+/// effective sets, no_new_privs set; with nothing kept, the securebits locked too.
+/// Allocation-free.
+fn reduce_to(keep: Option<u32>) -> Result<(), CapsError> {
     // Bounding set first: it needs CAP_SETPCAP, which goes with the capset below.
-    for cap in 0..=CAP_MAX_TRY {
+    for cap in (0..=CAP_MAX_TRY).filter(|&c| Some(c) != keep) {
         // SAFETY: prctl with integer arguments only.
         let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
         if rc != 0 {
@@ -88,84 +103,26 @@ pub fn drop_all() -> Result<(), CapsError> {
             return Err(CapsError::Ambient(e));
         }
     }
-    // Lock the securebits while CAP_SETPCAP is still held; a kernel or namespace that refuses
-    // is not an error: with empty bounding and permitted sets there is nothing left to regain.
-    let bits = SECBIT_NOROOT
-        | SECBIT_NOROOT_LOCKED
-        | SECBIT_NO_SETUID_FIXUP
-        | SECBIT_NO_SETUID_FIXUP_LOCKED
-        | SECBIT_KEEP_CAPS_LOCKED
-        | SECBIT_NO_CAP_AMBIENT_RAISE
-        | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
-    // SAFETY: prctl with integer arguments only.
-    let _ = unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) };
-
-    let mut hdr = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let data = [CapData::default(); 2];
-    // SAFETY: capset reads a v3 header and two data structs, which we pass.
-    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) };
-    if rc != 0 {
-        return Err(CapsError::Capset(io::Error::last_os_error()));
-    }
-    // SAFETY: prctl with integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(CapsError::NoNewPrivs(io::Error::last_os_error()));
-    }
-    let now = current()?;
-    if now.effective | now.permitted | now.inheritable != 0 {
-        return Err(CapsError::StillHeld {
-            what: "the effective/permitted/inheritable set",
-            value: now.effective | now.permitted | now.inheritable,
-        });
-    }
-    Ok(())
-}
-
-/// Keep only capability `cap` (below 32) in the calling thread, in its bounding, permitted and
-/// effective sets, and set no_new_privs: the name gate's thread (namegate.rs) keeps
-/// CAP_SYS_PTRACE over the jail's user namespace to read the memory of jail processes that are
-/// not dumpable.
-pub fn keep_only(cap: u32) -> Result<(), CapsError> {
-    for other in (0..=CAP_MAX_TRY).filter(|&c| c != cap) {
+    if keep.is_none() {
+        // Lock the securebits while CAP_SETPCAP is still held; a kernel or namespace that
+        // refuses is not an error: with empty bounding and permitted sets there is nothing left
+        // to regain.
+        let bits = SECBIT_NOROOT
+            | SECBIT_NOROOT_LOCKED
+            | SECBIT_NO_SETUID_FIXUP
+            | SECBIT_NO_SETUID_FIXUP_LOCKED
+            | SECBIT_KEEP_CAPS_LOCKED
+            | SECBIT_NO_CAP_AMBIENT_RAISE
+            | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
         // SAFETY: prctl with integer arguments only.
-        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, other as libc::c_ulong, 0, 0, 0) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINVAL) {
-                break;
-            }
-            // SAFETY: prctl with integer arguments only.
-            let held =
-                unsafe { libc::prctl(libc::PR_CAPBSET_READ, other as libc::c_ulong, 0, 0, 0) };
-            if held != 0 {
-                return Err(CapsError::Bounding {
-                    cap: other,
-                    cause: e,
-                });
-            }
-        }
+        let _ = unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) };
     }
-    // SAFETY: prctl with integer arguments only.
-    let rc = unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    };
-    if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
-        return Err(CapsError::Ambient(io::Error::last_os_error()));
-    }
+
     let mut hdr = CapHeader {
         version: LINUX_CAPABILITY_VERSION_3,
         pid: 0,
     };
-    let bit = 1u32 << cap;
+    let bit = keep.map_or(0, |c| 1u32 << c);
     let data = [
         CapData {
             effective: bit,
@@ -184,10 +141,11 @@ pub fn keep_only(cap: u32) -> Result<(), CapsError> {
         return Err(CapsError::NoNewPrivs(io::Error::last_os_error()));
     }
     let now = current()?;
-    if (now.effective | now.permitted | now.inheritable) & !u64::from(bit) != 0 {
+    let held = now.effective | now.permitted | now.inheritable;
+    if held & !u64::from(bit) != 0 {
         return Err(CapsError::StillHeld {
             what: "the effective/permitted/inheritable set",
-            value: now.effective | now.permitted | now.inheritable,
+            value: held,
         });
     }
     Ok(())

@@ -202,8 +202,14 @@ impl Gate {
     }
 
     /// May `name` be created in the directory `parent`?
-    fn allows(&self, parent: &OwnedFd, name: &[u8]) -> Result<(), Refusal> {
-        let Some((kind, exact)) = Refusal::of(name) else {
+    /// `class` is `Refusal::of(name)`.
+    fn allows(
+        &self,
+        parent: &OwnedFd,
+        name: &[u8],
+        class: Option<(Refusal, bool)>,
+    ) -> Result<(), Refusal> {
+        let Some((kind, exact)) = class else {
             // A directory that folds names may take a non-ASCII name for a git one (`objectſ`,
             // a zero-width joiner in `.git`): such names are refused there (host-visible).
             if !name.is_ascii() && folds_names(parent) {
@@ -589,25 +595,13 @@ impl Caller<'_> {
         while out.len() < PATH_MAX {
             // Up to the end of the page: the next one may be unmapped.
             let chunk = ((4096 - (at % 4096)) as usize).min(PATH_MAX - out.len());
-            let local = libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: chunk,
-            };
-            let remote = libc::iovec {
-                iov_base: at as *mut libc::c_void,
-                iov_len: chunk,
-            };
-            // SAFETY: the local iovec points at `buf`, at least `chunk` bytes long; the remote
-            // one is only read by the kernel, in the caller's address space.
-            let n = unsafe { libc::process_vm_readv(self.tid, &local, 1, &remote, 1, 0) };
-            if n <= 0 {
-                return Err(match errno() {
-                    libc::ESRCH => libc::ENOENT,
-                    libc::EPERM => libc::EPERM,
-                    _ => libc::EFAULT,
-                });
-            }
-            let n = n as usize;
+            let n = match self.read_mem(at, &mut buf[..chunk]) {
+                Ok(0) => Err(libc::EFAULT),
+                Ok(n) => Ok(n),
+                Err(libc::ESRCH) => Err(libc::ENOENT),
+                Err(libc::EPERM) => Err(libc::EPERM),
+                Err(_) => Err(libc::EFAULT),
+            }?;
             if let Some(end) = buf[..n].iter().position(|&b| b == 0) {
                 out.extend_from_slice(&buf[..end]);
                 self.still_waiting()?;
@@ -629,21 +623,30 @@ impl Caller<'_> {
         if len == 0 {
             return Ok(buf);
         }
-        let local = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: len,
-        };
-        let remote = libc::iovec {
-            iov_base: addr as *mut libc::c_void,
-            iov_len: len,
-        };
-        // SAFETY: the local iovec points at `buf`, `len` bytes long.
-        let n = unsafe { libc::process_vm_readv(self.tid, &local, 1, &remote, 1, 0) };
-        if n != len as isize {
+        if self.read_mem(addr, &mut buf) != Ok(len) {
             return Err(libc::EFAULT);
         }
         self.still_waiting()?;
         Ok(buf)
+    }
+
+    /// process_vm_readv of `buf.len()` bytes at `addr`: the bytes read, or the errno.
+    fn read_mem(&self, addr: u64, buf: &mut [u8]) -> Result<usize, i32> {
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
+        // SAFETY: the local iovec points at `buf`, exactly as long; the remote one is only read
+        // by the kernel, in the caller's address space.
+        let n = unsafe { libc::process_vm_readv(self.tid, &local, 1, &remote, 1, 0) };
+        match n {
+            n if n < 0 => Err(errno()),
+            n => Ok(n as usize),
+        }
     }
 
     /// Take the caller's umask for the creation about to be performed on this thread.
@@ -1084,13 +1087,14 @@ fn bind(gate: &Gate, caller: &Caller, fd: i32, addr: u64, len: usize) -> Result<
 /// in the same project) take the same lock, so one of a pair always sees the other.
 fn check(gate: &Gate, entry: &Entry) -> Result<Option<OwnedFd>, i32> {
     let name = entry.name();
-    let paired = matches!(Refusal::of(name), Some((Refusal::Head | Refusal::Part, _)));
+    let class = Refusal::of(name);
+    let paired = matches!(class, Some((Refusal::Head | Refusal::Part, _)));
     let lock = if paired {
         Some(lock_dir(&entry.parent)?)
     } else {
         None
     };
-    gate.allows(&entry.parent, name).map_err(|kind| {
+    gate.allows(&entry.parent, name, class).map_err(|kind| {
         gate.report(kind, &entry.parent, name);
         libc::EPERM
     })?;
@@ -1469,46 +1473,42 @@ fn open_path(base: RawFd, path: &OsStr, extra: i32) -> Result<OwnedFd, i32> {
 /// the kernel would for the caller except that no /proc magic link is followed (it would
 /// resolve to PID 1's own files).
 fn openat2_path(base: &OwnedFd, path: &[u8], extra: i32) -> Result<OwnedFd, i32> {
-    let c = CString::new(path.to_vec()).map_err(|_| libc::EINVAL)?;
-    // SAFETY: open_how is plain data.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_PATH | libc::O_CLOEXEC | extra) as u64;
-    how.resolve = libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: `how` and the path outlive the call; the result is a new descriptor.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            base.as_raw_fd(),
-            c.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(errno());
-    }
-    // SAFETY: fresh descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    openat2(
+        base,
+        path,
+        libc::O_PATH | libc::O_CLOEXEC | extra,
+        libc::RESOLVE_NO_MAGICLINKS,
+    )
 }
 
 /// `openat2(dir, name, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS)`:
 /// one plain entry of `dir`, no link followed.
 fn openat2_beneath(dir: &OwnedFd, name: &[u8], flags: i32) -> Result<OwnedFd, i32> {
-    let c = CString::new(name.to_vec()).map_err(|_| libc::EINVAL)?;
-    // SAFETY: open_how is plain data.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    // openat2 refuses any other flag beside O_PATH.
     let extra = if flags & libc::O_PATH != 0 {
         libc::O_CLOEXEC
     } else {
         libc::O_CLOEXEC | libc::O_NOCTTY
     };
-    how.flags = (flags | extra) as u64;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS;
+    openat2(
+        dir,
+        name,
+        flags | extra,
+        libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS,
+    )
+}
+
+fn openat2(base: &OwnedFd, path: &[u8], flags: i32, resolve: u64) -> Result<OwnedFd, i32> {
+    let c = CString::new(path.to_vec()).map_err(|_| libc::EINVAL)?;
+    // SAFETY: open_how is plain data.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = flags as u64;
+    how.resolve = resolve;
     // SAFETY: `how` and the path outlive the call; the result is a new descriptor.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_openat2,
-            dir.as_raw_fd(),
+            base.as_raw_fd(),
             c.as_ptr(),
             &how as *const libc::open_how,
             std::mem::size_of::<libc::open_how>(),
