@@ -8,7 +8,6 @@
 mod engine_support;
 mod jail_support;
 
-use std::path::Path;
 use std::process::Command;
 
 use engine_support::{Engine, IMAGE, on_every_engine};
@@ -207,7 +206,7 @@ fn a_container_runs_git_plant_is_disarmed_and_its_changes_listed(e: Engine) {
         .expect("the config was moved aside")
         .path();
     std::fs::rename(aside, plain.join("config")).unwrap();
-    let got = host_git(&w, &plain.join("deeper"), &["config", "core.fsmonitor"]);
+    let got = w.host_git(&plain.join("deeper"), &["config", "core.fsmonitor"]);
     assert!(
         String::from_utf8_lossy(&got.stdout).contains("touch"),
         "control: git does not take the directory for a repository"
@@ -235,15 +234,4 @@ impl Drop for Down<'_> {
             }
         }
     }
-}
-
-/// git run on the host as the user, with the world's home and no system config.
-fn host_git(w: &World, dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("HOME", &w.home)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .output()
-        .expect("git runs")
 }
