@@ -13,10 +13,11 @@ use corral_http1::exchange::{
     self, Done, Flow, HeadRefusal, Moved, Outgoing, Requests, identity_only, serve_requests,
 };
 use corral_http1::io::{BufConn, Replacer, error_response};
-use corral_http1::{RequestHead, Version, connection_tokens, header_values};
+use corral_http1::{Header, RequestHead, Version, connection_tokens, header_values};
 use corral_policy::domain::Host;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use crate::ws::FrameScrubber;
 use crate::{
     Dest, Gateway, GatewayError, HANDSHAKE, InterceptStats, Refusal, RequestGate,
     path_without_query,
@@ -311,10 +312,7 @@ where
         identity_only(&mut req.headers);
         req.headers
             .retain(|h| !h.name.eq_ignore_ascii_case("sec-websocket-extensions"));
-        let upgrade = connection_tokens(&req.headers)
-            .iter()
-            .any(|t| t == "upgrade")
-            && header_values(&req.headers, "upgrade").next().is_some();
+        let upgrade = websocket_upgrade(&mut req.headers);
         let client_close = req.version == Version::Http10
             || connection_tokens(&req.headers).iter().any(|t| t == "close");
         // `Expect: 100-continue` is answered here, so the body flows without a round trip.
@@ -422,6 +420,38 @@ impl Gateway {
     }
 }
 
+/// Whether the request asks for a websocket upgrade, the one protocol the gateway splices (it
+/// scrubs it frame by frame, [`FrameScrubber`]); `Upgrade` is then just `websocket`. Any other
+/// `Upgrade` is taken off the request with its `Connection` token, so the origin answers in
+/// HTTP/1.1 (it may ignore the field anyway, RFC 9110 §7.8) and a `101` is refused.
+fn websocket_upgrade(headers: &mut Vec<Header>) -> bool {
+    let asked = connection_tokens(headers).iter().any(|t| t == "upgrade");
+    let websocket = header_values(headers, "upgrade")
+        .flat_map(|v| v.split(|&b| b == b','))
+        .any(|p| p.trim_ascii().eq_ignore_ascii_case(b"websocket"));
+    headers.retain(|h| !h.name.eq_ignore_ascii_case("upgrade"));
+    if asked && websocket {
+        headers.push(Header {
+            name: "Upgrade".into(),
+            value: b"websocket".to_vec(),
+        });
+        return true;
+    }
+    for h in headers.iter_mut() {
+        if h.name.eq_ignore_ascii_case("connection") {
+            let kept: Vec<&[u8]> = h
+                .value
+                .split(|&b| b == b',')
+                .map(<[u8]>::trim_ascii)
+                .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case(b"upgrade"))
+                .collect();
+            h.value = kept.join(b", ".as_slice());
+        }
+    }
+    headers.retain(|h| !(h.name.eq_ignore_ascii_case("connection") && h.value.is_empty()));
+    false
+}
+
 fn relay_err(host: &str, source: std::io::Error) -> GatewayError {
     GatewayError::Relay {
         host: host.to_string(),
@@ -431,8 +461,9 @@ fn relay_err(host: &str, source: std::io::Error) -> GatewayError {
 
 /// After a `101`: the two streams spliced until both close or nothing moves for the idle
 /// timeout. The swap happened on the upgrade request; what the origin sends still goes through
-/// the scrubber, lengths kept so frames stay valid (a value split across frames, or
-/// compressed, is not caught: the upgrade request had `Sec-WebSocket-Extensions` removed).
+/// the scrubber frame by frame ([`FrameScrubber`]), lengths kept so frames stay valid (a value
+/// split across frames, or compressed, is not caught: the upgrade request had
+/// `Sec-WebSocket-Extensions` removed).
 async fn splice<D, U>(
     down: BufConn<D>,
     up: Option<BufConn<U>>,
@@ -448,7 +479,7 @@ where
     let Some(upstream) = up else {
         return stats;
     };
-    let mut scrub = scrub.same_length();
+    let mut scrub = FrameScrubber::new(scrub.same_length());
     let (mut dr, mut dw) = tokio::io::split(down.io);
     let (mut ur, mut uw) = tokio::io::split(upstream.io);
     let mut out = Vec::new();

@@ -110,8 +110,10 @@ async fn upstream() -> Upstream {
     Upstream { addr, roots, seen }
 }
 
-/// Answers each request with 200 and a body naming the path; a websocket-style upgrade gets 101
-/// and then an echo. Everything received is appended to `seen`.
+/// Answers each request with 200 and a body naming the path; a websocket upgrade gets 101 and
+/// then answers each frame: `reflect` with a frame holding the real value (an origin echoing a
+/// credential back), `reflect masked` with the same frame masked, anything else with an echo.
+/// Everything received is appended to `seen`.
 async fn serve_mock<S>(io: S, seen: Arc<Mutex<Vec<u8>>>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -136,21 +138,19 @@ where
                 .io
                 .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
                 .await;
-            let mut buf = conn.buf.to_vec();
-            loop {
-                if !buf.is_empty() {
-                    seen.lock().unwrap().extend_from_slice(&buf);
-                    if conn.io.write_all(&buf).await.is_err() {
-                        return;
-                    }
-                    let _ = conn.io.flush().await;
+            while let Some((opcode, payload)) = read_frame(&mut conn).await {
+                seen.lock().unwrap().extend_from_slice(&payload);
+                let reply = match payload.as_slice() {
+                    b"reflect" => ws_frame(1, format!("your key is {REAL}!").as_bytes(), None),
+                    b"reflect masked" => ws_frame(2, REAL.as_bytes(), Some([1, 2, 3, 4])),
+                    _ => ws_frame(opcode, &payload, None),
+                };
+                if conn.io.write_all(&reply).await.is_err() {
+                    return;
                 }
-                buf = vec![0u8; 4096];
-                match conn.io.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.truncate(n),
-                }
+                let _ = conn.io.flush().await;
             }
+            return;
         }
         let text = format!("hello from {}", head.target);
         let resp = format!(
@@ -162,6 +162,53 @@ where
         }
         let _ = conn.io.flush().await;
     }
+}
+
+/// One websocket frame with FIN set (RFC 6455 §5.2), masked with `mask` if given.
+fn ws_frame(opcode: u8, payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
+    let mut f = vec![0x80 | opcode];
+    let m = if mask.is_some() { 0x80 } else { 0 };
+    if payload.len() < 126 {
+        f.push(m | payload.len() as u8);
+    } else {
+        f.push(m | 126);
+        f.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    }
+    let key = mask.unwrap_or([0; 4]);
+    if mask.is_some() {
+        f.extend_from_slice(&key);
+    }
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    f
+}
+
+/// The next websocket frame on `c` (lengths up to 16 bits), unmasked: its opcode and payload.
+async fn read_frame<S: tokio::io::AsyncRead + Unpin>(c: &mut BufConn<S>) -> Option<(u8, Vec<u8>)> {
+    let head = c.read_exact_buf(2, T).await.ok()?;
+    let (opcode, masked, len7) = (head[0] & 0x0f, head[1] & 0x80 != 0, head[1] & 0x7f);
+    let len = match len7 {
+        126 => {
+            let l = c.read_exact_buf(2, T).await.ok()?;
+            usize::from(u16::from_be_bytes([l[0], l[1]]))
+        }
+        127 => return None,
+        n => usize::from(n),
+    };
+    let key = if masked {
+        let k = c.read_exact_buf(4, T).await.ok()?;
+        [k[0], k[1], k[2], k[3]]
+    } else {
+        [0; 4]
+    };
+    let payload = c.read_exact_buf(len, T).await.ok()?;
+    Some((
+        opcode,
+        payload
+            .iter()
+            .enumerate()
+            .map(|(i, b)| b ^ key[i % 4])
+            .collect(),
+    ))
 }
 
 fn secret(name: &str, host: &str) -> SecretPlan {
@@ -727,23 +774,75 @@ async fn websocket_upgrade_is_swapped_then_spliced() {
     let mut c = BufConn::new(tls);
     let resp = read_resp(&mut c).await;
     assert_eq!(resp.status, 101);
-    // Opaque frames now; a placeholder inside them is not touched.
-    let frame = format!("frame with {ph}");
-    c.io.write_all(frame.as_bytes()).await.unwrap();
-    c.io.flush().await.unwrap();
-    let mut got = c.buf.to_vec();
-    while got.len() < frame.len() {
-        let mut b = [0u8; 256];
-        let n = c.io.read(&mut b).await.unwrap();
-        assert!(n > 0);
-        got.extend_from_slice(&b[..n]);
+    let key = Some([9, 8, 7, 6]);
+    // Frames are opaque to the swap: a placeholder inside them is not touched. The second
+    // message ends with the first byte of the real value: a stream scrubber held that byte
+    // back until the origin's next message; the frame's end releases it.
+    for text in [
+        format!("frame with {ph}"),
+        format!("ends like the key: {}", &REAL[..1]),
+    ] {
+        c.io.write_all(&ws_frame(1, text.as_bytes(), key))
+            .await
+            .unwrap();
+        c.io.flush().await.unwrap();
+        let (opcode, got) = read_frame(&mut c)
+            .await
+            .expect("the echo, whole, within 20 s");
+        assert_eq!(
+            (opcode, String::from_utf8_lossy(&got).into_owned()),
+            (1, text)
+        );
     }
-    assert_eq!(String::from_utf8_lossy(&got), frame);
+    // The origin reflecting the real value, in a plain frame and in a masked one: the jail gets
+    // the placeholder, cut or padded to the value's length so the frame stays valid.
+    let same_len = |ph: &str| {
+        let mut p = ph.as_bytes().to_vec();
+        p.resize(REAL.len(), b'*');
+        String::from_utf8(p).unwrap()
+    };
+    for (ask, want) in [
+        ("reflect", format!("your key is {}!", same_len(&ph))),
+        ("reflect masked", same_len(&ph)),
+    ] {
+        c.io.write_all(&ws_frame(1, ask.as_bytes(), key))
+            .await
+            .unwrap();
+        c.io.flush().await.unwrap();
+        let (_, got) = read_frame(&mut c).await.expect("the reflection");
+        assert_eq!(String::from_utf8_lossy(&got), want);
+    }
     let seen = s.up.seen();
     assert!(
         seen.contains(&format!("Authorization: Bearer {REAL}")),
         "{seen}"
     );
+    assert!(seen.contains(&format!("frame with {ph}")), "{seen}");
+    assert_no_real_value_in_audit(&s);
+}
+
+#[tokio::test]
+async fn an_upgrade_to_anything_but_websocket_is_taken_off_the_request() {
+    let s = setup().await;
+    let ph = s.trust.env["ANTHROPIC_API_KEY"].clone();
+    let (paddr, _) = proxy_with(s.gw.clone(), s.up.addr, true).await;
+    let mut tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
+    tls.write_all(
+        format!(
+            "GET /h2 HTTP/1.1\r\nHost: {BOUND}\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\nAuthorization: Bearer {ph}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut c = BufConn::new(tls);
+    let resp = read_resp(&mut c).await;
+    assert_eq!(resp.status, 200);
+    let f = corral_http1::response_framing(&resp, "GET").unwrap();
+    assert_eq!(read_body(&mut c, f).await, b"hello from /h2");
+    let seen = s.up.seen();
+    assert!(!seen.to_ascii_lowercase().contains("upgrade"), "{seen}");
+    assert!(seen.contains("Connection: HTTP2-Settings\r\n"), "{seen}");
 }
 
 #[tokio::test]
