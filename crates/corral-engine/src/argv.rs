@@ -114,6 +114,13 @@ impl Context {
         self.state_dir.join("seccomp.json")
     }
 
+    /// The profile of a harness container whose command the name gate starts
+    /// (`corral_sandbox::seccomp::oci_profile_gated`: the gate installs the whole filter on
+    /// the command itself).
+    pub fn seccomp_gated_file(&self) -> PathBuf {
+        self.state_dir.join("seccomp-gated.json")
+    }
+
     /// The proxy's policy directory on the host.
     pub fn proxy_dir(&self) -> PathBuf {
         self.state_dir.join("proxy")
@@ -377,6 +384,11 @@ fn network_steps(ctx: &Context, names: &Names) -> Vec<Step> {
 /// scratch space, no capabilities, no new privileges, and corral's seccomp filter (the native
 /// jail's rules as an OCI profile, [`Context::seccomp_file`]) instead of the engine's default.
 pub(crate) fn hardening(ctx: &Context) -> Vec<String> {
+    hardening_with(ctx, &ctx.seccomp_file())
+}
+
+/// [`hardening`] with the seccomp profile `seccomp`.
+fn hardening_with(ctx: &Context, seccomp: &Path) -> Vec<String> {
     let mut a: Vec<String> = vec!["--read-only".into()];
     match ctx.engine {
         EngineKind::Podman => a.push("--read-only-tmpfs".into()),
@@ -394,7 +406,7 @@ pub(crate) fn hardening(ctx: &Context) -> Vec<String> {
             .map(String::from),
     );
     a.push("--security-opt".into());
-    a.push(format!("seccomp={}", ctx.seccomp_file().display()));
+    a.push(format!("seccomp={}", seccomp.display()));
     a
 }
 
@@ -687,7 +699,13 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
     // A small init as PID 1 (podman: catatonit, docker: tini), as in the native jail: it reaps
     // zombies and passes signals on, which a harness running as PID 1 would ignore.
     a.push("--init".into());
-    a.extend(hardening(ctx));
+    // The name gate (corral_sandbox gatexec.rs) starts the command, unless the user lets the
+    // jail create repositories: no git repository appears where the host's git finds it.
+    let gated = !plan.git.new_repositories;
+    a.extend(match gated {
+        true => hardening_with(ctx, &ctx.seccomp_gated_file()),
+        false => hardening(ctx),
+    });
     a.extend(user_args(ctx, plan.uid, plan.gid));
     a.push("--network".into());
     a.push(match plan.network.mode {
@@ -756,15 +774,42 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
         a.push("--env".into());
         a.push(name.clone());
     }
-    a.extend([
-        "--entrypoint".into(),
-        container_program(plan),
-        harness_image(plan),
-    ]);
+    if gated {
+        a.extend([
+            "--entrypoint".into(),
+            CONTAINER_BIN.into(),
+            harness_image(plan),
+        ]);
+        a.extend(gate_args(plan));
+        a.push(container_program(plan));
+    } else {
+        a.extend([
+            "--entrypoint".into(),
+            container_program(plan),
+            harness_image(plan),
+        ]);
+    }
     a.extend(plan.command[1..].iter().cloned());
     let mut cmd = Command::new(e.program()).args(a);
     cmd.env = env;
     Ok(cmd)
+}
+
+/// The name gate's arguments before the command: the run's git directories, and the
+/// read-write binds (the container's mounts the host sees), ending with `--`.
+fn gate_args(plan: &Plan) -> Vec<String> {
+    let mut a = vec![corral_sandbox::GATE_EXEC_ARG.to_string()];
+    for d in &plan.git.dirs {
+        a.extend(["--git-dir".into(), d.display().to_string()]);
+    }
+    for m in &plan.mounts {
+        let present = !m.optional || m.source.exists();
+        if m.kind == MountKind::Bind(Access::Rw) && present {
+            a.extend(["--host-path".into(), m.target.display().to_string()]);
+        }
+    }
+    a.push("--".into());
+    a
 }
 
 /// Every path at which the harness container would see sign-in `s`'s credential file: its own

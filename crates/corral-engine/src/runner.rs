@@ -207,14 +207,23 @@ pub fn prepare_host(plan: &Plan, ctx: &Context) -> Result<bool> {
 /// corral's seccomp rules as the OCI profile the containers get (rewritten when corral's
 /// rules changed; the engine reads it when it creates a container).
 fn write_seccomp_profile(ctx: &Context) -> Result<()> {
-    let path = ctx.seccomp_file();
-    let profile = corral_sandbox::seccomp::oci_profile()?;
-    let text = serde_json::to_string_pretty(&profile).expect("a JSON value serializes");
-    if fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
-        fs::write(&path, text).map_err(|source| EngineError::Io {
+    use corral_sandbox::seccomp::{oci_profile, oci_profile_gated};
+    for (path, profile) in [
+        (ctx.seccomp_file(), oci_profile()?),
+        (ctx.seccomp_gated_file(), oci_profile_gated()?),
+    ] {
+        let text = serde_json::to_string_pretty(&profile).expect("a JSON value serializes");
+        if fs::read_to_string(&path).ok().as_deref() == Some(text.as_str()) {
+            continue;
+        }
+        // Whole or not at all: another run of the project may be starting a container on it.
+        let io = |source| EngineError::Io {
             path: path.clone(),
             source,
-        })?;
+        };
+        let tmp = path.with_extension(format!("json.{}", std::process::id()));
+        fs::write(&tmp, text).map_err(io)?;
+        fs::rename(&tmp, &path).map_err(io)?;
     }
     Ok(())
 }

@@ -60,9 +60,11 @@ pub fn drop_all() -> Result<(), CapsError> {
 /// Keep only capability `cap` (below 32) in the calling thread, in its bounding, permitted and
 /// effective sets, and set no_new_privs: the name gate's thread (namegate.rs) keeps
 /// CAP_SYS_PTRACE over the jail's user namespace to read the memory of jail processes that are
-/// not dumpable.
+/// not dumpable. A thread that does not hold `cap` (the gate in a container started with no
+/// capabilities) ends with none.
 pub fn keep_only(cap: u32) -> Result<(), CapsError> {
-    reduce_to(Some(cap))
+    let held = current()?.permitted & (1u64 << cap) != 0;
+    reduce_to(held.then_some(cap))
 }
 
 /// Every capability but `keep` out of the bounding, ambient, inheritable, permitted and
@@ -78,9 +80,13 @@ fn reduce_to(keep: Option<u32>) -> Result<(), CapsError> {
             if e.raw_os_error() == Some(libc::EINVAL) {
                 break; // past the kernel's last capability
             }
-            // EPERM without CAP_SETPCAP: fine only if the capability is already out of the set.
+            // EPERM without CAP_SETPCAP (the kernel checks that before the number): fine only
+            // if the capability is already out of the set; past the last one, READ says EINVAL.
             // SAFETY: prctl with integer arguments only.
             let held = unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) };
+            if held < 0 {
+                break;
+            }
             if held != 0 {
                 return Err(CapsError::Bounding { cap, cause: e });
             }

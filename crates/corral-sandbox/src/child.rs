@@ -385,7 +385,7 @@ fn write_id_maps(uid: u32, gid: u32) -> Result<(), JailError> {
 /// Wait for `child`, passing on forwarded signals, reaping every other child (as PID 1 must)
 /// when `reap_all`, and answering corral's socket requests on `ctl` (the set-up process) until
 /// corral closes it. Returns the child's exit status as a shell would (signal N: 128+N).
-fn wait_forwarding(child: Pid, reap_all: bool, mut ctl: Option<OwnedFd>) -> i32 {
+pub(crate) fn wait_forwarding(child: Pid, reap_all: bool, mut ctl: Option<OwnedFd>) -> i32 {
     let mut watched = FORWARDED.to_vec();
     watched.push(Signal::SIGCHLD);
     let pipe = match SignalPipe::install(&watched) {
@@ -747,7 +747,7 @@ fn apply_rlimits(config: &InitConfig) -> Result<(), JailError> {
 
 /// Close every descriptor above 2 but `keep` (the name gate's socket), which moves to 3
 /// (close-on-exec).
-fn close_other_fds(keep: Option<OwnedFd>) -> Result<Option<OwnedFd>, JailError> {
+pub(crate) fn close_other_fds(keep: Option<OwnedFd>) -> Result<Option<OwnedFd>, JailError> {
     let err = |_| {
         JailError::step(
             "close inherited descriptors",

@@ -23,6 +23,7 @@ pub mod caps;
 pub mod cgroup;
 mod child;
 mod error;
+mod gatexec;
 pub mod landlock;
 mod mounts;
 mod namegate;
@@ -37,6 +38,7 @@ mod term;
 pub mod termfilter;
 
 pub use error::JailError;
+pub use gatexec::GATE_EXEC_ARG;
 pub use netns::{JailNet, PROXY_PORT, STUB_LO_ADDRESS, STUB_POOL, SocketFactory, capture_ports};
 pub use spawn::{
     JailExit, PlaceholderHold, PreparedJail, RunningJail, SpawnOptions, prepare, prepare_early,
@@ -54,9 +56,14 @@ pub const EXIT_NOT_EXECUTABLE: i32 = 126;
 pub const EXIT_NOT_FOUND: i32 = 127;
 
 /// Run as the jail's set-up process if this process was started as one (first argument
-/// [`INIT_ARG`]); otherwise return. Call first thing in `main`, before any thread starts.
+/// [`INIT_ARG`]), or as a container's name gate ([`GATE_EXEC_ARG`], gatexec.rs); otherwise
+/// return. Call first thing in `main`, before any thread starts.
 pub fn init_if_requested() {
-    if std::env::args_os().nth(1).is_some_and(|a| a == INIT_ARG) {
+    let first = std::env::args_os().nth(1);
+    if first.as_ref().is_some_and(|a| a == INIT_ARG) {
         child::init_main();
+    }
+    if first.is_some_and(|a| a == GATE_EXEC_ARG) {
+        gatexec::main(std::env::args_os().skip(2).collect());
     }
 }

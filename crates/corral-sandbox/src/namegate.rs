@@ -132,9 +132,18 @@ impl Gate {
         if plan.git.new_repositories {
             return None;
         }
+        Some(Gate::new(
+            &plan.git.dirs,
+            private.0.iter().copied().collect(),
+        ))
+    }
+
+    /// The gate for the git directories `dirs` (as this process sees them), with the file
+    /// systems of `private_devs` exempt.
+    pub(crate) fn new(dirs: &[std::path::PathBuf], private_devs: HashSet<u64>) -> Gate {
         let mut git_dirs = HashSet::new();
         let mut held = Vec::new();
-        for dir in &plan.git.dirs {
+        for dir in dirs {
             let Ok(fd) = open_path(libc::AT_FDCWD, dir.as_os_str(), libc::O_DIRECTORY) else {
                 continue;
             };
@@ -149,17 +158,17 @@ impl Gate {
         let protected_symlinks = std::fs::read_to_string("/proc/sys/fs/protected_symlinks")
             .map(|v| v.trim() != "0")
             .unwrap_or(true);
-        Some(Gate {
+        Gate {
             git_dirs,
             _held: held,
-            private_devs: private.0.iter().copied().collect(),
+            private_devs,
             protected_symlinks,
             // SAFETY: getuid cannot fail.
             uid: unsafe { libc::getuid() },
             reports: Reporter::default(),
             umasks: Umasks::default(),
             fifo_waits: Default::default(),
-        })
+        }
     }
 
     /// Serve the command's notifications on a thread of PID 1, once the command's process

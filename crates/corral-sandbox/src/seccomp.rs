@@ -747,6 +747,28 @@ fn set_id_rules() -> Vec<Rule> {
 /// one comparison. The architecture list is the native one only: libseccomp then refuses
 /// syscalls of another architecture and the x32 ABI, as the BPF does.
 pub fn oci_profile() -> Result<serde_json::Value, SeccompError> {
+    profile_of(rules())
+}
+
+/// The syscalls the name gate itself makes that the rules refuse: it reads a caller's path
+/// (process_vm_readv), takes the socket a caller binds (pidfd_getfd) and resolves paths with
+/// openat2's RESOLVE flags.
+pub const GATE_NEEDS: &[&str] = &["process_vm_readv", "pidfd_getfd", "openat2"];
+
+/// The profile of a container whose command `corral gate-exec` starts (the name gate in a
+/// container, namegate.rs): the rules without [`GATE_NEEDS`] for the container, since the
+/// gate runs in it; gate-exec installs the whole filter ([`build_filter`]) on the command
+/// before it runs it, so the command and everything it starts are held to every rule.
+pub fn oci_profile_gated() -> Result<serde_json::Value, SeccompError> {
+    profile_of(
+        rules()
+            .into_iter()
+            .filter(|r| !GATE_NEEDS.contains(&r.syscall))
+            .collect(),
+    )
+}
+
+fn profile_of(rules: Vec<Rule>) -> Result<serde_json::Value, SeccompError> {
     #[cfg(target_arch = "x86_64")]
     let arch = "SCMP_ARCH_X86_64";
     #[cfg(target_arch = "aarch64")]
@@ -757,7 +779,7 @@ pub fn oci_profile() -> Result<serde_json::Value, SeccompError> {
     let mut syscalls: Vec<serde_json::Value> = Vec::new();
     // Rules without checks, grouped by errno in one entry each.
     let mut outright: Vec<(i32, Vec<&'static str>)> = Vec::new();
-    for rule in rules() {
+    for rule in rules {
         if rule.when.is_empty() {
             match outright.iter_mut().find(|(e, _)| *e == rule.errno) {
                 Some((_, names)) => names.push(rule.syscall),
@@ -1287,6 +1309,24 @@ mod tests {
         out.sort_unstable();
         out.dedup();
         out
+    }
+
+    #[test]
+    fn the_gated_profile_is_the_whole_profile_less_what_the_gate_itself_calls() {
+        let mut want = oci_profile().unwrap();
+        let entries = want["syscalls"].as_array_mut().unwrap();
+        for e in entries.iter_mut() {
+            e["names"]
+                .as_array_mut()
+                .unwrap()
+                .retain(|n| !GATE_NEEDS.contains(&n.as_str().unwrap()));
+        }
+        entries.retain(|e| !e["names"].as_array().unwrap().is_empty());
+        assert_eq!(oci_profile_gated().unwrap(), want);
+        // Each of them is a rule of the whole profile (so the list names real syscalls).
+        for name in GATE_NEEDS {
+            assert!(rules().iter().any(|r| r.syscall == *name), "{name}");
+        }
     }
 
     #[test]

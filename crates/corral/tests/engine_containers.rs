@@ -24,6 +24,7 @@ on_every_engine!(
     a_proxy_that_cannot_start_is_an_error_that_quotes_its_log,
     the_native_escape_suite_fails_in_the_harness_container,
     publish_and_host_ports_cross_the_internal_network,
+    no_repository_planted_during_the_run_is_seen_by_host_git,
 );
 
 /// An HTTP origin on the external network: a container answering `body` on port 8000.
@@ -673,4 +674,121 @@ print("served")
     );
     let out = w.corral(&["down", "--engine", e.name()]);
     assert!(out.status.success(), "{}", text(&out));
+}
+
+/// What the harness tries while it runs, each a way to leave a git repository in the project
+/// for the host's git to find (and run a planted `core.fsmonitor` from); then it tells the test
+/// it is done (`attempted`) and waits for `release`, so the test looks while the run goes on,
+/// as a shell prompt would. A repository built in the container's own /tmp works.
+const PLANT: &str = r#"
+set -u
+cd "$PROJECT"
+hook='[core]
+	repositoryformatversion = 0
+	fsmonitor = "touch '$PROJECT'/PWNED; false"'
+plant() { # a complete git directory at $1, or a line saying where it stopped
+    mkdir -p "$1" 2>/dev/null && mkdir "$1/objects" "$1/refs" 2>/dev/null \
+      && echo 'ref: refs/heads/main' > "$1/HEAD" && printf '%s\n' "$hook" > "$1/config" \
+      && echo "planted $1" || echo "refused $1"
+}
+mkdir -p a b c d e f
+plant a/.git
+plant b                                   # an implicit bare repository
+plant /tmp/r/.git                         # the container's own /tmp: works
+ln -s /tmp/r/.git c/.git 2>/dev/null && echo "planted symlink" || echo "refused symlink"
+mkdir d/plain && python3 -c 'import os; os.rename("d/plain", "d/.git")' 2>/dev/null \
+  && echo "planted rename" || echo "refused rename"
+python3 - <<'PY' && echo "planted python" || echo "refused python"
+import os
+os.mkdir("e/.git")
+PY
+mv /tmp/r/.git f/.git 2>/dev/null && echo "planted move" || echo "refused move"
+touch attempted
+for i in $(seq 600); do [ -e release ] && exit 0; sleep 0.1; done
+exit 3
+"#;
+
+fn no_repository_planted_during_the_run_is_seen_by_host_git(e: Engine) {
+    if !e.ready(&["git"]) {
+        return;
+    }
+    // With the gate, then without it (`--allow-new-repositories`: the control, where the
+    // same plants work and host git does find them during the run).
+    for gated in [true, false] {
+        let w = World::new(e, "g");
+        let p = &w.project;
+        let git = |dir: &Path, args: &[&str]| {
+            Command::new("git")
+                .args(["-c", "safe.directory=*"])
+                .args(args)
+                .current_dir(dir)
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .env("HOME", w.dir.path())
+                .output()
+                .unwrap()
+        };
+        assert!(git(p, &["init", "-q", "-b", "main"]).status.success());
+        std::fs::write(
+            p.join("corral.toml"),
+            format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"none\"\n"),
+        )
+        .unwrap();
+        let project = p.to_str().unwrap();
+        let mut args = vec!["run", "--engine", e.name()];
+        if !gated {
+            args.push("--allow-new-repositories");
+        }
+        let cmd = format!("PROJECT={project}; {PLANT}");
+        args.extend(["--", "/bin/bash", "-c", &cmd]);
+        let child = w
+            .command(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while !p.join("attempted").exists() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "the harness never got to the end of its attempts"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        // What a shell prompt runs in each directory, while the container still runs.
+        let mut found = Vec::new();
+        for dir in ["a", "b", "c", "d", "e", "f"] {
+            let out = git(&p.join(dir), &["rev-parse", "--absolute-git-dir"]);
+            let gitdir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            let _ = git(&p.join(dir), &["status", "--short"]);
+            if gitdir != p.join(".git").to_str().unwrap() {
+                found.push(format!("{dir}: {gitdir}"));
+            }
+        }
+        let pwned = p.join("PWNED").exists();
+        std::fs::write(p.join("release"), "").unwrap();
+        let out = child.wait_with_output().unwrap();
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{t}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if gated {
+            assert_eq!(
+                stdout,
+                "refused a/.git\nrefused b\nplanted /tmp/r/.git\nrefused symlink\n\
+                 refused rename\nrefused python\nrefused move\n",
+                "{t}"
+            );
+            assert_eq!(found, Vec::<String>::new(), "{t}");
+            assert!(!pwned, "{t}");
+            assert!(t.contains("corral: refused creating a `.git` at"), "{t}");
+        } else {
+            // The control: the plants work and host git takes them for repositories (and
+            // runs the planted fsmonitor) while the run goes on.
+            assert!(stdout.contains("planted a/.git\nplanted b\n"), "{t}");
+            assert!(found.iter().any(|f| f.starts_with("a: ")), "{found:?} {t}");
+            assert!(found.iter().any(|f| f.starts_with("b: ")), "{found:?} {t}");
+            assert!(pwned, "{found:?} {t}");
+        }
+        let out = w.corral(&["down", "--engine", e.name()]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
 }

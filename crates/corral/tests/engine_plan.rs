@@ -86,7 +86,7 @@ fn podman_plan_prints_every_command() {
             "--network corral-{key}-internal --dns 127.0.0.1 --add-host 'proxy:{{proxy-address}}' "
         ),
         format!(
-            "--security-opt seccomp={}/engine/{key}/seccomp.json ",
+            "--security-opt seccomp={}/engine/{key}/seccomp-gated.json ",
             state.display()
         ),
         "--stop-timeout 5 ".into(),
@@ -97,10 +97,13 @@ fn podman_plan_prints_every_command() {
     ] {
         assert!(run.contains(&part), "{part:?} not in\n{run}");
     }
+    // The name gate starts the command: the project is a read-write bind the host sees.
     assert!(
-        run.ends_with(" --entrypoint echo localhost/img:1 'hi there'"),
+        run.contains(" --entrypoint /usr/local/bin/corral localhost/img:1 __corral-gate-exec "),
         "{run}"
     );
+    assert!(run.contains(&format!(" --host-path {project} ")), "{run}");
+    assert!(run.ends_with(" -- echo 'hi there'"), "{run}");
     assert!(out.contains("#   HTTPS_PROXY=http://proxy:3128\n"), "{out}");
     assert!(
         out.contains(

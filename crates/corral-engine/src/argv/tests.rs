@@ -92,7 +92,8 @@ fn strings(v: &[&str]) -> Vec<String> {
 
 #[test]
 fn podman_rootless_whole_setup() {
-    let f = fixture();
+    let mut f = fixture();
+    f.plan.git.dirs = vec![PathBuf::from(format!("{}/.git", f.root))];
     let c = ctx(EngineKind::Podman, true);
     let n = c.names(&f.plan);
     let key = n.key.clone();
@@ -206,7 +207,7 @@ fn podman_rootless_whole_setup() {
         "--security-opt",
         "no-new-privileges",
         "--security-opt",
-        "seccomp=/s/engine/seccomp.json",
+        "seccomp=/s/engine/seccomp-gated.json",
         "--userns",
         "keep-id",
         "--network",
@@ -266,8 +267,17 @@ fn podman_rootless_whole_setup() {
         "--env",
         "no_proxy",
         "--entrypoint",
-        "pi",
+        "/usr/local/bin/corral",
         "localhost/corral-pi:latest",
+        "__corral-gate-exec",
+        "--git-dir",
+        &format!("{root}/.git"),
+        "--host-path",
+        "/home/u/.pi/agent",
+        "--host-path",
+        root,
+        "--",
+        "pi",
         "--x",
     ]);
     assert_eq!(run.argv(), expected_run);
@@ -453,7 +463,7 @@ fn docker_whole_setup() {
         "--security-opt",
         "no-new-privileges",
         "--security-opt",
-        "seccomp=/s/engine/seccomp.json",
+        "seccomp=/s/engine/seccomp-gated.json",
         "--user",
         "1000:1000",
         "--network",
@@ -511,8 +521,15 @@ fn docker_whole_setup() {
         "--env",
         "no_proxy",
         "--entrypoint",
-        "pi",
+        "/usr/local/bin/corral",
         "localhost/corral-pi:latest",
+        "__corral-gate-exec",
+        "--host-path",
+        "/home/u/.pi/agent",
+        "--host-path",
+        root,
+        "--",
+        "pi",
         "--x",
     ]));
     let run = setup.run_command().unwrap();
@@ -658,10 +675,11 @@ fn printed_commands_are_shell_words() {
 fn host_system_paths_are_looked_up_in_the_image_and_bound_programs_keep_theirs() {
     let mut f = fixture();
     let c = ctx(EngineKind::Podman, true);
+    // The program the name gate starts, after its `--`.
     let entry = |p: &Plan| {
         let s = setup(p, &c).unwrap();
         let a = s.run_command().unwrap().args.clone();
-        let i = a.iter().position(|x| x == "--entrypoint").unwrap();
+        let i = a.iter().position(|x| x == "--").unwrap();
         a[i + 1].clone()
     };
     assert_eq!(entry(&f.plan), "pi");
@@ -670,6 +688,21 @@ fn host_system_paths_are_looked_up_in_the_image_and_bound_programs_keep_theirs()
     assert_eq!(entry(&f.plan), "/home/u/.pi/agent/bin/pi");
     f.plan.command[0] = "pi".into();
     assert_eq!(entry(&f.plan), "pi");
+}
+
+#[test]
+fn with_new_repositories_allowed_the_program_is_the_entrypoint_under_the_whole_profile() {
+    let mut f = fixture();
+    f.plan.git.new_repositories = true;
+    let s = setup(&f.plan, &ctx(EngineKind::Podman, true)).unwrap();
+    let a = s.run_command().unwrap().args.clone();
+    let i = a.iter().position(|x| x == "--entrypoint").unwrap();
+    assert_eq!(
+        a[i..].to_vec(),
+        strings(&["--entrypoint", "pi", "localhost/corral-pi:latest", "--x"])
+    );
+    assert!(a.contains(&"seccomp=/s/engine/seccomp.json".to_string()));
+    assert!(!a.iter().any(|x| x.contains("gate")), "{a:?}");
 }
 
 #[test]
