@@ -696,12 +696,15 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
     if ctx.tty {
         a.push("--tty".into());
     }
-    // A small init as PID 1 (podman: catatonit, docker: tini), as in the native jail: it reaps
-    // zombies and passes signals on, which a harness running as PID 1 would ignore.
-    a.push("--init".into());
-    // The name gate (corral_sandbox gatexec.rs) starts the command, unless the user lets the
-    // jail create repositories: no git repository appears where the host's git finds it.
+    // The name gate (corral_sandbox gatexec.rs) is PID 1 and starts the command, unless the
+    // user lets the jail create repositories: no git repository appears where the host's git
+    // finds it. It reaps and passes signals on as an init does; without it, a small init is
+    // PID 1 (podman: catatonit, docker: tini), which a harness running as PID 1 would not be.
+    // Never both: an engine init is a process of the jail's uid outside the command's filters.
     let gated = !plan.git.new_repositories;
+    if !gated {
+        a.push("--init".into());
+    }
     a.extend(match gated {
         true => hardening_with(ctx, &ctx.seccomp_gated_file()),
         false => hardening(ctx),
@@ -775,12 +778,13 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
         a.push(name.clone());
     }
     if gated {
+        let gate = gate_args(plan, &a);
         a.extend([
             "--entrypoint".into(),
             CONTAINER_BIN.into(),
             harness_image(plan),
         ]);
-        a.extend(gate_args(plan));
+        a.extend(gate);
         a.push(container_program(plan));
     } else {
         a.extend([
@@ -795,18 +799,26 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
     Ok(cmd)
 }
 
-/// The name gate's arguments before the command: the run's git directories, and the
-/// read-write binds (the container's mounts the host sees), ending with `--`.
-fn gate_args(plan: &Plan) -> Vec<String> {
+/// The name gate's arguments before the command: the run's git directories, and where the
+/// host's file systems are (every `--volume` of `run`, the container's options so far,
+/// read-only ones too: a host mount nested in one is writable where the engine binds
+/// recursively and read-only only on top), ending with `--`.
+fn gate_args(plan: &Plan, run: &[String]) -> Vec<String> {
     let mut a = vec![corral_sandbox::GATE_EXEC_ARG.to_string()];
     for d in &plan.git.dirs {
         a.extend(["--git-dir".into(), d.display().to_string()]);
     }
-    for m in &plan.mounts {
-        let present = !m.optional || m.source.exists();
-        if m.kind == MountKind::Bind(Access::Rw) && present {
-            a.extend(["--host-path".into(), m.target.display().to_string()]);
+    let mut targets = BTreeSet::new();
+    for pair in run.windows(2) {
+        if pair[0] == "--volume" {
+            // SRC:DST:OPTS, with no `:` in either path (`volume` refuses them).
+            if let Some(dst) = pair[1].split(':').nth(1) {
+                targets.insert(dst.to_string());
+            }
         }
+    }
+    for t in targets {
+        a.extend(["--host-path".into(), t]);
     }
     a.push("--".into());
     a

@@ -397,6 +397,12 @@ pub(crate) fn wait_forwarding(child: Pid, reap_all: bool, mut ctl: Option<OwnedF
             None
         }
     };
+    // A caller that held them until now (gatexec.rs) gets them from here on.
+    let _ = watched
+        .iter()
+        .copied()
+        .collect::<nix::sys::signal::SigSet>()
+        .thread_unblock();
     loop {
         // Reap first: the child may have exited before the handlers were in place.
         loop {

@@ -1,30 +1,32 @@
 //! The name gate in a container: `corral __corral-gate-exec [--git-dir D]... [--host-path P]...
-//! -- COMMAND...` is the harness container's entrypoint (corral-engine `argv.rs`), under the
-//! engine's small init. It does for the container what the native jail's PID 1 does: it forks
-//! the command with corral's whole seccomp filter and the name gate's filter on it, and serves
-//! the gate's notifications on a thread of its own (namegate.rs) until the command ends, whose
-//! exit status it returns as a shell would.
+//! -- COMMAND...` is the harness container's entrypoint and PID 1 (corral-engine `argv.rs`; no
+//! engine init). It does for the container what the native jail's PID 1 does: it forks the
+//! command with corral's whole seccomp filter and the name gate's filter on it, serves the
+//! gate's notifications on a thread of its own (namegate.rs), passes signals on, reaps every
+//! orphan, and exits with the command's status as a shell would.
 //!
 //! The container's own profile is corral's rules less the three syscalls the gate makes
 //! (`seccomp::oci_profile_gated`); the command gets the whole filter here, before it runs,
-//! so it and everything it starts are held to every rule. This process is non-dumpable: the
-//! command (same uid, no capabilities) can neither read its memory nor take its descriptors.
-//! It can kill it (the same uid), which leaves every creation failing (the listener's last copy
-//! closes: ENOSYS), never one performed unchecked.
+//! so it and everything it starts are held to every rule, and the only process without it is
+//! this one. It is non-dumpable: the command (same uid, no capabilities) can neither read nor
+//! write its memory, nor take its descriptors; as the PID namespace's init it cannot be killed
+//! or stopped from inside. An engine init (catatonit, tini) is not used: it would be a dumpable
+//! process of the same uid outside the command's filters, whose memory the command could write
+//! where Yama allows it.
 //!
-//! What is the container's own: every mount but the read-write binds the plan names
-//! (`--host-path`), compared by device. The image's root, its tmpfs /tmp, /run and home are
-//! not the host's (a clone in /tmp works); a device that one of those binds is on is checked
-//! everywhere.
-
+//! What is the container's own (exempt: a clone in /tmp works) is an allow-list: a tmpfs or
+//! overlay mounted whole (mount root `/`), not at or below a bind of the plan (`--host-path`,
+//! read-only ones too: the engines bind recursively, so a host mount nested in a bind appears
+//! as a mount of its own), on no device a bind is on. Anything else, a submount of the host's
+//! inside the project included, is checked.
 use std::collections::HashSet;
 use std::ffi::{CString, OsString};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use nix::sys::signal::{SigHandler, Signal, signal};
+use nix::sys::signal::{SigHandler, SigSet, Signal, signal};
 use nix::unistd::{ForkResult, fork};
 
 use crate::child::FORWARDED;
@@ -85,19 +87,23 @@ pub(crate) fn main(args: Vec<OsString>) -> ! {
 }
 
 fn run(spec: &Spec) -> i32 {
-    // SAFETY: prctl with integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
-        eprintln!(
-            "corral: gate-exec: set PR_SET_DUMPABLE 0: {}",
-            std::io::Error::last_os_error()
-        );
-        return EXIT_SETUP_FAILED;
-    }
-    let gate = crate::namegate::Gate::new(&spec.git_dirs, own_devices(&spec.host_paths));
     let step = |what: &str, e: &dyn std::fmt::Display| {
         eprintln!("corral: gate-exec: {what}: {e}");
         EXIT_SETUP_FAILED
     };
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return step("set PR_SET_DUMPABLE 0", &std::io::Error::last_os_error());
+    }
+    let mountinfo = match std::fs::read("/proc/self/mountinfo") {
+        Ok(m) => m,
+        Err(e) => return step("read /proc/self/mountinfo", &e),
+    };
+    let own = match own_devices(&mountinfo, &spec.host_paths) {
+        Ok(own) => own,
+        Err(e) => return step("find the container's own file systems", &e),
+    };
+    let gate = crate::namegate::Gate::new(&spec.git_dirs, own);
     let base = match crate::seccomp::build_filter() {
         Ok(p) => p,
         Err(e) => return step("build the seccomp filter", &e),
@@ -115,6 +121,10 @@ fn run(spec: &Spec) -> i32 {
         Ok(pair) => pair,
         Err(e) => return step("make the name gate's socket", &e),
     };
+    // The signals passed on are held from here until each side has its handling in place:
+    // one arriving in between would otherwise find the default action.
+    let forwarded: SigSet = FORWARDED.iter().copied().collect();
+    let _ = forwarded.thread_block();
     // SAFETY: single-threaded (called first thing in main; the gate's threads start after).
     match unsafe { fork() } {
         Err(e) => step("fork the command's process", &e),
@@ -134,22 +144,61 @@ fn run(spec: &Spec) -> i32 {
             if let Err(e) = crate::caps::drop_all() {
                 eprintln!("corral: gate-exec: drop capabilities: {e}");
             }
-            crate::child::wait_forwarding(child, false, None)
+            // PID 1: every orphan of the container is reaped here.
+            crate::child::wait_forwarding(child, true, None)
         }
     }
 }
 
-/// The devices of every mount this process sees but those the read-write binds `host` are on.
-fn own_devices(host: &[PathBuf]) -> HashSet<u64> {
-    let dev = |p: &std::path::Path| std::fs::symlink_metadata(p).ok().map(|m| m.dev());
-    let host: HashSet<u64> = host.iter().filter_map(|p| dev(p)).collect();
-    let mountinfo = std::fs::read("/proc/self/mountinfo").unwrap_or_default();
-    mountinfo
-        .split(|&b| b == b'\n')
-        .filter_map(|line| line.split(|&b| b == b' ').nth(4))
-        .filter_map(|point| dev(std::path::Path::new(&OsString::from_vec(unescape(point)))))
-        .filter(|d| !host.contains(d))
-        .collect()
+/// The devices of the container's own file systems in `mountinfo` (this process's): a tmpfs or
+/// overlay mounted whole, not at or below any of the plan's binds `host`, on no device one of
+/// them is on. A bind that cannot be looked at is an error (its device would go unexcluded).
+fn own_devices(mountinfo: &[u8], host: &[PathBuf]) -> std::io::Result<HashSet<u64>> {
+    let mut host_devs = HashSet::new();
+    for p in host {
+        let m = std::fs::metadata(p)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
+        host_devs.insert(m.dev());
+    }
+    let mut own = HashSet::new();
+    for line in mountinfo.split(|&b| b == b'\n') {
+        let Some(mount) = Mount::parse(line) else {
+            continue;
+        };
+        let whole = mount.root == b"/";
+        let kind = matches!(mount.fstype.as_slice(), b"tmpfs" | b"overlay");
+        let point = std::path::Path::new(std::ffi::OsStr::from_bytes(&mount.point));
+        let in_bind = host.iter().any(|h| point.starts_with(h));
+        if !(whole && kind) || in_bind {
+            continue;
+        }
+        if let Ok(m) = std::fs::symlink_metadata(point)
+            && !host_devs.contains(&m.dev())
+        {
+            own.insert(m.dev());
+        }
+    }
+    Ok(own)
+}
+
+/// The fields of a mountinfo line the allow-list needs.
+struct Mount {
+    root: Vec<u8>,
+    point: Vec<u8>,
+    fstype: Vec<u8>,
+}
+
+impl Mount {
+    /// `ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER`.
+    fn parse(line: &[u8]) -> Option<Mount> {
+        let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+        let dash = fields.iter().position(|f| *f == b"-")?;
+        Some(Mount {
+            root: unescape(fields.get(3)?),
+            point: unescape(fields.get(4)?),
+            fstype: fields.get(dash + 1)?.to_vec(),
+        })
+    }
 }
 
 /// A mountinfo field with its octal escapes (`\040` for a space) decoded.
@@ -185,6 +234,7 @@ fn exec_command(
 ) -> i32 {
     crate::sig::reset_dispositions(FORWARDED);
     crate::sig::reset_dispositions(&[Signal::SIGCHLD, Signal::SIGPIPE]);
+    let _ = SigSet::all().thread_unblock();
     take_foreground();
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         eprintln!("corral: gate-exec: {what}: {e}");
@@ -308,11 +358,70 @@ mod tests {
         assert_eq!(unescape(br"/x\999"), br"/x\999");
     }
 
+    /// A mountinfo line for `point` (root `root`, type `fstype`).
+    fn line(point: &str, root: &str, fstype: &str) -> String {
+        format!("36 35 0:42 {root} {point} rw,nosuid shared:9 - {fstype} none rw\n")
+    }
+
     #[test]
-    fn a_bind_of_the_host_is_never_counted_as_the_containers_own() {
-        let here = std::env::current_dir().unwrap();
-        let dev = std::fs::metadata(&here).unwrap().dev();
-        assert!(!own_devices(std::slice::from_ref(&here)).contains(&dev));
-        assert!(own_devices(&[]).contains(&std::fs::metadata("/").unwrap().dev()));
+    fn only_whole_tmpfs_and_overlay_mounts_outside_the_binds_are_the_containers_own() {
+        // The "bind" is /proc (a device of its own); the candidates are real directories on
+        // the temporary directory's device.
+        let host = vec![PathBuf::from("/proc")];
+        let dir = tempfile::tempdir().unwrap();
+        let o = dir.path().to_str().unwrap();
+        let dev = |p: &str| std::fs::metadata(p).unwrap().dev();
+        let own = |lines: &[String], host: &[PathBuf]| {
+            own_devices(lines.concat().as_bytes(), host).unwrap()
+        };
+        // A whole tmpfs or overlay elsewhere is the container's own (its /tmp, /run, home).
+        assert_eq!(
+            own(&[line(o, "/", "tmpfs")], &host),
+            HashSet::from([dev(o)])
+        );
+        assert_eq!(
+            own(&[line(o, "/", "overlay")], &host),
+            HashSet::from([dev(o)])
+        );
+        // A host mount nested in a bind (engines bind recursively), the bind itself, a part of
+        // a file system (a bind of the host's), any other type: never.
+        for l in [
+            line("/proc/sys", "/", "tmpfs"),
+            line("/proc", "/", "tmpfs"),
+            line(o, "/containers/x/userdata", "tmpfs"),
+            line(o, "/", "ext4"),
+            line(o, "/", "devpts"),
+        ] {
+            assert_eq!(own(std::slice::from_ref(&l), &host), HashSet::new(), "{l}");
+        }
+        // Nor one on a device a bind is on.
+        let a = dir.path().join("a");
+        std::fs::create_dir(&a).unwrap();
+        assert_eq!(own(&[line(o, "/", "tmpfs")], &[a]), HashSet::new());
+        // Escaped mount points are decoded before they are looked at.
+        let spaced = dir.path().join("with space");
+        std::fs::create_dir(&spaced).unwrap();
+        let escaped = spaced.to_str().unwrap().replace(' ', "\\040");
+        assert_eq!(
+            own(&[line(&escaped, "/", "tmpfs")], &host),
+            HashSet::from([dev(o)])
+        );
+    }
+
+    #[test]
+    fn a_bind_that_cannot_be_looked_at_is_an_error_and_links_are_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        assert!(own_devices(b"", &[missing]).is_err());
+        // A bind named through a link counts the device the link leads to.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("/", &link).unwrap();
+        let root_dev = std::fs::metadata("/").unwrap().dev();
+        let info = line("/", "/", "overlay");
+        assert!(
+            !own_devices(info.as_bytes(), &[link])
+                .unwrap()
+                .contains(&root_dev)
+        );
     }
 }

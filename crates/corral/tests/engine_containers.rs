@@ -703,6 +703,9 @@ import os
 os.mkdir("e/.git")
 PY
 mv /tmp/r/.git f/.git 2>/dev/null && echo "planted move" || echo "refused move"
+plant g/.git                              # g: a host tmpfs mounted inside the project
+python3 -c 'open("/proc/1/mem", "r+b")' 2>/dev/null \
+  && echo "pid 1 memory writable" || echo "pid 1 memory refused"
 touch attempted
 for i in $(seq 600); do [ -e release ] && exit 0; sleep 0.1; done
 exit 3
@@ -723,11 +726,16 @@ fn no_repository_planted_during_the_run_is_seen_by_host_git(e: Engine) {
                 .args(args)
                 .current_dir(dir)
                 .env("GIT_CONFIG_NOSYSTEM", "1")
+                // g is a mount of its own: look up across it, to the project's repository.
+                .env("GIT_DISCOVERY_ACROSS_FILESYSTEM", "1")
                 .env("HOME", w.dir.path())
                 .output()
                 .unwrap()
         };
         assert!(git(p, &["init", "-q", "-b", "main"]).status.success());
+        // A host file system mounted inside the project: the engines bind recursively, so it
+        // is a mount of its own in the container, and the host's all the same.
+        let _nested = TmpfsMount::at(&p.join("g"));
         std::fs::write(
             p.join("corral.toml"),
             format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"none\"\n"),
@@ -756,7 +764,7 @@ fn no_repository_planted_during_the_run_is_seen_by_host_git(e: Engine) {
         }
         // What a shell prompt runs in each directory, while the container still runs.
         let mut found = Vec::new();
-        for dir in ["a", "b", "c", "d", "e", "f"] {
+        for dir in ["a", "b", "c", "d", "e", "f", "g"] {
             let out = git(&p.join(dir), &["rev-parse", "--absolute-git-dir"]);
             let gitdir = String::from_utf8_lossy(&out.stdout).trim().to_string();
             let _ = git(&p.join(dir), &["status", "--short"]);
@@ -774,7 +782,8 @@ fn no_repository_planted_during_the_run_is_seen_by_host_git(e: Engine) {
             assert_eq!(
                 stdout,
                 "refused a/.git\nrefused b\nplanted /tmp/r/.git\nrefused symlink\n\
-                 refused rename\nrefused python\nrefused move\n",
+                 refused rename\nrefused python\nrefused move\nrefused g/.git\n\
+                 pid 1 memory refused\n",
                 "{t}"
             );
             assert_eq!(found, Vec::<String>::new(), "{t}");
@@ -784,11 +793,42 @@ fn no_repository_planted_during_the_run_is_seen_by_host_git(e: Engine) {
             // The control: the plants work and host git takes them for repositories (and
             // runs the planted fsmonitor) while the run goes on.
             assert!(stdout.contains("planted a/.git\nplanted b\n"), "{t}");
+            assert!(stdout.contains("planted g/.git\n"), "{t}");
+            // The engine's init is PID 1 then: a process of the jail's uid, dumpable, whose
+            // memory the command can write where Yama lets a process trace its descendants'
+            // ancestors (absent, or scope 0 or 1: it is the command's ancestor).
+            let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope");
+            if scope.as_deref().map_or(true, |v| v.trim() <= "1") {
+                assert!(stdout.contains("pid 1 memory writable\n"), "{t}");
+            }
+            assert!(found.iter().any(|f| f.starts_with("g: ")), "{found:?} {t}");
             assert!(found.iter().any(|f| f.starts_with("a: ")), "{found:?} {t}");
             assert!(found.iter().any(|f| f.starts_with("b: ")), "{found:?} {t}");
             assert!(pwned, "{found:?} {t}");
         }
         let out = w.corral(&["down", "--engine", e.name()]);
         assert!(out.status.success(), "{}", text(&out));
+    }
+}
+
+/// A tmpfs mounted on the host for the test's life (the directory is made first).
+struct TmpfsMount(std::path::PathBuf);
+
+impl TmpfsMount {
+    fn at(dir: &Path) -> TmpfsMount {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        TmpfsMount(dir.to_path_buf())
+    }
+}
+
+impl Drop for TmpfsMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("--lazy").arg(&self.0).status();
     }
 }

@@ -81,7 +81,7 @@ fn podman_plan_prints_every_command() {
     let project = project.display();
     for part in [
         format!("podman run --rm --name corral-{key}-JAILID --label corral.project={key} "),
-        "--pull never --interactive --init --read-only --read-only-tmpfs --cap-drop ALL --security-opt no-new-privileges ".into(),
+        "--pull never --interactive --read-only --read-only-tmpfs --cap-drop ALL --security-opt no-new-privileges ".into(),
         format!(
             "--network corral-{key}-internal --dns 127.0.0.1 --add-host 'proxy:{{proxy-address}}' "
         ),

@@ -199,7 +199,6 @@ fn podman_rootless_whole_setup() {
         "--pull",
         "never",
         "--interactive",
-        "--init",
         "--read-only",
         "--read-only-tmpfs",
         "--cap-drop",
@@ -276,6 +275,12 @@ fn podman_rootless_whole_setup() {
         "/home/u/.pi/agent",
         "--host-path",
         root,
+        "--host-path",
+        &format!("{root}/.env"),
+        "--host-path",
+        &format!("{root}/corral.toml"),
+        "--host-path",
+        "/usr/local/bin/corral",
         "--",
         "pi",
         "--x",
@@ -453,7 +458,6 @@ fn docker_whole_setup() {
         "never",
         "--interactive",
         "--tty",
-        "--init",
         "--read-only",
     ]);
     expected_run.extend(strings(&tmpfs));
@@ -528,6 +532,12 @@ fn docker_whole_setup() {
         "/home/u/.pi/agent",
         "--host-path",
         root,
+        "--host-path",
+        &format!("{root}/.env"),
+        "--host-path",
+        &format!("{root}/corral.toml"),
+        "--host-path",
+        "/usr/local/bin/corral",
         "--",
         "pi",
         "--x",
@@ -703,6 +713,8 @@ fn with_new_repositories_allowed_the_program_is_the_entrypoint_under_the_whole_p
     );
     assert!(a.contains(&"seccomp=/s/engine/seccomp.json".to_string()));
     assert!(!a.iter().any(|x| x.contains("gate")), "{a:?}");
+    // The engine's init reaps and forwards then (the gate does when there is one).
+    assert!(a.contains(&"--init".to_string()), "{a:?}");
 }
 
 #[test]

@@ -36,8 +36,9 @@ pub fn context(kind: EngineKind, plan: &Plan, jail_id: &str) -> anyhow::Result<C
     match runner::is_static(&ctx.corral_bin) {
         Ok(true) => {}
         Ok(false) => eprintln!(
-            "corral: {} is dynamically linked; containers run it only if their image has a \
-             compatible C library. Build a static one (RUSTFLAGS='-C target-feature=+crt-static' \
+            "corral: {} is dynamically linked; containers run it (the harness container's \
+             entrypoint is corral's name gate, the proxy container runs corral's proxy) only if \
+             their image has a compatible C library. Build a static one (RUSTFLAGS='-C target-feature=+crt-static' \
              cargo build --release --target x86_64-unknown-linux-gnu) and point {} at it",
             ctx.corral_bin.display(),
             runner::BIN_ENV
