@@ -804,10 +804,6 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
 /// read-only ones too: a host mount nested in one is writable where the engine binds
 /// recursively and read-only only on top), ending with `--`.
 fn gate_args(plan: &Plan, run: &[String]) -> Vec<String> {
-    let mut a = vec![corral_sandbox::GATE_EXEC_ARG.to_string()];
-    for d in &plan.git.dirs {
-        a.extend(["--git-dir".into(), d.display().to_string()]);
-    }
     let mut targets = BTreeSet::new();
     for pair in run.windows(2) {
         if pair[0] == "--volume" {
@@ -817,8 +813,21 @@ fn gate_args(plan: &Plan, run: &[String]) -> Vec<String> {
             }
         }
     }
-    for t in targets {
-        a.extend(["--host-path".into(), t]);
+    gate_command(&plan.git.dirs, targets)
+}
+
+/// `__corral-gate-exec --git-dir D... --host-path P... --`: the name gate's arguments before a
+/// container's command (corral_sandbox `gatexec.rs`).
+pub(crate) fn gate_command(
+    git_dirs: &[PathBuf],
+    host_paths: impl IntoIterator<Item = String>,
+) -> Vec<String> {
+    let mut a = vec![corral_sandbox::GATE_EXEC_ARG.to_string()];
+    for d in git_dirs {
+        a.extend(["--git-dir".into(), d.display().to_string()]);
+    }
+    for p in host_paths {
+        a.extend(["--host-path".into(), p]);
     }
     a.push("--".into());
     a

@@ -2,8 +2,9 @@
 //! `docker-compose.override.yml` next to whatever the file already holds.
 //!
 //! The service builds the project's own image (`build: .`), runs `corral serve --no-auth` from a
-//! read-only volume holding the static corral binary, with the harness's hardening (read-only
-//! root, no capabilities, no new privileges, limits, the proxy variables), on the project's
+//! read-only volume holding the static corral binary, under corral's name gate as PID 1 (as the
+//! harness container does), with the harness's hardening (read-only root, no capabilities, no
+//! new privileges, corral's seccomp profile, limits, the proxy variables), on the project's
 //! internal network under a unique alias: the harness's `corral exec` reaches it at
 //! `http://<alias>:8080`.
 
@@ -99,9 +100,38 @@ pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
         EngineKind::Podman => "z,ro",
         EngineKind::Docker => "ro",
     };
+    let mut host_paths = vec![root.clone(), BIN_DIR.to_string()];
     for p in plan.protected.iter().filter(|p| p.exists()) {
         volumes.push(format!("{0}:{0}:{ro}", p.display()));
+        host_paths.push(p.display().to_string());
     }
+    let serve = vec![
+        format!("{BIN_DIR}/corral"),
+        "serve".into(),
+        "--no-auth".into(),
+        "--listen".into(),
+        format!("0.0.0.0:{EXECUTOR_PORT}"),
+        "--root".into(),
+        root.clone(),
+        // The project's audit log is not mounted here: the agent's commands run in this
+        // container and could forge or truncate it. The executor's records stay inside.
+        "--audit-log".into(),
+        EXECUTOR_AUDIT_LOG.into(),
+    ];
+    let mut security_opt = vec!["no-new-privileges:true".to_string()];
+    // The name gate as the service's PID 1 (corral_sandbox gatexec.rs): the executor's
+    // commands create no git repository where the host's git finds it, as in the harness
+    // container; under corral's seccomp profile less what the gate itself calls, the commands
+    // under all of it. The git directories are the project's when this file is written.
+    let command = if plan.git.new_repositories {
+        serve
+    } else {
+        security_opt.push(format!("seccomp={}", ctx.seccomp_gated_file().display()));
+        let mut c = vec![format!("{BIN_DIR}/corral")];
+        c.extend(crate::argv::gate_command(&plan.git.dirs, host_paths));
+        c.extend(serve);
+        c
+    };
     let service = Service {
         build: ".".into(),
         // `corral down` removes what carries the project's label.
@@ -109,22 +139,10 @@ pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
         userns_mode,
         user,
         volumes,
-        working_dir: root.clone(),
-        command: vec![
-            format!("{BIN_DIR}/corral"),
-            "serve".into(),
-            "--no-auth".into(),
-            "--listen".into(),
-            format!("0.0.0.0:{EXECUTOR_PORT}"),
-            "--root".into(),
-            root,
-            // The project's audit log is not mounted here: the agent's commands run in this
-            // container and could forge or truncate it. The executor's records stay inside.
-            "--audit-log".into(),
-            EXECUTOR_AUDIT_LOG.into(),
-        ],
+        working_dir: root,
+        command,
         cap_drop: vec!["ALL".into()],
-        security_opt: vec!["no-new-privileges:true".into()],
+        security_opt,
         read_only: true,
         // podman's --read-only already mounts tmpfs on /tmp, /var/tmp and /run.
         tmpfs: match ctx.engine {

@@ -206,8 +206,12 @@ pub fn prepare_host(plan: &Plan, ctx: &Context) -> Result<bool> {
 
 /// corral's seccomp rules as the OCI profile the containers get (rewritten when corral's
 /// rules changed; the engine reads it when it creates a container).
-fn write_seccomp_profile(ctx: &Context) -> Result<()> {
+pub fn write_seccomp_profile(ctx: &Context) -> Result<()> {
     use corral_sandbox::seccomp::{oci_profile, oci_profile_gated};
+    fs::create_dir_all(&ctx.state_dir).map_err(|source| EngineError::Io {
+        path: ctx.state_dir.clone(),
+        source,
+    })?;
     for (path, profile) in [
         (ctx.seccomp_file(), oci_profile()?),
         (ctx.seccomp_gated_file(), oci_profile_gated()?),

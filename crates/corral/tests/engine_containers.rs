@@ -257,6 +257,7 @@ for i in $(seq 150); do corral exec -- true 2>/dev/null && break; sleep 0.2; don
 echo "harness=$(hostname)"
 corral exec -- sh -c 'echo "executor=$(hostname)"; echo from-executor > made-by-executor.txt; exit 3'
 echo "exec-exit=$?"
+corral exec -- sh -c 'mkdir -p sub/.git && echo "executor planted" || echo "executor refused"; mkdir -p /tmp/r/.git && echo "executor tmp ok"'
 "#;
     let out = w.corral(&["run", "--engine", e.name(), "--", "/bin/bash", "-c", script]);
     let t = text(&out);
@@ -276,6 +277,13 @@ echo "exec-exit=$?"
         std::fs::read_to_string(p.join("made-by-executor.txt")).unwrap(),
         "from-executor\n"
     );
+    // The executor's commands run under the name gate too (the service's PID 1): no git
+    // repository in the project, one in the container's /tmp.
+    assert!(
+        stdout.contains("executor refused\nexecutor tmp ok\n"),
+        "{t}"
+    );
+    assert!(!p.join("sub/.git").exists(), "{t}");
 
     let out = w.corral(&["down", "--engine", e.name()]);
     assert!(out.status.success(), "{}", text(&out));

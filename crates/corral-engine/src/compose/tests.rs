@@ -40,7 +40,8 @@ fn plan() -> Plan {
 
 #[test]
 fn seed_003_shape_for_podman() {
-    let p = plan();
+    let mut p = plan();
+    p.git.dirs = vec![PathBuf::from("/src/test-project/.git")];
     let c = ctx(EngineKind::Podman, true);
     let n = c.names(&p);
     let text = merge(None, Path::new("x.yml"), &p, &c).unwrap();
@@ -67,6 +68,15 @@ services:
     working_dir: /src/test-project
     command:
     - /opt/corral/corral
+    - __corral-gate-exec
+    - --git-dir
+    - /src/test-project/.git
+    - --host-path
+    - /src/test-project
+    - --host-path
+    - /opt/corral
+    - --
+    - /opt/corral/corral
     - serve
     - --no-auth
     - --listen
@@ -79,6 +89,7 @@ services:
     - ALL
     security_opt:
     - no-new-privileges:true
+    - seccomp=/s/engine/seccomp-gated.json
     read_only: true
     cpus: 2.0
     mem_limit: 2048m
@@ -263,5 +274,19 @@ fn install_argv_whole() {
             ],
             vec!["docker", "rm", "corral-bin-install-j1"],
         ]
+    );
+}
+
+#[test]
+fn with_new_repositories_allowed_the_service_runs_serve_under_the_engines_profile() {
+    let mut p = plan();
+    p.git.new_repositories = true;
+    let v = executor_service(&p, &ctx(EngineKind::Podman, true));
+    assert_eq!(v["command"][1].as_str(), Some("serve"));
+    assert_eq!(
+        v["security_opt"].as_sequence().unwrap().len(),
+        1,
+        "{:?}",
+        v["security_opt"]
     );
 }

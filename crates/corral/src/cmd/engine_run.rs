@@ -395,7 +395,12 @@ pub fn init_compose(plan: &Plan) -> anyhow::Result<PathBuf> {
     };
     let jail_id = corral_audit::new_jail_id();
     let ctx = context(kind, plan, &jail_id)?;
-    let path = corral_engine::compose::write_override(plan, &ctx)?;
+    // The service's name gate lets a `HEAD` be written in the git directories of now.
+    let mut service_plan = plan.clone();
+    let snapshot = corral_session::gitguard::snapshot(&plan.project.root, true, &plan.home);
+    service_plan.git.dirs = corral_session::gitguard::git_dirs(&snapshot, &[]);
+    runner::write_seccomp_profile(&ctx)?;
+    let path = corral_engine::compose::write_override(&service_plan, &ctx)?;
     runner::prepare_audit_dir(plan, &ctx)?;
     // The networks the service joins (declared external in the file).
     let mut net_plan = plan.clone();
