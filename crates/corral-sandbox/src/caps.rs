@@ -80,14 +80,17 @@ fn reduce_to(keep: Option<u32>) -> Result<(), CapsError> {
             if e.raw_os_error() == Some(libc::EINVAL) {
                 break; // past the kernel's last capability
             }
-            // EPERM without CAP_SETPCAP (the kernel checks that before the number): fine only
-            // if the capability is already out of the set; past the last one, READ says EINVAL.
+            // EPERM without CAP_SETPCAP (the kernel checks that before the number): fine if
+            // the capability is already out of the set; past the last one, READ says EINVAL.
             // SAFETY: prctl with integer arguments only.
             let held = unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) };
             if held < 0 {
                 break;
             }
-            if held != 0 {
+            // Fine too for a thread that holds no capability at all (an unprivileged user's
+            // process, a container's gate): the bounding set only limits what an execve may
+            // grant, and no_new_privs, set below, lets execve grant nothing.
+            if held != 0 && !holds_none()? {
                 return Err(CapsError::Bounding { cap, cause: e });
             }
         }
@@ -155,6 +158,12 @@ fn reduce_to(keep: Option<u32>) -> Result<(), CapsError> {
         });
     }
     Ok(())
+}
+
+/// Whether the calling thread holds no capability (effective, permitted, inheritable).
+fn holds_none() -> Result<bool, CapsError> {
+    let c = current()?;
+    Ok(c.effective | c.permitted | c.inheritable == 0)
 }
 
 /// The calling thread's capability sets, as 64-bit masks.

@@ -224,8 +224,8 @@ fn unescape(field: &[u8]) -> Vec<u8> {
 }
 
 /// The command's process, from fork to exec: the terminal's foreground, no core dumps, no
-/// descriptor but the standard ones, corral's filter, the gate's filter (its listener sent to
-/// the gate), exec on PATH. Returns the exit status when it cannot exec.
+/// capability, no descriptor but the standard ones, corral's filter, the gate's filter (its
+/// listener sent to the gate), exec on PATH. Returns the exit status when it cannot exec.
 fn exec_command(
     command: &[OsString],
     base: &[libc::sock_filter],
@@ -249,6 +249,11 @@ fn exec_command(
     // SAFETY: setrlimit reads the struct we pass.
     if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) } != 0 {
         return fail("disable core dumps", &std::io::Error::last_os_error());
+    }
+    // As the native jail's command: no capability (a container started with none has none
+    // to drop).
+    if let Err(e) = crate::caps::drop_all() {
+        return fail("drop capabilities", &e);
     }
     let to_gate = match crate::child::close_other_fds(Some(to_gate)) {
         Ok(Some(fd)) => fd,

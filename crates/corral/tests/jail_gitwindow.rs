@@ -470,3 +470,88 @@ fn a_git_directory_cannot_be_built_inside_an_existing_one() {
         assert!(out.contains(did), "{did} missing:\n{out}");
     }
 }
+
+/// The container entrypoint's gate (`corral __corral-gate-exec`, corral-sandbox gatexec.rs),
+/// run directly on this host as the caller: what the podman/docker harness container runs as
+/// its PID 1. Here it is no PID 1 and in no namespace of its own, so the unprivileged pass
+/// exercises it without capabilities (no CAP_SETPCAP to drop the bounding set, no
+/// CAP_SYS_PTRACE to keep) as a rootless container's gate runs. Every mount but a whole tmpfs
+/// or overlay away from the project is checked; the project's repository still commits.
+#[test]
+fn the_container_entrypoint_gate_refuses_repositories_passes_exit_and_signals() {
+    let w = World::new();
+    w.commit_readme();
+    let git_dir = w.project.join(".git");
+    let marker = w.root.join("gate-ran-fsmonitor");
+    let script = format!(
+        r#"
+mkdir -p a b && mkdir a/.git 2>/dev/null && echo MADE-a
+echo 'ref: refs/heads/main' > b/HEAD 2>/dev/null && echo MADE-b
+ln -s {git} c.git && mv c.git b/.git 2>/dev/null && echo MADE-c
+echo more >> README && git add README \
+  && git -c user.name=u -c user.email=u@e commit -qm second && echo COMMITTED
+: > ready; while [ ! -e go ]; do sleep 0.05; done
+exit 7
+"#,
+        git = git_dir.display()
+    );
+    let gate = |script: &str| {
+        Command::new(corral_bin())
+            .args(["__corral-gate-exec", "--git-dir"])
+            .arg(&git_dir)
+            .arg("--host-path")
+            .arg(&w.project)
+            .args(["--", "sh", "-c", script])
+            .current_dir(&w.project)
+            .env("HOME", &w.home)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("corral")
+    };
+    let mut child = gate(&script);
+    let start = Instant::now();
+    while !w.project.join("ready").exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the command ended early"
+        );
+        assert!(start.elapsed() < Duration::from_secs(60), "never ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for d in ["a", "b"] {
+        let seen = git_dir_seen_from(&w, &w.project.join(d));
+        assert_eq!(seen, git_dir.to_str().unwrap(), "git in {d}");
+    }
+    assert!(!marker.exists());
+    std::fs::write(w.project.join("go"), "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(7), "{text}");
+    for made in ["MADE-a", "MADE-b", "MADE-c"] {
+        assert!(!text.contains(made), "{made}:\n{text}");
+    }
+    assert!(text.contains("COMMITTED"), "{text}");
+    assert!(
+        text.contains("corral: refused creating a `.git` at"),
+        "{text}"
+    );
+
+    // A signal to the gate reaches the command: sleep dies of the TERM passed on (128 + 15).
+    let mut child = gate(": > ready2; exec sleep 60");
+    let start = Instant::now();
+    while !w.project.join("ready2").exists() {
+        assert!(start.elapsed() < Duration::from_secs(60), "never ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: kill with the pid of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(143));
+}
