@@ -757,22 +757,39 @@ async fn plain_http_rewrite_swaps_on_bound_hosts_and_audits_elsewhere() {
     assert_no_real_value_in_audit(&s);
 }
 
+/// `head` (a request line and fields, `Host: BOUND` added) sent to BOUND through the gateway
+/// (the proxy dialling the origin itself); the connection and the response head.
+async fn ask_bound(
+    s: &Setup,
+    head: &str,
+) -> (
+    BufConn<tokio_rustls::client::TlsStream<TcpStream>>,
+    ResponseHead,
+) {
+    let (paddr, _) = proxy_with(s.gw.clone(), s.up.addr, true).await;
+    let mut tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
+    let (line, fields) = head.split_once("\r\n").unwrap_or((head, ""));
+    let fields = if fields.is_empty() {
+        String::new()
+    } else {
+        format!("{fields}\r\n")
+    };
+    let head = format!("{line}\r\nHost: {BOUND}\r\n{fields}\r\n");
+    tls.write_all(head.as_bytes()).await.unwrap();
+    let mut c = BufConn::new(tls);
+    let resp = read_resp(&mut c).await;
+    (c, resp)
+}
+
 #[tokio::test]
 async fn websocket_upgrade_is_swapped_then_spliced() {
     let s = setup().await;
     let ph = s.trust.env["ANTHROPIC_API_KEY"].clone();
-    let (paddr, _) = proxy_with(s.gw.clone(), s.up.addr, true).await;
-    let mut tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
-    tls.write_all(
-        format!(
-            "GET /ws HTTP/1.1\r\nHost: {BOUND}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nAuthorization: Bearer {ph}\r\n\r\n"
-        )
-        .as_bytes(),
+    let (mut c, resp) = ask_bound(
+        &s,
+        &format!("GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nAuthorization: Bearer {ph}"),
     )
-    .await
-    .unwrap();
-    let mut c = BufConn::new(tls);
-    let resp = read_resp(&mut c).await;
+    .await;
     assert_eq!(resp.status, 101);
     let key = Some([9, 8, 7, 6]);
     // Frames are opaque to the swap: a placeholder inside them is not touched. The second
@@ -825,18 +842,11 @@ async fn websocket_upgrade_is_swapped_then_spliced() {
 async fn an_upgrade_to_anything_but_websocket_is_taken_off_the_request() {
     let s = setup().await;
     let ph = s.trust.env["ANTHROPIC_API_KEY"].clone();
-    let (paddr, _) = proxy_with(s.gw.clone(), s.up.addr, true).await;
-    let mut tls = client(&s.trust, paddr, BOUND, BOUND).await.unwrap();
-    tls.write_all(
-        format!(
-            "GET /h2 HTTP/1.1\r\nHost: {BOUND}\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\nAuthorization: Bearer {ph}\r\n\r\n"
-        )
-        .as_bytes(),
+    let (mut c, resp) = ask_bound(
+        &s,
+        &format!("GET /h2 HTTP/1.1\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\nAuthorization: Bearer {ph}"),
     )
-    .await
-    .unwrap();
-    let mut c = BufConn::new(tls);
-    let resp = read_resp(&mut c).await;
+    .await;
     assert_eq!(resp.status, 200);
     let f = corral_http1::response_framing(&resp, "GET").unwrap();
     assert_eq!(read_body(&mut c, f).await, b"hello from /h2");

@@ -639,19 +639,8 @@ fn exec_command(
     crate::seccomp::install_program(&filters.base)
         .map_err(|e| JailError::step("install the seccomp filter", e))?;
     if let (Some(prog), Some(to)) = (&filters.gate, to_gate) {
-        let listener = match crate::seccomp::install_gate(prog) {
-            Ok(Some(l)) => Some(l),
-            Ok(None) => {
-                eprintln!(
-                    "corral: this kernel lacks what the name gate needs (Linux 5.19): git \
-                     repositories the jail creates are checked when the run ends instead"
-                );
-                None
-            }
-            Err(e) => return Err(JailError::step("install the name gate's filter", e).into()),
-        };
-        crate::namegate::send_listener(to.as_raw_fd(), listener.as_ref())
-            .map_err(|e| JailError::step("send the name gate's listener", e))?;
+        crate::namegate::install_and_send(prog, to.as_raw_fd(), "the jail")
+            .map_err(|(step, e)| JailError::step(step, e))?;
     }
     let err = nix::unistd::execve(&path, &argv, &envp).unwrap_err();
     let code = match err {

@@ -263,21 +263,11 @@ fn exec_command(
     if let Err(e) = crate::seccomp::install_program(base) {
         return fail("install the seccomp filter", &e);
     }
-    let listener = match crate::seccomp::install_gate(gate) {
-        Ok(Some(l)) => Some(l),
-        Ok(None) => {
-            eprintln!(
-                "corral: this kernel lacks what the name gate needs (Linux 5.19): git \
-                 repositories the container creates are checked when the run ends instead"
-            );
-            None
-        }
-        Err(e) => return fail("install the name gate's filter", &e),
-    };
-    if let Err(e) = crate::namegate::send_listener(to_gate.as_raw_fd(), listener.as_ref()) {
-        return fail("send the name gate's listener", &e);
+    if let Err((step, e)) =
+        crate::namegate::install_and_send(gate, to_gate.as_raw_fd(), "the container")
+    {
+        return fail(step, &e);
     }
-    drop(listener);
     drop(to_gate);
     let argv: Result<Vec<CString>, _> =
         command.iter().map(|a| CString::new(a.as_bytes())).collect();

@@ -416,7 +416,29 @@ fn openat_entry_raw(dir: &OwnedFd, name: &std::ffi::CStr, flags: i32) -> Result<
 }
 
 /// The command's process: send the gate's listener (or nothing) to PID 1 on `to`.
-pub(crate) fn send_listener(to: RawFd, listener: Option<&OwnedFd>) -> io::Result<()> {
+/// In the command's process, just before exec: the gate's filter `prog` installed, its listener
+/// sent to the gate on `to`. On a kernel without what the gate needs, the gate gets nothing
+/// (and ends), `jail` says so on stderr, and the check after the run is what remains. The error
+/// names its step.
+pub(crate) fn install_and_send(
+    prog: &[libc::sock_filter],
+    to: RawFd,
+    jail: &str,
+) -> Result<(), (&'static str, io::Error)> {
+    let listener = match crate::seccomp::install_gate(prog) {
+        Ok(l) => l,
+        Err(e) => return Err(("install the name gate's filter", io::Error::other(e))),
+    };
+    if listener.is_none() {
+        eprintln!(
+            "corral: this kernel lacks what the name gate needs (Linux 5.19): git repositories \
+             {jail} creates are checked when the run ends instead"
+        );
+    }
+    send_listener(to, listener.as_ref()).map_err(|e| ("send the name gate's listener", e))
+}
+
+fn send_listener(to: RawFd, listener: Option<&OwnedFd>) -> io::Result<()> {
     let fds: Vec<RawFd> = listener.map(|l| vec![l.as_raw_fd()]).unwrap_or_default();
     crate::netns::send_frame(to, b"{}", &fds).map_err(io::Error::from)
 }
