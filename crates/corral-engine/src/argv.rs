@@ -702,9 +702,8 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
     // PID 1 (podman: catatonit, docker: tini), which a harness running as PID 1 would not be.
     // Never both: an engine init is a process of the jail's uid outside the command's filters.
     let gated = !plan.git.new_repositories;
-    if !gated {
-        a.push("--init".into());
-    }
+    // Said either way: an engine configured to add its init by default must not.
+    a.push(if gated { "--init=false" } else { "--init" }.into());
     a.extend(match gated {
         true => hardening_with(ctx, &ctx.seccomp_gated_file()),
         false => hardening(ctx),
@@ -813,16 +812,19 @@ fn gate_args(plan: &Plan, run: &[String]) -> Vec<String> {
             }
         }
     }
-    gate_command(&plan.git.dirs, targets)
+    gate_command(&[], &plan.git.dirs, targets)
 }
 
-/// `__corral-gate-exec --git-dir D... --host-path P... --`: the name gate's arguments before a
-/// container's command (corral_sandbox `gatexec.rs`).
+/// `__corral-gate-exec --init [FLAGS] --git-dir D... --host-path P... --`: the name gate's
+/// arguments before a container's command (corral_sandbox `gatexec.rs`; `--init`: it must be
+/// the container's PID 1).
 pub(crate) fn gate_command(
+    flags: &[&str],
     git_dirs: &[PathBuf],
     host_paths: impl IntoIterator<Item = String>,
 ) -> Vec<String> {
-    let mut a = vec![corral_sandbox::GATE_EXEC_ARG.to_string()];
+    let mut a = vec![corral_sandbox::GATE_EXEC_ARG.to_string(), "--init".into()];
+    a.extend(flags.iter().map(|f| f.to_string()));
     for d in git_dirs {
         a.extend(["--git-dir".into(), d.display().to_string()]);
     }

@@ -40,7 +40,11 @@ struct Service {
     user: Option<String>,
     volumes: Vec<String>,
     working_dir: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    entrypoint: Option<Vec<String>>,
     command: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    init: Option<bool>,
     cap_drop: Vec<String>,
     security_opt: Vec<String>,
     read_only: bool,
@@ -122,15 +126,22 @@ pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
     // The name gate as the service's PID 1 (corral_sandbox gatexec.rs): the executor's
     // commands create no git repository where the host's git finds it, as in the harness
     // container; under corral's seccomp profile less what the gate itself calls, the commands
-    // under all of it. The git directories are the project's when this file is written.
-    let command = if plan.git.new_repositories {
-        serve
+    // under all of it. The entrypoint is the gate's, whatever the project's image says (an
+    // ENTRYPOINT there would be PID 1 instead, outside the filters; the gate refuses to start
+    // unless it is PID 1), no engine init, and a kernel without the gate is an error: the
+    // service has no run end at which to check. The git directories are the project's when
+    // this file is written.
+    let (entrypoint, init) = if plan.git.new_repositories {
+        (None, None)
     } else {
         security_opt.push(format!("seccomp={}", ctx.seccomp_gated_file().display()));
-        let mut c = vec![format!("{BIN_DIR}/corral")];
-        c.extend(crate::argv::gate_command(&plan.git.dirs, host_paths));
-        c.extend(serve);
-        c
+        let mut e = vec![format!("{BIN_DIR}/corral")];
+        e.extend(crate::argv::gate_command(
+            &["--require-gate"],
+            &plan.git.dirs,
+            host_paths,
+        ));
+        (Some(e), Some(false))
     };
     let service = Service {
         build: ".".into(),
@@ -140,7 +151,9 @@ pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
         user,
         volumes,
         working_dir: root,
-        command,
+        entrypoint,
+        command: serve,
+        init,
         cap_drop: vec!["ALL".into()],
         security_opt,
         read_only: true,

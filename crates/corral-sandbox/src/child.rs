@@ -639,7 +639,7 @@ fn exec_command(
     crate::seccomp::install_program(&filters.base)
         .map_err(|e| JailError::step("install the seccomp filter", e))?;
     if let (Some(prog), Some(to)) = (&filters.gate, to_gate) {
-        crate::namegate::install_and_send(prog, to.as_raw_fd(), "the jail")
+        crate::namegate::install_and_send(prog, to.as_raw_fd(), "the jail", false)
             .map_err(|(step, e)| JailError::step(step, e))?;
     }
     let err = nix::unistd::execve(&path, &argv, &envp).unwrap_err();

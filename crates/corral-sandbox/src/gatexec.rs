@@ -42,6 +42,12 @@ struct Spec {
     git_dirs: Vec<PathBuf>,
     /// The plan's read-write binds, as the container sees them: what the host sees too.
     host_paths: Vec<PathBuf>,
+    /// `--init`: this process must be the container's PID 1 (the engines' and compose's
+    /// entrypoint): anything else there would be a process outside the command's filters.
+    init: bool,
+    /// `--require-gate`: a kernel without what the gate needs is an error, not a warning (the
+    /// compose executor: a service with no run whose end would check what it made).
+    require_gate: bool,
     command: Vec<OsString>,
 }
 
@@ -49,6 +55,8 @@ fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Spec, String> {
     let mut spec = Spec {
         git_dirs: Vec::new(),
         host_paths: Vec::new(),
+        init: false,
+        require_gate: false,
         command: Vec::new(),
     };
     let mut args = args.into_iter();
@@ -57,6 +65,14 @@ fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Spec, String> {
             Some("--") => {
                 spec.command = args.collect();
                 break;
+            }
+            Some("--init") => {
+                spec.init = true;
+                continue;
+            }
+            Some("--require-gate") => {
+                spec.require_gate = true;
+                continue;
             }
             Some("--git-dir") => &mut spec.git_dirs,
             Some("--host-path") => &mut spec.host_paths,
@@ -91,6 +107,16 @@ fn run(spec: &Spec) -> i32 {
         eprintln!("corral: gate-exec: {what}: {e}");
         EXIT_SETUP_FAILED
     };
+    if spec.init && std::process::id() != 1 {
+        return step(
+            "start",
+            &format!(
+                "it must be the container's PID 1, and is {} (an image ENTRYPOINT or an engine \
+                 init in front of it would be a process outside the command's filters)",
+                std::process::id()
+            ),
+        );
+    }
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
         return step("set PR_SET_DUMPABLE 0", &std::io::Error::last_os_error());
@@ -130,7 +156,7 @@ fn run(spec: &Spec) -> i32 {
         Err(e) => step("fork the command's process", &e),
         Ok(ForkResult::Child) => {
             drop(from_command);
-            std::process::exit(exec_command(&spec.command, &base, &gate_prog, to_gate))
+            std::process::exit(exec_command(spec, &base, &gate_prog, to_gate))
         }
         Ok(ForkResult::Parent { child }) => {
             drop(to_gate);
@@ -155,10 +181,14 @@ fn run(spec: &Spec) -> i32 {
 /// them is on. A bind that cannot be looked at is an error (its device would go unexcluded).
 fn own_devices(mountinfo: &[u8], host: &[PathBuf]) -> std::io::Result<HashSet<u64>> {
     let mut host_devs = HashSet::new();
+    let mut resolved = Vec::new();
     for p in host {
-        let m = std::fs::metadata(p)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
-        host_devs.insert(m.dev());
+        let named =
+            |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", p.display()));
+        host_devs.insert(std::fs::metadata(p).map_err(named)?.dev());
+        // Mount points in mountinfo are resolved paths: so is each bind's, to compare them (a
+        // bind at /var/run/x is mounted at /run/x where the image links /var/run to /run).
+        resolved.push(std::fs::canonicalize(p).map_err(named)?);
     }
     let mut own = HashSet::new();
     for line in mountinfo.split(|&b| b == b'\n') {
@@ -168,8 +198,10 @@ fn own_devices(mountinfo: &[u8], host: &[PathBuf]) -> std::io::Result<HashSet<u6
         let whole = mount.root == b"/";
         let kind = matches!(mount.fstype.as_slice(), b"tmpfs" | b"overlay");
         let point = std::path::Path::new(std::ffi::OsStr::from_bytes(&mount.point));
-        let in_bind = host.iter().any(|h| point.starts_with(h));
-        if !(whole && kind) || in_bind {
+        let in_bind = host.iter().chain(&resolved).any(|h| point.starts_with(h));
+        // The engines make /dev/shm a tmpfs of the host's, in their own storage, bound in.
+        let host_shm = point == std::path::Path::new("/dev/shm");
+        if !(whole && kind) || in_bind || host_shm {
             continue;
         }
         if let Ok(m) = std::fs::symlink_metadata(point)
@@ -227,7 +259,7 @@ fn unescape(field: &[u8]) -> Vec<u8> {
 /// capability, no descriptor but the standard ones, corral's filter, the gate's filter (its
 /// listener sent to the gate), exec on PATH. Returns the exit status when it cannot exec.
 fn exec_command(
-    command: &[OsString],
+    spec: &Spec,
     base: &[libc::sock_filter],
     gate: &[libc::sock_filter],
     to_gate: OwnedFd,
@@ -263,12 +295,16 @@ fn exec_command(
     if let Err(e) = crate::seccomp::install_program(base) {
         return fail("install the seccomp filter", &e);
     }
-    if let Err((step, e)) =
-        crate::namegate::install_and_send(gate, to_gate.as_raw_fd(), "the container")
-    {
+    if let Err((step, e)) = crate::namegate::install_and_send(
+        gate,
+        to_gate.as_raw_fd(),
+        "the container",
+        spec.require_gate,
+    ) {
         return fail(step, &e);
     }
     drop(to_gate);
+    let command = &spec.command;
     let argv: Result<Vec<CString>, _> =
         command.iter().map(|a| CString::new(a.as_bytes())).collect();
     let Ok(argv) = argv else {
@@ -333,9 +369,13 @@ mod tests {
             Spec {
                 git_dirs: vec!["/p/.git".into(), "/p/sub/.git".into()],
                 host_paths: vec!["/p".into()],
+                init: false,
+                require_gate: false,
                 command: args(&["bash", "--git-dir", "-c"]),
             }
         );
+        let spec = parse(args(&["--init", "--require-gate", "--", "sh"])).unwrap();
+        assert!(spec.init && spec.require_gate);
         for bad in [
             &["--"][..],
             &["bash"],
@@ -393,6 +433,17 @@ mod tests {
         let a = dir.path().join("a");
         std::fs::create_dir(&a).unwrap();
         assert_eq!(own(&[line(o, "/", "tmpfs")], &[a]), HashSet::new());
+        // /dev/shm is the engine's tmpfs on the host, bound in.
+        assert_eq!(
+            own(&[line("/dev/shm", "/", "tmpfs")], &host),
+            HashSet::new()
+        );
+        // A bind named through a link is compared where it resolves to: here a link to / makes
+        // /proc (a device of its own) a mount nested in the bind.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("/", &link).unwrap();
+        let nested = line("/proc", "/", "tmpfs");
+        assert_eq!(own(&[nested], std::slice::from_ref(&link)), HashSet::new());
         // Escaped mount points are decoded before they are looked at.
         let spaced = dir.path().join("with space");
         std::fs::create_dir(&spaced).unwrap();

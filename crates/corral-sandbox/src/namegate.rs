@@ -418,17 +418,25 @@ fn openat_entry_raw(dir: &OwnedFd, name: &std::ffi::CStr, flags: i32) -> Result<
 /// The command's process: send the gate's listener (or nothing) to PID 1 on `to`.
 /// In the command's process, just before exec: the gate's filter `prog` installed, its listener
 /// sent to the gate on `to`. On a kernel without what the gate needs, the gate gets nothing
-/// (and ends), `jail` says so on stderr, and the check after the run is what remains. The error
-/// names its step.
+/// (and ends), `jail` says so on stderr, and the check after the run is what remains; unless
+/// the gate is `required` (no run end to check at), then that is the error. The error names
+/// its step.
 pub(crate) fn install_and_send(
     prog: &[libc::sock_filter],
     to: RawFd,
     jail: &str,
+    required: bool,
 ) -> Result<(), (&'static str, io::Error)> {
     let listener = match crate::seccomp::install_gate(prog) {
         Ok(l) => l,
         Err(e) => return Err(("install the name gate's filter", io::Error::other(e))),
     };
+    if listener.is_none() && required {
+        return Err((
+            "install the name gate's filter",
+            io::Error::other("this kernel lacks what the name gate needs (Linux 5.19)"),
+        ));
+    }
     if listener.is_none() {
         eprintln!(
             "corral: this kernel lacks what the name gate needs (Linux 5.19): git repositories \

@@ -210,7 +210,13 @@ fn compose_executor_answers_corral_exec_from_the_harness(e: Engine) {
     }
     let w = World::new(e, "x");
     let p = &w.project;
-    std::fs::write(p.join("Dockerfile"), format!("FROM {IMAGE}\n")).unwrap();
+    // The project's image has an ENTRYPOINT of its own: the service's gate replaces it (were
+    // it kept, it would be PID 1 in front of the gate, which then refuses to start).
+    std::fs::write(
+        p.join("Dockerfile"),
+        format!("FROM {IMAGE}\nENTRYPOINT [\"/bin/false\"]\n"),
+    )
+    .unwrap();
     std::fs::write(
         p.join("corral.toml"),
         format!(

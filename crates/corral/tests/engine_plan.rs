@@ -81,7 +81,7 @@ fn podman_plan_prints_every_command() {
     let project = project.display();
     for part in [
         format!("podman run --rm --name corral-{key}-JAILID --label corral.project={key} "),
-        "--pull never --interactive --read-only --read-only-tmpfs --cap-drop ALL --security-opt no-new-privileges ".into(),
+        "--pull never --interactive --init=false --read-only --read-only-tmpfs --cap-drop ALL --security-opt no-new-privileges ".into(),
         format!(
             "--network corral-{key}-internal --dns 127.0.0.1 --add-host 'proxy:{{proxy-address}}' "
         ),
@@ -99,7 +99,9 @@ fn podman_plan_prints_every_command() {
     }
     // The name gate starts the command: the project is a read-write bind the host sees.
     assert!(
-        run.contains(" --entrypoint /usr/local/bin/corral localhost/img:1 __corral-gate-exec "),
+        run.contains(
+            " --entrypoint /usr/local/bin/corral localhost/img:1 __corral-gate-exec --init "
+        ),
         "{run}"
     );
     assert!(run.contains(&format!(" --host-path {project} ")), "{run}");

@@ -554,4 +554,15 @@ exit 7
     // SAFETY: kill with the pid of our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert_eq!(child.wait().unwrap().code(), Some(143));
+
+    // As the engines start it (`--init`), it must be PID 1: here it is not, and runs nothing.
+    let out = Command::new(corral_bin())
+        .args(["__corral-gate-exec", "--init", "--", "sh", "-c", "echo RAN"])
+        .current_dir(&w.project)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{text}");
+    assert!(text.contains("must be the container's PID 1"), "{text}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("RAN"));
 }

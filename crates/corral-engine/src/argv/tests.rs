@@ -199,6 +199,7 @@ fn podman_rootless_whole_setup() {
         "--pull",
         "never",
         "--interactive",
+        "--init=false",
         "--read-only",
         "--read-only-tmpfs",
         "--cap-drop",
@@ -269,6 +270,7 @@ fn podman_rootless_whole_setup() {
         "/usr/local/bin/corral",
         "localhost/corral-pi:latest",
         "__corral-gate-exec",
+        "--init",
         "--git-dir",
         &format!("{root}/.git"),
         "--host-path",
@@ -458,6 +460,7 @@ fn docker_whole_setup() {
         "never",
         "--interactive",
         "--tty",
+        "--init=false",
         "--read-only",
     ]);
     expected_run.extend(strings(&tmpfs));
@@ -528,6 +531,7 @@ fn docker_whole_setup() {
         "/usr/local/bin/corral",
         "localhost/corral-pi:latest",
         "__corral-gate-exec",
+        "--init",
         "--host-path",
         "/home/u/.pi/agent",
         "--host-path",

@@ -66,9 +66,11 @@ services:
     - /src/test-project:/src/test-project:z
     - corral-bin:/opt/corral:z,ro
     working_dir: /src/test-project
-    command:
+    entrypoint:
     - /opt/corral/corral
     - __corral-gate-exec
+    - --init
+    - --require-gate
     - --git-dir
     - /src/test-project/.git
     - --host-path
@@ -76,6 +78,7 @@ services:
     - --host-path
     - /opt/corral
     - --
+    command:
     - /opt/corral/corral
     - serve
     - --no-auth
@@ -85,6 +88,7 @@ services:
     - /src/test-project
     - --audit-log
     - /tmp/corral-executor-audit.jsonl
+    init: false
     cap_drop:
     - ALL
     security_opt:
@@ -283,6 +287,10 @@ fn with_new_repositories_allowed_the_service_runs_serve_under_the_engines_profil
     p.git.new_repositories = true;
     let v = executor_service(&p, &ctx(EngineKind::Podman, true));
     assert_eq!(v["command"][1].as_str(), Some("serve"));
+    assert!(
+        v.get("entrypoint").is_none() && v.get("init").is_none(),
+        "{v:?}"
+    );
     assert_eq!(
         v["security_opt"].as_sequence().unwrap().len(),
         1,
