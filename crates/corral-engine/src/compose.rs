@@ -21,8 +21,9 @@ use crate::argv::{STOP_TIMEOUT, proxy_env};
 use crate::names::EXECUTOR_PORT;
 use crate::{Command, Context, EngineError, EngineKind, Result};
 
-/// The override file's name, at the project root.
-pub const OVERRIDE_FILE: &str = "docker-compose.override.yml";
+/// The override file's name, at the project root (protected in the jail when the executor is
+/// a compose service).
+pub const OVERRIDE_FILE: &str = corral_policy::plan::COMPOSE_OVERRIDE_FILE;
 /// The service's name in it.
 pub const SERVICE: &str = "executor";
 /// The executor's own audit log, on its private tmpfs.
@@ -105,7 +106,14 @@ pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
         EngineKind::Docker => "ro",
     };
     let mut host_paths = vec![root.clone(), BIN_DIR.to_string()];
-    for p in plan.protected.iter().filter(|p| p.exists()) {
+    // This very file among them (being written now, so perhaps not there when the plan was
+    // made): the next `compose up` runs what it says.
+    let override_file = plan.project.root.join(OVERRIDE_FILE);
+    let protected = plan
+        .protected
+        .iter()
+        .filter(|p| p.exists() && **p != override_file);
+    for p in protected.chain([&override_file]) {
         volumes.push(format!("{0}:{0}:{ro}", p.display()));
         host_paths.push(p.display().to_string());
     }

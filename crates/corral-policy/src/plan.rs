@@ -91,6 +91,10 @@ pub enum Enforce {
     BestEffort,
 }
 
+/// The compose file `corral init --compose` writes the executor service into, at the project
+/// root (corral-engine `compose.rs`).
+pub const COMPOSE_OVERRIDE_FILE: &str = "docker-compose.override.yml";
+
 /// Where executor commands run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", tag = "kind", content = "service")]

@@ -264,6 +264,8 @@ echo "harness=$(hostname)"
 corral exec -- sh -c 'echo "executor=$(hostname)"; echo from-executor > made-by-executor.txt; exit 3'
 echo "exec-exit=$?"
 corral exec -- sh -c 'mkdir -p sub/.git && echo "executor planted" || echo "executor refused"; mkdir -p /tmp/r/.git && echo "executor tmp ok"'
+echo 'x-evil: 1' >> docker-compose.override.yml 2>/dev/null && echo "harness wrote the override" || echo "harness refused"
+corral exec -- sh -c 'echo "x-evil: 1" >> docker-compose.override.yml 2>/dev/null && echo "executor wrote the override" || echo "executor refused the override"'
 "#;
     let out = w.corral(&["run", "--engine", e.name(), "--", "/bin/bash", "-c", script]);
     let t = text(&out);
@@ -290,6 +292,13 @@ corral exec -- sh -c 'mkdir -p sub/.git && echo "executor planted" || echo "exec
         "{t}"
     );
     assert!(!p.join("sub/.git").exists(), "{t}");
+    // The service's definition, which the user's next `compose up` runs: read-only to both.
+    assert!(
+        stdout.contains("harness refused\nexecutor refused the override\n"),
+        "{t}"
+    );
+    let file = std::fs::read_to_string(p.join("docker-compose.override.yml")).unwrap();
+    assert!(!file.contains("x-evil"), "{file}");
 
     let out = w.corral(&["down", "--engine", e.name()]);
     assert!(out.status.success(), "{}", text(&out));

@@ -65,6 +65,7 @@ services:
     volumes:
     - /src/test-project:/src/test-project:z
     - corral-bin:/opt/corral:z,ro
+    - /src/test-project/docker-compose.override.yml:/src/test-project/docker-compose.override.yml:z,ro
     working_dir: /src/test-project
     entrypoint:
     - /opt/corral/corral
@@ -77,6 +78,8 @@ services:
     - /src/test-project
     - --host-path
     - /opt/corral
+    - --host-path
+    - /src/test-project/docker-compose.override.yml
     - --
     command:
     - /opt/corral/corral
@@ -147,6 +150,7 @@ fn protected_paths_are_read_only_in_the_executor() {
             "corral-bin:/opt/corral:z,ro".to_string(),
             format!("{r}/corral.toml:{r}/corral.toml:z,ro"),
             format!("{r}/.git/hooks:{r}/.git/hooks:z,ro"),
+            format!("{r}/docker-compose.override.yml:{r}/docker-compose.override.yml:z,ro"),
         ]
     );
 }

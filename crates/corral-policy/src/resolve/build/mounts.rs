@@ -138,6 +138,15 @@ pub(in super::super) fn protected(g: &Gathered, m: &Layer, side: Side) -> Vec<Pa
     if side == Side::Agent && !m.allow_harness_config {
         protected.extend(harness_code(g));
     }
+    // A compose executor's service is defined in the override file `corral init --compose`
+    // wrote: the user's next `compose up` runs what it says (its volumes, its privileges, the
+    // name gate in front of `corral serve`) on the host, so the jail must not edit it.
+    if matches!(
+        m.exec_target,
+        Some((crate::plan::ExecutorTarget::Compose(_), _))
+    ) {
+        protected.push(g.root.join(crate::plan::COMPOSE_OVERRIDE_FILE));
+    }
     protected.sort();
     protected.dedup();
     protected
