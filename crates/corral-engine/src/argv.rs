@@ -776,21 +776,16 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
         a.push("--env".into());
         a.push(name.clone());
     }
-    if gated {
-        let gate = gate_args(plan, &a);
-        a.extend([
-            "--entrypoint".into(),
-            CONTAINER_BIN.into(),
-            harness_image(plan),
-        ]);
+    // Gated, the program follows the gate's arguments (which list the volumes above).
+    let gate = gated.then(|| gate_args(plan, &a));
+    let entrypoint = match gate {
+        Some(_) => CONTAINER_BIN.into(),
+        None => container_program(plan),
+    };
+    a.extend(["--entrypoint".into(), entrypoint, harness_image(plan)]);
+    if let Some(gate) = gate {
         a.extend(gate);
         a.push(container_program(plan));
-    } else {
-        a.extend([
-            "--entrypoint".into(),
-            container_program(plan),
-            harness_image(plan),
-        ]);
     }
     a.extend(plan.command[1..].iter().cloned());
     let mut cmd = Command::new(e.program()).args(a);

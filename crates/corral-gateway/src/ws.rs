@@ -170,11 +170,7 @@ impl FrameScrubber {
         else {
             return;
         };
-        let start = out.len();
-        self.scrub.finish(out);
-        if let Some(key) = mask {
-            apply_mask(&mut out[start..], key, sent);
-        }
+        self.release(mask, sent, out);
         self.state = State::Head {
             bytes: [0; MAX_HEAD],
             have: 0,
@@ -185,14 +181,18 @@ impl FrameScrubber {
     pub(crate) fn finish(&mut self, out: &mut Vec<u8>) {
         match std::mem::replace(&mut self.state, State::Stream) {
             State::Head { bytes, have } => out.extend_from_slice(&bytes[..have]),
-            State::Payload { mask, sent, .. } => {
-                let start = out.len();
-                self.scrub.finish(out);
-                if let Some(key) = mask {
-                    apply_mask(&mut out[start..], key, sent);
-                }
-            }
+            State::Payload { mask, sent, .. } => self.release(mask, sent, out),
             State::Stream => self.scrub.finish(out),
+        }
+    }
+
+    /// The payload bytes held back, replaced where they match, masked again from payload
+    /// offset `sent` when the frame is.
+    fn release(&mut self, mask: Option<[u8; 4]>, sent: u64, out: &mut Vec<u8>) {
+        let start = out.len();
+        self.scrub.finish(out);
+        if let Some(key) = mask {
+            apply_mask(&mut out[start..], key, sent);
         }
     }
 }

@@ -71,6 +71,7 @@ pub fn keep_only(cap: u32) -> Result<(), CapsError> {
 /// effective sets, no_new_privs set; with nothing kept, the securebits locked too.
 /// Allocation-free.
 fn reduce_to(keep: Option<u32>) -> Result<(), CapsError> {
+    let holds_nothing = holds_none()?;
     // Bounding set first: it needs CAP_SETPCAP, which goes with the capset below.
     for cap in (0..=CAP_MAX_TRY).filter(|&c| Some(c) != keep) {
         // SAFETY: prctl with integer arguments only.
@@ -90,7 +91,7 @@ fn reduce_to(keep: Option<u32>) -> Result<(), CapsError> {
             // Fine too for a thread that holds no capability at all (an unprivileged user's
             // process, a container's gate): the bounding set only limits what an execve may
             // grant, and no_new_privs, set below, lets execve grant nothing.
-            if held != 0 && !holds_none()? {
+            if held != 0 && !holds_nothing {
                 return Err(CapsError::Bounding { cap, cause: e });
             }
         }

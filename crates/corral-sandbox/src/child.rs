@@ -621,18 +621,7 @@ fn exec_command(
     let (path, argv, envp) = resolve_command(plan)?;
     apply_rlimits(config)?;
     if filters.gate.is_some() {
-        // No core dumps: with a core_pattern naming the file after the program (`%e`), a
-        // process could name a file `objects` without a syscall the name gate sees.
-        let none = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: setrlimit reads the struct we pass.
-        if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) } != 0 {
-            return Err(
-                JailError::step("disable core dumps", std::io::Error::last_os_error()).into(),
-            );
-        }
+        crate::rlimit::no_core_dumps().map_err(|e| JailError::step("disable core dumps", e))?;
     }
     crate::caps::drop_all().map_err(|e| JailError::step("drop capabilities", e))?;
     let to_gate = close_other_fds(to_gate)?;

@@ -272,15 +272,8 @@ fn exec_command(
         eprintln!("corral: gate-exec: {what}: {e}");
         EXIT_SETUP_FAILED
     };
-    // No core dumps: with a core_pattern naming the file after the program (`%e`), a process
-    // could name a file `objects` without a syscall the gate sees.
-    let none = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: setrlimit reads the struct we pass.
-    if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) } != 0 {
-        return fail("disable core dumps", &std::io::Error::last_os_error());
+    if let Err(e) = crate::rlimit::no_core_dumps() {
+        return fail("disable core dumps", &e);
     }
     // As the native jail's command: no capability (a container started with none has none
     // to drop).

@@ -64,6 +64,21 @@ pub fn apply(limits: &Limits) -> Result<(), RlimitError> {
     Ok(())
 }
 
+/// No core dumps (hard and soft `RLIMIT_CORE` 0), for a process under the name gate: with a
+/// `core_pattern` naming the file after the program (`%e`), a process could name a file
+/// `objects` without a syscall the gate sees. Allocation-free.
+pub fn no_core_dumps() -> io::Result<()> {
+    let none = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: setrlimit reads the struct we pass.
+    if unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Set the soft `RLIMIT_NOFILE` to `soft` (never above the hard limit), keeping the hard
 /// limit: the caller's own soft limit, given back to the jail's command after corral raised
 /// its own. Allocation-free.
