@@ -129,7 +129,7 @@ fn run(spec: &Spec) -> i32 {
         Ok(own) => own,
         Err(e) => return step("find the container's own file systems", &e),
     };
-    let gate = crate::namegate::Gate::new(&spec.git_dirs, own);
+    let gate = crate::namegate::Gate::new(&spec.git_dirs, own, true, &mountinfo);
     let base = match crate::seccomp::build_filter() {
         Ok(p) => p,
         Err(e) => return step("build the seccomp filter", &e),
@@ -192,7 +192,7 @@ fn own_devices(mountinfo: &[u8], host: &[PathBuf]) -> std::io::Result<HashSet<u6
     }
     let mut own = HashSet::new();
     for line in mountinfo.split(|&b| b == b'\n') {
-        let Some(mount) = Mount::parse(line) else {
+        let Some(mount) = crate::mountinfo::Mount::parse(line) else {
             continue;
         };
         let whole = mount.root == b"/";
@@ -211,48 +211,6 @@ fn own_devices(mountinfo: &[u8], host: &[PathBuf]) -> std::io::Result<HashSet<u6
         }
     }
     Ok(own)
-}
-
-/// The fields of a mountinfo line the allow-list needs.
-struct Mount {
-    root: Vec<u8>,
-    point: Vec<u8>,
-    fstype: Vec<u8>,
-}
-
-impl Mount {
-    /// `ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER`.
-    fn parse(line: &[u8]) -> Option<Mount> {
-        let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
-        let dash = fields.iter().position(|f| *f == b"-")?;
-        Some(Mount {
-            root: unescape(fields.get(3)?),
-            point: unescape(fields.get(4)?),
-            fstype: fields.get(dash + 1)?.to_vec(),
-        })
-    }
-}
-
-/// A mountinfo field with its octal escapes (`\040` for a space) decoded.
-fn unescape(field: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(field.len());
-    let mut i = 0;
-    while i < field.len() {
-        let octal = field
-            .get(i + 1..i + 4)
-            .filter(|d| field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match octal {
-            Some(d) => {
-                out.push((d[0] - b'0') << 6 | (d[1] - b'0') << 3 | (d[2] - b'0'));
-                i += 4;
-            }
-            None => {
-                out.push(field[i]);
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 /// The command's process, from fork to exec: the terminal's foreground, no core dumps, no
@@ -377,13 +335,6 @@ mod tests {
         ] {
             assert!(parse(args(bad)).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn mountinfo_escapes_are_decoded() {
-        assert_eq!(unescape(br"/a\040b\134c\011"), b"/a b\\c\t");
-        assert_eq!(unescape(br"/x\04"), br"/x\04");
-        assert_eq!(unescape(br"/x\999"), br"/x\999");
     }
 
     /// A mountinfo line for `point` (root `root`, type `fstype`).

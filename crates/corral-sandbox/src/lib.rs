@@ -25,6 +25,7 @@ mod child;
 mod error;
 mod gatexec;
 pub mod landlock;
+mod mountinfo;
 mod mounts;
 mod namegate;
 mod netns;

@@ -49,6 +49,9 @@ use std::sync::Mutex;
 
 use corral_policy::plan::Plan;
 
+mod protected;
+use protected::Use;
+
 /// Longest path the gate reads from a caller (the kernel's PATH_MAX, with its NUL).
 const PATH_MAX: usize = 4096;
 /// Symlinks an O_CREAT open follows at most (the kernel's MAXSYMLINKS).
@@ -60,6 +63,11 @@ const PROC_SUPER_MAGIC: i64 = 0x9fa0;
 /// What PID 1 knows before it forks the command: where a `HEAD` may be created, and which
 /// file systems are the jail's own.
 pub(crate) struct Gate {
+    /// Whether the repository rules apply (off with `filesystem.allow_new_repositories`: the
+    /// gate then holds only the protected files).
+    repositories: bool,
+    /// The read-only binds of one file, kept read-only if the host replaces the file.
+    protected: protected::Protected,
     /// (device, inode) of each git directory that existed when the run started and held a
     /// `HEAD` (the Plan's `git.dirs`, as the jail sees them).
     git_dirs: HashSet<(u64, u64)>,
@@ -126,21 +134,34 @@ impl Refusal {
 }
 
 impl Gate {
-    /// The gate for `plan`, or `None` when the Plan lets the jail create repositories
-    /// (`filesystem.allow_new_repositories`). Runs in PID 1 once the root is built.
-    pub(crate) fn prepare(plan: &Plan, private: &crate::mounts::PrivateDevices) -> Option<Gate> {
-        if plan.git.new_repositories {
-            return None;
-        }
-        Some(Gate::new(
+    /// The gate for `plan`, or `None` when it would hold nothing: the Plan lets the jail
+    /// create repositories (`filesystem.allow_new_repositories`) and protects no file. Runs in
+    /// PID 1 once the root is built.
+    pub(crate) fn prepare(
+        plan: &Plan,
+        private: &crate::mounts::PrivateDevices,
+    ) -> io::Result<Option<Gate>> {
+        let mountinfo = std::fs::read("/proc/self/mountinfo")?;
+        let gate = Gate::new(
             &plan.git.dirs,
             private.0.iter().copied().collect(),
-        ))
+            !plan.git.new_repositories,
+            &mountinfo,
+        );
+        Ok((gate.repositories || !gate.protected.is_empty()).then_some(gate))
     }
 
     /// The gate for the git directories `dirs` (as this process sees them), with the file
-    /// systems of `private_devs` exempt.
-    pub(crate) fn new(dirs: &[std::path::PathBuf], private_devs: HashSet<u64>) -> Gate {
+    /// systems of `private_devs` exempt, and the repository rules on when `repositories`.
+    /// The protected files are the read-only binds of one file in `mountinfo` (this
+    /// process's).
+    pub(crate) fn new(
+        dirs: &[std::path::PathBuf],
+        private_devs: HashSet<u64>,
+        repositories: bool,
+        mountinfo: &[u8],
+    ) -> Gate {
+        let protected = protected::Protected::from_mountinfo(mountinfo, &private_devs);
         let mut git_dirs = HashSet::new();
         let mut held = Vec::new();
         for dir in dirs {
@@ -159,6 +180,8 @@ impl Gate {
             .map(|v| v.trim() != "0")
             .unwrap_or(true);
         Gate {
+            repositories,
+            protected,
             git_dirs,
             _held: held,
             private_devs,
@@ -218,6 +241,9 @@ impl Gate {
         name: &[u8],
         class: Option<(Refusal, bool)>,
     ) -> Result<(), Refusal> {
+        if !self.repositories {
+            return Ok(());
+        }
         let Some((kind, exact)) = class else {
             // A directory that folds names may take a non-ASCII name for a git one (`objectſ`,
             // a zero-width joiner in `.git`): such names are refused there (host-visible).
@@ -1024,6 +1050,7 @@ fn perform(gate: &Gate, listener: &OwnedFd, caller: &Caller, call: &Call) -> Res
             0,
         ),
         libc::SYS_bind => bind(gate, caller, call.fd_arg(0), a[1], a[2] as usize),
+        libc::SYS_truncate => truncate(gate, caller, &s(0)?, a[1] as i64),
         _ => Err(libc::ENOSYS),
     }
 }
@@ -1091,6 +1118,7 @@ fn bind(gate: &Gate, caller: &Caller, fd: i32, addr: u64, len: usize) -> Result<
     let named = raw.len() > path_off && raw[path_off] != 0;
     let (un, ulen, _held, _parent) = if named {
         let entry = new_entry(caller, libc::AT_FDCWD, &path)?;
+        gate.protected_name(&entry, Use::Create)?;
         let held = check(gate, &entry)?;
         let via = format!("/proc/self/fd/{}/", entry.parent.as_raw_fd()).into_bytes();
         let full = [via.as_slice(), entry.last.as_slice()].concat();
@@ -1180,12 +1208,90 @@ fn open(
     mode: libc::mode_t,
 ) -> Result<Verdict, i32> {
     let cloexec = flags & libc::O_CLOEXEC != 0;
+    let creates = flags & libc::O_CREAT != 0;
+    // O_EXCL means "do not follow" only with O_CREAT.
+    let follows = flags & libc::O_NOFOLLOW == 0 && !(creates && flags & libc::O_EXCL != 0);
+    let (entry, existing) = match follow(gate, caller, dirfd, path, follows, creates)? {
+        Target::Entry(entry, existing) => (entry, existing),
+        Target::Own(own) => return own_open(gate, &own, flags, cloexec),
+    };
+    let kind = existing.map(|st| st.st_mode & libc::S_IFMT);
+    let mut flags = flags;
+    if writes(flags) {
+        gate.protected_name(&entry, Use::Write)?;
+    } else if creates && gate.protected_name(&entry, Use::Create).is_err() {
+        // O_CREAT read-only of a protected name opens what is there, never makes it.
+        if flags & libc::O_EXCL != 0 {
+            return Err(libc::EEXIST);
+        }
+        flags &= !libc::O_CREAT;
+    }
+    // The name a creating open ends at, whether or not it exists now (it may be gone by
+    // the time of the open, which then creates it), a directory too (it may be removed
+    // meanwhile). An open that cannot create has no name to check.
+    let _held = if flags & libc::O_CREAT != 0 {
+        check(gate, &entry)?
+    } else {
+        None
+    };
+    match existing {
+        Some(st) if kind == Some(libc::S_IFCHR) && st.st_rdev == libc::makedev(5, 0) => {
+            // /dev/tty: the caller's controlling terminal, not PID 1's.
+            return controlling_tty(caller, flags).map(|fd| Verdict::Fd(fd, cloexec));
+        }
+        Some(_) if kind == Some(libc::S_IFIFO) && flags & libc::O_NONBLOCK == 0 => {
+            // A blocking FIFO open waits for the other end: on its own thread, so the gate
+            // keeps serving the rest of the jail meanwhile.
+            return Ok(open_fifo_later(
+                gate, listener, call.id, entry, flags, cloexec,
+            ));
+        }
+        _ => {}
+    }
+    if flags & libc::O_CREAT != 0 {
+        // It may be created (or be gone and created by the open): with the caller's umask.
+        caller.take_umask()?;
+    }
+    // A device may block its open (a FIFO went to its own thread above): open it without
+    // waiting, then as the caller asked. O_TRUNC waits for the file's check.
+    let device = matches!(kind, Some(libc::S_IFCHR | libc::S_IFBLK));
+    let nonblock = if device { libc::O_NONBLOCK } else { 0 };
+    let fd = openat_entry(
+        &entry,
+        (flags & !libc::O_TRUNC) | libc::O_NOFOLLOW | nonblock,
+        mode,
+    )?;
+    let fd = checked_write_open(gate, fd, flags)?;
+    if device && flags & libc::O_NONBLOCK == 0 {
+        set_blocking(&fd);
+    }
+    Ok(Verdict::Fd(fd, cloexec))
+}
+
+/// Where an open of `path` ends.
+enum Target {
+    /// A name (which may not exist: it is created) and what is there now.
+    Entry(Entry, Option<libc::stat>),
+    /// One of the caller's own /proc entries.
+    Own(OwnProc),
+}
+
+/// Resolve `path` as the kernel would for an open: a final symlink is followed when `follows`,
+/// here, one hop at a time, so the name finally opened or created is the one checked.
+fn follow(
+    gate: &Gate,
+    caller: &Caller,
+    dirfd: i32,
+    path: &[u8],
+    follows: bool,
+    creates: bool,
+) -> Result<Target, i32> {
     let mut entry = match resolve(caller, dirfd, path)? {
         Resolved::Entry(e) => e,
-        Resolved::Own(own) => return own_open(&own, flags, cloexec),
+        Resolved::Own(own) => return Ok(Target::Own(own)),
     };
     for _ in 0..MAX_HOPS {
-        if entry.last.ends_with(b"/") && entry.name() != b"." && entry.name() != b".." {
+        if creates && entry.last.ends_with(b"/") && entry.name() != b"." && entry.name() != b".." {
             // O_CREAT with a trailing slash: the kernel refuses it so.
             return Err(libc::EISDIR);
         }
@@ -1195,61 +1301,91 @@ fn open(
             libc::AT_SYMLINK_NOFOLLOW,
         )
         .ok();
-        let kind = existing.map(|st| st.st_mode & libc::S_IFMT);
-        let follows = flags & (libc::O_NOFOLLOW | libc::O_EXCL) == 0;
-        if kind == Some(libc::S_IFLNK) && follows {
-            // The kernel would follow it and create its target: so do we, one hop at a time,
-            // so the name finally created is the one checked.
-            gate.may_follow(&entry, existing)?;
-            let target = readlinkat(&entry.parent, entry.name())?;
-            entry = match target.first() {
-                Some(b'/') => match resolve(caller, libc::AT_FDCWD, &target)? {
-                    Resolved::Entry(e) => e,
-                    Resolved::Own(own) => return own_open(&own, flags, cloexec),
-                },
-                _ => split(entry.parent, &target)?,
-            };
-            continue;
+        if !follows || existing.is_none_or(|st| st.st_mode & libc::S_IFMT != libc::S_IFLNK) {
+            return Ok(Target::Entry(entry, existing));
         }
-        {}
-        // The name this open ends at, whether or not it exists now (it may be gone by the time
-        // of the open, which then creates it), a directory too (it may be removed meanwhile).
-        let _held = check(gate, &entry)?;
-        match existing {
-            Some(st) if kind == Some(libc::S_IFCHR) && st.st_rdev == libc::makedev(5, 0) => {
-                // /dev/tty: the caller's controlling terminal, not PID 1's.
-                return controlling_tty(caller, flags).map(|fd| Verdict::Fd(fd, cloexec));
-            }
-            Some(_) if kind == Some(libc::S_IFIFO) && flags & libc::O_NONBLOCK == 0 => {
-                // A blocking FIFO open waits for the other end: on its own thread, so the gate
-                // keeps serving the rest of the jail meanwhile.
-                return Ok(open_fifo_later(
-                    gate, listener, call.id, entry, flags, cloexec,
-                ));
-            }
-            _ => {}
+        gate.may_follow(&entry, existing)?;
+        let mut target = readlinkat(&entry.parent, entry.name())?;
+        if entry.last.ends_with(b"/") {
+            // `link/` must end at a directory, wherever the link leads.
+            target.push(b'/');
         }
-        // It may be created (or be gone and created by the open): with the caller's umask.
-        caller.take_umask()?;
-        // A device may block its open (a FIFO went to its own thread above): open it without
-        // waiting, then as the caller asked.
-        let device = matches!(kind, Some(libc::S_IFCHR | libc::S_IFBLK));
-        let nonblock = if device { libc::O_NONBLOCK } else { 0 };
-        let fd = openat_entry(&entry, flags | libc::O_NOFOLLOW | nonblock, mode)?;
-        if device && flags & libc::O_NONBLOCK == 0 {
-            set_blocking(&fd);
-        }
-        return Ok(Verdict::Fd(fd, cloexec));
+        entry = match target.first() {
+            Some(b'/') => match resolve(caller, libc::AT_FDCWD, &target)? {
+                Resolved::Entry(e) => e,
+                Resolved::Own(own) => return Ok(Target::Own(own)),
+            },
+            _ => split(entry.parent, &target)?,
+        };
     }
     Err(libc::ELOOP)
 }
 
+/// truncate(2): the file is opened for writing as an open of the path would be (links
+/// followed here, a protected file refused) and cut to `len` through that descriptor.
+fn truncate(gate: &Gate, caller: &Caller, path: &[u8], len: i64) -> Result<Verdict, i32> {
+    let fd = match follow(gate, caller, libc::AT_FDCWD, path, true, false)? {
+        Target::Own(own) => own.open(libc::O_WRONLY | libc::O_NONBLOCK)?,
+        Target::Entry(entry, existing) => {
+            gate.protected_name(&entry, Use::Write)?;
+            match existing.map(|st| st.st_mode & libc::S_IFMT) {
+                None => return Err(libc::ENOENT),
+                Some(libc::S_IFDIR) => return Err(libc::EISDIR),
+                Some(libc::S_IFREG) => {}
+                Some(_) => return Err(libc::EINVAL),
+            }
+            openat_entry(
+                &entry,
+                libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW,
+                0,
+            )?
+        }
+    };
+    if fstat(&fd)?.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(libc::EINVAL);
+    }
+    gate.protected_file(&fd, Use::Write)?;
+    // SAFETY: our own descriptor.
+    done(unsafe { libc::ftruncate(fd.as_raw_fd(), len) })
+}
+
+/// Does an open with `flags` write (or truncate) what it opens? O_PATH opens nothing.
+fn writes(flags: i32) -> bool {
+    flags & libc::O_PATH == 0
+        && (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0)
+}
+
+/// An open performed without O_TRUNC: refused when it writes the file now at a protected name
+/// (reached by a path that is not that name), else truncated as the caller asked (a regular
+/// file only, as the kernel does: FIFOs, terminals and devices ignore O_TRUNC).
+fn checked_write_open(gate: &Gate, fd: OwnedFd, flags: i32) -> Result<OwnedFd, i32> {
+    if !writes(flags) {
+        return Ok(fd);
+    }
+    gate.protected_file(&fd, Use::Write)?;
+    if flags & libc::O_TRUNC != 0 && fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFREG {
+        // SAFETY: our own descriptor, or a path naming it.
+        let rc = if flags & libc::O_ACCMODE == libc::O_RDONLY {
+            // O_RDONLY|O_TRUNC truncates too, given write permission, which truncate(2)
+            // checks on the file as the open would have.
+            unsafe { libc::truncate(protected::truncate_path(&fd).as_ptr(), 0) }
+        } else {
+            unsafe { libc::ftruncate(fd.as_raw_fd(), 0) }
+        };
+        if rc != 0 {
+            return Err(errno());
+        }
+    }
+    Ok(fd)
+}
+
 /// The caller opening one of its own /proc entries (`/proc/self/fd/1` is `/dev/stdout`).
-fn own_open(own: &OwnProc, flags: i32, cloexec: bool) -> Result<Verdict, i32> {
-    let fd = own.open(flags)?;
+fn own_open(gate: &Gate, own: &OwnProc, flags: i32, cloexec: bool) -> Result<Verdict, i32> {
+    let fd = own.open(flags & !libc::O_TRUNC)?;
     if flags & libc::O_CREAT != 0 && fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFDIR {
         return Err(libc::EISDIR);
     }
+    let fd = checked_write_open(gate, fd, flags)?;
     Ok(Verdict::Fd(fd, cloexec))
 }
 
@@ -1353,6 +1489,7 @@ fn mkdir(
     mode: libc::mode_t,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
+    gate.protected_name(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     caller.take_umask()?;
     // SAFETY: our own path and descriptor.
@@ -1369,6 +1506,7 @@ fn mknod(
     dev: u64,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
+    gate.protected_name(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     caller.take_umask()?;
     // SAFETY: as mkdir.
@@ -1391,6 +1529,7 @@ fn symlink(
     path: &[u8],
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
+    gate.protected_name(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     let target = CString::new(target.to_vec()).map_err(|_| libc::EINVAL)?;
     // SAFETY: as mkdir.
@@ -1414,6 +1553,7 @@ fn link(
     flags: i32,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, newdir, new)?;
+    gate.protected_name(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     // The file linked: opened here (O_PATH) and linked through this process's own descriptor,
     // so no magic link is ever followed on the caller's behalf.
@@ -1436,6 +1576,7 @@ fn link(
             }
         }
     };
+    gate.protected_file(&source, Use::Link)?;
     let via =
         CString::new(format!("/proc/self/fd/{}", source.as_raw_fd())).map_err(|_| libc::EINVAL)?;
     // SAFETY: our own paths and descriptors.
@@ -1461,8 +1602,10 @@ fn rename(
     flags: u32,
 ) -> Result<Verdict, i32> {
     let to = new_entry(caller, newdir, new)?;
-    let _held_to = check(gate, &to)?;
     let from = new_entry(caller, olddir, old)?;
+    gate.protected_name(&to, Use::Rename)?;
+    gate.protected_name(&from, Use::Rename)?;
+    let _held_to = check(gate, &to)?;
     let mut _held_from = None;
     if flags & libc::RENAME_EXCHANGE != 0 {
         // Both names get a new entry.

@@ -931,11 +931,14 @@ pub fn install_program(prog: &[libc::sock_filter]) -> Result<(), SeccompError> {
 
 // ---- the name gate's filter (namegate.rs) ----
 
-/// The syscalls that create a name in a directory: the name gate (namegate.rs) performs each
-/// one itself after checking the name. open/openat only when they create (O_CREAT; O_TMPFILE
-/// makes no name, its `linkat` does); openat2 never gets here (ENOSYS above).
+/// The syscalls that create a name in a directory, and truncate(2): the name gate
+/// (namegate.rs) performs each one itself after checking the name (and that it is not a
+/// protected file the host replaced, namegate/protected.rs). open/openat only when they create
+/// or write (O_CREAT, O_WRONLY, O_RDWR, O_TRUNC; an O_TMPFILE opens for writing, and its
+/// `linkat` names it); openat2 never gets here (ENOSYS above).
 fn gate_always() -> Vec<i64> {
     let mut v = vec![
+        libc::SYS_truncate,
         libc::SYS_mkdirat,
         libc::SYS_mknodat,
         libc::SYS_linkat,
@@ -956,7 +959,7 @@ fn gate_always() -> Vec<i64> {
 }
 
 /// The name gate's filter: `SECCOMP_RET_USER_NOTIF` for every syscall that creates a name
-/// ([`gate_always`], open/openat with O_CREAT), EPERM for `landlock_restrict_self` (the gate
+/// ([`gate_always`], open/openat that create or write), EPERM for `landlock_restrict_self` (the gate
 /// performs creations with the jail's own Landlock rights, so a Landlock domain nested inside
 /// the jail would not bind them: refused rather than silently weakened), allow for the rest.
 /// Installed after [`install`]'s filter: the kernel runs both and the stricter verdict wins,
@@ -984,10 +987,11 @@ pub fn build_gate_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
         p.ret(SECCOMP_RET_ALLOW);
         p.mark(native_abi);
     }
+    let writing = (libc::O_CREAT | libc::O_WRONLY | libc::O_RDWR | libc::O_TRUNC) as u32;
     let creating_open = |p: &mut Program, flags_arg: u32| {
         p.load(off_arg_lo(flags_arg));
         let plain = p.label();
-        p.jump(BPF_JSET, O_CREAT, Target::Next, Target::To(plain));
+        p.jump(BPF_JSET, writing, Target::Next, Target::To(plain));
         p.ret(libc::SECCOMP_RET_USER_NOTIF);
         p.mark(plain);
         p.ret(SECCOMP_RET_ALLOW);
@@ -1369,7 +1373,7 @@ mod tests {
     }
 
     #[test]
-    fn the_gate_stops_every_creating_call_and_nothing_else() {
+    fn the_gate_stops_every_creating_or_writing_call_and_nothing_else() {
         let prog = build_gate_filter().unwrap();
         let gate = |nr: i64, args: [u64; 6]| run(&prog, AUDIT_ARCH_NATIVE, nr, args);
         let notify = libc::SECCOMP_RET_USER_NOTIF;
@@ -1377,8 +1381,15 @@ mod tests {
         for nr in gate_always() {
             assert_eq!(gate(nr, [0; 6]), notify, "syscall {nr}");
         }
-        // openat creates only with O_CREAT (high bits of the flags word are ignored).
+        // openat creates only with O_CREAT and writes only with O_WRONLY, O_RDWR or O_TRUNC
+        // (high bits of the flags word are ignored).
         let creat = libc::O_CREAT as u64;
+        for writing in [libc::O_WRONLY, libc::O_RDWR, libc::O_TRUNC] {
+            assert_eq!(
+                gate(libc::SYS_openat, [at, 0, writing as u64, 0, 0, 0]),
+                notify
+            );
+        }
         assert_eq!(
             gate(
                 libc::SYS_openat,
@@ -1394,9 +1405,11 @@ mod tests {
             gate(libc::SYS_openat, [at, 0, libc::O_RDONLY as u64, 0, 0, 0]),
             SECCOMP_RET_ALLOW
         );
-        // O_TMPFILE names nothing until its linkat.
         assert_eq!(
-            gate(libc::SYS_openat, [at, 0, libc::O_TMPFILE as u64, 0, 0, 0]),
+            gate(
+                libc::SYS_openat,
+                [at, 0, (libc::O_RDONLY | libc::O_CLOEXEC) as u64, 0, 0, 0]
+            ),
             SECCOMP_RET_ALLOW
         );
         #[cfg(target_arch = "x86_64")]

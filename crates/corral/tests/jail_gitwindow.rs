@@ -25,8 +25,14 @@ struct Running {
 
 impl Running {
     fn start(w: &World, extra: &[&str], script: &str) -> Running {
+        let mut r = Running::spawn(w, extra, script);
+        r.wait_for(&w.project.join("ready"));
+        r
+    }
+
+    /// The jail, not waited for.
+    fn spawn(w: &World, extra: &[&str], script: &str) -> Running {
         let go = w.project.join("go");
-        let ready = w.project.join("ready");
         let script =
             format!("{script}\n: > ready; while [ ! -e go ]; do sleep 0.05; done; echo END");
         let mut c = w.corral();
@@ -39,20 +45,27 @@ impl Running {
             .stderr(Stdio::piped())
             .spawn()
             .expect("corral");
-        let mut r = Running { child, go };
+        Running { child, go }
+    }
+
+    /// Wait until the jail made `file` (it is still running then).
+    fn wait_for(&mut self, file: &Path) {
         let start = Instant::now();
-        while !ready.exists() {
-            if let Ok(Some(status)) = r.child.try_wait() {
-                let out = r.finish_output();
-                panic!("the jail ended ({status}) before its attempt:\n{out}");
+        while !file.exists() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let out = self.finish_output();
+                panic!(
+                    "the jail ended ({status}) before {}:\n{out}",
+                    file.display()
+                );
             }
             assert!(
                 start.elapsed() < Duration::from_secs(120),
-                "the jail never got ready"
+                "the jail never made {}",
+                file.display()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        r
     }
 
     fn finish_output(&mut self) -> String {
@@ -565,4 +578,98 @@ exit 7
     assert_eq!(out.status.code(), Some(125), "{text}");
     assert!(text.contains("must be the container's PID 1"), "{text}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("RAN"));
+}
+
+/// Every way to write a file the jail reaches by path: each attempt writes a config line that
+/// runs `touch MARKER` as git's fsmonitor, and prints WROTE when the write went through.
+fn writes_to(file: &str, marker: &Path) -> String {
+    let line = format!("[core]\\n\\tfsmonitor = touch {}\\n", marker.display());
+    format!(
+        r#"
+f={file}
+try() {{ n=$1; shift; if "$@" 2>/dev/null; then echo "WROTE($n)"; else echo "refused($n)"; fi; }}
+try append sh -c 'printf "{line}" >> "$0"' "$f"
+try trunc sh -c 'printf "{line}" > "$0"' "$f"
+try rdwr python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDWR); os.write(fd, b"{line}")' "$f"
+try wronly python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_WRONLY|os.O_APPEND); os.write(fd, b"{line}")' "$f"
+try procfd python3 -c 'import os,sys; p=os.open(sys.argv[1], os.O_PATH); fd=os.open("/proc/self/fd/%d" % p, os.O_WRONLY|os.O_APPEND); os.write(fd, b"{line}")' "$f"
+try reopen python3 -c 'import os,sys; r=os.open(sys.argv[1], os.O_RDONLY); fd=os.open("/dev/fd/%d" % r, os.O_RDWR|os.O_APPEND); os.write(fd, b"{line}")' "$f"
+try symlink sh -c 'ln -s "$PWD/$0" /tmp/via$$ && printf "{line}" >> /tmp/via$$' "$f"
+try hardlink sh -c 'ln "$0" "$0.x" && printf "{line}" >> "$0.x"' "$f"
+try rename sh -c 'printf "{line}" > "$0.new" && mv -f "$0.new" "$0"' "$f"
+try exchange python3 -c 'import ctypes,os,sys; open(sys.argv[1]+".ex","w").write("{line}"); l=ctypes.CDLL(None,use_errno=True); r=l.renameat2(-100, (sys.argv[1]+".ex").encode(), -100, sys.argv[1].encode(), 2); sys.exit(r != 0)' "$f"
+try truncate truncate -s 0 "$f"
+"#
+    )
+}
+
+/// A protected file is a read-only bind of one file; the host replacing that file by rename
+/// during the run (`git config`, an editor saving) detaches the bind, and the jail sees the
+/// host's new file through the read-write `.git` around it. The name gate keeps the name
+/// read-only: every way of writing it fails, while the same writes to an unprotected file in
+/// the same directory go through (so the attempts themselves work), and git on the host runs
+/// nothing the jail wrote.
+#[test]
+fn a_protected_file_the_host_replaces_during_the_run_stays_read_only() {
+    let w = World::new();
+    w.commit_readme();
+    let marker = w.outside.join("fsmonitor-ran");
+    let started = w.project.join("started");
+    let renamed = w.project.join("renamed");
+    let script = format!(
+        ": > started; while [ ! -e renamed ]; do sleep 0.05; done\n\
+         grep -q HOSTNEW .git/config && echo DETACHED\n\
+         {protected}\necho CONTROL\n{control}\nls .git",
+        protected = writes_to(".git/config", &marker),
+        control = writes_to(".git/description", &marker),
+    );
+    let mut jail = Running::spawn(&w, &[], &script);
+    jail.wait_for(&started);
+    // The user runs `git config` on the host meanwhile: git writes config.lock and renames it
+    // over config, which takes the jail's read-only bind with the old file.
+    ok(&w.host_git(&w.project, &["config", "corral.test", "HOSTNEW"]));
+    let host_config = std::fs::read_to_string(w.project.join(".git/config")).unwrap();
+    std::fs::write(&renamed, "").unwrap();
+    jail.wait_for(&w.project.join("ready"));
+    let _ = w.host_git(&w.project, &["status", "--short"]);
+    let out = jail.finish();
+    assert!(
+        out.contains("DETACHED"),
+        "the host's rename did not reach the jail (the scenario did not happen):\n{out}"
+    );
+    let (protected, control) = out.split_once("CONTROL").expect("CONTROL");
+    assert!(
+        !protected.contains("WROTE"),
+        "a write to the replaced .git/config went through:\n{out}"
+    );
+    for attempt in [
+        "append", "trunc", "rdwr", "wronly", "procfd", "reopen", "symlink", "hardlink", "rename",
+        "exchange", "truncate",
+    ] {
+        assert!(
+            protected.contains(&format!("refused({attempt})")),
+            "{attempt} did not run:\n{out}"
+        );
+    }
+    // Control: the same writes to .git/description (not protected) went through.
+    for attempt in [
+        "append", "trunc", "rdwr", "wronly", "procfd", "reopen", "symlink", "hardlink", "rename",
+        "exchange", "truncate",
+    ] {
+        assert!(
+            control.contains(&format!("WROTE({attempt})")),
+            "control: {attempt} failed on an unprotected file:\n{out}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(w.project.join(".git/config")).unwrap(),
+        host_config,
+        "the host's .git/config changed:\n{out}"
+    );
+    assert!(!w.project.join(".git/config.x").exists(), "{out}");
+    assert!(!marker.exists(), "git on the host ran the jail's fsmonitor");
+    assert!(
+        out.contains("corral: refused writing") && out.contains(".git/config"),
+        "the refusal was not reported:\n{out}"
+    );
 }

@@ -1,0 +1,215 @@
+//! Protected files the host replaces during the run (#12: "a protected file the host replaces
+//! by rename"). A protected file (`.git/config`, `corral.toml`, a harness's `settings.json`, a
+//! hidden file's placeholder) is a read-only bind of one file. When the host replaces that file
+//! by rename (`git config`, an editor saving, the host's harness refreshing its state), the
+//! kernel detaches every other mount namespace's mount on the old file: the jail then sees the
+//! new file through the read-write directory around it. The gate keeps the name read-only for
+//! the rest of the run: it knows each protected file by its directory (device, inode) and its
+//! name, taken from the read-only binds of one file in the jail's mountinfo when the jail
+//! starts, and refuses what would write through it:
+//! - a write open (O_WRONLY, O_RDWR, O_TRUNC) of the name: EROFS, as the bind said;
+//! - a write open of the file now at the name by any other path (`/proc/self/fd/N` of a
+//!   read-only descriptor, a link): EROFS, checked on the opened file;
+//! - creating the name (O_CREAT after an unlink, mkdir, mknod, symlink, link, bind): EEXIST
+//!   where something is there, EROFS where not;
+//! - renaming onto it or away from it: EBUSY, as for a mount point;
+//! - linking the file now at the name elsewhere: EXDEV, as across mounts;
+//! - truncate(2) of it: EROFS.
+//!
+//! Reading it is not held: a read-open is not stopped by the gate's filter (every open would
+//! be), so what the host writes there is readable for the rest of the run (docs/host-safety.md,
+//! "Known limits"). Unlink is not stopped either (every `rm` would be): the jail can remove the
+//! host's new file, not put one of its own in its place.
+use std::collections::HashSet;
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use super::{Entry, fstat, fstatat, fstatfs_type, open_path};
+
+const SYSFS_MAGIC: i64 = 0x6265_6572;
+
+/// One protected file: where it is, and the file its bind showed when the jail started.
+struct File {
+    /// Its directory, held for the run (an inode number is not reused while it is open).
+    dir: OwnedFd,
+    name: CString,
+    /// The directory's (device, inode), as [`Entry`]s are compared.
+    at: (u64, u64),
+    /// The bound file's (device, inode): another one at the name means the bind is gone.
+    bound: (u64, u64),
+    /// The path, for the report.
+    path: Vec<u8>,
+}
+
+#[derive(Default)]
+pub(super) struct Protected {
+    files: Vec<File>,
+    names: HashSet<((u64, u64), Vec<u8>)>,
+}
+
+impl Protected {
+    /// The read-only binds of one file in `mountinfo` (this process's), whose directory is a
+    /// file system the host sees: not one of `private` (the jail's own: a bind over a file of
+    /// its tmpfs root cannot be replaced from outside), not /proc or /sys.
+    pub(super) fn from_mountinfo(mountinfo: &[u8], private: &HashSet<u64>) -> Protected {
+        let mut p = Protected::default();
+        for line in mountinfo.split(|&b| b == b'\n') {
+            let Some(m) = crate::mountinfo::Mount::parse(line) else {
+                continue;
+            };
+            if !m.read_only {
+                continue;
+            }
+            let point = std::path::Path::new(OsStr::from_bytes(&m.point));
+            let (Some(dir), Some(name)) = (point.parent(), point.file_name()) else {
+                continue;
+            };
+            let Ok(dir_fd) = open_path(libc::AT_FDCWD, dir.as_os_str(), libc::O_DIRECTORY) else {
+                continue;
+            };
+            let (Ok(dir_st), Ok(st)) = (
+                fstat(&dir_fd),
+                fstatat(&dir_fd, name, libc::AT_SYMLINK_NOFOLLOW),
+            ) else {
+                continue;
+            };
+            let on_host = !private.contains(&dir_st.st_dev)
+                && !matches!(
+                    fstatfs_type(&dir_fd),
+                    Ok(super::PROC_SUPER_MAGIC | SYSFS_MAGIC)
+                );
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR || !on_host {
+                continue;
+            }
+            let at = (dir_st.st_dev, dir_st.st_ino);
+            let Ok(cname) = CString::new(name.as_bytes()) else {
+                continue;
+            };
+            // Binds stacked on one name are one protected file.
+            if p.names.insert((at, name.as_bytes().to_vec())) {
+                p.files.push(File {
+                    dir: dir_fd,
+                    name: cname,
+                    at,
+                    bound: (st.st_dev, st.st_ino),
+                    path: m.point,
+                });
+            }
+        }
+        p
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// The protected file `entry` names, if it names one.
+    fn named(&self, entry: &Entry) -> Option<&File> {
+        if self.files.is_empty() {
+            return None;
+        }
+        let st = fstat(&entry.parent).ok()?;
+        let at = (st.st_dev, st.st_ino);
+        let name = entry.name();
+        self.files
+            .iter()
+            .find(|f| f.at == at && f.name.as_bytes() == name)
+    }
+
+    /// The protected file whose name `fd`'s file is now at, if any.
+    fn holding(&self, fd: &OwnedFd) -> Option<&File> {
+        if self.files.is_empty() {
+            return None;
+        }
+        let st = fstat(fd).ok()?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return None;
+        }
+        self.files.iter().find(|f| {
+            fstatat(
+                &f.dir,
+                OsStr::from_bytes(f.name.as_bytes()),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+            .is_ok_and(|now| (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino))
+        })
+    }
+
+    /// Is the bind of `f` gone (another file at its name, or none)?
+    fn replaced(f: &File) -> bool {
+        fstatat(
+            &f.dir,
+            OsStr::from_bytes(f.name.as_bytes()),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_or(true, |now| (now.st_dev, now.st_ino) != f.bound)
+    }
+}
+
+/// What the gate does with a protected file.
+#[derive(Clone, Copy)]
+pub(super) enum Use {
+    /// Opened for writing, or truncated.
+    Write,
+    /// A new entry made at its name.
+    Create,
+    /// Renamed onto or away from.
+    Rename,
+    /// Linked elsewhere.
+    Link,
+}
+
+impl super::Gate {
+    /// Refuse `what` on the protected file `entry` names (the errno the bind gave while it
+    /// was there).
+    pub(super) fn protected_name(&self, entry: &Entry, what: Use) -> Result<(), i32> {
+        let Some(f) = self.protected.named(entry) else {
+            return Ok(());
+        };
+        let exists = fstatat(
+            &entry.parent,
+            OsStr::from_bytes(entry.name()),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+        .is_ok();
+        Err(self.refuse_protected(f, what, exists))
+    }
+
+    /// Refuse `what` on `fd` when its file is the one at a protected name now.
+    pub(super) fn protected_file(&self, fd: &OwnedFd, what: Use) -> Result<(), i32> {
+        match self.protected.holding(fd) {
+            Some(f) => Err(self.refuse_protected(f, what, true)),
+            None => Ok(()),
+        }
+    }
+
+    fn refuse_protected(&self, f: &File, what: Use, exists: bool) -> i32 {
+        let errno = match what {
+            Use::Write => libc::EROFS,
+            Use::Create if exists => libc::EEXIST,
+            Use::Create => libc::EROFS,
+            Use::Rename => libc::EBUSY,
+            Use::Link => libc::EXDEV,
+        };
+        // While the bind is there the jail gets what it always got, silently; once the host
+        // replaced the file, the refusal is the gate's and is said once.
+        if Protected::replaced(f) {
+            let path = String::from_utf8_lossy(&f.path);
+            self.reports.send(
+                f.path.clone(),
+                format!(
+                    "corral: refused writing {path}: it is protected (read-only in the jail). The \
+                     host replaced it during the run, which detached the jail's read-only bind; \
+                     the name gate keeps it read-only. The jail can read the new file.",
+                ),
+            );
+        }
+        errno
+    }
+}
+
+/// `fd`'s descriptor number, for the `/proc/self/fd/N` path of a truncate.
+pub(super) fn truncate_path(fd: &OwnedFd) -> CString {
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
+}
