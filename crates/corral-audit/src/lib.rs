@@ -151,6 +151,9 @@ pub enum JailEvent {
     Exit { exit_code: i32 },
     /// A guarded file was put back or set aside after the run; the line printed about it.
     Quarantine { detail: String },
+    /// A hidden file the host replaced during the run, which the jail could then read; the
+    /// line printed about it.
+    Exposed { detail: String },
     /// The memory limit was hit: the cgroup's counters.
     Oom {
         #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
@@ -222,6 +225,7 @@ impl JailEvent {
             JailEvent::Error { .. } => "error",
             JailEvent::Exit { .. } => "exit",
             JailEvent::Quarantine { .. } => "quarantine",
+            JailEvent::Exposed { .. } => "exposed",
             JailEvent::Oom { .. } => "oom",
             JailEvent::Pids { .. } => "pids",
             JailEvent::Terminal { .. } => "terminal",
@@ -258,6 +262,7 @@ impl JailEvent {
             | JailEvent::LiveAllow { detail } => detail.summary.clone(),
             JailEvent::Start { .. }
             | JailEvent::Quarantine { .. }
+            | JailEvent::Exposed { .. }
             | JailEvent::PolicyReload { .. }
             | JailEvent::Oom { .. }
             | JailEvent::Pids { .. }

@@ -129,7 +129,7 @@ fn run(spec: &Spec) -> i32 {
         Ok(own) => own,
         Err(e) => return step("find the container's own file systems", &e),
     };
-    let gate = crate::namegate::Gate::new(&spec.git_dirs, own, true, &mountinfo);
+    let gate = crate::namegate::Gate::new(&spec.git_dirs, own, &mountinfo);
     let base = match crate::seccomp::build_filter() {
         Ok(p) => p,
         Err(e) => return step("build the seccomp filter", &e),

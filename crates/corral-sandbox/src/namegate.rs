@@ -63,9 +63,6 @@ const PROC_SUPER_MAGIC: i64 = 0x9fa0;
 /// What PID 1 knows before it forks the command: where a `HEAD` may be created, and which
 /// file systems are the jail's own.
 pub(crate) struct Gate {
-    /// Whether the repository rules apply (off with `filesystem.allow_new_repositories`: the
-    /// gate then holds only the protected files).
-    repositories: bool,
     /// The read-only binds of one file, kept read-only if the host replaces the file.
     protected: protected::Protected,
     /// (device, inode) of each git directory that existed when the run started and held a
@@ -134,31 +131,30 @@ impl Refusal {
 }
 
 impl Gate {
-    /// The gate for `plan`, or `None` when it would hold nothing: the Plan lets the jail
-    /// create repositories (`filesystem.allow_new_repositories`) and protects no file. Runs in
-    /// PID 1 once the root is built.
+    /// The gate for `plan`, or `None` when the Plan lets the jail create repositories
+    /// (`filesystem.allow_new_repositories`: what the jail makes is checked when the run ends,
+    /// and so is a protected file the host replaced). Runs in PID 1 once the root is built.
     pub(crate) fn prepare(
         plan: &Plan,
         private: &crate::mounts::PrivateDevices,
     ) -> io::Result<Option<Gate>> {
+        if plan.git.new_repositories {
+            return Ok(None);
+        }
         let mountinfo = std::fs::read("/proc/self/mountinfo")?;
-        let gate = Gate::new(
+        Ok(Some(Gate::new(
             &plan.git.dirs,
             private.0.iter().copied().collect(),
-            !plan.git.new_repositories,
             &mountinfo,
-        );
-        Ok((gate.repositories || !gate.protected.is_empty()).then_some(gate))
+        )))
     }
 
     /// The gate for the git directories `dirs` (as this process sees them), with the file
-    /// systems of `private_devs` exempt, and the repository rules on when `repositories`.
-    /// The protected files are the read-only binds of one file in `mountinfo` (this
+    /// systems of `private_devs` exempt. The protected files are the read-only binds of one file in `mountinfo` (this
     /// process's).
     pub(crate) fn new(
         dirs: &[std::path::PathBuf],
         private_devs: HashSet<u64>,
-        repositories: bool,
         mountinfo: &[u8],
     ) -> Gate {
         let protected = protected::Protected::from_mountinfo(mountinfo, &private_devs);
@@ -180,7 +176,6 @@ impl Gate {
             .map(|v| v.trim() != "0")
             .unwrap_or(true);
         Gate {
-            repositories,
             protected,
             git_dirs,
             _held: held,
@@ -241,9 +236,6 @@ impl Gate {
         name: &[u8],
         class: Option<(Refusal, bool)>,
     ) -> Result<(), Refusal> {
-        if !self.repositories {
-            return Ok(());
-        }
         let Some((kind, exact)) = class else {
             // A directory that folds names may take a non-ASCII name for a git one (`objectſ`,
             // a zero-width joiner in `.git`): such names are refused there (host-visible).

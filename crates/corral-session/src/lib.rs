@@ -8,6 +8,7 @@
 
 pub mod changes;
 pub mod gitguard;
+pub mod replaced;
 pub mod runplan;
 mod session;
 pub mod setid;

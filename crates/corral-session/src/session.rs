@@ -4,7 +4,7 @@ use anyhow::Context as _;
 use corral_audit::{AuditLog, Event, JailEvent, Record};
 use corral_policy::plan::{Access, NetworkMode, Plan};
 
-use crate::{changes, gitguard, setid, stateguard};
+use crate::{changes, gitguard, replaced, setid, stateguard};
 
 /// Which checks a session takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,6 +178,8 @@ impl Session {
         // The harness's guarded configuration files (stateguard.rs), as they are before it
         // starts.
         let state_guard = stateguard::snapshot(plan);
+        // The hidden files, to tell whether the host replaced one meanwhile (replaced.rs).
+        let hidden = replaced::snapshot(plan);
         let result = backend.run(plan, &self);
         let baseline = self.take_baseline();
         let Session {
@@ -206,6 +208,10 @@ impl Session {
             git: None,
             own: Default::default(),
         };
+        for line in replaced::check(hidden) {
+            eprintln!("corral: {line}");
+            session.record(JailEvent::Exposed { detail: line });
+        }
         backend.report(&session);
         changes::finish(baseline, &own, &session.audit, &session.jail_id);
         setid::report(set_id, &session.audit, &session.jail_id);

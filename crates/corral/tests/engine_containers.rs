@@ -730,6 +730,18 @@ plant g/.git                              # g: a host tmpfs mounted inside the p
 python3 -c 'open("/proc/1/mem", "r+b")' 2>/dev/null \
   && echo "pid 1 memory writable" || echo "pid 1 memory refused"
 touch attempted
+# The host replaces .git/config by rename (`git config`), which detaches the container's
+# read-only bind of it: the gate keeps it read-only all the same.
+for i in $(seq 600); do [ -e renamed ] && break; sleep 0.1; done
+grep -q HOSTNEW .git/config && echo "config detached"
+line='[core]\n\tfsmonitor = "touch '$PROJECT'/PWNED; false"\n'
+printf "$line" >> .git/config 2>/dev/null && echo "config appended" || echo "config append refused"
+python3 -c 'import os; os.write(os.open(".git/config", os.O_RDWR), b"x")' 2>/dev/null \
+  && echo "config rdwr" || echo "config rdwr refused"
+python3 -c 'import os; r=os.open(".git/config", os.O_RDONLY); os.write(os.open("/proc/self/fd/%d" % r, os.O_WRONLY), b"x")' 2>/dev/null \
+  && echo "config reopened" || echo "config reopen refused"
+printf "$line" > c.new && mv -f c.new .git/config 2>/dev/null && echo "config renamed" || echo "config rename refused"
+touch attempted2
 for i in $(seq 600); do [ -e release ] && exit 0; sleep 0.1; done
 exit 3
 "#;
@@ -795,6 +807,23 @@ fn no_repository_planted_during_the_run_is_seen_by_host_git(e: Engine) {
                 found.push(format!("{dir}: {gitdir}"));
             }
         }
+        // The user runs `git config` on the host meanwhile (a rename over .git/config).
+        assert!(
+            git(p, &["config", "corral.test", "HOSTNEW"])
+                .status
+                .success()
+        );
+        let host_config = std::fs::read_to_string(p.join(".git/config")).unwrap();
+        std::fs::write(p.join("renamed"), "").unwrap();
+        while !p.join("attempted2").exists() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(120),
+                "the harness never got to the end of its writes"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = git(p, &["status", "--short"]);
+        let config_kept = std::fs::read_to_string(p.join(".git/config")).unwrap() == host_config;
         let pwned = p.join("PWNED").exists();
         std::fs::write(p.join("release"), "").unwrap();
         let out = child.wait_with_output().unwrap();
@@ -806,9 +835,11 @@ fn no_repository_planted_during_the_run_is_seen_by_host_git(e: Engine) {
                 stdout,
                 "refused a/.git\nrefused b\nplanted /tmp/r/.git\nrefused symlink\n\
                  refused rename\nrefused python\nrefused move\nrefused g/.git\n\
-                 pid 1 memory refused\n",
+                 pid 1 memory refused\nconfig detached\nconfig append refused\n\
+                 config rdwr refused\nconfig reopen refused\nconfig rename refused\n",
                 "{t}"
             );
+            assert!(config_kept, "{t}");
             assert_eq!(found, Vec::<String>::new(), "{t}");
             assert!(!pwned, "{t}");
             assert!(t.contains("corral: refused creating a `.git` at"), "{t}");
@@ -828,6 +859,12 @@ fn no_repository_planted_during_the_run_is_seen_by_host_git(e: Engine) {
             assert!(found.iter().any(|f| f.starts_with("a: ")), "{found:?} {t}");
             assert!(found.iter().any(|f| f.starts_with("b: ")), "{found:?} {t}");
             assert!(pwned, "{found:?} {t}");
+            // Without the gate the host's rename leaves .git/config writable to the container.
+            assert!(
+                stdout.contains("config detached\nconfig appended\nconfig rdwr\n"),
+                "{t}"
+            );
+            assert!(!config_kept, "{t}");
         }
         let out = w.corral(&["down", "--engine", e.name()]);
         assert!(out.status.success(), "{}", text(&out));

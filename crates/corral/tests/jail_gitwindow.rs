@@ -619,6 +619,7 @@ fn a_protected_file_the_host_replaces_during_the_run_stays_read_only() {
     let script = format!(
         ": > started; while [ ! -e renamed ]; do sleep 0.05; done\n\
          grep -q HOSTNEW .git/config && echo DETACHED\n\
+         printf 'x' >> .env 2>/dev/null && echo ENV-WROTE\n\
          {protected}\necho CONTROL\n{control}\nls .git",
         protected = writes_to(".git/config", &marker),
         control = writes_to(".git/description", &marker),
@@ -629,6 +630,9 @@ fn a_protected_file_the_host_replaces_during_the_run_stays_read_only() {
     // over config, which takes the jail's read-only bind with the old file.
     ok(&w.host_git(&w.project, &["config", "corral.test", "HOSTNEW"]));
     let host_config = std::fs::read_to_string(w.project.join(".git/config")).unwrap();
+    // And saves the hidden .env by rename, as editors do.
+    std::fs::write(w.project.join(".env.save"), "NEW_SECRET=1\n").unwrap();
+    std::fs::rename(w.project.join(".env.save"), w.project.join(".env")).unwrap();
     std::fs::write(&renamed, "").unwrap();
     jail.wait_for(&w.project.join("ready"));
     let _ = w.host_git(&w.project, &["status", "--short"]);
@@ -671,5 +675,23 @@ fn a_protected_file_the_host_replaces_during_the_run_stays_read_only() {
     assert!(
         out.contains("corral: refused writing") && out.contains(".git/config"),
         "the refusal was not reported:\n{out}"
+    );
+    // The hidden .env stays unwritable too; that the jail could read the host's new one from
+    // then on (the known limit) is said when the run ends, and recorded.
+    assert!(!out.contains("ENV-WROTE"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(w.project.join(".env")).unwrap(),
+        "NEW_SECRET=1\n"
+    );
+    assert!(
+        out.contains("/.env was replaced on the host during the run"),
+        "the exposure was not said:\n{out}"
+    );
+    assert!(
+        w.audit_records()
+            .iter()
+            .any(|r| r["event"] == "exposed"
+                && r["detail"].as_str().unwrap_or("").contains("/.env ")),
+        "no exposed record"
     );
 }

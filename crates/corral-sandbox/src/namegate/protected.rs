@@ -79,7 +79,8 @@ impl Protected {
                     fstatfs_type(&dir_fd),
                     Ok(super::PROC_SUPER_MAGIC | SYSFS_MAGIC)
                 );
-            if st.st_mode & libc::S_IFMT == libc::S_IFDIR || !on_host {
+            // Regular files: a device node on a read-only mount is still written to.
+            if st.st_mode & libc::S_IFMT != libc::S_IFREG || !on_host {
                 continue;
             }
             let at = (dir_st.st_dev, dir_st.st_ino);
@@ -98,10 +99,6 @@ impl Protected {
             }
         }
         p
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.files.is_empty()
     }
 
     /// The protected file `entry` names, if it names one.
@@ -212,4 +209,68 @@ impl super::Gate {
 /// `fd`'s descriptor number, for the `/proc/self/fd/N` path of a truncate.
 pub(super) fn truncate_path(fd: &OwnedFd) -> CString {
     CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn line(point: &std::path::Path, opts: &str) -> String {
+        format!(
+            "58 40 254:0 /x {} {opts} shared:1 - ext4 /dev/vda rw\n",
+            point.display()
+        )
+    }
+
+    #[test]
+    fn read_only_binds_of_one_file_on_a_host_file_system_are_protected() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config");
+        let sub = dir.path().join("hooks");
+        std::fs::write(&file, "x").unwrap();
+        std::fs::create_dir(&sub).unwrap();
+        let info = [
+            line(&file, "ro,nosuid"),
+            line(&file, "ro"), // stacked: one file
+            line(&sub, "ro"),  // a directory
+            line(&dir.path().join("absent"), "ro"),
+            line(std::path::Path::new("/proc/kcore"), "ro"), // /proc
+        ]
+        .concat();
+        let p = Protected::from_mountinfo(info.as_bytes(), &HashSet::new());
+        assert_eq!(p.files.len(), 1);
+        assert_eq!(p.files[0].name.as_bytes(), b"config");
+        let ino = std::fs::metadata(&file).unwrap().ino();
+        assert_eq!(p.files[0].bound.1, ino);
+        // Read-write, or in the jail's own file systems: not protected.
+        let rw = Protected::from_mountinfo(line(&file, "rw").as_bytes(), &HashSet::new());
+        assert!(rw.files.is_empty());
+        let dev = std::fs::metadata(dir.path()).unwrap().dev();
+        let own = Protected::from_mountinfo(line(&file, "ro").as_bytes(), &HashSet::from([dev]));
+        assert!(own.files.is_empty());
+    }
+
+    #[test]
+    fn the_file_now_at_a_protected_name_is_found_by_descriptor_and_a_replacement_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config");
+        std::fs::write(&file, "x").unwrap();
+        let p = Protected::from_mountinfo(line(&file, "ro").as_bytes(), &HashSet::new());
+        let open =
+            |path: &std::path::Path| -> OwnedFd { std::fs::File::open(path).unwrap().into() };
+        assert!(p.holding(&open(&file)).is_some());
+        assert!(!Protected::replaced(&p.files[0]));
+        // The host replaces it by rename: the new file is the protected one, the old is not.
+        let old = open(&file);
+        let new = dir.path().join("config.lock");
+        std::fs::write(&new, "y").unwrap();
+        std::fs::rename(&new, &file).unwrap();
+        assert!(Protected::replaced(&p.files[0]));
+        assert!(p.holding(&open(&file)).is_some());
+        assert!(p.holding(&old).is_none());
+        let other = dir.path().join("other");
+        std::fs::write(&other, "z").unwrap();
+        assert!(p.holding(&open(&other)).is_none());
+    }
 }

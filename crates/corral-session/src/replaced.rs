@@ -1,0 +1,84 @@
+//! Hidden files the host replaced during the run. A hidden file (`filesystem.hide`: `.env`) or
+//! a sign-in credential file is, in the jail, a read-only placeholder bound over the one file.
+//! When the host replaces that file by rename during the run (an editor that saves by rename,
+//! the host's own harness refreshing its credentials), the kernel detaches the jail's bind of
+//! it, and from then on the jail reads the host's new file: nothing stops a read-open (the name
+//! gate keeps it from being written; docs/host-safety.md, "Known limits"). That cannot be
+//! undone after the fact, so it is said: each such file is listed when the run ends, on stderr
+//! and in the audit log (`exposed`), so the user knows what to rotate.
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+use corral_policy::plan::Plan;
+
+/// The hidden files as they were when the run started: (path, device, inode).
+pub struct Watch(Vec<(PathBuf, u64, u64)>);
+
+/// Take the hidden and sign-in files of `plan` that exist as regular files now.
+pub fn snapshot(plan: &Plan) -> Watch {
+    let files = plan
+        .masked
+        .iter()
+        .chain(plan.signin.iter().map(|s| &s.file))
+        .filter_map(|p| {
+            let m = std::fs::symlink_metadata(p).ok()?;
+            m.is_file().then(|| (p.clone(), m.dev(), m.ino()))
+        })
+        .collect();
+    Watch(files)
+}
+
+/// One line for each hidden file another file stands at now: the jail could read that one.
+pub fn check(watch: Watch) -> Vec<String> {
+    watch
+        .0
+        .into_iter()
+        .filter(|(p, dev, ino)| {
+            std::fs::symlink_metadata(p).is_ok_and(|m| (m.dev(), m.ino()) != (*dev, *ino))
+        })
+        .map(|(p, ..)| {
+            format!(
+                "{} was replaced on the host during the run (saved by rename), which detached \
+                 the jail's placeholder of it: from then on the jail could read the new file. \
+                 Treat what it holds as seen by the jail; to avoid this, do not edit hidden \
+                 files or refresh a jailed harness's sign-in on the host while a run lasts.",
+                corral_audit::printable(&p.display().to_string())
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_replaced_by_rename_is_listed_and_one_written_in_place_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = dir.path().join(".env");
+        let kept = dir.path().join("kept");
+        let gone = dir.path().join("gone");
+        for f in [&env, &kept, &gone] {
+            std::fs::write(f, "A=1").unwrap();
+        }
+        let watch = Watch(
+            [&env, &kept, &gone]
+                .iter()
+                .map(|p| {
+                    let m = std::fs::metadata(p).unwrap();
+                    (p.to_path_buf(), m.dev(), m.ino())
+                })
+                .collect(),
+        );
+        std::fs::write(dir.path().join(".env.tmp"), "A=2").unwrap();
+        std::fs::rename(dir.path().join(".env.tmp"), &env).unwrap();
+        std::fs::write(&kept, "A=3").unwrap();
+        std::fs::remove_file(&gone).unwrap();
+        let lines = check(watch);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with(&env.display().to_string()),
+            "{lines:?}"
+        );
+    }
+}
