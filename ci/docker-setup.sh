@@ -27,6 +27,15 @@ if ! docker info >/dev/null 2>&1; then
     docker info >/dev/null 2>&1 || { tail -20 "$cache/dockerd.log"; exit 1; }
 fi
 
+# dockerd sets the FORWARD chain's policy to DROP when it turned IP forwarding on itself. With
+# bridge netfilter on (built into this kernel), frames between two containers on one podman
+# bridge go through FORWARD too, and netavark adds no ACCEPT for an internal network: the
+# podman harness could not reach its compose executor. Accept bridged frames only (traffic
+# between networks is routed, not bridged, so docker's and podman's isolation stay).
+if ! iptables -C DOCKER-USER -m physdev --physdev-is-bridged -j ACCEPT 2>/dev/null; then
+    iptables -I DOCKER-USER -m physdev --physdev-is-bridged -j ACCEPT
+fi
+
 tarball=$(ls -t "$cache"/rootfs-*.tar 2>/dev/null | head -1)
 [ -n "$tarball" ] || { echo "ci/docker-setup.sh: no rootfs in $cache: run ci/podman-setup.sh first" >&2; exit 1; }
 key=$(basename "$tarball" .tar); key=${key#rootfs-}

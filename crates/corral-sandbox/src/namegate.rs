@@ -1110,6 +1110,7 @@ fn bind(gate: &Gate, caller: &Caller, fd: i32, addr: u64, len: usize) -> Result<
     let named = raw.len() > path_off && raw[path_off] != 0;
     let (un, ulen, _held, _parent) = if named {
         let entry = new_entry(caller, libc::AT_FDCWD, &path)?;
+        gate.protected_dir(&entry.parent)?;
         gate.protected_name(&entry, Use::Create)?;
         let held = check(gate, &entry)?;
         let via = format!("/proc/self/fd/{}/", entry.parent.as_raw_fd()).into_bytes();
@@ -1209,6 +1210,9 @@ fn open(
     };
     let kind = existing.map(|st| st.st_mode & libc::S_IFMT);
     let mut flags = flags;
+    if writes(flags) || creates {
+        gate.protected_dir(&entry.parent)?;
+    }
     if writes(flags) {
         gate.protected_name(&entry, Use::Write)?;
     } else if creates && gate.protected_name(&entry, Use::Create).is_err() {
@@ -1319,6 +1323,7 @@ fn truncate(gate: &Gate, caller: &Caller, path: &[u8], len: i64) -> Result<Verdi
     let fd = match follow(gate, caller, libc::AT_FDCWD, path, true, false)? {
         Target::Own(own) => own.open(libc::O_WRONLY | libc::O_NONBLOCK)?,
         Target::Entry(entry, existing) => {
+            gate.protected_dir(&entry.parent)?;
             gate.protected_name(&entry, Use::Write)?;
             match existing.map(|st| st.st_mode & libc::S_IFMT) {
                 None => return Err(libc::ENOENT),
@@ -1481,6 +1486,7 @@ fn mkdir(
     mode: libc::mode_t,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
+    gate.protected_dir(&entry.parent)?;
     gate.protected_name(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     caller.take_umask()?;
@@ -1498,6 +1504,7 @@ fn mknod(
     dev: u64,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
+    gate.protected_dir(&entry.parent)?;
     gate.protected_name(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     caller.take_umask()?;
@@ -1521,6 +1528,7 @@ fn symlink(
     path: &[u8],
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
+    gate.protected_dir(&entry.parent)?;
     gate.protected_name(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     let target = CString::new(target.to_vec()).map_err(|_| libc::EINVAL)?;
@@ -1545,6 +1553,7 @@ fn link(
     flags: i32,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, newdir, new)?;
+    gate.protected_dir(&entry.parent)?;
     gate.protected_name(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     // The file linked: opened here (O_PATH) and linked through this process's own descriptor,
@@ -1595,6 +1604,8 @@ fn rename(
 ) -> Result<Verdict, i32> {
     let to = new_entry(caller, newdir, new)?;
     let from = new_entry(caller, olddir, old)?;
+    gate.protected_dir(&to.parent)?;
+    gate.protected_dir(&from.parent)?;
     gate.protected_name(&to, Use::Rename)?;
     gate.protected_name(&from, Use::Rename)?;
     let _held_to = check(gate, &to)?;

@@ -695,3 +695,105 @@ fn a_protected_file_the_host_replaces_during_the_run_stays_read_only() {
         "no exposed record"
     );
 }
+
+/// The same for a protected directory: the host removes `.git/hooks` and makes a new one
+/// during the run (a tool reinstalling its hooks), which detaches the jail's read-only bind of
+/// it. Nothing can be written in the new directory or below it, by any of the ways above, and
+/// no hook the jail wrote is there for the host's next commit.
+#[test]
+fn a_protected_directory_the_host_replaces_during_the_run_stays_read_only() {
+    let w = World::new();
+    w.commit_readme();
+    let marker = w.outside.join("hook-ran");
+    let hooks = w.project.join(".git/hooks");
+    let script = format!(
+        ": > started; while [ ! -e renamed ]; do sleep 0.05; done\n\
+         [ -e .git/hooks/existing ] && echo DETACHED\n\
+         printf '#!/bin/sh\\ntouch {marker}\\n' > post-commit; chmod +x post-commit\n\
+         cp post-commit .git/hooks/post-commit 2>/dev/null && echo WROTE-hook\n\
+         mv post-commit .git/hooks/ 2>/dev/null && echo WROTE-moved\n\
+         mkdir .git/hooks/sub 2>/dev/null && echo WROTE-mkdir\n\
+         mkdir -p .git/hooks/deep/er 2>/dev/null && echo WROTE-deep\n\
+         ln -s /tmp .git/hooks/link 2>/dev/null && echo WROTE-symlink\n\
+         {writes}\necho CONTROL\n{control}",
+        marker = marker.display(),
+        writes = writes_to(".git/hooks/existing", &marker),
+        control = writes_to(".git/info/exclude", &marker),
+    );
+    let mut jail = Running::spawn(&w, &[], &script);
+    jail.wait_for(&w.project.join("started"));
+    std::fs::remove_dir_all(&hooks).unwrap();
+    std::fs::create_dir_all(hooks.join("deep")).unwrap();
+    write(&hooks.join("existing"), "kept\n");
+    std::fs::write(w.project.join("renamed"), "").unwrap();
+    jail.wait_for(&w.project.join("ready"));
+    let out = jail.finish();
+    assert!(
+        out.contains("DETACHED"),
+        "the scenario did not happen:\n{out}"
+    );
+    let (protected, control) = out.split_once("CONTROL").expect("CONTROL");
+    assert!(
+        !protected.contains("WROTE"),
+        "a write in the new hooks went through:\n{out}"
+    );
+    for attempt in [
+        "append", "trunc", "rdwr", "wronly", "procfd", "reopen", "symlink", "hardlink", "rename",
+        "exchange", "truncate",
+    ] {
+        assert!(
+            protected.contains(&format!("refused({attempt})")),
+            "{attempt} did not run:\n{out}"
+        );
+        assert!(
+            control.contains(&format!("WROTE({attempt})")),
+            "control: {attempt} failed in .git/info:\n{out}"
+        );
+    }
+    let mut left: Vec<String> = walk(&hooks);
+    left.sort();
+    assert_eq!(left, ["deep", "existing"], "{out}");
+    assert_eq!(
+        std::fs::read_to_string(hooks.join("existing")).unwrap(),
+        "kept\n"
+    );
+    // The host's next commit runs no hook of the jail's.
+    std::fs::write(w.project.join("README"), "changed\n").unwrap();
+    ok(&w.host_git(&w.project, &["add", "README"]));
+    ok(&w.host_git(
+        &w.project,
+        &[
+            "-c",
+            "user.name=u",
+            "-c",
+            "user.email=u@e",
+            "commit",
+            "-qm",
+            "after",
+        ],
+    ));
+    assert!(
+        !marker.exists(),
+        "git on the host ran a hook the jail wrote"
+    );
+    assert!(
+        out.contains("corral: refused writing in") && out.contains(".git/hooks"),
+        "the refusal was not reported:\n{out}"
+    );
+}
+
+/// Every path below `dir`, relative to it.
+fn walk(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            found.push(p.strip_prefix(dir).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    found
+}
