@@ -474,7 +474,7 @@ fn pid_one(config: &InitConfig, gate: Option<OwnedFd>) -> Result<i32, JailError>
     // one Landlock domain for PID 1 and everything it forks; the command drops every
     // capability, PID 1 too once the gate's thread (CAP_SYS_PTRACE only) has started.
     let names = crate::namegate::Gate::prepare(&config.plan, &private)
-        .map_err(|e| JailError::step("read the jail's mounts for the name gate", e))?;
+        .map_err(|e| JailError::step("hold the protected files for the name gate", e))?;
     let filters = Filters::build(names.is_some())?;
     crate::landlock::restrict(&config.plan).map_err(|e| JailError::step("apply Landlock", e))?;
     let channel = match names {

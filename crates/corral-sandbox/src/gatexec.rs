@@ -129,7 +129,10 @@ fn run(spec: &Spec) -> i32 {
         Ok(own) => own,
         Err(e) => return step("find the container's own file systems", &e),
     };
-    let gate = crate::namegate::Gate::new(&spec.git_dirs, own, &mountinfo);
+    let gate = match crate::namegate::Gate::new(&spec.git_dirs, own, &mountinfo) {
+        Ok(gate) => gate,
+        Err(e) => return step("hold the protected files", &e),
+    };
     let base = match crate::seccomp::build_filter() {
         Ok(p) => p,
         Err(e) => return step("build the seccomp filter", &e),

@@ -142,11 +142,12 @@ impl Gate {
             return Ok(None);
         }
         let mountinfo = std::fs::read("/proc/self/mountinfo")?;
-        Ok(Some(Gate::new(
+        Gate::new(
             &plan.git.dirs,
             private.0.iter().copied().collect(),
             &mountinfo,
-        )))
+        )
+        .map(Some)
     }
 
     /// The gate for the git directories `dirs` (as this process sees them), with the file
@@ -156,8 +157,8 @@ impl Gate {
         dirs: &[std::path::PathBuf],
         private_devs: HashSet<u64>,
         mountinfo: &[u8],
-    ) -> Gate {
-        let protected = protected::Protected::from_mountinfo(mountinfo, &private_devs);
+    ) -> io::Result<Gate> {
+        let protected = protected::Protected::from_mountinfo(mountinfo, &private_devs)?;
         let mut git_dirs = HashSet::new();
         let mut held = Vec::new();
         for dir in dirs {
@@ -175,7 +176,7 @@ impl Gate {
         let protected_symlinks = std::fs::read_to_string("/proc/sys/fs/protected_symlinks")
             .map(|v| v.trim() != "0")
             .unwrap_or(true);
-        Gate {
+        Ok(Gate {
             protected,
             git_dirs,
             _held: held,
@@ -186,7 +187,7 @@ impl Gate {
             reports: Reporter::default(),
             umasks: Umasks::default(),
             fifo_waits: Default::default(),
-        }
+        })
     }
 
     /// Serve the command's notifications on a thread of PID 1, once the command's process
@@ -1111,7 +1112,7 @@ fn bind(gate: &Gate, caller: &Caller, fd: i32, addr: u64, len: usize) -> Result<
     let (un, ulen, _held, _parent) = if named {
         let entry = new_entry(caller, libc::AT_FDCWD, &path)?;
         gate.protected_dir(&entry.parent)?;
-        gate.protected_name(&entry, Use::Create)?;
+        gate.protected_name(&entry, Use::Bind)?;
         let held = check(gate, &entry)?;
         let via = format!("/proc/self/fd/{}/", entry.parent.as_raw_fd()).into_bytes();
         let full = [via.as_slice(), entry.last.as_slice()].concat();
@@ -1210,17 +1211,24 @@ fn open(
     };
     let kind = existing.map(|st| st.st_mode & libc::S_IFMT);
     let mut flags = flags;
-    if writes(flags) || creates {
-        gate.protected_dir(&entry.parent)?;
-    }
-    if writes(flags) {
-        gate.protected_name(&entry, Use::Write)?;
-    } else if creates && gate.protected_name(&entry, Use::Create).is_err() {
-        // O_CREAT read-only of a protected name opens what is there, never makes it.
+    if creates && existing.is_some() && !writes(flags) {
+        // A read-only O_CREAT of what exists opens it (protected or not), makes nothing.
         if flags & libc::O_EXCL != 0 {
             return Err(libc::EEXIST);
         }
         flags &= !libc::O_CREAT;
+    }
+    let creates = flags & libc::O_CREAT != 0;
+    if writes(flags) || creates {
+        gate.protected_dir(&entry.parent)?;
+        gate.protected_name(
+            &entry,
+            if writes(flags) {
+                Use::Write
+            } else {
+                Use::Create
+            },
+        )?;
     }
     // The name a creating open ends at, whether or not it exists now (it may be gone by
     // the time of the open, which then creates it), a directory too (it may be removed
@@ -1244,7 +1252,7 @@ fn open(
         }
         _ => {}
     }
-    if flags & libc::O_CREAT != 0 {
+    if creates || flags & libc::O_TMPFILE == libc::O_TMPFILE {
         // It may be created (or be gone and created by the open): with the caller's umask.
         caller.take_umask()?;
     }
@@ -1360,7 +1368,12 @@ fn checked_write_open(gate: &Gate, fd: OwnedFd, flags: i32) -> Result<OwnedFd, i
         return Ok(fd);
     }
     gate.protected_file(&fd, Use::Write)?;
-    if flags & libc::O_TRUNC != 0 && fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFREG {
+    let kind = fstat(&fd)?.st_mode & libc::S_IFMT;
+    if flags & libc::O_TRUNC != 0 && kind == libc::S_IFDIR {
+        // O_TRUNC asks to write: a directory refuses it, as the kernel would.
+        return Err(libc::EISDIR);
+    }
+    if flags & libc::O_TRUNC != 0 && kind == libc::S_IFREG {
         // SAFETY: our own descriptor, or a path naming it.
         let rc = if flags & libc::O_ACCMODE == libc::O_RDONLY {
             // O_RDONLY|O_TRUNC truncates too, given write permission, which truncate(2)
@@ -1443,7 +1456,12 @@ fn open_fifo_later(
         .spawn(move || {
             let plain = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
             let verdict = match openat_entry(&entry, plain | libc::O_NOFOLLOW, 0) {
-                Ok(fd) => Verdict::Fd(fd, cloexec),
+                // The name was a FIFO when checked; anything else now was put there meanwhile
+                // (and would skip the checks of a file): try again.
+                Ok(fd) if fstat(&fd).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFIFO) => {
+                    Verdict::Fd(fd, cloexec)
+                }
+                Ok(_) => Verdict::Errno(libc::EAGAIN),
                 Err(e) => Verdict::Errno(e),
             };
             respond(&listener, id, verdict);

@@ -1,4 +1,4 @@
-//! Hidden files the host replaced during the run. A hidden file (`filesystem.hide`: `.env`) or
+//! Hidden files the host replaced during the run. A hidden file or directory (`filesystem.hide`: `.env`) or
 //! a sign-in credential file is, in the jail, a read-only placeholder bound over the one file.
 //! When the host replaces that file by rename during the run (an editor that saves by rename,
 //! the host's own harness refreshing its credentials), the kernel detaches the jail's bind of
@@ -14,7 +14,7 @@ use corral_policy::plan::Plan;
 /// The hidden files as they were when the run started: (path, device, inode).
 pub struct Watch(Vec<(PathBuf, u64, u64)>);
 
-/// Take the hidden and sign-in files of `plan` that exist as regular files now.
+/// Take the hidden files and directories and the sign-in files of `plan` that exist now.
 pub fn snapshot(plan: &Plan) -> Watch {
     let files = plan
         .masked
@@ -22,26 +22,29 @@ pub fn snapshot(plan: &Plan) -> Watch {
         .chain(plan.signin.iter().map(|s| &s.file))
         .filter_map(|p| {
             let m = std::fs::symlink_metadata(p).ok()?;
-            m.is_file().then(|| (p.clone(), m.dev(), m.ino()))
+            Some((p.clone(), m.dev(), m.ino()))
         })
         .collect();
     Watch(files)
 }
 
-/// One line for each hidden file another file stands at now: the jail could read that one.
+/// One line for each hidden file another file stands at now, or that is gone (the jail cannot
+/// remove one while its placeholder is there; after the host replaced it, it could read the new
+/// one and then remove it).
 pub fn check(watch: Watch) -> Vec<String> {
     watch
         .0
         .into_iter()
         .filter(|(p, dev, ino)| {
-            std::fs::symlink_metadata(p).is_ok_and(|m| (m.dev(), m.ino()) != (*dev, *ino))
+            std::fs::symlink_metadata(p).map_or(true, |m| (m.dev(), m.ino()) != (*dev, *ino))
         })
         .map(|(p, ..)| {
             format!(
-                "{} was replaced on the host during the run (saved by rename), which detached \
-                 the jail's placeholder of it: from then on the jail could read the new file. \
-                 Treat what it holds as seen by the jail; to avoid this, do not edit hidden \
-                 files or refresh a jailed harness's sign-in on the host while a run lasts.",
+                "{} was replaced or removed on the host during the run (an editor saving by \
+                 rename does that), which detached the jail's placeholder of it: from then on \
+                 the jail could read whatever the host put there. Treat what it held as seen by \
+                 the jail; to avoid this, do not edit hidden files or refresh a jailed \
+                 harness's sign-in on the host while a run lasts.",
                 corral_audit::printable(&p.display().to_string())
             )
         })
@@ -53,7 +56,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_file_replaced_by_rename_is_listed_and_one_written_in_place_is_not() {
+    fn a_file_replaced_or_removed_is_listed_and_one_written_in_place_is_not() {
         let dir = tempfile::tempdir().unwrap();
         let env = dir.path().join(".env");
         let kept = dir.path().join("kept");
@@ -75,7 +78,11 @@ mod tests {
         std::fs::write(&kept, "A=3").unwrap();
         std::fs::remove_file(&gone).unwrap();
         let lines = check(watch);
-        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines[1].starts_with(&gone.display().to_string()),
+            "{lines:?}"
+        );
         assert!(
             lines[0].starts_with(&env.display().to_string()),
             "{lines:?}"

@@ -580,6 +580,26 @@ exit 7
     assert!(!String::from_utf8_lossy(&out.stdout).contains("RAN"));
 }
 
+/// Writes that try to blind the gate or beat the host's own rename: a descriptor kept from
+/// before, reopened for writing while the jail has taken the search permission off `.git` (the
+/// gate then cannot look the protected name up: it must refuse, not let through); git's
+/// `config.lock`, which the host's `git config` renames onto `config`, reopened, written and
+/// replaced.
+const CHMOD_AND_LOCK: &str = r#"
+try() { n=$1; shift; if "$@" 2>/dev/null; then echo "WROTE($n)"; else echo "refused($n)"; fi; }
+exec 3< .git/config
+chmod 600 .git
+try chmod-reopen sh -c 'printf "[core]\n\tfsmonitor = touch /tmp/x\n" >> /proc/self/fd/3'
+chmod 755 .git
+exec 3<&-
+exec 4< .git/config.lock
+try lock-reopen sh -c 'printf "[core]\n\tfsmonitor = x\n" >> /proc/self/fd/4'
+exec 4<&-
+try lock-write sh -c 'printf "[core]\n\tfsmonitor = x\n" >> .git/config.lock'
+try lock-rename sh -c 'printf "[core]\n" > lk && mv -f lk .git/config.lock'
+rm -f lk
+"#;
+
 /// Every way to write a file the jail reaches by path: each attempt writes a config line that
 /// runs `touch MARKER` as git's fsmonitor, and prints WROTE when the write went through.
 fn writes_to(file: &str, marker: &Path) -> String {
@@ -620,9 +640,10 @@ fn a_protected_file_the_host_replaces_during_the_run_stays_read_only() {
         ": > started; while [ ! -e renamed ]; do sleep 0.05; done\n\
          grep -q HOSTNEW .git/config && echo DETACHED\n\
          printf 'x' >> .env 2>/dev/null && echo ENV-WROTE\n\
-         {protected}\necho CONTROL\n{control}\nls .git",
+         {chmod}\n{protected}\necho CONTROL\n{control}\nls .git",
         protected = writes_to(".git/config", &marker),
         control = writes_to(".git/description", &marker),
+        chmod = CHMOD_AND_LOCK,
     );
     let mut jail = Running::spawn(&w, &[], &script);
     jail.wait_for(&started);
@@ -633,14 +654,30 @@ fn a_protected_file_the_host_replaces_during_the_run_stays_read_only() {
     // And saves the hidden .env by rename, as editors do.
     std::fs::write(w.project.join(".env.save"), "NEW_SECRET=1\n").unwrap();
     std::fs::rename(w.project.join(".env.save"), w.project.join(".env")).unwrap();
+    // The moment inside a `git config` when git has written config.lock and not yet renamed
+    // it onto config, held still.
+    let lock = w.project.join(".git/config.lock");
+    std::fs::write(&lock, "[core]\n").unwrap();
     std::fs::write(&renamed, "").unwrap();
     jail.wait_for(&w.project.join("ready"));
+    let lock_after = std::fs::read_to_string(&lock).unwrap();
+    std::fs::remove_file(&lock).unwrap();
     let _ = w.host_git(&w.project, &["status", "--short"]);
     let out = jail.finish();
     assert!(
         out.contains("DETACHED"),
         "the host's rename did not reach the jail (the scenario did not happen):\n{out}"
     );
+    assert_eq!(
+        lock_after, "[core]\n",
+        "the jail wrote git's config.lock:\n{out}"
+    );
+    for attempt in ["chmod-reopen", "lock-reopen", "lock-write", "lock-rename"] {
+        assert!(
+            out.contains(&format!("refused({attempt})")),
+            "{attempt} did not run:\n{out}"
+        );
+    }
     let (protected, control) = out.split_once("CONTROL").expect("CONTROL");
     assert!(
         !protected.contains("WROTE"),
@@ -684,7 +721,7 @@ fn a_protected_file_the_host_replaces_during_the_run_stays_read_only() {
         "NEW_SECRET=1\n"
     );
     assert!(
-        out.contains("/.env was replaced on the host during the run"),
+        out.contains("/.env was replaced or removed on the host during the run"),
         "the exposure was not said:\n{out}"
     );
     assert!(
@@ -715,6 +752,10 @@ fn a_protected_directory_the_host_replaces_during_the_run_stays_read_only() {
          mkdir .git/hooks/sub 2>/dev/null && echo WROTE-mkdir\n\
          mkdir -p .git/hooks/deep/er 2>/dev/null && echo WROTE-deep\n\
          ln -s /tmp .git/hooks/link 2>/dev/null && echo WROTE-symlink\n\
+         (cd .git/hooks/deep && chmod 600 .. && printf x > hook 2>/dev/null && echo WROTE-blind; \
+          chmod 755 ..)\n\
+         (cd .git/hooks && chmod 600 .. && printf x > pre-commit 2>/dev/null && echo WROTE-blind2; \
+          chmod 755 ..)\n\
          {writes}\necho CONTROL\n{control}",
         marker = marker.display(),
         writes = writes_to(".git/hooks/existing", &marker),

@@ -63,11 +63,27 @@ pub(super) struct Protected {
 }
 
 impl Protected {
-    /// The read-only binds of one file in `mountinfo` (this process's), whose directory is a
-    /// file system the host sees: not one of `private` (the jail's own: a bind over a file of
-    /// its tmpfs root cannot be replaced from outside), not /proc or /sys.
-    pub(super) fn from_mountinfo(mountinfo: &[u8], private: &HashSet<u64>) -> Protected {
+    /// The read-only binds of one file or directory in `mountinfo` (this process's), whose
+    /// directory is a file system the host sees: not one of `private` (the jail's own: a bind
+    /// over a file of its tmpfs root cannot be replaced from outside), not /proc or /sys. One
+    /// that is there but cannot be held is an error (it would go unprotected); one this
+    /// process cannot reach (ENOENT, EACCES) the jail cannot reach either.
+    pub(super) fn from_mountinfo(
+        mountinfo: &[u8],
+        private: &HashSet<u64>,
+    ) -> std::io::Result<Protected> {
         let mut p = Protected::default();
+        let fail = |what: &str, point: &[u8], errno: i32| {
+            std::io::Error::new(
+                std::io::Error::from_raw_os_error(errno).kind(),
+                format!(
+                    "{what} {}: {}",
+                    String::from_utf8_lossy(point),
+                    std::io::Error::from_raw_os_error(errno)
+                ),
+            )
+        };
+        let unreachable = |e: i32| matches!(e, libc::ENOENT | libc::EACCES);
         for line in mountinfo.split(|&b| b == b'\n') {
             let Some(m) = crate::mountinfo::Mount::parse(line) else {
                 continue;
@@ -79,20 +95,22 @@ impl Protected {
             let (Some(dir), Some(name)) = (point.parent(), point.file_name()) else {
                 continue;
             };
-            let Ok(dir_fd) = open_path(libc::AT_FDCWD, dir.as_os_str(), libc::O_DIRECTORY) else {
-                continue;
+            let dir_fd = match open_path(libc::AT_FDCWD, dir.as_os_str(), libc::O_DIRECTORY) {
+                Ok(fd) => fd,
+                Err(e) if unreachable(e) => continue,
+                Err(e) => return Err(fail("open the directory of", &m.point, e)),
             };
             let Ok(cname) = CString::new(name.as_bytes()) else {
                 continue;
             };
-            let Ok(bound_fd) =
-                super::openat_entry_raw(&dir_fd, &cname, libc::O_PATH | libc::O_NOFOLLOW)
-            else {
-                continue;
-            };
-            let (Ok(dir_st), Ok(st)) = (fstat(&dir_fd), fstat(&bound_fd)) else {
-                continue;
-            };
+            let bound_fd =
+                match super::openat_entry_raw(&dir_fd, &cname, libc::O_PATH | libc::O_NOFOLLOW) {
+                    Ok(fd) => fd,
+                    Err(e) if unreachable(e) => continue,
+                    Err(e) => return Err(fail("hold", &m.point, e)),
+                };
+            let dir_st = fstat(&dir_fd).map_err(|e| fail("look at", &m.point, e))?;
+            let st = fstat(&bound_fd).map_err(|e| fail("look at", &m.point, e))?;
             let on_host = !private.contains(&dir_st.st_dev)
                 && !matches!(
                     fstatfs_type(&dir_fd),
@@ -118,10 +136,13 @@ impl Protected {
                 });
             }
         }
-        p
+        Ok(p)
     }
 
-    /// The protected file `entry` names, if it names one.
+    /// The protected file `entry` names, if it names one: its own name or its `NAME.lock`
+    /// (where git, and tools like it, write the file that is renamed onto the name: writing
+    /// that one before the host renames it would write the protected file). In a directory
+    /// that folds names, a variant spelling (`CONFIG`, `config.`) is the same name.
     fn named(&self, entry: &Entry) -> Option<&File> {
         if self.files.is_empty() {
             return None;
@@ -129,12 +150,36 @@ impl Protected {
         let st = fstat(&entry.parent).ok()?;
         let at = (st.st_dev, st.st_ino);
         let name = entry.name();
-        self.files
-            .iter()
-            .find(|f| f.at == at && f.name.as_bytes() == name)
+        let mut here = self.files.iter().filter(|f| f.at == at).peekable();
+        here.peek()?;
+        let exact = |f: &File, name: &[u8]| {
+            let own = f.name.as_bytes();
+            name == own || name.strip_suffix(b".lock") == Some(own)
+        };
+        let candidates: Vec<&File> = here.collect();
+        if let Some(f) = candidates.iter().find(|f| exact(f, name)) {
+            return Some(f);
+        }
+        if !super::folds_names(&entry.parent) {
+            return None;
+        }
+        let folded = |n: &[u8]| {
+            let end = n
+                .iter()
+                .rposition(|&b| b != b'.' && b != b' ')
+                .map_or(0, |i| i + 1);
+            n[..end].to_ascii_lowercase()
+        };
+        let name = folded(name);
+        candidates.into_iter().find(|f| {
+            let own = folded(f.name.as_bytes());
+            name == own || name.strip_suffix(b".lock") == Some(own.as_slice())
+        })
     }
 
-    /// The protected file whose name `fd`'s file is now at, if any.
+    /// The protected file whose name, or `NAME.lock`, `fd`'s file is now at, if any. A name
+    /// that cannot be looked up (the jail took the search permission off its directory) counts
+    /// as holding it: the gate cannot tell, so it refuses.
     fn holding(&self, fd: &OwnedFd) -> Option<&File> {
         if self.files.is_empty() {
             return None;
@@ -143,45 +188,51 @@ impl Protected {
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return None;
         }
-        self.files.iter().find(|f| {
-            !f.is_dir
-                && fstatat(
-                    &f.dir,
-                    OsStr::from_bytes(f.name.as_bytes()),
-                    libc::AT_SYMLINK_NOFOLLOW,
-                )
-                .is_ok_and(|now| (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino))
+        let id = (st.st_dev, st.st_ino);
+        self.files.iter().filter(|f| !f.is_dir).find(|f| {
+            let lock = [f.name.as_bytes(), b".lock"].concat();
+            [f.name.as_bytes(), lock.as_slice()]
+                .into_iter()
+                .any(|name| match now(f, name) {
+                    Now::Absent => false,
+                    Now::At(_, followed) => followed.is_some_and(|t| t.id == id),
+                    Now::Unknown => true,
+                })
         })
     }
 
     /// The protected directories the host replaced, with the (device, inode) of the directory
-    /// at their name now. While a directory's bind is there the kernel holds what is below it
-    /// (read-only); once it is gone, the gate does.
-    fn replaced_dirs(&self) -> Vec<(&File, (u64, u64))> {
-        self.files
-            .iter()
-            .filter(|f| f.is_dir)
-            .filter_map(|f| {
-                let now = fstatat(
-                    &f.dir,
-                    OsStr::from_bytes(f.name.as_bytes()),
-                    libc::AT_SYMLINK_NOFOLLOW,
-                )
-                .ok()?;
-                let id = (now.st_dev, now.st_ino);
-                (now.st_mode & libc::S_IFMT == libc::S_IFDIR && id != f.bound).then_some((f, id))
-            })
-            .collect()
+    /// at their name now (through a symlink the host put there). While a directory's bind is
+    /// there the kernel holds what is below it (read-only); once it is gone, the gate does.
+    /// `Err` names one whose replacement cannot be looked at (its directory not searchable, a
+    /// dangling symlink at its name): the gate cannot tell what is below it, so it refuses.
+    fn replaced_dirs(&self) -> Result<Replaced<'_>, &File> {
+        let mut out = Vec::new();
+        for f in self.files.iter().filter(|f| f.is_dir) {
+            match now(f, f.name.as_bytes()) {
+                Now::Absent => {}
+                Now::At(at, _) if at.id == f.bound => {}
+                Now::At(_, Some(t)) if t.kind == libc::S_IFDIR => out.push((f, t.id)),
+                // A file where the directory was: nothing below it.
+                Now::At(_, Some(_)) => {}
+                Now::At(_, None) | Now::Unknown => return Err(f),
+            }
+        }
+        Ok(out)
     }
 
     /// The replaced protected directory `dir` is (or is below), if any: found by walking up
-    /// `..` from `dir` to the root.
+    /// `..` from `dir` to the root. A step that fails counts as below (fail closed).
     fn containing(&self, dir: &OwnedFd) -> Option<&File> {
-        let replaced = self.replaced_dirs();
-        if replaced.is_empty() {
-            return None;
-        }
-        let mut st = fstat(dir).ok()?;
+        let replaced = match self.replaced_dirs() {
+            Ok(r) if r.is_empty() => return None,
+            Ok(r) => r,
+            Err(f) => return Some(f),
+        };
+        let unknown = Some(replaced[0].0);
+        let Ok(mut st) = fstat(dir) else {
+            return unknown;
+        };
         let mut up: Option<OwnedFd> = None;
         for _ in 0..PATH_DEPTH_MAX {
             let id = (st.st_dev, st.st_ino);
@@ -189,44 +240,91 @@ impl Protected {
                 return Some(f);
             }
             let from = up.as_ref().unwrap_or(dir);
-            let parent =
-                super::openat_entry_raw(from, c"..", libc::O_PATH | libc::O_DIRECTORY).ok()?;
-            let pst = fstat(&parent).ok()?;
+            let Ok(parent) = super::openat_entry_raw(from, c"..", libc::O_PATH | libc::O_DIRECTORY)
+            else {
+                return unknown;
+            };
+            let Ok(pst) = fstat(&parent) else {
+                return unknown;
+            };
             if (pst.st_dev, pst.st_ino) == id {
                 return None;
             }
             st = pst;
             up = Some(parent);
         }
-        None
+        unknown
     }
 
     /// The replaced protected directory the file open on `fd` is below, if any (a file
     /// reopened through `/proc/self/fd/N` has no directory to walk up from: its path, as the
-    /// kernel names it, is compared).
+    /// kernel names it, is compared with the directory's, and with the path its symlink
+    /// leads to).
     fn containing_file(&self, fd: &OwnedFd) -> Option<&File> {
-        let replaced = self.replaced_dirs();
-        if replaced.is_empty() {
-            return None;
-        }
-        let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+        let replaced = match self.replaced_dirs() {
+            Ok(r) if r.is_empty() => return None,
+            Ok(r) => r,
+            Err(f) => return Some(f),
+        };
+        let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+            return Some(replaced[0].0);
+        };
         let path = path.as_os_str().as_bytes();
+        let below = |dir: &[u8]| path.strip_prefix(dir).is_some_and(|r| r.starts_with(b"/"));
         replaced.into_iter().map(|(f, _)| f).find(|f| {
-            path.strip_prefix(f.path.as_slice())
-                .is_some_and(|r| r.starts_with(b"/"))
+            below(f.path.as_slice())
+                || std::fs::canonicalize(OsStr::from_bytes(&f.path))
+                    .is_ok_and(|real| below(real.as_os_str().as_bytes()))
         })
     }
 
     /// Is the bind of `f` gone (another file at its name, or none)?
     fn replaced(f: &File) -> bool {
-        fstatat(
-            &f.dir,
-            OsStr::from_bytes(f.name.as_bytes()),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-        .map_or(true, |now| (now.st_dev, now.st_ino) != f.bound)
+        !matches!(now(f, f.name.as_bytes()), Now::At(at, _) if at.id == f.bound)
     }
 }
+
+/// A file's (device, inode) and type.
+#[derive(Clone, Copy)]
+struct Ident {
+    id: (u64, u64),
+    kind: libc::mode_t,
+}
+
+impl Ident {
+    fn of(st: libc::stat) -> Ident {
+        Ident {
+            id: (st.st_dev, st.st_ino),
+            kind: st.st_mode & libc::S_IFMT,
+        }
+    }
+}
+
+/// What is at a name in a protected file's directory now.
+enum Now {
+    Absent,
+    /// The entry itself, and what it leads to (itself, or a symlink's target: `None` when
+    /// the link dangles).
+    At(Ident, Option<Ident>),
+    /// It could not be looked up.
+    Unknown,
+}
+
+fn now(f: &File, name: &[u8]) -> Now {
+    let name = OsStr::from_bytes(name);
+    match fstatat(&f.dir, name, libc::AT_SYMLINK_NOFOLLOW).map(Ident::of) {
+        Ok(at) if at.kind == libc::S_IFLNK => {
+            Now::At(at, fstatat(&f.dir, name, 0).ok().map(Ident::of))
+        }
+        Ok(at) => Now::At(at, Some(at)),
+        Err(libc::ENOENT) => Now::Absent,
+        Err(_) => Now::Unknown,
+    }
+}
+
+/// The protected directories the host replaced, each with the (device, inode) of the
+/// directory at its name now.
+type Replaced<'a> = Vec<(&'a File, (u64, u64))>;
 
 /// What the gate does with a protected file.
 #[derive(Clone, Copy)]
@@ -239,6 +337,8 @@ pub(super) enum Use {
     Rename,
     /// Linked elsewhere.
     Link,
+    /// A socket bound to its name.
+    Bind,
 }
 
 impl super::Gate {
@@ -280,7 +380,10 @@ impl super::Gate {
 
     fn refuse_protected(&self, f: &File, what: Use, exists: bool) -> i32 {
         let errno = match what {
+            Use::Write if f.is_dir => libc::EISDIR,
             Use::Write => libc::EROFS,
+            Use::Bind if exists => libc::EADDRINUSE,
+            Use::Bind => libc::EROFS,
             Use::Create if exists => libc::EEXIST,
             Use::Create => libc::EROFS,
             Use::Rename => libc::EBUSY,
@@ -341,18 +444,44 @@ mod tests {
             line(std::path::Path::new("/dev/null"), "ro"),   // a device node
         ]
         .concat();
-        let p = Protected::from_mountinfo(info.as_bytes(), &HashSet::new());
+        let p = Protected::from_mountinfo(info.as_bytes(), &HashSet::new()).unwrap();
         assert_eq!(p.files.len(), 2);
         assert_eq!(p.files[0].name.as_bytes(), b"config");
         assert_eq!(p.files[1].name.as_bytes(), b"hooks");
         let ino = std::fs::metadata(&file).unwrap().ino();
         assert_eq!(p.files[0].bound.1, ino);
         // Read-write, or in the jail's own file systems: not protected.
-        let rw = Protected::from_mountinfo(line(&file, "rw").as_bytes(), &HashSet::new());
+        let rw = Protected::from_mountinfo(line(&file, "rw").as_bytes(), &HashSet::new()).unwrap();
         assert!(rw.files.is_empty());
         let dev = std::fs::metadata(dir.path()).unwrap().dev();
-        let own = Protected::from_mountinfo(line(&file, "ro").as_bytes(), &HashSet::from([dev]));
+        let own =
+            Protected::from_mountinfo(line(&file, "ro").as_bytes(), &HashSet::from([dev])).unwrap();
         assert!(own.files.is_empty());
+    }
+
+    #[test]
+    fn the_name_and_its_lock_are_protected_and_a_folded_spelling_only_where_names_fold() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config");
+        std::fs::write(&file, "x").unwrap();
+        let p = Protected::from_mountinfo(line(&file, "ro").as_bytes(), &HashSet::new()).unwrap();
+        let entry = |name: &str| Entry {
+            parent: open_path(libc::AT_FDCWD, dir.path().as_os_str(), libc::O_DIRECTORY).unwrap(),
+            last: name.as_bytes().to_vec(),
+        };
+        for name in ["config", "config.lock", "config/"] {
+            assert!(p.named(&entry(name)).is_some(), "{name}");
+        }
+        // This directory does not fold names: another spelling is another file.
+        for name in ["CONFIG", "config.", "config.lock.lock", "configx", "x.lock"] {
+            assert!(p.named(&entry(name)).is_none(), "{name}");
+        }
+        // A file written as config.lock is the protected one, for a write through any path.
+        std::fs::write(dir.path().join("config.lock"), "y").unwrap();
+        let lock: OwnedFd = std::fs::File::open(dir.path().join("config.lock"))
+            .unwrap()
+            .into();
+        assert!(p.holding(&lock).is_some());
     }
 
     #[test]
@@ -360,18 +489,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let hooks = dir.path().join("hooks");
         std::fs::create_dir(&hooks).unwrap();
-        let p = Protected::from_mountinfo(line(&hooks, "ro").as_bytes(), &HashSet::new());
+        let p = Protected::from_mountinfo(line(&hooks, "ro").as_bytes(), &HashSet::new()).unwrap();
         assert!(p.files[0].is_dir);
         let open =
             |path: &std::path::Path| -> OwnedFd { std::fs::File::open(path).unwrap().into() };
         // Its bind is there: the kernel holds it, nothing is looked up.
-        assert!(p.replaced_dirs().is_empty());
+        assert!(p.replaced_dirs().map_err(|_| ()).unwrap().is_empty());
         assert!(p.containing(&open(&hooks)).is_none());
         // The host removes it and makes another.
         std::fs::remove_dir(&hooks).unwrap();
         std::fs::create_dir_all(hooks.join("a/b")).unwrap();
         std::fs::write(hooks.join("a/b/f"), "x").unwrap();
-        assert_eq!(p.replaced_dirs().len(), 1);
+        assert_eq!(p.replaced_dirs().map_err(|_| ()).unwrap().len(), 1);
         for d in [hooks.clone(), hooks.join("a"), hooks.join("a/b")] {
             assert!(p.containing(&open(&d)).is_some(), "{}", d.display());
         }
@@ -389,7 +518,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("config");
         std::fs::write(&file, "x").unwrap();
-        let p = Protected::from_mountinfo(line(&file, "ro").as_bytes(), &HashSet::new());
+        let p = Protected::from_mountinfo(line(&file, "ro").as_bytes(), &HashSet::new()).unwrap();
         let open =
             |path: &std::path::Path| -> OwnedFd { std::fs::File::open(path).unwrap().into() };
         assert!(p.holding(&open(&file)).is_some());
