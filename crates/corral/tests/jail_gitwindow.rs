@@ -678,30 +678,8 @@ fn a_protected_file_the_host_replaces_during_the_run_stays_read_only() {
             "{attempt} did not run:\n{out}"
         );
     }
-    let (protected, control) = out.split_once("CONTROL").expect("CONTROL");
-    assert!(
-        !protected.contains("WROTE"),
-        "a write to the replaced .git/config went through:\n{out}"
-    );
-    for attempt in [
-        "append", "trunc", "rdwr", "wronly", "procfd", "reopen", "symlink", "hardlink", "rename",
-        "exchange", "truncate",
-    ] {
-        assert!(
-            protected.contains(&format!("refused({attempt})")),
-            "{attempt} did not run:\n{out}"
-        );
-    }
     // Control: the same writes to .git/description (not protected) went through.
-    for attempt in [
-        "append", "trunc", "rdwr", "wronly", "procfd", "reopen", "symlink", "hardlink", "rename",
-        "exchange", "truncate",
-    ] {
-        assert!(
-            control.contains(&format!("WROTE({attempt})")),
-            "control: {attempt} failed on an unprotected file:\n{out}"
-        );
-    }
+    assert_held_with_control(&out, "the replaced .git/config");
     assert_eq!(
         std::fs::read_to_string(w.project.join(".git/config")).unwrap(),
         host_config,
@@ -773,24 +751,8 @@ fn a_protected_directory_the_host_replaces_during_the_run_stays_read_only() {
         out.contains("DETACHED"),
         "the scenario did not happen:\n{out}"
     );
-    let (protected, control) = out.split_once("CONTROL").expect("CONTROL");
-    assert!(
-        !protected.contains("WROTE"),
-        "a write in the new hooks went through:\n{out}"
-    );
-    for attempt in [
-        "append", "trunc", "rdwr", "wronly", "procfd", "reopen", "symlink", "hardlink", "rename",
-        "exchange", "truncate",
-    ] {
-        assert!(
-            protected.contains(&format!("refused({attempt})")),
-            "{attempt} did not run:\n{out}"
-        );
-        assert!(
-            control.contains(&format!("WROTE({attempt})")),
-            "control: {attempt} failed in .git/info:\n{out}"
-        );
-    }
+    // Control: the same writes in .git/info went through.
+    assert_held_with_control(&out, "the new .git/hooks");
     let mut left: Vec<String> = walk(&hooks);
     left.sort();
     assert_eq!(left, ["deep", "existing"], "{out}");
@@ -821,6 +783,32 @@ fn a_protected_directory_the_host_replaces_during_the_run_stays_read_only() {
         out.contains("corral: refused writing in") && out.contains(".git/hooks"),
         "the refusal was not reported:\n{out}"
     );
+}
+
+/// The attempts of [`writes_to`], by name.
+const WRITES: [&str; 11] = [
+    "append", "trunc", "rdwr", "wronly", "procfd", "reopen", "symlink", "hardlink", "rename",
+    "exchange", "truncate",
+];
+
+/// In `out`, before `CONTROL`: every attempt of [`writes_to`] ran and was refused; after it
+/// (the same attempts on an unprotected file): every one wrote.
+fn assert_held_with_control(out: &str, what: &str) {
+    let (protected, control) = out.split_once("CONTROL").expect("CONTROL");
+    assert!(
+        !protected.contains("WROTE"),
+        "a write to {what} went through:\n{out}"
+    );
+    for attempt in WRITES {
+        assert!(
+            protected.contains(&format!("refused({attempt})")),
+            "{attempt} did not run:\n{out}"
+        );
+        assert!(
+            control.contains(&format!("WROTE({attempt})")),
+            "control: {attempt} failed on an unprotected file:\n{out}"
+        );
+    }
 }
 
 /// Every path below `dir`, relative to it.
