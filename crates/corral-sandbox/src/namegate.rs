@@ -158,7 +158,6 @@ impl Gate {
         private_devs: HashSet<u64>,
         mountinfo: &[u8],
     ) -> io::Result<Gate> {
-        let protected = protected::Protected::from_mountinfo(mountinfo, &private_devs)?;
         let mut git_dirs = HashSet::new();
         let mut held = Vec::new();
         for dir in dirs {
@@ -173,6 +172,7 @@ impl Gate {
                 held.push(fd);
             }
         }
+        let protected = protected::Protected::from_mountinfo(mountinfo, &private_devs, &git_dirs)?;
         let protected_symlinks = std::fs::read_to_string("/proc/sys/fs/protected_symlinks")
             .map(|v| v.trim() != "0")
             .unwrap_or(true);
@@ -797,8 +797,9 @@ enum OwnProc {
 
 impl OwnProc {
     /// Open it with `flags` (no O_CREAT: it exists; O_EXCL makes that EEXIST, and a
-    /// directory opened to create gives EISDIR, as the kernel would say).
-    fn open(&self, flags: i32) -> Result<OwnedFd, i32> {
+    /// directory opened to create gives EISDIR, as the kernel would say), `mode` for an
+    /// O_TMPFILE in it.
+    fn open(&self, flags: i32, mode: libc::mode_t) -> Result<OwnedFd, i32> {
         if flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0 {
             return Err(libc::EEXIST);
         }
@@ -807,7 +808,7 @@ impl OwnProc {
             OwnProc::Magic(link) => {
                 let c = CString::new(link.as_bytes()).map_err(|_| libc::EINVAL)?;
                 // SAFETY: our own path; the result is a new descriptor.
-                let fd = unsafe { libc::open(c.as_ptr(), flags) };
+                let fd = unsafe { libc::open(c.as_ptr(), flags, mode as libc::c_uint) };
                 if fd < 0 {
                     return Err(errno());
                 }
@@ -1207,16 +1208,22 @@ fn open(
     let follows = flags & libc::O_NOFOLLOW == 0 && !(creates && flags & libc::O_EXCL != 0);
     let (entry, existing) = match follow(gate, caller, dirfd, path, follows, creates)? {
         Target::Entry(entry, existing) => (entry, existing),
-        Target::Own(own) => return own_open(gate, &own, flags, cloexec),
+        Target::Own(own) => return own_open(gate, caller, &own, flags, mode),
     };
     let kind = existing.map(|st| st.st_mode & libc::S_IFMT);
     let mut flags = flags;
-    if creates && existing.is_some() && !writes(flags) {
-        // A read-only O_CREAT of what exists opens it (protected or not), makes nothing.
+    if creates && existing.is_some() {
+        // What exists is not created: O_EXCL says so first, and an O_CREAT of a directory is
+        // refused, as the kernel does; a read-only O_CREAT of a file opens it, makes nothing.
         if flags & libc::O_EXCL != 0 {
             return Err(libc::EEXIST);
         }
-        flags &= !libc::O_CREAT;
+        if kind == Some(libc::S_IFDIR) {
+            return Err(libc::EISDIR);
+        }
+        if !writes(flags) {
+            flags &= !libc::O_CREAT;
+        }
     }
     let creates = flags & libc::O_CREAT != 0;
     if writes(flags) || creates {
@@ -1329,7 +1336,7 @@ fn follow(
 /// followed here, a protected file refused) and cut to `len` through that descriptor.
 fn truncate(gate: &Gate, caller: &Caller, path: &[u8], len: i64) -> Result<Verdict, i32> {
     let fd = match follow(gate, caller, libc::AT_FDCWD, path, true, false)? {
-        Target::Own(own) => own.open(libc::O_WRONLY | libc::O_NONBLOCK)?,
+        Target::Own(own) => own.open(libc::O_WRONLY | libc::O_NONBLOCK, 0)?,
         Target::Entry(entry, existing) => {
             gate.protected_dir(&entry.parent)?;
             gate.protected_name(&entry, Use::Write)?;
@@ -1390,8 +1397,19 @@ fn checked_write_open(gate: &Gate, fd: OwnedFd, flags: i32) -> Result<OwnedFd, i
 }
 
 /// The caller opening one of its own /proc entries (`/proc/self/fd/1` is `/dev/stdout`).
-fn own_open(gate: &Gate, own: &OwnProc, flags: i32, cloexec: bool) -> Result<Verdict, i32> {
-    let fd = own.open(flags & !libc::O_TRUNC)?;
+fn own_open(
+    gate: &Gate,
+    caller: &Caller,
+    own: &OwnProc,
+    flags: i32,
+    mode: libc::mode_t,
+) -> Result<Verdict, i32> {
+    let cloexec = flags & libc::O_CLOEXEC != 0;
+    if flags & libc::O_TMPFILE == libc::O_TMPFILE {
+        // An unnamed file in the caller's directory (`/proc/self/cwd`): the caller's umask.
+        caller.take_umask()?;
+    }
+    let fd = own.open(flags & !libc::O_TRUNC, mode)?;
     if flags & libc::O_CREAT != 0 && fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFDIR {
         return Err(libc::EISDIR);
     }
@@ -1493,7 +1511,7 @@ fn controlling_tty(caller: &Caller, flags: i32) -> Result<OwnedFd, i32> {
         return Err(libc::ENXIO);
     }
     let n = minor + (major - 136) * 256;
-    OwnProc::Magic(format!("/dev/pts/{n}")).open(flags)
+    OwnProc::Magic(format!("/dev/pts/{n}")).open(flags, 0)
 }
 
 fn mkdir(

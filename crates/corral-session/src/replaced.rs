@@ -6,13 +6,14 @@
 //! gate keeps it from being written; docs/host-safety.md, "Known limits"). That cannot be
 //! undone after the fact, so it is said: each such file is listed when the run ends, on stderr
 //! and in the audit log (`exposed`), so the user knows what to rotate.
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 
 use corral_policy::plan::Plan;
 
-/// The hidden files as they were when the run started: (path, device, inode).
-pub struct Watch(Vec<(PathBuf, u64, u64)>);
+/// The hidden files as they were when the run started: (path, device, inode), each held open
+/// (O_PATH) for the run so its inode number cannot pass to a file the host puts in its place.
+pub struct Watch(Vec<(PathBuf, u64, u64, Option<std::fs::File>)>);
 
 /// Take the hidden files and directories and the sign-in files of `plan` that exist now.
 pub fn snapshot(plan: &Plan) -> Watch {
@@ -21,8 +22,16 @@ pub fn snapshot(plan: &Plan) -> Watch {
         .iter()
         .chain(plan.signin.iter().map(|s| &s.file))
         .filter_map(|p| {
-            let m = std::fs::symlink_metadata(p).ok()?;
-            Some((p.clone(), m.dev(), m.ino()))
+            let held = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+                .open(p)
+                .ok();
+            let m = match &held {
+                Some(f) => f.metadata().ok()?,
+                None => std::fs::symlink_metadata(p).ok()?,
+            };
+            Some((p.clone(), m.dev(), m.ino(), held))
         })
         .collect();
     Watch(files)
@@ -35,7 +44,7 @@ pub fn check(watch: Watch) -> Vec<String> {
     watch
         .0
         .into_iter()
-        .filter(|(p, dev, ino)| {
+        .filter(|(p, dev, ino, _)| {
             std::fs::symlink_metadata(p).map_or(true, |m| (m.dev(), m.ino()) != (*dev, *ino))
         })
         .map(|(p, ..)| {
@@ -69,7 +78,7 @@ mod tests {
                 .iter()
                 .map(|p| {
                     let m = std::fs::metadata(p).unwrap();
-                    (p.to_path_buf(), m.dev(), m.ino())
+                    (p.to_path_buf(), m.dev(), m.ino(), None)
                 })
                 .collect(),
         );

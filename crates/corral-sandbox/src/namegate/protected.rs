@@ -29,7 +29,7 @@
 use std::collections::HashSet;
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 use super::{Entry, fstat, fstatat, fstatfs_type, open_path};
 
@@ -39,11 +39,18 @@ const PATH_DEPTH_MAX: usize = 2048;
 
 /// One protected file: where it is, and the file its bind showed when the jail started.
 struct File {
-    /// Its directory, held for the run (an inode number is not reused while it is open).
-    dir: OwnedFd,
+    /// Its directory as it was when the jail started, held for the run (an inode number is not
+    /// reused while it is open).
+    _dir: OwnedFd,
+    /// Its directory's path, as the jail sees it: the host may replace the directory too (a
+    /// checkout that removes and makes it again), and the name is looked up there each time.
+    dir_path: Vec<u8>,
     name: CString,
     /// The directory's (device, inode), as [`Entry`]s are compared.
     at: (u64, u64),
+    /// `NAME.lock` is held too: the file is in a git directory, where git writes
+    /// `NAME.lock` and renames it onto the name.
+    git_lock: bool,
     /// The bound file's (device, inode): another one at the name means the bind is gone.
     bound: (u64, u64),
     /// The bound file itself, held for the run: once the host removed it, its inode number
@@ -71,6 +78,7 @@ impl Protected {
     pub(super) fn from_mountinfo(
         mountinfo: &[u8],
         private: &HashSet<u64>,
+        git_dirs: &HashSet<(u64, u64)>,
     ) -> std::io::Result<Protected> {
         let mut p = Protected::default();
         let fail = |what: &str, point: &[u8], errno: i32| {
@@ -126,9 +134,11 @@ impl Protected {
             // Binds stacked on one name are one protected file.
             if p.names.insert((at, name.as_bytes().to_vec())) {
                 p.files.push(File {
-                    dir: dir_fd,
+                    _dir: dir_fd,
+                    dir_path: dir.as_os_str().as_bytes().to_vec(),
                     name: cname,
                     at,
+                    git_lock: kind == libc::S_IFREG && git_dirs.contains(&at),
                     bound: (st.st_dev, st.st_ino),
                     _bound: bound_fd,
                     path: m.point,
@@ -139,47 +149,47 @@ impl Protected {
         Ok(p)
     }
 
-    /// The protected file `entry` names, if it names one: its own name or its `NAME.lock`
-    /// (where git, and tools like it, write the file that is renamed onto the name: writing
-    /// that one before the host renames it would write the protected file). In a directory
-    /// that folds names, a variant spelling (`CONFIG`, `config.`) is the same name.
+    /// The protected file `entry` names, if it names one: its own name, or `NAME.lock` for a
+    /// file in a git directory (git writes that file and renames it onto the name: writing it
+    /// before the host's git renames it would write the protected file). The directory is the
+    /// protected file's own (device, inode), or the directory now at its path (the host may
+    /// have made it anew). In a directory that folds names, a variant spelling (`CONFIG`,
+    /// `config.`) is the same name.
     fn named(&self, entry: &Entry) -> Option<&File> {
         if self.files.is_empty() {
             return None;
         }
+        let name = entry.name();
         let st = fstat(&entry.parent).ok()?;
         let at = (st.st_dev, st.st_ino);
-        let name = entry.name();
-        let mut here = self.files.iter().filter(|f| f.at == at).peekable();
-        here.peek()?;
-        let exact = |f: &File, name: &[u8]| {
-            let own = f.name.as_bytes();
-            name == own || name.strip_suffix(b".lock") == Some(own)
+        let mut path: Option<Option<Vec<u8>>> = None;
+        let mut here = |f: &File| {
+            f.at == at
+                || path
+                    .get_or_insert_with(|| fd_path(&entry.parent))
+                    .as_deref()
+                    == Some(f.dir_path.as_slice())
         };
-        let candidates: Vec<&File> = here.collect();
-        if let Some(f) = candidates.iter().find(|f| exact(f, name)) {
+        if let Some(f) = self
+            .files
+            .iter()
+            .find(|f| spelled(f, name, false) && here(f))
+        {
             return Some(f);
         }
-        if !super::folds_names(&entry.parent) {
+        if !self.files.iter().any(|f| f.at == at) || !super::folds_names(&entry.parent) {
             return None;
         }
-        let folded = |n: &[u8]| {
-            let end = n
-                .iter()
-                .rposition(|&b| b != b'.' && b != b' ')
-                .map_or(0, |i| i + 1);
-            n[..end].to_ascii_lowercase()
-        };
-        let name = folded(name);
-        candidates.into_iter().find(|f| {
-            let own = folded(f.name.as_bytes());
-            name == own || name.strip_suffix(b".lock") == Some(own.as_slice())
-        })
+        self.files
+            .iter()
+            .find(|f| f.at == at && spelled(f, name, true))
     }
 
-    /// The protected file whose name, or `NAME.lock`, `fd`'s file is now at, if any. A name
-    /// that cannot be looked up (the jail took the search permission off its directory) counts
-    /// as holding it: the gate cannot tell, so it refuses.
+    /// The protected file whose name (or `NAME.lock`) `fd`'s file is now at, if any. A name
+    /// that cannot be looked up (the jail took the search permission off a directory on its
+    /// path, so that the gate cannot tell which file is there), or a symlink there that leads
+    /// nowhere, counts as holding it when `fd`'s file is on the same file system: the gate
+    /// cannot tell, so it refuses.
     fn holding(&self, fd: &OwnedFd) -> Option<&File> {
         if self.files.is_empty() {
             return None;
@@ -191,21 +201,25 @@ impl Protected {
         let id = (st.st_dev, st.st_ino);
         self.files.iter().filter(|f| !f.is_dir).find(|f| {
             let lock = [f.name.as_bytes(), b".lock"].concat();
-            [f.name.as_bytes(), lock.as_slice()]
-                .into_iter()
-                .any(|name| match now(f, name) {
-                    Now::Absent => false,
-                    Now::At(_, followed) => followed.is_some_and(|t| t.id == id),
-                    Now::Unknown => true,
-                })
+            let names: &[&[u8]] = if f.git_lock {
+                &[f.name.as_bytes(), &lock]
+            } else {
+                &[f.name.as_bytes()]
+            };
+            names.iter().any(|name| match now(f, name) {
+                Now::Absent => false,
+                Now::At(_, Some(t)) => t.id == id,
+                Now::At(_, None) | Now::Unknown => f.same_fs(st.st_dev),
+            })
         })
     }
 
     /// The protected directories the host replaced, with the (device, inode) of the directory
-    /// at their name now (through a symlink the host put there). While a directory's bind is
+    /// at their path now (through a symlink the host put there). While a directory's bind is
     /// there the kernel holds what is below it (read-only); once it is gone, the gate does.
-    /// `Err` names one whose replacement cannot be looked at (its directory not searchable, a
-    /// dangling symlink at its name): the gate cannot tell what is below it, so it refuses.
+    /// `Err` names one whose replacement cannot be looked at (a directory on its path not
+    /// searchable, a symlink at its name that leads nowhere): the gate cannot tell what is
+    /// below it.
     fn replaced_dirs(&self) -> Result<Replaced<'_>, &File> {
         let mut out = Vec::new();
         for f in self.files.iter().filter(|f| f.is_dir) {
@@ -222,17 +236,19 @@ impl Protected {
     }
 
     /// The replaced protected directory `dir` is (or is below), if any: found by walking up
-    /// `..` from `dir` to the root. A step that fails counts as below (fail closed).
+    /// `..` from `dir` to the root. Where the gate cannot tell (a step of the walk fails, a
+    /// replacement it cannot look at), a directory on the same file system counts as below.
     fn containing(&self, dir: &OwnedFd) -> Option<&File> {
+        let Ok(mut st) = fstat(dir) else {
+            return self.files.iter().find(|f| f.is_dir);
+        };
+        let dev = st.st_dev;
         let replaced = match self.replaced_dirs() {
             Ok(r) if r.is_empty() => return None,
             Ok(r) => r,
-            Err(f) => return Some(f),
+            Err(f) => return f.same_fs(dev).then_some(f),
         };
         let unknown = Some(replaced[0].0);
-        let Ok(mut st) = fstat(dir) else {
-            return unknown;
-        };
         let mut up: Option<OwnedFd> = None;
         for _ in 0..PATH_DEPTH_MAX {
             let id = (st.st_dev, st.st_ino);
@@ -259,22 +275,24 @@ impl Protected {
     /// The replaced protected directory the file open on `fd` is below, if any (a file
     /// reopened through `/proc/self/fd/N` has no directory to walk up from: its path, as the
     /// kernel names it, is compared with the directory's, and with the path its symlink
-    /// leads to).
+    /// leads to). Where the gate cannot tell, a file on the same file system counts as below.
     fn containing_file(&self, fd: &OwnedFd) -> Option<&File> {
+        let dev = fstat(fd).map_or(0, |st| st.st_dev);
         let replaced = match self.replaced_dirs() {
             Ok(r) if r.is_empty() => return None,
             Ok(r) => r,
-            Err(f) => return Some(f),
+            Err(f) => return f.same_fs(dev).then_some(f),
         };
-        let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())) else {
+        let Some(path) = fd_path(fd) else {
             return Some(replaced[0].0);
         };
-        let path = path.as_os_str().as_bytes();
         let below = |dir: &[u8]| path.strip_prefix(dir).is_some_and(|r| r.starts_with(b"/"));
         replaced.into_iter().map(|(f, _)| f).find(|f| {
             below(f.path.as_slice())
-                || std::fs::canonicalize(OsStr::from_bytes(&f.path))
-                    .is_ok_and(|real| below(real.as_os_str().as_bytes()))
+                || match std::fs::canonicalize(OsStr::from_bytes(&f.path)) {
+                    Ok(real) => below(real.as_os_str().as_bytes()),
+                    Err(_) => f.same_fs(dev),
+                }
         })
     }
 
@@ -282,6 +300,38 @@ impl Protected {
     fn replaced(f: &File) -> bool {
         !matches!(now(f, f.name.as_bytes()), Now::At(at, _) if at.id == f.bound)
     }
+}
+
+impl File {
+    /// Is a file on device `dev` on the file system of this protected file or its directory?
+    fn same_fs(&self, dev: u64) -> bool {
+        dev == self.at.0 || dev == self.bound.0
+    }
+}
+
+/// Is `name` this protected file's name (or its `NAME.lock`), spelled exactly, or (`fold`) as
+/// a directory that folds names takes it?
+fn spelled(f: &File, name: &[u8], fold: bool) -> bool {
+    let folded = |n: &[u8]| {
+        let end = n
+            .iter()
+            .rposition(|&b| b != b'.' && b != b' ')
+            .map_or(0, |i| i + 1);
+        n[..end].to_ascii_lowercase()
+    };
+    let (name, own) = if fold {
+        (folded(name), folded(f.name.as_bytes()))
+    } else {
+        (name.to_vec(), f.name.as_bytes().to_vec())
+    };
+    name == own || (f.git_lock && name.strip_suffix(b".lock") == Some(own.as_slice()))
+}
+
+/// The path of what `fd` is open on, as the kernel names it (`/proc/self/fd/N`).
+fn fd_path(fd: &OwnedFd) -> Option<Vec<u8>> {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .ok()
+        .map(|p| p.into_os_string().into_vec())
 }
 
 /// A file's (device, inode) and type.
@@ -310,16 +360,32 @@ enum Now {
     Unknown,
 }
 
+/// What is at `name` in `f`'s directory now, looked up by its path (the directory there
+/// now, if the host made it anew).
 fn now(f: &File, name: &[u8]) -> Now {
-    let name = OsStr::from_bytes(name);
-    match fstatat(&f.dir, name, libc::AT_SYMLINK_NOFOLLOW).map(Ident::of) {
+    let path = [f.dir_path.as_slice(), b"/", name].concat();
+    let path = OsStr::from_bytes(&path);
+    let root = libc::AT_FDCWD;
+    match fstatat_path(root, path, libc::AT_SYMLINK_NOFOLLOW).map(Ident::of) {
         Ok(at) if at.kind == libc::S_IFLNK => {
-            Now::At(at, fstatat(&f.dir, name, 0).ok().map(Ident::of))
+            Now::At(at, fstatat_path(root, path, 0).ok().map(Ident::of))
         }
         Ok(at) => Now::At(at, Some(at)),
-        Err(libc::ENOENT) => Now::Absent,
+        Err(libc::ENOENT | libc::ENOTDIR) => Now::Absent,
         Err(_) => Now::Unknown,
     }
+}
+
+/// fstatat on a path relative to `dir` (a raw descriptor, `AT_FDCWD` for an absolute path).
+fn fstatat_path(dir: i32, path: &OsStr, flags: i32) -> Result<libc::stat, i32> {
+    let c = CString::new(path.as_bytes()).map_err(|_| libc::EINVAL)?;
+    // SAFETY: stat is plain data the kernel fills in; `c` is a valid C string.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, flags) } != 0 {
+        return Err(super::errno());
+    }
+    Ok(st)
 }
 
 /// The protected directories the host replaced, each with the (device, inode) of the
@@ -339,12 +405,17 @@ pub(super) enum Use {
     Link,
     /// A socket bound to its name.
     Bind,
+    /// Anything changed in a replaced protected directory, or below it.
+    Below,
 }
 
 impl super::Gate {
     /// Refuse `what` on the protected file `entry` names (the errno the bind gave while it
     /// was there).
     pub(super) fn protected_name(&self, entry: &Entry, what: Use) -> Result<(), i32> {
+        if self.on_private(&entry.parent) {
+            return Ok(());
+        }
         let Some(f) = self.protected.named(entry) else {
             return Ok(());
         };
@@ -360,11 +431,14 @@ impl super::Gate {
     /// Refuse `what` on `fd` when its file is the one at a protected name now, or below a
     /// protected directory the host replaced.
     pub(super) fn protected_file(&self, fd: &OwnedFd, what: Use) -> Result<(), i32> {
+        if self.on_private(fd) {
+            return Ok(());
+        }
         if let Some(f) = self.protected.holding(fd) {
             return Err(self.refuse_protected(f, what, true));
         }
         match self.protected.containing_file(fd) {
-            Some(f) => Err(self.refuse_protected(f, Use::Write, true)),
+            Some(f) => Err(self.refuse_protected(f, Use::Below, true)),
             None => Ok(()),
         }
     }
@@ -372,16 +446,25 @@ impl super::Gate {
     /// Refuse changing anything in `dir` when it is, or is below, a protected directory the
     /// host replaced (EROFS, as its bind said).
     pub(super) fn protected_dir(&self, dir: &OwnedFd) -> Result<(), i32> {
+        if self.on_private(dir) {
+            return Ok(());
+        }
         match self.protected.containing(dir) {
-            Some(f) => Err(self.refuse_protected(f, Use::Write, true)),
+            Some(f) => Err(self.refuse_protected(f, Use::Below, true)),
             None => Ok(()),
         }
+    }
+
+    /// Is `fd` on one of the jail's own file systems (its tmpfs /tmp, home): nothing there is
+    /// the host's, so nothing there is protected.
+    fn on_private(&self, fd: &OwnedFd) -> bool {
+        fstat(fd).is_ok_and(|st| self.private_devs.contains(&st.st_dev))
     }
 
     fn refuse_protected(&self, f: &File, what: Use, exists: bool) -> i32 {
         let errno = match what {
             Use::Write if f.is_dir => libc::EISDIR,
-            Use::Write => libc::EROFS,
+            Use::Write | Use::Below => libc::EROFS,
             Use::Bind if exists => libc::EADDRINUSE,
             Use::Bind => libc::EROFS,
             Use::Create if exists => libc::EEXIST,
@@ -444,27 +527,43 @@ mod tests {
             line(std::path::Path::new("/dev/null"), "ro"),   // a device node
         ]
         .concat();
-        let p = Protected::from_mountinfo(info.as_bytes(), &HashSet::new()).unwrap();
+        let p =
+            Protected::from_mountinfo(info.as_bytes(), &HashSet::new(), &HashSet::new()).unwrap();
         assert_eq!(p.files.len(), 2);
         assert_eq!(p.files[0].name.as_bytes(), b"config");
         assert_eq!(p.files[1].name.as_bytes(), b"hooks");
         let ino = std::fs::metadata(&file).unwrap().ino();
         assert_eq!(p.files[0].bound.1, ino);
         // Read-write, or in the jail's own file systems: not protected.
-        let rw = Protected::from_mountinfo(line(&file, "rw").as_bytes(), &HashSet::new()).unwrap();
+        let rw = Protected::from_mountinfo(
+            line(&file, "rw").as_bytes(),
+            &HashSet::new(),
+            &HashSet::new(),
+        )
+        .unwrap();
         assert!(rw.files.is_empty());
         let dev = std::fs::metadata(dir.path()).unwrap().dev();
-        let own =
-            Protected::from_mountinfo(line(&file, "ro").as_bytes(), &HashSet::from([dev])).unwrap();
+        let own = Protected::from_mountinfo(
+            line(&file, "ro").as_bytes(),
+            &HashSet::from([dev]),
+            &HashSet::new(),
+        )
+        .unwrap();
         assert!(own.files.is_empty());
     }
 
     #[test]
-    fn the_name_and_its_lock_are_protected_and_a_folded_spelling_only_where_names_fold() {
+    fn the_name_and_in_a_git_directory_its_lock_are_protected_a_folded_spelling_only_where_names_fold()
+     {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("config");
         std::fs::write(&file, "x").unwrap();
-        let p = Protected::from_mountinfo(line(&file, "ro").as_bytes(), &HashSet::new()).unwrap();
+        let st = std::fs::metadata(dir.path()).unwrap();
+        let git = HashSet::from([(st.dev(), st.ino())]);
+        let info = line(&file, "ro");
+        let p = Protected::from_mountinfo(info.as_bytes(), &HashSet::new(), &git).unwrap();
+        let plain =
+            Protected::from_mountinfo(info.as_bytes(), &HashSet::new(), &HashSet::new()).unwrap();
         let entry = |name: &str| Entry {
             parent: open_path(libc::AT_FDCWD, dir.path().as_os_str(), libc::O_DIRECTORY).unwrap(),
             last: name.as_bytes().to_vec(),
@@ -472,6 +571,10 @@ mod tests {
         for name in ["config", "config.lock", "config/"] {
             assert!(p.named(&entry(name)).is_some(), "{name}");
         }
+        // Outside a git directory, NAME.lock is another file (a protected Gemfile leaves
+        // Gemfile.lock writable).
+        assert!(plain.named(&entry("config")).is_some());
+        assert!(plain.named(&entry("config.lock")).is_none());
         // This directory does not fold names: another spelling is another file.
         for name in ["CONFIG", "config.", "config.lock.lock", "configx", "x.lock"] {
             assert!(p.named(&entry(name)).is_none(), "{name}");
@@ -482,6 +585,33 @@ mod tests {
             .unwrap()
             .into();
         assert!(p.holding(&lock).is_some());
+        assert!(plain.holding(&lock).is_none());
+    }
+
+    #[test]
+    fn a_protected_file_is_found_in_the_directory_the_host_made_anew_at_its_path() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("wf");
+        std::fs::create_dir(&dir).unwrap();
+        let file = dir.join("ci.yml");
+        std::fs::write(&file, "x").unwrap();
+        let p = Protected::from_mountinfo(
+            line(&file, "ro").as_bytes(),
+            &HashSet::new(),
+            &HashSet::new(),
+        )
+        .unwrap();
+        // A checkout removes the directory and makes it again.
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        let entry = Entry {
+            parent: open_path(libc::AT_FDCWD, dir.as_os_str(), libc::O_DIRECTORY).unwrap(),
+            last: b"ci.yml".to_vec(),
+        };
+        assert!(p.named(&entry).is_some());
+        std::fs::write(&file, "y").unwrap();
+        let fd: OwnedFd = std::fs::File::open(&file).unwrap().into();
+        assert!(p.holding(&fd).is_some());
     }
 
     #[test]
@@ -489,7 +619,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let hooks = dir.path().join("hooks");
         std::fs::create_dir(&hooks).unwrap();
-        let p = Protected::from_mountinfo(line(&hooks, "ro").as_bytes(), &HashSet::new()).unwrap();
+        let p = Protected::from_mountinfo(
+            line(&hooks, "ro").as_bytes(),
+            &HashSet::new(),
+            &HashSet::new(),
+        )
+        .unwrap();
         assert!(p.files[0].is_dir);
         let open =
             |path: &std::path::Path| -> OwnedFd { std::fs::File::open(path).unwrap().into() };
@@ -518,7 +653,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("config");
         std::fs::write(&file, "x").unwrap();
-        let p = Protected::from_mountinfo(line(&file, "ro").as_bytes(), &HashSet::new()).unwrap();
+        let p = Protected::from_mountinfo(
+            line(&file, "ro").as_bytes(),
+            &HashSet::new(),
+            &HashSet::new(),
+        )
+        .unwrap();
         let open =
             |path: &std::path::Path| -> OwnedFd { std::fs::File::open(path).unwrap().into() };
         assert!(p.holding(&open(&file)).is_some());
