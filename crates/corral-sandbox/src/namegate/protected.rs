@@ -1,26 +1,32 @@
 //! Protected files and directories the host replaces during the run (#12: "a protected file
-//! the host replaces by rename"). A protected file (`.git/config`, `corral.toml`, a harness's `settings.json`, a
-//! hidden file's placeholder) is a read-only bind of one file. When the host replaces that file
-//! by rename (`git config`, an editor saving, the host's harness refreshing its state), the
-//! kernel detaches every other mount namespace's mount on the old file: the jail then sees the
-//! new file through the read-write directory around it. The gate keeps the name read-only for
-//! the rest of the run: it knows each protected file by its directory (device, inode) and its
-//! name, taken from the read-only binds of one file in the jail's mountinfo when the jail
-//! starts, and refuses what would write through it:
-//! - a write open (O_WRONLY, O_RDWR, O_TRUNC) of the name: EROFS, as the bind said;
+//! the host replaces by rename"). A protected file (`.git/config`, `corral.toml`, a harness's
+//! `settings.json`, a hidden file's placeholder) is a read-only bind of one file. When the host
+//! replaces that file by rename (`git config`, an editor saving, the host's harness refreshing
+//! its state), the kernel detaches every other mount namespace's mount on the old file: the
+//! jail then sees the new file through the read-write directory around it. The gate keeps the
+//! name read-only for the rest of the run. It takes the read-only binds of one file or
+//! directory from the jail's mountinfo when the jail starts, knows each by its directory (the
+//! (device, inode) it had, or the directory now at its path) and its name, and refuses what
+//! would write through it, with the errno the bind gave:
+//! - a write open (O_WRONLY, O_RDWR, O_TRUNC) of the name: EROFS;
 //! - a write open of the file now at the name by any other path (`/proc/self/fd/N` of a
-//!   read-only descriptor, a link): EROFS, checked on the opened file;
+//!   read-only descriptor, a symlink, a link): EROFS, checked on the opened file;
 //! - creating the name (O_CREAT after an unlink, mkdir, mknod, symlink, link, bind): EEXIST
 //!   where something is there, EROFS where not;
 //! - renaming onto it or away from it: EBUSY, as for a mount point;
 //! - linking the file now at the name elsewhere: EXDEV, as across mounts;
-//! - truncate(2) of it: EROFS.
+//! - truncate(2) of it: EROFS;
+//! - in a git directory, the same for `NAME.lock`, which git renames onto the name.
 //!
 //! A protected directory (`.git/hooks`, a harness's `extensions/` or `plugins/`) is a read-only
 //! bind too, and the host removing it and putting another in its place detaches it the same
 //! way: from then on, changing anything in the directory now at its name, or below it (found
 //! by walking up `..` from where the change is made; for a file reopened through `/proc`, by
 //! its path), is refused with EROFS.
+//!
+//! Where the gate cannot tell (a name it cannot look up because the jail took the search
+//! permission off a directory, a symlink the host put there that leads nowhere), it refuses
+//! for files on that file system: fail closed. The jail's own file systems are never checked.
 //!
 //! Reading it is not held: a read-open is not stopped by the gate's filter (every open would
 //! be), so what the host writes there is readable for the rest of the run (docs/host-safety.md,
