@@ -762,19 +762,7 @@ fn a_protected_directory_the_host_replaces_during_the_run_stays_read_only() {
     );
     // The host's next commit runs no hook of the jail's.
     std::fs::write(w.project.join("README"), "changed\n").unwrap();
-    ok(&w.host_git(&w.project, &["add", "README"]));
-    ok(&w.host_git(
-        &w.project,
-        &[
-            "-c",
-            "user.name=u",
-            "-c",
-            "user.email=u@e",
-            "commit",
-            "-qm",
-            "after",
-        ],
-    ));
+    w.commit_readme();
     assert!(
         !marker.exists(),
         "git on the host ran a hook the jail wrote"

@@ -510,6 +510,17 @@ mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
 
+    /// The protection of `path` as a read-only bind of its own (no git directory, nothing
+    /// private).
+    fn protect(path: &std::path::Path) -> Protected {
+        Protected::from_mountinfo(
+            line(path, "ro").as_bytes(),
+            &HashSet::new(),
+            &HashSet::new(),
+        )
+        .unwrap()
+    }
+
     fn line(point: &std::path::Path, opts: &str) -> String {
         format!(
             "58 40 254:0 /x {} {opts} shared:1 - ext4 /dev/vda rw\n",
@@ -601,12 +612,7 @@ mod tests {
         std::fs::create_dir(&dir).unwrap();
         let file = dir.join("ci.yml");
         std::fs::write(&file, "x").unwrap();
-        let p = Protected::from_mountinfo(
-            line(&file, "ro").as_bytes(),
-            &HashSet::new(),
-            &HashSet::new(),
-        )
-        .unwrap();
+        let p = protect(&file);
         // A checkout removes the directory and makes it again.
         std::fs::remove_dir_all(&dir).unwrap();
         std::fs::create_dir(&dir).unwrap();
@@ -625,12 +631,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let hooks = dir.path().join("hooks");
         std::fs::create_dir(&hooks).unwrap();
-        let p = Protected::from_mountinfo(
-            line(&hooks, "ro").as_bytes(),
-            &HashSet::new(),
-            &HashSet::new(),
-        )
-        .unwrap();
+        let p = protect(&hooks);
         assert!(p.files[0].is_dir);
         let open =
             |path: &std::path::Path| -> OwnedFd { std::fs::File::open(path).unwrap().into() };
@@ -659,12 +660,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("config");
         std::fs::write(&file, "x").unwrap();
-        let p = Protected::from_mountinfo(
-            line(&file, "ro").as_bytes(),
-            &HashSet::new(),
-            &HashSet::new(),
-        )
-        .unwrap();
+        let p = protect(&file);
         let open =
             |path: &std::path::Path| -> OwnedFd { std::fs::File::open(path).unwrap().into() };
         assert!(p.holding(&open(&file)).is_some());
