@@ -63,7 +63,7 @@ const PROC_SUPER_MAGIC: i64 = 0x9fa0;
 /// What PID 1 knows before it forks the command: where a `HEAD` may be created, and which
 /// file systems are the jail's own.
 pub(crate) struct Gate {
-    /// The read-only binds of one file, kept read-only if the host replaces the file.
+    /// The read-only binds of one file or directory, kept read-only if the host replaces it.
     protected: protected::Protected,
     /// (device, inode) of each git directory that existed when the run started and held a
     /// `HEAD` (the Plan's `git.dirs`, as the jail sees them).
@@ -151,8 +151,8 @@ impl Gate {
     }
 
     /// The gate for the git directories `dirs` (as this process sees them), with the file
-    /// systems of `private_devs` exempt. The protected files are the read-only binds of one file in `mountinfo` (this
-    /// process's).
+    /// systems of `private_devs` exempt. The protected files and directories are the
+    /// read-only binds of one in `mountinfo` (this process's).
     pub(crate) fn new(
         dirs: &[std::path::PathBuf],
         private_devs: HashSet<u64>,
@@ -1112,8 +1112,7 @@ fn bind(gate: &Gate, caller: &Caller, fd: i32, addr: u64, len: usize) -> Result<
     let named = raw.len() > path_off && raw[path_off] != 0;
     let (un, ulen, _held, _parent) = if named {
         let entry = new_entry(caller, libc::AT_FDCWD, &path)?;
-        gate.protected_dir(&entry.parent)?;
-        gate.protected_name(&entry, Use::Bind)?;
+        gate.protected_entry(&entry, Use::Bind)?;
         let held = check(gate, &entry)?;
         let via = format!("/proc/self/fd/{}/", entry.parent.as_raw_fd()).into_bytes();
         let full = [via.as_slice(), entry.last.as_slice()].concat();
@@ -1227,8 +1226,7 @@ fn open(
     }
     let creates = flags & libc::O_CREAT != 0;
     if writes(flags) || creates {
-        gate.protected_dir(&entry.parent)?;
-        gate.protected_name(
+        gate.protected_entry(
             &entry,
             if writes(flags) {
                 Use::Write
@@ -1338,8 +1336,7 @@ fn truncate(gate: &Gate, caller: &Caller, path: &[u8], len: i64) -> Result<Verdi
     let fd = match follow(gate, caller, libc::AT_FDCWD, path, true, false)? {
         Target::Own(own) => own.open(libc::O_WRONLY | libc::O_NONBLOCK, 0)?,
         Target::Entry(entry, existing) => {
-            gate.protected_dir(&entry.parent)?;
-            gate.protected_name(&entry, Use::Write)?;
+            gate.protected_entry(&entry, Use::Write)?;
             match existing.map(|st| st.st_mode & libc::S_IFMT) {
                 None => return Err(libc::ENOENT),
                 Some(libc::S_IFDIR) => return Err(libc::EISDIR),
@@ -1522,8 +1519,7 @@ fn mkdir(
     mode: libc::mode_t,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
-    gate.protected_dir(&entry.parent)?;
-    gate.protected_name(&entry, Use::Create)?;
+    gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     caller.take_umask()?;
     // SAFETY: our own path and descriptor.
@@ -1540,8 +1536,7 @@ fn mknod(
     dev: u64,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
-    gate.protected_dir(&entry.parent)?;
-    gate.protected_name(&entry, Use::Create)?;
+    gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     caller.take_umask()?;
     // SAFETY: as mkdir.
@@ -1564,8 +1559,7 @@ fn symlink(
     path: &[u8],
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
-    gate.protected_dir(&entry.parent)?;
-    gate.protected_name(&entry, Use::Create)?;
+    gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     let target = CString::new(target.to_vec()).map_err(|_| libc::EINVAL)?;
     // SAFETY: as mkdir.
@@ -1589,8 +1583,7 @@ fn link(
     flags: i32,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, newdir, new)?;
-    gate.protected_dir(&entry.parent)?;
-    gate.protected_name(&entry, Use::Create)?;
+    gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     // The file linked: opened here (O_PATH) and linked through this process's own descriptor,
     // so no magic link is ever followed on the caller's behalf.
@@ -1640,10 +1633,8 @@ fn rename(
 ) -> Result<Verdict, i32> {
     let to = new_entry(caller, newdir, new)?;
     let from = new_entry(caller, olddir, old)?;
-    gate.protected_dir(&to.parent)?;
-    gate.protected_dir(&from.parent)?;
-    gate.protected_name(&to, Use::Rename)?;
-    gate.protected_name(&from, Use::Rename)?;
+    gate.protected_entry(&to, Use::Rename)?;
+    gate.protected_entry(&from, Use::Rename)?;
     let _held_to = check(gate, &to)?;
     let mut _held_from = None;
     if flags & libc::RENAME_EXCHANGE != 0 {

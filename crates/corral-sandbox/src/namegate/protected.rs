@@ -416,9 +416,16 @@ pub(super) enum Use {
 }
 
 impl super::Gate {
+    /// Refuse `what` on `entry`: in a protected directory the host replaced (or below it), or
+    /// on the protected file it names.
+    pub(super) fn protected_entry(&self, entry: &Entry, what: Use) -> Result<(), i32> {
+        self.protected_dir(&entry.parent)?;
+        self.protected_name(entry, what)
+    }
+
     /// Refuse `what` on the protected file `entry` names (the errno the bind gave while it
     /// was there).
-    pub(super) fn protected_name(&self, entry: &Entry, what: Use) -> Result<(), i32> {
+    fn protected_name(&self, entry: &Entry, what: Use) -> Result<(), i32> {
         if self.on_private(&entry.parent) {
             return Ok(());
         }
@@ -451,7 +458,7 @@ impl super::Gate {
 
     /// Refuse changing anything in `dir` when it is, or is below, a protected directory the
     /// host replaced (EROFS, as its bind said).
-    pub(super) fn protected_dir(&self, dir: &OwnedFd) -> Result<(), i32> {
+    fn protected_dir(&self, dir: &OwnedFd) -> Result<(), i32> {
         if self.on_private(dir) {
             return Ok(());
         }
@@ -512,6 +519,11 @@ mod tests {
 
     /// The protection of `path` as a read-only bind of its own (no git directory, nothing
     /// private).
+    /// A read-only descriptor of `path`.
+    fn open(path: &std::path::Path) -> OwnedFd {
+        std::fs::File::open(path).unwrap().into()
+    }
+
     fn protect(path: &std::path::Path) -> Protected {
         Protected::from_mountinfo(
             line(path, "ro").as_bytes(),
@@ -598,9 +610,7 @@ mod tests {
         }
         // A file written as config.lock is the protected one, for a write through any path.
         std::fs::write(dir.path().join("config.lock"), "y").unwrap();
-        let lock: OwnedFd = std::fs::File::open(dir.path().join("config.lock"))
-            .unwrap()
-            .into();
+        let lock = open(&dir.path().join("config.lock"));
         assert!(p.holding(&lock).is_some());
         assert!(plain.holding(&lock).is_none());
     }
@@ -622,7 +632,7 @@ mod tests {
         };
         assert!(p.named(&entry).is_some());
         std::fs::write(&file, "y").unwrap();
-        let fd: OwnedFd = std::fs::File::open(&file).unwrap().into();
+        let fd = open(&file);
         assert!(p.holding(&fd).is_some());
     }
 
@@ -633,8 +643,6 @@ mod tests {
         std::fs::create_dir(&hooks).unwrap();
         let p = protect(&hooks);
         assert!(p.files[0].is_dir);
-        let open =
-            |path: &std::path::Path| -> OwnedFd { std::fs::File::open(path).unwrap().into() };
         // Its bind is there: the kernel holds it, nothing is looked up.
         assert!(p.replaced_dirs().map_err(|_| ()).unwrap().is_empty());
         assert!(p.containing(&open(&hooks)).is_none());
@@ -661,8 +669,6 @@ mod tests {
         let file = dir.path().join("config");
         std::fs::write(&file, "x").unwrap();
         let p = protect(&file);
-        let open =
-            |path: &std::path::Path| -> OwnedFd { std::fs::File::open(path).unwrap().into() };
         assert!(p.holding(&open(&file)).is_some());
         assert!(!Protected::replaced(&p.files[0]));
         // The host replaces it by rename: the new file is the protected one, the old is not.
