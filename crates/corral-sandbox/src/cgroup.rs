@@ -461,24 +461,9 @@ fn parse_mountinfo(s: &str) -> Vec<Hierarchy> {
     out
 }
 
-/// mountinfo escapes spaces and a few characters as `\ooo`.
+/// A mountinfo path field, its `\ooo` escapes decoded (mountinfo.rs).
 fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    String::from_utf8_lossy(&crate::mountinfo::unescape(s.as_bytes())).into_owned()
 }
 
 /// This process's cgroup path per hierarchy (`/proc/self/cgroup`): (controllers, path), the

@@ -1,5 +1,6 @@
 //! `/proc/self/mountinfo`, the fields the name gate needs: which file systems are the jail's
-//! own (gatexec.rs) and which files are read-only binds of one file (namegate/protected.rs).
+//! own (gatexec.rs) and which files are read-only binds of one file (namegate/protected.rs);
+//! its path escapes for the cgroup hierarchies too (cgroup.rs).
 
 /// The fields of a mountinfo line the gate reads.
 pub(crate) struct Mount {
@@ -27,7 +28,7 @@ impl Mount {
 }
 
 /// A mountinfo field with its octal escapes (`\040` for a space) decoded.
-fn unescape(field: &[u8]) -> Vec<u8> {
+pub(crate) fn unescape(field: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(field.len());
     let mut i = 0;
     while i < field.len() {
