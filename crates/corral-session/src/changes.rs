@@ -434,117 +434,49 @@ fn sha256(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(ctx.finish().as_ref().to_vec())
 }
 
-/// Entries walked on the calling thread before starting over in parallel (the end-of-run walk
-/// is on `corral run`'s critical path).
-const SEQUENTIAL_MAX: usize = corral_policy::resolve::SEQUENTIAL_WALK_MAX;
-
 /// Every entry under `root` except `root/.git` (relative path → metadata), with every ignore
-/// filter off, not following symlinks (`corral_policy::resolve::raw_walker`, as the `hide`
-/// search): on this thread when there are at most [`SEQUENTIAL_MAX`], else in one parallel walk.
+/// filter off, not following symlinks (`corral_policy::resolve::walk_tree`, as the `hide`
+/// search).
 fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
-    walk_skipping(root, &[], WALK_MAX, SEQUENTIAL_MAX)
+    walk_skipping(root, &[], WALK_MAX)
 }
 
 /// [`walk`], not entering (nor listing) the directories `skip` (relative to `root`), failing
-/// beyond `max` entries, on this thread up to `sequential` entries.
+/// beyond `max` entries.
 fn walk_skipping(
     root: &Path,
     skip: &[OsString],
     max: usize,
-    sequential: usize,
 ) -> anyhow::Result<HashMap<OsString, Meta>> {
-    let mut builder = corral_policy::resolve::raw_walker(root, root.join(".git"));
-    if !skip.is_empty() {
-        let mut skipped: BTreeSet<PathBuf> = skip.iter().map(|s| root.join(s)).collect();
-        skipped.insert(root.join(".git"));
-        builder.filter_entry(move |e| !skipped.contains(e.path()));
-    }
-    let mut small = HashMap::new();
-    let mut complete = true;
-    for entry in builder.build() {
-        // An unreadable directory is unreadable at both ends: the rest is compared.
-        let Ok(entry) = entry else { continue };
-        if entry.depth() > 0
-            && let Ok(rel) = entry.path().strip_prefix(root)
-            && let Ok(m) = entry.path().symlink_metadata()
-        {
-            small.insert(rel.as_os_str().to_os_string(), Meta::of(&m));
-            if small.len() > sequential {
-                complete = false;
-                break;
-            }
+    use corral_policy::resolve::Step;
+    let mut skipped: BTreeSet<PathBuf> = skip.iter().map(|s| root.join(s)).collect();
+    skipped.insert(root.join(".git"));
+    let count = std::sync::atomic::AtomicUsize::new(0);
+    let (entries, over) = corral_policy::resolve::walk_tree(root, |entry, out| {
+        let path = entry.path();
+        if skipped.contains(&path) {
+            return Step::Next;
         }
-    }
-    if complete {
-        return Ok(small);
-    }
-    if max <= sequential {
-        bail!("more than {max} files under {}", root.display());
-    }
-    drop(small);
-    let found = std::sync::Mutex::new(Vec::new());
-    let over = std::sync::atomic::AtomicBool::new(false);
-    builder.build_parallel().run(|| {
-        let mut batch = Batch {
-            local: Vec::new(),
-            found: &found,
-            over: &over,
-            max,
+        // Gone since the directory was read: not there at this end.
+        let Ok(m) = entry.metadata() else {
+            return Step::Next;
         };
-        Box::new(move |entry| {
-            if batch.over.load(std::sync::atomic::Ordering::Relaxed) {
-                return ignore::WalkState::Quit;
-            }
-            // An unreadable directory is unreadable at both ends: the rest is compared.
-            let Ok(entry) = entry else {
-                return ignore::WalkState::Continue;
-            };
-            if entry.depth() > 0
-                && let Ok(rel) = entry.path().strip_prefix(root)
-                && let Ok(m) = entry.path().symlink_metadata()
-            {
-                batch
-                    .local
-                    .push((rel.as_os_str().to_os_string(), Meta::of(&m)));
-                if batch.local.len() >= 1024 {
-                    batch.flush();
-                }
-            }
-            ignore::WalkState::Continue
-        })
+        if count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= max {
+            return Step::Stop;
+        }
+        let Ok(rel) = path.strip_prefix(root) else {
+            return Step::Next;
+        };
+        out.push((rel.as_os_str().to_os_string(), Meta::of(&m)));
+        if m.is_dir() { Step::Enter } else { Step::Next }
     });
-    if over.into_inner() {
+    if over {
         bail!(
             "more than {max} files under {} (CORRAL_CHANGES=off skips this walk)",
             root.display()
         );
     }
-    let found = found.into_inner().unwrap_or_else(|p| p.into_inner());
-    Ok(found.into_iter().collect())
-}
-
-/// One walker thread's entries, moved to the shared list in batches and when the thread ends.
-struct Batch<'a> {
-    local: Vec<(OsString, Meta)>,
-    found: &'a std::sync::Mutex<Vec<(OsString, Meta)>>,
-    over: &'a std::sync::atomic::AtomicBool,
-    max: usize,
-}
-
-impl Batch<'_> {
-    fn flush(&mut self) {
-        let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
-        found.append(&mut self.local);
-        if found.len() > self.max {
-            self.over.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-}
-
-impl Drop for Batch<'_> {
-    fn drop(&mut self) {
-        self.flush();
-    }
+    Ok(entries.into_iter().collect())
 }
 
 /// How git lists a dirty path.
@@ -621,8 +553,8 @@ fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
 /// on a larger project its two walks cost more CPU than the end's two `git ls-files` (measured:
 /// docs/BENCHMARKS.md "In a git project").
 const QUICK_LISTED_MAX: usize = 1000;
-/// Entries the shortcut's walk takes at most (on this thread): beyond, the end runs git.
-const QUICK_MAX: usize = SEQUENTIAL_MAX;
+/// Entries the shortcut's walk takes at most: beyond, the end runs git.
+const QUICK_MAX: usize = corral_policy::resolve::SEQUENTIAL_WALK_MAX;
 /// A file changed this recently before the start could be changed again by the run within the
 /// same timestamp tick (mtime and ctime come from a coarse clock; some file systems keep
 /// seconds): the shortcut is then not trusted.
@@ -672,7 +604,7 @@ impl Quick {
     }
 
     fn walk(root: &Path, pruned: &[OsString]) -> Option<HashMap<OsString, Meta>> {
-        let mut entries = walk_skipping(root, pruned, QUICK_MAX, QUICK_MAX).ok()?;
+        let mut entries = walk_skipping(root, pruned, QUICK_MAX).ok()?;
         for dir in pruned {
             let m = root.join(dir).symlink_metadata().ok()?;
             entries.insert(dir.clone(), Meta::of(&m));
@@ -1093,7 +1025,7 @@ mod tests {
     }
 
     /// The walk lists every entry but `.git`, whether it fits the walk on the calling thread or
-    /// starts over in parallel.
+    /// goes on in threads, and a walk beyond its limit fails.
     #[test]
     fn walk_lists_every_entry_small_or_large() {
         let dir = tempfile::tempdir().unwrap();
@@ -1125,6 +1057,10 @@ mod tests {
                 .keys()
                 .all(|k| !k.to_string_lossy().starts_with(".git"))
         );
+        let skipped = walk_skipping(root, &["many".into()], 100).unwrap();
+        assert_eq!(skipped.len(), 3, "`many` neither listed nor entered");
+        let over = walk_skipping(root, &[], 5000).unwrap_err().to_string();
+        assert!(over.contains("more than 5000 files"), "{over}");
     }
 
     /// A project for the shortcut: files, a directory, and `target/`, which git listed as

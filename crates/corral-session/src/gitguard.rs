@@ -262,8 +262,8 @@ struct Found {
 /// Every `.git` under `root` except `root/.git`, and every directory shaped like a bare
 /// repository, not entering any of them, links not followed. A plain walk on this thread that
 /// reads directory entries only (their type comes with the entry, so no `stat` per file): on a
-/// 100,000-file tree it costs about a third of the CPU of the `ignore` crate's walker
-/// (`raw_walker`), sequential or parallel (docs/BENCHMARKS.md). No limit on the number of
+/// 100,000-file tree it cost about a third of the CPU of the `ignore` crate's walker,
+/// sequential or parallel (docs/BENCHMARKS.md). No limit on the number of
 /// entries: one would let the jail hide a repository behind enough files. An unreadable
 /// directory is skipped (git on the host cannot be made to use a repository the user cannot
 /// read).

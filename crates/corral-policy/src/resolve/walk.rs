@@ -24,33 +24,159 @@ pub(super) fn hide_glob(pattern: &str) -> Result<globset::Glob, String> {
         .map_err(|e| format!("filesystem.hide: invalid pattern {pattern:?}: {e}"))
 }
 
-/// Entries a project walk ([`find_masked`], the change summary's) visits on the calling thread
-/// before it starts over in parallel: a small project is listed without starting (and waiting
-/// for) walker threads, which on a busy machine costs more than the walk itself.
+/// Entries a project walk ([`walk_tree`]) visits on the calling thread before the directories
+/// it has not read yet are shared among threads: a small project is listed without starting
+/// (and waiting for) threads, which on a busy machine costs more than the walk itself.
 pub const SEQUENTIAL_WALK_MAX: usize = 4096;
 
-/// A walker over the whole of `root` as it is on disk: every ignore filter off (a `.gitignore`
-/// must not hide a file from corral), links not followed, and `skip` not entered.
-pub fn raw_walker(root: &Path, skip: PathBuf) -> ignore::WalkBuilder {
-    let mut builder = ignore::WalkBuilder::new(root);
-    builder
-        .standard_filters(false)
-        .hidden(false)
-        .parents(false)
-        .ignore(false)
-        .git_ignore(false)
-        .git_global(false)
-        .git_exclude(false)
-        .require_git(false)
-        .follow_links(false)
-        .filter_entry(move |e| e.path() != skip);
-    builder
+/// What a [`walk_tree`] visitor makes of one entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Read this entry (a directory) too.
+    Enter,
+    /// Go on with the next entry.
+    Next,
+    /// End the walk, on every thread.
+    Stop,
+}
+
+/// Read every directory under `root` once, as it is on disk (no ignore file applies, links are
+/// not followed), calling `visit` with each entry and the calling thread's output list: only
+/// the entries it answers [`Step::Enter`] are read in turn. Plain `readdir`: an entry's type
+/// comes with it (`DirEntry::file_type`), so nothing costs a `stat` the visitor does not ask
+/// for. On this thread up to [`SEQUENTIAL_WALK_MAX`] entries; beyond, the directories not read
+/// yet are shared among up to four threads (nothing is read twice). An unreadable directory is
+/// skipped. Returns what the visitors put out, in no particular order, and whether one of them
+/// stopped the walk.
+pub fn walk_tree<T, F>(root: &Path, visit: F) -> (Vec<T>, bool)
+where
+    T: Send,
+    F: Fn(&std::fs::DirEntry, &mut Vec<T>) -> Step + Sync,
+{
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    let mut seen = 0;
+    while let Some(dir) = dirs.pop() {
+        match read_dir_into(&dir, &visit, &mut out, &mut dirs) {
+            None => return (out, true),
+            Some(n) => seen += n,
+        }
+        if seen > SEQUENTIAL_WALK_MAX && threads > 1 && dirs.len() > 1 {
+            return walk_shared(dirs, threads, &visit, out);
+        }
+    }
+    (out, false)
+}
+
+/// Visit the entries of `dir`, pushing those to enter on `dirs`: how many it had, or `None`
+/// when the visitor stopped.
+fn read_dir_into<T, F>(
+    dir: &Path,
+    visit: &F,
+    out: &mut Vec<T>,
+    dirs: &mut Vec<PathBuf>,
+) -> Option<usize>
+where
+    F: Fn(&std::fs::DirEntry, &mut Vec<T>) -> Step,
+{
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Some(0);
+    };
+    let mut n = 0;
+    for entry in entries.flatten() {
+        n += 1;
+        match visit(&entry, out) {
+            Step::Enter => dirs.push(entry.path()),
+            Step::Next => {}
+            Step::Stop => return None,
+        }
+    }
+    Some(n)
+}
+
+/// The rest of a [`walk_tree`]: `threads` threads take directories from one shared stack until
+/// it is empty and no thread is reading one (or a visitor stopped).
+fn walk_shared<T, F>(
+    dirs: Vec<PathBuf>,
+    threads: usize,
+    visit: &F,
+    mut out: Vec<T>,
+) -> (Vec<T>, bool)
+where
+    T: Send,
+    F: Fn(&std::fs::DirEntry, &mut Vec<T>) -> Step + Sync,
+{
+    struct Shared {
+        dirs: Vec<PathBuf>,
+        /// Threads reading a directory (which may add more).
+        busy: usize,
+        stopped: bool,
+    }
+    let shared = std::sync::Mutex::new(Shared {
+        dirs,
+        busy: 0,
+        stopped: false,
+    });
+    let more = std::sync::Condvar::new();
+    let lock = || shared.lock().unwrap_or_else(|p| p.into_inner());
+    let outputs: Vec<Vec<T>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    let mut found = Vec::new();
+                    loop {
+                        let dir = {
+                            let mut g = lock();
+                            loop {
+                                if g.stopped {
+                                    return mine;
+                                }
+                                if let Some(d) = g.dirs.pop() {
+                                    g.busy += 1;
+                                    break d;
+                                }
+                                if g.busy == 0 {
+                                    return mine;
+                                }
+                                g = more.wait(g).unwrap_or_else(|p| p.into_inner());
+                            }
+                        };
+                        let stop = read_dir_into(&dir, visit, &mut mine, &mut found).is_none();
+                        let mut g = lock();
+                        g.busy -= 1;
+                        g.stopped |= stop;
+                        g.dirs.append(&mut found);
+                        drop(g);
+                        more.notify_all();
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    for o in outputs {
+        out.extend(o);
+    }
+    let stopped = shared
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .stopped;
+    (out, stopped)
 }
 
 /// Every entry under `root` matched by one of the `hide` patterns, found with every ignore
 /// filter off (a `.gitignore` must not hide `.env` from this search), not descending into
-/// `.git/objects` or into a matched directory: on this thread for a tree of at most
-/// [`SEQUENTIAL_WALK_MAX`] entries, else in one parallel walk. Sorted.
+/// `.git/objects` or into a matched directory, links not followed. Sorted.
+///
+/// One [`walk_tree`], which reads each directory once and stats no file (the `ignore` crate's
+/// walker, used before, cost several times the CPU per entry, and walked a tree of more than
+/// [`SEQUENTIAL_WALK_MAX`] entries twice: docs/BENCHMARKS.md "Policy"). An unreadable
+/// directory is skipped: the jail's user cannot list it either.
 pub fn find_masked(root: &Path, patterns: &[String]) -> Result<Vec<PathBuf>, PolicyError> {
     let mut b = globset::GlobSetBuilder::new();
     for p in patterns {
@@ -62,76 +188,120 @@ pub fn find_masked(root: &Path, patterns: &[String]) -> Result<Vec<PathBuf>, Pol
     if patterns.is_empty() {
         return Ok(Vec::new());
     }
-    let builder = raw_walker(root, root.join(".git/objects"));
-    // A small project is walked on this thread: starting the walker's threads (and waiting for
-    // every one of them to be scheduled and go idle) costs more than the walk on a busy
-    // machine, and this walk is on the path of every `corral run`. Beyond
-    // SEQUENTIAL_WALK_MAX entries, start over in parallel.
-    let mut small = Vec::new();
-    // Matched directories: what lies below them is not listed (their mount covers it).
-    let mut covered: Vec<PathBuf> = Vec::new();
-    let mut complete = true;
-    for (seen, entry) in builder.build().enumerate() {
-        if seen >= SEQUENTIAL_WALK_MAX {
-            complete = false;
-            break;
+    let objects = root.join(".git/objects");
+    let (mut found, _) = walk_tree(root, |entry, found: &mut Vec<PathBuf>| {
+        let path = entry.path();
+        if path == objects {
+            return Step::Next;
         }
-        // An unreadable directory cannot be listed by the jail's user either.
-        let Ok(entry) = entry else { continue };
-        let Ok(rel) = entry.path().strip_prefix(root) else {
-            continue;
-        };
-        if rel.as_os_str().is_empty()
-            || !set.is_match(rel)
-            || covered.iter().any(|d| entry.path().starts_with(d))
-        {
-            continue;
+        match path.strip_prefix(root) {
+            // A matched directory's mount covers what lies below it.
+            Ok(rel) if set.is_match(rel) => found.push(path),
+            Ok(_) if entry.file_type().is_ok_and(|t| t.is_dir()) => return Step::Enter,
+            _ => {}
         }
-        if entry.file_type().is_some_and(|t| t.is_dir()) {
-            covered.push(entry.path().to_path_buf());
-        }
-        small.push(entry.path().to_path_buf());
-    }
-    if complete {
-        small.sort();
-        return Ok(small);
-    }
-    let found = std::sync::Mutex::new(Vec::new());
-    let errors = std::sync::Mutex::new(None);
-    builder.build_parallel().run(|| {
-        let set = &set;
-        let found = &found;
-        let errors = &errors;
-        Box::new(move |entry| {
-            use ignore::WalkState;
-            let entry = match entry {
-                Ok(e) => e,
-                Err(e) => {
-                    // An unreadable directory cannot be listed by the jail's user either;
-                    // remember the first error for the report and keep walking.
-                    let mut slot = errors.lock().unwrap_or_else(|p| p.into_inner());
-                    slot.get_or_insert_with(|| e.to_string());
-                    return WalkState::Continue;
-                }
-            };
-            let Ok(rel) = entry.path().strip_prefix(root) else {
-                return WalkState::Continue;
-            };
-            if rel.as_os_str().is_empty() || !set.is_match(rel) {
-                return WalkState::Continue;
-            }
-            found
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(entry.path().to_path_buf());
-            if entry.file_type().is_some_and(|t| t.is_dir()) {
-                WalkState::Skip
-            } else {
-                WalkState::Continue
-            }
-        })
+        Step::Next
     });
-    let mut found = found.into_inner().unwrap_or_else(|p| p.into_inner());
     found.sort();
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `dirs` directories of `files` files each under `root/many`, each with a directory
+    /// `deeper` of 5 files, and one symlink to `root`.
+    fn tree(root: &Path, dirs: usize, files: usize) {
+        for d in 0..dirs {
+            let sub = root.join(format!("many/d{d}"));
+            std::fs::create_dir_all(sub.join("deeper")).unwrap();
+            for f in 0..files {
+                std::fs::write(sub.join(format!("f{f}")), "").unwrap();
+            }
+            for f in 0..5 {
+                std::fs::write(sub.join(format!("deeper/g{f}")), "").unwrap();
+            }
+        }
+        std::os::unix::fs::symlink(root, root.join("many/loop")).unwrap();
+    }
+
+    fn every_entry(root: &Path) -> (Vec<PathBuf>, bool) {
+        walk_tree(root, |e, out: &mut Vec<PathBuf>| {
+            out.push(e.path());
+            if e.file_type().unwrap().is_dir() {
+                Step::Enter
+            } else {
+                Step::Next
+            }
+        })
+    }
+
+    #[test]
+    fn a_walk_lists_each_entry_once_on_one_thread_or_shared() {
+        for (dirs, files) in [(3, 5), (60, 100)] {
+            let t = tempfile::tempdir().unwrap();
+            tree(t.path(), dirs, files);
+            let (mut found, stopped) = every_entry(t.path());
+            assert!(!stopped);
+            let n = found.len();
+            found.sort();
+            found.dedup();
+            assert_eq!(found.len(), n, "an entry listed twice");
+            // many, its directories, their files and `deeper`s, the link (not followed).
+            assert_eq!(n, 1 + dirs * (1 + files + 1 + 5) + 1);
+            for last in [format!("f{}", files - 1), "deeper/g4".into()] {
+                let path = t.path().join(format!("many/d{}/{last}", dirs - 1));
+                assert!(found.contains(&path), "{} not listed", path.display());
+            }
+        }
+    }
+
+    #[test]
+    fn a_visitor_stops_the_walk_on_every_thread() {
+        let t = tempfile::tempdir().unwrap();
+        tree(t.path(), 60, 100);
+        let seen = std::sync::atomic::AtomicUsize::new(0);
+        let (found, stopped) = walk_tree(t.path(), |e, out: &mut Vec<PathBuf>| {
+            if seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 5000 {
+                return Step::Stop;
+            }
+            out.push(e.path());
+            if e.file_type().unwrap().is_dir() {
+                Step::Enter
+            } else {
+                Step::Next
+            }
+        });
+        assert!(stopped);
+        assert!(
+            found.len() <= 5000,
+            "{} entries after the stop",
+            found.len()
+        );
+    }
+
+    #[test]
+    fn masked_entries_are_found_in_a_large_tree_but_not_below_a_match() {
+        let t = tempfile::tempdir().unwrap();
+        tree(t.path(), 60, 100);
+        for d in [0, 59] {
+            std::fs::write(t.path().join(format!("many/d{d}/.env")), "").unwrap();
+        }
+        std::fs::create_dir_all(t.path().join("secrets.d/inner")).unwrap();
+        std::fs::write(t.path().join("secrets.d/inner/.env"), "").unwrap();
+        std::fs::create_dir_all(t.path().join(".git/objects/aa")).unwrap();
+        std::fs::write(t.path().join(".git/objects/aa/.env"), "").unwrap();
+        let found = find_masked(t.path(), &[".env".into(), "secrets.d".into()]).unwrap();
+        let rel: Vec<_> = found
+            .iter()
+            .map(|p| {
+                p.strip_prefix(t.path())
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        assert_eq!(rel, ["many/d0/.env", "many/d59/.env", "secrets.d"]);
+    }
 }
