@@ -448,11 +448,15 @@ fn walk_skipping(
     skip: &[OsString],
     max: usize,
 ) -> anyhow::Result<HashMap<OsString, Meta>> {
-    use corral_policy::resolve::Step;
+    use corral_policy::resolve::{Seen, Step};
     let mut skipped: BTreeSet<PathBuf> = skip.iter().map(|s| root.join(s)).collect();
     skipped.insert(root.join(".git"));
     let count = std::sync::atomic::AtomicUsize::new(0);
-    let (entries, over) = corral_policy::resolve::walk_tree(root, |entry, out| {
+    let (entries, over) = corral_policy::resolve::walk_tree(root, |seen, out| {
+        // An unreadable directory is unreadable at both ends: the rest is compared.
+        let Seen::Entry(entry) = seen else {
+            return Step::Next;
+        };
         let path = entry.path();
         if skipped.contains(&path) {
             return Step::Next;

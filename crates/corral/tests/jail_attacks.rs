@@ -100,6 +100,34 @@ fn masked_env_files_are_present_empty_and_unreadable() {
     );
 }
 
+/// A `.env` in a directory corral cannot list (mode 000): the jail's user owns it, so it could
+/// make it readable and read a file the masking walk never saw. As the unprivileged user the
+/// walk cannot read it and masks the whole directory; as root it reads it and masks the file.
+#[test]
+fn a_secret_in_a_directory_corral_cannot_list_stays_unreadable() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = World::new();
+    let locked = w.project.join("locked");
+    write(&locked.join(".env"), ENV_SECRET);
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let out = w.sh(
+        "none",
+        "chmod 700 locked 2>/dev/null && echo CHMOD; cat locked/.env 2>/dev/null; \
+         cp locked/.env /tmp/x 2>/dev/null && cat /tmp/x; echo END",
+    );
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
+    ran(&out, "END");
+    assert!(
+        !out.both().contains(ENV_SECRET),
+        "the .env of an unlistable directory leaked:\n{}",
+        out.both()
+    );
+    assert_eq!(
+        std::fs::read_to_string(locked.join(".env")).unwrap(),
+        ENV_SECRET
+    );
+}
+
 #[test]
 fn cannot_write_git_hooks_git_config_or_existing_policy() {
     let w = World::new();

@@ -28,7 +28,7 @@ use layer::expand_home_value;
 pub use build::proxy_env;
 pub use command::{SHIM_MARKER, is_shim, package_dir, which};
 pub use project::{project_root, why_not_a_project};
-pub use walk::{SEQUENTIAL_WALK_MAX, Step, find_masked, walk_tree};
+pub use walk::{SEQUENTIAL_WALK_MAX, Seen, Step, find_masked, walk_tree};
 
 /// The command-line layer of the policy (`--policy`, `--engine`, `--network`, `--allow`, ...),
 /// the highest-precedence layer. Values are as the user typed them; `resolve` validates them.

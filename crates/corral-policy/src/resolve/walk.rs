@@ -40,18 +40,27 @@ pub enum Step {
     Stop,
 }
 
+/// What a [`walk_tree`] visitor is shown.
+pub enum Seen<'a> {
+    /// An entry of a directory being read.
+    Entry(&'a std::fs::DirEntry),
+    /// A directory that could not be opened, or whose listing failed partway (the entries read
+    /// before the error were shown): the rest of it is not read.
+    Unreadable(&'a Path, &'a std::io::Error),
+}
+
 /// Read every directory under `root` once, as it is on disk (no ignore file applies, links are
-/// not followed), calling `visit` with each entry and the calling thread's output list: only
-/// the entries it answers [`Step::Enter`] are read in turn. Plain `readdir`: an entry's type
-/// comes with it (`DirEntry::file_type`), so nothing costs a `stat` the visitor does not ask
-/// for. On this thread up to [`SEQUENTIAL_WALK_MAX`] entries; beyond, the directories not read
-/// yet are shared among up to four threads (nothing is read twice). An unreadable directory is
-/// skipped. Returns what the visitors put out, in no particular order, and whether one of them
-/// stopped the walk.
+/// not followed), calling `visit` with each entry (and each directory it cannot read) and the
+/// calling thread's output list: only the entries it answers [`Step::Enter`] are read in turn.
+/// Plain `readdir`: an entry's type comes with it (`DirEntry::file_type`), so nothing costs a
+/// `stat` the visitor does not ask for. On this thread up to [`SEQUENTIAL_WALK_MAX`] entries;
+/// beyond, the directories not read yet are shared among up to four threads (nothing is read
+/// twice). Returns what the visitors put out, in no particular order, and whether one of them
+/// stopped the walk. A visitor's panic ends the walk on every thread and goes on in the caller.
 pub fn walk_tree<T, F>(root: &Path, visit: F) -> (Vec<T>, bool)
 where
     T: Send,
-    F: Fn(&std::fs::DirEntry, &mut Vec<T>) -> Step + Sync,
+    F: Fn(Seen<'_>, &mut Vec<T>) -> Step + Sync,
 {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
     let mut out = Vec::new();
@@ -78,15 +87,20 @@ fn read_dir_into<T, F>(
     dirs: &mut Vec<PathBuf>,
 ) -> Option<usize>
 where
-    F: Fn(&std::fs::DirEntry, &mut Vec<T>) -> Step,
+    F: Fn(Seen<'_>, &mut Vec<T>) -> Step,
 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Some(0);
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => return (visit(Seen::Unreadable(dir, &e), out) != Step::Stop).then_some(0),
     };
     let mut n = 0;
-    for entry in entries.flatten() {
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => return (visit(Seen::Unreadable(dir, &e), out) != Step::Stop).then_some(n),
+        };
         n += 1;
-        match visit(&entry, out) {
+        match visit(Seen::Entry(&entry), out) {
             Step::Enter => dirs.push(entry.path()),
             Step::Next => {}
             Step::Stop => return None,
@@ -105,7 +119,7 @@ fn walk_shared<T, F>(
 ) -> (Vec<T>, bool)
 where
     T: Send,
-    F: Fn(&std::fs::DirEntry, &mut Vec<T>) -> Step + Sync,
+    F: Fn(Seen<'_>, &mut Vec<T>) -> Step + Sync,
 {
     struct Shared {
         dirs: Vec<PathBuf>,
@@ -143,7 +157,21 @@ where
                                 g = more.wait(g).unwrap_or_else(|p| p.into_inner());
                             }
                         };
-                        let stop = read_dir_into(&dir, visit, &mut mine, &mut found).is_none();
+                        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            read_dir_into(&dir, visit, &mut mine, &mut found)
+                        }));
+                        let stop = match read {
+                            Ok(read) => read.is_none(),
+                            Err(panic) => {
+                                // The others must not wait for this thread's directories.
+                                let mut g = lock();
+                                g.busy -= 1;
+                                g.stopped = true;
+                                drop(g);
+                                more.notify_all();
+                                std::panic::resume_unwind(panic);
+                            }
+                        };
                         let mut g = lock();
                         g.busy -= 1;
                         g.stopped |= stop;
@@ -175,8 +203,9 @@ where
 ///
 /// One [`walk_tree`], which reads each directory once and stats no file (the `ignore` crate's
 /// walker, used before, cost several times the CPU per entry, and walked a tree of more than
-/// [`SEQUENTIAL_WALK_MAX`] entries twice: docs/BENCHMARKS.md "Policy"). An unreadable
-/// directory is skipped: the jail's user cannot list it either.
+/// [`SEQUENTIAL_WALK_MAX`] entries twice: docs/BENCHMARKS.md "Policy"). A directory below the
+/// root that cannot be read is masked whole: the jail's user may be its owner, able to make
+/// it readable and read what this walk could not see.
 pub fn find_masked(root: &Path, patterns: &[String]) -> Result<Vec<PathBuf>, PolicyError> {
     let mut b = globset::GlobSetBuilder::new();
     for p in patterns {
@@ -189,7 +218,18 @@ pub fn find_masked(root: &Path, patterns: &[String]) -> Result<Vec<PathBuf>, Pol
         return Ok(Vec::new());
     }
     let objects = root.join(".git/objects");
-    let (mut found, _) = walk_tree(root, |entry, found: &mut Vec<PathBuf>| {
+    let (mut found, _) = walk_tree(root, |seen, found: &mut Vec<PathBuf>| {
+        let entry = match seen {
+            Seen::Entry(entry) => entry,
+            // The jail runs as the directory's owner, who could make it readable and read a
+            // file this walk did not see: it is masked whole. One that is gone is not.
+            Seen::Unreadable(dir, e) => {
+                if dir != root && e.kind() != std::io::ErrorKind::NotFound {
+                    found.push(dir.to_path_buf());
+                }
+                return Step::Next;
+            }
+        };
         let path = entry.path();
         if path == objects {
             return Step::Next;
@@ -227,7 +267,10 @@ mod tests {
     }
 
     fn every_entry(root: &Path) -> (Vec<PathBuf>, bool) {
-        walk_tree(root, |e, out: &mut Vec<PathBuf>| {
+        walk_tree(root, |seen, out: &mut Vec<PathBuf>| {
+            let Seen::Entry(e) = seen else {
+                return Step::Next;
+            };
             out.push(e.path());
             if e.file_type().unwrap().is_dir() {
                 Step::Enter
@@ -263,6 +306,9 @@ mod tests {
         tree(t.path(), 60, 100);
         let seen = std::sync::atomic::AtomicUsize::new(0);
         let (found, stopped) = walk_tree(t.path(), |e, out: &mut Vec<PathBuf>| {
+            let Seen::Entry(e) = e else {
+                return Step::Next;
+            };
             if seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 5000 {
                 return Step::Stop;
             }
@@ -279,6 +325,44 @@ mod tests {
             "{} entries after the stop",
             found.len()
         );
+    }
+
+    #[test]
+    fn a_visitor_that_panics_ends_the_walk_and_the_panic_goes_on() {
+        let t = tempfile::tempdir().unwrap();
+        tree(t.path(), 60, 100);
+        let seen = std::sync::atomic::AtomicUsize::new(0);
+        let walk = std::panic::catch_unwind(|| {
+            walk_tree(t.path(), |e, out: &mut Vec<PathBuf>| {
+                let Seen::Entry(e) = e else {
+                    return Step::Next;
+                };
+                // Past the first 4,096 entries: on one of the shared threads.
+                if seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 5000 {
+                    panic!("a visitor's bug");
+                }
+                out.push(e.path());
+                if e.file_type().unwrap().is_dir() {
+                    Step::Enter
+                } else {
+                    Step::Next
+                }
+            })
+        });
+        assert!(walk.is_err(), "the panic was swallowed");
+    }
+
+    #[test]
+    fn an_unreadable_directory_is_shown_to_the_visitor() {
+        let t = tempfile::tempdir().unwrap();
+        let (found, _) = walk_tree(&t.path().join("absent"), |seen, out: &mut Vec<String>| {
+            if let Seen::Unreadable(dir, e) = seen {
+                out.push(format!("{}: {:?}", dir.display(), e.kind()));
+            }
+            Step::Next
+        });
+        assert_eq!(found.len(), 1);
+        assert!(found[0].ends_with("absent: NotFound"), "{found:?}");
     }
 
     #[test]
