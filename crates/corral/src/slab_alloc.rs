@@ -9,7 +9,10 @@
 //! Here those blocks are carved side by side, without a header or gap, from 16 KiB chunks.
 //!
 //! A freed block goes back to its class's list and is reused by the next block of that class;
-//! chunks are never given back to the C library. So the proxy keeps the memory of its busiest
+//! chunks are never given back to the C library. As glibc's tcache does for its lists, a free
+//! block's link is stored mangled with its own address (a write through a stale pointer turns
+//! it into an address that fails the alignment check, not into a block handed out twice), and a
+//! block freed twice is caught; either aborts the process. So the proxy keeps the memory of its busiest
 //! moment for these blocks, as glibc's fragmented heap mostly does too.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -27,9 +30,34 @@ const CHUNK: usize = 16 << 10;
 /// The allocator: `#[global_allocator] static A: slab_alloc::Slab = slab_alloc::Slab;`.
 pub struct Slab;
 
-/// A free block: the next free block of its class lives in its first word.
+/// A free block: the next free block of its class, mangled ([`mangle`]), in its first word;
+/// [`key`] in its second while it is on a list.
 struct Free {
-    next: *mut Free,
+    link: usize,
+    key: usize,
+}
+
+/// `next` as stored in the free block at `at`: glibc's safe-linking (`PROTECT_PTR`).
+fn mangle(at: *mut Free, next: *mut Free) -> usize {
+    ((at as usize) >> 12) ^ (next as usize)
+}
+
+/// The mark of a block on a free list: the address of the lists themselves, which moves with
+/// the executable's load address, so a stale tenant's bytes rarely hold it by chance.
+fn key() -> usize {
+    (&raw const CLASSES_STATE as usize) ^ 0x5a5a_5a5a_5a5a_5a5a
+}
+
+/// End the process: the heap is corrupt (a block freed twice, a list overwritten).
+fn corrupt(what: &str) -> ! {
+    // No allocation here: this is the allocator.
+    // SAFETY: writing a valid buffer to stderr.
+    unsafe {
+        libc::write(2, b"corral-proxy: ".as_ptr().cast(), 14);
+        libc::write(2, what.as_ptr().cast(), what.len());
+        libc::write(2, b"\n".as_ptr().cast(), 1);
+    }
+    std::process::abort()
 }
 
 /// One class: its free blocks, and the part of its newest chunk not handed out yet (carved
@@ -73,7 +101,13 @@ impl Slab {
         if !class.free.is_null() {
             let block = class.free;
             // SAFETY: a block on the list is a free block of this class written by `give`.
-            class.free = unsafe { (*block).next };
+            let next = unsafe { (*block).link } ^ ((block as usize) >> 12);
+            if !next.is_multiple_of(GRAIN) {
+                corrupt("a free list was overwritten (a write after free)");
+            }
+            class.free = next as *mut Free;
+            // SAFETY: as above.
+            unsafe { (*block).key = 0 };
             return block.cast();
         }
         if class.next.is_null() || (class.end as usize) - (class.next as usize) < size {
@@ -97,9 +131,25 @@ impl Slab {
         let mut classes = CLASSES_STATE.lock().unwrap_or_else(PoisonError::into_inner);
         let class = &mut classes.0[c];
         let block = ptr.cast::<Free>();
-        // SAFETY: the block is ours (of this class, at least GRAIN bytes, GRAIN-aligned) and
-        // no longer used by its owner.
-        unsafe { block.write(Free { next: class.free }) };
+        // SAFETY: the block is ours (of this class, at least GRAIN bytes, GRAIN-aligned).
+        if unsafe { (*block).key } == key() {
+            // Marked free: on this list already, unless its tenant wrote the mark (look).
+            let mut at = class.free;
+            while !at.is_null() {
+                if at == block {
+                    corrupt("a block was freed twice");
+                }
+                // SAFETY: the list's blocks are free blocks of this class.
+                at = (unsafe { (*at).link } ^ ((at as usize) >> 12)) as *mut Free;
+            }
+        }
+        // SAFETY: the block is no longer used by its owner.
+        unsafe {
+            block.write(Free {
+                link: mangle(block, class.free),
+                key: key(),
+            })
+        };
         class.free = block;
     }
 }
@@ -230,6 +280,49 @@ mod tests {
                     .all(|&b| b == 7)
             );
             a.dealloc(huge, layout(8192, 64));
+        }
+    }
+
+    /// A block freed twice, or a free list overwritten through a stale pointer, aborts the
+    /// process (run in a child: this test's own process, told by an environment variable).
+    #[test]
+    fn a_double_free_or_a_write_after_free_aborts() {
+        use std::os::unix::process::ExitStatusExt;
+        const CASE: &str = "CORRAL_SLAB_TEST_CASE";
+        match std::env::var(CASE).as_deref() {
+            Ok("double") => unsafe {
+                let l = layout(512, 128);
+                let p = Slab.alloc(l);
+                Slab.dealloc(p, l);
+                Slab.dealloc(p, l);
+                return;
+            },
+            Ok("overwrite") => unsafe {
+                let l = layout(640, 128);
+                let p = Slab.alloc(l);
+                Slab.dealloc(p, l);
+                // What a stale pointer's owner might write: a small number (here decoding to
+                // 0x41, whatever the block's address).
+                p.cast::<usize>().write(((p as usize) >> 12) ^ 0x41);
+                let _ = Slab.alloc(l);
+                let _ = Slab.alloc(l);
+                return;
+            },
+            _ => {}
+        }
+        for (case, says) in [("double", "freed twice"), ("overwrite", "write after free")] {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "slab_alloc::tests::a_double_free_or_a_write_after_free_aborts",
+                    "--test-threads=1",
+                ])
+                .env(CASE, case)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{case}: {stderr}");
+            assert!(stderr.contains(says), "{case}: {stderr}");
         }
     }
 
