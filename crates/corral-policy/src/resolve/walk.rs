@@ -266,11 +266,17 @@ mod tests {
         std::os::unix::fs::symlink(root, root.join("many/loop")).unwrap();
     }
 
-    fn every_entry(root: &Path) -> (Vec<PathBuf>, bool) {
+    /// Every entry under `root`, directories entered; from the `at`-th entry on, `then()`
+    /// answers instead.
+    fn walk_until(root: &Path, at: usize, then: impl Fn() -> Step + Sync) -> (Vec<PathBuf>, bool) {
+        let count = std::sync::atomic::AtomicUsize::new(0);
         walk_tree(root, |seen, out: &mut Vec<PathBuf>| {
             let Seen::Entry(e) = seen else {
                 return Step::Next;
             };
+            if count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= at {
+                return then();
+            }
             out.push(e.path());
             if e.file_type().unwrap().is_dir() {
                 Step::Enter
@@ -285,7 +291,7 @@ mod tests {
         for (dirs, files) in [(3, 5), (60, 100)] {
             let t = tempfile::tempdir().unwrap();
             tree(t.path(), dirs, files);
-            let (mut found, stopped) = every_entry(t.path());
+            let (mut found, stopped) = walk_until(t.path(), usize::MAX, || Step::Next);
             assert!(!stopped);
             let n = found.len();
             found.sort();
@@ -304,21 +310,7 @@ mod tests {
     fn a_visitor_stops_the_walk_on_every_thread() {
         let t = tempfile::tempdir().unwrap();
         tree(t.path(), 60, 100);
-        let seen = std::sync::atomic::AtomicUsize::new(0);
-        let (found, stopped) = walk_tree(t.path(), |e, out: &mut Vec<PathBuf>| {
-            let Seen::Entry(e) = e else {
-                return Step::Next;
-            };
-            if seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= 5000 {
-                return Step::Stop;
-            }
-            out.push(e.path());
-            if e.file_type().unwrap().is_dir() {
-                Step::Enter
-            } else {
-                Step::Next
-            }
-        });
+        let (found, stopped) = walk_until(t.path(), 5000, || Step::Stop);
         assert!(stopped);
         assert!(
             found.len() <= 5000,
@@ -331,24 +323,9 @@ mod tests {
     fn a_visitor_that_panics_ends_the_walk_and_the_panic_goes_on() {
         let t = tempfile::tempdir().unwrap();
         tree(t.path(), 60, 100);
-        let seen = std::sync::atomic::AtomicUsize::new(0);
-        let walk = std::panic::catch_unwind(|| {
-            walk_tree(t.path(), |e, out: &mut Vec<PathBuf>| {
-                let Seen::Entry(e) = e else {
-                    return Step::Next;
-                };
-                // Past the first 4,096 entries: on one of the shared threads.
-                if seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 5000 {
-                    panic!("a visitor's bug");
-                }
-                out.push(e.path());
-                if e.file_type().unwrap().is_dir() {
-                    Step::Enter
-                } else {
-                    Step::Next
-                }
-            })
-        });
+        // Past the first 4,096 entries: on the shared threads.
+        let walk =
+            std::panic::catch_unwind(|| walk_until(t.path(), 5000, || panic!("a visitor's bug")));
         assert!(walk.is_err(), "the panic was swallowed");
     }
 
