@@ -9,11 +9,13 @@
 //! Here those blocks are carved side by side, without a header or gap, from 16 KiB chunks.
 //!
 //! A freed block goes back to its class's list and is reused by the next block of that class;
-//! chunks are never given back to the C library. As glibc's tcache does for its lists, a free
-//! block's link is stored mangled with its own address (a write through a stale pointer turns
-//! it into an address that fails the alignment check, not into a block handed out twice), and a
-//! block freed twice is caught; either aborts the process. So the proxy keeps the memory of its busiest
+//! chunks are never given back to the C library. So the proxy keeps the memory of its busiest
 //! moment for these blocks, as glibc's fragmented heap mostly does too.
+//!
+//! As glibc's tcache does for its lists, a free block's link is stored mangled with its own
+//! address (a write through a stale pointer turns it into an address that fails the alignment
+//! check, not into a block handed out twice), and a block freed twice is caught; either aborts
+//! the process.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr::null_mut;
@@ -140,7 +142,11 @@ impl Slab {
                     corrupt("a block was freed twice");
                 }
                 // SAFETY: the list's blocks are free blocks of this class.
-                at = (unsafe { (*at).link } ^ ((at as usize) >> 12)) as *mut Free;
+                let next = unsafe { (*at).link } ^ ((at as usize) >> 12);
+                if !next.is_multiple_of(GRAIN) {
+                    corrupt("a free list was overwritten (a write after free)");
+                }
+                at = next as *mut Free;
             }
         }
         // SAFETY: the block is no longer used by its owner.

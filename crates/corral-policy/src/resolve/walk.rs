@@ -243,6 +243,9 @@ pub fn find_masked(root: &Path, patterns: &[String]) -> Result<Vec<PathBuf>, Pol
         Step::Next
     });
     found.sort();
+    // A directory whose listing failed partway is masked whole, after some of its entries
+    // were: one mount covers them (a path sorts right before those below it).
+    found.dedup_by(|below, dir| below.starts_with(dir));
     Ok(found)
 }
 
