@@ -1238,11 +1238,7 @@ fn open(
     // The name a creating open ends at, whether or not it exists now (it may be gone by
     // the time of the open, which then creates it), a directory too (it may be removed
     // meanwhile). An open that cannot create has no name to check.
-    let _held = if flags & libc::O_CREAT != 0 {
-        check(gate, &entry)?
-    } else {
-        None
-    };
+    let _held = if creates { check(gate, &entry)? } else { None };
     match existing {
         Some(st) if kind == Some(libc::S_IFCHR) && st.st_rdev == libc::makedev(5, 0) => {
             // /dev/tty: the caller's controlling terminal, not PID 1's.
