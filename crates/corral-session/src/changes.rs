@@ -12,6 +12,9 @@
 //!   directory as one `dir/`) that appear or go are listed too; a file changed or created inside
 //!   a directory ignored at the start (`node_modules/`, `target/`), or a changed ignored file
 //!   (`.env`), is not seen by this method.
+//!   A project as the last run that changed nothing left it is not listed by git at the start:
+//!   the listing that run kept is reused ([`cache`], the listing cache), and the private git
+//!   directory below is made only if the end has to run git.
 //! - **metadata**, everywhere else (and whenever git cannot be used): one parallel walk of the
 //!   whole tree (except `.git`) at each end, comparing type, mode, size, mtime, ctime and inode.
 //!   ctime cannot be set from user space, so a write whose mtime was put back is still seen.
@@ -41,6 +44,8 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
 use serde::Serialize;
+
+mod cache;
 
 /// Files larger than this are compared by metadata only.
 const HASH_MAX_FILE: u64 = 8 << 20;
@@ -105,11 +110,16 @@ enum BaselineKind {
     Git {
         /// The shortcut for a run that changed nothing: `None` when it cannot be trusted.
         quick: Option<Quick>,
-        repo: PrivateGitDir,
+        repo: Box<PrivateGitDir>,
         /// Every path dirty at the start (relative, as git prints it): `None` when absent.
         start: BTreeMap<OsString, Option<Fingerprint>>,
         /// The ignored untracked entries at the start, a wholly ignored directory as one `dir/`.
         ignored: BTreeSet<OsString>,
+        /// Where the start's listing goes into the listing cache if the run changed nothing
+        /// (`None`: it came from there, or is not to be kept).
+        store: Option<Box<cache::Store>>,
+        /// The start's listing came from the listing cache (git did not run at the start).
+        from_cache: bool,
     },
     Metadata(HashMap<OsString, Meta>),
 }
@@ -126,6 +136,10 @@ pub struct Changes {
     /// Why a git project was compared by metadata.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The git method: where the start's listing came from, `git` or `cache` (the listing
+    /// cache: the project was as the last run that changed nothing left it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_listing: Option<String>,
 }
 
 /// corral's own directories (state: audit logs and the change summary's private git
@@ -285,9 +299,19 @@ impl Baseline {
                 repo,
                 start,
                 ignored,
+                store,
+                from_cache,
             } => {
                 ch.method = "git".into();
-                if quick.is_some_and(|q| q.unchanged(&self.root, own)) {
+                ch.start_listing = Some(if from_cache { "cache" } else { "git" }.into());
+                if let Some(mut q) = quick
+                    && q.unchanged(&self.root, own)
+                {
+                    // The start's listing holds for the project as it is now: the next run's
+                    // start may take it from the cache.
+                    if let Some(store) = store {
+                        store.keep(&q, &ignored, own);
+                    }
                     return Ok(ch);
                 }
                 // The two listings run side by side.
@@ -493,7 +517,44 @@ enum Dirt {
 }
 
 fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
-    let repo = PrivateGitDir::create(root, jail_id)?;
+    let state = corral_audit::state_dir()?;
+    let private = state
+        .join(corral_audit::project_key(root))
+        .join("changes")
+        .join(jail_id);
+    let cache = cache::file_for(root, &state);
+    git_baseline_with(root, private, cache.as_deref(), QUICK_RACY_NS)
+}
+
+/// [`git_baseline`] with the private git directory at `private` (made when git first runs),
+/// the listing cache in `cache` (none: not used) and the racy window `racy_ns` of the shortcut
+/// and the cache.
+fn git_baseline_with(
+    root: &Path,
+    private: PathBuf,
+    cache: Option<&Path>,
+    racy_ns: i128,
+) -> anyhow::Result<BaselineKind> {
+    let tag = private
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let repo = Box::new(PrivateGitDir::new(root, private)?);
+    let cache = cache.zip(cache::Key::of(root, &repo));
+    if let Some((file, key)) = &cache
+        && let Some(hit) = cache::lookup(file, key, root, racy_ns)
+    {
+        return Ok(BaselineKind::Git {
+            quick: Some(hit.quick),
+            start: fingerprints(root, &hit.dirty),
+            repo,
+            ignored: hit.ignored,
+            store: None,
+            from_cache: true,
+        });
+    }
+    // What changed at or after this (less the racy window) may have changed after git read it.
+    let listed_at = now_ns();
     // The ignored entries are listed beside the rest, then the shortcut's walk is taken.
     let (listed, ignored) = std::thread::scope(|sc| {
         let ig = sc.spawn(|| repo.ignored());
@@ -503,7 +564,7 @@ fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
     let (listed, ignored) = (listed?, ignored?);
     // The shortcut for small projects only: beyond, its walks cost more than git's listings.
     let quick = (listed.len() <= QUICK_LISTED_MAX)
-        .then(|| Quick::take(root, &ignored, now_ns() - QUICK_RACY_NS))
+        .then(|| Quick::take(root, &ignored, now_ns() - racy_ns))
         .flatten()
         .filter(|q| !q.prunes_any_of(&listed));
     // Bits that make git skip an entry: cleared in the private copy, then listed again.
@@ -519,7 +580,8 @@ fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
         .filter(|(tag, _)| tag.eq_ignore_ascii_case(&b'S'))
         .map(|(_, p)| p)
         .collect();
-    let listed = if assume.is_empty() && skip.is_empty() {
+    let unmarked = assume.is_empty() && skip.is_empty();
+    let listed = if unmarked {
         listed
     } else {
         for (flag, paths) in [
@@ -539,19 +601,49 @@ fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
         repo.refresh();
         repo.ls_files(&["-m", "-d", "-o"])?
     };
-    let mut budget = HASH_BUDGET;
-    let mut start = BTreeMap::new();
-    for (rel, _) in dirt_of(listed) {
-        let fp = fingerprint(&root.join(Path::new(&rel)), Some(&mut budget));
-        start.insert(rel, fp);
-    }
+    let dirty = dirt_of(listed);
+    let start = fingerprints(root, &dirty);
+    // A listing of entries none of which git skips may be kept for the next run's start, once
+    // the end found the project unchanged (and corral's placeholders known).
+    let store = match (cache, unmarked && quick.is_some()) {
+        (Some((file, key)), true) => Some(Box::new(cache::Store {
+            file: file.to_path_buf(),
+            key,
+            dirty,
+            racy_from: listed_at - racy_ns,
+            tag,
+        })),
+        _ => None,
+    };
     Ok(BaselineKind::Git {
         quick,
-        repo,
         start,
+        repo,
         ignored,
+        store,
+        from_cache: false,
     })
 }
+
+/// The fingerprints of the paths dirty at the start (`None`: absent), hashing within
+/// [`HASH_BUDGET`].
+fn fingerprints(
+    root: &Path,
+    dirty: &BTreeMap<OsString, Dirt>,
+) -> BTreeMap<OsString, Option<Fingerprint>> {
+    let mut budget = HASH_BUDGET;
+    dirty
+        .keys()
+        .map(|rel| {
+            let fp = fingerprint(&root.join(Path::new(rel)), Some(&mut budget));
+            (rel.clone(), fp)
+        })
+        .collect()
+}
+
+/// An index larger than this is copied into the private git directory at the start rather than
+/// held in memory for the run (and the run does not use the listing cache).
+const INDEX_HELD_MAX: u64 = 4 << 20;
 
 /// Files git lists at the start (tracked, and untracked not ignored) at most for the shortcut:
 /// on a larger project its two walks cost more CPU than the end's two `git ls-files` (measured:
@@ -643,8 +735,9 @@ impl Quick {
 
     /// Whether the project at `root` is, entry for entry, as the walk found it at the start;
     /// the paths `own` (corral's placeholders, made while the start's walk ran) and what lies
-    /// below them left out. False when an entry was racy at the start.
-    fn unchanged(mut self, root: &Path, own: &[OsString]) -> bool {
+    /// below them left out (of the start's walk too, from here on). False when an entry was
+    /// racy at the start.
+    fn unchanged(&mut self, root: &Path, own: &[OsString]) -> bool {
         let not_own = |k: &OsString| !own.iter().any(|o| Path::new(k).starts_with(o));
         let racy = self
             .entries
@@ -695,41 +788,33 @@ fn dirt_of(listed: Vec<(u8, OsString)>) -> BTreeMap<OsString, Dirt> {
 }
 
 /// corral's own git directory for one run: a copy of the project's index, a config corral
-/// wrote, nothing else of the repository's. Removed when dropped.
+/// wrote, nothing else of the repository's. What it is made of is read when the baseline is
+/// taken; the directory itself is made the first time git runs (a run whose start came from
+/// the listing cache and that changed nothing never runs git), and removed when dropped.
 struct PrivateGitDir {
     dir: PathBuf,
     root: PathBuf,
+    /// The project's index at the start (`None`: it had none, or it is large).
+    index: Option<Vec<u8>>,
+    /// A large index, copied as the directory is made, which is then at once.
+    index_file: Option<PathBuf>,
+    /// The repository's `info/exclude` at the start.
+    exclude: Option<Vec<u8>>,
+    /// The repository uses SHA-256 object names.
+    sha256: bool,
+    /// Whether the directory was made: the error, as text, when it could not be.
+    made: std::sync::OnceLock<Result<(), String>>,
 }
 
 impl PrivateGitDir {
-    fn create(root: &Path, jail_id: &str) -> anyhow::Result<PrivateGitDir> {
+    /// The project's index and excludes now, for a directory at `dir`; nothing is written yet.
+    fn new(root: &Path, dir: PathBuf) -> anyhow::Result<PrivateGitDir> {
         let gitdir = real_git_dir(root)?;
         // A worktree's own directory holds its index; excludes and config live in the common one.
         let common = match std::fs::read(gitdir.join("commondir")) {
             Ok(c) => gitdir.join(OsString::from_vec(trim(c))),
             Err(_) => gitdir.clone(),
         };
-        let base = corral_audit::state_dir()?
-            .join(corral_audit::project_key(root))
-            .join("changes");
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&base)
-            .with_context(|| format!("cannot create {}", base.display()))?;
-        let dir = base.join(jail_id);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
-        let repo = PrivateGitDir {
-            dir,
-            root: root.to_path_buf(),
-        };
-        for d in ["objects", "refs", "info"] {
-            std::fs::create_dir(repo.dir.join(d))?;
-        }
-        std::fs::write(repo.dir.join("HEAD"), "ref: refs/heads/corral-changes\n")?;
         // The object format is the one thing of the repository's config that the index's
         // layout depends on; nothing else is taken from it.
         let sha256 = std::fs::read(common.join("config")).is_ok_and(|c| {
@@ -739,18 +824,73 @@ impl PrivateGitDir {
                 l == "objectformat=sha256"
             })
         });
-        let config = if sha256 {
+        let index = gitdir.join("index");
+        let large = index
+            .symlink_metadata()
+            .is_ok_and(|m| m.is_file() && m.len() > INDEX_HELD_MAX);
+        let repo = PrivateGitDir {
+            dir,
+            root: root.to_path_buf(),
+            index: match large {
+                true => None,
+                false => read_regular(&index)?,
+            },
+            index_file: large.then_some(index),
+            exclude: read_regular(&common.join("info/exclude"))?,
+            sha256,
+            made: std::sync::OnceLock::new(),
+        };
+        if large {
+            repo.ensure()?;
+        }
+        Ok(repo)
+    }
+
+    /// Make the directory, once.
+    fn ensure(&self) -> anyhow::Result<()> {
+        self.made
+            .get_or_init(|| self.make().map_err(|e| format!("{e:#}")))
+            .clone()
+            .map_err(anyhow::Error::msg)
+    }
+
+    fn make(&self) -> anyhow::Result<()> {
+        let base = self
+            .dir
+            .parent()
+            .context("the private git directory has no parent")?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(base)
+            .with_context(|| format!("cannot create {}", base.display()))?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&self.dir)
+            .with_context(|| format!("cannot create {}", self.dir.display()))?;
+        for d in ["objects", "refs", "info"] {
+            std::fs::create_dir(self.dir.join(d))?;
+        }
+        std::fs::write(self.dir.join("HEAD"), "ref: refs/heads/corral-changes\n")?;
+        let config = if self.sha256 {
             "[core]\n\trepositoryformatversion = 1\n\tbare = false\n[extensions]\n\tobjectformat = sha256\n"
         } else {
             "[core]\n\trepositoryformatversion = 0\n\tbare = false\n"
         };
-        std::fs::write(repo.dir.join("config"), config)?;
-        copy_regular(&gitdir.join("index"), &repo.dir.join("index"))?;
-        copy_regular(&common.join("info/exclude"), &repo.dir.join("info/exclude"))?;
+        std::fs::write(self.dir.join("config"), config)?;
+        if let Some(index) = &self.index_file {
+            copy_regular(index, &self.dir.join("index"))?;
+        }
+        for (name, bytes) in [("index", &self.index), ("info/exclude", &self.exclude)] {
+            if let Some(bytes) = bytes {
+                std::fs::write(self.dir.join(name), bytes)
+                    .with_context(|| format!("cannot write {}", self.dir.join(name).display()))?;
+            }
+        }
         // No `update-index --refresh` here: it costs a stat of every tracked file and a write
         // of the index, on every run, to spare re-reading files whose stat data the user's
         // index had out of date (normally none: git status keeps it fresh).
-        Ok(repo)
+        Ok(())
     }
 
     /// Record the current stat data of clean entries in the private index, so the comparison
@@ -804,6 +944,7 @@ impl PrivateGitDir {
 
     /// Run git on the private directory and the project's work tree; its stdout.
     fn git(&self, args: &[&str], stdin: Option<&[u8]>) -> anyhow::Result<Vec<u8>> {
+        self.ensure()?;
         let mut c = Command::new("git");
         for (k, _) in std::env::vars_os() {
             if k.as_bytes().starts_with(b"GIT_") {
@@ -863,7 +1004,9 @@ impl PrivateGitDir {
 
 impl Drop for PrivateGitDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.made.get().is_some() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -908,6 +1051,18 @@ fn copy_regular(from: &Path, to: &Path) -> anyhow::Result<()> {
         Ok(_) => bail!("{} is not a regular file", from.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e).with_context(|| format!("cannot read {}", from.display())),
+    }
+}
+
+/// The content of `path` when it is a regular file (not a symlink); `None` when absent.
+fn read_regular(path: &Path) -> anyhow::Result<Option<Vec<u8>>> {
+    match path.symlink_metadata() {
+        Ok(m) if m.is_file() => std::fs::read(path)
+            .map(Some)
+            .with_context(|| format!("cannot read {}", path.display())),
+        Ok(_) => bail!("{} is not a regular file", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
 }
 
@@ -1014,6 +1169,7 @@ mod tests {
             modified: v(m),
             deleted: v(d),
             note: None,
+            start_listing: None,
         }
     }
 
@@ -1136,13 +1292,13 @@ mod tests {
         ];
         for (what, change) in changes {
             let (dir, ignored) = quick_project();
-            let quick = Quick::take(dir.path(), &ignored, i128::MAX).expect("walk");
+            let mut quick = Quick::take(dir.path(), &ignored, i128::MAX).expect("walk");
             assert_eq!(quick.pruned, [OsString::from("target")]);
             change(dir.path());
             assert!(!quick.unchanged(dir.path(), &[]), "{what} went unnoticed");
         }
         let (dir, ignored) = quick_project();
-        let quick = Quick::take(dir.path(), &ignored, i128::MAX).expect("walk");
+        let mut quick = Quick::take(dir.path(), &ignored, i128::MAX).expect("walk");
         std::fs::write(dir.path().join(".git/index"), "x").unwrap();
         std::fs::write(dir.path().join("target/debug/new.o"), "x").unwrap();
         assert!(quick.unchanged(dir.path(), &[]), "no change git sees");
@@ -1153,20 +1309,20 @@ mod tests {
     #[test]
     fn a_recent_change_voids_the_shortcut() {
         let (dir, ignored) = quick_project();
-        let quick = Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).unwrap();
+        let mut quick = Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).unwrap();
         assert!(!quick.unchanged(dir.path(), &[]));
         let (dir, ignored) = quick_project();
-        let quick = Quick::take(dir.path(), &ignored, i128::MAX).unwrap();
+        let mut quick = Quick::take(dir.path(), &ignored, i128::MAX).unwrap();
         assert!(quick.unchanged(dir.path(), &[]));
         // Every recent entry corral's own (quick_project just wrote them all: ctime now): the
         // shortcut holds.
         let (dir, ignored) = quick_project();
-        let quick = Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).unwrap();
+        let mut quick = Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).unwrap();
         let own = ["a.txt", "src", "target"].map(OsString::from);
         assert!(quick.unchanged(dir.path(), &own));
         // One left that is not: void.
         let (dir, ignored) = quick_project();
-        let quick = Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).unwrap();
+        let mut quick = Quick::take(dir.path(), &ignored, now_ns() - QUICK_RACY_NS).unwrap();
         let own = ["a.txt", "target"].map(OsString::from);
         assert!(!quick.unchanged(dir.path(), &own));
     }
@@ -1249,5 +1405,293 @@ mod tests {
                 ("new".into(), Dirt::Untracked),
             ]
         );
+    }
+
+    /// A git repository of committed files in a new directory, one of them modified and one
+    /// untracked file beside them, `target/` ignored.
+    fn cache_project() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::create_dir_all(root.join("target")).unwrap();
+        for (f, text) in [
+            ("a.txt", "a\n"),
+            ("src/lib.rs", "fn a() {}\n"),
+            ("dirty.txt", "committed\n"),
+            (".gitignore", "target/\n"),
+            ("target/o", "x"),
+        ] {
+            std::fs::write(root.join(f), text).unwrap();
+        }
+        run_git(root, &["init", "-q"]);
+        run_git(
+            root,
+            &["add", "a.txt", "src/lib.rs", "dirty.txt", ".gitignore"],
+        );
+        run_git(root, &["commit", "-qm", "one"]);
+        std::fs::write(root.join("dirty.txt"), "edited before the run\n").unwrap();
+        std::fs::write(root.join("new.txt"), "untracked\n").unwrap();
+        dir
+    }
+
+    fn run_git(root: &Path, args: &[&str]) {
+        let st = Command::new("git")
+            .args(["-c", "user.email=t@example.invalid", "-c", "user.name=t"])
+            .args(["-c", "core.hooksPath=/dev/null"])
+            .args(args)
+            .current_dir(root)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .status()
+            .unwrap();
+        assert!(st.success(), "git {args:?}");
+    }
+
+    /// The baseline of `root` with the listing cache `cache` (no racy window: the tests
+    /// change nothing within a clock tick of a listing), and whether git ran for it (the
+    /// private git directory was made).
+    fn start_run(root: &Path, work: &Path, cache: &Path) -> (Baseline, bool) {
+        // Writes made before this are a tick older than the listing.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let id = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let kind = git_baseline_with(root, work.join(format!("run{id}")), Some(cache), 0)
+            .expect("git baseline");
+        let ran_git = match &kind {
+            BaselineKind::Git { repo, .. } => repo.made.get().is_some(),
+            BaselineKind::Metadata(_) => panic!("not the git method"),
+        };
+        let baseline = Baseline {
+            root: root.to_path_buf(),
+            kind,
+            note: None,
+        };
+        // Changes made after this are a tick younger than the walk.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        (baseline, ran_git)
+    }
+
+    /// A run that changes nothing, from start to end (the end keeps a listing git made in the
+    /// cache): whether git ran at its start, and the start's dirty and ignored paths.
+    fn cached_baseline(
+        root: &Path,
+        work: &Path,
+        cache: &Path,
+    ) -> (bool, (Vec<OsString>, BTreeSet<OsString>)) {
+        let (b, ran) = start_run(root, work, cache);
+        let start = start_of(&b);
+        assert!(
+            b.compare(&[]).unwrap().is_empty(),
+            "a change in a run of no command"
+        );
+        (ran, start)
+    }
+
+    fn start_of(b: &Baseline) -> (Vec<OsString>, BTreeSet<OsString>) {
+        match &b.kind {
+            BaselineKind::Git { start, ignored, .. } => {
+                (start.keys().cloned().collect(), ignored.clone())
+            }
+            BaselineKind::Metadata(_) => panic!("not the git method"),
+        }
+    }
+
+    /// An unchanged project's second start is served from the cache (git does not run) with
+    /// the listing git made; each input of git's listing that changes makes a miss.
+    #[test]
+    fn the_listing_cache_serves_an_unchanged_project_only() {
+        let dir = cache_project();
+        let root = dir.path();
+        let work = tempfile::tempdir().unwrap();
+        let cache = work.path().join("listing");
+        // A run that changes something keeps nothing.
+        let (b, ran) = start_run(root, work.path(), &cache);
+        assert!(ran);
+        std::fs::write(root.join("a.txt"), "changed by the run\n").unwrap();
+        assert_eq!(b.compare(&[]).unwrap().modified, ["a.txt"]);
+        assert!(!cache.exists(), "a changed project's listing was kept");
+        let (ran, first) = cached_baseline(root, work.path(), &cache);
+        assert!(ran, "the first start lists with git");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&cache)
+            .expect("stored")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let (ran, second) = cached_baseline(root, work.path(), &cache);
+        assert!(!ran, "an unchanged project is served from the cache");
+        assert_eq!(first, second);
+        assert_eq!(
+            second.0,
+            ["a.txt", "dirty.txt", "new.txt"].map(OsString::from)
+        );
+        assert_eq!(second.1, [OsString::from("target/")].into());
+
+        type Change = fn(&Path);
+        let misses: [(&str, Change); 6] = [
+            ("a tracked file edited", |r| {
+                std::fs::write(r.join("a.txt"), "b\n").unwrap()
+            }),
+            ("an untracked file created", |r| {
+                std::fs::write(r.join("src/more.rs"), "").unwrap()
+            }),
+            ("the index changed", |r| run_git(r, &["add", "dirty.txt"])),
+            ("info/exclude changed", |r| {
+                std::fs::write(r.join(".git/info/exclude"), "new.txt\n").unwrap()
+            }),
+            ("the ignored directory replaced", |r| {
+                std::fs::remove_dir_all(r.join("target")).unwrap();
+                std::fs::create_dir(r.join("target")).unwrap();
+                std::fs::write(r.join("target/o"), "x").unwrap();
+            }),
+            (".gitignore edited", |r| {
+                std::fs::write(r.join(".gitignore"), "target/\nnew.txt\n").unwrap()
+            }),
+        ];
+        for (what, change) in misses {
+            change(root);
+            let (ran, _) = cached_baseline(root, work.path(), &cache);
+            assert!(ran, "{what}: served from a stale cache");
+            // The listing git just made is the cache now.
+            let (ran, _) = cached_baseline(root, work.path(), &cache);
+            assert!(!ran, "{what}: the new listing was not kept");
+        }
+        // An existing file inside the ignored directory rewritten: not a change git sees (its
+        // directory's metadata is as it was), still a hit.
+        std::fs::write(root.join("target/o"), "changed").unwrap();
+        let (ran, _) = cached_baseline(root, work.path(), &cache);
+        assert!(!ran);
+        // Nothing of a run's private git directory is left.
+        let left: Vec<_> = std::fs::read_dir(work.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, [OsString::from("listing")]);
+    }
+
+    /// A cache file that is damaged, cut short, writable by others or a symlink is not used.
+    #[test]
+    fn a_damaged_or_foreign_cache_file_is_a_miss() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = cache_project();
+        let root = dir.path();
+        let work = tempfile::tempdir().unwrap();
+        let cache = work.path().join("listing");
+        cached_baseline(root, work.path(), &cache);
+        let good = std::fs::read(&cache).unwrap();
+        type Damage = fn(&Path, &[u8]);
+        let damages: [(&str, Damage); 5] = [
+            ("cut short", |f, b| {
+                std::fs::write(f, &b[..b.len() / 2]).unwrap()
+            }),
+            ("a byte flipped in the walk", |f, b| {
+                let mut b = b.to_vec();
+                let i = b.len() - 40;
+                b[i] ^= 0x55;
+                std::fs::write(f, b).unwrap()
+            }),
+            ("another magic line", |f, b| {
+                let mut b = b.to_vec();
+                b[cache::MAGIC.len() - 2] = b'9';
+                std::fs::write(f, b).unwrap()
+            }),
+            ("writable by others", |f, b| {
+                std::fs::write(f, b).unwrap();
+                std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o666)).unwrap();
+            }),
+            ("a symlink", |f, b| {
+                let real = f.with_extension("real");
+                std::fs::write(&real, b).unwrap();
+                std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
+                std::os::unix::fs::symlink(&real, f).unwrap();
+            }),
+        ];
+        for (what, damage) in damages {
+            let _ = std::fs::remove_file(&cache);
+            damage(&cache, &good);
+            let (ran, start) = cached_baseline(root, work.path(), &cache);
+            assert!(ran, "{what}: a damaged cache was used");
+            assert_eq!(
+                start.0,
+                [OsString::from("dirty.txt"), OsString::from("new.txt")]
+            );
+        }
+    }
+
+    /// A start served from the cache still lists what the run then changed: the end runs git
+    /// against the start's index (the private directory made then), and a further edit of a
+    /// file already dirty at the start is seen.
+    #[test]
+    fn a_start_from_the_cache_still_lists_every_change() {
+        let dir = cache_project();
+        let root = dir.path();
+        let work = tempfile::tempdir().unwrap();
+        let cache = work.path().join("listing");
+        cached_baseline(root, work.path(), &cache);
+        let (baseline, ran) = start_run(root, work.path(), &cache);
+        assert!(!ran);
+        std::fs::write(root.join("a.txt"), "edited in the run\n").unwrap();
+        std::fs::write(root.join("dirty.txt"), "edited again\n").unwrap();
+        std::fs::remove_file(root.join("src/lib.rs")).unwrap();
+        std::fs::write(root.join("made.txt"), "new\n").unwrap();
+        // Staged by the agent: still a change against the start's index.
+        run_git(root, &["add", "made.txt"]);
+        let ch = baseline.compare(&[]).unwrap();
+        assert_eq!(ch.method, "git");
+        assert_eq!(ch.created, ["made.txt"]);
+        assert_eq!(ch.modified, ["a.txt", "dirty.txt"]);
+        assert_eq!(ch.deleted, ["src/lib.rs"]);
+    }
+
+    /// corral's placeholders (made during the start's walk, removed at the end, made anew by
+    /// the next run) do not keep the cache from serving; a real file at a placeholder's name
+    /// is a miss.
+    #[test]
+    fn placeholders_are_left_out_of_the_cache() {
+        let dir = cache_project();
+        let root = dir.path();
+        let work = tempfile::tempdir().unwrap();
+        let cache = work.path().join("listing");
+        let own = [OsString::from("corral.toml"), OsString::from(".vscode")];
+        let placeholders = |made: bool| {
+            for (name, is_dir) in [("corral.toml", false), (".vscode", true)] {
+                let p = root.join(name);
+                match (made, is_dir) {
+                    (true, false) => std::fs::write(&p, "").unwrap(),
+                    (true, true) => std::fs::create_dir(&p).unwrap(),
+                    (false, false) => std::fs::remove_file(&p).unwrap(),
+                    (false, true) => std::fs::remove_dir(&p).unwrap(),
+                }
+            }
+        };
+        for expect_git in [true, false, false] {
+            placeholders(true);
+            let (b, ran) = start_run(root, work.path(), &cache);
+            assert_eq!(ran, expect_git, "git ran at the start");
+            // corral removes its placeholders before the end: not a change of the run.
+            placeholders(false);
+            let ch = b.compare(&own).unwrap();
+            assert!(ch.is_empty(), "{ch:?}");
+        }
+        // The user's own corral.toml now: git lists the project again.
+        std::fs::write(root.join("corral.toml"), "[network]\n").unwrap();
+        let (b, ran) = start_run(root, work.path(), &cache);
+        assert!(
+            ran,
+            "a real file at a placeholder's name was served from the cache"
+        );
+        assert!(start_of(&b).0.contains(&OsString::from("corral.toml")));
+    }
+
+    /// No cache where the state directory lies inside the project: the jail could write it.
+    #[test]
+    fn no_listing_cache_inside_the_project() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        assert!(cache::file_for(root, &root.join(".local/state/corral")).is_none());
+        assert!(cache::file_for(root, root).is_none());
+        let state = tempfile::tempdir().unwrap();
+        let file = cache::file_for(root, state.path()).unwrap();
+        assert!(file.starts_with(state.path()) && file.ends_with("changes/listing"));
     }
 }

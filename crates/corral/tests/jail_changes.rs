@@ -222,10 +222,10 @@ fn a_run_that_changes_nothing_prints_no_change_line() {
             out.stderr
         );
         assert!(change_events(&w).is_empty(), "plain={plain}");
-        // The private git directory is gone once the run ends.
+        // The private git directory is gone once the run ends (the listing cache may stay).
         let leftovers: Vec<_> = walk_names(&w.home.join(".local/state/corral"))
             .into_iter()
-            .filter(|p| p.contains("/changes/"))
+            .filter(|p| p.contains("/changes/") && !p.ends_with("/changes/listing"))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
     }
@@ -378,4 +378,52 @@ fn a_self_ignoring_directory_is_still_listed() {
     let created = list(&d["created"]);
     assert!(created.iter().any(|c| c == "x/" || c == "x/payload"), "{d}");
     assert_eq!(list(&d["deleted"]), ["build/"], "{d}");
+}
+
+/// The listing cache, end to end: a run in a project older than the racy window that changes
+/// nothing keeps git's listing of its start; the next run's start takes it from there (the
+/// audit says `start_listing: cache`), and every change that run makes is still listed, a
+/// further edit of a file already dirty at the start included. The jail cannot reach the
+/// cache (it lies in corral's state directory, outside the jail): reading or replacing it by
+/// its path fails.
+#[test]
+fn a_start_from_the_listing_cache_still_lists_every_change() {
+    let w = git_world();
+    // Files written within the racy window are not trusted by metadata: a clone's are older.
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let out = w.sh("none", "cat keep.txt >/dev/null && echo END");
+    ran(&out, "END");
+    assert!(change_lines(&out).is_empty(), "{}", out.stderr);
+    let cache: Vec<_> = walk_names(&w.home.join(".local/state/corral"))
+        .into_iter()
+        .filter(|p| p.ends_with("/changes/listing"))
+        .collect();
+    assert_eq!(cache.len(), 1, "no listing kept: {cache:?}");
+    let cache = std::path::PathBuf::from(&cache[0]);
+    let kept = std::fs::read(&cache).unwrap();
+    let script = format!(
+        "cat {c} && echo READ; echo forged > {c} && echo WROTE; \
+         echo two >> edit.txt && rm gone.txt && echo n > made.txt && \
+         echo 'again in the jail' >> dirty.txt && echo END",
+        c = cache.display()
+    );
+    let out = w.sh("none", &script);
+    ran(&out, "END");
+    assert!(
+        !out.stdout.contains("READ") && !out.stdout.contains("WROTE"),
+        "{}",
+        out.both()
+    );
+    assert_eq!(
+        std::fs::read(&cache).unwrap(),
+        kept,
+        "the jail changed the cache"
+    );
+    let events = change_events(&w);
+    assert_eq!(events.len(), 1, "{events:?}");
+    let d = &events[0]["detail"];
+    assert_eq!(d["start_listing"], "cache", "{d}");
+    assert_eq!(list(&d["created"]), ["made.txt"]);
+    assert_eq!(list(&d["modified"]), ["dirty.txt", "edit.txt"]);
+    assert_eq!(list(&d["deleted"]), ["gone.txt"]);
 }
