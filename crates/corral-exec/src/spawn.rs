@@ -202,31 +202,52 @@ pub fn group_alive(pgid: i32) -> bool {
 /// directly or not, is still running. Children are found in `/proc/self/task/*/children`;
 /// only a process whose parent is this one is signalled, so a pid reused meanwhile is never
 /// hit. Says once on stderr when it has waited ten seconds.
-pub fn end_children() {
+///
+/// `spare`: children left alone, neither signalled nor waited for (a jail's set-up process
+/// that is exiting by itself once its jail is empty: its `Ending` reaps it).
+pub fn end_children(spare: &[u32]) {
     use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
     use std::time::{Duration, Instant};
     let me = std::process::id();
     let started = Instant::now();
     let mut said = false;
     loop {
-        for pid in children_of_self() {
-            if parent_of(pid) == Some(me) {
-                let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        let kids: Vec<u32> = children_of_self()
+            .into_iter()
+            .filter(|pid| !spare.contains(pid) && parent_of(*pid) == Some(me))
+            .collect();
+        if kids.is_empty() {
+            break;
+        }
+        for pid in &kids {
+            let _ = nix::sys::signal::kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+        }
+        let mut alive = false;
+        for pid in &kids {
+            let pid = Pid::from_raw(*pid as i32);
+            loop {
+                match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::StillAlive) => alive = true,
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    // Reaped, or not a child any more.
+                    _ => {}
+                }
+                break;
             }
         }
-        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => {
-                if !said && started.elapsed() > Duration::from_secs(10) {
-                    eprintln!("corral: still waiting for processes of this run to end");
-                    said = true;
-                }
-                std::thread::sleep(Duration::from_millis(5));
+        if alive {
+            if !said && started.elapsed() > Duration::from_secs(10) {
+                eprintln!("corral: still waiting for processes of this run to end");
+                said = true;
             }
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            // ECHILD: no child left.
-            Err(_) => return,
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
+    // Zombies of children that ended by themselves, not listed any more by the time the list
+    // was read: reaped, whichever are (a spared child that is still running stops this).
+    while let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
+        waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG))
+    {}
 }
 
 /// This process's children, from every thread's `children` list in /proc.

@@ -82,6 +82,12 @@ pub(crate) struct InitConfig {
     /// (EOF: corral let the jail go without releasing it; the command never runs).
     #[serde(default)]
     pub exec_gate: bool,
+    /// One more descriptor after that one: the write end of the exit pipe. Once it has reaped
+    /// PID 1, the set-up process lets go of the jail's stdio and writes the command's exit
+    /// code there (4 bytes, little-endian), then exits: corral goes on while the kernel takes
+    /// down the namespaces.
+    #[serde(default)]
+    pub exit_pipe: bool,
 }
 
 /// Entry point of `corral __corral-jail-init` (a fresh exec, the control socket on fd 3).
@@ -177,7 +183,12 @@ fn set_up_process() -> Result<i32, JailError> {
     let Some((config, mut stdio)) = read_init(&ctl)? else {
         return Ok(EXIT_SETUP_FAILED);
     };
-    // The exec gate's read end came last (`InitConfig::exec_gate`): PID 1's alone.
+    // The exit pipe's write end came last (`InitConfig::exit_pipe`): this process's alone.
+    let exit_pipe = match config.exit_pipe {
+        true => stdio.pop(),
+        false => None,
+    };
+    // The exec gate's read end before it (`InitConfig::exec_gate`): PID 1's alone.
     let gate = match config.exec_gate {
         true => stdio.pop(),
         false => None,
@@ -202,8 +213,9 @@ fn set_up_process() -> Result<i32, JailError> {
     // exec of corral, and it started no thread).
     match unsafe { fork() }.map_err(|e| JailError::step("fork the jail's PID 1", e))? {
         ForkResult::Child => {
-            // PID 1 and everything it starts must never reach the factory.
+            // PID 1 and everything it starts must never reach the factory, nor the exit pipe.
             drop(ctl);
+            drop(exit_pipe);
             let code = match pid_one(&config, gate) {
                 Ok(code) => code,
                 Err(e) => {
@@ -215,9 +227,22 @@ fn set_up_process() -> Result<i32, JailError> {
         }
         ForkResult::Parent { child } => {
             drop(gate);
-            Ok(wait_forwarding(child, false, Some(ctl)))
+            let code = wait_forwarding(child, false, Some(ctl));
+            if let Some(pipe) = exit_pipe {
+                say_exit(pipe, code);
+            }
+            Ok(code)
         }
     }
+}
+
+/// Tell corral the command's `code` on the exit pipe, the jail being empty (PID 1 reaped): the
+/// jail's stdio goes first (it is this process's own 0, 1 and 2), so corral's copies of the
+/// jail's output see its end now, not once this process has exited. A failure only means
+/// corral waits for this process's exit instead.
+fn say_exit(pipe: OwnedFd, code: i32) {
+    let _ = redirect_to_null(&[0, 1, 2]);
+    let _ = nix::unistd::write(&pipe, &code.to_le_bytes());
 }
 
 /// Descriptors the caller of corral leaked to it must not enter the jail, not even its PID 1:
@@ -241,7 +266,9 @@ fn read_init(ctl: &OwnedFd) -> Result<Option<(InitConfig, Vec<OwnedFd>)>, JailEr
     };
     let config: InitConfig =
         serde_json::from_slice(&body).map_err(|e| JailError::step("decode the jail config", e))?;
-    let want = usize::from(!config.tty) * 3 + usize::from(config.exec_gate);
+    let want = usize::from(!config.tty) * 3
+        + usize::from(config.exec_gate)
+        + usize::from(config.exit_pipe);
     if received.len() != want {
         return Err(JailError::Plan(format!(
             "the jail config came with {} descriptors, not {want}",

@@ -42,8 +42,8 @@ pub use error::JailError;
 pub use gatexec::GATE_EXEC_ARG;
 pub use netns::{JailNet, PROXY_PORT, STUB_LO_ADDRESS, STUB_POOL, SocketFactory, capture_ports};
 pub use spawn::{
-    JailExit, PlaceholderHold, PreparedJail, RunningJail, SpawnOptions, prepare, prepare_early,
-    spawn, take_early,
+    Ending, JailExit, PlaceholderHold, PreparedJail, RunningJail, SpawnOptions, prepare,
+    prepare_early, spawn, take_early,
 };
 
 /// The first argument that makes the corral binary the jail's set-up process.

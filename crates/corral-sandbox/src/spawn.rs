@@ -84,6 +84,32 @@ pub struct RunningJail {
     ctl: Option<std::fs::File>,
     /// The write end of the exec gate ([`SpawnOptions::hold_exec`]) until released.
     gate: Option<OwnedFd>,
+    /// The read end of the exit pipe: the set-up process writes the command's exit code there
+    /// once it has reaped the jail's PID 1 (the jail is empty), then exits.
+    exit_pipe: Option<OwnedFd>,
+}
+
+/// The set-up process of a jail that has ended, still exiting (the kernel takes down the
+/// jail's namespaces meanwhile): [`RunningJail::wait_ending`] returned before it was reaped.
+/// Dropping this reaps it, waiting if need be; its pid must be spared by anything that ends
+/// or reaps corral's other children meanwhile.
+pub struct Ending {
+    pid: Option<Pid>,
+}
+
+impl Ending {
+    /// The set-up process's pid, `None` when it was already reaped.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid.map(|p| p.as_raw() as u32)
+    }
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid {
+            while let Err(nix::errno::Errno::EINTR) = waitpid(pid, None) {}
+        }
+    }
 }
 
 /// A set-up process started ahead of its Plan (see [`prepare`]): it waits for the config.
@@ -319,6 +345,7 @@ impl PreparedJail {
                 reaped: false,
                 ctl: Some(ctl),
                 gate: None,
+                exit_pipe: None,
             },
         }
     }
@@ -399,6 +426,7 @@ impl PreparedJail {
             rlimits: opts.rlimits.clone(),
             nofile_soft: opts.nofile_soft,
             exec_gate: opts.hold_exec,
+            exit_pipe: true,
         };
         let body = serde_json::to_vec(&config)
             .map_err(|e| JailError::step("encode the jail config", e))?;
@@ -418,6 +446,11 @@ impl PreparedJail {
             }
             false => None,
         };
+        // The exit pipe's write end after it: the set-up process's alone.
+        let (exit_read, exit_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| JailError::step("create the exit pipe", e))?;
+        fds.push(exit_write.as_raw_fd());
+        jail.exit_pipe = Some(exit_read);
         let sent = match namespaces_ok {
             true => {
                 netns::send_frame(stream.as_raw_fd(), &body, &fds).map_err(std::io::Error::from)
@@ -428,6 +461,7 @@ impl PreparedJail {
         // the jail alone, for the copying thread to see its end).
         drop(stdio.fds);
         drop(gate_read);
+        drop(exit_write);
         let net = match sent {
             Ok(()) => netns::recv_listeners(stream.as_raw_fd())?,
             Err(_) => None,
@@ -633,8 +667,18 @@ impl RunningJail {
 
     /// Relay terminal and signals until the jail exits; restores the terminal on every path.
     /// A gate still held is closed unopened first: the jail's PID 1 then ends without running
-    /// the command (exit 125) rather than waiting for ever.
-    pub fn wait(mut self) -> JailExit {
+    /// the command (exit 125) rather than waiting for ever. The set-up process is reaped.
+    pub fn wait(self) -> JailExit {
+        let (exit, ending) = self.wait_ending();
+        drop(ending);
+        exit
+    }
+
+    /// [`RunningJail::wait`], returning once the jail is empty: when its set-up process has
+    /// reaped PID 1 (every process of the jail's PID namespace is gone then) and said the
+    /// code, not once the set-up process itself is gone too. The kernel takes down the
+    /// namespaces (mounts, network) as it exits, meanwhile; [`Ending`] reaps it.
+    pub fn wait_ending(mut self) -> (JailExit, Ending) {
         drop(self.gate.take());
         let signals = match self.signals.take() {
             Some(s) => s,
@@ -652,15 +696,17 @@ impl RunningJail {
                             std::thread::sleep(std::time::Duration::from_millis(20));
                         };
                         self.reaped = true;
-                        return JailExit {
+                        let exit = JailExit {
                             code,
                             terminal: Dropped::default(),
                         };
+                        return (exit, Ending { pid: None });
                     }
                 }
             }
         };
         let mut terminal = Dropped::default();
+        let mut ending = None;
         let code = match &mut self.io {
             Io::Pty(relay) => {
                 let stdin = std::io::stdin();
@@ -691,7 +737,11 @@ impl RunningJail {
                     if let Some(code) = reap(self.pid) {
                         break code;
                     }
-                    for sig in signals.wait(1000) {
+                    if let Some(code) = said_exit(&mut self.exit_pipe, &signals) {
+                        ending = Some(self.pid);
+                        break code;
+                    }
+                    for sig in signals.drain() {
                         if sig != Signal::SIGCHLD {
                             crate::child::forward(self.pid, sig);
                         }
@@ -704,8 +754,36 @@ impl RunningJail {
             }
         };
         drop(signals);
+        // Reaped, or handed to the `Ending`.
         self.reaped = true;
-        JailExit { code, terminal }
+        (JailExit { code, terminal }, Ending { pid: ending })
+    }
+}
+
+/// Wait up to a second for the exit pipe or a signal; the exit code when the set-up process
+/// said it. The pipe is dropped when it ends without one (the set-up process failed or was
+/// killed: reaping it tells then).
+fn said_exit(pipe: &mut Option<OwnedFd>, signals: &SignalPipe) -> Option<i32> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = vec![PollFd::new(signals.fd().as_fd(), PollFlags::POLLIN)];
+    if let Some(fd) = pipe.as_ref() {
+        fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+    }
+    let _ = poll(&mut fds, PollTimeout::from(1000u16));
+    let ready = fds
+        .get(1)
+        .and_then(|f| f.revents())
+        .is_some_and(|r| !r.is_empty());
+    let fd = pipe.as_ref().filter(|_| ready)?;
+    let mut buf = [0u8; 4];
+    // Four bytes written at once into an empty pipe arrive at once.
+    match nix::unistd::read(fd, &mut buf) {
+        Ok(4) => Some(i32::from_le_bytes(buf)),
+        Err(nix::errno::Errno::EINTR) => None,
+        _ => {
+            *pipe = None;
+            None
+        }
     }
 }
 

@@ -161,6 +161,7 @@ fn run_plan_with(
         resolved: plan,
         prepared: Some(prepared),
         opts,
+        ending: None,
         limits,
         secrets,
         executor,
@@ -182,6 +183,9 @@ struct Native<'a> {
     resolved: &'a Plan,
     prepared: Option<corral_sandbox::PreparedJail>,
     opts: corral_sandbox::SpawnOptions,
+    /// The jail's set-up process once the jail is empty, exiting: reaped when this is dropped
+    /// (see its `Drop`), before `limits` (its cgroup can go only once it has left it).
+    ending: Option<corral_sandbox::Ending>,
     limits: corral_sandbox::cgroup::LimitsSetup,
     secrets: super::secrets::Secrets,
     executor: Option<super::serve::RunExecutor>,
@@ -190,6 +194,21 @@ struct Native<'a> {
     proxy: Option<corral_net::ProxyHandle>,
     netcap: Option<corral_net::netcap::NetcapHandle>,
     terminal: Option<corral_sandbox::termfilter::Dropped>,
+}
+
+impl Drop for Native<'_> {
+    /// The jail's set-up process is exiting (the jail is empty). With a cgroup it is reaped
+    /// now, before the cgroup goes (its directory can be removed only once the process left
+    /// it); without one, on a thread of its own, so corral's exit does not wait for the kernel
+    /// to take down the jail's namespaces (if corral exits first, the process is re-parented
+    /// and reaped by the system, as bwrap's is).
+    fn drop(&mut self) {
+        if self.limits.cgroup.is_none()
+            && let Some(ending) = self.ending.take()
+        {
+            std::thread::spawn(move || drop(ending));
+        }
+    }
 }
 
 impl Backend for Native<'_> {
@@ -229,9 +248,12 @@ impl Backend for Native<'_> {
         session.await_baseline();
         jail.release_exec()
             .context("cannot let the jail's command start")?;
-        let exit = jail.wait();
+        // Back once the jail is empty; its set-up process exits meanwhile (reaped before the
+        // cgroup goes: `Native::ending`).
+        let (exit, ending) = jail.wait_ending();
         drop(live);
-        end_run(self.executor.take());
+        end_run(self.executor.take(), ending.pid());
+        self.ending = Some(ending);
         // No jail of the run binds them any more: the placeholders this run made go.
         drop(placeholders);
         self.terminal = Some(exit.terminal);
@@ -265,9 +287,9 @@ impl Backend for Native<'_> {
 /// (its server ends every command jail it started, SIGTERM then SIGKILL, and waits for them),
 /// then end whatever else the run started is still running (a command jail whose server died
 /// was re-parented to corral). When this returns, nothing the run started can write any more.
-fn end_run(executor: Option<super::serve::RunExecutor>) {
+fn end_run(executor: Option<super::serve::RunExecutor>, ending: Option<u32>) {
     drop(executor);
-    corral_exec::end_children();
+    corral_exec::end_children(&Vec::from_iter(ending));
 }
 
 /// The network's end-of-run lines: blocked destinations, bounds that were hit, and audit

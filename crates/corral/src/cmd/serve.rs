@@ -131,7 +131,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // The server is a child subreaper: what a command left behind (a command jail whose
     // helper was killed, a process that left its group) ends here too, before the server
     // exits and `corral run` checks the project.
-    corral_exec::end_children();
+    corral_exec::end_children(&[]);
     // Records that could not be written: said on the way out (`corral run` reads this line
     // from the server's stderr and counts them in its own summary).
     if let Some(f) = audit.as_ref().and_then(AuditLog::failures) {
