@@ -255,11 +255,17 @@ impl Baseline {
     /// The state of the project at `root` now. `jail_id` names the private git directory.
     /// `git`: the project had a `.git` when the session began (looked at then: corral may
     /// put a placeholder `.git` there for the jail while this runs on its thread).
-    pub fn take(root: &Path, jail_id: &str, git: bool) -> anyhow::Result<Baseline> {
+    /// `protected`: the run's protected paths (part of the listing cache's key).
+    pub fn take(
+        root: &Path,
+        jail_id: &str,
+        git: bool,
+        protected: &[PathBuf],
+    ) -> anyhow::Result<Baseline> {
         let root = root.to_path_buf();
         let mut note = None;
         if git {
-            match git_baseline(&root, jail_id) {
+            match git_baseline(&root, jail_id, protected) {
                 Ok(kind) => {
                     return Ok(Baseline {
                         root,
@@ -304,13 +310,14 @@ impl Baseline {
             } => {
                 ch.method = "git".into();
                 ch.start_listing = Some(if from_cache { "cache" } else { "git" }.into());
-                if let Some(mut q) = quick
+                let mut quick = quick;
+                if let Some(q) = quick.as_mut()
                     && q.unchanged(&self.root, own)
                 {
                     // The start's listing holds for the project as it is now: the next run's
                     // start may take it from the cache.
                     if let Some(store) = store {
-                        store.keep(&q, &ignored, own);
+                        store.keep(q, &ignored, own);
                     }
                     return Ok(ch);
                 }
@@ -320,7 +327,36 @@ impl Baseline {
                     let end = repo.dirty();
                     (end, join(ig))
                 });
-                let (end, ignored_now) = (end?, ignored_now?);
+                let (end, ignored_now) = match (end, ignored_now, quick) {
+                    (Ok(end), Ok(ignored_now), _) => (end, ignored_now),
+                    // git cannot run now (the private directory cannot be made at the end of a
+                    // run whose start came from the cache: a full disk, say): the shortcut's
+                    // walk at the start is compared by metadata, as the metadata method does.
+                    (Err(e), _, Some(q)) | (_, Err(e), Some(q)) => {
+                        ch.method = "metadata".into();
+                        ch.note = Some(format!(
+                            "git not usable at the end ({e:#}): the files git looks at \
+                             compared by metadata"
+                        ));
+                        let after = walk_skipping(&self.root, &q.pruned, WALK_MAX, false)
+                            .with_context(|| {
+                                format!("cannot list the files of {}", self.root.display())
+                            })?;
+                        let not_own =
+                            |k: &OsString| !own.iter().any(|o| Path::new(k).starts_with(o));
+                        let after: HashMap<OsString, Meta> =
+                            after.into_iter().filter(|(k, _)| not_own(k)).collect();
+                        let before: HashMap<OsString, Meta> = q
+                            .entries
+                            .into_iter()
+                            .filter(|(k, _)| !q.pruned.contains(k) && not_own(k))
+                            .collect();
+                        diff_metadata(&before, &after, &mut ch);
+                        ch.sort();
+                        return Ok(ch);
+                    }
+                    (Err(e), _, None) | (_, Err(e), None) => return Err(e),
+                };
                 // An ignored entry that appeared or went: a new directory whose own
                 // `.gitignore` ignores everything in it is listed, not hidden; a new file in a
                 // directory already ignored at the start (`node_modules/`) is not seen.
@@ -363,39 +399,54 @@ impl Baseline {
                 ch.method = "metadata".into();
                 let after = walk(&self.root)
                     .with_context(|| format!("cannot list the files of {}", self.root.display()))?;
-                let label = |rel: &OsString, m: &Meta| {
-                    let mut s = String::from_utf8_lossy(rel.as_bytes()).into_owned();
-                    if m.is_dir() {
-                        s.push('/');
-                    }
-                    s
-                };
-                for (rel, m) in &after {
-                    match before.get(rel) {
-                        None => ch.created.push(label(rel, m)),
-                        Some(old) if old.kind != m.kind => ch.modified.push(label(rel, m)),
-                        // A directory's times and size change with its entries: those are
-                        // listed themselves.
-                        Some(old) if m.is_dir() => {
-                            if old.perm != m.perm {
-                                ch.modified.push(label(rel, m))
-                            }
-                        }
-                        Some(old) if old != m => ch.modified.push(label(rel, m)),
-                        Some(_) => {}
-                    }
-                }
-                for (rel, m) in &before {
-                    if !after.contains_key(rel) {
-                        ch.deleted.push(label(rel, m));
-                    }
-                }
+                diff_metadata(&before, &after, &mut ch);
             }
         }
-        ch.created.sort();
-        ch.modified.sort();
-        ch.deleted.sort();
+        ch.sort();
         Ok(ch)
+    }
+}
+
+impl Changes {
+    fn sort(&mut self) {
+        self.created.sort();
+        self.modified.sort();
+        self.deleted.sort();
+    }
+}
+
+/// The metadata method's comparison of two walks, into `ch`.
+fn diff_metadata(
+    before: &HashMap<OsString, Meta>,
+    after: &HashMap<OsString, Meta>,
+    ch: &mut Changes,
+) {
+    let label = |rel: &OsString, m: &Meta| {
+        let mut s = String::from_utf8_lossy(rel.as_bytes()).into_owned();
+        if m.is_dir() {
+            s.push('/');
+        }
+        s
+    };
+    for (rel, m) in after {
+        match before.get(rel) {
+            None => ch.created.push(label(rel, m)),
+            Some(old) if old.kind != m.kind => ch.modified.push(label(rel, m)),
+            // A directory's times and size change with its entries: those are listed
+            // themselves.
+            Some(old) if m.is_dir() => {
+                if old.perm != m.perm {
+                    ch.modified.push(label(rel, m))
+                }
+            }
+            Some(old) if old != m => ch.modified.push(label(rel, m)),
+            Some(_) => {}
+        }
+    }
+    for (rel, m) in before {
+        if !after.contains_key(rel) {
+            ch.deleted.push(label(rel, m));
+        }
     }
 }
 
@@ -462,7 +513,7 @@ fn sha256(path: &Path) -> std::io::Result<Vec<u8>> {
 /// filter off, not following symlinks (`corral_policy::resolve::walk_tree`, as the `hide`
 /// search).
 fn walk(root: &Path) -> anyhow::Result<HashMap<OsString, Meta>> {
-    walk_skipping(root, &[], WALK_MAX)
+    walk_skipping(root, &[], WALK_MAX, false)
 }
 
 /// [`walk`], not entering (nor listing) the directories `skip` (relative to `root`), failing
@@ -471,14 +522,23 @@ fn walk_skipping(
     root: &Path,
     skip: &[OsString],
     max: usize,
+    every_directory: bool,
 ) -> anyhow::Result<HashMap<OsString, Meta>> {
     use corral_policy::resolve::{Seen, Step};
     let mut skipped: BTreeSet<PathBuf> = skip.iter().map(|s| root.join(s)).collect();
     skipped.insert(root.join(".git"));
     let count = std::sync::atomic::AtomicUsize::new(0);
+    let unreadable = std::sync::atomic::AtomicBool::new(false);
     let (entries, over) = corral_policy::resolve::walk_tree(root, |seen, out| {
-        // An unreadable directory is unreadable at both ends: the rest is compared.
+        // An unreadable directory is unreadable at both ends: the rest is compared (the
+        // metadata method), or the walk fails (`every_directory`: the shortcut and the listing
+        // cache, which would take a file changed below it for unchanged; git, which stats
+        // tracked paths directly, still sees it).
         let Seen::Entry(entry) = seen else {
+            if every_directory {
+                unreadable.store(true, std::sync::atomic::Ordering::Relaxed);
+                return Step::Stop;
+            }
             return Step::Next;
         };
         let path = entry.path();
@@ -498,6 +558,9 @@ fn walk_skipping(
         out.push((rel.as_os_str().to_os_string(), Meta::of(&m)));
         if m.is_dir() { Step::Enter } else { Step::Next }
     });
+    if unreadable.into_inner() {
+        bail!("a directory under {} cannot be read", root.display());
+    }
     if over {
         bail!(
             "more than {max} files under {} (CORRAL_CHANGES=off skips this walk)",
@@ -516,23 +579,24 @@ enum Dirt {
     Untracked,
 }
 
-fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
+fn git_baseline(root: &Path, jail_id: &str, protected: &[PathBuf]) -> anyhow::Result<BaselineKind> {
     let state = corral_audit::state_dir()?;
     let private = state
         .join(corral_audit::project_key(root))
         .join("changes")
         .join(jail_id);
     let cache = cache::file_for(root, &state);
-    git_baseline_with(root, private, cache.as_deref(), QUICK_RACY_NS)
+    git_baseline_with(root, private, cache.as_deref(), protected, QUICK_RACY_NS)
 }
 
 /// [`git_baseline`] with the private git directory at `private` (made when git first runs),
-/// the listing cache in `cache` (none: not used) and the racy window `racy_ns` of the shortcut
-/// and the cache.
+/// the listing cache in `cache` (none: not used), the run's `protected` paths and the racy
+/// window `racy_ns` of the shortcut and the cache.
 fn git_baseline_with(
     root: &Path,
     private: PathBuf,
     cache: Option<&Path>,
+    protected: &[PathBuf],
     racy_ns: i128,
 ) -> anyhow::Result<BaselineKind> {
     let tag = private
@@ -540,7 +604,7 @@ fn git_baseline_with(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let repo = Box::new(PrivateGitDir::new(root, private)?);
-    let cache = cache.zip(cache::Key::of(root, &repo));
+    let cache = cache.zip(cache::Key::of(root, &repo, protected));
     if let Some((file, key)) = &cache
         && let Some(hit) = cache::lookup(file, key, root, racy_ns)
     {
@@ -562,8 +626,14 @@ fn git_baseline_with(
         (listed, join(ig))
     });
     let (listed, ignored) = (listed?, ignored?);
-    // The shortcut for small projects only: beyond, its walks cost more than git's listings.
-    let quick = (listed.len() <= QUICK_LISTED_MAX)
+    // What git read from outside the work tree and the index (the user's excludes and
+    // attributes, git itself) as it was before and after it listed, or nothing is kept.
+    let cache = cache.filter(|(_, key)| {
+        cache::Key::of(root, &repo, protected).is_some_and(|now| now.0 == key.0)
+    });
+    // The shortcut for small projects only (beyond, its walks cost more than git's listings),
+    // and without submodules (whose state lies in the repository's directory, not walked).
+    let quick = (listed.len() <= QUICK_LISTED_MAX && !repo.submodules)
         .then(|| Quick::take(root, &ignored, now_ns() - racy_ns))
         .flatten()
         .filter(|q| !q.prunes_any_of(&listed));
@@ -700,7 +770,7 @@ impl Quick {
     }
 
     fn walk(root: &Path, pruned: &[OsString]) -> Option<HashMap<OsString, Meta>> {
-        let mut entries = walk_skipping(root, pruned, QUICK_MAX).ok()?;
+        let mut entries = walk_skipping(root, pruned, QUICK_MAX, true).ok()?;
         for dir in pruned {
             let m = root.join(dir).symlink_metadata().ok()?;
             entries.insert(dir.clone(), Meta::of(&m));
@@ -802,6 +872,8 @@ struct PrivateGitDir {
     exclude: Option<Vec<u8>>,
     /// The repository uses SHA-256 object names.
     sha256: bool,
+    /// The project has submodules (`.gitmodules`, or the repository's `modules/`).
+    submodules: bool,
     /// Whether the directory was made: the error, as text, when it could not be.
     made: std::sync::OnceLock<Result<(), String>>,
 }
@@ -838,6 +910,8 @@ impl PrivateGitDir {
             index_file: large.then_some(index),
             exclude: read_regular(&common.join("info/exclude"))?,
             sha256,
+            submodules: root.join(".gitmodules").symlink_metadata().is_ok()
+                || common.join("modules").symlink_metadata().is_ok(),
             made: std::sync::OnceLock::new(),
         };
         if large {
@@ -854,6 +928,7 @@ impl PrivateGitDir {
             .map_err(anyhow::Error::msg)
     }
 
+    /// Make the directory; what it made of it is removed again when a later step fails.
     fn make(&self) -> anyhow::Result<()> {
         let base = self
             .dir
@@ -868,6 +943,13 @@ impl PrivateGitDir {
             .mode(0o700)
             .create(&self.dir)
             .with_context(|| format!("cannot create {}", self.dir.display()))?;
+        self.fill().inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        })
+    }
+
+    /// The directory's content.
+    fn fill(&self) -> anyhow::Result<()> {
         for d in ["objects", "refs", "info"] {
             std::fs::create_dir(self.dir.join(d))?;
         }
@@ -1004,7 +1086,8 @@ impl PrivateGitDir {
 
 impl Drop for PrivateGitDir {
     fn drop(&mut self) {
-        if self.made.get().is_some() {
+        // Only a directory this made (not one that was there: `make` failed then).
+        if let Some(Ok(())) = self.made.get() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
@@ -1082,8 +1165,9 @@ pub fn start(plan: &corral_policy::Plan, jail_id: &str) -> Pending {
     let root = plan.project.root.clone();
     let jail_id = jail_id.to_string();
     let git = root.join(".git").symlink_metadata().is_ok();
+    let protected = plan.protected.clone();
     Pending(Some(std::thread::spawn(move || {
-        Baseline::take(&root, &jail_id, git)
+        Baseline::take(&root, &jail_id, git, &protected)
     })))
 }
 
@@ -1217,9 +1301,11 @@ mod tests {
                 .keys()
                 .all(|k| !k.to_string_lossy().starts_with(".git"))
         );
-        let skipped = walk_skipping(root, &["many".into()], 100).unwrap();
+        let skipped = walk_skipping(root, &["many".into()], 100, false).unwrap();
         assert_eq!(skipped.len(), 3, "`many` neither listed nor entered");
-        let over = walk_skipping(root, &[], 5000).unwrap_err().to_string();
+        let over = walk_skipping(root, &[], 5000, false)
+            .unwrap_err()
+            .to_string();
         assert!(over.contains("more than 5000 files"), "{over}");
     }
 
@@ -1455,7 +1541,7 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(30));
         static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let id = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let kind = git_baseline_with(root, work.join(format!("run{id}")), Some(cache), 0)
+        let kind = git_baseline_with(root, work.join(format!("run{id}")), Some(cache), &[], 0)
             .expect("git baseline");
         let ran_git = match &kind {
             BaselineKind::Git { repo, .. } => repo.made.get().is_some(),
@@ -1681,6 +1767,63 @@ mod tests {
             "a real file at a placeholder's name was served from the cache"
         );
         assert!(start_of(&b).0.contains(&OsString::from("corral.toml")));
+    }
+
+    /// With submodules (whose state lies in the repository's directory, which the walk skips)
+    /// neither the shortcut nor the cache is used: git lists at both ends.
+    #[test]
+    fn submodules_keep_the_cache_out() {
+        let dir = cache_project();
+        let root = dir.path();
+        std::fs::write(root.join(".gitmodules"), "").unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let cache = work.path().join("listing");
+        for _ in 0..2 {
+            let (b, ran) = start_run(root, work.path(), &cache);
+            assert!(ran, "a project with submodules was served from the cache");
+            match &b.kind {
+                BaselineKind::Git { quick, .. } => assert!(quick.is_none()),
+                BaselineKind::Metadata(_) => panic!("not the git method"),
+            }
+            assert!(b.compare(&[]).unwrap().is_empty());
+        }
+        assert!(!cache.exists());
+    }
+
+    /// When git cannot run at the end of a run whose start came from the cache (its private
+    /// directory cannot be made: here its parent is a file; in a run, a disk the jail filled),
+    /// the start's walk is compared by metadata: the change is still listed, with a note.
+    #[test]
+    fn a_start_from_the_cache_lists_changes_when_git_cannot_run_at_the_end() {
+        let dir = cache_project();
+        let root = dir.path();
+        let work = tempfile::tempdir().unwrap();
+        let cache = work.path().join("listing");
+        cached_baseline(root, work.path(), &cache);
+        std::fs::write(work.path().join("blocked"), "").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let kind =
+            git_baseline_with(root, work.path().join("blocked/run"), Some(&cache), &[], 0).unwrap();
+        let baseline = Baseline {
+            root: root.to_path_buf(),
+            kind,
+            note: None,
+        };
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        std::fs::write(root.join("a.txt"), "edited in the run\n").unwrap();
+        std::fs::write(root.join("made.txt"), "new\n").unwrap();
+        std::fs::remove_file(root.join("src/lib.rs")).unwrap();
+        let ch = baseline.compare(&[]).unwrap();
+        assert_eq!(ch.method, "metadata", "{ch:?}");
+        assert!(
+            ch.note
+                .as_deref()
+                .is_some_and(|n| n.contains("git not usable"))
+        );
+        assert_eq!(ch.start_listing.as_deref(), Some("cache"));
+        assert_eq!(ch.created, ["made.txt"]);
+        assert_eq!(ch.modified, ["a.txt"]);
+        assert_eq!(ch.deleted, ["src/lib.rs"]);
     }
 
     /// No cache where the state directory lies inside the project: the jail could write it.

@@ -427,3 +427,40 @@ fn a_start_from_the_listing_cache_still_lists_every_change() {
     assert_eq!(list(&d["modified"]), ["dirty.txt", "edit.txt"]);
     assert_eq!(list(&d["deleted"]), ["gone.txt"]);
 }
+
+/// A directory the jail made unlistable (`chmod 311`: its files still reachable by name) does
+/// not hide a later run's edit of a tracked file in it. Rootless, corral cannot list it either,
+/// so the next run masks the directory whole (the edit is refused); were it written, the end's
+/// shortcut and the listing cache would not vouch for it (they need every directory read, else
+/// git runs, which stats tracked paths directly). As root the directory is readable: the edit
+/// is made and listed.
+#[test]
+fn an_unlistable_directory_does_not_hide_an_edit_below_it() {
+    let w = git_world();
+    let out = w.sh("none", "chmod 311 src && echo END");
+    ran(&out, "END");
+    // Past the racy window, so the shortcut would be trusted.
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let before = std::fs::read(w.project.join("src/lib.rs")).ok();
+    let out = w.sh("none", "echo 'fn b() {}' >> src/lib.rs; echo END");
+    // The world's directory goes with the test: make it removable again.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        w.project.join("src"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    ran(&out, "END");
+    let after = std::fs::read(w.project.join("src/lib.rs")).ok();
+    let modified: Vec<String> = change_events(&w)
+        .iter()
+        .flat_map(|e| list(&e["detail"]["modified"]))
+        .collect();
+    assert_eq!(
+        before != after,
+        modified.contains(&"src/lib.rs".to_string()),
+        "src/lib.rs changed: {}; listed: {modified:?}\n{}",
+        before != after,
+        out.stderr
+    );
+}

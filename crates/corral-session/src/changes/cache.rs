@@ -43,25 +43,36 @@ const END: &[u8] = b"\nend\n";
 const FILE_MAX: u64 = 64 << 20;
 
 /// What a listing was computed from, apart from the walk: encoded, to compare as bytes.
-pub(super) struct Key(Vec<u8>);
+pub(super) struct Key(pub(super) Vec<u8>);
 
 impl Key {
-    /// The inputs of git's listing of `root` with `repo` now; `None` when one cannot be read
-    /// (then nothing is cached).
-    pub(super) fn of(root: &Path, repo: &PrivateGitDir) -> Option<Key> {
-        // A large index is not held in memory (and its listing is too large for the walk).
-        if repo.index_file.is_some() {
+    /// The inputs of git's listing of `root` with `repo` now, the run's protected paths
+    /// `protected` among them (corral's placeholders are made for those); `None` when one
+    /// cannot be read or the listing is not one to keep (then nothing is cached).
+    pub(super) fn of(root: &Path, repo: &PrivateGitDir, protected: &[PathBuf]) -> Option<Key> {
+        // A large index is not held in memory (and its listing is too large for the walk); a
+        // submodule's state lies in the repository's own directory, which the walk skips.
+        if repo.index_file.is_some() || repo.submodules {
             return None;
         }
         let mut e = Enc::default();
         e.bytes(root.as_os_str().as_bytes());
         e.opt(repo.index.as_deref());
         e.opt(repo.exclude.as_deref());
-        e.opt(user_excludes()?.as_deref());
+        // The user's global excludes and attributes files, which git reads even with
+        // `GIT_CONFIG_GLOBAL` off, and the system's attributes (`-m` compares content after
+        // the conversions they select).
+        for file in [config_file("ignore"), config_file("attributes")] {
+            e.opt(read_optional(file.as_deref())?.as_deref());
+        }
+        e.opt(read_optional(Some(Path::new("/etc/gitattributes")))?.as_deref());
         e.u64(u64::from(repo.sha256));
         for n in git_identity()? {
             e.u64(n);
         }
+        let mut protected: Vec<&PathBuf> = protected.iter().collect();
+        protected.sort();
+        e.list(&protected, |e, p| e.bytes(p.as_os_str().as_bytes()));
         Some(Key(e.0))
     }
 }
@@ -264,17 +275,24 @@ fn read_own(file: &Path) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
-/// The user's global excludes file as git finds it when no `core.excludesFile` is set
-/// (`$XDG_CONFIG_HOME/git/ignore`, else `$HOME/.config/git/ignore`): `Some(None)` when there is
-/// none, `None` when it cannot be read.
-fn user_excludes() -> Option<Option<Vec<u8>>> {
+/// The user's global git file `name` (`ignore`, `attributes`) where git finds it when the
+/// configuration names none: `$XDG_CONFIG_HOME/git/NAME`, else `$HOME/.config/git/NAME`.
+fn config_file(name: &str) -> Option<PathBuf> {
     let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    let path = match (nonempty("XDG_CONFIG_HOME"), nonempty("HOME")) {
-        (Some(x), _) => PathBuf::from(x).join("git/ignore"),
-        (None, Some(h)) => PathBuf::from(h).join(".config/git/ignore"),
-        (None, None) => return Some(None),
+    match (nonempty("XDG_CONFIG_HOME"), nonempty("HOME")) {
+        (Some(x), _) => Some(PathBuf::from(x).join("git").join(name)),
+        (None, Some(h)) => Some(PathBuf::from(h).join(".config/git").join(name)),
+        (None, None) => None,
+    }
+}
+
+/// The content of `path` (following symlinks, as git does): `Some(None)` when there is no
+/// such file, `None` when it cannot be read.
+fn read_optional(path: Option<&Path>) -> Option<Option<Vec<u8>>> {
+    let Some(path) = path else {
+        return Some(None);
     };
-    match std::fs::read(&path) {
+    match std::fs::read(path) {
         Ok(b) => Some(Some(b)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(None),
         Err(_) => None,
