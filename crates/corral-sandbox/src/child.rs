@@ -183,9 +183,14 @@ fn set_up_process() -> Result<i32, JailError> {
     let Some((config, mut stdio)) = read_init(&ctl)? else {
         return Ok(EXIT_SETUP_FAILED);
     };
-    // The exit pipe's write end came last (`InitConfig::exit_pipe`): this process's alone.
+    // The exit pipe's write end came last (`InitConfig::exit_pipe`): this process's alone,
+    // with /dev/null opened now, while this process's root is the host's (PID 1's pivot_root
+    // changes it to the jail's).
     let exit_pipe = match config.exit_pipe {
-        true => stdio.pop(),
+        true => match (stdio.pop(), std::fs::File::open("/dev/null")) {
+            (Some(pipe), Ok(null)) => Some((pipe, OwnedFd::from(null))),
+            _ => None,
+        },
         false => None,
     };
     // The exec gate's read end before it (`InitConfig::exec_gate`): PID 1's alone.
@@ -228,8 +233,8 @@ fn set_up_process() -> Result<i32, JailError> {
         ForkResult::Parent { child } => {
             drop(gate);
             let code = wait_forwarding(child, false, Some(ctl));
-            if let Some(pipe) = exit_pipe {
-                say_exit(pipe, code);
+            if let Some((pipe, null)) = exit_pipe {
+                say_exit(pipe, null, code);
             }
             Ok(code)
         }
@@ -237,11 +242,14 @@ fn set_up_process() -> Result<i32, JailError> {
 }
 
 /// Tell corral the command's `code` on the exit pipe, the jail being empty (PID 1 reaped): the
-/// jail's stdio goes first (it is this process's own 0, 1 and 2), so corral's copies of the
-/// jail's output see its end now, not once this process has exited. A failure only means
-/// corral waits for this process's exit instead.
-fn say_exit(pipe: OwnedFd, code: i32) {
-    let _ = redirect_to_null(&[0, 1, 2]);
+/// jail's stdio goes first (it is this process's own 0, 1 and 2: `null` takes their place), so
+/// corral's copies of the jail's output see its end now, not once this process has exited. A
+/// failure only means corral waits for this process's exit instead.
+fn say_exit(pipe: OwnedFd, null: OwnedFd, code: i32) {
+    for fd in 0..=2 {
+        // SAFETY: dup2 of a descriptor this process owns onto one of its stdio descriptors.
+        unsafe { libc::dup2(null.as_raw_fd(), fd) };
+    }
     let _ = nix::unistd::write(&pipe, &code.to_le_bytes());
 }
 
