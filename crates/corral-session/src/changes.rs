@@ -1537,12 +1537,16 @@ mod tests {
     /// change nothing within a clock tick of a listing), and whether git ran for it (the
     /// private git directory was made).
     fn start_run(root: &Path, work: &Path, cache: &Path) -> (Baseline, bool) {
-        // Writes made before this are a tick older than the listing.
-        std::thread::sleep(std::time::Duration::from_millis(30));
         static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let id = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let kind = git_baseline_with(root, work.join(format!("run{id}")), Some(cache), &[], 0)
-            .expect("git baseline");
+        start_run_at(root, work.join(format!("run{id}")), cache)
+    }
+
+    /// [`start_run`] with the private git directory at `private`.
+    fn start_run_at(root: &Path, private: PathBuf, cache: &Path) -> (Baseline, bool) {
+        // Writes made before this are a tick older than the listing.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let kind = git_baseline_with(root, private, Some(cache), &[], 0).expect("git baseline");
         let ran_git = match &kind {
             BaselineKind::Git { repo, .. } => repo.made.get().is_some(),
             BaselineKind::Metadata(_) => panic!("not the git method"),
@@ -1801,15 +1805,8 @@ mod tests {
         let cache = work.path().join("listing");
         cached_baseline(root, work.path(), &cache);
         std::fs::write(work.path().join("blocked"), "").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(30));
-        let kind =
-            git_baseline_with(root, work.path().join("blocked/run"), Some(&cache), &[], 0).unwrap();
-        let baseline = Baseline {
-            root: root.to_path_buf(),
-            kind,
-            note: None,
-        };
-        std::thread::sleep(std::time::Duration::from_millis(30));
+        let (baseline, ran) = start_run_at(root, work.path().join("blocked/run"), &cache);
+        assert!(!ran);
         std::fs::write(root.join("a.txt"), "edited in the run\n").unwrap();
         std::fs::write(root.join("made.txt"), "new\n").unwrap();
         std::fs::remove_file(root.join("src/lib.rs")).unwrap();
