@@ -187,7 +187,7 @@ fn set_up_process() -> Result<i32, JailError> {
     // with /dev/null opened now, while this process's root is the host's (PID 1's pivot_root
     // changes it to the jail's).
     let exit_pipe = match config.exit_pipe {
-        true => match (stdio.pop(), std::fs::File::open("/dev/null")) {
+        true => match (stdio.pop(), open_null()) {
             (Some(pipe), Ok(null)) => Some((pipe, OwnedFd::from(null))),
             _ => None,
         },
@@ -239,6 +239,14 @@ fn set_up_process() -> Result<i32, JailError> {
             Ok(code)
         }
     }
+}
+
+/// /dev/null, for reading and writing.
+fn open_null() -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
 }
 
 /// Tell corral the command's `code` on the exit pipe, the jail being empty (PID 1 reaped): the

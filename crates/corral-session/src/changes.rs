@@ -338,19 +338,23 @@ impl Baseline {
                             "git not usable at the end ({e:#}): the files git looks at \
                              compared by metadata"
                         ));
-                        let after = walk_skipping(&self.root, &q.pruned, WALK_MAX, false)
+                        let mut after = walk_skipping(&self.root, &q.pruned, WALK_MAX, false)
                             .with_context(|| {
                                 format!("cannot list the files of {}", self.root.display())
                             })?;
+                        // The directories git did not enter, by their own metadata (as the
+                        // shortcut's walk has them): one removed or replaced is listed.
+                        for dir in &q.pruned {
+                            if let Ok(m) = self.root.join(dir).symlink_metadata() {
+                                after.insert(dir.clone(), Meta::of(&m));
+                            }
+                        }
                         let not_own =
                             |k: &OsString| !own.iter().any(|o| Path::new(k).starts_with(o));
                         let after: HashMap<OsString, Meta> =
                             after.into_iter().filter(|(k, _)| not_own(k)).collect();
-                        let before: HashMap<OsString, Meta> = q
-                            .entries
-                            .into_iter()
-                            .filter(|(k, _)| !q.pruned.contains(k) && not_own(k))
-                            .collect();
+                        let before: HashMap<OsString, Meta> =
+                            q.entries.into_iter().filter(|(k, _)| not_own(k)).collect();
                         diff_metadata(&before, &after, &mut ch);
                         ch.sort();
                         return Ok(ch);
@@ -1036,6 +1040,8 @@ impl PrivateGitDir {
         c.env("GIT_DIR", &self.dir)
             .env("GIT_WORK_TREE", &self.root)
             .env("GIT_CONFIG_NOSYSTEM", "1")
+            // Nor the system's attributes file (it lies under git's own prefix).
+            .env("GIT_ATTR_NOSYSTEM", "1")
             .env("GIT_CONFIG_GLOBAL", "/dev/null")
             .env("GIT_TERMINAL_PROMPT", "0")
             .env("GIT_NO_REPLACE_OBJECTS", "1")
@@ -1810,6 +1816,8 @@ mod tests {
         std::fs::write(root.join("a.txt"), "edited in the run\n").unwrap();
         std::fs::write(root.join("made.txt"), "new\n").unwrap();
         std::fs::remove_file(root.join("src/lib.rs")).unwrap();
+        // An ignored directory git did not enter, removed: listed by its own metadata.
+        std::fs::remove_dir_all(root.join("target")).unwrap();
         let ch = baseline.compare(&[]).unwrap();
         assert_eq!(ch.method, "metadata", "{ch:?}");
         assert!(
@@ -1820,7 +1828,7 @@ mod tests {
         assert_eq!(ch.start_listing.as_deref(), Some("cache"));
         assert_eq!(ch.created, ["made.txt"]);
         assert_eq!(ch.modified, ["a.txt"]);
-        assert_eq!(ch.deleted, ["src/lib.rs"]);
+        assert_eq!(ch.deleted, ["src/lib.rs", "target/"]);
     }
 
     /// No cache where the state directory lies inside the project: the jail could write it.

@@ -5,8 +5,9 @@
 //!
 //! The listing is kept with everything it was computed from:
 //! - the index (its bytes), the repository's `info/exclude` and the user's global excludes
-//!   file (`$XDG_CONFIG_HOME/git/ignore`, which git reads even with `GIT_CONFIG_GLOBAL` off),
-//!   the object format, and the git executable's identity;
+//!   and attributes files (`$XDG_CONFIG_HOME/git/ignore` and `attributes`, which git reads
+//!   even with `GIT_CONFIG_GLOBAL` off), the object format, the git executable's identity and
+//!   the run's protected paths;
 //! - the shortcut's metadata walk ([`Quick`]) of every entry git looks at: type, mode, size,
 //!   mtime, ctime and inode, and the ignored directories git did not enter.
 //!
@@ -60,12 +61,11 @@ impl Key {
         e.opt(repo.index.as_deref());
         e.opt(repo.exclude.as_deref());
         // The user's global excludes and attributes files, which git reads even with
-        // `GIT_CONFIG_GLOBAL` off, and the system's attributes (`-m` compares content after
-        // the conversions they select).
+        // `GIT_CONFIG_GLOBAL` off (`-m` compares content after the conversions attributes
+        // select; the system's are off: `GIT_ATTR_NOSYSTEM`).
         for file in [config_file("ignore"), config_file("attributes")] {
             e.opt(read_optional(file.as_deref())?.as_deref());
         }
-        e.opt(read_optional(Some(Path::new("/etc/gitattributes")))?.as_deref());
         e.u64(u64::from(repo.sha256));
         for n in git_identity()? {
             e.u64(n);
