@@ -183,10 +183,25 @@ fn bind_makes_a_private_directory_with_the_host_ports_sockets_and_refuses_a_take
     let state = dir.path().join("s".repeat(100));
     let c = ctx(EngineKind::Podman, true, &state);
     let mut p = plan(dir.path(), 1000);
-    let (published, host) = (free_port(), free_port());
-    p.network.publish = vec![published];
-    p.network.host_ports = vec![host];
-    let r = Relays::bind(&p, &c).unwrap();
+    // A port free when picked may be taken by a test running beside this one before the bind
+    // (which fails then, before it makes the directory): picked again.
+    let (published, host, r) = (0..20)
+        .find_map(|_| {
+            let (published, host) = (free_port(), free_port());
+            p.network.publish = vec![published];
+            p.network.host_ports = vec![host];
+            match Relays::bind(&p, &c) {
+                Ok(r) => Some((published, host, r)),
+                Err(e)
+                    if e.to_string()
+                        .contains(&format!("binding 127.0.0.1:{published}")) =>
+                {
+                    None
+                }
+                Err(e) => panic!("{e}"),
+            }
+        })
+        .expect("no free port in 20 tries");
     let d = c.ports_dir();
     let m = fs::metadata(&d).unwrap();
     assert_eq!(m.mode() & 0o7777, 0o700);
