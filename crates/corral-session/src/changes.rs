@@ -87,6 +87,22 @@ impl Meta {
     fn is_dir(&self) -> bool {
         self.kind == libc::S_IFDIR
     }
+
+    /// Whether its mtime or ctime is `t` or later (within a racy window that starts at `t`).
+    fn changed_since(&self, t: i128) -> bool {
+        self.mtime_ns.max(self.ctime_ns) >= t
+    }
+}
+
+/// Whether the relative path `rel` is not one of `own` (corral's placeholders) nor below one.
+fn not_own(rel: &OsString, own: &[OsString]) -> bool {
+    !own.iter().any(|o| Path::new(rel).starts_with(o))
+}
+
+/// Where the change summary keeps its files for the project at `root`, under corral's state
+/// directory `state` (outside the jail): each run's private git directory, the listing cache.
+fn changes_dir(state: &Path, root: &Path) -> PathBuf {
+    state.join(corral_audit::project_key(root)).join("changes")
 }
 
 /// A file of the git method: its metadata, and its content's SHA-256 (regular files within the
@@ -349,12 +365,13 @@ impl Baseline {
                                 after.insert(dir.clone(), Meta::of(&m));
                             }
                         }
-                        let not_own =
-                            |k: &OsString| !own.iter().any(|o| Path::new(k).starts_with(o));
                         let after: HashMap<OsString, Meta> =
-                            after.into_iter().filter(|(k, _)| not_own(k)).collect();
-                        let before: HashMap<OsString, Meta> =
-                            q.entries.into_iter().filter(|(k, _)| not_own(k)).collect();
+                            after.into_iter().filter(|(k, _)| not_own(k, own)).collect();
+                        let before: HashMap<OsString, Meta> = q
+                            .entries
+                            .into_iter()
+                            .filter(|(k, _)| not_own(k, own))
+                            .collect();
                         diff_metadata(&before, &after, &mut ch);
                         ch.sort();
                         return Ok(ch);
@@ -585,10 +602,7 @@ enum Dirt {
 
 fn git_baseline(root: &Path, jail_id: &str, protected: &[PathBuf]) -> anyhow::Result<BaselineKind> {
     let state = corral_audit::state_dir()?;
-    let private = state
-        .join(corral_audit::project_key(root))
-        .join("changes")
-        .join(jail_id);
+    let private = changes_dir(&state, root).join(jail_id);
     let cache = cache::file_for(root, &state);
     git_baseline_with(root, private, cache.as_deref(), protected, QUICK_RACY_NS)
 }
@@ -812,11 +826,10 @@ impl Quick {
     /// below them left out (of the start's walk too, from here on). False when an entry was
     /// racy at the start.
     fn unchanged(&mut self, root: &Path, own: &[OsString]) -> bool {
-        let not_own = |k: &OsString| !own.iter().any(|o| Path::new(k).starts_with(o));
         let racy = self
             .entries
             .iter()
-            .any(|(k, m)| m.ctime_ns.max(m.mtime_ns) >= self.racy_from && not_own(k));
+            .any(|(k, m)| m.changed_since(self.racy_from) && not_own(k, own));
         if racy {
             return false;
         }
@@ -824,7 +837,7 @@ impl Quick {
             return false;
         };
         for map in [&mut self.entries, &mut now] {
-            map.retain(|k, _| not_own(k));
+            map.retain(|k, _| not_own(k, own));
         }
         now == self.entries
     }

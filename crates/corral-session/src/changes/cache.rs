@@ -33,7 +33,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::{Dirt, Meta, PrivateGitDir, Quick};
+use super::{Dirt, Meta, PrivateGitDir, Quick, changes_dir, not_own};
 
 /// The file's first line: a format change makes every older file a miss.
 pub(super) const MAGIC: &[u8] = b"corral change listing 1\n";
@@ -93,12 +93,7 @@ pub(super) fn file_for(root: &Path, state: &Path) -> Option<PathBuf> {
     if real_state.starts_with(&real_root) || state.starts_with(root) {
         return None;
     }
-    Some(
-        state
-            .join(corral_audit::project_key(root))
-            .join("changes")
-            .join("listing"),
-    )
+    Some(changes_dir(state, root).join("listing"))
 }
 
 /// The cached listing of `root` in `file`, when it was computed from `key` and the walk finds
@@ -135,11 +130,7 @@ pub(super) fn lookup(file: &Path, key: &Key, root: &Path, racy_ns: i128) -> Opti
         .into_iter()
         .collect();
     let ignored: BTreeSet<OsString> = d.list(|d| d.os())?.into_iter().collect();
-    if !d.0.is_empty()
-        || walk
-            .values()
-            .any(|m| m.mtime_ns.max(m.ctime_ns) >= racy_from)
-    {
+    if !d.0.is_empty() || walk.values().any(|m| m.changed_since(racy_from)) {
         return None;
     }
     // The window of the walk taken now starts before it.
@@ -157,8 +148,8 @@ pub(super) fn lookup(file: &Path, key: &Key, root: &Path, racy_ns: i128) -> Opti
             Ok(_) => return None,
         }
     }
-    let not_own = |k: &OsString| !own.iter().any(|o| Path::new(k).starts_with(o));
-    let compared: HashMap<&OsString, &Meta> = now.iter().filter(|(k, _)| not_own(k)).collect();
+    let compared: HashMap<&OsString, &Meta> =
+        now.iter().filter(|(k, _)| not_own(k, &own)).collect();
     if compared.len() != walk.len() || walk.iter().any(|(k, m)| compared.get(k) != Some(&m)) {
         return None;
     }
@@ -194,13 +185,12 @@ impl Store {
     /// when an entry changed within the racy window. Written beside the file and renamed over
     /// it, so a reader sees a whole file, the old or the new; a failure only means no cache.
     pub(super) fn keep(&self, quick: &Quick, ignored: &BTreeSet<OsString>, own: &[OsString]) {
-        let not_own = |k: &OsString| !own.iter().any(|o| Path::new(k).starts_with(o));
-        let mut walk: Vec<(&OsString, &Meta)> =
-            quick.entries.iter().filter(|(k, _)| not_own(k)).collect();
-        if walk
+        let mut walk: Vec<(&OsString, &Meta)> = quick
+            .entries
             .iter()
-            .any(|(_, m)| m.mtime_ns.max(m.ctime_ns) >= self.racy_from)
-        {
+            .filter(|(k, _)| not_own(k, own))
+            .collect();
+        if walk.iter().any(|(_, m)| m.changed_since(self.racy_from)) {
             return;
         }
         walk.sort_by(|a, b| a.0.cmp(b.0));
@@ -213,7 +203,7 @@ impl Store {
             e.bytes(p.as_bytes());
             e.meta(m);
         });
-        let dirty: Vec<_> = self.dirty.iter().filter(|(p, _)| not_own(p)).collect();
+        let dirty: Vec<_> = self.dirty.iter().filter(|(p, _)| not_own(p, own)).collect();
         e.list(&dirty, |e, (p, dirt)| {
             e.bytes(p.as_bytes());
             e.u64(match dirt {
@@ -221,7 +211,7 @@ impl Store {
                 Dirt::Untracked => 1,
             });
         });
-        let ignored: Vec<_> = ignored.iter().filter(|p| not_own(p)).collect();
+        let ignored: Vec<_> = ignored.iter().filter(|p| not_own(p, own)).collect();
         e.list(&ignored, |e, p| e.bytes(p.as_bytes()));
         let mut bytes = MAGIC.to_vec();
         bytes.extend_from_slice(&e.0);
