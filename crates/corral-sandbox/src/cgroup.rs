@@ -413,7 +413,9 @@ pub struct Hierarchy {
 
 /// The cgroup hierarchies mounted in this mount namespace (`/proc/self/mountinfo`).
 pub fn hierarchies() -> Vec<Hierarchy> {
-    parse_mountinfo(&fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
+    parse_mountinfo(&String::from_utf8_lossy(
+        &crate::mountinfo::read_proc("/proc/self/mountinfo").unwrap_or_default(),
+    ))
 }
 
 fn parse_mountinfo(s: &str) -> Vec<Hierarchy> {
@@ -469,8 +471,7 @@ fn unescape(s: &str) -> String {
 /// This process's cgroup path per hierarchy (`/proc/self/cgroup`): (controllers, path), the
 /// v2 entry with an empty controller list.
 fn own_cgroups() -> Vec<(Vec<String>, String)> {
-    fs::read_to_string("/proc/self/cgroup")
-        .unwrap_or_default()
+    String::from_utf8_lossy(&crate::mountinfo::read_proc("/proc/self/cgroup").unwrap_or_default())
         .lines()
         .filter_map(|l| {
             let mut it = l.splitn(3, ':');

@@ -121,7 +121,7 @@ fn run(spec: &Spec) -> i32 {
     if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
         return step("set PR_SET_DUMPABLE 0", &std::io::Error::last_os_error());
     }
-    let mountinfo = match std::fs::read("/proc/self/mountinfo") {
+    let mountinfo = match crate::mountinfo::read_proc("/proc/self/mountinfo") {
         Ok(m) => m,
         Err(e) => return step("read /proc/self/mountinfo", &e),
     };

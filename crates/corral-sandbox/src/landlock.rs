@@ -23,11 +23,12 @@
 //! The ABI is negotiated best effort: an older kernel enforces what it knows and the returned
 //! [`LandlockStatus`] says what that was; the caller reports it (and `corral doctor` explains).
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use ::landlock::{
-    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use corral_policy::plan::{Access as Mode, MountKind, Plan};
 use serde::Serialize;
@@ -115,7 +116,7 @@ pub struct Rule {
     pub access: RuleAccess,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RuleAccess {
     /// List directories only (no file contents).
     List,
@@ -130,11 +131,10 @@ pub enum RuleAccess {
 /// The rules for a Plan, in the jail's own paths. Pure, so it is tested whole.
 pub fn rules(plan: &Plan) -> Vec<Rule> {
     let mut out = Vec::new();
+    // Each (path, access) once; a set, not a search of `out` per rule (a Plan has dozens).
+    let mut seen = std::collections::HashSet::new();
     let mut push = |path: &Path, access| {
-        if !out
-            .iter()
-            .any(|r: &Rule| r.path == path && r.access == access)
-        {
+        if seen.insert((path.to_path_buf(), access)) {
             out.push(Rule {
                 path: path.to_path_buf(),
                 access,
@@ -208,8 +208,15 @@ pub fn restrict_rules(rules: &[Rule]) -> Result<LandlockStatus, LandlockError> {
         .map_err(step("creating the ruleset"))?;
     let mut skipped = Vec::new();
     for r in rules {
-        let meta = match std::fs::metadata(&r.path) {
-            Ok(m) => m,
+        // One walk of the path: the rule's descriptor (O_PATH, symlinks followed, as
+        // `PathFd` opens it), and its type from that descriptor.
+        let held = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(&r.path)
+            .and_then(|f| f.metadata().map(|m| (f, m)));
+        let (fd, meta) = match held {
+            Ok(held) => held,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 skipped.push(r.path.clone());
                 continue;
@@ -221,10 +228,6 @@ pub fn restrict_rules(rules: &[Rule]) -> Result<LandlockStatus, LandlockError> {
                 });
             }
         };
-        let fd = PathFd::new(&r.path).map_err(|e| LandlockError::Path {
-            path: r.path.clone(),
-            cause: std::io::Error::other(e.to_string()),
-        })?;
         created = created
             .add_rule(PathBeneath::new(fd, rights(r.access, meta.is_dir())))
             .map_err(step("adding a rule"))?;

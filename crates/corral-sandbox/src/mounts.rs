@@ -48,8 +48,18 @@ pub fn set_up_root(plan: &Plan, own_devpts: bool) -> Result<PrivateDevices, Jail
     private.add(&format!("{NEW}/dev"))?;
     private.add(&format!("{NEW}/dev/shm"))?;
     mount_proc()?;
+    // Which mounts a later mount point below them is walked through (`mount_point`): decided
+    // once, not again for each later mount.
+    let walked: Vec<bool> = plan
+        .mounts
+        .iter()
+        .map(|e| {
+            e.kind == MountKind::Bind(Access::Rw)
+                || (matches!(e.kind, MountKind::Bind(_)) && e.target == plan.project.root)
+        })
+        .collect();
     for index in 0..plan.mounts.len() {
-        if let Some(tmpfs) = apply_plan_mount(plan, index, &sizes.other)? {
+        if let Some(tmpfs) = apply_plan_mount(plan, index, &sizes.other, &walked)? {
             private.add(&tmpfs)?;
         }
     }
@@ -285,11 +295,12 @@ fn apply_plan_mount(
     plan: &Plan,
     index: usize,
     tmpfs_size: &str,
+    walked: &[bool],
 ) -> Result<Option<String>, JailError> {
     let m = &plan.mounts[index];
     match m.kind {
         MountKind::Tmpfs => {
-            let target = mount_point(plan, index, true)?;
+            let target = mount_point(plan, index, true, walked)?;
             let path = proc_fd_path(&target);
             mount(
                 Some("tmpfs"),
@@ -363,7 +374,7 @@ fn apply_plan_mount(
             let is_dir = kind_of(&source, None)
                 .map_err(|e| JailError::at("find a mount's source", &m.source, e))?
                 == Kind::Dir;
-            let target = mount_point(plan, index, is_dir)?;
+            let target = mount_point(plan, index, is_dir, walked)?;
             bind_fd(&source, &target, access, &m.target).map(|()| None)
         }
     }
@@ -395,18 +406,22 @@ fn check_named_path(plan: &Plan, named: &Path) -> Result<(), JailError> {
 /// The mount point of `plan.mounts[index]` in the new root, created (a directory, or an empty
 /// file) when missing. Below an earlier bind the jail can write (the project holds
 /// `--ro vendor`) it is walked and created without following symlinks; elsewhere it lies in
-/// the jail's own skeleton or a system directory.
-fn mount_point(plan: &Plan, index: usize, dir: bool) -> Result<OwnedFd, JailError> {
+/// the jail's own skeleton or a system directory. `walked[i]`: whether `plan.mounts[i]` is
+/// such a bind (read-write, or the project's).
+fn mount_point(
+    plan: &Plan,
+    index: usize,
+    dir: bool,
+    walked: &[bool],
+) -> Result<OwnedFd, JailError> {
     let m = &plan.mounts[index];
     // Below an earlier bind the jail can write (below a read-only system directory the links
     // are the host's own: a CA bundle overlaid in /etc/ssl is found as before).
     let earlier = plan.mounts[..index]
         .iter()
-        .filter(|e| {
-            e.kind == MountKind::Bind(Access::Rw)
-                || (matches!(e.kind, MountKind::Bind(_)) && e.target == plan.project.root)
-        })
-        .map(|e| e.target.as_path());
+        .zip(walked)
+        .filter(|(_, walked)| **walked)
+        .map(|(e, _)| e.target.as_path());
     let Some(root) = deepest_below(earlier, &m.target) else {
         let target = under(NEW, &m.target);
         if dir {

@@ -62,17 +62,23 @@ where
     T: Send,
     F: Fn(Seen<'_>, &mut Vec<T>) -> Step + Sync,
 {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
     let mut out = Vec::new();
     let mut dirs = vec![root.to_path_buf()];
     let mut seen = 0;
+    // Asked once the tree is known to be large (it reads the process's cgroup files).
+    let mut threads = None;
     while let Some(dir) = dirs.pop() {
         match read_dir_into(&dir, &visit, &mut out, &mut dirs) {
             None => return (out, true),
             Some(n) => seen += n,
         }
-        if seen > SEQUENTIAL_WALK_MAX && threads > 1 && dirs.len() > 1 {
-            return walk_shared(dirs, threads, &visit, out);
+        if seen > SEQUENTIAL_WALK_MAX && dirs.len() > 1 {
+            let threads = *threads.get_or_insert_with(|| {
+                std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+            });
+            if threads > 1 {
+                return walk_shared(dirs, threads, &visit, out);
+            }
         }
     }
     (out, false)
