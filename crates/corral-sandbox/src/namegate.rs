@@ -141,7 +141,7 @@ impl Gate {
         if plan.git.new_repositories {
             return Ok(None);
         }
-        let mountinfo = std::fs::read("/proc/self/mountinfo")?;
+        let mountinfo = crate::mountinfo::read_proc("/proc/self/mountinfo")?;
         Gate::new(
             &plan.git.dirs,
             private.0.iter().copied().collect(),
@@ -500,8 +500,12 @@ fn worker(gate: &Gate, listener: &OwnedFd) {
         };
         if rc != 0 {
             match io::Error::last_os_error().raw_os_error() {
-                // The caller died, or a signal: next one.
-                Some(libc::ENOENT | libc::EINTR) => continue,
+                // A signal: next one.
+                Some(libc::EINTR) => continue,
+                // The caller died; or no process holds the filter any more, and then every
+                // RECV fails so at once (the listener reports a hang-up): the jail's command
+                // and all it started are gone, and nothing can come again.
+                Some(libc::ENOENT) if !hung_up(listener) => continue,
                 // The jail is gone (no filter left holding the listener).
                 _ => return,
             }
@@ -515,6 +519,18 @@ fn worker(gate: &Gate, listener: &OwnedFd) {
         let verdict = handle(gate, listener, &call);
         respond(listener, call.id, verdict);
     }
+}
+
+/// Whether no process uses the filter behind `listener` any more (POLLHUP).
+fn hung_up(listener: &OwnedFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd of ours, no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLHUP != 0
 }
 
 struct Call {
@@ -1860,4 +1876,61 @@ fn pidfd_open(tid: libc::pid_t) -> Option<OwnedFd> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Once no process holds the gate's filter, its worker ends. Every RECV then fails at once
+    /// with ENOENT; a worker that took that for one caller's death spun on it until PID 1
+    /// exited, on a CPU the jail's end needed.
+    #[test]
+    fn the_worker_ends_once_no_process_holds_the_filter() {
+        let prog = crate::seccomp::build_gate_filter().unwrap();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (ours, theirs) = (OwnedFd::from(ours), OwnedFd::from(theirs));
+        // SAFETY: the child makes syscalls, allocates (glibc's malloc is usable after fork),
+        // and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: prctl with integer arguments; the child's own filter.
+            unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+            let code = match crate::seccomp::install_gate(&prog) {
+                Ok(listener) => match send_listener(theirs.as_raw_fd(), listener.as_ref()) {
+                    Ok(()) => 0,
+                    Err(_) => 2,
+                },
+                Err(_) => 1,
+            };
+            // SAFETY: the forked child ends here.
+            unsafe { libc::_exit(code) };
+        }
+        drop(theirs);
+        let listener = receive_listener(&ours);
+        let mut status = 0;
+        // SAFETY: our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child could not install the gate's filter or send its listener: {status:#x}"
+        );
+        let Some(listener) = listener else {
+            eprintln!("skipping: this kernel lacks what the name gate needs (Linux 5.19)");
+            return;
+        };
+        let gate = Gate::new(&[], HashSet::new(), b"").unwrap();
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            worker(&gate, &listener);
+            let _ = done.send(());
+        });
+        assert!(
+            ended
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .is_ok(),
+            "the gate's worker still runs with no process left under its filter"
+        );
+    }
 }
