@@ -1,10 +1,10 @@
 //! `/proc/self/mountinfo`, the fields the name gate needs: which file systems are the jail's
 //! own (gatexec.rs) and which files are read-only binds of one file (namegate/protected.rs);
-//! its path escapes for the cgroup hierarchies too (cgroup.rs).
+//! its path escapes for the cgroup hierarchies too (cgroup.rs); and how corral reads such
+//! files.
 
 /// A file of /proc (or /sys) whole. Such files report no size, so `std::fs::read` starts with
-/// 32-byte reads and doubles: eight calls for a 2 KB mountinfo, each formatting it again from
-/// its start; this reads 16 KiB at a time.
+/// 32-byte reads and doubles (eight calls for a 2 KB mountinfo); this reads 16 KiB at a time.
 pub(crate) fn read_proc(path: &str) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut out = Vec::with_capacity(16 * 1024);

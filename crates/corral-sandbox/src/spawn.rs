@@ -284,7 +284,8 @@ struct InitialStack {
 
 impl InitialStack {
     fn of_self() -> Option<InitialStack> {
-        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let stat = crate::mountinfo::read_proc("/proc/self/stat").ok()?;
+        let stat = std::str::from_utf8(&stat).ok()?;
         // Fields after the command name's closing parenthesis start at field 3.
         let fields: Vec<usize> = stat
             .rsplit_once(')')?

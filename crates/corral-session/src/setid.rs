@@ -83,12 +83,15 @@ pub struct Found {
     pub error: Option<String>,
 }
 
-/// The check, running on a thread of its own.
-pub struct Pending(std::thread::JoinHandle<(Vec<Found>, Vec<String>)>);
+/// The check, running on a thread of its own (none when there is nothing to walk).
+pub struct Pending(Option<std::thread::JoinHandle<(Vec<Found>, Vec<String>)>>);
 
 /// Start the check. Call once the jail has ended.
 pub fn check(watch: Watch) -> Pending {
-    Pending(std::thread::spawn(move || {
+    if watch.roots.is_empty() {
+        return Pending(None);
+    }
+    Pending(Some(std::thread::spawn(move || {
         let mut found = Vec::new();
         let mut notes = Vec::new();
         for root in &watch.roots {
@@ -100,14 +103,16 @@ pub fn check(watch: Watch) -> Pending {
             }
         }
         (found, notes)
-    }))
+    })))
 }
 
 /// Wait for the check, print what it found with the fix, and record it in the audit log
 /// (a `Jail` event `setid`).
 pub fn report(pending: Pending, audit: &corral_audit::AuditLog, jail_id: &str) {
-    let (found, notes) = pending
-        .0
+    let Some(thread) = pending.0 else {
+        return;
+    };
+    let (found, notes) = thread
         .join()
         .unwrap_or_else(|_| (Vec::new(), vec!["the set-id check panicked".into()]));
     for note in &notes {
@@ -328,7 +333,7 @@ mod tests {
         std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o755)).unwrap();
         // A link to a set-id file elsewhere is not followed.
         std::os::unix::fs::symlink(&old, root.join("a/link")).unwrap();
-        let (found, notes) = check(w).0.join().unwrap();
+        let (found, notes) = check(w).0.unwrap().join().unwrap();
         assert_eq!(notes, Vec::<String>::new());
         assert_eq!(
             found,

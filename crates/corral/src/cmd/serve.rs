@@ -271,6 +271,9 @@ pub struct RunExecutor {
 struct Activator {
     /// Closing this (the pipe's write end) tells the thread the run is over.
     stop: Option<std::os::fd::OwnedFd>,
+    /// A message (or the sender's drop) once `activate` returned: the server it started, if
+    /// any, has stopped and the thread holds nothing any more.
+    done: std::sync::mpsc::Receiver<()>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -369,12 +372,17 @@ pub fn attach_executor(run: &RunPlan, audit: &AuditLog) -> anyhow::Result<Option
     };
     let (stop_r, stop_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .context("cannot create the executor's stop pipe")?;
+    let (done_w, done) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name("corral-executor".into())
-        .spawn(move || activate(listener, launch, stop_r))
+        .spawn(move || {
+            activate(listener, launch, stop_r);
+            let _ = done_w.send(());
+        })
         .context("cannot start the executor's activation thread")?;
     handle.activator = Some(Activator {
         stop: Some(stop_w),
+        done,
         thread: Some(thread),
     });
     Ok(Some(handle))
@@ -555,10 +563,10 @@ impl Drop for RunExecutor {
     fn drop(&mut self) {
         if let Some(a) = &mut self.activator {
             // EOF on the stop pipe: the thread stops the server (if one started) and returns.
+            // Its own exit (a thread's stacks unmapped) is not waited for.
             drop(a.stop.take());
-            if let Some(t) = a.thread.take() {
-                let _ = t.join();
-            }
+            let _ = a.done.recv();
+            drop(a.thread.take());
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
