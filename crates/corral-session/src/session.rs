@@ -70,7 +70,12 @@ impl Session {
     /// Begin the session of `plan`: a fresh jail id, the project's audit log, and (with
     /// [`Scope::Run`]) the change baseline and the git snapshot, taken on threads meanwhile.
     pub fn begin(plan: &Plan, scope: Scope) -> anyhow::Result<Beginning> {
-        let jail_id = corral_audit::new_jail_id();
+        Session::begin_as(plan, scope, corral_audit::new_jail_id())
+    }
+
+    /// [`Session::begin`] for the jail `jail_id` (a `corral_audit::new_jail_id`), for a caller
+    /// that needs the id before the session begins.
+    pub fn begin_as(plan: &Plan, scope: Scope, jail_id: String) -> anyhow::Result<Beginning> {
         let audit = AuditLog::for_project(&plan.project.root).with_context(|| {
             format!(
                 "cannot open the audit log of {}",

@@ -97,34 +97,40 @@ fn run_plan_with(
         Some(prepared) => prepared,
         None => corral_sandbox::prepare(&opts.init_exe)?,
     };
-    // The session's snapshots (change baseline, git) are taken on threads while the rest is
-    // set up, and complete before the jail starts.
-    let beginning = Session::begin(plan, scope)?;
-    // The Plan the jail gets: `plan` with what the run attaches (runplan.rs), computed in one
-    // place; what follows creates those attachments on the host, where the RunPlan names them.
-    let (values, signins) = super::secrets::read(plan)?;
-    let mut inputs = RunInputs::on_host(beginning.jail_id());
-    inputs.placeholders = super::secrets::placeholders(&values)?;
-    inputs.signins = signins.iter().map(|s| s.plan().name.clone()).collect();
-    let mut run = RunPlan::new(plan, &inputs);
     // The jail's cgroup (as root, or with delegation: a few directories and limit files) is
-    // made on a thread of its own meanwhile; it needs only the id and the limits.
-    let prepared_plan = std::thread::scope(|s| {
-        let limits = s.spawn(|| corral_sandbox::cgroup::setup(beginning.jail_id(), &plan.limits));
-        let secrets = super::secrets::prepare(
-            values,
-            signins,
-            &run,
-            beginning.jail_id(),
-            beginning.audit(),
-        );
-        let stub_files = stub_files(&run);
+    // made on a thread of its own meanwhile; it needs only the id and the limits. It starts
+    // first: a new thread can wait a while for a CPU (about 0.2 ms on a small VM).
+    let jail_id = corral_audit::new_jail_id();
+    let (limits, (beginning, mut run, secrets, stub_files)) = std::thread::scope(|s| {
+        let limits = s.spawn(|| corral_sandbox::cgroup::setup(&jail_id, &plan.limits));
+        let rest = (|| {
+            // The session's snapshots (change baseline, git) are taken on threads while the
+            // rest is set up, and complete before the jail starts.
+            let beginning = Session::begin_as(plan, scope, jail_id.clone())?;
+            // The Plan the jail gets: `plan` with what the run attaches (runplan.rs), computed
+            // in one place; what follows creates those attachments on the host, where the
+            // RunPlan names them.
+            let (values, signins) = super::secrets::read(plan)?;
+            let mut inputs = RunInputs::on_host(beginning.jail_id());
+            inputs.placeholders = super::secrets::placeholders(&values)?;
+            inputs.signins = signins.iter().map(|s| s.plan().name.clone()).collect();
+            let run = RunPlan::new(plan, &inputs);
+            let secrets = super::secrets::prepare(
+                values,
+                signins,
+                &run,
+                beginning.jail_id(),
+                beginning.audit(),
+            )?;
+            let stub_files = stub_files(&run)?;
+            Ok::<_, anyhow::Error>((beginning, run, secrets, stub_files))
+        })();
         let limits = limits.join().expect("the cgroup set-up thread panicked");
-        // A failed cgroup set-up fails the run; one that worked is undone (its drop) when the
+        // Either failing fails the run; a cgroup that was made is removed (its drop) when the
         // rest failed.
-        Ok::<_, anyhow::Error>((limits?, secrets?, stub_files?))
+        let rest = rest?;
+        Ok::<_, anyhow::Error>((limits?, rest))
     })?;
-    let (limits, secrets, stub_files) = prepared_plan;
     for note in &limits.notes {
         eprintln!("corral: {note}");
     }

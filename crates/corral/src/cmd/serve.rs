@@ -271,10 +271,18 @@ pub struct RunExecutor {
 struct Activator {
     /// Closing this (the pipe's write end) tells the thread the run is over.
     stop: Option<std::os::fd::OwnedFd>,
+    /// Whether the run is over, and whether the thread started the server (each decided under
+    /// the lock, so the server never starts once the run is over).
+    state: std::sync::Arc<std::sync::Mutex<Activation>>,
     /// A message (or the sender's drop) once `activate` returned: the server it started, if
-    /// any, has stopped and the thread holds nothing any more.
+    /// any, has stopped.
     done: std::sync::mpsc::Receiver<()>,
-    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Activation {
+    over: bool,
+    started: bool,
 }
 
 /// Create what `run` attached for the executor (runplan.rs `ExecutorAttachment`, which also
@@ -373,17 +381,19 @@ pub fn attach_executor(run: &RunPlan, audit: &AuditLog) -> anyhow::Result<Option
     let (stop_r, stop_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .context("cannot create the executor's stop pipe")?;
     let (done_w, done) = std::sync::mpsc::channel();
-    let thread = std::thread::Builder::new()
+    let state = std::sync::Arc::new(std::sync::Mutex::new(Activation::default()));
+    let shared = state.clone();
+    std::thread::Builder::new()
         .name("corral-executor".into())
         .spawn(move || {
-            activate(listener, launch, stop_r);
+            activate(listener, launch, stop_r, &shared);
             let _ = done_w.send(());
         })
         .context("cannot start the executor's activation thread")?;
     handle.activator = Some(Activator {
         stop: Some(stop_w),
+        state,
         done,
-        thread: Some(thread),
     });
     Ok(Some(handle))
 }
@@ -434,6 +444,7 @@ fn activate(
     listener: std::os::unix::net::UnixListener,
     launch: Launch,
     stop: std::os::fd::OwnedFd,
+    state: &std::sync::Mutex<Activation>,
 ) {
     use std::os::fd::{AsFd, AsRawFd};
     let ready = wait_readable(&[listener.as_fd(), stop.as_fd()]);
@@ -445,9 +456,17 @@ fn activate(
     let fail = |what: String| {
         eprintln!("corral: the executor (corral serve) failed: {what}");
     };
-    let child = match server_command(&launch, listener.as_raw_fd(), &log) {
-        Ok(mut cmd) => cmd.spawn().context("cannot start corral serve"),
-        Err(e) => Err(e),
+    let child = {
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.over {
+            // The run ended as the first client came.
+            return;
+        }
+        state.started = true;
+        match server_command(&launch, listener.as_raw_fd(), &log) {
+            Ok(mut cmd) => cmd.spawn().context("cannot start corral serve"),
+            Err(e) => Err(e),
+        }
     };
     // The server holds the listener now; without corral's copy, a server that dies leaves a
     // socket that refuses connections instead of one where clients wait forever. On failure the
@@ -562,11 +581,18 @@ fn server_command(
 impl Drop for RunExecutor {
     fn drop(&mut self) {
         if let Some(a) = &mut self.activator {
-            // EOF on the stop pipe: the thread stops the server (if one started) and returns.
-            // Its own exit (a thread's stacks unmapped) is not waited for.
+            // The run is over: a server the thread started is stopped (EOF on the stop pipe)
+            // and waited for; one it did not start never starts, and the thread, which holds
+            // nothing else, ends on its own.
+            let started = {
+                let mut state = a.state.lock().unwrap_or_else(|p| p.into_inner());
+                state.over = true;
+                state.started
+            };
             drop(a.stop.take());
-            let _ = a.done.recv();
-            drop(a.thread.take());
+            if started {
+                let _ = a.done.recv();
+            }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
