@@ -23,7 +23,6 @@
 //! The ABI is negotiated best effort: an older kernel enforces what it knows and the returned
 //! [`LandlockStatus`] says what that was; the caller reports it (and `corral doctor` explains).
 
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use ::landlock::{
@@ -163,6 +162,22 @@ pub fn rules(plan: &Plan) -> Vec<Rule> {
     out
 }
 
+/// `path` opened with O_PATH (by libc itself: std's OpenOptions takes O_PATH for an access
+/// mode on musl and would open the file for reading).
+fn open_path(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: a NUL-terminated path; the result is a new descriptor or -1.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor, ours alone.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
 fn rights(access: RuleAccess, is_dir: bool) -> BitFlags<AccessFs> {
     let all = match access {
         RuleAccess::List => AccessFs::ReadDir.into(),
@@ -210,11 +225,7 @@ pub fn restrict_rules(rules: &[Rule]) -> Result<LandlockStatus, LandlockError> {
     for r in rules {
         // One walk of the path: the rule's descriptor (O_PATH, symlinks followed, as
         // `PathFd` opens it), and its type from that descriptor.
-        let held = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_PATH)
-            .open(&r.path)
-            .and_then(|f| f.metadata().map(|m| (f, m)));
+        let held = open_path(&r.path).and_then(|f| f.metadata().map(|m| (f, m)));
         let (fd, meta) = match held {
             Ok(held) => held,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

@@ -4,7 +4,8 @@
 //! files.
 
 /// A file of /proc (or /sys) whole. Such files report no size, so `std::fs::read` starts with
-/// 32-byte reads and doubles (eight calls for a 2 KB mountinfo); this reads 16 KiB at a time.
+/// 32-byte reads and doubles (eight calls for a 2 KB mountinfo); this has room for 16 KiB from
+/// the first read (two calls).
 pub(crate) fn read_proc(path: &str) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut out = Vec::with_capacity(16 * 1024);

@@ -488,6 +488,16 @@ fn worker(gate: &Gate, listener: &OwnedFd) {
         return;
     }
     loop {
+        // A call to answer, or none ever again: once no process holds the filter (the jail's
+        // command and all it started are gone), the listener reports a hang-up with nothing
+        // to read (Linux 5.9+). A RECV alone would block then until PID 1 exits, or (Linux
+        // 6.11+) fail at once with ENOENT, which reads as one caller's death: retried, it
+        // spun on a CPU the jail's end needed.
+        match next_call(listener) {
+            Next::Call => {}
+            Next::Again => continue,
+            Next::Gone => return,
+        }
         // SAFETY: seccomp_notif is plain data; the kernel wants it zeroed.
         let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
         // SAFETY: the RECV ioctl fills `req`, which is the size the request number encodes.
@@ -500,12 +510,8 @@ fn worker(gate: &Gate, listener: &OwnedFd) {
         };
         if rc != 0 {
             match io::Error::last_os_error().raw_os_error() {
-                // A signal: next one.
-                Some(libc::EINTR) => continue,
-                // The caller died; or no process holds the filter any more, and then every
-                // RECV fails so at once (the listener reports a hang-up): the jail's command
-                // and all it started are gone, and nothing can come again.
-                Some(libc::ENOENT) if !hung_up(listener) => continue,
+                // The caller died, or a signal: next one.
+                Some(libc::ENOENT | libc::EINTR) => continue,
                 // The jail is gone (no filter left holding the listener).
                 _ => return,
             }
@@ -521,16 +527,36 @@ fn worker(gate: &Gate, listener: &OwnedFd) {
     }
 }
 
-/// Whether no process uses the filter behind `listener` any more (POLLHUP).
-fn hung_up(listener: &OwnedFd) -> bool {
+enum Next {
+    /// A notification waits to be received.
+    Call,
+    /// Nothing yet (a signal): wait again.
+    Again,
+    /// No process holds the filter any more, or the listener failed: the gate is done.
+    Gone,
+}
+
+/// Wait until `listener` has a notification, or reports that no process uses its filter.
+fn next_call(listener: &OwnedFd) -> Next {
     let mut p = libc::pollfd {
         fd: listener.as_raw_fd(),
         events: libc::POLLIN,
         revents: 0,
     };
-    // SAFETY: one pollfd of ours, no wait.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n == 1 && p.revents & libc::POLLHUP != 0
+    // SAFETY: one pollfd of ours.
+    if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+        return match io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) => Next::Again,
+            _ => Next::Gone,
+        };
+    }
+    if p.revents & libc::POLLIN != 0 {
+        Next::Call
+    } else if p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+        Next::Gone
+    } else {
+        Next::Again
+    }
 }
 
 struct Call {
@@ -1882,9 +1908,9 @@ fn pidfd_open(tid: libc::pid_t) -> Option<OwnedFd> {
 mod tests {
     use super::*;
 
-    /// Once no process holds the gate's filter, its worker ends. Every RECV then fails at once
-    /// with ENOENT; a worker that took that for one caller's death spun on it until PID 1
-    /// exited, on a CPU the jail's end needed.
+    /// Once no process holds the gate's filter, its worker ends (on Linux 6.11+ every RECV
+    /// then fails at once with ENOENT: a worker that took that for one caller's death spun on
+    /// it until PID 1 exited, on a CPU the jail's end needed; before, the RECV blocked).
     #[test]
     fn the_worker_ends_once_no_process_holds_the_filter() {
         let prog = crate::seccomp::build_gate_filter().unwrap();
