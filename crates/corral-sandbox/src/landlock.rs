@@ -162,22 +162,6 @@ pub fn rules(plan: &Plan) -> Vec<Rule> {
     out
 }
 
-/// `path` opened with O_PATH (by libc itself: std's OpenOptions takes O_PATH for an access
-/// mode on musl and would open the file for reading).
-fn open_path(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::fd::FromRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    // SAFETY: a NUL-terminated path; the result is a new descriptor or -1.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor, ours alone.
-    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
-}
-
 fn rights(access: RuleAccess, is_dir: bool) -> BitFlags<AccessFs> {
     let all = match access {
         RuleAccess::List => AccessFs::ReadDir.into(),
@@ -225,7 +209,9 @@ pub fn restrict_rules(rules: &[Rule]) -> Result<LandlockStatus, LandlockError> {
     for r in rules {
         // One walk of the path: the rule's descriptor (O_PATH, symlinks followed, as
         // `PathFd` opens it), and its type from that descriptor.
-        let held = open_path(&r.path).and_then(|f| f.metadata().map(|m| (f, m)));
+        let held = crate::mounts::open_path(&r.path)
+            .map(std::fs::File::from)
+            .and_then(|f| f.metadata().map(|m| (f, m)));
         let (fd, meta) = match held {
             Ok(held) => held,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
