@@ -37,6 +37,13 @@ fn change_events(w: &World) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The detail of the run's one `changes` event (`context` goes with the failure).
+fn the_change(w: &World, context: &str) -> serde_json::Value {
+    let events = change_events(w);
+    assert_eq!(events.len(), 1, "{events:?}\n{context}");
+    events[0]["detail"].clone()
+}
+
 fn list(v: &serde_json::Value) -> Vec<String> {
     v.as_array()
         .unwrap_or_else(|| panic!("not a list: {v}"))
@@ -114,9 +121,7 @@ fn git_project_lists_created_modified_and_deleted_files() {
         "{}",
         out.stderr
     );
-    let events = change_events(&w);
-    assert_eq!(events.len(), 1, "{events:?}");
-    let d = &events[0]["detail"];
+    let d = &the_change(&w, "");
     assert_eq!(d["method"], "git", "{d}");
     assert_eq!(d["root"], w.project.to_str().unwrap());
     assert_eq!(list(&d["created"]), ["build/", "deep/er/file", "new.txt"]);
@@ -134,9 +139,7 @@ fn a_change_the_agent_commits_is_still_listed() {
          git status --short && echo END",
     );
     ran(&out, "END");
-    let events = change_events(&w);
-    assert_eq!(events.len(), 1, "{}", out.both());
-    let d = &events[0]["detail"];
+    let d = &the_change(&w, &out.both());
     assert_eq!(list(&d["created"]), ["added.txt"], "{d}");
     assert_eq!(list(&d["modified"]), ["src/lib.rs"], "{d}");
     assert!(list(&d["deleted"]).is_empty(), "{d}");
@@ -166,9 +169,7 @@ fn plain_directory_lists_created_modified_and_deleted_files() {
         "{}",
         out.stderr
     );
-    let events = change_events(&w);
-    assert_eq!(events.len(), 1, "{events:?}");
-    let d = &events[0]["detail"];
+    let d = &the_change(&w, "");
     assert_eq!(d["method"], "metadata", "{d}");
     assert_eq!(list(&d["created"]), ["made.txt"]);
     assert_eq!(list(&d["modified"]), ["a.txt", "same.txt"]);
@@ -328,9 +329,7 @@ fn an_assume_unchanged_bit_does_not_hide_an_edit() {
         "echo hidden >> edit.txt && echo hidden >> keep.txt && echo END",
     );
     ran(&out, "END");
-    let events = change_events(&w);
-    assert_eq!(events.len(), 1, "{}", out.both());
-    let d = &events[0]["detail"];
+    let d = &the_change(&w, &out.both());
     assert_eq!(d["method"], "git", "{d}");
     assert_eq!(list(&d["modified"]), ["edit.txt", "keep.txt"], "{d}");
 }
@@ -371,9 +370,7 @@ fn a_self_ignoring_directory_is_still_listed() {
         "mkdir x && echo '*' > x/.gitignore && echo evil > x/payload && rm -r build && echo END",
     );
     ran(&out, "END");
-    let events = change_events(&w);
-    assert_eq!(events.len(), 1, "{}", out.both());
-    let d = &events[0]["detail"];
+    let d = &the_change(&w, &out.both());
     assert_eq!(d["method"], "git", "{d}");
     let created = list(&d["created"]);
     assert!(created.iter().any(|c| c == "x/" || c == "x/payload"), "{d}");
@@ -419,9 +416,7 @@ fn a_start_from_the_listing_cache_still_lists_every_change() {
         kept,
         "the jail changed the cache"
     );
-    let events = change_events(&w);
-    assert_eq!(events.len(), 1, "{events:?}");
-    let d = &events[0]["detail"];
+    let d = &the_change(&w, "");
     assert_eq!(d["start_listing"], "cache", "{d}");
     assert_eq!(list(&d["created"]), ["made.txt"]);
     assert_eq!(list(&d["modified"]), ["dirty.txt", "edit.txt"]);
