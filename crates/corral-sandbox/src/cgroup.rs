@@ -133,9 +133,11 @@ pub fn setup(jail_id: &str, limits: &Limits) -> Result<LimitsSetup, CgroupError>
         });
     }
     let mut why = Vec::new();
-    let cgroup = match try_v2(jail_id, limits, wanted, &mut why)? {
+    // Read once for both tries (a v1 host gets to the second).
+    let (hs, own) = (hierarchies(), own_cgroups());
+    let cgroup = match try_v2(jail_id, limits, wanted, &hs, &own, &mut why)? {
         Some(cg) => Some(cg),
-        None => try_v1(jail_id, limits, wanted, &mut why)?,
+        None => try_v1(jail_id, limits, wanted, &hs, &own, &mut why)?,
     };
     let enforced = cgroup.as_ref().map(|c| c.enforced).unwrap_or_default();
     let b = limits.built_in;
@@ -561,13 +563,15 @@ fn try_v2(
     jail_id: &str,
     limits: &Limits,
     wanted: Enforced,
+    hs: &[Hierarchy],
+    own: &[(Vec<String>, String)],
     why: &mut Vec<String>,
 ) -> Result<Option<JailCgroup>, CgroupError> {
-    let Some(h) = hierarchies().into_iter().find(|h| h.version == Version::V2) else {
+    let Some(h) = hs.iter().find(|h| h.version == Version::V2) else {
         why.push("no cgroup v2 hierarchy mounted".into());
         return Ok(None);
     };
-    let Some(mut base) = own_dir(&h, &own_cgroups()) else {
+    let Some(mut base) = own_dir(h, own) else {
         why.push("this process's cgroup v2 path is not visible".into());
         return Ok(None);
     };
@@ -700,10 +704,10 @@ fn try_v1(
     jail_id: &str,
     limits: &Limits,
     wanted: Enforced,
+    hs: &[Hierarchy],
+    own: &[(Vec<String>, String)],
     why: &mut Vec<String>,
 ) -> Result<Option<JailCgroup>, CgroupError> {
-    let hs = hierarchies();
-    let own = own_cgroups();
     let mut cg = JailCgroup {
         version: Version::V1,
         dirs: Vec::new(),
@@ -725,7 +729,7 @@ fn try_v1(
             why.push(format!("no cgroup v1 {ctl} hierarchy mounted"));
             continue;
         };
-        let Some(base) = own_dir(h, &own) else {
+        let Some(base) = own_dir(h, own) else {
             why.push(format!(
                 "this process's cgroup v1 {ctl} path is not visible"
             ));
