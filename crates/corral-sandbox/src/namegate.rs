@@ -1131,8 +1131,9 @@ fn perform(gate: &Gate, listener: &OwnedFd, caller: &Caller, call: &Call) -> Res
         libc::SYS_symlink => symlink(gate, caller, &s(0)?, libc::AT_FDCWD, &s(1)?),
         libc::SYS_linkat => {
             let flags = call.int_arg(4);
-            // With AT_EMPTY_PATH a NULL path is the empty one (Linux 6.11+); any other path
-            // is read, and a read that fails is the caller's error, never "empty".
+            // With AT_EMPTY_PATH a NULL path is taken for the empty one (the descriptor
+            // itself is linked, and the new name checked as any); any other path is read, and
+            // a read that fails is the caller's error, never "empty".
             let old = if flags & libc::AT_EMPTY_PATH != 0 && a[1] == 0 {
                 Vec::new()
             } else {
