@@ -7,9 +7,10 @@
 //! shell prompt or an editor runs git every few seconds in the directory the user is in, so a
 //! repository the jail creates there is live before any check after the run could see it. The
 //! gate closes that by construction: every syscall that creates a name (open/openat with
-//! O_CREAT, creat, mkdir, mknod, link, symlink, rename, bind of a Unix socket;
-//! `seccomp::build_gate_filter`) is stopped by a seccomp user notification and performed here,
-//! by a thread of the jail's PID 1, on the path it read once from the caller's memory. Outside
+//! O_CREAT, creat, mkdir, mknod, link, symlink, rename, and bind of any socket, which names a
+//! path for a Unix one; `seccomp::build_gate_filter`) is stopped by a seccomp user
+//! notification and performed here, by a thread of the jail's PID 1, on the path (and the
+//! descriptor) it read once from the caller. Outside
 //! the jail's own file systems ([`Gate::allows`]):
 //! - `.git` and `commondir` are refused;
 //! - a `HEAD` only in a git directory that existed when the run started, or below one in a
@@ -24,8 +25,9 @@
 //! Why performed here and not let through (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`): the kernel
 //! would read the path again from the caller's memory, which another thread can change between
 //! the check and the call. Performing the call on the copy that was checked leaves nothing to
-//! race (only umask(2), which has no path, and bind of a socket that is not a Unix one are let
-//! through). The performer has the caller's rights: PID 1 applied the jail's Landlock domain
+//! race: only umask(2), which takes no path and no descriptor, is let through ([`continues`]);
+//! a bind is performed on the socket taken from the caller, whatever its family. A lookup the
+//! rules make fails closed: only ENOENT means a name is absent ([`Seen`]). The performer has the caller's rights: PID 1 applied the jail's Landlock domain
 //! before it forked the command (one domain for both); the gate's thread holds no capability
 //! but CAP_SYS_PTRACE over the jail's user namespace (to read a non-dumpable caller's memory)
 //! and takes the caller's umask before each creation. The caller's cwd and directory
@@ -256,21 +258,16 @@ impl Gate {
             // `.GIT` in a case-sensitive directory is not git's `.git`.
             return Ok(());
         }
-        let at = (st.st_dev, st.st_ino);
-        // A git directory is a directory holding `HEAD`, `objects` and `refs` (or a
-        // `commondir`): below the run's git directories, where git writes `HEAD` files of its
-        // own (`logs/HEAD`, `refs/remotes/origin/HEAD`), no directory may hold both a `HEAD`
-        // and an `objects`; elsewhere there may be no `HEAD` at all, and no `objects` beside a
-        // `HEAD` that was there before the run. Creations are performed one at a time, so the
-        // second of the pair always sees the first.
-        match kind {
-            Refusal::DotGit | Refusal::Commondir | Refusal::Folded => Err(kind),
-            _ if self.git_dirs.contains(&at) => Ok(()),
-            Refusal::Head if !holds(parent, "objects") && self.below_git_dir(parent, st) => Ok(()),
-            Refusal::Head => Err(kind),
-            Refusal::Part if holds(parent, "HEAD") => Err(kind),
-            Refusal::Part => Ok(()),
-        }
+        let in_git_dir = self.git_dirs.contains(&(st.st_dev, st.st_ino));
+        rule(
+            kind,
+            in_git_dir,
+            &Looked {
+                gate: self,
+                dir: parent,
+                st,
+            },
+        )
     }
 
     /// Is `dir` (whose stat is `st`) below one of the run's git directories?
@@ -347,10 +344,87 @@ impl Gate {
     }
 }
 
-/// Does `dir` hold an entry named `name` (of any type: git needs `objects` only to pass
-/// `access(X_OK)`)?
-fn holds(dir: &OwnedFd, name: &str) -> bool {
-    fstatat(dir, OsStr::new(name), libc::AT_SYMLINK_NOFOLLOW).is_ok()
+/// What a lookup of a name says to a rule of the gate: only ENOENT is absence. Any other
+/// error (EACCES while the jail has taken the search permission off the directory, ELOOP,
+/// EIO, ENOMEM, ...) says nothing about the name, so the name counts as there: a rule that
+/// allows a creation only when a name is absent then refuses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    Absent,
+    Present,
+}
+
+impl Seen {
+    fn of<T>(lookup: Result<T, i32>) -> Seen {
+        match lookup {
+            Err(libc::ENOENT) => Seen::Absent,
+            _ => Seen::Present,
+        }
+    }
+}
+
+/// What the rules for a `HEAD` and an `objects` ask of the directory they would be made in:
+/// the real directory ([`Looked`]), or answers and errors a test injects.
+trait Dir {
+    /// fstatat of `name` in the directory, not following a link (an entry of any type
+    /// counts: git needs `objects` only to pass `access(X_OK)`).
+    fn lookup(&self, name: &str) -> Result<(), i32>;
+    /// Is the directory below one of the run's git directories? (`false` when that cannot be
+    /// told: then a `HEAD` is refused.)
+    fn below_git_dir(&self) -> bool;
+}
+
+/// The rule for a git name `kind` (spelled as git takes it, outside the jail's own file
+/// systems) in a directory that is one of the run's git directories or not (`in_git_dir`).
+/// A git directory is a directory holding `HEAD`, `objects` and `refs` (or a `commondir`):
+/// below the run's git directories, where git writes `HEAD` files of its own (`logs/HEAD`,
+/// `refs/remotes/origin/HEAD`), no directory may hold both a `HEAD` and an `objects`;
+/// elsewhere there may be no `HEAD` at all, and no `objects` beside a `HEAD` that was there
+/// before the run. Creations of the pair are performed one at a time under a lock of the
+/// directory, so the second always sees the first; a lookup that fails otherwise than with
+/// ENOENT counts as finding the name ([`Seen`]).
+fn rule(kind: Refusal, in_git_dir: bool, dir: &dyn Dir) -> Result<(), Refusal> {
+    match kind {
+        Refusal::DotGit | Refusal::Commondir | Refusal::Folded => Err(kind),
+        _ if in_git_dir => Ok(()),
+        Refusal::Head => {
+            if Seen::of(dir.lookup("objects")) == Seen::Absent && dir.below_git_dir() {
+                Ok(())
+            } else {
+                Err(kind)
+            }
+        }
+        Refusal::Part => match Seen::of(dir.lookup("HEAD")) {
+            Seen::Absent => Ok(()),
+            Seen::Present => Err(kind),
+        },
+    }
+}
+
+/// The directory a `HEAD` or an `objects` would be made in, looked at for real.
+struct Looked<'a> {
+    gate: &'a Gate,
+    dir: &'a OwnedFd,
+    st: libc::stat,
+}
+
+impl Dir for Looked<'_> {
+    fn lookup(&self, name: &str) -> Result<(), i32> {
+        fstatat(self.dir, OsStr::new(name), libc::AT_SYMLINK_NOFOLLOW).map(drop)
+    }
+    fn below_git_dir(&self) -> bool {
+        self.gate.below_git_dir(self.dir, self.st)
+    }
+}
+
+/// What is at `name` in `dir` now (not following a link): `None` only when the kernel says
+/// there is nothing (ENOENT); any other error is the caller's error, not an absence.
+fn entry_at(dir: &OwnedFd, name: &[u8]) -> Result<Option<libc::stat>, i32> {
+    match fstatat(dir, OsStr::from_bytes(name), libc::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(st)),
+        Err(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// CAP_SYS_PTRACE's number.
@@ -398,6 +472,24 @@ impl Reporter {
 /// NTFS, HFS+, or an ext4/f2fs directory with the casefold flag)? Asked only of a variant of a
 /// git name.
 fn folds_names(dir: &OwnedFd) -> bool {
+    folds(fstatfs_type(dir), || {
+        // FS_IOC_GETFLAGS needs a descriptor that is not O_PATH.
+        let d = openat_entry_raw(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY)?;
+        let mut flags: libc::c_long = 0;
+        // SAFETY: FS_IOC_GETFLAGS writes one long.
+        let rc = unsafe { libc::ioctl(d.as_raw_fd(), FS_IOC_GETFLAGS as _, &mut flags) };
+        if rc != 0 {
+            return Err(errno());
+        }
+        Ok(flags)
+    })
+}
+
+/// [`folds_names`] from what the kernel said: the file system's type (a folding one folds),
+/// then the directory's inode flags (the casefold flag). A file system without inode flags
+/// (ENOTTY, EOPNOTSUPP: tmpfs before 6.x, overlayfs over one) folds nothing; any other error
+/// (EACCES on a directory the jail made unreadable, ...) cannot tell, and counts as folding.
+fn folds(fs_type: Result<i64, i32>, flags: impl FnOnce() -> Result<libc::c_long, i32>) -> bool {
     const FOLDING: [i64; 8] = [
         0x4d44,     // MSDOS_SUPER_MAGIC (vfat)
         0x2011bab0, // EXFAT_SUPER_MAGIC
@@ -408,17 +500,16 @@ fn folds_names(dir: &OwnedFd) -> bool {
         0x482b,     // HFSPLUS_SUPER_MAGIC
         0x4244,     // HFS_SUPER_MAGIC
     ];
-    if fstatfs_type(dir).is_ok_and(|t| FOLDING.contains(&t)) {
-        return true;
+    match fs_type {
+        Ok(t) if FOLDING.contains(&t) => return true,
+        Ok(_) => {}
+        Err(_) => return true,
     }
-    // FS_IOC_GETFLAGS needs a descriptor that is not O_PATH.
-    let Ok(d) = openat_entry_raw(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY) else {
-        return true; // cannot tell: the cautious answer
-    };
-    let mut flags: libc::c_long = 0;
-    // SAFETY: FS_IOC_GETFLAGS writes one long.
-    let rc = unsafe { libc::ioctl(d.as_raw_fd(), FS_IOC_GETFLAGS as _, &mut flags) };
-    rc == 0 && flags & FS_CASEFOLD_FL != 0
+    match flags() {
+        Ok(f) => f & FS_CASEFOLD_FL != 0,
+        Err(libc::ENOTTY | libc::EOPNOTSUPP) => false,
+        Err(_) => true,
+    }
 }
 
 const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
@@ -953,7 +1044,7 @@ fn split(base: OwnedFd, path: &[u8]) -> Result<Entry, i32> {
 }
 
 fn handle(gate: &Gate, listener: &OwnedFd, call: &Call) -> Verdict {
-    if call.nr == libc::SYS_umask {
+    if continues(call.nr) {
         // The caller's umask changes: forget every one known (threads share theirs).
         gate.umasks.changing(call.tid);
         return Verdict::Continue;
@@ -968,6 +1059,15 @@ fn handle(gate: &Gate, listener: &OwnedFd, call: &Call) -> Verdict {
         Ok(v) => v,
         Err(e) => Verdict::Errno(e),
     }
+}
+
+/// Is the stopped call `nr` let continue (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`)? Only a call
+/// whose outcome depends on nothing the gate read: the kernel runs it again from the caller's
+/// registers, memory and descriptor table, which the jail can change after any check. umask(2)
+/// takes one integer and no path or descriptor; the gate checks nothing on it (it only forgets
+/// the umasks it knows). Every other stopped call is performed here, on what was checked.
+fn continues(nr: i64) -> bool {
+    nr == libc::SYS_umask
 }
 
 fn perform(gate: &Gate, listener: &OwnedFd, caller: &Caller, call: &Call) -> Result<Verdict, i32> {
@@ -1031,8 +1131,11 @@ fn perform(gate: &Gate, listener: &OwnedFd, caller: &Caller, call: &Call) -> Res
         libc::SYS_symlink => symlink(gate, caller, &s(0)?, libc::AT_FDCWD, &s(1)?),
         libc::SYS_linkat => {
             let flags = call.int_arg(4);
-            let old = if flags & libc::AT_EMPTY_PATH != 0 {
-                caller.string(a[1]).unwrap_or_default()
+            // With AT_EMPTY_PATH a NULL path is taken for the empty one (the descriptor
+            // itself is linked, and the new name checked as any); any other path is read, and
+            // a read that fails is the caller's error, never "empty".
+            let old = if flags & libc::AT_EMPTY_PATH != 0 && a[1] == 0 {
+                Vec::new()
             } else {
                 s(1)?
             };
@@ -1085,30 +1188,78 @@ fn perform(gate: &Gate, listener: &OwnedFd, caller: &Caller, call: &Call) -> Res
             &s(1)?,
             0,
         ),
-        libc::SYS_bind => bind(gate, caller, call.fd_arg(0), a[1], a[2] as usize),
+        libc::SYS_bind => bind(gate, caller, call.fd_arg(0), a[1], a[2]),
         libc::SYS_truncate => truncate(gate, caller, &s(0)?, a[1] as i64),
         _ => Err(libc::ENOSYS),
     }
 }
 
-/// bind(2): a Unix socket bound to a path is a new name (a socket passes git's
-/// `access(objects, X_OK)` check). The caller's socket is taken with pidfd_getfd; one of
-/// another family is let through (its bind makes no name whatever the address says); a Unix
-/// socket is bound here, to an abstract or unnamed address as asked, to a path through the
-/// checked directory (`/proc/self/fd/DIR/NAME`).
-fn bind(gate: &Gate, caller: &Caller, fd: i32, addr: u64, len: usize) -> Result<Verdict, i32> {
+/// bind(2), performed here for every socket: a Unix socket bound to a path is a new name (a
+/// socket passes git's `access(objects, X_OK)` check). The caller's socket is taken once with
+/// pidfd_getfd and its address read once from the caller's memory; the bind is made on that
+/// socket with that copy, whatever the family. Letting a bind of another family continue would
+/// have the kernel look the descriptor number and the address up again, after another thread
+/// of the caller swapped in a Unix socket (dup2) or rewrote the address: a name never checked.
+/// A Unix socket is bound to an abstract or unnamed address as asked, to a path through the
+/// checked directory (`/proc/self/fd/DIR/NAME`). The gate's thread has the caller's uid and
+/// Landlock domain and no capability the caller lacks (CAP_SYS_PTRACE only), and a socket
+/// keeps its network namespace: the bind is what the caller's own would have been.
+fn bind(gate: &Gate, caller: &Caller, fd: i32, addr: u64, len: u64) -> Result<Verdict, i32> {
+    let sock = caller_fd(caller, fd)?;
+    let domain = socket_domain(&sock)?;
+    let len = bind_len(len)?;
+    let raw = caller.bytes(addr, len)?;
+    let held = match bind_address(domain, &raw)? {
+        Address::AsGiven => None,
+        Address::Path(path) => {
+            let entry = new_entry(caller, libc::AT_FDCWD, &path)?;
+            gate.protected_entry(&entry, Use::Bind)?;
+            let lock = check(gate, &entry)?;
+            caller.take_umask()?;
+            Some((entry, lock))
+        }
+    };
+    let (storage, slen) = match &held {
+        None => sockaddr_of(&raw),
+        Some((entry, _)) => {
+            let via = format!("/proc/self/fd/{}/", entry.parent.as_raw_fd()).into_bytes();
+            let full = [via.as_slice(), entry.last.as_slice()].concat();
+            sockaddr_un_of(&full)?
+        }
+    };
+    // SAFETY: `storage` holds `slen` bytes of socket address; `sock` is our duplicate of the
+    // caller's socket.
+    let rc = unsafe {
+        libc::bind(
+            sock.as_raw_fd(),
+            (&storage as *const libc::sockaddr_storage).cast(),
+            slen,
+        )
+    };
+    done(rc)
+}
+
+/// The caller's descriptor `fd`, duplicated into this process (pidfd_getfd): what the caller's
+/// table holds now; a later dup2 in the caller changes its table, not this descriptor.
+fn caller_fd(caller: &Caller, fd: i32) -> Result<OwnedFd, i32> {
     let pidfd = pidfd_open(caller.tid).ok_or(libc::ESRCH)?;
     // SAFETY: pidfd_getfd returns a new descriptor (a duplicate of the caller's) or -1.
-    let sock = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
-    if sock < 0 {
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if got < 0 {
         return Err(match errno() {
             libc::EBADF => libc::EBADF,
             _ => libc::EPERM,
         });
     }
     // SAFETY: fresh descriptor.
-    let sock = unsafe { OwnedFd::from_raw_fd(sock as i32) };
+    let got = unsafe { OwnedFd::from_raw_fd(got as i32) };
+    // Taken from the caller's tid: still the caller's (not a reused tid's).
     caller.still_waiting()?;
+    Ok(got)
+}
+
+/// The family of the socket `sock` (SO_DOMAIN), fixed when it was made.
+fn socket_domain(sock: &OwnedFd) -> Result<libc::c_int, i32> {
     let mut domain: libc::c_int = 0;
     let mut dlen = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: SO_DOMAIN writes one int.
@@ -1122,66 +1273,86 @@ fn bind(gate: &Gate, caller: &Caller, fd: i32, addr: u64, len: usize) -> Result<
         )
     };
     if rc != 0 {
-        // Not a socket: the kernel's answer.
-        return Err(libc::ENOTSOCK);
+        // Not a socket (or an O_PATH descriptor): the kernel's answers.
+        return Err(match errno() {
+            libc::EBADF => libc::EBADF,
+            _ => libc::ENOTSOCK,
+        });
     }
-    if domain != libc::AF_UNIX {
-        return Ok(Verdict::Continue);
-    }
-    let size = std::mem::size_of::<libc::sockaddr_un>();
-    if len > size {
+    Ok(domain)
+}
+
+/// bind(2)'s length argument as the kernel takes it (an int, at most a sockaddr_storage).
+fn bind_len(len: u64) -> Result<usize, i32> {
+    let len = len as u32 as i32;
+    if len < 0 || len as usize > std::mem::size_of::<libc::sockaddr_storage>() {
         return Err(libc::EINVAL);
     }
-    let raw = caller.bytes(addr, len)?;
-    // SAFETY: sockaddr_un is plain data.
-    let mut un: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    // SAFETY: `raw` is at most sizeof(sockaddr_un) bytes, copied into it.
+    Ok(len as usize)
+}
+
+/// What a bind's address makes.
+#[derive(Debug, PartialEq, Eq)]
+enum Address {
+    /// No name in a directory (another family, an abstract or unnamed Unix address, or one
+    /// the kernel refuses): bound with the bytes read, as given.
+    AsGiven,
+    /// A Unix socket file at this path: checked, and bound through the checked directory.
+    Path(Vec<u8>),
+}
+
+/// What the address `raw` (read once from the caller) makes for a socket of `domain`.
+fn bind_address(domain: libc::c_int, raw: &[u8]) -> Result<Address, i32> {
+    if domain != libc::AF_UNIX {
+        return Ok(Address::AsGiven);
+    }
+    if raw.len() > std::mem::size_of::<libc::sockaddr_un>() {
+        return Err(libc::EINVAL);
+    }
+    let path_off = std::mem::size_of::<libc::sa_family_t>();
+    let family = raw
+        .get(..path_off)
+        .map(|f| libc::sa_family_t::from_ne_bytes([f[0], f[1]]));
+    if family != Some(libc::AF_UNIX as libc::sa_family_t) {
+        // The kernel refuses it (EINVAL): nothing is named.
+        return Ok(Address::AsGiven);
+    }
+    let rest = &raw[path_off..];
+    if rest.first().is_none_or(|&b| b == 0) {
+        // Unnamed (autobind) or abstract.
+        return Ok(Address::AsGiven);
+    }
+    Ok(Address::Path(
+        rest.iter().take_while(|&&b| b != 0).copied().collect(),
+    ))
+}
+
+/// `raw` as a socket address of its own length.
+fn sockaddr_of(raw: &[u8]) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let n = raw.len().min(std::mem::size_of::<libc::sockaddr_storage>());
+    // SAFETY: at most sizeof(sockaddr_storage) bytes copied into it.
     unsafe {
         std::ptr::copy_nonoverlapping(
             raw.as_ptr(),
-            (&mut un as *mut libc::sockaddr_un).cast(),
-            raw.len(),
+            (&mut ss as *mut libc::sockaddr_storage).cast::<u8>(),
+            n,
         )
     };
-    let path_off = std::mem::size_of::<libc::sa_family_t>();
-    let path: Vec<u8> = raw
-        .get(path_off..)
-        .unwrap_or(&[])
-        .iter()
-        .take_while(|&&b| b != 0)
-        .copied()
-        .collect();
-    let named = raw.len() > path_off && raw[path_off] != 0;
-    let (un, ulen, _held, _parent) = if named {
-        let entry = new_entry(caller, libc::AT_FDCWD, &path)?;
-        gate.protected_entry(&entry, Use::Bind)?;
-        let held = check(gate, &entry)?;
-        let via = format!("/proc/self/fd/{}/", entry.parent.as_raw_fd()).into_bytes();
-        let full = [via.as_slice(), entry.last.as_slice()].concat();
-        // SAFETY: sockaddr_un is plain data.
-        let mut v: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        v.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        if full.len() >= v.sun_path.len() {
-            return Err(libc::ENAMETOOLONG);
-        }
-        for (d, b) in v.sun_path.iter_mut().zip(&full) {
-            *d = *b as libc::c_char;
-        }
-        let l = (path_off + full.len() + 1) as libc::socklen_t;
-        caller.take_umask()?;
-        (v, l, held, Some(entry.parent))
-    } else {
-        (un, len as libc::socklen_t, None, None)
-    };
-    // SAFETY: `un` is a sockaddr_un of `ulen` bytes, on our duplicate of the caller's socket.
-    let rc = unsafe {
-        libc::bind(
-            sock.as_raw_fd(),
-            (&un as *const libc::sockaddr_un).cast(),
-            ulen,
-        )
-    };
-    done(rc)
+    (ss, n as libc::socklen_t)
+}
+
+/// A Unix socket address for `path` (NUL-terminated).
+fn sockaddr_un_of(path: &[u8]) -> Result<(libc::sockaddr_storage, libc::socklen_t), i32> {
+    // SAFETY: sockaddr_un is plain data.
+    let un: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if path.len() >= un.sun_path.len() {
+        return Err(libc::ENAMETOOLONG);
+    }
+    let family = (libc::AF_UNIX as libc::sa_family_t).to_ne_bytes();
+    let raw = [family.as_slice(), path, &[0]].concat();
+    Ok(sockaddr_of(&raw))
 }
 
 /// Check the name `entry` would create. For a `HEAD` or an `objects` (whose rule depends on
@@ -1342,12 +1513,10 @@ fn follow(
             // O_CREAT with a trailing slash: the kernel refuses it so.
             return Err(libc::EISDIR);
         }
-        let existing = fstatat(
-            &entry.parent,
-            OsStr::from_bytes(entry.name()),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-        .ok();
+        // What cannot be looked up (EACCES while the jail toggles a directory's search
+        // permission) is the caller's error, as the kernel's own lookup would say: taken for
+        // absent, a link or a FIFO there would be opened as a plain file.
+        let existing = entry_at(&entry.parent, entry.name())?;
         if !follows || existing.is_none_or(|st| st.st_mode & libc::S_IFMT != libc::S_IFLNK) {
             return Ok(Target::Entry(entry, existing));
         }
@@ -1907,6 +2076,296 @@ fn pidfd_open(tid: libc::pid_t) -> Option<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Errors a lookup can give that say nothing about whether the name is there.
+    const NOT_ENOENT: [i32; 7] = [
+        libc::EACCES,
+        libc::ELOOP,
+        libc::EIO,
+        libc::ENOMEM,
+        libc::ENOTDIR,
+        libc::ENAMETOOLONG,
+        libc::EOVERFLOW,
+    ];
+
+    #[test]
+    fn only_enoent_is_absent() {
+        assert_eq!(Seen::of(Err::<(), _>(libc::ENOENT)), Seen::Absent);
+        assert_eq!(Seen::of(Ok::<(), i32>(())), Seen::Present);
+        for e in NOT_ENOENT {
+            assert_eq!(Seen::of(Err::<(), _>(e)), Seen::Present, "errno {e}");
+        }
+    }
+
+    /// A directory whose lookups answer as told.
+    struct Fake {
+        head: Result<(), i32>,
+        objects: Result<(), i32>,
+        below: bool,
+    }
+
+    impl Dir for Fake {
+        fn lookup(&self, name: &str) -> Result<(), i32> {
+            match name {
+                "HEAD" => self.head,
+                "objects" => self.objects,
+                other => panic!("the rules looked up {other}"),
+            }
+        }
+        fn below_git_dir(&self) -> bool {
+            self.below
+        }
+    }
+
+    /// Each rule a row: the name, whether the directory is one of the run's git directories,
+    /// what its lookups answer, and the verdict.
+    #[test]
+    fn the_rules_for_head_and_objects_fail_closed_on_any_lookup_error() {
+        let absent = Err(libc::ENOENT);
+        let there = Ok(());
+        let mut rows: Vec<(Refusal, bool, Fake, bool)> = vec![
+            // objects: only beside no HEAD.
+            (
+                Refusal::Part,
+                false,
+                Fake {
+                    head: absent,
+                    objects: absent,
+                    below: false,
+                },
+                true,
+            ),
+            (
+                Refusal::Part,
+                false,
+                Fake {
+                    head: there,
+                    objects: absent,
+                    below: false,
+                },
+                false,
+            ),
+            // in a git directory of the run: git's own objects.
+            (
+                Refusal::Part,
+                true,
+                Fake {
+                    head: there,
+                    objects: absent,
+                    below: false,
+                },
+                true,
+            ),
+            // HEAD: below a git directory, beside no objects.
+            (
+                Refusal::Head,
+                false,
+                Fake {
+                    head: absent,
+                    objects: absent,
+                    below: true,
+                },
+                true,
+            ),
+            (
+                Refusal::Head,
+                false,
+                Fake {
+                    head: absent,
+                    objects: there,
+                    below: true,
+                },
+                false,
+            ),
+            (
+                Refusal::Head,
+                false,
+                Fake {
+                    head: absent,
+                    objects: absent,
+                    below: false,
+                },
+                false,
+            ),
+            (
+                Refusal::Head,
+                true,
+                Fake {
+                    head: there,
+                    objects: there,
+                    below: false,
+                },
+                true,
+            ),
+        ];
+        for e in NOT_ENOENT {
+            // A HEAD that cannot be looked up is there: no objects beside it.
+            rows.push((
+                Refusal::Part,
+                false,
+                Fake {
+                    head: Err(e),
+                    objects: absent,
+                    below: true,
+                },
+                false,
+            ));
+            // objects that cannot be looked up are there: no HEAD beside them.
+            rows.push((
+                Refusal::Head,
+                false,
+                Fake {
+                    head: absent,
+                    objects: Err(e),
+                    below: true,
+                },
+                false,
+            ));
+        }
+        for kind in [Refusal::DotGit, Refusal::Commondir, Refusal::Folded] {
+            for in_git_dir in [false, true] {
+                rows.push((
+                    kind,
+                    in_git_dir,
+                    Fake {
+                        head: absent,
+                        objects: absent,
+                        below: true,
+                    },
+                    false,
+                ));
+            }
+        }
+        for (i, (kind, in_git_dir, dir, allowed)) in rows.iter().enumerate() {
+            let got = rule(*kind, *in_git_dir, dir);
+            assert_eq!(
+                got.is_ok(),
+                *allowed,
+                "row {i}: {kind:?} in_git_dir={in_git_dir} head={:?} objects={:?} below={}: {got:?}",
+                dir.head,
+                dir.objects,
+                dir.below
+            );
+            if let Err(k) = got {
+                assert_eq!(k, *kind, "row {i}");
+            }
+        }
+    }
+
+    /// Whether a directory folds names: a file system or flag that cannot be read counts as
+    /// folding; only "no inode flags here" (ENOTTY, EOPNOTSUPP) counts as not.
+    #[test]
+    fn a_directory_that_cannot_be_asked_counts_as_folding_names() {
+        const EXT4: i64 = 0xef53;
+        const VFAT: i64 = 0x4d44;
+        let never = || -> Result<libc::c_long, i32> { panic!("flags asked of a folding fs") };
+        /// The file system's type, the directory's flags, and whether it folds names.
+        type Row = (Result<i64, i32>, Result<libc::c_long, i32>, bool);
+        let rows: Vec<Row> = vec![
+            (Ok(EXT4), Ok(0), false),
+            (Ok(EXT4), Ok(FS_CASEFOLD_FL), true),
+            (Ok(EXT4), Err(libc::ENOTTY), false),
+            (Ok(EXT4), Err(libc::EOPNOTSUPP), false),
+            (Ok(EXT4), Err(libc::EACCES), true),
+            (Ok(EXT4), Err(libc::EIO), true),
+            (Ok(EXT4), Err(libc::ENOMEM), true),
+            (Err(libc::EIO), Ok(0), true),
+            (Err(libc::EACCES), Ok(0), true),
+        ];
+        for (i, (fs, flags, want)) in rows.into_iter().enumerate() {
+            assert_eq!(
+                folds(fs, || flags),
+                want,
+                "row {i}: fs {fs:?} flags {flags:?}"
+            );
+        }
+        assert!(folds(Ok(VFAT), never));
+    }
+
+    /// No call is let continue but umask(2): every other call the filter stops depends on a
+    /// path, an address or a descriptor the jail can change after the gate looked.
+    #[test]
+    fn only_umask_is_let_continue() {
+        let mut stopped = crate::seccomp::gate_always();
+        stopped.extend([libc::SYS_openat, libc::SYS_bind, libc::SYS_umask]);
+        #[cfg(target_arch = "x86_64")]
+        stopped.push(libc::SYS_open);
+        for nr in stopped {
+            assert_eq!(continues(nr), nr == libc::SYS_umask, "syscall {nr}");
+        }
+        // (The filter stops bind(2) whatever its arguments: seccomp.rs's
+        // the_gate_stops_every_creating_or_writing_call_and_nothing_else.)
+    }
+
+    fn addr(family: libc::c_int, rest: &[u8]) -> Vec<u8> {
+        [(family as libc::sa_family_t).to_ne_bytes().as_slice(), rest].concat()
+    }
+
+    /// What a bind's address makes, decided once from the bytes read: a name only for a Unix
+    /// socket with a path; every other bind is made as given, on the socket the gate took.
+    #[test]
+    fn a_bind_names_a_path_only_for_a_unix_socket() {
+        let rows: Vec<(libc::c_int, Vec<u8>, Result<Address, i32>)> = vec![
+            (
+                libc::AF_UNIX,
+                addr(libc::AF_UNIX, b"a/.git\0"),
+                Ok(Address::Path(b"a/.git".to_vec())),
+            ),
+            (
+                libc::AF_UNIX,
+                addr(libc::AF_UNIX, b"objects"),
+                Ok(Address::Path(b"objects".to_vec())),
+            ),
+            (
+                libc::AF_UNIX,
+                addr(libc::AF_UNIX, b"\0abstract"),
+                Ok(Address::AsGiven),
+            ),
+            (
+                libc::AF_UNIX,
+                addr(libc::AF_UNIX, b""),
+                Ok(Address::AsGiven),
+            ),
+            (
+                libc::AF_UNIX,
+                addr(libc::AF_INET, b".git"),
+                Ok(Address::AsGiven),
+            ),
+            (libc::AF_UNIX, vec![1], Ok(Address::AsGiven)),
+            (
+                libc::AF_UNIX,
+                addr(libc::AF_UNIX, &[b'a'; 120]),
+                Err(libc::EINVAL),
+            ),
+            // Another family: no name, whatever the bytes say (a Unix address on an INET
+            // socket is the kernel's EINVAL, made on the socket the gate holds).
+            (
+                libc::AF_INET,
+                addr(libc::AF_UNIX, b".git\0"),
+                Ok(Address::AsGiven),
+            ),
+            (
+                libc::AF_INET6,
+                addr(libc::AF_INET6, &[0; 26]),
+                Ok(Address::AsGiven),
+            ),
+            (
+                libc::AF_NETLINK,
+                addr(libc::AF_NETLINK, &[0; 10]),
+                Ok(Address::AsGiven),
+            ),
+        ];
+        for (i, (domain, raw, want)) in rows.into_iter().enumerate() {
+            assert_eq!(bind_address(domain, &raw), want, "row {i}");
+        }
+        assert_eq!(bind_len(16), Ok(16));
+        assert_eq!(bind_len(0), Ok(0));
+        assert_eq!(bind_len(128), Ok(128));
+        assert_eq!(bind_len(129), Err(libc::EINVAL));
+        assert_eq!(bind_len(u64::from(u32::MAX)), Err(libc::EINVAL));
+        // The upper half of the register is not the kernel's int.
+        assert_eq!(bind_len((1 << 32) | 16), Ok(16));
+    }
 
     /// Once no process holds the gate's filter, its worker ends (on Linux 6.11+ every RECV
     /// then fails at once with ENOENT: a worker that took that for one caller's death spun on

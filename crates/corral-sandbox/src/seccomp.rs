@@ -936,7 +936,7 @@ pub fn install_program(prog: &[libc::sock_filter]) -> Result<(), SeccompError> {
 /// protected file the host replaced, namegate/protected.rs). open/openat only when they create
 /// or write (O_CREAT, O_WRONLY, O_RDWR, O_TRUNC; an O_TMPFILE opens for writing, and its
 /// `linkat` names it); openat2 never gets here (ENOSYS above).
-fn gate_always() -> Vec<i64> {
+pub(crate) fn gate_always() -> Vec<i64> {
     let mut v = vec![
         libc::SYS_truncate,
         libc::SYS_mkdirat,
@@ -1001,7 +1001,9 @@ pub fn build_gate_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
     p.on_syscall(libc::SYS_open, |p| creating_open(p, 1));
     // umask(2) too: the gate keeps each caller's umask (reading it costs more than a
     // creation) and forgets them when one changes. No path: the gate lets it continue. And
-    // bind(2): a Unix socket bound to a path is a name.
+    // bind(2), of every family: a Unix socket bound to a path is a name, and the family is the
+    // descriptor's, which another thread can swap (dup2) after any check; the gate performs
+    // every bind on the socket it took from the caller.
     for nr in gate_always()
         .into_iter()
         .chain([libc::SYS_umask, libc::SYS_bind])

@@ -354,6 +354,21 @@ os.write(fd, b"x"); os.close(fd); os.rename(p, "renamed")
 fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o600)
 os.write(fd, b"tmpfile"); os.link(f"/proc/self/fd/{fd}", "linked-tmpfile")
 print("PY-OK", open("linked-tmpfile").read())
+# binds of every family are the gate's too: they work as the caller's own
+import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+c = socket.create_connection(s.getsockname()); a, _ = s.accept(); c.send(b"hi")
+print("TCP-BIND-OK", a.recv(2).decode())
+d = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); d.bind(("127.0.0.1", 0))
+print("UDP-BIND-OK", d.getsockname()[1] > 0)
+u = socket.socket(socket.AF_UNIX); u.bind("\0corral-abstract-%d" % os.getpid())
+print("ABSTRACT-BIND-OK")
+n = socket.socket(socket.AF_UNIX); n.bind("named.sock")
+print("NAMED-BIND-OK", oct(os.stat("named.sock").st_mode & 0o777))
+try:
+    s.bind(("127.0.0.1", 0))
+except OSError as e:
+    print("REBIND", e.errno)
 EOF
 echo END
 "#;
@@ -376,6 +391,11 @@ echo END
         "PROC-OTHER-REFUSED",
         "PROC-OWN-AS-JAIL",
         "SETFLAGS 1",
+        "TCP-BIND-OK hi",
+        "UDP-BIND-OK True",
+        "ABSTRACT-BIND-OK",
+        "NAMED-BIND-OK 0o755",
+        "REBIND 22",
     ] {
         assert!(s.contains(want), "{want:?} missing:\n{}", out.both());
     }
@@ -855,3 +875,257 @@ fn a_protected_file_stays_read_only_when_the_host_makes_its_directory_anew() {
         "echo NEW\n"
     );
 }
+
+/// A C compiler on the host, for the racing programs (the jail sees the project, where they
+/// are built).
+fn c_compiler() -> Option<&'static str> {
+    ["cc", "gcc"].into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// `src` built as `name` in the project, or `None` (the test is skipped) without a compiler.
+fn build_racer(w: &World, name: &str, src: &str) -> Option<()> {
+    let Some(cc) = c_compiler() else {
+        eprintln!("SKIP: no C compiler (cc, gcc) to build the racing program");
+        return None;
+    };
+    let file = w.project.join(format!("{name}.c"));
+    write(&file, src);
+    let out = Command::new(cc)
+        .args(["-O2", "-pthread", "-o"])
+        .arg(w.project.join(name))
+        .arg(&file)
+        .output()
+        .expect("cc");
+    ok(&out);
+    Some(())
+}
+
+/// The number after `key=` on a line of `out`.
+fn count(out: &str, key: &str) -> u64 {
+    out.lines()
+        .flat_map(|l| l.split_whitespace())
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in:\n{out}"))
+}
+
+/// bind(2) is performed by the gate on the socket it took from the caller, whatever its
+/// family: one thread binds descriptor 100 to `DIR/.git` while another keeps swapping an INET
+/// and a Unix socket under that number (dup2). Let through as "not a Unix socket", the
+/// kernel would look the number up again and bind the Unix socket to a name never checked.
+/// Control: the same program in the jail's /tmp, where the gate allows the name, binds the
+/// swapped-in Unix socket to `.git` again and again between binds that met the INET one.
+#[test]
+fn a_descriptor_swapped_during_bind_never_binds_an_unchecked_name() {
+    let w = World::new();
+    if build_racer(&w, "bindrace", BIND_RACE_C).is_none() {
+        return;
+    }
+    let out = w.sh(
+        "none",
+        "mkdir racedir && ./bindrace racedir 20000; echo RACE-EXIT=$?; \
+         mkdir /tmp/racedir && ./bindrace /tmp/racedir 4000 keep; echo CONTROL-EXIT=$?; echo END",
+    );
+    ran(&out, "END");
+    let (project, control) = out
+        .stdout
+        .split_once("RACE-EXIT=")
+        .unwrap_or_else(|| panic!("{}", out.both()));
+    assert!(!project.contains("MADE"), "{}", out.both());
+    assert!(
+        std::fs::symlink_metadata(w.project.join("racedir/.git")).is_err(),
+        "{}",
+        out.both()
+    );
+    // The race ran: the descriptor was an INET socket for some binds (the kernel's
+    // EAFNOSUPPORT for a Unix address) and a Unix one for others (the gate's EPERM).
+    assert!(count(project, "inet") > 0, "{}", out.both());
+    assert!(count(project, "refused") > 0, "{}", out.both());
+    assert!(
+        count(control, "made") > 0 && count(control, "inet") > 0,
+        "control: in /tmp the swapped-in Unix socket was never bound:\n{}",
+        out.both()
+    );
+}
+
+const BIND_RACE_C: &str = r#"
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define TARGET 100
+static volatile int stop;
+static volatile int inet_fd, unix_fd;
+
+static void *flip(void *arg) {
+    (void)arg;
+    while (!stop) {
+        dup2(inet_fd, TARGET);
+        dup2(unix_fd, TARGET);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s/.git", argv[1]);
+    inet_fd = socket(AF_INET, SOCK_STREAM, 0);
+    unix_fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (inet_fd < 0 || unix_fd < 0) { perror("socket"); return 2; }
+    dup2(unix_fd, TARGET);
+    pthread_t t;
+    pthread_create(&t, NULL, flip, NULL);
+    long n = atol(argv[2]), inet = 0, refused = 0, other = 0, made = 0;
+    int keep = argc > 3 && strcmp(argv[3], "keep") == 0;
+    struct stat st;
+    for (long i = 0; i < n; i++) {
+        int r = bind(TARGET, (struct sockaddr *)&sa, sizeof sa), e = errno;
+        if (r == 0 && keep) {
+            /* Bound: a fresh Unix socket for the next round. */
+            made++;
+            unlink(sa.sun_path);
+            int old = unix_fd;
+            unix_fd = socket(AF_UNIX, SOCK_STREAM, 0);
+            close(old);
+            continue;
+        }
+        if (r == 0 || lstat(sa.sun_path, &st) == 0) {
+            printf("MADE %s at %ld\n", sa.sun_path, i);
+            break;
+        }
+        if (e == EAFNOSUPPORT || e == EINVAL) inet++;
+        else if (e == EPERM) refused++;
+        else other++;
+    }
+    stop = 1;
+    pthread_join(t, NULL);
+    printf("made=%ld inet=%ld refused=%ld other=%ld\n", made, inet, refused, other);
+    return 0;
+}
+"#;
+
+/// A `HEAD` (or an `objects`) that cannot be looked up is there: one thread takes the search
+/// permission off a directory holding a `HEAD` and gives it back (chmod 0 / 0755) while
+/// another creates `objects` in it by mkdir, open(O_CREAT) and symlink; and the same for a
+/// `HEAD` beside an `objects` below the project's git directory. Taken for absent, the lookup
+/// that failed with EACCES let `objects` be made beside `HEAD` once the permission was back.
+/// Control: the same program in the jail's /tmp, where the gate allows the names, makes them
+/// (the creations do reach the kernel while the permission flips).
+#[test]
+fn a_lookup_the_jail_makes_fail_never_lets_a_git_directory_be_completed() {
+    let w = World::new();
+    w.commit_readme();
+    write(&w.project.join("plain/HEAD"), "ref: refs/heads/main\n");
+    if build_racer(&w, "permrace", PERM_RACE_C).is_none() {
+        return;
+    }
+    let marker = w.outside.join("fsmonitor-ran");
+    let out = w.sh(
+        "none",
+        &format!(
+            "mkdir plain/refs && printf '[core]\\n\\tfsmonitor = touch {m}\\n' > plain/config\n\
+             ./permrace plain objects 6000; echo RACE-OBJECTS-EXIT=$?\n\
+             mkdir .git/x .git/x/objects .git/x/refs && echo X-READY\n\
+             ./permrace .git/x HEAD 6000; echo RACE-HEAD-EXIT=$?\n\
+             mkdir /tmp/plain && : > /tmp/plain/HEAD && ./permrace /tmp/plain objects 6000 keep; echo CONTROL-EXIT=$?\n\
+             echo END",
+            m = marker.display()
+        ),
+    );
+    ran(&out, "END");
+    let sections: Vec<&str> = out.stdout.split("-EXIT=").collect();
+    let [objects, head, control, _] = sections[..] else {
+        panic!("{}", out.both());
+    };
+    let project = [objects, head].concat();
+    assert!(!project.contains("MADE"), "{}", out.both());
+    for p in ["plain/objects", ".git/x/HEAD"] {
+        assert!(
+            std::fs::symlink_metadata(w.project.join(p)).is_err(),
+            "{p} exists:\n{}",
+            out.both()
+        );
+    }
+    // The directory's permission flipped while the creations ran, and the gate refused them.
+    for part in [objects, head] {
+        assert!(count(part, "toggles") > 0, "{}", out.both());
+        assert!(count(part, "refused") > 0, "{}", out.both());
+    }
+    for d in ["plain", ".git/x"] {
+        let _ = w.host_git(&w.project.join(d), &["status", "--short"]);
+    }
+    assert!(!marker.exists(), "git on the host ran the jail's fsmonitor");
+    assert!(
+        count(control, "made") > 0 && count(control, "denied") > 0,
+        "control: in /tmp the creations never got past the flipping permission:\n{}",
+        out.both()
+    );
+}
+
+const PERM_RACE_C: &str = r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static volatile int stop;
+static volatile long toggles;
+static const char *dir;
+
+static void *toggle(void *arg) {
+    (void)arg;
+    while (!stop) {
+        chmod(dir, 0);
+        chmod(dir, 0755);
+        toggles++;
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    dir = argv[1];
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", argv[1], argv[2]);
+    pthread_t t;
+    pthread_create(&t, NULL, toggle, NULL);
+    long n = atol(argv[3]), denied = 0, refused = 0, other = 0, made = 0;
+    int keep = argc > 4 && strcmp(argv[4], "keep") == 0;
+    for (long i = 0; i < n; i++) {
+        int op = i % 3, ok = 0;
+        if (op == 0) ok = mkdir(path, 0755) == 0;
+        else if (op == 1) { int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0644); if (fd >= 0) { close(fd); ok = 1; } }
+        else ok = symlink("x", path) == 0;
+        if (ok && keep) {
+            made++;
+            while ((op == 0 ? rmdir(path) : unlink(path)) != 0 && errno == EACCES) {}
+            continue;
+        }
+        if (ok) { printf("MADE %s at %ld (op %d)\n", path, i, op); made++; break; }
+        if (errno == EACCES) denied++;
+        else if (errno == EPERM) refused++;
+        else other++;
+    }
+    stop = 1;
+    pthread_join(t, NULL);
+    chmod(dir, 0755);
+    printf("toggles=%ld made=%ld denied=%ld refused=%ld other=%ld\n", toggles, made, denied, refused, other);
+    return 0;
+}
+"#;

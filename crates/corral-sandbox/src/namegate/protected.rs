@@ -166,15 +166,19 @@ impl Protected {
             return None;
         }
         let name = entry.name();
-        let st = fstat(&entry.parent).ok()?;
+        let Ok(st) = fstat(&entry.parent) else {
+            // Which directory this is cannot be told: any protected file may be its.
+            return self.files.iter().find(|f| spelled(f, name, true));
+        };
         let at = (st.st_dev, st.st_ino);
         let mut path: Option<Option<Vec<u8>>> = None;
+        // The directory's path that cannot be read counts as the protected file's.
         let mut here = |f: &File| {
             f.at == at
                 || path
                     .get_or_insert_with(|| fd_path(&entry.parent))
                     .as_deref()
-                    == Some(f.dir_path.as_slice())
+                    .is_none_or(|p| p == f.dir_path.as_slice())
         };
         if let Some(f) = self
             .files
@@ -200,7 +204,10 @@ impl Protected {
         if self.files.is_empty() {
             return None;
         }
-        let st = fstat(fd).ok()?;
+        let Ok(st) = fstat(fd) else {
+            // Which file this is cannot be told: it may be a protected one.
+            return self.files.iter().find(|f| !f.is_dir);
+        };
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return None;
         }
@@ -283,11 +290,13 @@ impl Protected {
     /// kernel names it, is compared with the directory's, and with the path its symlink
     /// leads to). Where the gate cannot tell, a file on the same file system counts as below.
     fn containing_file(&self, fd: &OwnedFd) -> Option<&File> {
-        let dev = fstat(fd).map_or(0, |st| st.st_dev);
+        // A device that cannot be told counts as the protected directory's.
+        let dev = fstat(fd).ok().map(|st| st.st_dev);
+        let same_fs = |f: &File| dev.is_none_or(|d| f.same_fs(d));
         let replaced = match self.replaced_dirs() {
             Ok(r) if r.is_empty() => return None,
             Ok(r) => r,
-            Err(f) => return f.same_fs(dev).then_some(f),
+            Err(f) => return same_fs(f).then_some(f),
         };
         let Some(path) = fd_path(fd) else {
             return Some(replaced[0].0);
@@ -297,7 +306,7 @@ impl Protected {
             below(f.path.as_slice())
                 || match std::fs::canonicalize(OsStr::from_bytes(&f.path)) {
                     Ok(real) => below(real.as_os_str().as_bytes()),
-                    Err(_) => f.same_fs(dev),
+                    Err(_) => same_fs(f),
                 }
         })
     }
@@ -377,8 +386,16 @@ fn now(f: &File, name: &[u8]) -> Now {
             Now::At(at, fstatat_path(root, path, 0).ok().map(Ident::of))
         }
         Ok(at) => Now::At(at, Some(at)),
-        Err(libc::ENOENT | libc::ENOTDIR) => Now::Absent,
-        Err(_) => Now::Unknown,
+        // Only ENOENT is absence (ENOTDIR, EACCES, ELOOP, ...: the gate cannot tell).
+        Err(e) => now_of_error(e),
+    }
+}
+
+/// What a failed lookup of a protected name says: absent only for ENOENT.
+fn now_of_error(errno: i32) -> Now {
+    match super::Seen::of(Err::<(), _>(errno)) {
+        super::Seen::Absent => Now::Absent,
+        super::Seen::Present => Now::Unknown,
     }
 }
 
@@ -432,6 +449,7 @@ impl super::Gate {
         let Some(f) = self.protected.named(entry) else {
             return Ok(());
         };
+        // Refused either way; whether something is there only picks the errno.
         let exists = fstatat(
             &entry.parent,
             OsStr::from_bytes(entry.name()),
@@ -538,6 +556,22 @@ mod tests {
             "58 40 254:0 /x {} {opts} shared:1 - ext4 /dev/vda rw\n",
             point.display()
         )
+    }
+
+    /// A protected name that cannot be looked up is not absent: only ENOENT is.
+    #[test]
+    fn only_enoent_leaves_a_protected_name_absent() {
+        assert!(matches!(now_of_error(libc::ENOENT), Now::Absent));
+        for e in [
+            libc::ENOTDIR,
+            libc::EACCES,
+            libc::ELOOP,
+            libc::EIO,
+            libc::ENOMEM,
+            libc::ENAMETOOLONG,
+        ] {
+            assert!(matches!(now_of_error(e), Now::Unknown), "errno {e}");
+        }
     }
 
     #[test]
