@@ -73,6 +73,13 @@ impl Layout {
         }
     }
 
+    /// The main worktree's `corral.toml`: the one whose trusted content the worktree's may
+    /// match. `main` comes from the repository's common git directory, and `prepare` checked
+    /// that the worktree's admin directory is one of that repository's.
+    pub fn policy_file_of_main(&self) -> PathBuf {
+        self.main.join("corral.toml")
+    }
+
     /// The private repository: its `objects/` and `refs/heads/` are the jail's.
     fn private(&self) -> PathBuf {
         self.state.join(format!("{}.git", self.name))

@@ -500,3 +500,79 @@ fn four_agents_at_once_each_commit_on_their_own_branch() {
         .count();
     assert_eq!(logs, 4);
 }
+
+/// What a repository's `corral.toml` grants that needs the user's trust.
+const GRANTING: &str = "[network]\nhost_ports = [5432]\n";
+
+/// The repository of `dir` with `corral.toml` (GRANTING) and a README committed on `main`.
+fn commit_policy(w: &World, dir: &Path) {
+    std::fs::write(dir.join("corral.toml"), GRANTING).unwrap();
+    std::fs::write(dir.join("README"), "hello\n").unwrap();
+    git(dir, w, &["checkout", "-q", "-b", "main"]);
+    git(dir, w, &["add", "README", "corral.toml"]);
+    git(dir, w, &["commit", "-q", "-m", "policy"]);
+}
+
+fn refused_untrusted(out: &Out, marker: &str) {
+    assert_eq!(out.code, 125, "{}", out.both());
+    assert!(!out.stdout.contains(marker), "{}", out.both());
+    assert!(out.stderr.contains("corral trust"), "{}", out.both());
+}
+
+#[test]
+fn a_worktree_runs_with_the_policy_trusted_for_its_repository_and_only_those_bytes() {
+    let w = World::new();
+    commit_policy(&w, &w.project);
+    // Control: the worktree's corral.toml needs trust at all (nothing trusted yet).
+    let out = run_in(&w, "t1", "echo T1-RAN");
+    refused_untrusted(&out, "T1-RAN");
+    let wt = worktree_path(&w, "t1");
+    assert_eq!(
+        std::fs::read_to_string(wt.join("corral.toml")).unwrap(),
+        GRANTING
+    );
+    // The user trusts the main worktree's file: the same bytes in its worktree run, no new
+    // trust asked.
+    w.trust_project(&[]);
+    let out = run_in(&w, "t1", "echo T1-RAN");
+    ran(&out, "T1-RAN");
+    assert!(
+        out.stderr.contains("exactly the content you trusted for"),
+        "{}",
+        out.both()
+    );
+    let store = w.home.join(".config/corral/trusted.json");
+    let trusted = std::fs::read_to_string(&store).unwrap();
+    assert!(!trusted.contains(&wt.display().to_string()), "{trusted}");
+    // The agent in the worktree tries to change the file the next run reads.
+    let out = run_in(
+        &w,
+        "t1",
+        "printf '[network]\\nhost_ports = [5432, 22]\\n' > corral.toml 2>/dev/null \
+         && echo WROTE; echo END",
+    );
+    ran(&out, "END");
+    assert!(!out.stdout.contains("WROTE"), "{}", out.both());
+    // Other bytes in the worktree (as the user's editor or a later checkout leaves them): not
+    // what was trusted, refused.
+    std::fs::write(
+        wt.join("corral.toml"),
+        "[network]\nhost_ports = [5432, 22]\n",
+    )
+    .unwrap();
+    let out = run_in(&w, "t1", "echo CHANGED-RAN");
+    refused_untrusted(&out, "CHANGED-RAN");
+    // Back to the trusted bytes: it runs again.
+    std::fs::write(wt.join("corral.toml"), GRANTING).unwrap();
+    ran(&run_in(&w, "t1", "echo BACK-RAN"), "BACK-RAN");
+
+    // Another repository with byte-identical content: the trust of this one does not carry.
+    let other = w.sibling.clone();
+    git(&other, &w, &["init", "-q"]);
+    commit_policy(&w, &other);
+    let mut c = w.corral();
+    c.current_dir(&other)
+        .args(["run", "--worktree", "o1", "--network", "none", "--"])
+        .args(["sh", "-c", "echo OTHER-RAN"]);
+    refused_untrusted(&run(c), "OTHER-RAN");
+}

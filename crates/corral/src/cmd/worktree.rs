@@ -49,7 +49,7 @@ pub fn run(
         .unwrap_or_else(|| layout.path.clone());
     let plan = resolve(&req)?;
     native_only(&plan)?;
-    super::trust::gate(&plan)?;
+    super::trust::gate_in_worktree(&plan, &layout.path, &layout.policy_file_of_main())?;
     ensure_state_paths(&plan.profile, &req.home)?;
     let plan = session.confine(&plan);
     let code = super::run::run_plan(&plan, corral_session::Scope::Run);
