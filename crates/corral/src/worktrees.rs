@@ -26,7 +26,7 @@
 //! `core.fsmonitor=false`: nothing of a repository runs as corral.
 //!
 //! A run holds an exclusive `flock` on `.corral/NAME.lock` next to the worktrees: it is the
-//! "agent running" marker of `corral worktrees`, and `corral worktree rm` refuses while it is
+//! "agent running" marker of `corral worktree ls`, and `corral worktree rm` refuses while it is
 //! held.
 
 use std::fs::{self, File};
@@ -649,7 +649,7 @@ fn import(s: &Session, tip: &str) -> anyhow::Result<String> {
     ))
 }
 
-/// One worktree, as `corral worktrees` lists it.
+/// One worktree, as `corral worktree ls` lists it.
 #[derive(Debug, Serialize)]
 pub struct Entry {
     pub name: String,
@@ -756,7 +756,7 @@ pub fn remove(
     let l = Layout::new(cwd, name)?;
     if admin_dir(&l).is_err() {
         bail!(
-            "no worktree {name} of {} (corral worktrees lists them)",
+            "no worktree {name} of {} (corral worktree ls lists them)",
             l.main.display()
         );
     }

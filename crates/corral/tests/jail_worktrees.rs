@@ -2,8 +2,8 @@
 //! branch, jailed to it. A process in the jail tries to write the main repository's config,
 //! hooks, packed-refs and objects, the main worktree's files, another worktree's files and admin
 //! directory, its own worktree's `.git` file and admin `commondir`, and another branch's ref:
-//! none of it reaches the host, while its commit on its own branch does. `corral worktrees`
-//! and `corral worktree rm`. Runs as root and, through scripts/test-rootless, unprivileged.
+//! none of it reaches the host, while its commit on its own branch does. `corral worktree ls`
+//! (and its old spelling `corral worktrees`) and `corral worktree rm`. Runs as root and, through scripts/test-rootless, unprivileged.
 
 mod jail_support;
 
@@ -231,7 +231,7 @@ fn a_worktree_is_reused_listed_locked_while_running_and_removed() {
     );
 
     // A second run: the same worktree, its file and commit there; it leaves a file uncommitted
-    // and waits for the host while `corral worktrees` and `worktree rm` look at it.
+    // and waits for the host while `corral worktree ls` and `worktree rm` look at it.
     let mut c = w.corral();
     c.args([
         "run",
@@ -262,8 +262,18 @@ fn a_worktree_is_reused_listed_locked_while_running_and_removed() {
         seen.push_str(&line);
     }
     assert!(seen.starts_with("one\n2\n"), "{seen}");
-    let listed = corral(&w, &["worktrees", "--json"]);
+    let listed = corral(&w, &["worktree", "ls", "--json"]);
     assert_eq!(listed.code, 0, "{}", listed.both());
+    // The old spelling prints the same, and says the new one on stderr.
+    let old = corral(&w, &["worktrees", "--json"]);
+    assert_eq!(old.code, 0, "{}", old.both());
+    assert_eq!(old.stdout, listed.stdout);
+    assert!(
+        old.stderr.contains("is now `corral worktree ls`"),
+        "{}",
+        old.both()
+    );
+    assert!(!listed.stderr.contains("is now"), "{}", listed.both());
     let list: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
     let e = &list[0];
     assert_eq!(e["name"], "w2", "{list:#}");
@@ -292,7 +302,7 @@ fn a_worktree_is_reused_listed_locked_while_running_and_removed() {
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");
 
-    let listed = corral(&w, &["worktrees"]);
+    let listed = corral(&w, &["worktree", "list"]);
     assert!(
         listed.stdout.contains("w2\t-\tw2\t1\t0\t1\t2\t"),
         "{}",
@@ -308,7 +318,7 @@ fn a_worktree_is_reused_listed_locked_while_running_and_removed() {
     assert!(!main.join(".git/worktrees/w2").exists());
     assert_eq!(git(&main, &w, &["log", "--format=%s", "-1", "w2"]), "one");
     assert!(!wt.parent().unwrap().join(".corral/w2.git").exists());
-    let listed = corral(&w, &["worktrees", "--json"]);
+    let listed = corral(&w, &["worktree", "ls", "--json"]);
     assert_eq!(listed.stdout.trim(), "[]", "{}", listed.both());
 
     // A worktree with nothing uncommitted goes without --force; --delete-branch takes its

@@ -1,4 +1,4 @@
-//! `corral run --worktree NAME`, `corral worktrees [--json]`, `corral worktree rm NAME`: agents
+//! `corral run --worktree NAME`, `corral worktree ls [--json]`, `corral worktree rm NAME`: agents
 //! side by side on one repository, each in its own git worktree and jail (worktrees.rs).
 
 use std::process::ExitCode;
@@ -82,7 +82,7 @@ fn container_refused(engine: &str) -> String {
     )
 }
 
-/// `corral worktrees [--json]`.
+/// `corral worktree ls [--json]` (and its old spelling `corral worktrees`).
 pub fn list(args: WorktreesArgs) -> anyhow::Result<ExitCode> {
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let (base, entries) = worktrees::list(&cwd)?;
@@ -115,9 +115,10 @@ pub fn list(args: WorktreesArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `corral worktree rm NAME [--force] [--delete-branch]`.
+/// `corral worktree ls|rm`.
 pub fn run_command(cmd: WorktreeCommand) -> anyhow::Result<ExitCode> {
     match cmd {
+        WorktreeCommand::Ls(args) => list(args),
         WorktreeCommand::Rm(args) => {
             let cwd = std::env::current_dir().context("cannot read the current directory")?;
             for line in worktrees::remove(&cwd, &args.name, args.force, args.delete_branch)? {
