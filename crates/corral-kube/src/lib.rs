@@ -331,7 +331,13 @@ fn check_supported(plan: &Plan, opts: &Options) -> Result<()> {
             message: "not with --executor-ip (the executor's Pod is rendered for a cluster)".into(),
         });
     }
-    if plan.limits.pids.is_some() && !opts.pids_by_node && plan.limits.enforce == Enforce::Strict {
+    // corral's built-in default is not the user's demand: it is left to the nodes (and said so
+    // by `not_carried`); a limit someone set under `strict` is refused.
+    if plan.limits.pids.is_some()
+        && !plan.limits.built_in.pids
+        && !opts.pids_by_node
+        && plan.limits.enforce == Enforce::Strict
+    {
         return Err(KubeError::PidsLimit);
     }
     Ok(())
@@ -339,8 +345,8 @@ fn check_supported(plan: &Plan, opts: &Options) -> Result<()> {
 
 /// What of the plan the objects leave out, one line each: host binds a cluster does not have
 /// (a harness's configuration under the caller's home, `--rw`/`--ro` paths; the Pod then has
-/// less, never more) and the executor's sandbox (not rendered yet: `corral exec` in the Pod
-/// finds no executor).
+/// less, never more), the executor's sandbox (not rendered yet: `corral exec` in the Pod
+/// finds no executor) and a pids limit the nodes are not said to hold (`--pids-by-node`).
 pub fn not_carried(plan: &Plan, opts: &Options) -> Vec<String> {
     let mut out: Vec<String> = sandbox::host_binds(plan)
         .iter()
@@ -357,6 +363,18 @@ pub fn not_carried(plan: &Plan, opts: &Options) -> Vec<String> {
             "the executor ([executor] target = \"sandbox\"): rendered only with --executor-ip"
                 .into(),
         );
+    }
+    if let (Some(pids), false) = (plan.limits.pids, opts.pids_by_node) {
+        let whose = if plan.limits.built_in.pids {
+            "corral's default"
+        } else {
+            "limits.enforce = \"best-effort\""
+        };
+        out.push(format!(
+            "limits.pids = {pids} ({whose}): a Pod cannot carry a pids limit, so on the \
+             cluster processes are bounded only by the nodes' kubelet podPidsLimit (pass \
+             --pids-by-node when your nodes set it)"
+        ));
     }
     out
 }

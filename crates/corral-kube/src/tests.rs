@@ -103,6 +103,21 @@ fn refuses_what_it_cannot_carry() {
     let mut o = opts();
     o.pids_by_node = false;
     assert!(matches!(render(&plan(), &o), Err(KubeError::PidsLimit)));
+    // The same limit as corral's built-in default renders, and says how processes are bounded.
+    let mut p = plan();
+    p.limits.built_in.pids = true;
+    assert!(render(&p, &o).is_ok());
+    assert_eq!(
+        not_carried(&p, &o),
+        vec![
+            "limits.pids = 1024 (corral's default): a Pod cannot carry a pids limit, so on the \
+             cluster processes are bounded only by the nodes' kubelet podPidsLimit (pass \
+             --pids-by-node when your nodes set it)"
+                .to_string()
+        ]
+    );
+    // With --pids-by-node the nodes hold it: nothing to say.
+    assert!(not_carried(&p, &opts()).is_empty());
     let mut o = opts();
     o.name = "Bad_Name".into();
     assert!(matches!(

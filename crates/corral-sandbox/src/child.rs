@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::JailError;
 use crate::sig::SignalPipe;
+use crate::term::PtyEnds;
 use crate::{EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_SETUP_FAILED, mounts, netns};
 
 /// The control socket's fd number in the set-up process.
@@ -69,8 +70,9 @@ pub(crate) struct NamespaceConfig {
 #[derive(Serialize, Deserialize)]
 pub(crate) struct InitConfig {
     pub plan: Plan,
-    /// stdin/stdout/stderr are a pty of corral's: make it the command's controlling terminal.
-    pub tty: bool,
+    /// Which of stdin, stdout and stderr are the jail's own pty (`jail_pty`; the others come
+    /// with the config). With any, the pty is the command's controlling terminal.
+    pub pty: PtyEnds,
     /// The limits no cgroup enforces, applied as rlimits (the best-effort fallback; with
     /// `strict` corral refused to start instead).
     pub rlimits: corral_policy::plan::Limits,
@@ -178,8 +180,8 @@ fn set_up_process() -> Result<i32, JailError> {
     };
     netns::send_listeners(CTL_FD, &net)?;
     drop(net);
-    // The jail's stdio comes with the config, except at a terminal: then the jail makes its
-    // pty below.
+    // The jail's stdio comes with the config, except the ends that are a terminal in corral:
+    // those are the pty the jail makes below.
     let Some((config, mut stdio)) = read_init(&ctl)? else {
         return Ok(EXIT_SETUP_FAILED);
     };
@@ -204,14 +206,14 @@ fn set_up_process() -> Result<i32, JailError> {
             "the jail's plan differs from the one its namespaces were built for".into(),
         ));
     }
-    let stdio = match config.tty {
+    let slave = match config.pty.any() {
         true => match jail_pty(&ctl)? {
-            Some(slave) => vec![slave],
+            Some(slave) => Some(slave),
             None => return Ok(EXIT_SETUP_FAILED),
         },
-        false => stdio,
+        false => None,
     };
-    install_stdio(stdio)?;
+    install_stdio(config.pty, slave, stdio)?;
     // The control socket stays open: it is now corral's socket factory for the jail's network
     // namespace (`--publish`), served from the wait loop below. The jail never holds it.
     // SAFETY: this process is single-threaded (forked from corral's only thread, or a fresh
@@ -275,14 +277,14 @@ fn close_inherited_fds() -> Result<(), JailError> {
     Ok(())
 }
 
-/// The jail's config, with its stdin, stdout and stderr, or none at a terminal (`jail_pty`).
+/// The jail's config, with those of its stdin, stdout and stderr that are not its pty.
 fn read_init(ctl: &OwnedFd) -> Result<Option<(InitConfig, Vec<OwnedFd>)>, JailError> {
     let Some((body, received)) = netns::recv_frame(ctl.as_raw_fd())? else {
         return Ok(None);
     };
     let config: InitConfig =
         serde_json::from_slice(&body).map_err(|e| JailError::step("decode the jail config", e))?;
-    let want = usize::from(!config.tty) * 3
+    let want = config.pty.by_fd().iter().filter(|p| !**p).count()
         + usize::from(config.exec_gate)
         + usize::from(config.exit_pipe);
     if received.len() != want {
@@ -294,7 +296,7 @@ fn read_init(ctl: &OwnedFd) -> Result<Option<(InitConfig, Vec<OwnedFd>)>, JailEr
     Ok(Some((config, received)))
 }
 
-/// At a terminal: the jail's pty, from a devpts instance of the jail's own mounted over
+/// When an end is a terminal in corral: the jail's pty, from a devpts instance of the jail's own mounted over
 /// /dev/pts in this mount namespace (PID 1 binds that instance into the jail's /dev), so the
 /// terminal has a name inside the jail (`tty`, ttyname(3), /dev/tty all work). The master goes
 /// to corral, which copies the user's terminal settings onto it, relays it, and answers; the
@@ -369,13 +371,25 @@ fn read_message<T: serde::de::DeserializeOwned>(
     Ok(Some((value, received)))
 }
 
-/// The jail's stdin, stdout and stderr (from corral; or one pty slave for all three) become
-/// this process's 0, 1 and 2; dup2 clears close-on-exec there, so the command inherits them.
-fn install_stdio(stdio: Vec<OwnedFd>) -> Result<(), JailError> {
-    let fds: Vec<&OwnedFd> = match stdio.as_slice() {
-        [one] => vec![one, one, one],
-        all => all.iter().collect(),
-    };
+/// The jail's stdin, stdout and stderr become this process's 0, 1 and 2: the pty `slave` for
+/// the ends in `pty`, corral's descriptors in `others` (in order) for the rest. dup2 clears
+/// close-on-exec there, so the command inherits them.
+fn install_stdio(
+    pty: PtyEnds,
+    slave: Option<OwnedFd>,
+    others: Vec<OwnedFd>,
+) -> Result<(), JailError> {
+    let mut others = others.iter();
+    let mut fds: Vec<&OwnedFd> = Vec::with_capacity(3);
+    for is_pty in pty.by_fd() {
+        let fd = match is_pty {
+            true => slave.as_ref(),
+            false => others.next(),
+        };
+        fds.push(fd.ok_or_else(|| {
+            JailError::Plan("the jail's stdio came without one of its descriptors".into())
+        })?);
+    }
     for (target, fd) in fds.into_iter().enumerate() {
         // SAFETY: dup2 onto this process's own stdio descriptors.
         if unsafe { libc::dup2(fd.as_raw_fd(), target as RawFd) } < 0 {
@@ -508,7 +522,7 @@ fn control_readable(ctl: &OwnedFd, pipe: Option<&SignalPipe>) -> bool {
 /// it (`RunningJail::release_exec`): the root is built meanwhile.
 fn pid_one(config: &InitConfig, gate: Option<OwnedFd>) -> Result<i32, JailError> {
     die_with_parent()?;
-    let private = mounts::set_up_root(&config.plan, config.tty)?;
+    let private = mounts::set_up_root(&config.plan, config.pty.any())?;
     make_non_dumpable()?;
     if let Some(gate) = gate {
         wait_for_gate(gate)?;
@@ -660,7 +674,7 @@ fn exec_command(
     // and `corral run -- yes | head` would then end in "yes: Broken pipe" instead of quietly,
     // as std::process::Command's children do.
     crate::sig::reset_dispositions(&[Signal::SIGCHLD, Signal::SIGPIPE]);
-    new_session(config.tty)?;
+    new_session(config.pty.first())?;
     enter_working_directory(&plan.cwd)?;
     let (path, argv, envp) = resolve_command(plan)?;
     apply_rlimits(config)?;
@@ -686,13 +700,14 @@ fn exec_command(
     ))
 }
 
-/// A session of its own: with a pty, the pty becomes the controlling terminal (job control and
-/// window-size signals work); without one, the jail has no controlling terminal at all.
-fn new_session(tty: bool) -> Result<(), JailError> {
+/// A session of its own: with a pty (on descriptor `pty`), the pty becomes the controlling
+/// terminal (job control and window-size signals work); without one, the jail has no
+/// controlling terminal at all.
+fn new_session(pty: Option<RawFd>) -> Result<(), JailError> {
     nix::unistd::setsid().map_err(|e| JailError::step("start a new session", e))?;
-    if tty {
-        // SAFETY: TIOCSCTTY on fd 0 (the jail's pty) with argument 0.
-        if unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } != 0 {
+    if let Some(fd) = pty {
+        // SAFETY: TIOCSCTTY on a stdio descriptor that is the jail's pty, with argument 0.
+        if unsafe { libc::ioctl(fd, libc::TIOCSCTTY, 0) } != 0 {
             return Err(JailError::step(
                 "make the pty the controlling terminal",
                 std::io::Error::last_os_error(),

@@ -17,7 +17,7 @@ use crate::error::JailError;
 use crate::netns::{self, JailNet};
 use crate::placeholder::Placeholder;
 use crate::sig::SignalPipe;
-use crate::term::{self, RawMode, Relay};
+use crate::term::{self, PtyEnds, RawMode, Relay};
 use crate::termfilter::{Dropped, OutputFilter};
 use crate::{EXIT_SETUP_FAILED, INIT_ARG};
 
@@ -61,11 +61,11 @@ impl SpawnOptions {
 
 /// How the jail's stdio is wired.
 enum Io {
-    /// stdin and stdout are a terminal: the jail has a pty of its own, relayed by corral.
+    /// Some of stdin, stdout, stderr are a terminal: they are a pty of the jail's own, relayed
+    /// by corral (no jail process holds the user's terminal); the others are corral's own.
     Pty(Relay),
-    /// Inherited descriptors; those of ours that are terminals replaced by pipes that corral
-    /// copies (so no jail process holds the user's terminal).
-    Plain(Vec<std::thread::JoinHandle<Dropped>>),
+    /// None is a terminal: corral's own descriptors.
+    Plain,
 }
 
 /// A started jail. Call [`RunningJail::wait`] from the thread that spawned it (the set-up
@@ -340,7 +340,7 @@ impl PreparedJail {
                 pid,
                 net: None,
                 factory: None,
-                io: Io::Plain(Vec::new()),
+                io: Io::Plain,
                 signals: None,
                 _placeholder: None,
                 reaped: false,
@@ -417,13 +417,10 @@ impl PreparedJail {
             SignalPipe::install(&watched)
                 .map_err(|e| JailError::step("install corral's signal handlers", e))?,
         );
-        let stdio = wire_stdio(plan.terminal.clipboard)?;
-        if let Some(io) = stdio.io {
-            jail.io = io;
-        }
+        let stdio = wire_stdio()?;
         let config = InitConfig {
             plan: plan.clone(),
-            tty: stdio.tty,
+            pty: stdio.pty,
             rlimits: opts.rlimits.clone(),
             nofile_soft: opts.nofile_soft,
             exec_gate: opts.hold_exec,
@@ -469,14 +466,16 @@ impl PreparedJail {
         };
         // At a terminal, the jail's pty comes from its own devpts (child.rs `jail_pty`): its
         // master arrives now, gets the user's terminal settings, and the jail goes on.
-        let net = match (net, stdio.tty) {
-            (Some(net), true) => match receive_pty(stream.as_raw_fd(), plan.terminal.clipboard)? {
-                Some(relay) => {
-                    jail.io = Io::Pty(relay);
-                    Some(net)
+        let net = match (net, stdio.pty.any()) {
+            (Some(net), true) => {
+                match receive_pty(stream.as_raw_fd(), plan.terminal.clipboard, stdio.pty)? {
+                    Some(relay) => {
+                        jail.io = Io::Pty(relay);
+                        Some(net)
+                    }
+                    None => None,
                 }
-                None => None,
-            },
+            }
             (net, _) => net,
         };
         match net {
@@ -494,20 +493,18 @@ impl PreparedJail {
     }
 }
 
-/// The jail's stdio and how corral relays it.
+/// The jail's stdio: which ends are its own pty, and corral's descriptors for the others.
 struct JailStdio {
-    /// `None` with a terminal: the relay waits for the pty the jail makes.
-    io: Option<Io>,
-    /// stdin, stdout, stderr for the set-up process to install (none with a terminal).
+    pty: PtyEnds,
+    /// The ends that are not the pty, in order, for the set-up process to install.
     fds: Vec<OwnedFd>,
-    tty: bool,
 }
 
 /// The pty master the set-up process sends (child.rs `jail_pty`): the user's terminal settings
 /// and window size are copied onto it (termios requests on a master act on its slave), then
 /// the set-up process is told to go on. `None`: the set-up process ended first. What the jail
 /// writes there reaches the user through the output filter (`clipboard`: `terminal.clipboard`).
-fn receive_pty(ctl: RawFd, clipboard: bool) -> Result<Option<Relay>, JailError> {
+fn receive_pty(ctl: RawFd, clipboard: bool, ends: PtyEnds) -> Result<Option<Relay>, JailError> {
     let Some((_, mut fds)) = netns::recv_frame(ctl)? else {
         return Ok(None);
     };
@@ -519,59 +516,31 @@ fn receive_pty(ctl: RawFd, clipboard: bool) -> Result<Option<Relay>, JailError> 
             ));
         }
     };
-    term::copy_terminal(std::io::stdin().as_fd(), master.as_fd());
+    let relay = Relay::new(master, OutputFilter::new(clipboard), ends).ok_or_else(|| {
+        JailError::Plan("the jail has a pty but no end of corral's is a terminal".into())
+    })?;
+    term::copy_terminal(relay.user_terminal(), relay.master());
     netns::send_frame(ctl, b"{}", &[])
         .map_err(|e| JailError::step("tell the jail its terminal is ready", e))?;
-    Ok(Some(Relay::new(master, OutputFilter::new(clipboard))))
+    Ok(Some(relay))
 }
 
-/// Wire the jail's stdio: a pty of its own when the user is at a terminal on both ends (`corral
-/// run -- make > log` from a terminal gets plain pipes, no CR/LF rewriting of the output),
-/// opened by the jail in its own devpts so its name resolves inside; else corral's own
-/// descriptors, with those that are terminals replaced by pipes corral copies, so no jail
-/// process holds the user's terminal. What reaches a terminal of the user's goes through the
-/// output filter (`termfilter.rs`; `clipboard`: `terminal.clipboard`).
-fn wire_stdio(clipboard: bool) -> Result<JailStdio, JailError> {
-    let stdin = std::io::stdin();
-    let tty = term::is_tty(stdin.as_fd()) && term::is_tty(std::io::stdout().as_fd());
-    if tty {
-        return Ok(JailStdio {
-            io: None,
-            fds: Vec::new(),
-            tty,
-        });
-    }
-    let input = if term::is_tty(stdin.as_fd()) {
-        // The user's terminal as stdin, without a pty: the jail reads a pipe that corral fills,
-        // never the terminal itself. The copying thread is not joined: it ends at the
-        // terminal's EOF or the first write after the jail is gone.
-        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| JailError::step("create an input pipe", e))?;
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::fs::File::from(w));
-        });
-        r
-    } else {
-        own_or_null(stdin.as_fd())?
-    };
-    let mut threads = Vec::new();
-    let mut output = |to: i32, fd: std::os::fd::BorrowedFd<'_>| {
-        if !term::is_tty(fd) {
-            return own_or_null(fd);
-        }
-        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| JailError::step("create an output pipe", e))?;
-        let filter = OutputFilter::new(clipboard);
-        threads.push(std::thread::spawn(move || copy_out(r, to, filter)));
-        Ok(w)
-    };
-    let stdout = output(1, std::io::stdout().as_fd())?;
-    let stderr = output(2, std::io::stderr().as_fd())?;
-    Ok(JailStdio {
-        io: Some(Io::Plain(threads)),
-        fds: vec![input, stdout, stderr],
-        tty,
-    })
+/// Wire the jail's stdio: each of corral's stdin, stdout and stderr that is a terminal is a pty
+/// of the jail's own inside (opened by the jail in its own devpts so its name resolves inside),
+/// the others are handed over as they are. So a terminal outside is a terminal inside, and a
+/// file or pipe stays one: `corral run -- make > log` from a terminal writes the log with no
+/// CR/LF rewriting, and reads a terminal. No jail process holds the user's terminal; what the
+/// pty shows reaches it through the output filter (`termfilter.rs`).
+fn wire_stdio() -> Result<JailStdio, JailError> {
+    let pty = PtyEnds::of_corral();
+    let fds = pty
+        .by_fd()
+        .into_iter()
+        .zip(0..3)
+        .filter(|(is_pty, _)| !is_pty)
+        .map(|(_, fd)| own_or_null(term::stdio(fd)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(JailStdio { pty, fds })
 }
 
 /// A copy of one of corral's stdio descriptors for the jail; /dev/null when corral has none
@@ -585,34 +554,6 @@ fn own_or_null(fd: std::os::fd::BorrowedFd<'_>) -> Result<OwnedFd, JailError> {
             .open("/dev/null")
             .map(OwnedFd::from)
             .map_err(|e| JailError::at("open", "/dev/null", e)),
-    }
-}
-
-/// Copy the jail's output pipe to corral's stdout (`to` 1) or stderr (2), a terminal, through
-/// the output filter.
-fn copy_out(from: OwnedFd, to: i32, mut filter: OutputFilter) -> Dropped {
-    use std::io::{Read, Write};
-    let mut file = std::fs::File::from(from);
-    let mut buf = [0u8; 16384];
-    let mut filtered = Vec::with_capacity(buf.len());
-    loop {
-        let n = match file.read(&mut buf) {
-            Ok(0) => return filter.dropped(),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return filter.dropped(),
-        };
-        filtered.clear();
-        filter.push(&buf[..n], &mut filtered);
-        let written = if to == 1 {
-            let mut out = std::io::stdout().lock();
-            out.write_all(&filtered).and_then(|()| out.flush())
-        } else {
-            std::io::stderr().write_all(&filtered)
-        };
-        if written.is_err() {
-            return filter.dropped();
-        }
     }
 }
 
@@ -710,8 +651,12 @@ impl RunningJail {
         let mut ending = None;
         let code = match &mut self.io {
             Io::Pty(relay) => {
-                let stdin = std::io::stdin();
-                let _raw = RawMode::enter(stdin.as_fd());
+                // The user types into the jail's pty only when stdin is one of its ends.
+                let _raw = match relay.takes_stdin() {
+                    true => RawMode::enter(term::stdio(0)),
+                    false => None,
+                };
+                let user = relay.user_terminal();
                 let code = loop {
                     if let Some(code) = reap(self.pid) {
                         break code;
@@ -720,7 +665,7 @@ impl RunningJail {
                     for sig in signals.drain() {
                         match sig {
                             Signal::SIGWINCH => {
-                                if let Some(ws) = term::window_size(stdin.as_fd()) {
+                                if let Some(ws) = term::window_size(user) {
                                     term::set_window_size(relay.master(), &ws);
                                 }
                             }
@@ -733,26 +678,20 @@ impl RunningJail {
                 terminal = relay.dropped();
                 code
             }
-            Io::Plain(threads) => {
-                let code = loop {
-                    if let Some(code) = reap(self.pid) {
-                        break code;
-                    }
-                    if let Some(code) = said_exit(&mut self.exit_pipe, &signals) {
-                        ending = Some(self.pid);
-                        break code;
-                    }
-                    for sig in signals.drain() {
-                        if sig != Signal::SIGCHLD {
-                            crate::child::forward(self.pid, sig);
-                        }
-                    }
-                };
-                for t in threads.drain(..) {
-                    terminal.add(t.join().unwrap_or_default());
+            Io::Plain => loop {
+                if let Some(code) = reap(self.pid) {
+                    break code;
                 }
-                code
-            }
+                if let Some(code) = said_exit(&mut self.exit_pipe, &signals) {
+                    ending = Some(self.pid);
+                    break code;
+                }
+                for sig in signals.drain() {
+                    if sig != Signal::SIGCHLD {
+                        crate::child::forward(self.pid, sig);
+                    }
+                }
+            },
         };
         drop(signals);
         // Reaped, or handed to the `Ending`.

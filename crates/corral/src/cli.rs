@@ -107,11 +107,13 @@ pub enum Command {
     /// Print shell completions or the man page
     #[command(subcommand)]
     Generate(GenerateCommand),
-    /// The agents' git worktrees of this repository (`corral run --worktree NAME`)
-    Worktrees(WorktreesArgs),
-    /// An agent's git worktree of this repository: `corral worktree rm NAME`
+    /// The agents' git worktrees of this repository (`corral run --worktree NAME`): `corral
+    /// worktree ls`, `corral worktree rm NAME`
     #[command(subcommand)]
     Worktree(WorktreeCommand),
+    /// The old spelling of `corral worktree ls` (kept for a while; says so on stderr)
+    #[command(hide = true)]
+    Worktrees(WorktreesArgs),
     /// Inside a run's relay container: its published ports and host ports (internal)
     #[command(hide = true)]
     PortRelay(PortRelayArgs),
@@ -638,7 +640,11 @@ pub struct WorktreesArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum WorktreeCommand {
+    /// List them: agent running or not, branch, ahead/behind, changed and uncommitted files
+    #[command(visible_alias = "list")]
+    Ls(WorktreesArgs),
     /// Remove the worktree NAME (refused while an agent runs in it); its branch is kept
+    #[command(visible_alias = "remove")]
     Rm(WorktreeRmArgs),
 }
 

@@ -26,7 +26,7 @@
 //! `core.fsmonitor=false`: nothing of a repository runs as corral.
 //!
 //! A run holds an exclusive `flock` on `.corral/NAME.lock` next to the worktrees: it is the
-//! "agent running" marker of `corral worktrees`, and `corral worktree rm` refuses while it is
+//! "agent running" marker of `corral worktree ls`, and `corral worktree rm` refuses while it is
 //! held.
 
 use std::fs::{self, File};
@@ -71,6 +71,13 @@ impl Layout {
             state: base.join(".corral"),
             main,
         }
+    }
+
+    /// The main worktree's `corral.toml`: the one whose trusted content the worktree's may
+    /// match. `main` comes from the repository's common git directory, and `prepare` checked
+    /// that the worktree's admin directory is one of that repository's.
+    pub fn policy_file_of_main(&self) -> PathBuf {
+        self.main.join("corral.toml")
     }
 
     /// The private repository: its `objects/` and `refs/heads/` are the jail's.
@@ -642,7 +649,7 @@ fn import(s: &Session, tip: &str) -> anyhow::Result<String> {
     ))
 }
 
-/// One worktree, as `corral worktrees` lists it.
+/// One worktree, as `corral worktree ls` lists it.
 #[derive(Debug, Serialize)]
 pub struct Entry {
     pub name: String,
@@ -749,7 +756,7 @@ pub fn remove(
     let l = Layout::new(cwd, name)?;
     if admin_dir(&l).is_err() {
         bail!(
-            "no worktree {name} of {} (corral worktrees lists them)",
+            "no worktree {name} of {} (corral worktree ls lists them)",
             l.main.display()
         );
     }

@@ -850,3 +850,21 @@ fn podman_without_the_image_says_how_to_build_it() {
         "{r:?}"
     );
 }
+
+#[test]
+fn worktree_is_one_noun_and_the_old_spelling_is_hidden() {
+    let w = World::new();
+    let help = w.run(&["--help"]);
+    assert_eq!(help.code, 0, "{}", help.stderr);
+    assert!(help.stdout.contains("\n  worktree "), "{}", help.stdout);
+    assert!(!help.stdout.contains("\n  worktrees "), "{}", help.stdout);
+    let help = w.run(&["worktree", "--help"]);
+    assert_eq!(help.code, 0, "{}", help.stderr);
+    for verb in ["ls", "rm"] {
+        assert!(
+            help.stdout.contains(&format!("\n  {verb} ")),
+            "{verb}:\n{}",
+            help.stdout
+        );
+    }
+}

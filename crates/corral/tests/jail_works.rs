@@ -296,8 +296,42 @@ fn ctrl_c_reaches_the_tui_and_the_terminal_is_restored() {
     );
 }
 
+/// In the jail: which of 0, 1, 2 are terminals, whether it has a controlling terminal, and
+/// each descriptor's device (to compare with the test's own terminal).
+const WHICH_ENDS: &str = r#"
+import os, sys
+print("ISATTY", [os.isatty(fd) for fd in (0, 1, 2)], file=sys.stderr)
+try:
+    os.open("/dev/tty", os.O_RDWR)
+    print("CTTY-OPEN", file=sys.stderr)
+except OSError as e:
+    print("no ctty:", e.strerror, file=sys.stderr)
+for fd in (0, 1, 2):
+    st = os.fstat(fd)
+    print("FD %d DEV %d RDEV %d" % (fd, st.st_dev, st.st_rdev), file=sys.stderr)
+print("END", file=sys.stderr, flush=True)
+"#;
+
+/// No descriptor the jail listed (`WHICH_ENDS`) is the test's terminal `ours`.
+fn none_is(out: &str, ours: &std::fs::File) {
+    use std::os::unix::fs::MetadataExt;
+    let ours = ours.metadata().unwrap();
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("FD ")).collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    for line in lines {
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        assert!(
+            !(f[1] == ours.dev() && f[2] == ours.rdev()),
+            "the jail holds corral's own terminal: {line}"
+        );
+    }
+}
+
 #[test]
-fn without_a_terminal_on_stdin_the_jail_gets_no_terminal_at_all() {
+fn without_any_terminal_the_jail_gets_no_terminal_at_all() {
     let w = World::new();
     let mut c = w.corral();
     c.args([
@@ -307,16 +341,31 @@ fn without_a_terminal_on_stdin_the_jail_gets_no_terminal_at_all() {
         "--",
         "python3",
         "-c",
-        r#"
-import os
-print("ISATTY", [os.isatty(fd) for fd in (0, 1, 2)])
-try:
-    os.open("/dev/tty", os.O_RDWR)
-    print("CTTY-OPEN")
-except OSError as e:
-    print("no ctty:", e.strerror)
-print("END", flush=True)
-"#,
+        WHICH_ENDS,
+    ])
+    .stdin(std::process::Stdio::null());
+    let out = run(c);
+    assert!(out.stderr.contains("END"), "{}", out.both());
+    assert!(
+        out.stderr.contains("ISATTY [False, False, False]"),
+        "{}",
+        out.both()
+    );
+    assert!(!out.stderr.contains("CTTY-OPEN"), "{}", out.both());
+}
+
+#[test]
+fn stdout_and_stderr_at_a_terminal_are_the_jails_pty_and_stdin_stays_a_pipe() {
+    let w = World::new();
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "python3",
+        "-c",
+        WHICH_ENDS,
     ])
     .stdin(std::process::Stdio::null());
     // stdout and stderr are a terminal of the test's; stdin is not.
@@ -327,9 +376,103 @@ print("END", flush=True)
     let mut child = c.spawn().unwrap();
     let mut master = std::fs::File::from(pty.master);
     let out = read_until(&mut master, "END", &mut child);
-    child.wait().unwrap();
-    assert!(out.contains("ISATTY [False, False, False]"), "{out}");
-    assert!(!out.contains("CTTY-OPEN"), "{out}");
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{out}");
+    assert!(out.contains("ISATTY [False, True, True]"), "{out}");
+    // The terminal it has is its own pty.
+    assert!(out.contains("CTTY-OPEN"), "{out}");
+    none_is(&out, &slave);
+}
+
+/// corral under the test's terminal as its stdin and stderr (and controlling terminal), its
+/// stdout `stdout`.
+fn at_a_terminal_with_stdout(
+    mut c: Command,
+    stdout: std::process::Stdio,
+) -> (std::fs::File, std::fs::File, std::process::Child) {
+    let pty = open_pty(24, 80);
+    let slave = std::fs::File::from(pty.slave);
+    c.stdin(std::process::Stdio::from(slave.try_clone().unwrap()))
+        .stdout(stdout)
+        .stderr(std::process::Stdio::from(slave.try_clone().unwrap()));
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid and TIOCSCTTY on fd 0 are async-signal-safe syscalls.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = c.spawn().unwrap();
+    (std::fs::File::from(pty.master), slave, child)
+}
+
+#[test]
+fn a_terminal_on_stdin_with_stdout_in_a_file_is_a_terminal_inside() {
+    let w = World::new();
+    let file = w.root.join("out.txt");
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "test -t 0 && echo in-tty; test -t 1 || echo out-not-tty; test -t 2 && echo err-tty >&2; \
+         read line; echo GOT:$line; echo READ-DONE >&2",
+    ]);
+    let (mut master, _slave, mut child) =
+        at_a_terminal_with_stdout(c, std::fs::File::create(&file).unwrap().into());
+    master.write_all(b"typed-at-the-terminal\n").unwrap();
+    let seen = read_until(&mut master, "READ-DONE", &mut child);
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{seen}");
+    let out = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(
+        out, "in-tty\nout-not-tty\nGOT:typed-at-the-terminal\n",
+        "the file (no pty line endings in it); the terminal showed:\n{seen}"
+    );
+    // stderr and the echo of what was typed are on the terminal, from the jail's pty.
+    assert!(seen.contains("err-tty\r\n"), "{seen}");
+    assert!(seen.contains("typed-at-the-terminal"), "{seen}");
+}
+
+#[test]
+fn a_terminal_on_stdin_is_the_jails_own_pty_not_the_users() {
+    let w = World::new();
+    let mut c = w.corral();
+    let script = format!(
+        "{WHICH_ENDS}\n{}",
+        r#"
+import fcntl, termios
+for fd in (0, 2, os.open("/dev/tty", os.O_RDWR)):
+    try:
+        fcntl.ioctl(fd, termios.TIOCSTI, b"X")
+        print("TIOCSTI-OK fd", fd, file=sys.stderr)
+    except OSError:
+        pass
+print("DONE", file=sys.stderr, flush=True)
+"#
+    );
+    c.args(["run", "--network", "none", "--", "python3", "-c", &script]);
+    let (mut master, slave, mut child) = at_a_terminal_with_stdout(c, std::process::Stdio::piped());
+    let out = read_until(&mut master, "DONE", &mut child);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{out}");
+    assert!(out.contains("ISATTY [True, False, True]"), "{out}");
+    assert!(out.contains("CTTY-OPEN"), "{out}");
+    none_is(&out, &slave);
+    assert!(
+        !out.contains("TIOCSTI-OK"),
+        "TIOCSTI is allowed in the jail:\n{out}"
+    );
+    // Nothing is queued on the terminal corral was started from.
+    let mut pending: libc::c_int = 0;
+    use std::os::fd::AsRawFd;
+    // SAFETY: FIONREAD writes one int, which we provide.
+    unsafe { libc::ioctl(slave.as_raw_fd(), libc::FIONREAD, &mut pending) };
+    assert_eq!(pending, 0, "bytes were injected into the outer terminal");
 }
 
 #[test]
@@ -479,36 +622,4 @@ fn ro_and_rw_flags_bind_host_paths() {
         std::fs::read_to_string(rw.join("new")).unwrap(),
         "written\n"
     );
-}
-
-#[test]
-fn a_terminal_on_stdin_only_is_piped_not_passed() {
-    let w = World::new();
-    let pty = open_pty(24, 80);
-    let slave = std::fs::File::from(pty.slave);
-    let mut master = std::fs::File::from(pty.master);
-    let mut c = w.corral();
-    c.args([
-        "run",
-        "--network",
-        "none",
-        "--",
-        "sh",
-        "-c",
-        "read line; echo GOT:$line; python3 -c 'import os; print(\"ISATTY\", os.isatty(0))'",
-    ])
-    .stdin(std::process::Stdio::from(slave.try_clone().unwrap()))
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped());
-    let child = c.spawn().unwrap();
-    master.write_all(b"typed-at-the-terminal\n").unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("GOT:typed-at-the-terminal\n"), "{stdout}");
-    assert!(stdout.contains("ISATTY False"), "{stdout}");
-    assert!(
-        !stdout.contains('\r'),
-        "pty line endings in piped output: {stdout:?}"
-    );
-    assert_eq!(out.status.code(), Some(0));
 }

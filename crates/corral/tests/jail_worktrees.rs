@@ -2,8 +2,8 @@
 //! branch, jailed to it. A process in the jail tries to write the main repository's config,
 //! hooks, packed-refs and objects, the main worktree's files, another worktree's files and admin
 //! directory, its own worktree's `.git` file and admin `commondir`, and another branch's ref:
-//! none of it reaches the host, while its commit on its own branch does. `corral worktrees`
-//! and `corral worktree rm`. Runs as root and, through scripts/test-rootless, unprivileged.
+//! none of it reaches the host, while its commit on its own branch does. `corral worktree ls`
+//! (and its old spelling `corral worktrees`) and `corral worktree rm`. Runs as root and, through scripts/test-rootless, unprivileged.
 
 mod jail_support;
 
@@ -231,7 +231,7 @@ fn a_worktree_is_reused_listed_locked_while_running_and_removed() {
     );
 
     // A second run: the same worktree, its file and commit there; it leaves a file uncommitted
-    // and waits for the host while `corral worktrees` and `worktree rm` look at it.
+    // and waits for the host while `corral worktree ls` and `worktree rm` look at it.
     let mut c = w.corral();
     c.args([
         "run",
@@ -262,8 +262,18 @@ fn a_worktree_is_reused_listed_locked_while_running_and_removed() {
         seen.push_str(&line);
     }
     assert!(seen.starts_with("one\n2\n"), "{seen}");
-    let listed = corral(&w, &["worktrees", "--json"]);
+    let listed = corral(&w, &["worktree", "ls", "--json"]);
     assert_eq!(listed.code, 0, "{}", listed.both());
+    // The old spelling prints the same, and says the new one on stderr.
+    let old = corral(&w, &["worktrees", "--json"]);
+    assert_eq!(old.code, 0, "{}", old.both());
+    assert_eq!(old.stdout, listed.stdout);
+    assert!(
+        old.stderr.contains("is now `corral worktree ls`"),
+        "{}",
+        old.both()
+    );
+    assert!(!listed.stderr.contains("is now"), "{}", listed.both());
     let list: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
     let e = &list[0];
     assert_eq!(e["name"], "w2", "{list:#}");
@@ -292,7 +302,7 @@ fn a_worktree_is_reused_listed_locked_while_running_and_removed() {
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");
 
-    let listed = corral(&w, &["worktrees"]);
+    let listed = corral(&w, &["worktree", "list"]);
     assert!(
         listed.stdout.contains("w2\t-\tw2\t1\t0\t1\t2\t"),
         "{}",
@@ -308,7 +318,7 @@ fn a_worktree_is_reused_listed_locked_while_running_and_removed() {
     assert!(!main.join(".git/worktrees/w2").exists());
     assert_eq!(git(&main, &w, &["log", "--format=%s", "-1", "w2"]), "one");
     assert!(!wt.parent().unwrap().join(".corral/w2.git").exists());
-    let listed = corral(&w, &["worktrees", "--json"]);
+    let listed = corral(&w, &["worktree", "ls", "--json"]);
     assert_eq!(listed.stdout.trim(), "[]", "{}", listed.both());
 
     // A worktree with nothing uncommitted goes without --force; --delete-branch takes its
@@ -499,4 +509,80 @@ fn four_agents_at_once_each_commit_on_their_own_branch() {
         .filter(|e| e.file_name().to_string_lossy().starts_with('c'))
         .count();
     assert_eq!(logs, 4);
+}
+
+/// What a repository's `corral.toml` grants that needs the user's trust.
+const GRANTING: &str = "[network]\nhost_ports = [5432]\n";
+
+/// The repository of `dir` with `corral.toml` (GRANTING) and a README committed on `main`.
+fn commit_policy(w: &World, dir: &Path) {
+    std::fs::write(dir.join("corral.toml"), GRANTING).unwrap();
+    std::fs::write(dir.join("README"), "hello\n").unwrap();
+    git(dir, w, &["checkout", "-q", "-b", "main"]);
+    git(dir, w, &["add", "README", "corral.toml"]);
+    git(dir, w, &["commit", "-q", "-m", "policy"]);
+}
+
+fn refused_untrusted(out: &Out, marker: &str) {
+    assert_eq!(out.code, 125, "{}", out.both());
+    assert!(!out.stdout.contains(marker), "{}", out.both());
+    assert!(out.stderr.contains("corral trust"), "{}", out.both());
+}
+
+#[test]
+fn a_worktree_runs_with_the_policy_trusted_for_its_repository_and_only_those_bytes() {
+    let w = World::new();
+    commit_policy(&w, &w.project);
+    // Control: the worktree's corral.toml needs trust at all (nothing trusted yet).
+    let out = run_in(&w, "t1", "echo T1-RAN");
+    refused_untrusted(&out, "T1-RAN");
+    let wt = worktree_path(&w, "t1");
+    assert_eq!(
+        std::fs::read_to_string(wt.join("corral.toml")).unwrap(),
+        GRANTING
+    );
+    // The user trusts the main worktree's file: the same bytes in its worktree run, no new
+    // trust asked.
+    w.trust_project(&[]);
+    let out = run_in(&w, "t1", "echo T1-RAN");
+    ran(&out, "T1-RAN");
+    assert!(
+        out.stderr.contains("exactly the content you trusted for"),
+        "{}",
+        out.both()
+    );
+    let store = w.home.join(".config/corral/trusted.json");
+    let trusted = std::fs::read_to_string(&store).unwrap();
+    assert!(!trusted.contains(&wt.display().to_string()), "{trusted}");
+    // The agent in the worktree tries to change the file the next run reads.
+    let out = run_in(
+        &w,
+        "t1",
+        "printf '[network]\\nhost_ports = [5432, 22]\\n' > corral.toml 2>/dev/null \
+         && echo WROTE; echo END",
+    );
+    ran(&out, "END");
+    assert!(!out.stdout.contains("WROTE"), "{}", out.both());
+    // Other bytes in the worktree (as the user's editor or a later checkout leaves them): not
+    // what was trusted, refused.
+    std::fs::write(
+        wt.join("corral.toml"),
+        "[network]\nhost_ports = [5432, 22]\n",
+    )
+    .unwrap();
+    let out = run_in(&w, "t1", "echo CHANGED-RAN");
+    refused_untrusted(&out, "CHANGED-RAN");
+    // Back to the trusted bytes: it runs again.
+    std::fs::write(wt.join("corral.toml"), GRANTING).unwrap();
+    ran(&run_in(&w, "t1", "echo BACK-RAN"), "BACK-RAN");
+
+    // Another repository with byte-identical content: the trust of this one does not carry.
+    let other = w.sibling.clone();
+    git(&other, &w, &["init", "-q"]);
+    commit_policy(&w, &other);
+    let mut c = w.corral();
+    c.current_dir(&other)
+        .args(["run", "--worktree", "o1", "--network", "none", "--"])
+        .args(["sh", "-c", "echo OTHER-RAN"]);
+    refused_untrusted(&run(c), "OTHER-RAN");
 }

@@ -320,14 +320,95 @@ fn render_writes_the_directory_and_refuses_what_it_cannot_carry() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--proxy-ip"), "{err}");
-    // limits.pids cannot be set per Pod: refused under enforce = strict.
+    // A pids limit the user set cannot be set per Pod: refused under enforce = strict.
     let out = p
-        .corral(&["kube", "render", "--network", "none", "--", "sh"])
+        .corral(&[
+            "kube",
+            "render",
+            "--network",
+            "none",
+            "--pids",
+            "64",
+            "--",
+            "sh",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--pids-by-node"), "{err}");
+}
+
+/// The built-in defaults render as they are (`corral kube render pi --proxy-ip IP`): corral's
+/// own pids limit, which no one set, does not block it; stderr says how processes are bounded.
+#[test]
+fn the_built_in_pids_limit_does_not_block_a_render() {
+    let p = Project::new();
+    let out = p
+        .corral(&["kube", "render", "pi", "--proxy-ip", "10.96.0.50"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    assert!(yaml.contains("kind: Pod"), "{yaml}");
+    assert!(
+        err.contains("limits.pids = ")
+            && err.contains("(corral's default)")
+            && err.contains("bounded only by the nodes' kubelet podPidsLimit"),
+        "{err}"
+    );
+    // Said to the nodes: the annotation, and no line on stderr.
+    let out = p
+        .corral(&[
+            "kube",
+            "render",
+            "pi",
+            "--proxy-ip",
+            "10.96.0.50",
+            "--pids-by-node",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("limits.pids"), "{err}");
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    assert!(yaml.contains("corral.dev/pids-limit-by-node"), "{yaml}");
+    // The user's own limit, strict by default, still cannot be honoured: refused.
+    let out = p
+        .corral(&[
+            "kube",
+            "render",
+            "pi",
+            "--proxy-ip",
+            "10.96.0.50",
+            "--pids",
+            "200",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--pids-by-node"), "{err}");
+    // Under best-effort it renders, and says the same.
+    let out = p
+        .corral(&[
+            "kube",
+            "render",
+            "pi",
+            "--proxy-ip",
+            "10.96.0.50",
+            "--pids",
+            "200",
+            "--enforce",
+            "best-effort",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("limits.pids = 200 (limits.enforce"), "{err}");
 }
 
 #[test]

@@ -83,7 +83,10 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Trust(args) => trust::run(args),
         Command::Watch(args) => watch::run(args),
         Command::Generate(cmd) => generate::run(cmd),
-        Command::Worktrees(args) => worktree::list(args),
+        Command::Worktrees(args) => {
+            eprintln!("corral: `corral worktrees` is now `corral worktree ls`");
+            worktree::list(args)
+        }
         Command::Worktree(cmd) => worktree::run_command(cmd),
     }
 }

@@ -28,6 +28,27 @@ pub(crate) fn env_home() -> anyhow::Result<(BTreeMap<String, String>, PathBuf)> 
 /// Before a jail starts from `plan`: corral's own directories that the plan protects exist (so
 /// the jail cannot create them), and what the project's `corral.toml` grants is trusted.
 pub fn gate(plan: &Plan) -> anyhow::Result<()> {
+    gate_with(plan, None)
+}
+
+/// The gate of a run in a worktree corral made (`corral run --worktree`): the worktree's
+/// `corral.toml` is trusted as the gate trusts it, or when its bytes are exactly those the
+/// user trusted for `main_file`, the policy file of the repository's main worktree. The caller
+/// finds `main_file` from the repository's common git directory and checked that the worktree
+/// belongs to it (worktrees.rs); a jail that changed the worktree's file changed its bytes.
+pub fn gate_in_worktree(plan: &Plan, worktree: &Path, main_file: &Path) -> anyhow::Result<()> {
+    let worktree = worktree
+        .canonicalize()
+        .with_context(|| format!("cannot resolve the worktree {}", worktree.display()))?;
+    let inherited = match &plan.project_trust {
+        // Only the worktree's own policy file stands in for the main worktree's.
+        Some(t) if t.file.parent() == Some(worktree.as_path()) => Some(main_file),
+        _ => None,
+    };
+    gate_with(plan, inherited)
+}
+
+fn gate_with(plan: &Plan, inherited_from: Option<&Path>) -> anyhow::Result<()> {
     let (env, home) = env_home()?;
     trust::ensure_protected_dirs(plan, &env, &home)?;
     let Some(t) = plan.project_trust.as_ref().filter(|t| !t.grants.is_empty()) else {
@@ -36,6 +57,16 @@ pub fn gate(plan: &Plan) -> anyhow::Result<()> {
     let store_path = trust::store_path(&env, &home);
     let mut store = TrustStore::load(&store_path)?;
     if store.is_trusted(&t.file, &t.sha256) {
+        return Ok(());
+    }
+    if let Some(main_file) = inherited_from
+        && store.is_trusted(main_file, &t.sha256)
+    {
+        eprintln!(
+            "corral: {} has exactly the content you trusted for {}",
+            t.file.display(),
+            main_file.display()
+        );
         return Ok(());
     }
     let changed = store.get(&t.file).is_some();

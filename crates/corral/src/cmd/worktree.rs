@@ -1,4 +1,4 @@
-//! `corral run --worktree NAME`, `corral worktrees [--json]`, `corral worktree rm NAME`: agents
+//! `corral run --worktree NAME`, `corral worktree ls [--json]`, `corral worktree rm NAME`: agents
 //! side by side on one repository, each in its own git worktree and jail (worktrees.rs).
 
 use std::process::ExitCode;
@@ -49,7 +49,7 @@ pub fn run(
         .unwrap_or_else(|| layout.path.clone());
     let plan = resolve(&req)?;
     native_only(&plan)?;
-    super::trust::gate(&plan)?;
+    super::trust::gate_in_worktree(&plan, &layout.path, &layout.policy_file_of_main())?;
     ensure_state_paths(&plan.profile, &req.home)?;
     let plan = session.confine(&plan);
     let code = super::run::run_plan(&plan, corral_session::Scope::Run);
@@ -82,7 +82,7 @@ fn container_refused(engine: &str) -> String {
     )
 }
 
-/// `corral worktrees [--json]`.
+/// `corral worktree ls [--json]` (and its old spelling `corral worktrees`).
 pub fn list(args: WorktreesArgs) -> anyhow::Result<ExitCode> {
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let (base, entries) = worktrees::list(&cwd)?;
@@ -115,9 +115,10 @@ pub fn list(args: WorktreesArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `corral worktree rm NAME [--force] [--delete-branch]`.
+/// `corral worktree ls|rm`.
 pub fn run_command(cmd: WorktreeCommand) -> anyhow::Result<ExitCode> {
     match cmd {
+        WorktreeCommand::Ls(args) => list(args),
         WorktreeCommand::Rm(args) => {
             let cwd = std::env::current_dir().context("cannot read the current directory")?;
             for line in worktrees::remove(&cwd, &args.name, args.force, args.delete_branch)? {
