@@ -1,10 +1,10 @@
 //! The run lifecycle: [`Session::begin`], [`Beginning::ready`], [`Session::run`].
 
 use anyhow::Context as _;
-use corral_audit::{AuditLog, Event, JailEvent, Record};
+use corral_audit::{AuditLog, Event, JailEvent, Record, printable};
 use corral_policy::plan::{Access, NetworkMode, Plan};
 
-use crate::{changes, gitguard, replaced, setid, stateguard};
+use crate::{changes, endlines, gitguard, replaced, setid, stateguard};
 
 /// Which checks a session takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +43,7 @@ pub trait Backend {
 /// prepares the jail.
 pub struct Beginning {
     jail_id: String,
+    scope: Scope,
     audit: AuditLog,
     baseline: changes::Pending,
     git: Option<std::thread::JoinHandle<gitguard::Snapshot>>,
@@ -52,6 +53,7 @@ pub struct Beginning {
 /// [`Beginning::ready_for_mounts`]) still being taken until [`Session::await_baseline`].
 pub struct Session {
     jail_id: String,
+    scope: Scope,
     audit: AuditLog,
     baseline: std::sync::Mutex<Baseline>,
     git: Option<gitguard::Snapshot>,
@@ -98,6 +100,7 @@ impl Session {
         };
         Ok(Beginning {
             jail_id,
+            scope,
             audit,
             baseline,
             git,
@@ -186,9 +189,15 @@ impl Session {
         // The hidden files, to tell whether the host replaced one meanwhile (replaced.rs).
         let hidden = replaced::snapshot(plan);
         let result = backend.run(plan, &self);
+        // The jail is gone: what it left on the terminal is undone before corral says anything
+        // (endlines.rs). Not for an executor command: its run's jail is still on the terminal.
+        if self.scope != Scope::ExecutorCommand {
+            endlines::restore_terminal();
+        }
         let baseline = self.take_baseline();
         let Session {
             jail_id,
+            scope,
             audit,
             git,
             own,
@@ -203,18 +212,19 @@ impl Session {
             .into_iter()
             .chain(stateguard::check(state_guard, &jail_id))
         {
-            eprintln!("corral: {line}");
+            endlines::say(&format!("corral: {}", printable(&line)));
             record(&audit, &jail_id, JailEvent::Quarantine { detail: line });
         }
         let session = Session {
             jail_id,
+            scope,
             audit,
             baseline: std::sync::Mutex::new(Baseline::Taken(None)),
             git: None,
             own: Default::default(),
         };
         for line in replaced::check(hidden) {
-            eprintln!("corral: {line}");
+            endlines::say(&format!("corral: {line}"));
             session.record(JailEvent::Exposed { detail: line });
         }
         backend.report(&session);
@@ -263,6 +273,7 @@ impl Beginning {
         };
         Ok(Session {
             jail_id: self.jail_id,
+            scope: self.scope,
             audit: self.audit,
             baseline: std::sync::Mutex::new(Baseline::Pending(self.baseline)),
             git,
@@ -279,7 +290,7 @@ pub(crate) fn writes_project(plan: &Plan) -> bool {
 
 fn record(audit: &AuditLog, jail_id: &str, event: JailEvent) {
     if let Err(e) = audit.write(&Record::now(jail_id, Event::Jail(event))) {
-        eprintln!("corral: cannot write the audit log: {e}");
+        endlines::say(&format!("corral: cannot write the audit log: {e}"));
     }
 }
 
