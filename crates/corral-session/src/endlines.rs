@@ -60,21 +60,31 @@ const RESET: u8 = 1;
 const SAYING: u8 = 2;
 static STAGE: AtomicU8 = AtomicU8::new(QUIET);
 
-/// The jail is gone: put back the terminal state it may have left, when corral's stderr is a
-/// terminal. Call once, before corral's first end-of-run line, and never while a jail writes to
-/// the terminal (an executor command's session runs while its run's jail does).
+/// The jail is gone: put back the terminal state it may have left, on corral's stderr when
+/// that is a terminal (where corral's lines go), else on its stdout when that is one (the
+/// user's shell comes next there). Call once, before corral's first end-of-run line, and never
+/// while a jail writes to the terminal (an executor command's session runs while its run's
+/// jail does).
 pub fn restore_terminal() {
+    let is_tty = |fd: std::os::fd::BorrowedFd<'_>| nix::unistd::isatty(fd).unwrap_or(false);
     let stderr = std::io::stderr();
-    if !nix::unistd::isatty(stderr.as_fd()).unwrap_or(false) {
+    if is_tty(stderr.as_fd()) {
+        let mut err = stderr.lock();
+        if err
+            .write_all(TERMINAL_RESET.as_bytes())
+            .and_then(|()| err.flush())
+            .is_ok()
+        {
+            STAGE.store(RESET, Ordering::SeqCst);
+        }
         return;
     }
-    let mut err = stderr.lock();
-    if err
-        .write_all(TERMINAL_RESET.as_bytes())
-        .and_then(|()| err.flush())
-        .is_ok()
-    {
-        STAGE.store(RESET, Ordering::SeqCst);
+    let stdout = std::io::stdout();
+    if is_tty(stdout.as_fd()) {
+        let mut out = stdout.lock();
+        let _ = out
+            .write_all(TERMINAL_RESET.as_bytes())
+            .and_then(|()| out.flush());
     }
 }
 

@@ -10,6 +10,7 @@ pub mod changes;
 pub mod endlines;
 pub mod gitguard;
 pub mod hostcode;
+pub mod journal;
 pub mod replaced;
 pub mod runplan;
 mod session;

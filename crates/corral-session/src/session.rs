@@ -4,7 +4,7 @@ use anyhow::Context as _;
 use corral_audit::{AuditLog, Event, JailEvent, Record, printable};
 use corral_policy::plan::{Access, NetworkMode, Plan};
 
-use crate::{changes, endlines, gitguard, replaced, setid, stateguard};
+use crate::{changes, endlines, gitguard, journal, replaced, setid, stateguard};
 
 /// Which checks a session takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,6 +188,26 @@ impl Session {
         let state_guard = stateguard::snapshot(plan);
         // The hidden files, to tell whether the host replaced one meanwhile (replaced.rs).
         let hidden = replaced::snapshot(plan);
+        // What the checks need, written down until they are done: if corral dies during the
+        // run, the next corral command in this project does them (journal.rs).
+        let journal = match self.scope {
+            Scope::Run => match journal::begin(
+                &plan.project.root,
+                &self.jail_id,
+                self.git.as_ref(),
+                &set_id,
+            ) {
+                Ok(j) => Some(j),
+                Err(e) => {
+                    self.record(JailEvent::Error {
+                        exit_code: 125,
+                        detail: format!("{e:#}"),
+                    });
+                    return Err(e);
+                }
+            },
+            Scope::ExecutorCommand | Scope::Remote => None,
+        };
         let result = backend.run(plan, &self);
         // The jail is gone: what it left on the terminal is undone before corral says anything
         // (endlines.rs). Not for an executor command: its run's jail is still on the terminal.
@@ -230,6 +250,9 @@ impl Session {
         backend.report(&session);
         changes::finish(baseline, &own, &session.audit, &session.jail_id);
         setid::report(set_id, &session.audit, &session.jail_id);
+        if let Some(journal) = journal {
+            journal.done();
+        }
         match &result {
             Ok(code) => session.record(JailEvent::Exit { exit_code: *code }),
             Err(e) => session.record(JailEvent::Error {

@@ -29,10 +29,22 @@ const MAX_ENTRIES: usize = 1_000_000;
 const CLOCK_SLACK_NS: i128 = 50_000_000;
 
 /// What the check looks at: the writable roots and when the run started.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct Watch {
+    #[serde(with = "crate::journal::paths_bytes")]
     roots: Vec<PathBuf>,
     /// Nanoseconds since the epoch, less the clock slack.
     since_ns: i128,
+}
+
+impl Watch {
+    /// A watch of nothing.
+    pub fn none() -> Watch {
+        Watch {
+            roots: Vec::new(),
+            since_ns: 0,
+        }
+    }
 }
 
 /// The directories a run could write on the host: the project (not `--scratch`, which is

@@ -64,6 +64,13 @@ fn run_plan_with(
     req: Option<&corral_policy::Request>,
     scope: Scope,
 ) -> anyhow::Result<i32> {
+    // A run in this project whose corral was killed: its checks first (journal.rs). Not from
+    // an executor command's session, which runs while its run's jail does.
+    if scope == Scope::Run {
+        corral_session::journal::finish_unended(corral_session::journal::Which::Project(
+            &plan.project.root,
+        ));
+    }
     // The set-up process main() forked for this run, if it did (dropped, so ended, when the
     // run goes to a container engine).
     let early = corral_sandbox::take_early();
