@@ -11,9 +11,12 @@
 //! to corral's stderr when that is a terminal, and [`say`] starts corral's lines after a blank
 //! line, each on a single-width line.
 //!
-//! The terminal's settings (termios) need no restoring here: the jail never holds the user's
-//! terminal (a pty of its own, or pipes), and the raw mode corral sets for the relay is undone
-//! when the relay ends (corral-sandbox `term.rs` `RawMode`).
+//! The terminal's settings (termios): a native jail never holds the user's terminal (a pty of
+//! its own, or pipes), and the raw mode corral sets for the relay is undone when the relay ends
+//! (corral-sandbox `term.rs` `RawMode`); a container run with `--tty` gives the container the
+//! terminal itself. So [`save_terminal`] keeps the settings at the start, and
+//! [`restore_terminal`] puts them back when they differ at the end (echo off, no line editing),
+//! when corral is in the terminal's foreground (a background corral would be stopped).
 
 use std::io::Write;
 use std::os::fd::AsFd;
@@ -60,12 +63,55 @@ const RESET: u8 = 1;
 const SAYING: u8 = 2;
 static STAGE: AtomicU8 = AtomicU8::new(QUIET);
 
+/// The user's terminal (the first of stdin, stdout, stderr that is one) and its settings at
+/// the start of the run.
+static SAVED: std::sync::Mutex<Option<(i32, nix::sys::termios::Termios)>> =
+    std::sync::Mutex::new(None);
+
+/// Keep the settings of the user's terminal before the jail starts, for [`restore_terminal`].
+pub fn save_terminal() {
+    for fd in [0, 1, 2] {
+        // SAFETY: 0-2 are open for the process's life (or not a terminal: isatty fails).
+        let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        if nix::unistd::isatty(b).unwrap_or(false) {
+            if let Ok(t) = nix::sys::termios::tcgetattr(b) {
+                *SAVED.lock().unwrap_or_else(|p| p.into_inner()) = Some((fd, t));
+            }
+            return;
+        }
+    }
+}
+
+/// The settings [`save_terminal`] kept, put back when they changed and corral is in the
+/// terminal's foreground.
+fn restore_settings() {
+    use nix::sys::termios::{SetArg, Termios, tcgetattr, tcsetattr};
+    let Some((fd, saved)) = SAVED.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+        return;
+    };
+    // SAFETY: as in `save_terminal`.
+    let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let same = |a: &Termios, b: &Termios| {
+        a.input_flags == b.input_flags
+            && a.output_flags == b.output_flags
+            && a.control_flags == b.control_flags
+            && a.local_flags == b.local_flags
+            && a.control_chars == b.control_chars
+    };
+    let Ok(now) = tcgetattr(b) else { return };
+    let foreground = nix::unistd::tcgetpgrp(b).is_ok_and(|g| g == nix::unistd::getpgrp());
+    if !same(&now, &saved) && foreground {
+        let _ = tcsetattr(b, SetArg::TCSADRAIN, &saved);
+    }
+}
+
 /// The jail is gone: put back the terminal state it may have left, on corral's stderr when
 /// that is a terminal (where corral's lines go), else on its stdout when that is one (the
 /// user's shell comes next there). Call once, before corral's first end-of-run line, and never
 /// while a jail writes to the terminal (an executor command's session runs while its run's
 /// jail does).
 pub fn restore_terminal() {
+    restore_settings();
     let is_tty = |fd: std::os::fd::BorrowedFd<'_>| nix::unistd::isatty(fd).unwrap_or(false);
     let stderr = std::io::stderr();
     if is_tty(stderr.as_fd()) {

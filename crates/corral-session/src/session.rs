@@ -84,6 +84,10 @@ impl Session {
                 plan.project.root.display()
             )
         })?;
+        if scope != Scope::ExecutorCommand {
+            // The terminal's settings, put back at the end if the run changed them (endlines.rs).
+            endlines::save_terminal();
+        }
         let (baseline, git) = match scope {
             Scope::ExecutorCommand | Scope::Remote => (changes::Pending::none(), None),
             Scope::Run => {
