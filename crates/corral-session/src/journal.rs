@@ -256,6 +256,15 @@ fn finish_one(path: &Path) -> anyhow::Result<()> {
     if !found {
         eprintln!("corral: the run {jail_id} left no git file to disarm");
     }
+    // The run's private git directory of the change summary (changes.rs, `PROJECT_KEY/changes/
+    // JAIL_ID`), which its corral did not live to remove.
+    let one_name =
+        !jail_id.is_empty() && !jail_id.contains('/') && jail_id != "." && jail_id != "..";
+    if let Some(project_dir) = path.parent().and_then(Path::parent)
+        && one_name
+    {
+        let _ = std::fs::remove_dir_all(project_dir.join("changes").join(jail_id));
+    }
     std::fs::remove_file(path).context("cannot remove it after its checks")?;
     Ok(())
 }
@@ -285,10 +294,17 @@ mod tests {
         assert!(path.exists());
         // The jail planted a commondir; corral dies (its lock goes without `done`).
         std::fs::write(root.join(".git/commondir"), "../elsewhere\n").unwrap();
+        let private = path
+            .parent()
+            .unwrap()
+            .with_file_name("changes")
+            .join("j-test-1");
+        std::fs::create_dir_all(private.join("objects")).unwrap();
         drop(running);
         finish_unended_in(state, Which::All);
         assert!(!path.exists());
         assert!(!root.join(".git/commondir").exists(), "not disarmed");
+        assert!(!private.exists(), "its private git directory stays");
         // A run that ended removes its own entry.
         let running = begin_in(state, root, "j-test-2", Some(&snap), &watch).unwrap();
         running.done();

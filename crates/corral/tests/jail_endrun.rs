@@ -106,14 +106,14 @@ fn the_summary_is_seen_whatever_the_jail_left_on_the_terminal() {
     // Where corral's lines start, the terminal shows them; without the reset it would not:
     // the control, the same bytes with the reset taken out.
     assert_eq!(
-        screen_after(out[..summary].as_bytes()),
+        screen_after(&out.as_bytes()[..summary]),
         Screen::default(),
         "{out:?}"
     );
     let without = out.replacen(corral_session::endlines::TERMINAL_RESET, "", 1);
     let summary_without = without.find("corral: changed in").unwrap();
     assert_eq!(
-        screen_after(without[..summary_without].as_bytes()),
+        screen_after(&without.as_bytes()[..summary_without]),
         Screen {
             concealed: true,
             line_drawing: true,
