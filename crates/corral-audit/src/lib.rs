@@ -1025,6 +1025,22 @@ mod tests {
             ("github\u{ff61}com", "github\\u{ff61}com"),
             ("a\u{2028}b\u{a0}c", "a\\u{2028}b\\u{a0}c"),
             ("x\u{e0041}", "x\\u{e0041}"),
+            // Every bidirectional control, zero-width character and C1 control.
+            (
+                "a\u{202a}\u{202b}\u{202c}\u{202d}b",
+                "a\\u{202a}\\u{202b}\\u{202c}\\u{202d}b",
+            ),
+            (
+                "a\u{2066}\u{2067}\u{2068}\u{2069}b",
+                "a\\u{2066}\\u{2067}\\u{2068}\\u{2069}b",
+            ),
+            ("a\u{200e}\u{200f}b", "a\\u{200e}\\u{200f}b"),
+            (
+                "a\u{200c}\u{200d}\u{2060}b",
+                "a\\u{200c}\\u{200d}\\u{2060}b",
+            ),
+            ("a\u{85}\u{9b}2J\u{7f}b", "a\\u{85}\\u{9b}2J\\u{7f}b"),
+            ("a\u{0}\tb", "a\\u{0}\\tb"),
             // A literal backslash cannot pass for an escape.
             ("a\\u{200b}", "a\\\\u{200b}"),
         ] {

@@ -43,6 +43,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
+use corral_audit::printable;
 use serde::Serialize;
 
 mod cache;
@@ -209,34 +210,56 @@ impl Changes {
     }
 
     /// The stderr summary: nothing when nothing changed; one line for a few changes; else a
-    /// header and one line per file, at most [`SHOW_MAX`], then "and N more". Names are
-    /// escaped so a file name cannot write control sequences to the user's terminal.
+    /// header and one line per file, then "and N more". Names that run code on the host
+    /// (hostcode.rs) come first, each named, whatever their number; the others fill up to
+    /// [`SHOW_MAX`] lines. Names are escaped (`corral_audit::printable`): a file name cannot
+    /// write control sequences to the user's terminal, nor read as another name (bidirectional
+    /// and zero-width characters).
     pub fn summary(&self) -> Vec<String> {
         if self.is_empty() {
             return Vec::new();
         }
-        let root = escape(&self.root.to_string_lossy());
-        let items = self.items();
-        if items.len() <= ONE_LINE_MAX {
-            let list: Vec<String> = items
+        let root = printable(&self.root.to_string_lossy());
+        let (host, rest): (Vec<_>, Vec<_>) = self
+            .items()
+            .into_iter()
+            .partition(|(_, name)| crate::hostcode::is_host_code(name));
+        let mark = |name: &str| {
+            if crate::hostcode::is_host_code(name) {
+                format!("{} {HOST_CODE_MARK}", printable(name))
+            } else {
+                printable(name)
+            }
+        };
+        if host.len() + rest.len() <= ONE_LINE_MAX {
+            let list: Vec<String> = host
                 .iter()
-                .map(|(verb, name)| format!("{verb} {}", escape(name)))
+                .chain(&rest)
+                .map(|(verb, name)| format!("{verb} {}", mark(name)))
                 .collect();
             return vec![format!("corral: changed in {root}: {}", list.join(", "))];
         }
-        let mut out = vec![format!(
+        let mut head = format!(
             "corral: changed in {root}: {} created, {} modified, {} deleted",
             self.created.len(),
             self.modified.len(),
             self.deleted.len()
-        )];
-        for (verb, name) in items.iter().take(SHOW_MAX) {
-            out.push(format!("corral:   {verb:<8} {}", escape(name)));
+        );
+        if !host.is_empty() {
+            head.push_str(&format!(
+                "; {} that can run code on the host, listed first",
+                host.len()
+            ));
         }
-        if self.total() > SHOW_MAX {
+        let mut out = vec![head];
+        let others = SHOW_MAX.saturating_sub(host.len()).min(rest.len());
+        for (verb, name) in host.iter().chain(&rest[..others]) {
+            out.push(format!("corral:   {verb:<8} {}", mark(name)));
+        }
+        if rest.len() > others {
             out.push(format!(
                 "corral:   and {} more (corral log --json has the full list)",
-                self.total() - SHOW_MAX
+                rest.len() - others
             ));
         }
         out
@@ -251,21 +274,8 @@ impl Changes {
     }
 }
 
-/// `name` with control characters (and backslashes) escaped.
-fn escape(name: &str) -> String {
-    if !name.chars().any(|c| c.is_control() || c == '\\') {
-        return name.to_string();
-    }
-    let mut out = String::with_capacity(name.len() + 8);
-    for c in name.chars() {
-        if c.is_control() || c == '\\' {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
+/// What follows a name in the summary that runs code on the host (hostcode.rs).
+pub const HOST_CODE_MARK: &str = "(runs code on the host: check it)";
 
 impl Baseline {
     /// The state of the project at `root` now. `jail_id` names the private git directory.
@@ -1235,7 +1245,10 @@ pub fn finish(
     let changes = match baseline.compare(&own) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("corral: cannot list what changed in the project: {e:#}");
+            crate::endlines::say(&format!(
+                "corral: cannot list what changed in the project: {}",
+                printable(&format!("{e:#}"))
+            ));
             return;
         }
     };
@@ -1246,7 +1259,7 @@ pub fn finish(
         return;
     }
     for line in changes.summary() {
-        eprintln!("{line}");
+        crate::endlines::say(&line);
     }
     let record = corral_audit::Record::now(
         jail_id,
@@ -1255,7 +1268,7 @@ pub fn finish(
         }),
     );
     if let Err(e) = audit.write(&record) {
-        eprintln!("corral: cannot write the audit log: {e}");
+        crate::endlines::say(&format!("corral: cannot write the audit log: {e}"));
     }
 }
 
@@ -1484,6 +1497,95 @@ mod tests {
         assert_eq!(s.len(), 1);
         assert!(!s[0].contains('\u{1b}') && !s[0].contains('\n'), "{s:?}");
         assert!(s[0].contains("evil\\u{1b}[2Jname\\n"), "{s:?}");
+    }
+
+    /// Names that run code on the host come first, whatever their verb, and none is folded
+    /// into "and N more", however many other files changed.
+    #[test]
+    fn host_code_names_come_first_and_are_never_counted_away() {
+        let names: Vec<String> = (0..200).map(|i| format!("f{i:03}")).collect();
+        let mut created: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+        created.push(".envrc");
+        created.push("z/.vscode/tasks.json");
+        created.sort();
+        let s = changes(&created, &["web/package.json"], &["Makefile"]).summary();
+        let shown: Vec<String> = [".envrc", "z/.vscode/tasks.json"]
+            .iter()
+            .map(|n| format!("corral:   created  {n} {HOST_CODE_MARK}"))
+            .chain([
+                format!("corral:   modified web/package.json {HOST_CODE_MARK}"),
+                format!("corral:   deleted  Makefile {HOST_CODE_MARK}"),
+            ])
+            .collect();
+        assert_eq!(
+            s[0],
+            "corral: changed in /p: 202 created, 1 modified, 1 deleted; 4 that can run code on \
+             the host, listed first"
+        );
+        assert_eq!(s[1..5], shown[..], "{s:#?}");
+        assert_eq!(s[5], "corral:   created  f000");
+        assert_eq!(s.len(), 1 + SHOW_MAX + 1, "{s:#?}");
+        assert_eq!(
+            s.last().unwrap(),
+            &format!(
+                "corral:   and {} more (corral log --json has the full list)",
+                200 - (SHOW_MAX - 4)
+            )
+        );
+
+        // More of them than the table holds: every one is listed, the rest is counted.
+        let many: Vec<String> = (0..SHOW_MAX + 10)
+            .map(|i| format!("d{i:03}/.envrc"))
+            .collect();
+        let mut created: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
+        created.extend(["a", "b"]);
+        let s = changes(&created, &[], &[]).summary();
+        assert_eq!(s.len(), 1 + SHOW_MAX + 10 + 1, "{s:#?}");
+        assert!(
+            s[1..=SHOW_MAX + 10]
+                .iter()
+                .all(|l| l.ends_with(HOST_CODE_MARK))
+        );
+        assert_eq!(
+            s.last().unwrap(),
+            "corral:   and 2 more (corral log --json has the full list)"
+        );
+    }
+
+    #[test]
+    fn host_code_names_come_first_on_one_line_too() {
+        let s = changes(&["a.txt", ".envrc"], &[], &[]).summary();
+        assert_eq!(
+            s,
+            vec![format!(
+                "corral: changed in /p: created .envrc {HOST_CODE_MARK}, created a.txt"
+            )]
+        );
+    }
+
+    /// Bidirectional controls, zero-width characters and C1 controls in a name are escaped:
+    /// `evil\u{202e}txt.sh` cannot show as `evilhs.txt`.
+    #[test]
+    fn bidi_and_invisible_characters_in_names_are_escaped() {
+        let s = changes(
+            &[
+                "evil\u{202e}txt.sh",
+                "a\u{200b}b",
+                "c\u{85}d",
+                "e\u{2066}f",
+                "\u{feff}g",
+            ],
+            &[],
+            &[],
+        )
+        .summary();
+        assert_eq!(
+            s,
+            vec![
+                "corral: changed in /p: created evil\\u{202e}txt.sh, created a\\u{200b}b, \
+                 created c\\u{85}d, created e\\u{2066}f, created \\u{feff}g"
+            ]
+        );
     }
 
     #[test]

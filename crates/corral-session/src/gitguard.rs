@@ -34,14 +34,14 @@ const MODULES_DEPTH_MAX: usize = 32;
 
 /// What a watched path held: absent, a regular file's bytes, a link's target, or another kind
 /// of file (or a file too big to read), by its metadata.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum State {
     Absent,
     File {
         bytes: Vec<u8>,
         mode: u32,
     },
-    Link(PathBuf),
+    Link(#[serde(with = "crate::journal::path_bytes")] PathBuf),
     Other {
         mode: u32,
         size: u64,
@@ -77,7 +77,7 @@ fn other(m: &fs::Metadata) -> State {
 }
 
 /// What a file found in or beside a git directory is to git.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 enum Role {
     /// `config` or `config.worktree` of a git directory.
     Config,
@@ -385,6 +385,60 @@ pub struct Snapshot {
     root: PathBuf,
     /// The other git directories (`None`: the project is not writable in the jail).
     nested: Option<Scan>,
+}
+
+/// What [`check`] needs of a [`Snapshot`], in a form that can be written down (the journal of a
+/// run in progress, journal.rs): paths as bytes, whatever their encoding.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct Saved {
+    fixed: Vec<(std::ffi::OsString, State)>,
+    root: std::ffi::OsString,
+    nested: Option<SavedScan>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedScan {
+    files: Vec<(std::ffi::OsString, Role, State)>,
+    gitdirs: Vec<std::ffi::OsString>,
+}
+
+impl Snapshot {
+    /// What [`check`] needs of this snapshot, to be written down.
+    pub fn saved(&self) -> Saved {
+        Saved {
+            fixed: (self.fixed.iter())
+                .map(|(p, s)| (p.clone().into_os_string(), s.clone()))
+                .collect(),
+            root: self.root.clone().into_os_string(),
+            nested: self.nested.as_ref().map(|scan| SavedScan {
+                files: (scan.files.iter())
+                    .map(|(p, (r, s))| (p.clone().into_os_string(), *r, s.clone()))
+                    .collect(),
+                gitdirs: (scan.gitdirs.iter())
+                    .map(|p| p.clone().into_os_string())
+                    .collect(),
+            }),
+        }
+    }
+}
+
+impl From<Saved> for Snapshot {
+    /// A snapshot read back, for [`check`] only (what it protected is not kept).
+    fn from(saved: Saved) -> Snapshot {
+        Snapshot {
+            fixed: (saved.fixed.into_iter())
+                .map(|(p, s)| (PathBuf::from(p), s))
+                .collect(),
+            root: PathBuf::from(saved.root),
+            nested: saved.nested.map(|scan| Scan {
+                files: (scan.files.into_iter())
+                    .map(|(p, r, s)| (PathBuf::from(p), (r, s)))
+                    .collect(),
+                gitdirs: scan.gitdirs.into_iter().map(PathBuf::from).collect(),
+                ..Scan::default()
+            }),
+        }
+    }
 }
 
 /// `plan` with the dangerous parts of the git directories `snapshot` found read-only in the

@@ -7,7 +7,10 @@
 //! with the host, so a container run gets the same checks as a native one.
 
 pub mod changes;
+pub mod endlines;
 pub mod gitguard;
+pub mod hostcode;
+pub mod journal;
 pub mod replaced;
 pub mod runplan;
 mod session;

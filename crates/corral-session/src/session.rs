@@ -1,10 +1,10 @@
 //! The run lifecycle: [`Session::begin`], [`Beginning::ready`], [`Session::run`].
 
 use anyhow::Context as _;
-use corral_audit::{AuditLog, Event, JailEvent, Record};
+use corral_audit::{AuditLog, Event, JailEvent, Record, printable};
 use corral_policy::plan::{Access, NetworkMode, Plan};
 
-use crate::{changes, gitguard, replaced, setid, stateguard};
+use crate::{changes, endlines, gitguard, journal, replaced, setid, stateguard};
 
 /// Which checks a session takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +43,7 @@ pub trait Backend {
 /// prepares the jail.
 pub struct Beginning {
     jail_id: String,
+    scope: Scope,
     audit: AuditLog,
     baseline: changes::Pending,
     git: Option<std::thread::JoinHandle<gitguard::Snapshot>>,
@@ -52,6 +53,7 @@ pub struct Beginning {
 /// [`Beginning::ready_for_mounts`]) still being taken until [`Session::await_baseline`].
 pub struct Session {
     jail_id: String,
+    scope: Scope,
     audit: AuditLog,
     baseline: std::sync::Mutex<Baseline>,
     git: Option<gitguard::Snapshot>,
@@ -82,6 +84,10 @@ impl Session {
                 plan.project.root.display()
             )
         })?;
+        if scope != Scope::ExecutorCommand {
+            // The terminal's settings, put back at the end if the run changed them (endlines.rs).
+            endlines::save_terminal();
+        }
         let (baseline, git) = match scope {
             Scope::ExecutorCommand | Scope::Remote => (changes::Pending::none(), None),
             Scope::Run => {
@@ -98,6 +104,7 @@ impl Session {
         };
         Ok(Beginning {
             jail_id,
+            scope,
             audit,
             baseline,
             git,
@@ -185,10 +192,36 @@ impl Session {
         let state_guard = stateguard::snapshot(plan);
         // The hidden files, to tell whether the host replaced one meanwhile (replaced.rs).
         let hidden = replaced::snapshot(plan);
+        // What the checks need, written down until they are done: if corral dies during the
+        // run, the next corral command in this project does them (journal.rs).
+        let journal = match self.scope {
+            Scope::Run => match journal::begin(
+                &plan.project.root,
+                &self.jail_id,
+                self.git.as_ref(),
+                &set_id,
+            ) {
+                Ok(j) => Some(j),
+                Err(e) => {
+                    self.record(JailEvent::Error {
+                        exit_code: 125,
+                        detail: format!("{e:#}"),
+                    });
+                    return Err(e);
+                }
+            },
+            Scope::ExecutorCommand | Scope::Remote => None,
+        };
         let result = backend.run(plan, &self);
+        // The jail is gone: what it left on the terminal is undone before corral says anything
+        // (endlines.rs). Not for an executor command: its run's jail is still on the terminal.
+        if self.scope != Scope::ExecutorCommand {
+            endlines::restore_terminal();
+        }
         let baseline = self.take_baseline();
         let Session {
             jail_id,
+            scope,
             audit,
             git,
             own,
@@ -203,23 +236,27 @@ impl Session {
             .into_iter()
             .chain(stateguard::check(state_guard, &jail_id))
         {
-            eprintln!("corral: {line}");
+            endlines::say(&format!("corral: {}", printable(&line)));
             record(&audit, &jail_id, JailEvent::Quarantine { detail: line });
         }
         let session = Session {
             jail_id,
+            scope,
             audit,
             baseline: std::sync::Mutex::new(Baseline::Taken(None)),
             git: None,
             own: Default::default(),
         };
         for line in replaced::check(hidden) {
-            eprintln!("corral: {line}");
+            endlines::say(&format!("corral: {line}"));
             session.record(JailEvent::Exposed { detail: line });
         }
         backend.report(&session);
         changes::finish(baseline, &own, &session.audit, &session.jail_id);
         setid::report(set_id, &session.audit, &session.jail_id);
+        if let Some(journal) = journal {
+            journal.done();
+        }
         match &result {
             Ok(code) => session.record(JailEvent::Exit { exit_code: *code }),
             Err(e) => session.record(JailEvent::Error {
@@ -263,6 +300,7 @@ impl Beginning {
         };
         Ok(Session {
             jail_id: self.jail_id,
+            scope: self.scope,
             audit: self.audit,
             baseline: std::sync::Mutex::new(Baseline::Pending(self.baseline)),
             git,
@@ -279,7 +317,7 @@ pub(crate) fn writes_project(plan: &Plan) -> bool {
 
 fn record(audit: &AuditLog, jail_id: &str, event: JailEvent) {
     if let Err(e) = audit.write(&Record::now(jail_id, Event::Jail(event))) {
-        eprintln!("corral: cannot write the audit log: {e}");
+        endlines::say(&format!("corral: cannot write the audit log: {e}"));
     }
 }
 

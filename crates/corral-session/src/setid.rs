@@ -29,10 +29,22 @@ const MAX_ENTRIES: usize = 1_000_000;
 const CLOCK_SLACK_NS: i128 = 50_000_000;
 
 /// What the check looks at: the writable roots and when the run started.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub struct Watch {
+    #[serde(with = "crate::journal::paths_bytes")]
     roots: Vec<PathBuf>,
     /// Nanoseconds since the epoch, less the clock slack.
     since_ns: i128,
+}
+
+impl Watch {
+    /// A watch of nothing.
+    pub fn none() -> Watch {
+        Watch {
+            roots: Vec::new(),
+            since_ns: 0,
+        }
+    }
 }
 
 /// The directories a run could write on the host: the project (not `--scratch`, which is
@@ -116,13 +128,13 @@ pub fn report(pending: Pending, audit: &corral_audit::AuditLog, jail_id: &str) {
         .join()
         .unwrap_or_else(|_| (Vec::new(), vec!["the set-id check panicked".into()]));
     for note in &notes {
-        eprintln!("corral: {note}");
+        crate::endlines::say(&format!("corral: {}", corral_audit::printable(note)));
     }
     if found.is_empty() {
         return;
     }
     for line in lines(&found) {
-        eprintln!("corral: {line}");
+        crate::endlines::say(&format!("corral: {line}"));
     }
     let record = corral_audit::Record::now(
         jail_id,
@@ -131,7 +143,7 @@ pub fn report(pending: Pending, audit: &corral_audit::AuditLog, jail_id: &str) {
         }),
     );
     if let Err(e) = audit.write(&record) {
-        eprintln!("corral: cannot write the audit log: {e}");
+        crate::endlines::say(&format!("corral: cannot write the audit log: {e}"));
     }
 }
 
@@ -143,7 +155,7 @@ fn lines(found: &[Found]) -> Vec<String> {
         found.len()
     )];
     for f in found {
-        let path = escape(&f.path.to_string_lossy());
+        let path = corral_audit::printable(&f.path.to_string_lossy());
         out.push(match (&f.error, f.stripped) {
             (_, true) => format!(
                 "  {path} (mode {:o}): set-id bits removed (now {:o}); if you meant them, check \
@@ -161,18 +173,6 @@ fn lines(found: &[Found]) -> Vec<String> {
         });
     }
     out
-}
-
-fn escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            if c.is_control() || c == '\\' {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
 }
 
 /// Walk `root` (the user's own path: resolved normally) without following any link below it.

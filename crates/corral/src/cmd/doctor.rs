@@ -11,6 +11,8 @@ use corral_sandbox::probe::{self, Check, Report, Status};
 use crate::cli::DoctorArgs;
 
 pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    // Runs whose corral was killed, in any project: their checks first (journal.rs).
+    corral_session::journal::finish_unended(corral_session::journal::Which::All);
     let mut report = probe::run();
     report.checks.push(git_bare_repository());
     let mut out = std::io::stdout().lock();

@@ -9,6 +9,7 @@ use anyhow::Context;
 use corral_audit::{AuditLog, JailEvent};
 use corral_policy::plan::{Engine, NetworkMode, Plan};
 use corral_policy::resolve::{ensure_state_paths, resolve};
+use corral_session::endlines::say;
 use corral_session::{Backend, RunInputs, RunPlan, Scope, Session};
 
 use crate::cli::{EngineArg, JailOptions, RunArgs};
@@ -41,10 +42,10 @@ pub fn run_jail(
     if plan.project.scratch
         && let Err(e) = std::fs::remove_dir_all(&plan.project.root)
     {
-        eprintln!(
+        say(&format!(
             "corral: cannot remove the scratch directory {}: {e}",
             plan.project.root.display()
-        );
+        ));
     }
     let code = code?;
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
@@ -63,6 +64,13 @@ fn run_plan_with(
     req: Option<&corral_policy::Request>,
     scope: Scope,
 ) -> anyhow::Result<i32> {
+    // A run in this project whose corral was killed: its checks first (journal.rs). Not from
+    // an executor command's session, which runs while its run's jail does.
+    if scope == Scope::Run {
+        corral_session::journal::finish_unended(corral_session::journal::Which::Project(
+            &plan.project.root,
+        ));
+    }
     // The set-up process main() forked for this run, if it did (dropped, so ended, when the
     // run goes to a container engine).
     let early = corral_sandbox::take_early();
@@ -279,7 +287,7 @@ impl Backend for Native<'_> {
                 session.record(JailEvent::Pids { detail });
             }
             for line in events.summary() {
-                eprintln!("corral: {line}");
+                say(&format!("corral: {line}"));
             }
         }
         network_summary(self.proxy.as_ref(), session.audit());
@@ -303,14 +311,14 @@ fn end_run(executor: Option<super::serve::RunExecutor>, ending: Option<u32>) {
 fn network_summary(proxy: Option<&corral_net::ProxyHandle>, audit: &AuditLog) {
     if let Some(proxy) = proxy {
         for line in proxy.summary() {
-            eprintln!("{line}");
+            say(&line);
         }
         for line in proxy.proxy().bounds_summary() {
-            eprintln!("{line}");
+            say(&line);
         }
     }
     if let Some(f) = audit.failures() {
-        eprintln!("{}", f.summary_line());
+        say(&f.summary_line());
     }
 }
 
@@ -496,7 +504,7 @@ fn report_terminal(dropped: corral_sandbox::termfilter::Dropped, session: &Sessi
         return;
     }
     for line in &lines {
-        eprintln!("corral: {line}");
+        say(&format!("corral: {line}"));
     }
     session.record(JailEvent::Terminal {
         detail: serde_json::to_value(dropped).unwrap_or_default(),

@@ -1,0 +1,316 @@
+//! The journal of runs in progress: what the after-run checks need, written down before the
+//! jail starts, so that a run whose corral was killed (SIGKILL, the OOM killer, a crash) is
+//! checked by the next corral command in that project, or by `corral doctor`.
+//!
+//! A run's entry is `STATE/corral/PROJECT_KEY/journal/JAIL_ID.json` (0600, in a 0700 directory
+//! of corral's state, which no jail sees): the jail id, corral's pid, the project, the git
+//! snapshot ([`gitguard::Saved`]) and the set-id watch ([`setid::Watch`]). It is written to a
+//! temporary name, locked (`flock`, exclusive), then renamed into place, and the lock is held
+//! until the run's checks are done and the entry removed. The kernel drops the lock when the
+//! process dies however it dies, so a lock that can be taken is a run that did not end: no pid
+//! is compared, and a pid the system gave again cannot pass for the run.
+//!
+//! [`finish_unended`] takes each such entry's lock (two commands cannot check one run twice),
+//! runs the git check (planted hooks, configs, gitlinks, repositories moved aside) and the
+//! set-id check on what the entry names, says what it found, records it in the project's audit
+//! log, and removes the entry. Not done for such a run: the change summary (its baseline was in
+//! corral's memory) and the harness state guard's put-back (its snapshot holds descriptors).
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use corral_audit::{AuditLog, Event, JailEvent, Record, printable};
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::{endlines, gitguard, setid};
+
+/// A path written as its bytes (an `OsString`), whatever their encoding.
+pub(crate) mod path_bytes {
+    use std::ffi::OsString;
+    use std::path::{Path, PathBuf};
+
+    pub fn serialize<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+        serde::Serialize::serialize(p.as_os_str(), s)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PathBuf, D::Error> {
+        <OsString as serde::Deserialize>::deserialize(d).map(PathBuf::from)
+    }
+}
+
+/// [`path_bytes`] for a list.
+pub(crate) mod paths_bytes {
+    use std::ffi::OsString;
+    use std::path::PathBuf;
+
+    pub fn serialize<S: serde::Serializer>(p: &[PathBuf], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(p.iter().map(|p| p.as_os_str()))
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<PathBuf>, D::Error> {
+        <Vec<OsString> as serde::Deserialize>::deserialize(d)
+            .map(|v| v.into_iter().map(PathBuf::from).collect())
+    }
+}
+
+/// One run in progress.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Entry {
+    jail_id: String,
+    /// corral's pid, for the message only (the lock says whether it still runs).
+    pid: u32,
+    root: OsString,
+    git: Option<gitguard::Saved>,
+    set_id: setid::Watch,
+}
+
+/// The entry of this process's run, locked until [`Running::done`].
+pub struct Running {
+    path: PathBuf,
+    _lock: Flock<std::fs::File>,
+}
+
+impl Running {
+    /// The run's checks are done: its entry goes.
+    pub fn done(self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            endlines::say(&format!(
+                "corral: cannot remove this run's journal entry {}: {e} (the next run checks \
+                 the project again)",
+                self.path.display()
+            ));
+        }
+    }
+}
+
+/// The journal directory of the project at `root`.
+fn dir_of(state: &Path, root: &Path) -> PathBuf {
+    state.join(corral_audit::project_key(root)).join("journal")
+}
+
+/// Write the entry of a run of the project at `root` before its jail starts. An error fails the
+/// run: without an entry, a killed corral would leave what the jail planted unchecked.
+pub fn begin(
+    root: &Path,
+    jail_id: &str,
+    git: Option<&gitguard::Snapshot>,
+    set_id: &setid::Watch,
+) -> anyhow::Result<Running> {
+    let state = corral_audit::state_dir().context("no state directory for the run's journal")?;
+    begin_in(&state, root, jail_id, git, set_id)
+}
+
+/// [`begin`] under the state directory `state`.
+fn begin_in(
+    state: &Path,
+    root: &Path,
+    jail_id: &str,
+    git: Option<&gitguard::Snapshot>,
+    set_id: &setid::Watch,
+) -> anyhow::Result<Running> {
+    let dir = dir_of(state, root);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("cannot create the journal directory {}", dir.display()))?;
+    let entry = Entry {
+        jail_id: jail_id.to_string(),
+        pid: std::process::id(),
+        root: root.as_os_str().to_os_string(),
+        git: git.map(gitguard::Snapshot::saved),
+        set_id: set_id.clone(),
+    };
+    let text = serde_json::to_vec(&entry).context("cannot write the run's journal entry")?;
+    let tmp = dir.join(format!(".{jail_id}.tmp"));
+    let path = dir.join(format!("{jail_id}.json"));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(&tmp)
+        .with_context(|| format!("cannot create the journal entry {}", tmp.display()))?;
+    // Locked before it has its name: no other corral can take it for a run that ended.
+    let mut lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| e)
+        .with_context(|| format!("cannot lock the journal entry {}", tmp.display()))?;
+    let written = lock
+        .write_all(&text)
+        .and_then(|()| lock.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e)
+            .with_context(|| format!("cannot write the journal entry {}", path.display()));
+    }
+    Ok(Running { path, _lock: lock })
+}
+
+/// Which journals [`finish_unended`] looks at.
+pub enum Which<'a> {
+    /// The project at this root (a run, a shell).
+    Project(&'a Path),
+    /// Every project's (`corral doctor`).
+    All,
+}
+
+/// Complete the checks of every run in `which` that did not end, before anything else; what
+/// they find is said on stderr and recorded in the run's project's audit log. Runs still going
+/// are left alone.
+pub fn finish_unended(which: Which<'_>) {
+    if let Ok(state) = corral_audit::state_dir() {
+        finish_unended_in(&state, which);
+    }
+}
+
+/// [`finish_unended`] under the state directory `state`.
+fn finish_unended_in(state: &Path, which: Which<'_>) {
+    let dirs = match which {
+        Which::Project(root) => vec![dir_of(state, root)],
+        Which::All => match std::fs::read_dir(state) {
+            Ok(rd) => rd.flatten().map(|e| e.path().join("journal")).collect(),
+            Err(_) => return,
+        },
+    };
+    for dir in dirs {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut entries: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        entries.sort();
+        for path in entries {
+            if let Err(e) = finish_one(&path) {
+                eprintln!(
+                    "corral: a run that did not end is not checked: {}: {e:#} (remove {} once \
+                     you have checked its project)",
+                    printable(&path.display().to_string()),
+                    printable(&path.display().to_string())
+                );
+            }
+        }
+    }
+}
+
+/// The checks of the run whose entry is `path`, when its corral is gone.
+fn finish_one(path: &Path) -> anyhow::Result<()> {
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => f,
+        // Another corral finished it meanwhile.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).context("cannot open it"),
+    };
+    let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(l) => l,
+        // Its corral is still running.
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Ok(()),
+        Err((_, e)) => return Err(e).context("cannot lock it"),
+    };
+    let meta = nix::sys::stat::fstat(lock.as_fd()).context("cannot stat it")?;
+    // Finished by another corral between our open and our lock.
+    if meta.st_nlink == 0 {
+        return Ok(());
+    }
+    let own = std::fs::symlink_metadata(path).context("cannot stat it")?;
+    anyhow::ensure!(
+        own.ino() == meta.st_ino && own.dev() == meta.st_dev,
+        "it was replaced while being read"
+    );
+    let mut text = Vec::new();
+    lock.read_to_end(&mut text).context("cannot read it")?;
+    let entry: Entry = serde_json::from_slice(&text).context("cannot parse it")?;
+    let root = PathBuf::from(&entry.root);
+    let jail_id = &entry.jail_id;
+    eprintln!(
+        "corral: the run {jail_id} in {} (corral pid {}) ended without its checks (corral was \
+         killed or crashed); checking it now",
+        printable(&root.display().to_string()),
+        entry.pid
+    );
+    let audit = AuditLog::for_project(&root).context("cannot open its project's audit log")?;
+    let git_lines = entry
+        .git
+        .map(|g| gitguard::check(gitguard::Snapshot::from(g), jail_id))
+        .unwrap_or_default();
+    let found = !git_lines.is_empty();
+    for line in git_lines {
+        eprintln!("corral: {}", printable(&line));
+        let record = Record::now(jail_id, Event::Jail(JailEvent::Quarantine { detail: line }));
+        if let Err(e) = audit.write(&record) {
+            eprintln!("corral: cannot write the audit log: {e}");
+        }
+    }
+    setid::report(setid::check(entry.set_id), &audit, jail_id);
+    if !found {
+        eprintln!("corral: the run {jail_id} left no git file to disarm");
+    }
+    // The run's private git directory of the change summary (changes.rs, `PROJECT_KEY/changes/
+    // JAIL_ID`), which its corral did not live to remove.
+    let one_name =
+        !jail_id.is_empty() && !jail_id.contains('/') && jail_id != "." && jail_id != "..";
+    if let Some(project_dir) = path.parent().and_then(Path::parent)
+        && one_name
+    {
+        let _ = std::fs::remove_dir_all(project_dir.join("changes").join(jail_id));
+    }
+    std::fs::remove_file(path).context("cannot remove it after its checks")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An entry whose corral holds its lock is left alone; once the lock is gone (the process
+    /// died), the next look checks the run and removes the entry, once.
+    #[test]
+    fn an_entry_is_finished_only_once_its_owner_is_gone() {
+        let state = tempfile::tempdir().unwrap();
+        let state = state.path();
+        let project = tempfile::tempdir().unwrap();
+        let root = project.path();
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        let snap = gitguard::snapshot(root, false, root);
+        let watch = setid::Watch::none();
+        let running = begin_in(state, root, "j-test-1", Some(&snap), &watch).unwrap();
+        let path = dir_of(state, root).join("j-test-1.json");
+        assert!(path.exists());
+        let mode = std::fs::metadata(&path).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // The run goes on: the entry stays.
+        finish_unended_in(state, Which::Project(root));
+        assert!(path.exists());
+        // The jail planted a commondir; corral dies (its lock goes without `done`).
+        std::fs::write(root.join(".git/commondir"), "../elsewhere\n").unwrap();
+        let private = path
+            .parent()
+            .unwrap()
+            .with_file_name("changes")
+            .join("j-test-1");
+        std::fs::create_dir_all(private.join("objects")).unwrap();
+        drop(running);
+        finish_unended_in(state, Which::All);
+        assert!(!path.exists());
+        assert!(!root.join(".git/commondir").exists(), "not disarmed");
+        assert!(!private.exists(), "its private git directory stays");
+        // A run that ended removes its own entry.
+        let running = begin_in(state, root, "j-test-2", Some(&snap), &watch).unwrap();
+        running.done();
+        assert_eq!(
+            std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
+            0
+        );
+    }
+}
