@@ -8,9 +8,16 @@
 //! media copy (`CSI 5 i`) pipes output to a printer command. corral relays the jail's output
 //! through [`OutputFilter`], which passes text and screen sequences unchanged and drops:
 //!
-//! - OSC sequences except 0-2 (titles), 4, 5, 10-19, 104, 105, 110-119 (colours and their
-//!   queries), 7 (working directory), 8 (hyperlinks), 22 (pointer shape), 133 (prompt marks);
-//!   OSC 52 clipboard writes pass with `terminal.clipboard = true`, clipboard reads never;
+//! - OSC sequences except 0-2 (titles), 7 (working directory), 8 (hyperlinks), 22 (pointer
+//!   shape), 133 (prompt marks) and colour queries (below); OSC 52 clipboard writes pass with
+//!   `terminal.clipboard = true`, clipboard reads never;
+//! - colour changes: OSC 4 and 5 (the palette) and 10-19 (the default foreground, background,
+//!   cursor, ... colours) pass only when every colour they name is asked for (`?`: a TUI
+//!   asking whether the background is dark); one that sets a colour, and the resets 104, 105
+//!   and 110-119, are dropped. A colour the jail set would outlast it in the user's terminal
+//!   (nothing but a reset undoes it, and a reset also undoes the palette the user's own shell
+//!   set: base16, pywal), and a foreground set to the background hides what corral says
+//!   after the run;
 //! - DCS with final `|` (DECUDK: user-defined keys), `t` (tmux passthrough, `DCS tmux;`) and
 //!   `+p` (XTSETTCAP); other DCS (sixel, DECRQSS, XTGETTCAP) pass;
 //! - APC, PM and SOS strings (kitty graphics reads files and shared memory by name);
@@ -25,11 +32,43 @@
 //! introducer from the filter.
 
 /// OSC numbers that act on the jail's screen only.
-const OSC_PASS: &[u32] = &[
-    0, 1, 2, 4, 5, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 22, 104, 105, 110, 111, 112, 113,
-    114, 115, 116, 117, 118, 119, 133,
-];
+const OSC_PASS: &[u32] = &[0, 1, 2, 7, 8, 22, 133];
 const OSC_CLIPBOARD: u32 = 52;
+
+/// How an OSC number acts on the terminal's colours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Colour {
+    /// OSC 4 and 5: pairs of a colour's index and its spec (`?` asks for it).
+    Indexed,
+    /// OSC 10-19: a spec for this colour and for each that follows (`?` asks for it).
+    Dynamic,
+    /// OSC 104, 105, 110-119: back to the terminal's default.
+    Reset,
+}
+
+fn colour_osc(number: u32) -> Option<Colour> {
+    match number {
+        4 | 5 => Some(Colour::Indexed),
+        10..=19 => Some(Colour::Dynamic),
+        104 | 105 | 110..=119 => Some(Colour::Reset),
+        _ => None,
+    }
+}
+
+/// Does the data of a colour OSC (after its number's `;`) only ask, changing no colour?
+fn asks_only(kind: Colour, data: &[u8]) -> bool {
+    let fields: Vec<&[u8]> = data.split(|&b| b == b';').collect();
+    match kind {
+        Colour::Indexed => {
+            fields.len() % 2 == 0
+                && fields
+                    .chunks(2)
+                    .all(|pair| !pair[0].is_empty() && pair[1] == b"?")
+        }
+        Colour::Dynamic => fields.iter().all(|f| *f == b"?"),
+        Colour::Reset => false,
+    }
+}
 
 const ESC: u8 = 0x1b;
 const BEL: u8 = 0x07;
@@ -65,6 +104,12 @@ enum State {
     OscClipboard {
         semicolons: u8,
     },
+    /// A colour OSC held whole (`ESC ] N ;` and its data) until its end says whether it only
+    /// asks; `esc`: an ESC was seen last.
+    OscColour {
+        kind: Colour,
+        esc: bool,
+    },
     /// `ESC P` and the DCS header held until its final byte.
     DcsHeader,
     /// A string being passed.
@@ -86,12 +131,16 @@ pub struct Dropped {
     /// Every other sequence that acts outside the screen (C1 bytes not counted: a binary file
     /// printed to the terminal is full of them).
     pub other: u64,
+    /// Colour changes (the palette, the default colours) and resets.
+    #[serde(default)]
+    pub colours: u64,
 }
 
 impl Dropped {
     pub fn add(&mut self, o: Dropped) {
         self.clipboard += o.clipboard;
         self.other += o.other;
+        self.colours += o.colours;
     }
 
     /// The end-of-run lines, with the fix; none when nothing was dropped.
@@ -103,6 +152,13 @@ impl Dropped {
                  terminal; to let clipboard writes through, set `[terminal] clipboard = true` in \
                  your config (reads never pass)",
                 self.clipboard
+            ));
+        }
+        if self.colours > 0 {
+            out.push(format!(
+                "the jail's output held {} colour change(s) (the palette, the default colours), \
+                 not passed to your terminal, where they would outlast the jail",
+                self.colours
             ));
         }
         if self.other > 0 {
@@ -213,6 +269,7 @@ impl OutputFilter {
             }
             State::OscNumber => self.osc_number(b, out),
             State::OscClipboard { semicolons } => self.osc_clipboard(b, semicolons, out),
+            State::OscColour { kind, esc } => self.osc_colour(b, kind, esc, out),
             State::DcsHeader => self.dcs_header(b, out),
             State::Pass(kind) => match b {
                 ESC => self.state = State::PassEsc,
@@ -339,6 +396,18 @@ impl OutputFilter {
             .filter(|d| !d.is_empty() && d.len() < 12)
             .and_then(|d| d.parse::<u32>().ok());
         let pass = number.is_some_and(|n| OSC_PASS.contains(&n));
+        if let Some(kind) = number.and_then(colour_osc) {
+            if b == b';' {
+                self.held.push(b);
+                self.state = State::OscColour { kind, esc: false };
+            } else {
+                // Ended (or broken) at its number: a reset of every colour, or nothing.
+                self.dropped.colours += 1;
+                self.state = State::Drop(Str::Osc);
+                self.escape_layer(b, out);
+            }
+            return;
+        }
         if number == Some(OSC_CLIPBOARD) && self.clipboard && b == b';' {
             self.held.push(b);
             self.state = State::OscClipboard { semicolons: 1 };
@@ -382,6 +451,56 @@ impl OutputFilter {
                 self.state = State::Pass(Str::Osc);
             }
         }
+    }
+
+    /// A colour OSC, held whole: passed at its end when it only asks ([`asks_only`]), with the
+    /// terminator it came with; dropped otherwise, as is one too long to hold.
+    fn osc_colour(&mut self, b: u8, kind: Colour, esc: bool, out: &mut Vec<u8>) {
+        let end: &[u8] = match (esc, b) {
+            (true, b'\\') => b"\x1b\\",
+            (true, _) => {
+                // An ESC ended the string (terminals act on it then): decided as ended with ST,
+                // then the ESC starts what follows.
+                self.end_colour(kind, b"\x1b\\", out);
+                self.start_esc();
+                return self.after_esc(b, out);
+            }
+            (false, BEL) => b"\x07",
+            (false, ESC) => {
+                self.state = State::OscColour { kind, esc: true };
+                return;
+            }
+            (false, CAN | SUB) => {
+                // Aborted: the terminal does nothing with it.
+                self.state = State::Ground;
+                return;
+            }
+            (false, _) if self.held.len() >= MAX_HELD => {
+                self.dropped.colours += 1;
+                self.state = State::Drop(Str::Osc);
+                return;
+            }
+            (false, _) => {
+                self.held.push(b);
+                return;
+            }
+        };
+        self.end_colour(kind, end, out);
+    }
+
+    fn end_colour(&mut self, kind: Colour, end: &[u8], out: &mut Vec<u8>) {
+        let data_at = self
+            .held
+            .iter()
+            .position(|&c| c == b';')
+            .map_or(self.held.len(), |i| i + 1);
+        if asks_only(kind, &self.held[data_at..]) {
+            out.extend_from_slice(&self.held);
+            out.extend_from_slice(end);
+        } else {
+            self.dropped.colours += 1;
+        }
+        self.state = State::Ground;
     }
 
     fn dcs_header(&mut self, b: u8, out: &mut Vec<u8>) {
@@ -475,9 +594,55 @@ mod tests {
         let screen: &[u8] = b"plain \xc3\xa9t\xc3\xa9 \xe2\x86\x92 \xf0\x9f\x98\x80 \xc2\xa9\r\n\
             \x1b[1;31mred\x1b[0m \x1b[?1049h\x1b[2J\x1b[H\x1b(B\x1b7\x1b8\x1bM\
             \x1b]0;title\x07\x1b]2;t\x1b\\\x1b]8;;https://example.com\x1b\\link\x1b]8;;\x1b\\\
-            \x1b]11;?\x07\x1b]4;1;rgb:ff/00/00\x07\x1b]133;A\x07\
+            \x1b]11;?\x07\x1b]4;1;?\x07\x1b]10;?;?\x1b\\\x1b]133;A\x07\
             \x1bPq#0;2;0;0;0#0!10~\x1b\\\x1bP$qm\x1b\\\x1b[21t\x1b[22;0t\x1b[>0;1t\x07\x08\t";
         check(false, screen, screen);
+    }
+
+    #[test]
+    fn colour_queries_pass_and_colour_changes_are_dropped() {
+        for asks in [
+            &b"\x1b]11;?\x07"[..],
+            b"\x1b]10;?\x1b\\",
+            b"\x1b]10;?;?;?\x07",
+            b"\x1b]4;1;?\x07",
+            b"\x1b]4;1;?;15;?\x1b\\",
+            b"\x1b]5;0;?\x07",
+        ] {
+            check(false, asks, asks);
+        }
+        for sets in [
+            &b"\x1b]4;1;rgb:ff/00/00\x07"[..],
+            b"\x1b]4;1;?;2;#000000\x07",   // a query hiding a change
+            b"\x1b]4;1\x07",               // an index without a spec
+            b"\x1b]10;#000000\x07",        // the foreground
+            b"\x1b]11;rgb:00/00/00\x1b\\", // the background
+            b"\x1b]10;?;#000000\x07",      // the background, after a query of the foreground
+            b"\x1b]12;red\x07",            // the cursor
+            b"\x1b]104\x07",               // every palette colour reset
+            b"\x1b]104;1;2\x1b\\",
+            b"\x1b]110\x07",
+            b"\x1b]111;\x07",
+            b"\x1b]119\x1b\\",
+        ] {
+            let mut input = b"<".to_vec();
+            input.extend_from_slice(sets);
+            input.extend_from_slice(b">");
+            check(false, &input, b"<>");
+        }
+        // Ended by an ESC that starts the next sequence: decided at the ESC.
+        check(false, b"\x1b]11;?\x1b[1m", b"\x1b]11;?\x1b\\\x1b[1m");
+        check(false, b"\x1b]11;#fff\x1b[1m", b"\x1b[1m");
+        // Aborted, or too long to hold: nothing.
+        check(false, b"\x1b]11;?\x18x", b"x");
+        let mut long = b"\x1b]4;1;?".to_vec();
+        long.extend(std::iter::repeat_n(b';', 300));
+        long.extend_from_slice(b"\x07x");
+        check(false, &long, b"x");
+        let mut f = OutputFilter::new(false);
+        let mut out = Vec::new();
+        f.push(b"\x1b]10;#000\x07\x1b]104\x07\x1b]11;?\x07", &mut out);
+        assert_eq!(f.dropped().colours, 2);
     }
 
     #[test]
@@ -567,7 +732,8 @@ mod tests {
             f.dropped(),
             Dropped {
                 clipboard: 2,
-                other: 3
+                other: 3,
+                colours: 0,
             }
         );
         assert_eq!(f.dropped().summary().len(), 2);

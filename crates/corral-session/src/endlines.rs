@@ -3,8 +3,9 @@
 //! What the jail writes reaches the user's terminal through the output filter
 //! (corral-sandbox `termfilter.rs`), which passes everything that acts on the jail's own screen:
 //! attributes (conceal, SGR 8; foreground on background), character sets (DEC line drawing),
-//! the alternate screen, scroll margins, a hidden cursor, colours (OSC 10/11, the palette), an
-//! open string that swallows what follows. Left that way, corral's summary and quarantine lines
+//! the alternate screen, scroll margins, a hidden cursor, an open string that swallows what
+//! follows. (Colour changes, which outlast the jail and which only a reset undoes, are not
+//! passed: a reset would undo the palette the user's own shell set too.) Left that way, corral's summary and quarantine lines
 //! would be invisible, scrolled in a two-row region, or drawn in line-drawing glyphs, and the
 //! jail's own "corral: nothing changed" would be what the user reads. So once the jail is gone
 //! and before corral writes a line of its own, [`restore_terminal`] writes [`TERMINAL_RESET`]
@@ -36,8 +37,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 ///   autowrap on (a line is not cut at the edge), insert mode off, reverse video off, cursor
 ///   visible, normal cursor keys and keypad, mouse reporting, focus events and bracketed
 ///   paste off;
-/// - the palette and the default foreground, background and cursor colours (OSC 104, 105,
-///   110, 111, 112);
 /// - G0-G3 designated ASCII, G0 shifted in (SI);
 /// - SGR 0: no conceal, no colour, no attribute.
 pub const TERMINAL_RESET: &str = concat!(
@@ -48,7 +47,6 @@ pub const TERMINAL_RESET: &str = concat!(
     "\x1b[!p",
     "\x1b[?7h\x1b[4l\x1b[?5l\x1b[?25h\x1b[?1l\x1b>",
     "\x1b[?9l\x1b[?1000l\x1b[?1001l\x1b[?1002l\x1b[?1003l\x1b[?1004l\x1b[?1005l\x1b[?1006l\x1b[?1015l\x1b[?1016l\x1b[?2004l",
-    "\x1b]104\x1b\\\x1b]105\x1b\\\x1b]110\x1b\\\x1b]111\x1b\\\x1b]112\x1b\\",
     "\x1b(B\x1b)B\x1b*B\x1b+B\x0f",
     "\x1b[0m",
 );
@@ -217,8 +215,6 @@ mod tests {
             "\x1b[r",
             "\x1b[?7h",
             "\x1b[?2026l",
-            "\x1b]110\x1b\\",
-            "\x1b]111\x1b\\",
             "\x1b[?1000l",
             "\x1b[?2004l",
             "\x1b[4l",
@@ -228,5 +224,7 @@ mod tests {
         assert!(TERMINAL_RESET.starts_with('\x18'));
         assert!(at("\x1b[0m") > at("\x1b8") && at("\x1b(B") > at("\x1b8"));
         assert!(TERMINAL_RESET.ends_with("\x1b[0m"));
+        // The user's own palette and colours stay (the jail's changes never reach them).
+        assert!(!TERMINAL_RESET.contains("\x1b]1"), "{TERMINAL_RESET:?}");
     }
 }
