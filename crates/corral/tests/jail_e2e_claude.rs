@@ -206,15 +206,14 @@ fn claude_with_cli_js_in_the_jail_edits_the_project_and_every_attack_fails() {
 
 /// The control: the same Claude Code and script without corral. The secret files are read and
 /// sent to the model, which is what the judge looks for in the jailed runs.
-#[test]
-fn claude_without_the_jail_sends_the_host_secrets_to_the_model() {
-    let (Some(claude), Some(host)) = (claude_ci(), host()) else {
+fn without_the_jail_the_host_secrets_reach_the_model(claude: &Path) {
+    let Some(host) = host() else {
         return;
     };
     let (w, mdir, m) = claude_world(&host);
     let mut c = Command::new("timeout");
     c.arg("120")
-        .arg(&claude)
+        .arg(claude)
         .args(["-p", "--allowedTools", "Bash", "Write", "Edit", "--"])
         .arg("Do the task.")
         .current_dir(&w.project)
@@ -235,6 +234,20 @@ fn claude_without_the_jail_sends_the_host_secrets_to_the_model() {
             bodies.contains(secret),
             "the unjailed run did not send {secret}"
         );
+    }
+}
+
+#[test]
+fn claude_without_the_jail_sends_the_host_secrets_to_the_model() {
+    if let Some(claude) = claude_ci() {
+        without_the_jail_the_host_secrets_reach_the_model(&claude);
+    }
+}
+
+#[test]
+fn claude_with_cli_js_without_the_jail_sends_the_host_secrets_to_the_model() {
+    if let Some(claude) = claude_old() {
+        without_the_jail_the_host_secrets_reach_the_model(&claude);
     }
 }
 
