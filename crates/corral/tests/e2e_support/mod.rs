@@ -192,6 +192,8 @@ pub struct Attacks {
     pub edit: String,
     pub read_secrets: String,
     pub other_host: String,
+    /// The project, at the same path inside the jail (for tools that want absolute paths).
+    pub project: PathBuf,
 }
 
 /// What the edit writes into the project's `e2e-proof.txt`.
@@ -207,6 +209,7 @@ pub fn attacks(w: &World) -> Attacks {
             w.outside.display()
         ),
         other_host: format!("curl -sS -m 20 https://{OTHER_HOST}/ 2>&1; echo rc=$?"),
+        project: w.project.clone(),
     }
 }
 
