@@ -337,13 +337,20 @@ pub fn new_jail_id() -> String {
 
 /// The state directory: `$XDG_STATE_HOME/corral`, else `$HOME/.local/state/corral`.
 pub fn state_dir() -> Result<PathBuf, AuditError> {
-    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        return Ok(PathBuf::from(dir).join("corral"));
+    let xdg = std::env::var("XDG_STATE_HOME").ok();
+    let home = std::env::var_os("HOME").filter(|d| !d.is_empty());
+    state_dir_in(xdg.as_deref(), home.as_deref().map(Path::new)).ok_or(AuditError::NoStateDir)
+}
+
+/// The one rule for corral's state directory, given the value of `XDG_STATE_HOME` and the
+/// home directory: `$XDG_STATE_HOME/corral` when it is an absolute path (the XDG rule: a
+/// relative one is ignored), else `HOME/.local/state/corral`; none without either.
+pub fn state_dir_in(xdg_state_home: Option<&str>, home: Option<&Path>) -> Option<PathBuf> {
+    match (xdg_state_home, home) {
+        (Some(x), _) if x.starts_with('/') => Some(PathBuf::from(x).join("corral")),
+        (_, Some(home)) => Some(home.join(".local/state/corral")),
+        (_, None) => None,
     }
-    let home = std::env::var_os("HOME")
-        .filter(|d| !d.is_empty())
-        .ok_or(AuditError::NoStateDir)?;
-    Ok(PathBuf::from(home).join(".local/state/corral"))
 }
 
 /// The directory name of a project's log: its base name plus a hash of its full path, so two
@@ -733,6 +740,31 @@ fn lock(file: &File, op: libc::c_int) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_state_directory_follows_an_absolute_xdg_state_home_else_the_home() {
+        let home = Some(Path::new("/home/u"));
+        let cases = [
+            (Some("/x/state"), home, Some("/x/state/corral")),
+            (Some("/x/state"), None, Some("/x/state/corral")),
+            (
+                Some("relative/state"),
+                home,
+                Some("/home/u/.local/state/corral"),
+            ),
+            (Some(""), home, Some("/home/u/.local/state/corral")),
+            (None, home, Some("/home/u/.local/state/corral")),
+            (Some("relative"), None, None),
+            (None, None, None),
+        ];
+        for (xdg, home, want) in cases {
+            assert_eq!(
+                state_dir_in(xdg, home),
+                want.map(PathBuf::from),
+                "XDG_STATE_HOME={xdg:?} HOME={home:?}"
+            );
+        }
+    }
 
     fn net(host: &str, decision: Decision) -> Event {
         Event::Net(NetEvent {

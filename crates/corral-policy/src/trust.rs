@@ -29,13 +29,10 @@ pub fn config_dir(env: &BTreeMap<String, String>, home: &Path) -> PathBuf {
     }
 }
 
-/// corral's state directory (audit logs): `$XDG_STATE_HOME/corral`, `~/.local/state/corral`
-/// when unset (the same rule as `corral_audit::state_dir`).
+/// corral's state directory (audit logs) for this environment: `corral_audit::state_dir_in`.
 pub fn state_dir(env: &BTreeMap<String, String>, home: &Path) -> PathBuf {
-    match env.get("XDG_STATE_HOME") {
-        Some(x) if !x.is_empty() => PathBuf::from(x).join("corral"),
-        _ => home.join(".local/state/corral"),
-    }
+    let xdg = env.get("XDG_STATE_HOME").map(String::as_str);
+    corral_audit::state_dir_in(xdg, Some(home)).expect("a state directory whenever a home is given")
 }
 
 /// The trust store's path for this environment.

@@ -8,7 +8,8 @@
 //! 1. set-up process: close inherited descriptors, read the namespace config (ids, network
 //!    rules, cgroup), join the cgroup, unshare the namespaces (user, mount, pid, ipc, uts,
 //!    cgroup, and net unless `network.mode = "host"`), write the uid/gid maps (setgroups
-//!    denied, the caller's ids kept), set the hostname, bring lo up and create the
+//!    denied, the caller's ids kept), bound the jail's share of the caller's per-user kernel
+//!    counts (`ucounts.rs`), set the hostname, bring lo up and create the
 //!    proxy/host_ports listeners, send them to corral; read the Plan (with the jail's stdio),
 //!    fork the jail's PID 1; then wait for it,
 //!    forwarding signals and serving corral's socket requests on the control socket (sockets
@@ -157,8 +158,10 @@ fn set_up_process() -> Result<i32, JailError> {
         return Ok(EXIT_SETUP_FAILED);
     };
     join_cgroup(&ns.cgroup_procs)?;
+    let counts = crate::ucounts::JailCounts::read()?;
     unshare_namespaces(ns.network.mode)?;
     write_id_maps(ns.uid, ns.gid)?;
+    counts.apply()?;
     nix::unistd::sethostname("corral").map_err(|e| JailError::step("set the hostname", e))?;
     let net = match ns.network.mode {
         NetworkMode::None | NetworkMode::Proxy => {

@@ -6,8 +6,9 @@
 //!   segment and every private writable mapping, i.e. what a process really allocates.
 //!   RLIMIT_AS counts address space, and V8 (Node), Go and the JVM reserve many gigabytes they
 //!   never touch, so an RLIMIT_AS of "4g" breaks them at start. Either way the limit is per
-//!   process: ten processes may use ten times the figure, and the page cache and kernel
-//!   memory are not counted.
+//!   process: ten processes may use ten times the figure, and shared mappings (shared
+//!   anonymous memory, memfd), SysV shared memory, the page cache and kernel memory are not
+//!   counted (docs/hardening.md lists it).
 //! - pids → `RLIMIT_NPROC`. It counts the processes of the real uid, not of the jail. Since
 //!   Linux 5.14 the count is kept per user namespace (ucounts), so inside the jail's own user
 //!   namespace it is mostly the jail's processes; but it is not applied at all to a caller whose
@@ -35,7 +36,7 @@ pub fn describe_fallback(limits: &Limits) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(m) = limits.memory {
         out.push(format!(
-            "memory limit {m} bytes applied per process as RLIMIT_DATA (not a total for the jail; no cgroup)"
+            "memory limit {m} bytes applied per process as RLIMIT_DATA (not a total for the jail, and shared mappings and SysV shared memory are not counted; no cgroup)"
         ));
     }
     if let Some(p) = limits.pids {

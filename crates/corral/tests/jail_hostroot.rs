@@ -392,3 +392,98 @@ echo END-OF-OUTPUT
     assert!(seen.contains("ABC"), "{seen:?}");
     assert!(!seen.contains("]52"), "{seen:?}");
 }
+
+/// Take inotify instances until the kernel refuses, write how many into `held`, then hold them
+/// until `go` appears (at most a minute). Run in the jail, and outside it as the control.
+const TAKE_INOTIFY: &str = r#"
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds = []
+while len(fds) < 100000:
+    fd = libc.inotify_init()
+    if fd < 0:
+        break
+    fds.append(fd)
+held = sys.argv[1] if len(sys.argv) > 1 else None
+if held is None:
+    print("TOOK", len(fds))
+    sys.exit(0)
+with open(held + ".tmp", "w") as f:
+    f.write(str(len(fds)))
+os.rename(held + ".tmp", held)
+for _ in range(600):
+    if os.path.exists("go"):
+        break
+    time.sleep(0.1)
+print("END")
+"#;
+
+/// The jail takes every inotify instance it can: it gets a bounded share of the user's, and
+/// while it holds them a host program of the same user (an editor, a file watcher) still makes
+/// one. Control: the same program in a user namespace of its own, without corral's bound,
+/// takes more than the jail's share.
+#[test]
+fn the_jail_cannot_take_all_of_the_users_inotify_instances() {
+    let w = World::new();
+    let host_max: u64 = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    if !Path::new("/proc/sys/user/max_inotify_instances").exists() {
+        eprintln!("skipped: this kernel keeps no inotify count per user namespace");
+        return;
+    }
+    write(&w.project.join("take.py"), TAKE_INOTIFY);
+    let jail = w.sh_command("none", "python3 take.py held");
+    let run = std::thread::spawn(move || jail_support::run(jail));
+    let held = w.project.join("held");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !held.exists() && std::time::Instant::now() < deadline && !run.is_finished() {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let Ok(taken) = std::fs::read_to_string(&held) else {
+        panic!("the jail wrote no count: {}", run.join().unwrap().both());
+    };
+    let taken: u64 = taken.trim().parse().unwrap();
+    let host = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import ctypes; print('HOST-FD', ctypes.CDLL(None).inotify_init())",
+        ])
+        .output()
+        .unwrap();
+    write(&w.project.join("go"), "");
+    let out = run.join().unwrap();
+    ran(&out, "END");
+    let share = (host_max / 4).max(8).min(host_max);
+    assert!(
+        taken <= share,
+        "the jail took {taken} of the user's {host_max} inotify instances (its share: {share})"
+    );
+    let host = String::from_utf8_lossy(&host.stdout).to_string();
+    let fd: i64 = host
+        .trim()
+        .strip_prefix("HOST-FD ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{host}"));
+    assert!(
+        fd >= 0,
+        "a host program could not make an inotify instance while the jail held its {taken}"
+    );
+    // Control: without corral's bound a process of its own user namespace takes more.
+    let control = std::process::Command::new("unshare")
+        .args(["--user", "--map-root-user", "python3", "-c", TAKE_INOTIFY])
+        .output()
+        .unwrap();
+    let control = String::from_utf8_lossy(&control.stdout).to_string();
+    let unbounded: u64 = control
+        .trim()
+        .strip_prefix("TOOK ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("control: {control}"));
+    assert!(
+        unbounded > taken,
+        "control: unbounded, a user namespace took {unbounded}, the jail {taken}"
+    );
+}

@@ -12,23 +12,6 @@ mod usage;
 
 use usage::EXIT_CORRAL_ERROR;
 
-#[path = "../slab_alloc.rs"]
-mod slab_alloc;
-
-/// Small over-aligned blocks (tokio's tasks and sockets' readiness records, four per tunnel)
-/// without glibc's `memalign` gaps between them: `slab_alloc.rs`.
-#[global_allocator]
-static ALLOCATOR: slab_alloc::Slab = slab_alloc::Slab;
-
-/// `pow`, the one function of libm.so.6 this executable references (tokio's multi-thread
-/// scheduler's statistics, code the proxy's single-threaded runtime never runs), from the
-/// `libm` crate (a port of musl's): with it defined here the linker drops libm.so.6, and the
-/// dynamic loader does not map it (0.3 MiB of RSS, docs/BENCHMARKS.md "Proxy").
-#[unsafe(no_mangle)]
-pub extern "C" fn pow(x: f64, y: f64) -> f64 {
-    libm::pow(x, y)
-}
-
 #[derive(Debug, clap::Parser)]
 #[command(
     name = "corral-proxy",

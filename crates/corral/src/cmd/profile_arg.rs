@@ -46,7 +46,7 @@ pub fn check(cmd: &str, profile: Option<&str>, extra: &[String]) -> anyhow::Resu
 /// Words as a shell would need them written, joined by spaces.
 fn quoted<'a>(words: impl Iterator<Item = &'a str>) -> String {
     words
-        .map(super::trust::shell_quote)
+        .map(corral_engine::shell_quote)
         .collect::<Vec<_>>()
         .join(" ")
 }

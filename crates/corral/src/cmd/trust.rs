@@ -100,7 +100,7 @@ fn gate_with(plan: &Plan, inherited_from: Option<&Path>) -> anyhow::Result<()> {
         "{listing}\n\
          Review the file, then trust exactly this content with:  corral trust {}\n\
          (or run with your own settings only:  --policy /dev/null)",
-        shell_quote(&root.display().to_string())
+        corral_engine::shell_quote(&root.display().to_string())
     )
 }
 
@@ -154,17 +154,6 @@ fn listing(t: &ProjectTrust, changed: bool) -> String {
         s.push_str(g);
     }
     s
-}
-
-/// `s` as a POSIX shell word.
-pub(crate) fn shell_quote(s: &str) -> String {
-    if s.chars()
-        .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c))
-    {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
 }
 
 /// The project directory named by PATH (a directory or a file in it), else the current one.
