@@ -332,7 +332,8 @@ pub struct ExecArgs {
     /// Send this process's standard input to the command (read to the end first; else /dev/null)
     #[arg(long)]
     pub stdin: bool,
-    /// Set a variable for the command (repeatable)
+    /// Set a variable for the command (repeatable; only output and locale variables such as
+    /// TERM, LANG, LC_*, TZ, CI, NO_COLOR, RUST_LOG, CARGO_TERM_*: the executor refuses others)
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,
     #[arg(last = true, required = true, value_name = "CMD")]
