@@ -399,7 +399,7 @@ pub struct PlanArgs {
 #[derive(Debug, Args)]
 pub struct InitArgs {
     pub profile: Option<String>,
-    /// Also write the executor service into docker-compose.override.yml
+    /// Also write the executor service into corral's own compose file (outside the project)
     #[arg(long)]
     pub compose: bool,
     /// Overwrite an existing corral.toml
