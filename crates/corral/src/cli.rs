@@ -71,6 +71,9 @@ pub enum Command {
                       is held and shown highlighted at the top with its time left; while one \
                       is, a allows it for this run, p adds it to corral.toml and allows it, \
                       d or r refuses it now (the held request proceeds or gets 403).\n\n\
+                      A destination too long for the screen shows its start, a … marker, and \
+                      its registrable domain and port; a and p do not allow a name the screen \
+                      could not show whole (widen the terminal, or use `corral allow`).\n\n\
                       Edits of corral.toml go through the same trust rule as `corral allow`: a \
                       trusted file stays trusted; one never trusted is not applied to running \
                       jails until you run `corral trust`."
