@@ -221,11 +221,6 @@ pub fn compose_text(plan: &Plan, ctx: &Context) -> String {
     )
 }
 
-/// The compose project name: the executor alias, which is already lower case and DNS-safe.
-fn project_name(plan: &Plan, ctx: &Context) -> String {
-    ctx.names(plan).executor_alias
-}
-
 /// The compose program of the engine: `podman-compose`, or `docker-compose` (whose arguments
 /// `docker compose` takes as they are).
 pub fn compose_program(engine: EngineKind) -> &'static str {
@@ -235,12 +230,17 @@ pub fn compose_program(engine: EngineKind) -> &'static str {
     }
 }
 
-/// The arguments every compose command on the executor starts with: corral's project name, its
-/// file and its empty variables file, nothing from the project.
+/// The arguments every compose command on the executor starts with: corral's project name (the
+/// executor alias, already lower case and DNS-safe), its file and its empty variables file,
+/// nothing from the project.
 pub fn compose_args(plan: &Plan, ctx: &Context) -> Vec<String> {
+    compose_args_for(ctx, &ctx.names(plan))
+}
+
+fn compose_args_for(ctx: &Context, names: &crate::names::Names) -> Vec<String> {
     vec![
         "-p".into(),
-        project_name(plan, ctx),
+        names.executor_alias.clone(),
         "-f".into(),
         ctx.state_dir.join(COMPOSE_FILE).display().to_string(),
         "--env-file".into(),
@@ -250,8 +250,13 @@ pub fn compose_args(plan: &Plan, ctx: &Context) -> Vec<String> {
 
 /// `compose ... up -d executor`: what the user runs to start (or rebuild) the executor.
 pub fn up_command(plan: &Plan, ctx: &Context) -> Command {
+    up_command_for(ctx, &ctx.names(plan))
+}
+
+/// [`up_command`] from the project's names.
+pub fn up_command_for(ctx: &Context, names: &crate::names::Names) -> Command {
     Command::new(compose_program(ctx.engine))
-        .args(compose_args(plan, ctx))
+        .args(compose_args_for(ctx, names))
         .args(["up", "-d", SERVICE])
 }
 
