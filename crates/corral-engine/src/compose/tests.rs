@@ -385,3 +385,82 @@ fn with_new_repositories_allowed_the_service_runs_serve_under_the_engines_profil
         v["security_opt"]
     );
 }
+
+/// podman-compose, when this machine has it (`CORRAL_CI_PODMAN_COMPOSE`, else on PATH).
+fn podman_compose() -> Option<PathBuf> {
+    std::env::var_os("CORRAL_CI_PODMAN_COMPOSE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::split_paths(&std::env::var_os("PATH")?)
+                .map(|d| d.join("podman-compose"))
+                .find(|p| p.is_file())
+        })
+}
+
+/// The real podman-compose (`--dry-run config`, which needs no engine) in a project holding a
+/// `docker-compose.yml`, `compose.yaml`, override and `.env` (with `COMPOSE_FILE` and
+/// `COMPOSE_PROJECT_NAME`) that each give `executor` the host's `/`: with corral's arguments it
+/// reads corral's file only. Control: run plainly in the project, it merges the hostile files.
+#[test]
+fn podman_compose_with_corrals_arguments_reads_no_project_file() {
+    let Some(pc) = podman_compose() else {
+        eprintln!("skipping: podman-compose is not installed");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("p");
+    std::fs::create_dir_all(&root).unwrap();
+    let hostile = "services:\n  executor:\n    image: x\n    volumes: [\"/:/hostroot:ro\"]\n";
+    for f in [
+        "docker-compose.yml",
+        "compose.yaml",
+        "docker-compose.override.yml",
+        "evil.yml",
+    ] {
+        std::fs::write(root.join(f), hostile).unwrap();
+    }
+    std::fs::write(
+        root.join(".env"),
+        "COMPOSE_FILE=evil.yml\nCOMPOSE_PROJECT_NAME=evil\n",
+    )
+    .unwrap();
+    let p = Plan::minimal(&root, Path::new("/home/u"), vec![]);
+    let mut c = ctx(EngineKind::Podman, true);
+    c.state_dir = dir.path().join("state/engine");
+    write_compose(&p, &c).unwrap();
+    let config = |args: &[String]| {
+        let out = std::process::Command::new(&pc)
+            .arg("--dry-run")
+            .args(args)
+            .arg("config")
+            .current_dir(&root)
+            .env_remove("COMPOSE_FILE")
+            .env_remove("COMPOSE_PROJECT_DIR")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let ours = config(&compose_args(&p, &c));
+    let v: Value = serde_yaml_ng::from_str(&ours).unwrap();
+    let vols: Vec<&str> = v["services"]["executor"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let r = root.display();
+    assert_eq!(
+        vols,
+        [format!("{r}:{r}:z"), "corral-bin:/opt/corral:z,ro".into()],
+        "{ours}"
+    );
+    assert!(!ours.contains("hostroot"), "{ours}");
+    // Control: a plain `podman-compose config` in the project reads the jail's files.
+    let plain = config(&[]);
+    assert!(plain.contains("/:/hostroot:ro"), "{plain}");
+}
