@@ -1,7 +1,14 @@
-//! `corral init --compose`: the executor service of seed 003, written into the project's
-//! `docker-compose.override.yml` next to whatever the file already holds.
+//! `corral init --compose`: the executor service of seed 003, in a compose file of corral's own
+//! in the project's engine state directory (never in the project), started with exactly that
+//! file ([`up_command`]).
 //!
-//! The service builds the project's own image (`build: .`), runs `corral serve --no-auth` from a
+//! Everything compose reads to decide what to run is corral's: the file list is given with `-f`
+//! (so no `docker-compose.yml`, `compose.yaml`, override or `COMPOSE_FILE` of the project is
+//! merged in), the variables file with `--env-file` is an empty file beside it (so no project
+//! `.env` is read), the project name with `-p`, and the file names no other file (no `include`,
+//! `extends` or `env_file`). The jail can write the project, not the state directory.
+//!
+//! The service builds the project's own image (`build: ROOT`), runs `corral serve --no-auth` from a
 //! read-only volume holding the static corral binary, under corral's name gate as PID 1 (as the
 //! harness container does), with the harness's hardening (read-only root, no capabilities, no
 //! new privileges, corral's seccomp profile, limits, the proxy variables), on the project's
@@ -21,9 +28,10 @@ use crate::argv::{STOP_TIMEOUT, proxy_env};
 use crate::names::EXECUTOR_PORT;
 use crate::{Command, Context, EngineError, EngineKind, Result};
 
-/// The override file's name, at the project root (protected in the jail when the executor is
-/// a compose service).
-pub const OVERRIDE_FILE: &str = corral_policy::plan::COMPOSE_OVERRIDE_FILE;
+/// The executor's compose file, in the project's engine state directory.
+pub const COMPOSE_FILE: &str = "executor-compose.yml";
+/// The (empty) variables file compose is given instead of the project's `.env`.
+pub const ENV_FILE: &str = "executor-compose.env";
 /// The service's name in it.
 pub const SERVICE: &str = "executor";
 /// The executor's own audit log, on its private tmpfs.
@@ -106,14 +114,7 @@ pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
         EngineKind::Docker => "ro",
     };
     let mut host_paths = vec![root.clone(), BIN_DIR.to_string()];
-    // This very file among them (being written now, so perhaps not there when the plan was
-    // made): the next `compose up` runs what it says.
-    let override_file = plan.project.root.join(OVERRIDE_FILE);
-    let protected = plan
-        .protected
-        .iter()
-        .filter(|p| p.exists() && **p != override_file);
-    for p in protected.chain([&override_file]) {
+    for p in plan.protected.iter().filter(|p| p.exists()) {
         volumes.push(format!("{0}:{0}:{ro}", p.display()));
         host_paths.push(p.display().to_string());
     }
@@ -152,7 +153,8 @@ pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
         (Some(e), Some(false))
     };
     let service = Service {
-        build: ".".into(),
+        // The project's Dockerfile, by absolute path: the file itself lies elsewhere.
+        build: root.clone(),
         // `corral down` removes what carries the project's label.
         labels: vec![names.label()],
         userns_mode,
@@ -191,80 +193,101 @@ fn external() -> Value {
     Value::Mapping(m)
 }
 
-fn section<'a>(top: &'a mut Mapping, key: &str, file: &Path) -> Result<&'a mut Mapping> {
-    let entry = top
-        .entry(Value::String(key.into()))
-        .or_insert_with(|| Value::Mapping(Mapping::new()));
-    if entry.is_null() {
-        *entry = Value::Mapping(Mapping::new());
-    }
-    entry.as_mapping_mut().ok_or_else(|| {
-        EngineError::Compose(format!(
-            "{}: `{key}` is not a mapping; fix it by hand, then run `corral init --compose` again",
-            file.display()
-        ))
-    })
-}
-
-/// The override file with the executor service merged in: the `executor` service, the binary
-/// volume and the internal network (both external) are set; everything else is kept.
-pub fn merge(existing: Option<&str>, file: &Path, plan: &Plan, ctx: &Context) -> Result<String> {
+/// The whole compose file: the `executor` service, the binary volume and the internal network
+/// (both external).
+pub fn compose_text(plan: &Plan, ctx: &Context) -> String {
     let names = ctx.names(plan);
-    let mut top = match existing.map(str::trim) {
-        None | Some("") => Mapping::new(),
-        Some(text) => match serde_yaml_ng::from_str::<Value>(text) {
-            Ok(Value::Mapping(m)) => m,
-            Ok(Value::Null) => Mapping::new(),
-            Ok(_) => {
-                return Err(EngineError::Compose(format!(
-                    "{}: the top level is not a mapping; fix it by hand, then run `corral init --compose` again",
-                    file.display()
-                )));
-            }
-            Err(e) => {
-                return Err(EngineError::Compose(format!(
-                    "{}: not valid YAML ({e}); fix it by hand, then run `corral init --compose` again",
-                    file.display()
-                )));
-            }
-        },
+    let mut top = Mapping::new();
+    let one = |k: &str, v: Value| {
+        let mut m = Mapping::new();
+        m.insert(k.into(), v);
+        Value::Mapping(m)
     };
-    section(&mut top, "volumes", file)?.insert(names.bin_volume.clone().into(), external());
-    section(&mut top, "networks", file)?.insert(names.internal_network.clone().into(), external());
-    section(&mut top, "services", file)?.insert(SERVICE.into(), executor_service(plan, ctx));
+    top.insert("volumes".into(), one(&names.bin_volume, external()));
+    top.insert("networks".into(), one(&names.internal_network, external()));
+    top.insert("services".into(), one(SERVICE, executor_service(plan, ctx)));
     if ctx.engine == EngineKind::Podman {
         // podman-compose would otherwise wrap the service in a pod that `corral down` (which
         // removes what carries the project's label) cannot see; docker compose ignores `x-` keys.
-        section(&mut top, "x-podman", file)?.insert("in_pod".into(), Value::Bool(false));
+        top.insert("x-podman".into(), one("in_pod", Value::Bool(false)));
     }
-    let body = serde_yaml_ng::to_string(&Value::Mapping(top))
-        .map_err(|e| EngineError::Compose(format!("{}: {e}", file.display())))?;
-    Ok(body)
+    let body = serde_yaml_ng::to_string(&Value::Mapping(top)).expect("a mapping always serializes");
+    format!(
+        "# The `executor` service of {root}, written by `corral init --compose` (running it again\n\
+         # rewrites this file). Start it with: {up}\n{body}",
+        root = plan.project.root.display(),
+        up = up_command(plan, ctx).argv().join(" "),
+        body = body.trim_start_matches("---\n")
+    )
 }
 
-/// Write the merged override file at the project root. Returns its path.
-pub fn write_override(plan: &Plan, ctx: &Context) -> Result<PathBuf> {
-    let path = plan.project.root.join(OVERRIDE_FILE);
-    let existing = match fs::read_to_string(&path) {
-        Ok(t) => Some(t),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(source) => return Err(EngineError::Io { path, source }),
+/// The compose program of the engine: `podman-compose`, or `docker-compose` (whose arguments
+/// `docker compose` takes as they are).
+pub fn compose_program(engine: EngineKind) -> &'static str {
+    match engine {
+        EngineKind::Podman => "podman-compose",
+        EngineKind::Docker => "docker-compose",
+    }
+}
+
+/// The arguments every compose command on the executor starts with: corral's project name (the
+/// executor alias, already lower case and DNS-safe), its file and its empty variables file,
+/// nothing from the project.
+pub fn compose_args(plan: &Plan, ctx: &Context) -> Vec<String> {
+    compose_args_for(ctx, &ctx.names(plan))
+}
+
+fn compose_args_for(ctx: &Context, names: &crate::names::Names) -> Vec<String> {
+    vec![
+        "-p".into(),
+        names.executor_alias.clone(),
+        "-f".into(),
+        ctx.state_dir.join(COMPOSE_FILE).display().to_string(),
+        "--env-file".into(),
+        ctx.state_dir.join(ENV_FILE).display().to_string(),
+    ]
+}
+
+/// `compose ... up -d executor`: what the user runs to start (or rebuild) the executor.
+pub fn up_command(plan: &Plan, ctx: &Context) -> Command {
+    up_command_for(ctx, &ctx.names(plan))
+}
+
+/// [`up_command`] from the project's names.
+pub fn up_command_for(ctx: &Context, names: &crate::names::Names) -> Command {
+    Command::new(compose_program(ctx.engine))
+        .args(compose_args_for(ctx, names))
+        .args(["up", "-d", SERVICE])
+}
+
+/// Write the compose file and its empty variables file into the engine state directory.
+/// Refused when that directory lies in the project (the jail could then write the file).
+/// Returns the compose file's path.
+pub fn write_compose(plan: &Plan, ctx: &Context) -> Result<PathBuf> {
+    // Compared as the kernel resolves them (a link into the project is in the project); a path
+    // that cannot be resolved is an error, not a pass.
+    let real = |p: &Path| {
+        fs::canonicalize(p).map_err(|source| EngineError::Io {
+            path: p.to_path_buf(),
+            source,
+        })
     };
-    let text = merge(existing.as_deref(), &path, plan, ctx)?;
-    let text = format!(
-        "# The `executor` service (and the external volume and network it uses) is written by\n\
-         # `corral init --compose`; running it again replaces that service and keeps the rest.\n{}",
-        strip_header(&text)
-    );
-    fs::write(&path, text).map_err(|source| EngineError::Io {
-        path: path.clone(),
+    fs::create_dir_all(&ctx.state_dir).map_err(|source| EngineError::Io {
+        path: ctx.state_dir.clone(),
         source,
     })?;
+    if real(&ctx.state_dir)?.starts_with(real(&plan.project.root)?) {
+        return Err(EngineError::Compose(format!(
+            "corral's state directory {} lies inside the project {}, where the jail could rewrite \
+             the executor's compose file; set XDG_STATE_HOME to a directory outside the project",
+            ctx.state_dir.display(),
+            plan.project.root.display()
+        )));
+    }
+    let path = ctx.state_dir.join(COMPOSE_FILE);
+    write_atomic(&ctx.state_dir.join(ENV_FILE), b"")?;
+    write_atomic(&path, compose_text(plan, ctx).as_bytes())?;
     Ok(path)
-}
-
-fn strip_header(text: &str) -> &str {
-    text.trim_start_matches("---\n")
 }
 
 /// A one-file ustar archive holding `name` (mode 0755) with `data`.

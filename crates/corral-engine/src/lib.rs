@@ -15,7 +15,7 @@
 //!
 //! [`setup`] builds the whole sequence ([`Setup`]), [`runner`] executes it, [`down`] removes a
 //! project's containers and networks, [`image`] builds harness images and [`compose`] writes the
-//! executor service of `docker-compose.override.yml` (seed 003's shape).
+//! executor service in corral's own compose file (seed 003's shape).
 
 use std::collections::BTreeMap;
 use std::fmt;

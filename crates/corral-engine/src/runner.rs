@@ -519,8 +519,9 @@ fn with_addresses(
         if found.is_none() {
             eprintln!(
                 "corral: the compose executor ({}) is not running, so `corral exec` will fail in this run: \
-                 start it first (`podman-compose up -d executor` in the project)",
-                names.executor_alias
+                 start it first (`{}`, as `corral init --compose` printed it)",
+                names.executor_alias,
+                crate::compose::up_command_for(ctx, names).argv().join(" ")
             );
         }
         found

@@ -5,6 +5,7 @@
 //! status back (SPEC section 6, seed 003's "Remote Code Execution as a Service").
 //!
 //! - [`proto`]: request bodies and NDJSON events, parsed once into [`ExecRequest`].
+//! - [`reqenv`]: the variables a request may set (an allow-list).
 //! - [`confine`]: the working directory never leaves the project root.
 //! - [`spawn`]: the [`Spawner`] seam; [`HostSpawner`] runs each command as its own process group.
 //! - [`server`]: `corral serve` (hyper): auth, limits, audit, and the per-command supervisor.
@@ -13,6 +14,7 @@
 pub mod client;
 pub mod confine;
 pub mod proto;
+pub mod reqenv;
 pub mod server;
 pub mod spawn;
 mod supervise;

@@ -1,8 +1,8 @@
 //! `corral serve`: the HTTP server (hyper 1, HTTP/1.1) over TCP or a unix socket.
 //!
 //! Every request goes through the same gate, in this order: route, bearer token (constant-time
-//! compare), body size (413), body parse (400), program allowlist (403), working directory
-//! confinement (400), a concurrency slot (429), the command's start record in the audit log
+//! compare), body size (413), body parse (400), program allowlist (403), the request's variables
+//! against [`crate::reqenv`]'s allow-list (403), working directory confinement (400), a concurrency slot (429), the command's start record in the audit log
 //! (503 when it cannot be written: fail closed), then the spawner. Refusals and finished
 //! commands alike are written to the audit log too; an end record that cannot be written is
 //! counted ([`AuditLog::failures`]).
@@ -544,12 +544,8 @@ async fn admit(
             exit: 126,
         });
     }
-    if let Some(name) = steering_variable(&st.cfg.allow, &request) {
-        let reason = format!(
-            "the request sets {name}, which changes which program runs or what code it loads; \
-             with executor.allow set a request may not set it (PATH, LD_*, shell start-up files, \
-             interpreter and toolchain hooks: see docs/executor.md)"
-        );
+    if let Err(refusal) = crate::reqenv::check(&request.env) {
+        let reason = refusal.to_string();
         policy_refusal(st, &request, &cwd_text, &reason);
         return Err(Refusal {
             status: StatusCode::FORBIDDEN,
@@ -602,91 +598,6 @@ fn allowed(allow: &[String], program: &str) -> bool {
         Some(found) => allow.iter().any(|a| Path::new(a) == found),
         None => false,
     }
-}
-
-/// Variables a request may not set when `executor.allow` is set, because they make an allowed
-/// name run another file or load other code: the program lookup (`PATH`), the dynamic loader
-/// (`LD_*`, `GCONV_PATH`), shell start-up and exported functions, git's helpers and config,
-/// interpreters' start-up options and library paths, and build tools' wrappers and runners. A
-/// denylist of the well-known ones: an allowed program's own arguments can still make it run
-/// project code (`cargo run`, `make -f`), which is what the allowlist lets through by design.
-const STEERING: &[&str] = &[
-    "PATH",
-    "GCONV_PATH",
-    "BASH_ENV",
-    "ENV",
-    "SHELLOPTS",
-    "BASHOPTS",
-    "PS4",
-    "SHELL",
-    "EDITOR",
-    "VISUAL",
-    "PAGER",
-    "GIT_DIR",
-    "GIT_COMMON_DIR",
-    "GIT_EXEC_PATH",
-    "GIT_SSH",
-    "GIT_SSH_COMMAND",
-    "GIT_EDITOR",
-    "GIT_SEQUENCE_EDITOR",
-    "GIT_PAGER",
-    "GIT_ASKPASS",
-    "SSH_ASKPASS",
-    "GIT_EXTERNAL_DIFF",
-    "GIT_PROXY_COMMAND",
-    "GIT_TEMPLATE_DIR",
-    "NODE_OPTIONS",
-    "NODE_PATH",
-    "PYTHONPATH",
-    "PYTHONSTARTUP",
-    "PYTHONHOME",
-    "PYTHONUSERBASE",
-    "PERL5OPT",
-    "PERL5LIB",
-    "PERLLIB",
-    "RUBYOPT",
-    "RUBYLIB",
-    "JAVA_TOOL_OPTIONS",
-    "_JAVA_OPTIONS",
-    "JDK_JAVA_OPTIONS",
-    "CLASSPATH",
-    "RUSTC",
-    "RUSTC_WRAPPER",
-    "RUSTC_WORKSPACE_WRAPPER",
-    "RUSTDOC",
-    "RUSTFLAGS",
-    "RUSTDOCFLAGS",
-    "CARGO_HOME",
-    "CC",
-    "CXX",
-    "MAKEFLAGS",
-    "MAKEFILES",
-];
-
-/// Prefixes of such variables (`LD_PRELOAD`, `BASH_FUNC_x%%`, `GIT_CONFIG_COUNT`,
-/// `CARGO_TARGET_<triple>_RUNNER`, `npm_config_script_shell`).
-const STEERING_PREFIXES: &[&str] = &[
-    "LD_",
-    "BASH_FUNC_",
-    "GIT_CONFIG",
-    "CARGO_TARGET_",
-    "CARGO_BUILD_",
-    "NPM_CONFIG_",
-];
-
-/// With an allowlist, the first variable of the request that steers what runs.
-fn steering_variable(allow: &[String], req: &ExecRequest) -> Option<String> {
-    if allow.is_empty() {
-        return None;
-    }
-    req.env
-        .keys()
-        .find(|name| {
-            let upper = name.to_ascii_uppercase();
-            STEERING.contains(&upper.as_str())
-                || STEERING_PREFIXES.iter().any(|p| upper.starts_with(p))
-        })
-        .cloned()
 }
 
 fn which(program: &str) -> Option<PathBuf> {
@@ -903,7 +814,7 @@ fn audit_start(st: &State, req: &ExecRequest, workdir: &WorkDir) -> Result<(), R
     })
 }
 
-/// A refusal by `executor.allow`: audited, and one line on the server's stderr,
+/// A refusal by `executor.allow` or the variables' allow-list: audited, and one line on the server's stderr,
 /// `corral serve: refused [COMMAND]: REASON` (`corral run` repeats these lines when the run
 /// ends).
 fn policy_refusal(st: &State, req: &ExecRequest, cwd: &str, reason: &str) {
@@ -993,37 +904,6 @@ mod tests {
         assert!(!allowed(&allow, "rm"));
         assert!(!allowed(&allow, "./cargo"));
         assert!(!allowed(&allow, "/usr/bin/cargo-evil"));
-    }
-
-    #[test]
-    fn with_an_allowlist_variables_that_steer_what_runs_are_refused() {
-        let req = |vars: &[&str]| {
-            let mut r = ExecRequest::parse_v1(br#"{"command":["cargo"]}"#).unwrap();
-            r.env = vars.iter().map(|v| (v.to_string(), "x".into())).collect();
-            r
-        };
-        let allow = vec!["cargo".to_string()];
-        for v in [
-            "PATH",
-            "LD_PRELOAD",
-            "ld_library_path",
-            "BASH_ENV",
-            "BASH_FUNC_cargo%%",
-            "GIT_CONFIG_COUNT",
-            "RUSTC_WRAPPER",
-            "NODE_OPTIONS",
-            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER",
-            "npm_config_script_shell",
-        ] {
-            assert_eq!(
-                steering_variable(&allow, &req(&["RUST_LOG", v])).as_deref(),
-                Some(v),
-                "{v}"
-            );
-        }
-        assert_eq!(steering_variable(&allow, &req(&["RUST_LOG", "CI"])), None);
-        // Without an allowlist anything may run anyway.
-        assert_eq!(steering_variable(&[], &req(&["PATH"])), None);
     }
 
     #[test]

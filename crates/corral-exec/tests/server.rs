@@ -249,9 +249,9 @@ fn streaming_delivers_the_first_line_before_the_command_ends() {
 #[test]
 fn stdin_env_and_cwd_reach_the_command() {
     let s = TestServer::start(|_| {});
-    let mut r = req(&["sh", "-c", "cat; echo \"$GREETING\"; pwd"]);
+    let mut r = req(&["sh", "-c", "cat; echo \"$RUST_LOG\"; pwd"]);
     r.stdin = Some("from stdin\n".into());
-    r.env.insert("GREETING".into(), "hello".into());
+    r.env.insert("RUST_LOG".into(), "hello".into());
     r.cwd = Some("sub/dir".into());
     let (events, code) = s.exec(&r);
     assert_eq!(code.unwrap(), 0);
@@ -786,4 +786,122 @@ fn a_lost_end_record_is_counted() {
     let moved = std::fs::read_to_string(format!("{path}.moved")).unwrap();
     assert!(moved.contains(r#""phase":"start""#), "{moved}");
     assert_eq!(moved.lines().count(), 1, "{moved}");
+}
+
+/// A config the jail planted in the project, and the variables that would make git on the host
+/// read it: `HOME` (`~/.gitconfig`: an alias), `XDG_CONFIG_HOME` (`git/config`: a
+/// `core.fsmonitor` command `git status` runs) and `GIT_CONFIG_GLOBAL` (an alias that shadows
+/// nothing but runs a command). Each entry: (variable, value, git's arguments, the marker the planted command writes).
+fn planted_git_configs(root: &Path) -> Vec<(&'static str, PathBuf, Vec<&'static str>, PathBuf)> {
+    let evil = root.join("evil");
+    std::fs::create_dir_all(evil.join("xdg/git")).unwrap();
+    let marker = |n: &str| root.join(format!("planted-{n}-ran"));
+    let (alias, fsmonitor, global) = (marker("alias"), marker("fsmonitor"), marker("global"));
+    std::fs::write(
+        evil.join(".gitconfig"),
+        format!("[alias]\n\tst = !touch {}\n", alias.display()),
+    )
+    .unwrap();
+    std::fs::write(
+        evil.join("xdg/git/config"),
+        format!(
+            "[core]\n\tfsmonitor = touch {}; false\n",
+            fsmonitor.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        evil.join("global.gitconfig"),
+        format!("[alias]\n\tlg = !touch {}\n", global.display()),
+    )
+    .unwrap();
+    vec![
+        ("HOME", evil.clone(), vec!["st"], alias),
+        (
+            "XDG_CONFIG_HOME",
+            evil.join("xdg"),
+            vec!["status"],
+            fsmonitor,
+        ),
+        (
+            "GIT_CONFIG_GLOBAL",
+            evil.join("global.gitconfig"),
+            vec!["lg"],
+            global,
+        ),
+    ]
+}
+
+/// The host executor runs git with the server's own home and config: a request that points
+/// `HOME`, `XDG_CONFIG_HOME` or `GIT_CONFIG_GLOBAL` at a config planted in the project is refused
+/// (with `executor.allow = ["git"]` and without an allowlist alike) and nothing planted runs.
+/// Control: the same git with the same variables, started directly, runs each planted command.
+#[test]
+fn a_request_cannot_point_git_at_a_config_planted_in_the_project() {
+    for allow in [vec!["git".to_string()], vec![]] {
+        let s = TestServer::start(|c| c.allow = allow.clone());
+        let init = std::process::Command::new("git")
+            .args(["init", "-q"])
+            .current_dir(&s.root)
+            .status()
+            .unwrap();
+        assert!(init.success());
+        let planted = planted_git_configs(&s.root);
+        for (name, value, args, marker) in &planted {
+            let mut r = req(&[&["git"], args.as_slice()].concat());
+            r.env.insert(name.to_string(), value.display().to_string());
+            let (events, code) = s.exec(&r);
+            assert!(events.is_empty(), "{name}: {events:?}");
+            match code {
+                Err(client::ClientError::Refused {
+                    status,
+                    message,
+                    exit,
+                }) => {
+                    assert_eq!((status, exit), (403, 126), "{name}");
+                    assert!(
+                        message.starts_with(&format!(
+                            "the request sets {name}, which a request may not set"
+                        )),
+                        "{message}"
+                    );
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+            assert!(!marker.exists(), "{name}: the planted command ran");
+        }
+        // The refusals are in the audit log, and git itself still runs without the variables.
+        let denied = s
+            .audit_records()
+            .into_iter()
+            .filter(
+                |r| matches!(&r.event, AuditEvent::Exec(e) if e.decision == Some(Decision::Deny)),
+            )
+            .count();
+        assert_eq!(denied, planted.len());
+        let (events, code) = s.exec(&req(&["git", "status", "--short"]));
+        assert_eq!(code.unwrap(), 0, "{events:?}");
+        for (_, _, _, marker) in &planted {
+            assert!(!marker.exists());
+        }
+
+        // Control: git started with the request's variables reads each planted config.
+        for (name, value, args, marker) in &planted {
+            let out = std::process::Command::new("git")
+                .args(args)
+                .current_dir(&s.root)
+                .env_remove("XDG_CONFIG_HOME")
+                .env_remove("GIT_CONFIG_GLOBAL")
+                .env_remove("GIT_PAGER")
+                .env_remove("PAGER")
+                .env(name, value)
+                .output()
+                .unwrap();
+            assert!(
+                marker.exists(),
+                "control: git with {name} did not run the planted command: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
 }

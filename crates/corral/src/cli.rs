@@ -71,6 +71,9 @@ pub enum Command {
                       is held and shown highlighted at the top with its time left; while one \
                       is, a allows it for this run, p adds it to corral.toml and allows it, \
                       d or r refuses it now (the held request proceeds or gets 403).\n\n\
+                      A destination too long for the screen shows its start, a … marker, and \
+                      its registrable domain and port; a and p do not allow a name the screen \
+                      could not show whole (widen the terminal, or use `corral allow`).\n\n\
                       Edits of corral.toml go through the same trust rule as `corral allow`: a \
                       trusted file stays trusted; one never trusted is not applied to running \
                       jails until you run `corral trust`."
@@ -334,7 +337,8 @@ pub struct ExecArgs {
     /// Send this process's standard input to the command (read to the end first; else /dev/null)
     #[arg(long)]
     pub stdin: bool,
-    /// Set a variable for the command (repeatable)
+    /// Set a variable for the command (repeatable; only output and locale variables such as
+    /// TERM, LANG, LC_*, TZ, CI, NO_COLOR, RUST_LOG, CARGO_TERM_*: the executor refuses others)
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,
     #[arg(last = true, required = true, value_name = "CMD")]
@@ -400,7 +404,7 @@ pub struct PlanArgs {
 #[derive(Debug, Args)]
 pub struct InitArgs {
     pub profile: Option<String>,
-    /// Also write the executor service into docker-compose.override.yml
+    /// Also write the executor service into corral's own compose file (outside the project)
     #[arg(long)]
     pub compose: bool,
     /// Overwrite an existing corral.toml

@@ -228,15 +228,25 @@ fn compose_executor_answers_corral_exec_from_the_harness(e: Engine) {
     // A compose executor runs the agent's commands elsewhere: the user trusts the file.
     let out = w.corral(&["trust"]);
     assert!(out.status.success(), "{}", text(&out));
-    // The project's own compose file (docker-compose wants one beside an override; seed 003's
-    // projects have one; no network of its own, so what is left after `corral down` is only
-    // corral's business), and an override of the user's own next to which the executor service
-    // is merged.
+    // The project's own compose files, as the jail could leave them: an `executor` service
+    // that mounts the host's `/`, and a `.env` whose COMPOSE_FILE names one more such file. The
+    // executor is started with corral's file list only, so none of them is read.
+    let hostile = "services:\n  executor:\n    image: {IMAGE}\n    volumes: [\"/:/hostroot:ro\"]\n";
     std::fs::write(
         p.join("docker-compose.yml"),
         format!(
-            "services:\n  app:\n    image: {IMAGE}\n    command: [\"true\"]\n    network_mode: none\n"
+            "services:\n  app:\n    image: {IMAGE}\n    command: [\"true\"]\n    network_mode: none\n  executor:\n    volumes: [\"/:/hostroot:ro\"]\n"
         ),
+    )
+    .unwrap();
+    std::fs::write(
+        p.join("evil-compose.yml"),
+        hostile.replace("{IMAGE}", IMAGE),
+    )
+    .unwrap();
+    std::fs::write(
+        p.join(".env"),
+        "COMPOSE_FILE=docker-compose.yml:evil-compose.yml\n",
     )
     .unwrap();
     std::fs::write(
@@ -247,12 +257,29 @@ fn compose_executor_answers_corral_exec_from_the_harness(e: Engine) {
 
     let out = w.corral(&["init", "--compose"]);
     assert!(out.status.success(), "{}", text(&out));
-    let file = std::fs::read_to_string(p.join("docker-compose.override.yml")).unwrap();
-    assert!(file.contains("x-note: kept"), "{file}");
-    assert!(file.contains("- serve\n    - --no-auth"), "{file}");
-
+    // corral writes nothing in the project's compose files.
+    assert_eq!(
+        std::fs::read_to_string(p.join("docker-compose.override.yml")).unwrap(),
+        "# mine\nx-note: kept\n"
+    );
+    // The command init prints, run as printed (the compose program as this machine has it).
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let printed = stderr
+        .lines()
+        .skip_while(|l| !l.contains("start it with exactly this file"))
+        .nth(1)
+        .expect(&stderr)
+        .trim()
+        .to_string();
+    let mut argv: Vec<&str> = printed.split_whitespace().collect();
+    assert!(
+        argv.len() == 10 && argv[1] == "-p" && argv[3] == "-f" && argv[5] == "--env-file",
+        "{printed}"
+    );
+    assert!(!argv[4].starts_with(p.to_str().unwrap()), "{printed}");
+    argv.remove(0);
     let up = Command::new(e.compose())
-        .args(["up", "--detach", "executor"])
+        .args(&argv)
         .current_dir(p)
         .output()
         .unwrap();
@@ -264,6 +291,7 @@ echo "harness=$(hostname)"
 corral exec -- sh -c 'echo "executor=$(hostname)"; echo from-executor > made-by-executor.txt; exit 3'
 echo "exec-exit=$?"
 corral exec -- sh -c 'mkdir -p sub/.git && echo "executor planted" || echo "executor refused"; mkdir -p /tmp/r/.git && echo "executor tmp ok"'
+corral exec -- sh -c 'test -e /hostroot && echo "executor sees the host root" || echo "executor has no host root"'
 echo 'x-evil: 1' >> docker-compose.override.yml 2>/dev/null && echo "harness wrote the override" || echo "harness refused"
 corral exec -- sh -c 'echo "x-evil: 1" >> docker-compose.override.yml 2>/dev/null && echo "executor wrote the override" || echo "executor refused the override"'
 "#;
@@ -292,7 +320,9 @@ corral exec -- sh -c 'echo "x-evil: 1" >> docker-compose.override.yml 2>/dev/nul
         "{t}"
     );
     assert!(!p.join("sub/.git").exists(), "{t}");
-    // The service's definition, which the user's next `compose up` runs: read-only to both.
+    // The project's hostile compose files were not read.
+    assert!(stdout.contains("executor has no host root\n"), "{t}");
+    // The project's override file stays read-only to both too (defence in depth).
     assert!(
         stdout.contains("harness refused\nexecutor refused the override\n"),
         "{t}"

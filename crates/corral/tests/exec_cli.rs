@@ -137,7 +137,15 @@ fn exec_separates_streams_and_exits_with_the_commands_code() {
         text(&out.stderr)
     );
     // --env and --stdin.
-    let mut c = s.exec_cmd(&["--stdin", "--env", "X=42", "--", "sh", "-c", "cat; echo $X"]);
+    let mut c = s.exec_cmd(&[
+        "--stdin",
+        "--env",
+        "RUST_LOG=42",
+        "--",
+        "sh",
+        "-c",
+        "cat; echo $RUST_LOG",
+    ]);
     c.stdin(Stdio::piped()).stdout(Stdio::piped());
     let mut child = c.spawn().unwrap();
     use std::io::Write;

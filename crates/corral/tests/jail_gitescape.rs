@@ -238,7 +238,8 @@ fn existing_nested_and_bare_repositories_are_read_only_where_git_runs_commands()
 }
 
 /// With `executor.allow`, a request cannot make an allowed name run another file through its
-/// own PATH (or a loader variable).
+/// own PATH (or a loader variable), nor read its configuration from the project (`HOME`): a
+/// request may set only the variables on the executor's allow-list.
 #[test]
 fn a_request_cannot_steer_the_executor_allowlist_with_its_environment() {
     let w = World::new();
@@ -251,7 +252,7 @@ fn a_request_cannot_steer_the_executor_allowlist_with_its_environment() {
     let script = format!(
         "mkdir -p evil; printf '#!/bin/sh\\ntouch {m}\\n' > evil/echo; chmod +x evil/echo; \
          tok=$(cat \"$CORRAL_EXECUTOR_TOKEN_FILE\"); \
-         for env in '{{\"PATH\":\"'$PWD'/evil:/usr/bin:/bin\"}}' '{{\"LD_PRELOAD\":\"'$PWD'/evil/x.so\"}}'; do \
+         for env in '{{\"PATH\":\"'$PWD'/evil:/usr/bin:/bin\"}}' '{{\"LD_PRELOAD\":\"'$PWD'/evil/x.so\"}}' '{{\"HOME\":\"'$PWD'/evil\"}}'; do \
            curl -s --unix-socket /run/corral/executor/exec.sock -H \"Authorization: Bearer $tok\" \
              -d '{{\"command\":[\"echo\",\"hi\"],\"env\":'\"$env\"'}}' http://executor/v1/exec; echo; \
          done; \
@@ -266,21 +267,22 @@ fn a_request_cannot_steer_the_executor_allowlist_with_its_environment() {
         out.both()
     );
     assert_eq!(
-        out.stdout.matches("executor.allow").count(),
-        2,
-        "both requests are refused, naming the rule\n{}",
+        out.stdout.matches("which a request may not set").count(),
+        3,
+        "each request is refused, naming the rule\n{}",
         out.both()
     );
     assert!(out.stdout.contains("allowed-still-runs"), "{}", out.both());
     // The end-of-run report names both refusals and the rule.
     assert_eq!(
         out.stderr.matches("corral: the executor refused").count(),
-        2,
+        3,
         "{}",
         out.both()
     );
     assert!(out.stderr.contains("sets PATH"), "{}", out.both());
     assert!(out.stderr.contains("sets LD_PRELOAD"), "{}", out.both());
+    assert!(out.stderr.contains("sets HOME"), "{}", out.both());
 }
 
 /// The project's absent `corral.toml` is held by a placeholder while the run's jails bind it;

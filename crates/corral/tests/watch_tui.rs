@@ -1,7 +1,9 @@
 //! `corral watch` driven in a real terminal (a pty): it shows the running jail's denial, and
 //! its keys have their effect on the running jail and on `corral.toml`: `a` allows for the run
 //! (the jail's next request succeeds, the file is untouched), `d` denies in `corral.toml` (which
-//! beats the run's allow), `p` adds the allow to `corral.toml` with every comment kept.
+//! beats the run's allow), `p` adds the allow to `corral.toml` with every comment kept. A
+//! question about a name too long for the screen shows its registrable domain and port, and
+//! `a` does not allow it.
 
 mod jail_support;
 mod live_support;
@@ -105,4 +107,93 @@ fn watch_without_a_terminal_says_so() {
         "{}",
         out.both()
     );
+}
+
+/// A 253-character name that starts like `api.github.com`, asked about (`on_deny = "ask"`) on a
+/// 120-column screen: the question shows the name's registrable domain and port, and `a` is
+/// refused with a message (nothing allowed, the question still pending), `r` refuses it. Control:
+/// the same question on a screen wide enough for the whole name is allowed by `a`.
+#[test]
+fn watch_shows_a_long_names_domain_and_port_and_does_not_allow_it_cut() {
+    let w = World::new();
+    // The second question names another port: a refused destination is not asked again.
+    let (port, other) = (8443, 9443);
+    let host = format!(
+        "api.github.com.{}.{}.{}.{}.attacker.example",
+        "a".repeat(63),
+        "b".repeat(63),
+        "c".repeat(63),
+        "d".repeat(29)
+    );
+    assert_eq!(host.len(), 253);
+    write(
+        &w.project.join("corral.toml"),
+        &policy("").replace(
+            "[network]\n",
+            "[network]\non_deny = \"ask\"\nask_timeout = 300\n",
+        ),
+    );
+    w.trust_project(&[]);
+    let script = format!(
+        "{}get() {{ curl -s --max-time 200 --noproxy '' -o /dev/null -w '%{{http_code}}' \"$1\"; }}\n\
+         step 1 ready\necho \"FIRST $(get http://{host}:{port}/x)\"\n\
+         step 2 second\necho \"SECOND $(get http://{host}:{other}/y)\"\necho END\n",
+        script_prelude(1)
+    );
+    let bg = Background::start(&w, &script);
+    wait_file(&w.project.join("step1"));
+    let socket = control_socket(&w);
+    let pending = |socket: &std::path::Path| {
+        let answer = control(socket, "asks");
+        let json = answer.strip_prefix("ok ").expect(&answer).to_string();
+        serde_json::from_str::<Vec<serde_json::Value>>(&json).unwrap()
+    };
+    let wait_pending = |n: usize| {
+        let start = std::time::Instant::now();
+        loop {
+            let asks = pending(&socket);
+            if asks.len() == n {
+                return asks;
+            }
+            assert!(start.elapsed() < DEADLINE, "questions: {asks:?}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    let asks = wait_pending(1);
+    assert_eq!(asks[0]["host"], host.as_str());
+
+    let mut watch = Watch::start_sized(corral_watch(&w), 30, 120);
+    // The end of the name, the port, and the marker before them (no space inside, so it
+    // arrives in one piece).
+    watch.wait_for(0, "….attacker.example:8443");
+    let from = watch.len();
+    watch.key("a");
+    watch.wait_for(from, "attacker.example:8443");
+    watch.wait_for(from, "(253");
+    watch.wait_for(from, "widen");
+    // Nothing was allowed: the question still waits, and no allow for the run was recorded.
+    let asks = pending(&socket);
+    assert_eq!(asks.len(), 1, "{asks:?}");
+    assert!(
+        !w.audit_records()
+            .iter()
+            .any(|r| r["kind"] == "jail" && r["event"] == "live-allow"),
+        "a name shown in part was allowed"
+    );
+    watch.key("r");
+    assert!(watch.quit().success());
+    wait_file(&w.project.join("step2"));
+
+    // Control: on a screen the whole name fits on, `a` allows it for the run.
+    wait_pending(1);
+    let mut wide = Watch::start_sized(corral_watch(&w), 30, 400);
+    wide.wait_for(0, &format!("{host}:{other}"));
+    wide.key("a");
+    wait_record(&w, "live-allow", |r| {
+        summary(r).contains(&format!("{host}:{other}"))
+    });
+    assert!(wide.quit().success());
+    let out = bg.finish();
+    assert!(out.stdout.contains("FIRST 403"), "{}", out.both());
+    assert!(!out.stdout.contains("SECOND 403"), "{}", out.both());
 }

@@ -44,13 +44,15 @@ fn seed_003_shape_for_podman() {
     p.git.dirs = vec![PathBuf::from("/src/test-project/.git")];
     let c = ctx(EngineKind::Podman, true);
     let n = c.names(&p);
-    let text = merge(None, Path::new("x.yml"), &p, &c).unwrap();
+    let text = compose_text(&p, &c);
     let key = &n.key;
     let alias = &n.executor_alias;
     assert_eq!(
         text,
         format!(
-            r#"volumes:
+            r#"# The `executor` service of /src/test-project, written by `corral init --compose` (running it again
+# rewrites this file). Start it with: podman-compose -p {alias} -f /s/engine/executor-compose.yml --env-file /s/engine/executor-compose.env up -d executor
+volumes:
   corral-bin:
     external: true
 networks:
@@ -58,14 +60,13 @@ networks:
     external: true
 services:
   executor:
-    build: .
+    build: /src/test-project
     labels:
     - corral.project={key}
     userns_mode: keep-id
     volumes:
     - /src/test-project:/src/test-project:z
     - corral-bin:/opt/corral:z,ro
-    - /src/test-project/docker-compose.override.yml:/src/test-project/docker-compose.override.yml:z,ro
     working_dir: /src/test-project
     entrypoint:
     - /opt/corral/corral
@@ -78,8 +79,6 @@ services:
     - /src/test-project
     - --host-path
     - /opt/corral
-    - --host-path
-    - /src/test-project/docker-compose.override.yml
     - --
     command:
     - /opt/corral/corral
@@ -150,7 +149,6 @@ fn protected_paths_are_read_only_in_the_executor() {
             "corral-bin:/opt/corral:z,ro".to_string(),
             format!("{r}/corral.toml:{r}/corral.toml:z,ro"),
             format!("{r}/.git/hooks:{r}/.git/hooks:z,ro"),
-            format!("{r}/docker-compose.override.yml:{r}/docker-compose.override.yml:z,ro"),
         ]
     );
 }
@@ -165,35 +163,120 @@ fn docker_uses_user_and_tmpfs() {
     assert_eq!(v["volumes"][1].as_str(), Some("corral-bin:/opt/corral:ro"));
 }
 
+/// Compose is started with corral's file, corral's empty variables file and corral's project
+/// name, so no file of the project (`docker-compose.yml`, `compose.yaml`, an override, `.env`
+/// with `COMPOSE_FILE`) is read: the whole argv, for both engines.
 #[test]
-fn merge_keeps_the_rest_and_replaces_only_the_executor() {
+fn compose_runs_with_corrals_file_list_only() {
     let p = plan();
+    let c = ctx(EngineKind::Docker, false);
+    let alias = c.names(&p).executor_alias;
+    assert_eq!(
+        up_command(&p, &c).argv(),
+        vec![
+            "docker-compose",
+            "-p",
+            &alias,
+            "-f",
+            "/s/engine/executor-compose.yml",
+            "--env-file",
+            "/s/engine/executor-compose.env",
+            "up",
+            "-d",
+            "executor",
+        ]
+    );
     let c = ctx(EngineKind::Podman, true);
-    let existing = "services:\n  app:\n    build: .\n    command: [\"/bin/true\"]\n  executor:\n    image: old\nvolumes:\n  data: {}\nx-custom: 1\n";
-    let text = merge(Some(existing), Path::new("x.yml"), &p, &c).unwrap();
-    let v: Value = serde_yaml_ng::from_str(&text).unwrap();
-    assert_eq!(
-        v["services"]["app"]["command"][0].as_str(),
-        Some("/bin/true")
-    );
-    assert!(v["services"]["executor"].get("image").is_none());
-    assert_eq!(v["services"]["executor"]["build"].as_str(), Some("."));
-    assert!(v["volumes"]["data"].is_mapping());
-    assert_eq!(v["volumes"]["corral-bin"]["external"].as_bool(), Some(true));
-    assert_eq!(v["x-custom"].as_u64(), Some(1));
-    // Idempotent.
-    assert_eq!(
-        merge(Some(&text), Path::new("x.yml"), &p, &c).unwrap(),
-        text
-    );
+    assert_eq!(up_command(&p, &c).argv()[0], "podman-compose");
+    assert_eq!(up_command(&p, &c).argv()[1..], {
+        let mut a = compose_args(&p, &c);
+        a.extend(["up".into(), "-d".into(), "executor".into()]);
+        a
+    });
+}
 
-    let err = merge(Some("- a\n- b\n"), Path::new("/p/x.yml"), &p, &c).unwrap_err();
-    assert!(err.to_string().contains("/p/x.yml"), "{err}");
-    let err = merge(Some("services: [1]\n"), Path::new("/p/x.yml"), &p, &c).unwrap_err();
-    assert!(
-        err.to_string().contains("`services` is not a mapping"),
-        "{err}"
+/// The file is written into the state directory, whatever compose files the project holds, and
+/// names no file compose would read besides itself: no `include`, `extends`, `env_file`, and the
+/// build context is the project by absolute path. The project's own compose files are left as
+/// they are (corral does not write there any more).
+#[test]
+fn the_compose_file_lies_outside_the_project_and_includes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("p");
+    std::fs::create_dir_all(&root).unwrap();
+    let hostile = "services:\n  executor:\n    volumes: [\"/:/host\"]\n";
+    for f in [
+        "docker-compose.yml",
+        "compose.yaml",
+        "docker-compose.override.yml",
+    ] {
+        std::fs::write(root.join(f), hostile).unwrap();
+    }
+    std::fs::write(root.join(".env"), "COMPOSE_FILE=compose.yaml\n").unwrap();
+    let p = Plan::minimal(&root, Path::new("/home/u"), vec![]);
+    let mut c = ctx(EngineKind::Docker, false);
+    c.state_dir = dir.path().join("state/engine");
+    let path = write_compose(&p, &c).unwrap();
+    assert_eq!(path, c.state_dir.join("executor-compose.yml"));
+    assert_eq!(
+        std::fs::read(c.state_dir.join("executor-compose.env")).unwrap(),
+        b""
     );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let v: Value = serde_yaml_ng::from_str(&text).unwrap();
+    let top: Vec<&str> = v
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(top, ["volumes", "networks", "services"]);
+    let services: Vec<&str> = v["services"]
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(services, ["executor"]);
+    let svc = &v["services"]["executor"];
+    for key in ["extends", "env_file", "include"] {
+        assert!(svc.get(key).is_none(), "{key}");
+    }
+    assert_eq!(svc["build"].as_str(), Some(root.to_str().unwrap()));
+    assert!(!text.contains("/:/host"), "{text}");
+    // The project's files are untouched.
+    for f in [
+        "docker-compose.yml",
+        "compose.yaml",
+        "docker-compose.override.yml",
+    ] {
+        assert_eq!(std::fs::read_to_string(root.join(f)).unwrap(), hostile);
+    }
+    // Every path on the command line is the state directory's.
+    let argv = up_command(&p, &c).argv();
+    let paths: Vec<&String> = argv.iter().filter(|a| a.starts_with('/')).collect();
+    assert_eq!(paths.len(), 2, "{argv:?}");
+    assert!(paths.iter().all(|a| Path::new(a).starts_with(&c.state_dir)));
+}
+
+/// A state directory inside the project would let the jail rewrite the file: refused.
+#[test]
+fn a_state_directory_inside_the_project_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("p");
+    std::fs::create_dir_all(&root).unwrap();
+    let p = Plan::minimal(&root, Path::new("/home/u"), vec![]);
+    let mut c = ctx(EngineKind::Podman, true);
+    c.state_dir = root.join(".state/engine");
+    let err = write_compose(&p, &c).unwrap_err().to_string();
+    assert!(err.contains("lies inside the project"), "{err}");
+    assert!(!c.state_dir.join(COMPOSE_FILE).exists());
+    // Through a link into the project as well.
+    std::os::unix::fs::symlink(&root, dir.path().join("link")).unwrap();
+    c.state_dir = dir.path().join("link/.state2");
+    let err = write_compose(&p, &c).unwrap_err().to_string();
+    assert!(err.contains("lies inside the project"), "{err}");
+    assert!(!root.join(".state2").join(COMPOSE_FILE).exists());
 }
 
 #[test]
@@ -301,4 +384,83 @@ fn with_new_repositories_allowed_the_service_runs_serve_under_the_engines_profil
         "{:?}",
         v["security_opt"]
     );
+}
+
+/// podman-compose, when this machine has it (`CORRAL_CI_PODMAN_COMPOSE`, else on PATH).
+fn podman_compose() -> Option<PathBuf> {
+    std::env::var_os("CORRAL_CI_PODMAN_COMPOSE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::split_paths(&std::env::var_os("PATH")?)
+                .map(|d| d.join("podman-compose"))
+                .find(|p| p.is_file())
+        })
+}
+
+/// The real podman-compose (`--dry-run config`, which needs no engine) in a project holding a
+/// `docker-compose.yml`, `compose.yaml`, override and `.env` (with `COMPOSE_FILE` and
+/// `COMPOSE_PROJECT_NAME`) that each give `executor` the host's `/`: with corral's arguments it
+/// reads corral's file only. Control: run plainly in the project, it merges the hostile files.
+#[test]
+fn podman_compose_with_corrals_arguments_reads_no_project_file() {
+    let Some(pc) = podman_compose() else {
+        eprintln!("skipping: podman-compose is not installed");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("p");
+    std::fs::create_dir_all(&root).unwrap();
+    let hostile = "services:\n  executor:\n    image: x\n    volumes: [\"/:/hostroot:ro\"]\n";
+    for f in [
+        "docker-compose.yml",
+        "compose.yaml",
+        "docker-compose.override.yml",
+        "evil.yml",
+    ] {
+        std::fs::write(root.join(f), hostile).unwrap();
+    }
+    std::fs::write(
+        root.join(".env"),
+        "COMPOSE_FILE=evil.yml\nCOMPOSE_PROJECT_NAME=evil\n",
+    )
+    .unwrap();
+    let p = Plan::minimal(&root, Path::new("/home/u"), vec![]);
+    let mut c = ctx(EngineKind::Podman, true);
+    c.state_dir = dir.path().join("state/engine");
+    write_compose(&p, &c).unwrap();
+    let config = |args: &[String]| {
+        let out = std::process::Command::new(&pc)
+            .arg("--dry-run")
+            .args(args)
+            .arg("config")
+            .current_dir(&root)
+            .env_remove("COMPOSE_FILE")
+            .env_remove("COMPOSE_PROJECT_DIR")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let ours = config(&compose_args(&p, &c));
+    let v: Value = serde_yaml_ng::from_str(&ours).unwrap();
+    let vols: Vec<&str> = v["services"]["executor"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let r = root.display();
+    assert_eq!(
+        vols,
+        [format!("{r}:{r}:z"), "corral-bin:/opt/corral:z,ro".into()],
+        "{ours}"
+    );
+    assert!(!ours.contains("hostroot"), "{ours}");
+    // Control: a plain `podman-compose config` in the project reads the jail's files.
+    let plain = config(&[]);
+    assert!(plain.contains("/:/hostroot:ro"), "{plain}");
 }

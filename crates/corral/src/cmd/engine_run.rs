@@ -383,8 +383,9 @@ pub fn init_compose_for(profile: Option<String>) -> anyhow::Result<PathBuf> {
     init_compose(&plan)
 }
 
-/// `corral init --compose`: the executor service in docker-compose.override.yml, the networks it
-/// joins, and the corral binary in its volume.
+/// `corral init --compose`: the executor service in corral's own compose file (in the engine
+/// state directory, out of the jail's reach), the networks it joins, and the corral binary in
+/// its volume.
 pub fn init_compose(plan: &Plan) -> anyhow::Result<PathBuf> {
     let kind = match plan.engine {
         Engine::Docker => EngineKind::Docker,
@@ -400,7 +401,7 @@ pub fn init_compose(plan: &Plan) -> anyhow::Result<PathBuf> {
     let snapshot = corral_session::gitguard::snapshot(&plan.project.root, true, &plan.home);
     service_plan.git.dirs = corral_session::gitguard::git_dirs(&snapshot, &[]);
     runner::write_seccomp_profile(&ctx)?;
-    let path = corral_engine::compose::write_override(&service_plan, &ctx)?;
+    let path = corral_engine::compose::write_compose(&service_plan, &ctx)?;
     runner::prepare_audit_dir(plan, &ctx)?;
     // The networks the service joins (declared external in the file).
     let mut net_plan = plan.clone();
@@ -438,9 +439,13 @@ pub fn init_compose(plan: &Plan) -> anyhow::Result<PathBuf> {
         runner::output(&cmd)?;
     }
     let _ = std::fs::remove_file(&tarball);
+    let up = corral_engine::compose::up_command(plan, &ctx)
+        .argv()
+        .join(" ");
     eprintln!(
         "corral: wrote the `executor` service into {} and installed {} into volume {}; \
-         start it with `{kind}-compose up -d executor` (or `docker compose up -d executor`); \
+         start it with exactly this file (nothing in the project is read):\n  {up}\n\
+         (`docker compose` takes the same arguments as `docker-compose`); \
          the harness reaches it at http://{}:{}",
         path.display(),
         ctx.corral_bin.display(),

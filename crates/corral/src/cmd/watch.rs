@@ -5,7 +5,13 @@
 //! asks each to reload at once.
 //!
 //! What the jail sent (hosts, rules) is shown through `corral_audit::printable`, so no escape
-//! sequence of the agent's reaches the user's terminal.
+//! sequence of the agent's reaches the user's terminal. A destination always shows its
+//! registrable domain and port, its middle left out behind a marker when the screen is too
+//! narrow (fit.rs); a name the screen could not show whole is not allowed by a key.
+
+mod fit;
+
+use std::cell::Cell;
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -50,6 +56,7 @@ pub fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
         jails: Vec::new(),
         asks: Vec::new(),
         selected: None,
+        width: Cell::new(0),
         status:
             "keys: a allow for this run · p add to corral.toml · d deny in corral.toml · q quit"
                 .into(),
@@ -77,6 +84,8 @@ struct App {
     asks: Vec<(control::Entry, Question)>,
     /// The selected row; `None` follows the latest denial.
     selected: Option<usize>,
+    /// The terminal's width at the last draw: what the keys act on was laid out in it.
+    width: Cell<u16>,
     status: String,
 }
 
@@ -150,6 +159,12 @@ impl App {
             _ => return format!("{} is not a host corral can allow", printable(&raw)),
         };
         let shown = printable(&raw);
+        if !matches!(action, Action::Edit(Rule::Deny)) {
+            let cols = target_columns(self.width.get());
+            if let Err(refusal) = shown_whole(&n.method, &n.host, n.port, cols) {
+                return refusal;
+            }
+        }
         match action {
             Action::AllowRun => match self.jails.iter().find(|j| j.jail == record.jail) {
                 // A container run's decisions are the shared proxy container's, recorded
@@ -203,6 +218,11 @@ impl App {
             Ok(answer) => format!("{}: {}", jail.jail, printable(&answer)),
             Err(e) => format!("{}: {}", jail.jail, printable(&format!("{e:#}"))),
         };
+        if matches!(key, KeyCode::Char('a' | 'p'))
+            && let Err(refusal) = ask_parts(self.width.get(), jail, q, 0).1
+        {
+            return refusal;
+        }
         match key {
             KeyCode::Char('d' | 'r') => request(&format!("refuse {}:{}", q.host, q.port)),
             KeyCode::Char('p') => {
@@ -225,6 +245,7 @@ impl App {
     }
 
     fn draw(&self, f: &mut ratatui::Frame) {
+        self.width.set(f.area().width);
         let shown_asks = self.asks.len().min(MAX_ASKS_SHOWN);
         let [head, body, foot] = Layout::vertical([
             Constraint::Length(2 + shown_asks as u16),
@@ -252,24 +273,18 @@ impl App {
             .fg(Color::Yellow)
             .add_modifier(Modifier::BOLD | Modifier::REVERSED);
         for (i, (jail, q)) in self.asks.iter().take(shown_asks).enumerate() {
-            let keys = match i {
-                0 => "  a allow for this run · p add to corral.toml · d/r refuse",
-                _ => "",
-            };
-            let text = format!(
-                "ASK {} {}:{} ({}, {} s left){keys}",
-                q.method, q.host, q.port, jail.jail, q.remaining
-            );
-            lines.push(Line::styled(printable(&text), asking));
+            let (text, _) = ask_parts(f.area().width, jail, q, i);
+            lines.push(Line::styled(text, asking));
         }
         f.render_widget(Paragraph::new(lines), head);
         let target = self.target_row().map(|r| r as *const Record);
+        let target_cols = target_columns(f.area().width);
         let rows: Vec<Row> = self
             .rows
             .iter()
             .map(|r| {
                 let picked = target == Some(r as *const Record);
-                row(r, picked)
+                row(r, picked, target_cols)
             })
             .collect();
         let mut state = TableState::default();
@@ -282,7 +297,7 @@ impl App {
                 Constraint::Length(8),
                 Constraint::Length(16),
                 Constraint::Length(6),
-                Constraint::Percentage(35),
+                Constraint::Length(target_cols as u16),
                 Constraint::Fill(1),
             ],
         )
@@ -312,6 +327,68 @@ impl App {
 
 /// Questions shown at once at the top (the rest wait their turn).
 const MAX_ASKS_SHOWN: usize = 5;
+
+/// The keys of the first question.
+const ASK_KEYS: &str = "  a allow for this run · p add to corral.toml · d/r refuse";
+
+/// The columns of the table's TARGET column in a terminal `width` wide: a fixed share, and
+/// none below 60 columns (where the fixed columns would squeeze it).
+fn target_columns(width: u16) -> usize {
+    if width < 60 {
+        0
+    } else {
+        usize::from(width) * 35 / 100
+    }
+}
+
+/// The `n`th question's line in a terminal `width` wide (its destination fitted into what the
+/// rest of the line leaves, never losing its registrable domain and port), and whether a key
+/// may allow it: an error saying why not when the destination was not shown whole.
+fn ask_parts(
+    width: u16,
+    jail: &control::Entry,
+    q: &Question,
+    n: usize,
+) -> (String, Result<(), String>) {
+    let prefix = format!("ASK {} ", printable(&q.method));
+    let suffix = format!(
+        " ({}, {} s left){}",
+        printable(&jail.jail),
+        q.remaining,
+        if n == 0 { ASK_KEYS } else { "" }
+    );
+    let cols = usize::from(width).saturating_sub(fit::width(&prefix) + fit::width(&suffix));
+    let fitted = fit::fit(&printable(&q.host), q.port, cols);
+    let verdict = match fitted.whole {
+        true => Ok(()),
+        false => Err(too_long(&q.host, q.port)),
+    };
+    (format!("{prefix}{}{suffix}", fitted.text), verdict)
+}
+
+/// Whether a denial's destination shows whole in `cols` columns as `METHOD HOST:PORT`.
+fn shown_whole(method: &str, host: &str, port: u16, cols: usize) -> Result<(), String> {
+    let method = printable(method);
+    let fitted = fit::fit(
+        &printable(host),
+        port,
+        cols.saturating_sub(fit::width(&method) + 1),
+    );
+    match fitted.whole {
+        true => Ok(()),
+        false => Err(too_long(host, port)),
+    }
+}
+
+/// Why a key did not allow a destination the screen showed only in part.
+fn too_long(host: &str, port: u16) -> String {
+    format!(
+        "not allowed: {}:{port} ({} characters) was not shown whole; widen the terminal or run \
+         `corral allow NAME`",
+        fit::registrable(&printable(host)),
+        host.chars().count()
+    )
+}
 
 /// The pending questions of the running jails, oldest first per jail.
 fn pending_questions(jails: &[control::Entry]) -> Vec<(control::Entry, Question)> {
@@ -375,7 +452,7 @@ fn destination(n: &NetEvent) -> String {
     }
 }
 
-fn row(r: &Record, picked: bool) -> Row<'static> {
+fn row(r: &Record, picked: bool, target_cols: usize) -> Row<'static> {
     let time = r.time.get(11..19).unwrap_or(&r.time).to_string();
     let (word, target, rule, style) = match &r.event {
         Event::Net(n) => {
@@ -387,18 +464,22 @@ fn row(r: &Record, picked: bool) -> Row<'static> {
                 Some(Decision::Allow) => ("allow", Style::default().fg(Color::Green)),
                 None => ("-", Style::default()),
             };
-            let target = format!("{} {}:{}", n.method, n.host, n.port);
+            let method = printable(&n.method);
+            let cols = target_cols.saturating_sub(fit::width(&method) + 1);
+            let fitted = fit::fit(&printable(&n.host), n.port, cols);
+            // Made printable before it is fitted, so the marker is the only thing left out.
+            let target = format!("{method} {}", fitted.text);
             (word, target, n.rule.clone(), style)
         }
         Event::Exec(e) => (
             "exec",
-            e.command.join(" "),
+            printable(&e.command.join(" ")),
             e.reason.clone().unwrap_or_default(),
             Style::default().add_modifier(Modifier::DIM),
         ),
         Event::Jail(j) => (
             "jail",
-            j.name().to_string(),
+            printable(j.name()),
             j.summary(),
             Style::default().fg(Color::Cyan),
         ),
@@ -412,7 +493,7 @@ fn row(r: &Record, picked: bool) -> Row<'static> {
         time,
         r.jail.clone(),
         word.to_string(),
-        printable(&target),
+        target,
         printable(&rule),
     ])
     .style(style)
@@ -504,6 +585,62 @@ mod tests {
             port,
             ..NetEvent::default()
         }
+    }
+
+    /// A 253-character name that starts like api.github.com, asked about on an 80-column
+    /// screen: the line shows its registrable domain, port and keys, and `a` is refused; on a
+    /// screen wide enough for the whole name it is allowed.
+    #[test]
+    fn a_question_shows_the_domain_and_port_and_is_not_allowed_unless_whole() {
+        let host = format!(
+            "api.github.com.{}.{}.{}.{}.attacker.example",
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(29)
+        );
+        let jail = control::Entry {
+            jail: "j1".into(),
+            pid: 1,
+            project: PathBuf::from("/p"),
+            started: String::new(),
+            socket: PathBuf::from("/s"),
+            engine: None,
+        };
+        let q = Question {
+            id: 1,
+            method: "CONNECT".into(),
+            host: host.clone(),
+            port: 8443,
+            rule: "not in network.allow".into(),
+            held: 1,
+            remaining: 30,
+        };
+        let (text, verdict) = ask_parts(160, &jail, &q, 0);
+        let keys = " (j1, 30 s left)  a allow for this run · p add to corral.toml · d/r refuse";
+        let name_cols = 160 - "ASK CONNECT ".len() - fit::width(keys);
+        assert_eq!(
+            text,
+            format!(
+                "ASK CONNECT {}{}….attacker.example:8443{keys}",
+                "api.github.com.",
+                "a".repeat(name_cols - 15 - 1 - 22)
+            )
+        );
+        assert_eq!(fit::width(&text), 160);
+        let refusal = verdict.unwrap_err();
+        assert!(
+            refusal.starts_with("not allowed: attacker.example:8443 (253 characters)"),
+            "{refusal}"
+        );
+        // Wide enough for all of it: shown whole, and a key may allow it.
+        let (text, verdict) = ask_parts(400, &jail, &q, 0);
+        assert!(text.contains(&format!("{host}:8443")), "{text}");
+        assert_eq!(verdict, Ok(()));
+        // A denial row's target column follows the same rule.
+        assert!(shown_whole("CONNECT", &host, 8443, target_columns(120)).is_err());
+        assert!(shown_whole("CONNECT", "api.github.com", 443, target_columns(120)).is_ok());
+        assert!(shown_whole("CONNECT", "api.github.com", 443, target_columns(59)).is_err());
     }
 
     #[test]

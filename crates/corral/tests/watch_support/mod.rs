@@ -18,7 +18,7 @@ pub fn corral_watch(w: &crate::jail_support::World) -> Command {
     c
 }
 
-/// A `corral watch` on a 40x200 pty.
+/// A `corral watch` on a pty (40x200 unless sized).
 pub struct Watch {
     master: std::fs::File,
     _slave: std::fs::File,
@@ -28,9 +28,14 @@ pub struct Watch {
 
 impl Watch {
     /// Start `watch` (a `corral watch` command with its environment) on a pty.
-    pub fn start(mut watch: Command) -> Watch {
+    pub fn start(watch: Command) -> Watch {
+        Watch::start_sized(watch, 40, 200)
+    }
+
+    /// [`Watch::start`] on a pty of `rows` x `cols`.
+    pub fn start_sized(mut watch: Command, rows: u16, cols: u16) -> Watch {
         watch.env("TERM", "xterm-256color");
-        let (master, slave, child) = crate::jail_support::under_pty(watch, 40, 200);
+        let (master, slave, child) = crate::jail_support::under_pty(watch, rows, cols);
         let screen = Arc::new(Mutex::new(Vec::new()));
         let (mut reader, s) = (master.try_clone().unwrap(), screen.clone());
         std::thread::spawn(move || {

@@ -138,9 +138,10 @@ pub(in super::super) fn protected(g: &Gathered, m: &Layer, side: Side) -> Vec<Pa
     if side == Side::Agent && !m.allow_harness_config {
         protected.extend(harness_code(g));
     }
-    // A compose executor's service is defined in the override file `corral init --compose`
-    // wrote: the user's next `compose up` runs what it says (its volumes, its privileges, the
-    // name gate in front of `corral serve`) on the host, so the jail must not edit it.
+    // With a compose executor, the override file a plain `compose up` in the project merges
+    // stays read-only (defence in depth: `corral init --compose` writes its service into a file
+    // of its own outside the project and starts compose with that file only; projects set up
+    // by an earlier corral still define the service here).
     if matches!(
         m.exec_target,
         Some((crate::plan::ExecutorTarget::Compose(_), _))
