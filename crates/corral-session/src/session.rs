@@ -213,7 +213,10 @@ impl Session {
             git: None,
             own: Default::default(),
         };
-        for line in replaced::check(hidden) {
+        for line in replaced::check(hidden)
+            .into_iter()
+            .chain(replaced::appeared(plan))
+        {
             eprintln!("corral: {line}");
             session.record(JailEvent::Exposed { detail: line });
         }
