@@ -8,6 +8,7 @@ pub mod consts;
 pub mod domain;
 pub mod error;
 pub mod harness;
+pub mod hide;
 pub mod pathrule;
 pub mod plan;
 pub mod profile;

@@ -306,6 +306,11 @@ pub struct Plan {
     pub mounts: Vec<Mount>,
     /// Existing project files matched by `filesystem.hide`: present, empty and unreadable.
     pub masked: Vec<PathBuf>,
+    /// The `filesystem.hide` patterns (`corral_policy::hide::HideSet`), relative to the
+    /// project root: what `masked` was found with, and the names the jail may not create in
+    /// the project during the run (the name gate refuses them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hide: Vec<String>,
     /// Paths made read-only inside the jail, present or not: `filesystem.protect` in the
     /// project, every policy file a read-write bind would expose, and the harness's code in its
     /// state directories (the profile's `state_code`, unless the run may change it).
@@ -556,6 +561,7 @@ impl Plan {
             gid,
             mounts,
             masked: Vec::new(),
+            hide: Vec::new(),
             protected: vec![project_root.join("corral.toml")],
             guarded: Vec::new(),
             env,

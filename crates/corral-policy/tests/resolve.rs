@@ -138,6 +138,13 @@ fn err(r: Result<Plan, PolicyError>) -> String {
     }
 }
 
+/// The built-in `filesystem.hide` patterns.
+fn default_hide() -> Vec<String> {
+    [".env", ".env.*", "*.pem", "*.key"]
+        .map(String::from)
+        .to_vec()
+}
+
 /// The whole plan of `shell` in the fixture with nothing but the built-in defaults: what the
 /// tests below change the expected parts of.
 fn shell_plan(f: &Fx) -> Plan {
@@ -200,6 +207,7 @@ fn shell_plan(f: &Fx) -> Plan {
         gid: 1000,
         mounts,
         masked: vec![root.join(".env"), root.join("sub/.env")],
+        hide: default_hide(),
         protected: vec![
             root.join(".git/config"),
             root.join(".git/hooks"),
@@ -334,6 +342,7 @@ fn pi_plan(f: &Fx) -> Plan {
         gid: 1000,
         mounts: exec_mounts,
         masked: masked.clone(),
+        hide: default_hide(),
         protected: protected.clone(),
         guarded: vec![],
         env: basics.clone(),
@@ -433,6 +442,7 @@ fn pi_plan(f: &Fx) -> Plan {
         gid: 1000,
         mounts,
         masked,
+        hide: default_hide(),
         protected,
         guarded,
         env: jail_env,
@@ -1087,6 +1097,16 @@ fn hide_patterns_without_a_slash_match_at_any_depth_and_with_one_are_anchored() 
             f.root.join("deep/er/secrets"),
             f.root.join("sub/.env"),
         ]
+    );
+    // The patterns themselves reach the Plan (the name gate refuses what they match), after
+    // the built-in ones.
+    assert_eq!(
+        plan.hide,
+        [
+            default_hide(),
+            vec!["config/prod.yml".into(), "secrets/".into()]
+        ]
+        .concat()
     );
 }
 

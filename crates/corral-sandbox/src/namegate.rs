@@ -17,7 +17,10 @@
 //!   directory holding no `objects` (git's `logs/HEAD`, `refs/remotes/origin/HEAD`);
 //! - an `objects` never beside a `HEAD` (checked and created under a flock of the directory,
 //!   which every gate of the run takes, so the second of the pair sees the first);
-//! - a variant spelling, or any non-ASCII name, only where the directory does not fold names.
+//! - a variant spelling, or any non-ASCII name, only where the directory does not fold names;
+//! - in the project, no name the Plan's `filesystem.hide` patterns match ([`Hidden`]): hidden
+//!   files are masked when the run starts, so one the jail made during the run (a `.env.local`
+//!   the user then fills in) would be readable in it.
 //!
 //! The jail's own file systems (its tmpfs /tmp, home, /dev) are invisible to the host: a clone
 //! or `git init` there works. A rename cannot carry a repository from them into a bind (EXDEV).
@@ -80,6 +83,8 @@ pub(crate) struct Gate {
     protected_symlinks: bool,
     /// The jail's uid (the gate's own, as the caller's).
     uid: libc::uid_t,
+    /// The `filesystem.hide` patterns, refused as new names in the project.
+    hidden: Option<Hidden>,
     reports: Reporter,
     umasks: Umasks,
     fifo_waits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
@@ -144,12 +149,13 @@ impl Gate {
             return Ok(None);
         }
         let mountinfo = crate::mountinfo::read_proc("/proc/self/mountinfo")?;
-        Gate::new(
+        let mut gate = Gate::new(
             &plan.git.dirs,
             private.0.iter().copied().collect(),
             &mountinfo,
-        )
-        .map(Some)
+        )?;
+        gate.hidden = Hidden::of(plan)?;
+        Ok(Some(gate))
     }
 
     /// The gate for the git directories `dirs` (as this process sees them), with the file
@@ -186,6 +192,7 @@ impl Gate {
             protected_symlinks,
             // SAFETY: getuid cannot fail.
             uid: unsafe { libc::getuid() },
+            hidden: None,
             reports: Reporter::default(),
             umasks: Umasks::default(),
             fifo_waits: Default::default(),
@@ -314,14 +321,7 @@ impl Gate {
     /// One stderr line per refused path (at most [`REPORT_MAX`]), written by a thread of its
     /// own: the jail can stop its terminal's output, which must not stop the gate.
     fn report(&self, kind: Refusal, parent: &OwnedFd, name: &[u8]) {
-        let dir = std::fs::read_link(format!("/proc/self/fd/{}", parent.as_raw_fd()))
-            .map(|p| p.into_os_string().into_vec())
-            .unwrap_or_else(|_| b"?".to_vec());
-        let mut path = dir;
-        if path.last() != Some(&b'/') {
-            path.push(b'/');
-        }
-        path.extend_from_slice(name);
+        let path = path_of(parent, name);
         let what = match kind {
             Refusal::DotGit => "a `.git`",
             Refusal::Head => "a `HEAD` outside the run's git directories",
@@ -341,6 +341,109 @@ impl Gate {
                 String::from_utf8_lossy(&path)
             ),
         );
+    }
+
+    /// May `name` be created in the directory `parent`, as `filesystem.hide` goes? `Err` holds
+    /// the pattern that matches it. The jail's own file systems are invisible to the host:
+    /// anything may be made there. A directory whose file system cannot be told is not taken
+    /// for one of them.
+    fn hide_allows(&self, parent: &OwnedFd, name: &[u8]) -> Result<(), String> {
+        let Some(hidden) = &self.hidden else {
+            return Ok(());
+        };
+        if fstat(parent).is_ok_and(|st| self.private_devs.contains(&st.st_dev)) {
+            return Ok(());
+        }
+        let dir = dir_path(parent);
+        match hidden.refuses(dir.as_deref(), name) {
+            Some(pattern) => Err(pattern.to_string()),
+            None => Ok(()),
+        }
+    }
+
+    /// The stderr line for a name refused because `filesystem.hide` matches it.
+    fn report_hidden(&self, parent: &OwnedFd, name: &[u8], pattern: &str) {
+        let path = path_of(parent, name);
+        self.reports.send(
+            path.clone(),
+            format!(
+                "corral: refused creating {:?} during the run: it matches `filesystem.hide` \
+                 ({pattern:?}), whose files corral masks when a run starts, so whatever was put \
+                 in it later would be readable in the jail. If the jail should have this file, \
+                 create it on the host (the next run masks it), or give it a name \
+                 `filesystem.hide` does not match (or, for a pattern of your own policy, remove \
+                 the pattern).",
+                String::from_utf8_lossy(&path)
+            ),
+        );
+    }
+}
+
+/// The path of the directory `dir` as the kernel names it now (in PID 1's root, the jail's),
+/// or `None` when it cannot be read.
+fn dir_path(dir: &OwnedFd) -> Option<Vec<u8>> {
+    std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+        .ok()
+        .map(|p| p.into_os_string().into_vec())
+}
+
+/// `name` in the directory `parent`, for a report (`?` for a directory that cannot be named).
+fn path_of(parent: &OwnedFd, name: &[u8]) -> Vec<u8> {
+    let mut path = dir_path(parent).unwrap_or_else(|| b"?".to_vec());
+    if path.last() != Some(&b'/') {
+        path.push(b'/');
+    }
+    path.extend_from_slice(name);
+    path
+}
+
+/// The Plan's `filesystem.hide` patterns and the project root they are relative to (where
+/// the jail sees the project: at its own path), matched with the one matcher the masking walk
+/// uses (`corral_policy::hide::HideSet`).
+pub(crate) struct Hidden {
+    set: corral_policy::hide::HideSet,
+    /// The root without a trailing slash (empty for `/`).
+    root: Vec<u8>,
+}
+
+impl Hidden {
+    /// The patterns of `plan`, or `None` when it has none. A pattern that does not compile is
+    /// an error: the jail does not start without the rule.
+    fn of(plan: &Plan) -> io::Result<Option<Hidden>> {
+        if plan.hide.is_empty() {
+            return Ok(None);
+        }
+        let set = corral_policy::hide::HideSet::new(&plan.hide).map_err(io::Error::other)?;
+        Ok(Some(Hidden::new(
+            set,
+            plan.project.root.as_os_str().as_bytes(),
+        )))
+    }
+
+    fn new(set: corral_policy::hide::HideSet, root: &[u8]) -> Hidden {
+        let end = root.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
+        Hidden {
+            set,
+            root: root[..end].to_vec(),
+        }
+    }
+
+    /// The pattern that `name`, made in the directory whose path is `dir`, matches (`None`:
+    /// it may be made). A directory outside the project is not the patterns' concern. A
+    /// directory whose path cannot be read (`None`) is taken for the project root: `name` is
+    /// matched alone, which for a pattern without a slash (it matches at any depth) is the
+    /// same answer as anywhere in the project.
+    fn refuses(&self, dir: Option<&[u8]>, name: &[u8]) -> Option<&str> {
+        let rel: Vec<u8> = match dir {
+            None => name.to_vec(),
+            Some(dir) => match dir.strip_prefix(self.root.as_slice()) {
+                Some(b"" | b"/") => name.to_vec(),
+                Some([b'/', below @ ..]) => [below, b"/", name].concat(),
+                _ => return None,
+            },
+        };
+        self.set
+            .matching(std::path::Path::new(OsStr::from_bytes(&rel)))
     }
 }
 
@@ -1372,6 +1475,10 @@ fn check(gate: &Gate, entry: &Entry) -> Result<Option<OwnedFd>, i32> {
         gate.report(kind, &entry.parent, name);
         libc::EPERM
     })?;
+    gate.hide_allows(&entry.parent, name).map_err(|pattern| {
+        gate.report_hidden(&entry.parent, name, &pattern);
+        libc::EACCES
+    })?;
     Ok(lock)
 }
 
@@ -2095,6 +2202,104 @@ mod tests {
         for e in NOT_ENOENT {
             assert_eq!(Seen::of(Err::<(), _>(e)), Seen::Present, "errno {e}");
         }
+    }
+
+    fn hidden(root: &str) -> Hidden {
+        let patterns: Vec<String> = [".env", ".env.*", "*.pem", "config/secrets.yml", "/top.key"]
+            .map(String::from)
+            .to_vec();
+        Hidden::new(
+            corral_policy::hide::HideSet::new(&patterns).unwrap(),
+            root.as_bytes(),
+        )
+    }
+
+    #[test]
+    fn hide_patterns_refuse_names_in_the_project_as_the_masking_walk_matches_them() {
+        let h = hidden("/work/proj/");
+        // (directory the name is made in, name, the pattern that refuses it)
+        let table: [(Option<&str>, &str, Option<&str>); 17] = [
+            (Some("/work/proj"), ".env", Some(".env")),
+            (Some("/work/proj"), ".env.local", Some(".env.*")),
+            // A rename or link target, a directory (mkdir): the same name, the same answer.
+            (Some("/work/proj/a/b"), ".env.prod", Some(".env.*")),
+            (Some("/work/proj/a"), ".env.d", Some(".env.*")),
+            (Some("/work/proj/deep/er"), "id.pem", Some("*.pem")),
+            (
+                Some("/work/proj/config"),
+                "secrets.yml",
+                Some("config/secrets.yml"),
+            ),
+            (Some("/work/proj/x/config"), "secrets.yml", None),
+            (Some("/work/proj"), "top.key", Some("/top.key")),
+            (Some("/work/proj/sub"), "top.key", None),
+            (Some("/work/proj"), ".envrc", None),
+            (Some("/work/proj"), "env", None),
+            (Some("/work/proj"), "notes.txt", None),
+            // Outside the project: not the patterns' concern.
+            (Some("/work/proj2"), ".env", None),
+            (Some("/home/u/.codex"), ".env.local", None),
+            (Some("/"), ".env", None),
+            // A directory that cannot be named: the name alone, as at the root.
+            (None, ".env.local", Some(".env.*")),
+            (None, "top.key", Some("/top.key")),
+        ];
+        for (dir, name, want) in table {
+            assert_eq!(
+                h.refuses(dir.map(str::as_bytes), name.as_bytes()),
+                want,
+                "{name} in {dir:?}"
+            );
+        }
+        // A project at the root of the file system.
+        let at_root = hidden("/");
+        assert_eq!(at_root.refuses(Some(b"/"), b".env"), Some(".env"));
+        assert_eq!(
+            at_root.refuses(Some(b"/config"), b"secrets.yml"),
+            Some("config/secrets.yml")
+        );
+    }
+
+    #[test]
+    fn a_hidden_name_is_refused_with_eacces_in_the_project_and_made_in_the_jails_own_files() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().canonicalize().unwrap();
+        std::fs::create_dir(root.join("sub")).unwrap();
+        let entry = |dir: &str, name: &str| Entry {
+            parent: open_path(
+                libc::AT_FDCWD,
+                root.join(dir).as_os_str(),
+                libc::O_DIRECTORY,
+            )
+            .unwrap(),
+            last: name.as_bytes().to_vec(),
+        };
+        let with_hidden = |private: HashSet<u64>| {
+            let mut gate = Gate::new(&[], private, b"").unwrap();
+            gate.hidden = Some(hidden(root.to_str().unwrap()));
+            gate
+        };
+        let gate = with_hidden(HashSet::new());
+        for (dir, name) in [
+            ("", ".env.local"),
+            ("sub", ".env"),
+            ("sub", "key.pem"),
+            ("", ".env.d/"),
+        ] {
+            assert_eq!(
+                check(&gate, &entry(dir, name)).err(),
+                Some(libc::EACCES),
+                "{dir}/{name}"
+            );
+        }
+        assert!(check(&gate, &entry("sub", "notes.txt")).is_ok());
+        // Control: the same names on a file system of the jail's own (its /tmp).
+        let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(&root).unwrap());
+        let own = with_hidden([dev].into_iter().collect());
+        assert!(check(&own, &entry("", ".env.local")).is_ok());
+        // And without the patterns, as before.
+        let none = Gate::new(&[], HashSet::new(), b"").unwrap();
+        assert!(check(&none, &entry("", ".env.local")).is_ok());
     }
 
     /// A directory whose lookups answer as told.

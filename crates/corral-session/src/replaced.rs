@@ -6,6 +6,10 @@
 //! gate keeps it from being written; docs/host-safety.md, "Known limits"). That cannot be
 //! undone after the fact, so it is said: each such file is listed when the run ends, on stderr
 //! and in the audit log (`exposed`), so the user knows what to rotate.
+//!
+//! Likewise for a file `filesystem.hide` matches that nobody masked ([`appeared`]): masking is
+//! decided when the run starts, so a `.env` the host made during the run (or the executor, or
+//! the jail where the name gate does not run) was readable in the jail.
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 
@@ -60,6 +64,43 @@ pub fn check(watch: Watch) -> Vec<String> {
         .collect()
 }
 
+/// One line for each file or directory in the project that `plan`'s `filesystem.hide`
+/// patterns match now but that was not masked when the run started (`plan.masked`, or below a
+/// masked directory): the jail could read it. Found by the same walk and matcher as the
+/// masking (`corral_policy::resolve::find_masked`); a directory only unreadable to that walk
+/// is not named unless a pattern matches it.
+pub fn appeared(plan: &Plan) -> Vec<String> {
+    if plan.hide.is_empty() {
+        return Vec::new();
+    }
+    let root = &plan.project.root;
+    let found = corral_policy::resolve::find_masked(root, &plan.hide)
+        .and_then(|found| Ok((found, corral_policy::hide::HideSet::new(&plan.hide)?)));
+    let (found, set) = match found {
+        Ok(f) => f,
+        Err(e) => {
+            return vec![format!(
+                "could not look for hidden files that appeared during the run in {}: {e}",
+                corral_audit::printable(&root.display().to_string())
+            )];
+        }
+    };
+    found
+        .into_iter()
+        .filter(|p| p.strip_prefix(root).is_ok_and(|rel| set.is_match(rel)))
+        .filter(|p| !plan.masked.iter().any(|m| p.starts_with(m)))
+        .map(|p| {
+            format!(
+                "{} matches `filesystem.hide` but was not masked in this run (it appeared \
+                 during the run: made on the host, by the executor, or by the jail), so the \
+                 jail could read it. Treat what it holds as seen by the jail; the next run \
+                 masks it.",
+                corral_audit::printable(&p.display().to_string())
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,5 +137,36 @@ mod tests {
             lines[0].starts_with(&env.display().to_string()),
             "{lines:?}"
         );
+    }
+
+    #[test]
+    fn a_hidden_file_that_appeared_is_listed_and_one_masked_at_start_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let mut plan = Plan::minimal(&root, std::path::Path::new("/home/u"), vec!["true".into()]);
+        plan.hide = vec![".env".into(), ".env.*".into(), "secrets/".into()];
+        for d in ["secrets", "sub"] {
+            std::fs::create_dir(root.join(d)).unwrap();
+        }
+        for f in [".env", "secrets/.env", "sub/.env.local", "notes.txt"] {
+            std::fs::write(root.join(f), "A=1").unwrap();
+        }
+        // `.env` and `secrets/` were masked when the run started; `sub/.env.local` appeared.
+        plan.masked = vec![root.join(".env"), root.join("secrets")];
+        let lines = appeared(&plan);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with(&format!(
+                "{} matches `filesystem.hide` but was not masked",
+                root.join("sub/.env.local").display()
+            )),
+            "{lines:?}"
+        );
+        // Nothing to say when nothing appeared, or without patterns.
+        std::fs::remove_file(root.join("sub/.env.local")).unwrap();
+        assert_eq!(appeared(&plan), Vec::<String>::new());
+        std::fs::write(root.join("sub/.env.local"), "A=1").unwrap();
+        plan.hide.clear();
+        assert_eq!(appeared(&plan), Vec::<String>::new());
     }
 }

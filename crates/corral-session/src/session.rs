@@ -247,7 +247,10 @@ impl Session {
             git: None,
             own: Default::default(),
         };
-        for line in replaced::check(hidden) {
+        for line in replaced::check(hidden)
+            .into_iter()
+            .chain(replaced::appeared(plan))
+        {
             endlines::say(&format!("corral: {line}"));
             session.record(JailEvent::Exposed { detail: line });
         }

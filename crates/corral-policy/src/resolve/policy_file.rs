@@ -17,7 +17,6 @@ use super::grants::{
     publish_text, secret_text, upstream_text,
 };
 use super::layer::{Layer, Loc, NetLayer, PathCtx, Trust, normalize};
-use super::walk::hide_glob;
 use super::{Flags, real_path};
 
 pub(super) fn span_loc<T>(file: &Path, text: &str, s: &Spanned<T>) -> Loc {
@@ -391,7 +390,7 @@ impl Reader<'_> {
         for raw in fs.hide {
             let at = self.at(&raw);
             let g = raw.into_inner();
-            hide_glob(&g).map_err(|e| at.error(e))?;
+            crate::hide::glob(&g).map_err(|e| at.error(e))?;
             l.hide.push((g, at));
         }
         for raw in fs.protect {

@@ -158,6 +158,13 @@ fn default_executor(jail: Option<Box<Plan>>) -> ExecutorPlan {
     }
 }
 
+/// The built-in `filesystem.hide` patterns.
+fn default_hide() -> Vec<String> {
+    [".env", ".env.*", "*.pem", "*.key"]
+        .map(String::from)
+        .to_vec()
+}
+
 /// The plan of `shell` with nothing but the built-in defaults, written out whole.
 fn shell_plan() -> Plan {
     let mut mounts = system_mounts();
@@ -198,6 +205,7 @@ fn shell_plan() -> Plan {
         gid: 1000,
         mounts: mounts.clone(),
         masked: vec![],
+        hide: default_hide(),
         protected: protected.clone(),
         guarded: vec![],
         env: basics(),
@@ -226,6 +234,7 @@ fn shell_plan() -> Plan {
         gid: 1000,
         mounts,
         masked: vec![],
+        hide: default_hide(),
         protected,
         guarded: vec![],
         env: with_proxy(basics()),
@@ -536,6 +545,7 @@ fn a_project_file_is_listed_and_gated_where_it_grants_more() {
     expected.network.allow = vec![pat("x.example.com")];
     expected.limits.memory = Some(8 << 30);
     expected.limits.pids = Some(100);
+    expected.hide.push("*.secret".into());
     expected.limits.built_in = LimitKinds {
         cpus: true,
         ..LimitKinds::default()
@@ -550,6 +560,7 @@ fn a_project_file_is_listed_and_gated_where_it_grants_more() {
     let sandbox = expected.executor.jail.as_mut().unwrap();
     sandbox.limits = expected.limits.clone();
     sandbox.sources = expected.sources.clone();
+    sandbox.hide = expected.hide.clone();
     assert_eq!(plan, expected);
 }
 

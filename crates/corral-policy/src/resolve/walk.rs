@@ -4,26 +4,6 @@ use std::path::{Path, PathBuf};
 
 use crate::error::PolicyError;
 
-/// The `hide` glob of one pattern: without a slash it matches at any depth; with one it is
-/// anchored at the project root.
-pub(super) fn hide_glob(pattern: &str) -> Result<globset::Glob, String> {
-    let p = pattern.trim_end_matches('/');
-    if p.is_empty() || p == "/" {
-        return Err(format!("filesystem.hide: empty pattern {pattern:?}"));
-    }
-    let g = if let Some(anchored) = p.strip_prefix('/') {
-        anchored.to_string()
-    } else if p.contains('/') {
-        p.to_string()
-    } else {
-        format!("**/{p}")
-    };
-    globset::GlobBuilder::new(&g)
-        .literal_separator(true)
-        .build()
-        .map_err(|e| format!("filesystem.hide: invalid pattern {pattern:?}: {e}"))
-}
-
 /// Entries a project walk ([`walk_tree`]) visits on the calling thread before the directories
 /// it has not read yet are shared among threads: a small project is listed without starting
 /// (and waiting for) threads, which on a busy machine costs more than the walk itself.
@@ -213,14 +193,8 @@ where
 /// root that cannot be read is masked whole: the jail's user may be its owner, able to make
 /// it readable and read what this walk could not see.
 pub fn find_masked(root: &Path, patterns: &[String]) -> Result<Vec<PathBuf>, PolicyError> {
-    let mut b = globset::GlobSetBuilder::new();
-    for p in patterns {
-        b.add(hide_glob(p).map_err(PolicyError::Invalid)?);
-    }
-    let set = b
-        .build()
-        .map_err(|e| PolicyError::Invalid(format!("filesystem.hide: {e}")))?;
-    if patterns.is_empty() {
+    let set = crate::hide::HideSet::new(patterns)?;
+    if set.is_empty() {
         return Ok(Vec::new());
     }
     let objects = root.join(".git/objects");

@@ -102,6 +102,7 @@ fn jail(g: &Gathered, p: &Policy, side: Side) -> Result<Plan, PolicyError> {
         gid: g.gid,
         mounts: mounts::mounts(g, m, side),
         masked: g.disk.masked.clone(),
+        hide: dedup(m.hide.iter().map(|(h, _)| h.clone())),
         protected: mounts::protected(g, m, side),
         guarded: if agent {
             mounts::guarded(g, m)
