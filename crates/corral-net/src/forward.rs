@@ -18,6 +18,17 @@ pub async fn forward_port(
     jail: String,
     idle_timeout: Duration,
 ) -> std::io::Result<()> {
+    forward_port_recorded(listener, target, (audit, jail), idle_timeout, None).await
+}
+
+/// [`forward_port`], counting the connections it refuses into `refusals` (the proxy's).
+pub(crate) async fn forward_port_recorded(
+    listener: std::net::TcpListener,
+    target: SocketAddr,
+    (audit, jail): (AuditLog, String),
+    idle_timeout: Duration,
+    refusals: Option<Arc<crate::bounds::Refusals>>,
+) -> std::io::Result<()> {
     let refused = crate::bounds::Notice::new();
     let mut listener = crate::bounds::Acceptor::new(
         listener,
@@ -25,6 +36,9 @@ pub async fn forward_port(
         b"",
         &refused,
     )?;
+    if let Some(r) = refusals {
+        listener = listener.recorded(r);
+    }
     let ctx = Arc::new((audit, jail));
     loop {
         let (client, peer) = listener.accept().await;

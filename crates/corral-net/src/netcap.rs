@@ -615,13 +615,16 @@ pub async fn serve_dns_tcp(
         "the stub resolver (TCP)",
         b"",
         proxy.refused_for_descriptors(),
-    )?;
+    )?
+    .recorded(proxy.refusals().clone());
     // Resolvers open a TCP connection only after a truncated UDP answer: a few suffice.
     let slots = Arc::new(tokio::sync::Semaphore::new(DNS_TCP_CONNECTIONS));
     loop {
         let (mut conn, peer) = listener.accept().await;
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             drop(conn);
+            let why = crate::bounds::reason::CONNECTIONS;
+            proxy.refusals().hit("the stub resolver (TCP)", why);
             continue;
         };
         let (proxy, pool) = (proxy.clone(), pool.clone());
@@ -667,7 +670,8 @@ pub async fn serve_capture(
         format!("stub capture on port {port}"),
         b"",
         proxy.refused_for_descriptors(),
-    )?;
+    )?
+    .recorded(proxy.refusals().clone());
     loop {
         let (conn, peer) = listener.accept().await;
         let local = conn.local_addr().ok().map(|a| a.ip());

@@ -282,10 +282,22 @@ impl Backend for Native<'_> {
                 eprintln!("corral: {line}");
             }
         }
+        // Every open tunnel ended and its close record written, and every refusal recorded,
+        // before the summary and the exit record.
+        if let Some(proxy) = self.proxy.as_mut() {
+            proxy.shutdown();
+        }
         network_summary(self.proxy.as_ref(), session.audit());
         if let Some(terminal) = self.terminal.take() {
             report_terminal(terminal, session);
         }
+    }
+
+    fn refused(&self) -> std::collections::BTreeMap<String, u64> {
+        self.proxy
+            .as_ref()
+            .map(|p| p.proxy().refusals().totals())
+            .unwrap_or_default()
     }
 }
 
