@@ -261,7 +261,9 @@ impl JailEvent {
     /// The exit code it carries (`exit`, `error`).
     pub fn exit_code(&self) -> Option<i32> {
         match self {
-            JailEvent::Error { exit_code, .. } | JailEvent::Exit { exit_code, .. } => Some(*exit_code),
+            JailEvent::Error { exit_code, .. } | JailEvent::Exit { exit_code, .. } => {
+                Some(*exit_code)
+            }
             _ => None,
         }
     }

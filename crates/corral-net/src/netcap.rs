@@ -91,7 +91,13 @@ pub async fn publish_port(
                     return;
                 }
             };
-            crate::forward::relay_audited(audit, jail, ev, client, up, idle_timeout, started).await;
+            let relay = crate::forward::Relay {
+                client,
+                up,
+                idle_timeout,
+                started,
+            };
+            crate::forward::relay_audited(audit, jail, ev, relay).await;
         });
     }
 }

@@ -135,7 +135,7 @@ impl OpenConns {
             st.stopping = true;
             st.open.values().cloned().collect()
         };
-        self.stopping.send_replace(true);
+        // Each flag first: a task stopped by the signal below records itself as ended by it.
         for o in &open {
             o.stop.store(true, Ordering::Release);
             if let Some(w) = o.waker.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -143,6 +143,7 @@ impl OpenConns {
             }
         }
         drop(open);
+        self.stopping.send_replace(true);
         let all_ended = async {
             loop {
                 let notified = self.empty.notified();
@@ -287,7 +288,10 @@ mod tests {
             .unwrap();
         let late = rt.block_on(conns.shutdown(Duration::from_millis(50)));
         assert_eq!(late, 1);
-        assert!(conns.register(dest("c")).is_none(), "registered after shutdown");
+        assert!(
+            conns.register(dest("c")).is_none(),
+            "registered after shutdown"
+        );
         stuck.set_bytes(99, 99);
         drop(stuck);
         let got: Vec<(String, u64, u64, String)> = closes(&log)

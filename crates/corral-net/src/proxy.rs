@@ -515,19 +515,55 @@ struct TunnelMeta {
 
 /// The task of an established tunnel: the relay, then its close line; the connection's slot is
 /// released when it ends.
-/// The relay keeps the close record's counters current; when the proxy shuts down, the tunnel
-/// ends at its next poll (both sockets closed) and its record is written then.
 struct TunnelTask<S> {
-    relay: Relay<S, TcpStream>,
+    relay: RecordedRelay<S, TcpStream>,
     proxy: Arc<Proxy>,
-    /// Its close record; `None` once written.
-    owed: Option<Owed>,
-    /// Bytes the client sent before the tunnel was established.
-    early: u64,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Future for TunnelTask<S> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let t = self.get_mut();
+        if Pin::new(&mut t.relay).poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        t.proxy.closed.fetch_add(1, Ordering::Relaxed);
+        Poll::Ready(())
+    }
+}
+
+/// A relay whose close record is owed (open.rs): it keeps the record's counters current, and
+/// when the proxy shuts down it ends at its next poll (both sockets closed). Its record is
+/// written when it ends, either way.
+pub(crate) struct RecordedRelay<A, B> {
+    relay: Relay<A, B>,
+    /// Its close record; `None` once written.
+    owed: Option<Owed>,
+    /// Bytes the client sent before the relay started (already written upstream).
+    early: u64,
+}
+
+impl<A, B> RecordedRelay<A, B>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    pub(crate) fn new(relay: Relay<A, B>, owed: Owed, early: u64) -> Self {
+        RecordedRelay {
+            relay,
+            owed: Some(owed),
+            early,
+        }
+    }
+}
+
+impl<A, B> Future for RecordedRelay<A, B>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -545,7 +581,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Future for TunnelTask<S> {
             t.owed = Some(owed);
             return Poll::Pending;
         }
-        t.proxy.closed.fetch_add(1, Ordering::Relaxed);
         owed.close(up + t.early, down);
         Poll::Ready(())
     }
@@ -834,6 +869,12 @@ impl Proxy {
     /// records; [`Refusals::totals`] for the run's `exit` record).
     pub fn refusals(&self) -> &Arc<Refusals> {
         &self.refusals
+    }
+
+    /// The connections owing their close record, for the bridges that relay beside the proxy
+    /// (`host_ports`).
+    pub(crate) fn open_conns(&self) -> &Arc<OpenConns> {
+        &self.open
     }
 
     /// Upstream connections open now, each owing its close record.
@@ -1426,7 +1467,7 @@ impl Proxy {
         let stopping = self.open.clone();
         let decide = async {
             if port == 80 {
-            // Plain HTTP: the proxy's own HTTP path, every request's Host pinned to the name.
+                // Plain HTTP: the proxy's own HTTP path, every request's Host pinned to the name.
                 Box::pin(self.http_pinned(BufConn::new(stream), &client, Some((host, port)))).await
             } else {
                 Box::pin(self.tunnel_decided(
@@ -1474,19 +1515,20 @@ impl Proxy {
             started: m.started,
         };
         let Some(owed) = self.open.register(dest) else {
-            self.log_close(&peer, m.method, &m.host, m.port, m.address, m.early, 0, m.started);
+            self.log_close(
+                &peer, m.method, &m.host, m.port, m.address, m.early, 0, m.started,
+            );
             return None;
         };
+        let relay = tunnel(
+            t.client,
+            t.up,
+            self.config.idle_timeout,
+            Some(self.pending.clone()),
+        );
         Some(TunnelTask {
-            relay: tunnel(
-                t.client,
-                t.up,
-                self.config.idle_timeout,
-                Some(self.pending.clone()),
-            ),
+            relay: RecordedRelay::new(relay, owed, t.meta.early),
             proxy: self,
-            owed: Some(owed),
-            early: t.meta.early,
             _permit: permit,
         })
     }
@@ -2165,9 +2207,7 @@ impl Proxy {
         let allowed = Decision::Allow;
         if !self.log_decision(peer, method, &shown, port, address, allowed, &rule) {
             // Fail closed: nothing is sent that the log does not show.
-            return self
-                .abandon(&mut client.io, p, 503, Self::UNRECORDED)
-                .await;
+            return self.abandon(&mut client.io, p, 503, Self::UNRECORDED).await;
         }
         true
     }
@@ -2347,7 +2387,12 @@ impl Proxy {
         let hdr = client.read_exact_by(2, t).await.ok()?;
         let methods = client.read_exact_by(hdr[1] as usize, t).await.ok()?;
         if !methods.contains(&0) {
-            self.log_bad(peer, "SOCKS5", "?", "no acceptable authentication method (only none)");
+            self.log_bad(
+                peer,
+                "SOCKS5",
+                "?",
+                "no acceptable authentication method (only none)",
+            );
             let _ = client.io.write_all(&[5, 0xff]).await;
             return None;
         }

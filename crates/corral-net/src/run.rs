@@ -125,7 +125,7 @@ pub fn spawn(proxy: Arc<Proxy>, listeners: Vec<Listener>) -> Result<ProxyHandle,
                                 target,
                                 (audit, jail),
                                 Duration::from_secs(3600),
-                                Some(p.refusals().clone()),
+                                Some((p.refusals().clone(), p.open_conns().clone())),
                             ))
                         }
                     };

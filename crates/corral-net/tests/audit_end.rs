@@ -119,7 +119,8 @@ fn a_kept_alive_upstream_open_at_shutdown_is_recorded() {
     let port = origin.port();
     let mut h = start_default(port);
     let mut c = h.client();
-    let get = format!("GET http://origin.test:{port}/one HTTP/1.1\r\nHost: origin.test:{port}\r\n\r\n");
+    let get =
+        format!("GET http://origin.test:{port}/one HTTP/1.1\r\nHost: origin.test:{port}\r\n\r\n");
     let r = c.request(&get).unwrap();
     assert_eq!(r.status, 200);
     assert!(phase(&h.log, NetPhase::Close).is_empty(), "control");
@@ -130,7 +131,11 @@ fn a_kept_alive_upstream_open_at_shutdown_is_recorded() {
     assert_eq!(closes[0].rule, "closed by corral: the proxy shut down");
     // The head as sent upstream (origin-form), and the whole answer.
     assert!(closes[0].bytes_up > 20, "{:?}", closes[0]);
-    assert!(closes[0].bytes_down > r.body.len() as u64, "{:?}", closes[0]);
+    assert!(
+        closes[0].bytes_down > r.body.len() as u64,
+        "{:?}",
+        closes[0]
+    );
 }
 
 /// Past the connection limit, each refused connection (503) is counted into `refused`
@@ -234,12 +239,18 @@ fn out_of_descriptors_every_refusal_is_counted_in_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("audit.jsonl");
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["audit_fd_child", "--exact", "--ignored", "--nocapture", "--quiet"])
-        .env("CORRAL_TEST_AUDIT_FD_LOG", &log_path)
-        .env("CORRAL_TEST_ORIGIN_PORT", port.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+    cmd.args([
+        "audit_fd_child",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--quiet",
+    ])
+    .env("CORRAL_TEST_AUDIT_FD_LOG", &log_path)
+    .env("CORRAL_TEST_ORIGIN_PORT", port.to_string())
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
     use std::os::unix::process::CommandExt;
     // SAFETY: setrlimit is async-signal-safe and allocates nothing.
     unsafe {
@@ -311,4 +322,37 @@ fn out_of_descriptors_every_refusal_is_counted_in_the_log() {
     assert_eq!(decisions.len() as u64, ok + dial_refused);
     // And every tunnel served has its close record.
     assert_eq!(phase(&log, NetPhase::Close).len() as u64, ok);
+}
+
+/// A `host_ports` bridge still open when the proxy shuts down is ended and gets its close
+/// record with its bytes. Control: none before the shutdown.
+#[test]
+fn a_host_port_connection_open_at_shutdown_is_recorded() {
+    let echo = echo_server();
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::at(dir.path().join("audit.jsonl"));
+    let proxy = Proxy::new(rules(&[], &[]), log.clone(), "fwdjail");
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let forward = corral_net::Listener::Forward {
+        listener: l,
+        target: echo,
+    };
+    let mut handle = corral_net::spawn(Arc::new(proxy), vec![forward]).unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let payload = vec![7u8; 12345];
+    s.write_all(&payload).unwrap();
+    let mut back = vec![0u8; payload.len()];
+    s.read_exact(&mut back).unwrap();
+    assert!(phase(&log, NetPhase::Close).is_empty(), "control");
+    handle.shutdown();
+    let closes = phase(&log, NetPhase::Close);
+    assert_eq!(closes.len(), 1, "{closes:?}");
+    let c = &closes[0];
+    assert_eq!(
+        (c.method.as_str(), c.bytes_up, c.bytes_down),
+        ("FORWARD", 12345, 12345)
+    );
+    assert_eq!(c.client, s.local_addr().unwrap().to_string());
 }
