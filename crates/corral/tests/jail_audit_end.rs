@@ -171,9 +171,16 @@ echo END
         assert_eq!(c.rule, "closed by corral: the proxy shut down", "{c:?}");
     }
     // Every 503: counted, or (no descriptor for the destination) its own decision record.
-    assert_eq!(&counted, totals, "the refused records and the exit record's totals");
+    assert_eq!(
+        &counted, totals,
+        "the refused records and the exit record's totals"
+    );
     let at_accept: u64 = counted.values().sum();
-    assert_eq!(at_accept + dial_refused, refused, "{counted:?}, {dial_refused}");
+    assert_eq!(
+        at_accept + dial_refused,
+        refused,
+        "{counted:?}, {dial_refused}"
+    );
     // Control: the connections refused at accept have no decision record of their own.
     let decisions = records
         .iter()
