@@ -126,7 +126,7 @@ pub(crate) async fn relay_audited(audit: &AuditLog, jail: &str, mut ev: NetEvent
 
 /// [`relay_audited`] with its close record owed to `open` (the proxy's): a connection still
 /// open when the proxy shuts down is ended and recorded then, with its bytes.
-async fn relay_recorded(
+pub(crate) async fn relay_recorded(
     audit: &AuditLog,
     jail: &str,
     ev: NetEvent,

@@ -7,12 +7,14 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use corral_audit::{AuditLog, Event, NetEvent, NetPhase, Record};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The `rule` of a close record written because the run ended, not the connection.
 pub const ENDED_BY_SHUTDOWN: &str = "closed by corral: the proxy shut down";
@@ -233,6 +235,62 @@ impl Owed {
         }
         // Set between the first look and the waker's registration: seen now.
         self.open.stop.load(Ordering::Acquire)
+    }
+}
+
+/// A stream whose bytes are counted into an owed close record as they move: written is up,
+/// read is down. For a connection whose own counts are known only at its end (the gateway's):
+/// cut by the shutdown, its record has these.
+pub(crate) struct Counted<S> {
+    inner: S,
+    open: Arc<Open>,
+}
+
+impl Owed {
+    /// `stream`, counting into this record.
+    pub(crate) fn counted<S>(&self, stream: S) -> Counted<S> {
+        Counted {
+            inner: stream,
+            open: self.open.clone(),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let c = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut c.inner).poll_read(cx, buf);
+        let n = buf.filled().len().saturating_sub(before) as u64;
+        c.open.down.fetch_add(n, Ordering::AcqRel);
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let c = self.get_mut();
+        let r = Pin::new(&mut c.inner).poll_write(cx, data);
+        if let Poll::Ready(Ok(n)) = &r {
+            c.open.up.fetch_add(*n as u64, Ordering::AcqRel);
+        }
+        r
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 

@@ -1665,8 +1665,8 @@ impl Proxy {
             })
             .with_budget(self.buffers.clone());
         let stream = corral_gateway::Prefixed::new(client.buf.to_vec(), client.io);
-        // Cut at shutdown, its record says so, without the bytes (the gateway counts them
-        // only when it returns).
+        // The gateway's counts (of the requests and answers) come only when it returns: cut
+        // at shutdown, the record has the bytes on the wire to the destination instead.
         let shown = host_display(host);
         let dest = Dest {
             peer,
@@ -1681,6 +1681,7 @@ impl Proxy {
             self.log_close(peer, method, &shown, port, address, 0, 0, started);
             return;
         };
+        let up = owed.counted(up);
         let (bytes_up, bytes_down) = gw
             .intercept_over(stream, up, host, port, address, peer)
             .await
@@ -1740,8 +1741,8 @@ impl Proxy {
             address,
         };
         let stream = corral_gateway::Prefixed::new(client.buf.to_vec(), client.io);
-        // Cut at shutdown, its record says so, without the bytes (the gateway counts them
-        // only when it returns).
+        // The gateway's counts (of the requests and answers) come only when it returns: cut
+        // at shutdown, the record has the bytes on the wire to the destination instead.
         let shown = host_display(host);
         let dest = Dest {
             peer,
@@ -1756,6 +1757,7 @@ impl Proxy {
             self.log_close(peer, method, &shown, port, address, 0, 0, started);
             return;
         };
+        let up = owed.counted(up);
         let (bytes_up, bytes_down) = gw
             .intercept_gated(stream, up, host, port, address, peer, &gate)
             .await

@@ -188,3 +188,100 @@ echo END
         .count() as u64;
     assert_eq!(decisions, ok + dial_refused);
 }
+
+/// A connection to a `--publish`ed port still open when the run ends (the jail's server is
+/// gone, the host's client still holds its end) gets its close record with its bytes, before
+/// the run's `exit` record. Control: its record says the shutdown closed it (it was open).
+#[test]
+fn a_published_connection_open_at_the_end_is_recorded() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::Stdio;
+    let w = World::new();
+    let server = r#"
+import socket, os, sys, time
+port = int(sys.argv[1])
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", port)); l.listen(8)
+print("READY", flush=True)
+c, _ = l.accept()
+data = c.recv(65536)
+c.sendall(data)
+for _ in range(600):
+    if os.path.exists(".go"):
+        break
+    time.sleep(0.1)
+print("END", flush=True)
+os._exit(0)
+"#;
+    let mut attempt = 0;
+    let (published, mut child) = loop {
+        attempt += 1;
+        let published = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut c = w.corral();
+        c.args(["run", "--publish", &published.to_string(), "--"])
+            .args(["python3", "-c", server, &published.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("run corral");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() > 0 && line.contains("READY") {
+            std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+            break (published, child);
+        }
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        let _ = child.wait();
+        assert!(
+            attempt < 3 && err.contains("already in use"),
+            "the jail ended before its server was ready: {err}"
+        );
+    };
+    let payload = vec![b'p'; 4321];
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", published)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&payload).unwrap();
+    let mut back = vec![0u8; payload.len()];
+    s.read_exact(&mut back).unwrap();
+    assert_eq!(back, payload);
+    write(&w.project.join(".go"), "");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "{err}");
+    drop(s);
+
+    let log = AuditLog::at(audit_log(&w).expect("no audit log"));
+    let (records, _) = log.read_all().unwrap();
+    let exit_at = records
+        .iter()
+        .position(|r| matches!(r.event, Event::Jail(JailEvent::Exit { .. })))
+        .expect("no exit record");
+    let closes: Vec<(usize, &corral_audit::NetEvent)> = records
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match &r.event {
+            Event::Net(n) if n.phase == NetPhase::Close && n.method == "PUBLISH" => Some((i, n)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(closes.len(), 1, "{closes:?}\n{err}");
+    let (at, c) = closes[0];
+    assert!(at < exit_at, "the close record after the exit record");
+    assert_eq!((c.bytes_up, c.bytes_down), (4321, 4321), "{c:?}");
+    assert_eq!(c.rule, "closed by corral: the proxy shut down");
+}

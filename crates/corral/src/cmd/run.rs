@@ -287,6 +287,9 @@ impl Backend for Native<'_> {
         if let Some(proxy) = self.proxy.as_mut() {
             proxy.shutdown();
         }
+        if let Some(netcap) = self.netcap.as_mut() {
+            netcap.shutdown();
+        }
         network_summary(self.proxy.as_ref(), session.audit());
         if let Some(terminal) = self.terminal.take() {
             report_terminal(terminal, session);
@@ -294,10 +297,13 @@ impl Backend for Native<'_> {
     }
 
     fn refused(&self) -> std::collections::BTreeMap<String, u64> {
-        self.proxy
-            .as_ref()
-            .map(|p| p.proxy().refusals().totals())
-            .unwrap_or_default()
+        let proxy = self.proxy.as_ref().map(|p| p.proxy().refusals().totals());
+        let netcap = self.netcap.as_ref().map(|n| n.refusals().totals());
+        let mut all = std::collections::BTreeMap::new();
+        for (reason, n) in proxy.into_iter().chain(netcap).flatten() {
+            *all.entry(reason).or_insert(0) += n;
+        }
+        all
     }
 }
 
