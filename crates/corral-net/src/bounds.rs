@@ -371,6 +371,57 @@ mod tests {
         );
     }
 
+    /// A flood is one record per listener and reason with its count; nothing is written twice,
+    /// and what could not be written stays pending until it can.
+    #[test]
+    fn refusals_are_counted_into_one_record_per_listener_and_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = corral_audit::AuditLog::at(&path);
+        let r = Refusals::new(log.clone(), "j");
+        for _ in 0..500 {
+            r.hit("the proxy", reason::DESCRIPTORS);
+        }
+        r.hit("the proxy", reason::CONNECTIONS);
+        r.hit("stub capture on port 443", reason::DESCRIPTORS);
+        r.flush();
+        r.flush();
+        let records = |log: &corral_audit::AuditLog| -> Vec<(String, String, u64)> {
+            let (all, bad) = log.read_all().unwrap();
+            assert_eq!(bad, 0);
+            all.into_iter()
+                .filter_map(|rec| match rec.event {
+                    corral_audit::Event::Net(n) if n.phase == corral_audit::NetPhase::Refused => {
+                        Some((n.host, n.rule, n.count))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let d = reason::DESCRIPTORS.to_string();
+        assert_eq!(
+            records(&log),
+            vec![
+                ("stub capture on port 443".into(), d.clone(), 1),
+                ("the proxy".into(), d.clone(), 500),
+                ("the proxy".into(), reason::CONNECTIONS.into(), 1),
+            ]
+        );
+        // The log cannot be written: the next refusal stays pending, and is written once it can.
+        std::fs::rename(&path, dir.path().join("moved.jsonl")).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        r.hit("the proxy", reason::DESCRIPTORS);
+        r.flush();
+        std::fs::remove_dir(&path).unwrap();
+        r.flush();
+        let last = records(&corral_audit::AuditLog::at(&path));
+        assert_eq!(last, vec![("the proxy".into(), d.clone(), 1)]);
+        assert_eq!(
+            r.totals(),
+            BTreeMap::from([(d, 502), (reason::CONNECTIONS.to_string(), 1)])
+        );
+    }
+
     #[test]
     fn a_budget_never_passes_its_limit() {
         let b = Budget::new(100);

@@ -1601,6 +1601,8 @@ impl Proxy {
                 .await
                 .is_err()
         {
+            // The client went away: the connection dialled for it is closed, and recorded.
+            self.log_close(peer, method, &shown, port, address, 0, 0, started);
             return None;
         }
         // A host decided by method and path: TLS terminated with the run's CA, each request
@@ -2338,10 +2340,11 @@ impl Proxy {
             let _ = client.io.write_all(&reply(1)).await;
             return None;
         }
+        let started = Instant::now();
         if client.io.write_all(&reply(0)).await.is_err() {
+            self.log_close(peer, "SOCKS5", &shown, port, address, 0, 0, started);
             return None;
         }
-        let started = Instant::now();
         // A host decided by method and path, as a CONNECT to it: never an opaque tunnel.
         if per_request {
             let dest = (&host, port, address, Kind::Socks);

@@ -356,3 +356,45 @@ fn a_host_port_connection_open_at_shutdown_is_recorded() {
     );
     assert_eq!(c.client, s.local_addr().unwrap().to_string());
 }
+
+/// Refusals that used to leave no record: a head that cannot be parsed (400), a SOCKS5
+/// greeting without the one method corral speaks, and a SOCKS5 request with a bad header.
+/// Each is answered as before and now has its deny record.
+#[test]
+fn unreadable_heads_and_refused_socks_handshakes_are_recorded() {
+    let h = start_default(9);
+    let r = exchange(h.addr, b"NOT A REQUEST\r\n\r\n");
+    assert_eq!(status_of(&r), 400, "{r}");
+    let mut s = TcpStream::connect(h.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&[5, 1, 2]).unwrap();
+    let mut rep = [0u8; 2];
+    s.read_exact(&mut rep).unwrap();
+    assert_eq!(rep, [5, 0xff]);
+    let mut s = TcpStream::connect(h.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&[5, 1, 0]).unwrap();
+    s.read_exact(&mut rep).unwrap();
+    s.write_all(&[4, 1, 0, 1]).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let denied: Vec<String> = h
+        .wait_events(3)
+        .into_iter()
+        .filter(|e| e.decision == Some(corral_audit::Decision::Deny))
+        .map(|e| format!("{} {}", e.method, e.rule))
+        .collect();
+    assert_eq!(denied.len(), 3, "{denied:?}");
+    assert!(
+        denied[0].starts_with("? malformed: malformed request"),
+        "{denied:?}"
+    );
+    assert!(
+        denied[1].contains("SOCKS5 malformed: no acceptable authentication method"),
+        "{denied:?}"
+    );
+    assert!(
+        denied[2].contains("SOCKS5 malformed: invalid SOCKS5 request header"),
+        "{denied:?}"
+    );
+}
