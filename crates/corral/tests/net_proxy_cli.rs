@@ -455,4 +455,14 @@ fn on_sigterm_the_proxy_records_every_open_tunnel_and_every_refusal() {
     }
     assert!(counted > 0);
     assert_eq!(counted + dial_refused, refused, "every 503 is in the log");
+    // `corral log --blocked` shows them, counted.
+    let out = w.corral(&["log", "--blocked"]).output().unwrap();
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.lines().any(|l| l.contains(" refused ")
+            && l.contains("the proxy")
+            && l.contains("corral was out of file descriptors")
+            && l.contains('×')),
+        "{table}"
+    );
 }
