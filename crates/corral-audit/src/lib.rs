@@ -12,6 +12,7 @@
 //! be written is an error for the caller (who refuses what it would have recorded) and is
 //! counted: [`AuditLog::failures`].
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -55,6 +56,10 @@ pub enum NetPhase {
     /// The proxy holds a connection the allow list does not name while `corral watch` asks
     /// (`network.on_deny = "ask"`); its decision record follows.
     Ask,
+    /// Connections refused before any decision (corral out of file descriptors, the jail's
+    /// connection or head budget spent): one record per listener and reason per interval,
+    /// `count` of them; the run's `exit` record has the totals.
+    Refused,
 }
 
 /// One network decision or closed connection (SPEC section 5).
@@ -85,6 +90,13 @@ pub struct NetEvent {
     /// Credential-gateway secret involved (its name only, never its value).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
+    /// A `refused` record: how many connections it counts.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub count: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What an [`ExecEvent`] records.
@@ -147,8 +159,13 @@ pub enum JailEvent {
     },
     /// The jail could not start (`exit_code` 125); the error.
     Error { exit_code: i32, detail: String },
-    /// The jail's command ended with `exit_code`.
-    Exit { exit_code: i32 },
+    /// The jail's command ended with `exit_code`. `refused`: connections the run refused before
+    /// any decision, by reason (the totals of its `refused` records); absent when none was.
+    Exit {
+        exit_code: i32,
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        refused: BTreeMap<String, u64>,
+    },
     /// A guarded file was put back or set aside after the run; the line printed about it.
     Quarantine { detail: String },
     /// A hidden file the host replaced during the run, which the jail could then read; the
@@ -244,7 +261,9 @@ impl JailEvent {
     /// The exit code it carries (`exit`, `error`).
     pub fn exit_code(&self) -> Option<i32> {
         match self {
-            JailEvent::Error { exit_code, .. } | JailEvent::Exit { exit_code } => Some(*exit_code),
+            JailEvent::Error { exit_code, .. } | JailEvent::Exit { exit_code, .. } => {
+                Some(*exit_code)
+            }
             _ => None,
         }
     }
@@ -252,7 +271,11 @@ impl JailEvent {
     /// What `corral log` shows in its RULE column: the exit code, or why a reload failed.
     pub fn summary(&self) -> String {
         match self {
-            JailEvent::Exit { exit_code } | JailEvent::Error { exit_code, .. } => {
+            JailEvent::Exit { exit_code, refused } if !refused.is_empty() => {
+                let total: u64 = refused.values().sum();
+                format!("exit {exit_code}; {total} connection(s) refused before a decision")
+            }
+            JailEvent::Exit { exit_code, .. } | JailEvent::Error { exit_code, .. } => {
                 format!("exit {exit_code}")
             }
             JailEvent::PolicyReloadFailed { detail } => detail.error.clone().unwrap_or_default(),

@@ -13,11 +13,15 @@
 //!   [`Notice`], at most one line per [`NOTICE_INTERVAL`], with how often it happened.
 //! - Head buffers: a [`Budget`] bounds the bytes of partial request heads the proxy holds
 //!   across all of a jail's connections.
+//! - The audit log: each connection refused before any decision is counted in [`Refusals`],
+//!   written as one `refused` record per listener and reason per [`RECORD_INTERVAL`] (and at
+//!   shutdown: none is lost), with the totals for the run's `exit` record.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
@@ -62,6 +66,99 @@ impl Notice {
     /// Occurrences so far.
     pub fn total(&self) -> u64 {
         self.total.load(Ordering::Relaxed)
+    }
+}
+
+/// At most one `refused` record per listener and reason in this interval.
+pub const RECORD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Why a connection was refused before any decision (the `rule` of its `refused` record).
+pub mod reason {
+    /// The process had no descriptor for it (accept, or the connection to the destination).
+    pub const DESCRIPTORS: &str = "corral was out of file descriptors";
+    /// The jail's connections were at `ProxyConfig::max_connections`.
+    pub const CONNECTIONS: &str = "the jail's connection limit was reached";
+    /// The jail's partial request heads were at the proxy's buffer budget.
+    pub const HEADS: &str = "the jail's partial request heads passed the buffer budget";
+    /// The run was ending: the proxy took no new connection.
+    pub const ENDING: &str = "the run was ending";
+}
+
+/// Connections refused before any decision, counted into the audit log: a flood of them is
+/// one `refused` record per listener and reason per [`RECORD_INTERVAL`] ([`Refusals::run`]),
+/// and [`Refusals::flush`] writes what is pending (at shutdown). A record that cannot be written
+/// stays pending and is tried again; the log counts the failure.
+pub struct Refusals {
+    audit: corral_audit::AuditLog,
+    jail: String,
+    /// (listener, reason) -> counts. Both come from corral (listener names, [`reason`]), not
+    /// from the jail: the map stays small.
+    counts: Mutex<BTreeMap<(String, &'static str), Counted>>,
+}
+
+#[derive(Default)]
+struct Counted {
+    pending: u64,
+    total: u64,
+}
+
+impl Refusals {
+    pub fn new(audit: corral_audit::AuditLog, jail: impl Into<String>) -> Refusals {
+        Refusals {
+            audit,
+            jail: jail.into(),
+            counts: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Count one connection to `listener` refused for `reason`.
+    pub fn hit(&self, listener: &str, reason: &'static str) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let c = counts.entry((listener.to_string(), reason)).or_default();
+        c.pending += 1;
+        c.total += 1;
+    }
+
+    /// Write one `refused` record for each listener and reason with refusals not yet recorded.
+    pub fn flush(&self) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        for ((listener, reason), c) in counts.iter_mut().filter(|(_, c)| c.pending > 0) {
+            let ev = corral_audit::NetEvent {
+                phase: corral_audit::NetPhase::Refused,
+                host: listener.clone(),
+                decision: Some(corral_audit::Decision::Deny),
+                rule: (*reason).to_string(),
+                count: c.pending,
+                ..Default::default()
+            };
+            let record = corral_audit::Record::now(&self.jail, corral_audit::Event::Net(ev));
+            if self.audit.write(&record).is_ok() {
+                c.pending = 0;
+            }
+        }
+    }
+
+    /// Refusals so far, by reason (the `exit` record's `refused`).
+    pub fn totals(&self) -> BTreeMap<String, u64> {
+        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = BTreeMap::new();
+        for ((_, reason), c) in counts.iter() {
+            *out.entry((*reason).to_string()).or_insert(0) += c.total;
+        }
+        out
+    }
+
+    /// Flush every [`RECORD_INTERVAL`] until the last other holder of `this` is gone.
+    pub async fn run(this: std::sync::Weak<Refusals>) {
+        let mut tick = tokio::time::interval(RECORD_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match this.upgrade() {
+                Some(r) => r.flush(),
+                None => return,
+            }
+        }
     }
 }
 
@@ -151,6 +248,7 @@ pub struct Acceptor<'a> {
     refusal: &'static [u8],
     notice: &'a Notice,
     errors: Notice,
+    refusals: Option<Arc<Refusals>>,
 }
 
 /// What the proxy's listener answers a connection it has no descriptor for.
@@ -171,7 +269,14 @@ impl<'a> Acceptor<'a> {
             refusal,
             notice,
             errors: Notice::new(),
+            refusals: None,
         })
+    }
+
+    /// Count each refused connection into `refusals` (the audit log's `refused` records).
+    pub fn recorded(mut self, refusals: Arc<Refusals>) -> Acceptor<'a> {
+        self.refusals = Some(refusals);
+        self
     }
 
     /// The next connection corral can serve.
@@ -208,6 +313,9 @@ impl<'a> Acceptor<'a> {
         }
         drop(conn);
         let what = &self.what;
+        if let Some(r) = &self.refusals {
+            r.hit(what, reason::DESCRIPTORS);
+        }
         self.notice.hit(|n| {
             format!(
                 "corral: out of file descriptors: {n} connection(s) to {what} refused in the last 10 s"
@@ -260,6 +368,57 @@ mod tests {
         assert_eq!(
             crate::http::response_framing(&head, "GET").unwrap(),
             crate::http::Framing::Length((REFUSED_503.len() - end) as u64)
+        );
+    }
+
+    /// A flood is one record per listener and reason with its count; nothing is written twice,
+    /// and what could not be written stays pending until it can.
+    #[test]
+    fn refusals_are_counted_into_one_record_per_listener_and_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let log = corral_audit::AuditLog::at(&path);
+        let r = Refusals::new(log.clone(), "j");
+        for _ in 0..500 {
+            r.hit("the proxy", reason::DESCRIPTORS);
+        }
+        r.hit("the proxy", reason::CONNECTIONS);
+        r.hit("stub capture on port 443", reason::DESCRIPTORS);
+        r.flush();
+        r.flush();
+        let records = |log: &corral_audit::AuditLog| -> Vec<(String, String, u64)> {
+            let (all, bad) = log.read_all().unwrap();
+            assert_eq!(bad, 0);
+            all.into_iter()
+                .filter_map(|rec| match rec.event {
+                    corral_audit::Event::Net(n) if n.phase == corral_audit::NetPhase::Refused => {
+                        Some((n.host, n.rule, n.count))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let d = reason::DESCRIPTORS.to_string();
+        assert_eq!(
+            records(&log),
+            vec![
+                ("stub capture on port 443".into(), d.clone(), 1),
+                ("the proxy".into(), d.clone(), 500),
+                ("the proxy".into(), reason::CONNECTIONS.into(), 1),
+            ]
+        );
+        // The log cannot be written: the next refusal stays pending, and is written once it can.
+        std::fs::rename(&path, dir.path().join("moved.jsonl")).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        r.hit("the proxy", reason::DESCRIPTORS);
+        r.flush();
+        std::fs::remove_dir(&path).unwrap();
+        r.flush();
+        let last = records(&corral_audit::AuditLog::at(&path));
+        assert_eq!(last, vec![("the proxy".into(), d.clone(), 1)]);
+        assert_eq!(
+            r.totals(),
+            BTreeMap::from([(d, 502), (reason::CONNECTIONS.to_string(), 1)])
         );
     }
 

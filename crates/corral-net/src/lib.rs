@@ -14,6 +14,7 @@ pub mod ask;
 pub mod bounds;
 pub mod forward;
 pub mod netcap;
+mod open;
 pub mod proxy;
 pub mod rules;
 pub mod run;

@@ -59,15 +59,32 @@ pub async fn publish_port(
     jail: String,
     idle_timeout: Duration,
 ) -> std::io::Result<()> {
+    publish_port_recorded(listener, port, make, (audit, jail), idle_timeout, None).await
+}
+
+/// [`publish_port`], its refusals counted and its close records owed to `recorded` (ended and
+/// written at the handle's shutdown).
+async fn publish_port_recorded(
+    listener: std::net::TcpListener,
+    port: u16,
+    make: JailSocket,
+    (audit, jail): (AuditLog, String),
+    idle_timeout: Duration,
+    recorded: Option<crate::forward::Recorded>,
+) -> std::io::Result<()> {
     let refused = crate::bounds::Notice::new();
     let mut listener =
         crate::bounds::Acceptor::new(listener, format!("published port {port}"), b"", &refused)?;
-    let ctx = Arc::new((audit, jail, make));
+    let open = recorded.as_ref().map(|r| r.1.clone());
+    if let Some((refusals, _)) = recorded {
+        listener = listener.recorded(refusals);
+    }
+    let ctx = Arc::new((audit, jail, make, open));
     loop {
         let (client, peer) = listener.accept().await;
         let ctx = ctx.clone();
         tokio::spawn(async move {
-            let (audit, jail, make) = &*ctx;
+            let (audit, jail, make, open) = &*ctx;
             let started = Instant::now();
             let target = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
             let mut ev = NetEvent {
@@ -91,7 +108,16 @@ pub async fn publish_port(
                     return;
                 }
             };
-            crate::forward::relay_audited(audit, jail, ev, client, up, idle_timeout, started).await;
+            let relay = crate::forward::Relay {
+                client,
+                up,
+                idle_timeout,
+                started,
+            };
+            match open {
+                Some(open) => crate::forward::relay_recorded(audit, jail, ev, relay, open).await,
+                None => crate::forward::relay_audited(audit, jail, ev, relay).await,
+            }
         });
     }
 }
@@ -615,13 +641,16 @@ pub async fn serve_dns_tcp(
         "the stub resolver (TCP)",
         b"",
         proxy.refused_for_descriptors(),
-    )?;
+    )?
+    .recorded(proxy.refusals().clone());
     // Resolvers open a TCP connection only after a truncated UDP answer: a few suffice.
     let slots = Arc::new(tokio::sync::Semaphore::new(DNS_TCP_CONNECTIONS));
     loop {
         let (mut conn, peer) = listener.accept().await;
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             drop(conn);
+            let why = crate::bounds::reason::CONNECTIONS;
+            proxy.refusals().hit("the stub resolver (TCP)", why);
             continue;
         };
         let (proxy, pool) = (proxy.clone(), pool.clone());
@@ -667,7 +696,8 @@ pub async fn serve_capture(
         format!("stub capture on port {port}"),
         b"",
         proxy.refused_for_descriptors(),
-    )?;
+    )?
+    .recorded(proxy.refusals().clone());
     loop {
         let (conn, peer) = listener.accept().await;
         let local = conn.local_addr().ok().map(|a| a.ip());
@@ -734,20 +764,37 @@ pub enum Task {
     },
 }
 
-/// The thread serving a jail's [`Task`]s. Dropping it stops the thread (connections are cut).
+/// The thread serving a jail's [`Task`]s. [`NetcapHandle::shutdown`] (or dropping it) stops
+/// the thread: the listeners close, every published connection still open is ended and its
+/// close record written, and the refusals not yet recorded are.
 pub struct NetcapHandle {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    refusals: Arc<crate::bounds::Refusals>,
 }
 
-impl Drop for NetcapHandle {
-    fn drop(&mut self) {
+impl NetcapHandle {
+    /// Stop the thread and wait until every record it owes is written. A second call does
+    /// nothing.
+    pub fn shutdown(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+
+    /// The connections to the published ports refused before any decision (the stub's are
+    /// the proxy's).
+    pub fn refusals(&self) -> &Arc<crate::bounds::Refusals> {
+        &self.refusals
+    }
+}
+
+impl Drop for NetcapHandle {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 
@@ -762,10 +809,18 @@ pub fn spawn(tasks: Vec<Task>, audit: AuditLog, jail: &str) -> Result<NetcapHand
         })?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let jail = jail.to_string();
+    let refusals = Arc::new(crate::bounds::Refusals::new(audit.clone(), jail.clone()));
+    let open = Arc::new(crate::open::OpenConns::new(audit.clone(), &jail));
+    let recorded = (refusals.clone(), open.clone());
     let thread = std::thread::Builder::new()
         .name("corral-netcap".into())
         .spawn(move || {
             rt.block_on(async move {
+                let mut accepting = Vec::new();
+                let publishes = tasks.iter().any(|t| matches!(t, Task::Publish { .. }));
+                if publishes {
+                    tokio::spawn(crate::bounds::Refusals::run(Arc::downgrade(&recorded.0)));
+                }
                 for t in tasks {
                     match t {
                         Task::Publish {
@@ -773,14 +828,14 @@ pub fn spawn(tasks: Vec<Task>, audit: AuditLog, jail: &str) -> Result<NetcapHand
                             port,
                             make,
                         } => {
-                            tokio::spawn(publish_port(
+                            accepting.push(tokio::spawn(publish_port_recorded(
                                 listener,
                                 port,
                                 make,
-                                audit.clone(),
-                                jail.clone(),
+                                (audit.clone(), jail.clone()),
                                 Duration::from_secs(3600),
-                            ));
+                                Some(recorded.clone()),
+                            )));
                         }
                         Task::Stub {
                             udp,
@@ -798,6 +853,15 @@ pub fn spawn(tasks: Vec<Task>, audit: AuditLog, jail: &str) -> Result<NetcapHand
                     }
                 }
                 let _ = rx.await;
+                // No new connection, then every open one ended and recorded.
+                for task in &accepting {
+                    task.abort();
+                }
+                for task in accepting {
+                    let _ = task.await;
+                }
+                open.shutdown(crate::run::SHUTDOWN_DEADLINE).await;
+                recorded.0.flush();
             });
             rt.shutdown_timeout(Duration::from_millis(200));
         })
@@ -808,6 +872,7 @@ pub fn spawn(tasks: Vec<Task>, audit: AuditLog, jail: &str) -> Result<NetcapHand
     Ok(NetcapHandle {
         stop: Some(tx),
         thread: Some(thread),
+        refusals,
     })
 }
 

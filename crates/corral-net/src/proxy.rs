@@ -24,13 +24,14 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 use crate::ask::{Asks, HELD_BYTES, NotHeld, Outcome};
-use crate::bounds::{Budget, Notice, out_of_descriptors};
+use crate::bounds::{Budget, Notice, Refusals, out_of_descriptors, reason};
 use crate::http::exchange::{
     Done, ExchangeError, Flow, HeadRefusal, Moved, Outgoing, Requests, exchange, identity_only,
     serve_requests,
 };
 use crate::http::io::{BufConn, error_response};
 use crate::http::{self, Framing, RequestHead, Version, parse_response_head};
+use crate::open::{Dest, OpenConns, Owed};
 use crate::rules::{Allowed, Denial, Kind, Resolver, Rules, SystemResolver, host_display};
 
 /// Resource bounds.
@@ -184,7 +185,16 @@ pub struct Proxy {
     ask_timeout: AtomicU32,
     /// The questions pending (the run's control socket lists and answers them).
     asks: Arc<Asks>,
+    /// The upstream connections open, each owing its close record (open.rs).
+    open: Arc<OpenConns>,
+    /// Connections refused before any decision, counted into the audit log (bounds.rs).
+    refusals: Arc<Refusals>,
+    /// Whether the task writing `refusals` runs (started by the first `serve`).
+    recording: AtomicBool,
 }
+
+/// The name of the proxy's listener in its `refused` records.
+const LISTENER: &str = "the proxy";
 
 /// The proxy's decision of each request in a connection the gateway intercepted for a host
 /// decided by method and path ([`Rules::check_request`]).
@@ -409,11 +419,10 @@ struct Pinned {
 
 struct Upstream {
     conn: BufConn<TcpStream>,
-    address: SocketAddr,
-    started: Instant,
     bytes_up: u64,
     bytes_down: u64,
-    method: String,
+    /// Its close record (written when the connection is dropped, with the counts last set).
+    owed: Owed,
 }
 
 /// The proxy's steps in the shared request loop (`corral_http1::exchange`, the loop the
@@ -438,9 +447,14 @@ where
         let proxy = self.proxy;
         if r.over_budget {
             let limit = proxy.buffers.limit();
+            proxy.refusals.hit(LISTENER, reason::HEADS);
             proxy.heads_refused.hit(|n| {
                 format!("corral proxy: {n} request(s) refused in the last 10 s: the jail's partial request heads passed {limit} bytes")
             });
+        } else {
+            // A head that could not be read (malformed, too large, too slow): one record each,
+            // as for any malformed request (the jail paces these: each costs it a connection).
+            proxy.log_bad(self.peer, "?", "?", &r.why);
         }
         let body = format!("corral: {}\n", r.why);
         proxy.reply_and_close(&mut client.io, r.status, &body).await;
@@ -502,10 +516,8 @@ struct TunnelMeta {
 /// The task of an established tunnel: the relay, then its close line; the connection's slot is
 /// released when it ends.
 struct TunnelTask<S> {
-    relay: Relay<S, TcpStream>,
+    relay: RecordedRelay<S, TcpStream>,
     proxy: Arc<Proxy>,
-    peer: String,
-    meta: TunnelMeta,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -514,21 +526,62 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Future for TunnelTask<S> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let t = self.get_mut();
-        let Poll::Ready((up, down)) = Pin::new(&mut t.relay).poll(cx) else {
+        if Pin::new(&mut t.relay).poll(cx).is_pending() {
             return Poll::Pending;
-        };
+        }
         t.proxy.closed.fetch_add(1, Ordering::Relaxed);
-        let m = &t.meta;
-        t.proxy.log_close(
-            &t.peer,
-            m.method,
-            &m.host,
-            m.port,
-            m.address,
-            up + m.early,
-            down,
-            m.started,
-        );
+        Poll::Ready(())
+    }
+}
+
+/// A relay whose close record is owed (open.rs): it keeps the record's counters current, and
+/// when the proxy shuts down it ends at its next poll (both sockets closed). Its record is
+/// written when it ends, either way.
+pub(crate) struct RecordedRelay<A, B> {
+    relay: Relay<A, B>,
+    /// Its close record; `None` once written.
+    owed: Option<Owed>,
+    /// Bytes the client sent before the relay started (already written upstream).
+    early: u64,
+}
+
+impl<A, B> RecordedRelay<A, B>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    pub(crate) fn new(relay: Relay<A, B>, owed: Owed, early: u64) -> Self {
+        RecordedRelay {
+            relay,
+            owed: Some(owed),
+            early,
+        }
+    }
+}
+
+impl<A, B> Future for RecordedRelay<A, B>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let t = self.get_mut();
+        let done = Pin::new(&mut t.relay).poll(cx);
+        let (up, down) = match done {
+            Poll::Ready(bytes) => bytes,
+            Poll::Pending => (t.relay.up.bytes, t.relay.down.bytes),
+        };
+        let Some(owed) = t.owed.take() else {
+            return Poll::Ready(());
+        };
+        if done.is_pending() && !owed.stopped(cx) {
+            owed.set_bytes(up + t.early, down);
+            t.owed = Some(owed);
+            return Poll::Pending;
+        }
+        owed.close(up + t.early, down);
         Poll::Ready(())
     }
 }
@@ -676,10 +729,9 @@ fn authority_string(host: &Host, port: u16) -> String {
 impl Proxy {
     pub fn new(rules: Rules, audit: AuditLog, jail: impl Into<String>) -> Self {
         let config = ProxyConfig::default();
+        let jail = jail.into();
         Proxy {
             rules: RwLock::new(Arc::new(rules)),
-            audit,
-            jail: jail.into(),
             resolver: Arc::new(SystemResolver),
             slots: Arc::new(Semaphore::new(config.max_connections)),
             buffers: Arc::new(Budget::new(config.buffer_budget)),
@@ -695,6 +747,11 @@ impl Proxy {
             gateway: None,
             ask_timeout: AtomicU32::new(0),
             asks: Arc::new(Asks::default()),
+            open: Arc::new(OpenConns::new(audit.clone(), &jail)),
+            refusals: Arc::new(Refusals::new(audit.clone(), jail.clone())),
+            recording: AtomicBool::new(false),
+            audit,
+            jail,
         }
     }
 
@@ -808,6 +865,33 @@ impl Proxy {
         &self.fd_refused
     }
 
+    /// Connections refused before any decision (counted into the audit log's `refused`
+    /// records; [`Refusals::totals`] for the run's `exit` record).
+    pub fn refusals(&self) -> &Arc<Refusals> {
+        &self.refusals
+    }
+
+    /// The connections owing their close record, for the bridges that relay beside the proxy
+    /// (`host_ports`).
+    pub(crate) fn open_conns(&self) -> &Arc<OpenConns> {
+        &self.open
+    }
+
+    /// Upstream connections open now, each owing its close record.
+    pub fn open_connections(&self) -> usize {
+        self.open.open_count()
+    }
+
+    /// End the proxy's work for the run: every open connection is ended and its close record
+    /// written (bytes each way, duration); one still running after `deadline` is recorded from
+    /// its counters. Then the refusals not yet recorded are. Connections that arrive later are
+    /// refused. Returns how many close records were written past the deadline.
+    pub async fn shutdown(&self, deadline: Duration) -> usize {
+        let late = self.open.shutdown(deadline).await;
+        self.refusals.flush();
+        late
+    }
+
     /// End-of-run lines for the bounds that were hit (descriptors, head budget); empty when
     /// none was. Records that could not be written are the audit log's to say
     /// ([`corral_audit::AuditLog::failures`]).
@@ -904,8 +988,7 @@ impl Proxy {
             bytes_up: up,
             bytes_down: down,
             duration_ms: started.elapsed().as_millis() as u64,
-            secret: None,
-            path: None,
+            ..Default::default()
         });
     }
 
@@ -916,8 +999,10 @@ impl Proxy {
             "the proxy",
             crate::bounds::REFUSED_503,
             &self.fd_refused,
-        )?;
+        )?
+        .recorded(self.refusals.clone());
         self.start_trimmer();
+        self.start_recorder();
         loop {
             // Out of descriptors: the waiting client gets a 503; never exit.
             let (stream, peer) = listener.accept().await;
@@ -934,6 +1019,7 @@ impl Proxy {
         listener.set_nonblocking(true)?;
         let listener = tokio::net::UnixListener::from_std(listener)?;
         self.start_trimmer();
+        self.start_recorder();
         loop {
             let (stream, _) = match listener.accept().await {
                 Ok(x) => x,
@@ -946,6 +1032,15 @@ impl Proxy {
             };
             self.clone().spawn_client(stream, "unix".into());
         }
+    }
+
+    /// Write the refusals counted, once per interval ([`Refusals::run`]). Started once per
+    /// proxy; ends with it.
+    pub fn start_recorder(&self) {
+        if self.recording.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tokio::spawn(Refusals::run(Arc::downgrade(&self.refusals)));
     }
 
     /// Give the memory that finished connections freed back to the system: every 10 s, if a
@@ -989,16 +1084,25 @@ impl Proxy {
         match self.slots.clone().try_acquire_owned() {
             Ok(permit) => {
                 tokio::spawn(async move {
-                    let Some(t) = self.clone().handle(stream, &client).await else {
+                    // At shutdown the phases that decide are dropped: a connection they opened
+                    // upstream is recorded as its guard goes (open.rs).
+                    let decided = tokio::select! {
+                        t = self.clone().handle(stream, &client) => t,
+                        () = self.open.stopping() => None,
+                    };
+                    let Some(t) = decided else {
                         self.closed.fetch_add(1, Ordering::Relaxed);
                         return;
                     };
                     // A task of its own, holding only the tunnel: this one, with the state of
                     // the phases that decided it, ends here.
-                    tokio::spawn(self.run_tunnel(t, client, permit));
+                    if let Some(task) = self.run_tunnel(t, client, permit) {
+                        tokio::spawn(task);
+                    }
                 });
             }
             Err(_) => {
+                self.refusals.hit(LISTENER, reason::CONNECTIONS);
                 tokio::spawn(async move {
                     let mut stream = stream;
                     let body = format!(
@@ -1100,24 +1204,15 @@ impl Proxy {
         };
         let connect = serve_requests(&mut client, &mut steps, t, &self.buffers).await;
         if let Some(mut p) = steps.pinned.take() {
-            self.drop_upstream(peer, &mut p);
+            self.drop_upstream(&mut p);
         }
         Box::pin(self.connect(client, connect?, peer)).await
     }
 
     /// Close the pinned upstream connection, if any (its `close` line is logged).
-    fn drop_upstream(&self, peer: &str, p: &mut Pinned) {
+    fn drop_upstream(&self, p: &mut Pinned) {
         if let Some(up) = p.up.take() {
-            self.log_close(
-                peer,
-                &up.method,
-                &host_display(&p.host),
-                p.port,
-                up.address,
-                up.bytes_up,
-                up.bytes_down,
-                up.started,
-            );
+            up.owed.close(up.bytes_up, up.bytes_down);
         }
     }
 
@@ -1127,14 +1222,29 @@ impl Proxy {
     async fn abandon<S: AsyncWrite + Unpin>(
         &self,
         io: &mut S,
-        peer: &str,
         p: &mut Pinned,
         status: u16,
         body: &str,
     ) -> bool {
-        self.drop_upstream(peer, p);
+        self.drop_upstream(p);
         self.reply_and_close(io, status, body).await;
         false
+    }
+
+    /// An allowed connection dialled while the proxy shuts down: closed at once (its close
+    /// line logged), the client answered 503, the refusal counted.
+    async fn refuse_ending<S: AsyncWrite + Unpin>(
+        &self,
+        io: &mut S,
+        peer: &str,
+        method: &str,
+        (shown, port): (&str, u16),
+        address: SocketAddr,
+    ) {
+        self.refusals.hit(LISTENER, reason::ENDING);
+        self.log_close(peer, method, shown, port, address, 0, 0, Instant::now());
+        let body = "corral: the run is ending; no new connection\n";
+        self.reply_and_close(io, 503, body).await;
     }
 
     /// A malformed-but-parsed request that names a target: logged as a denial.
@@ -1351,53 +1461,76 @@ impl Proxy {
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            self.refusals.hit("the stub's capture", reason::CONNECTIONS);
             return;
         };
-        let decided = if port == 80 {
-            // Plain HTTP: the proxy's own HTTP path, every request's Host pinned to the name.
-            Box::pin(self.http_pinned(BufConn::new(stream), &client, Some((host, port)))).await
-        } else {
-            Box::pin(self.tunnel_decided(
-                BufConn::new(stream),
-                host,
-                port,
-                &client,
-                "CAPTURE",
-                Kind::Connect,
-                false,
-            ))
-            .await
+        let stopping = self.open.clone();
+        let decide = async {
+            if port == 80 {
+                // Plain HTTP: the proxy's own HTTP path, every request's Host pinned to the name.
+                Box::pin(self.http_pinned(BufConn::new(stream), &client, Some((host, port)))).await
+            } else {
+                Box::pin(self.tunnel_decided(
+                    BufConn::new(stream),
+                    host,
+                    port,
+                    &client,
+                    "CAPTURE",
+                    Kind::Connect,
+                    false,
+                ))
+                .await
+            }
         };
-        match decided {
-            Some(t) => self.run_tunnel(t, client, permit).await,
+        let decided = tokio::select! {
+            t = decide => t,
+            () = stopping.stopping() => None,
+        };
+        match decided.and_then(|t| self.clone().run_tunnel(t, client, permit)) {
+            Some(task) => task.await,
             None => {
                 self.closed.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
-    /// Relay a decided tunnel until it ends, then log its close line (see [`TunnelTask`]).
+    /// Relay a decided tunnel until it ends, then log its close line (see [`TunnelTask`]);
+    /// `None` when the proxy shuts down meanwhile (the tunnel is closed, its line logged).
     fn run_tunnel<S>(
         self: Arc<Self>,
         t: Tunnel<S>,
         peer: String,
         permit: tokio::sync::OwnedSemaphorePermit,
-    ) -> TunnelTask<S>
+    ) -> Option<TunnelTask<S>>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        TunnelTask {
-            relay: tunnel(
-                t.client,
-                t.up,
-                self.config.idle_timeout,
-                Some(self.pending.clone()),
-            ),
+        let m = &t.meta;
+        let dest = Dest {
+            peer: &peer,
+            method: m.method,
+            host: &m.host,
+            port: m.port,
+            address: m.address,
+            started: m.started,
+        };
+        let Some(owed) = self.open.register(dest) else {
+            self.log_close(
+                &peer, m.method, &m.host, m.port, m.address, m.early, 0, m.started,
+            );
+            return None;
+        };
+        let relay = tunnel(
+            t.client,
+            t.up,
+            self.config.idle_timeout,
+            Some(self.pending.clone()),
+        );
+        Some(TunnelTask {
+            relay: RecordedRelay::new(relay, owed, t.meta.early),
             proxy: self,
-            peer,
-            meta: t.meta,
             _permit: permit,
-        }
+        })
     }
 
     /// The decision and tunnel of a CONNECT (answered when `answer`) or a captured connection.
@@ -1468,6 +1601,8 @@ impl Proxy {
                 .await
                 .is_err()
         {
+            // The client went away: the connection dialled for it is closed, and recorded.
+            self.log_close(peer, method, &shown, port, address, 0, 0, started);
             return None;
         }
         // A host decided by method and path: TLS terminated with the run's CA, each request
@@ -1532,14 +1667,28 @@ impl Proxy {
             })
             .with_budget(self.buffers.clone());
         let stream = corral_gateway::Prefixed::new(client.buf.to_vec(), client.io);
+        // The gateway's counts (of the requests and answers) come only when it returns: cut
+        // at shutdown, the record has the bytes on the wire to the destination instead.
+        let shown = host_display(host);
+        let dest = Dest {
+            peer,
+            method,
+            host: &shown,
+            port,
+            address,
+            started,
+        };
+        let Some(owed) = self.open.register(dest) else {
+            self.refusals.hit(LISTENER, reason::ENDING);
+            self.log_close(peer, method, &shown, port, address, 0, 0, started);
+            return;
+        };
+        let up = owed.counted(up);
         let (bytes_up, bytes_down) = gw
             .intercept_over(stream, up, host, port, address, peer)
             .await
             .map_or((0, 0), |s| (s.bytes_up, s.bytes_down));
-        let shown = host_display(host);
-        self.log_close(
-            peer, method, &shown, port, address, bytes_up, bytes_down, started,
-        );
+        owed.close(bytes_up, bytes_down);
     }
 
     /// The rule of a host allowed whole, or for a host decided by method and path the rule
@@ -1594,14 +1743,28 @@ impl Proxy {
             address,
         };
         let stream = corral_gateway::Prefixed::new(client.buf.to_vec(), client.io);
+        // The gateway's counts (of the requests and answers) come only when it returns: cut
+        // at shutdown, the record has the bytes on the wire to the destination instead.
+        let shown = host_display(host);
+        let dest = Dest {
+            peer,
+            method,
+            host: &shown,
+            port,
+            address,
+            started,
+        };
+        let Some(owed) = self.open.register(dest) else {
+            self.refusals.hit(LISTENER, reason::ENDING);
+            self.log_close(peer, method, &shown, port, address, 0, 0, started);
+            return;
+        };
+        let up = owed.counted(up);
         let (bytes_up, bytes_down) = gw
             .intercept_gated(stream, up, host, port, address, peer, &gate)
             .await
             .map_or((0, 0), |s| (s.bytes_up, s.bytes_down));
-        let shown = host_display(host);
-        self.log_close(
-            peer, method, &shown, port, address, bytes_up, bytes_down, started,
-        );
+        owed.close(bytes_up, bytes_down);
     }
 
     /// One audit record for a request decided by method and path; `false` when it could not
@@ -1863,7 +2026,7 @@ impl Proxy {
         {
             return false;
         }
-        let Some(address) = p.up.as_ref().map(|u| u.address) else {
+        let Some(address) = p.up.as_ref().map(|u| u.owed.address()) else {
             return false;
         };
         // The gateway's step: placeholders swapped (or refused), answers of a secret-bound
@@ -1909,6 +2072,7 @@ impl Proxy {
         let done = exchange(client, &mut up.conn, out, scrub.as_mut(), sent, &mut moved).await;
         up.bytes_up += moved.up;
         up.bytes_down += moved.down;
+        up.owed.set_bytes(up.bytes_up, up.bytes_down);
         self.exchanged(client, peer, p, done, (&method, &shown))
             .await
     }
@@ -2016,13 +2180,24 @@ impl Proxy {
         if p.up.is_none() {
             match Box::pin(self.dial(&rules, &host, port)).await {
                 Ok((s, address)) => {
-                    p.up = Some(Upstream {
-                        conn: BufConn::new(s),
+                    let dest = Dest {
+                        peer,
+                        method,
+                        host: &shown,
+                        port,
                         address,
                         started: Instant::now(),
+                    };
+                    let Some(owed) = self.open.register(dest) else {
+                        self.refuse_ending(&mut client.io, peer, method, (&shown, port), address)
+                            .await;
+                        return false;
+                    };
+                    p.up = Some(Upstream {
+                        conn: BufConn::new(s),
                         bytes_up: 0,
                         bytes_down: 0,
-                        method: method.to_string(),
+                        owed,
                     });
                 }
                 Err(r) => {
@@ -2032,13 +2207,11 @@ impl Proxy {
                 }
             }
         }
-        let address = p.up.as_ref().map(|u| u.address);
+        let address = p.up.as_ref().map(|u| u.owed.address());
         let allowed = Decision::Allow;
         if !self.log_decision(peer, method, &shown, port, address, allowed, &rule) {
             // Fail closed: nothing is sent that the log does not show.
-            return self
-                .abandon(&mut client.io, peer, p, 503, Self::UNRECORDED)
-                .await;
+            return self.abandon(&mut client.io, p, 503, Self::UNRECORDED).await;
         }
         true
     }
@@ -2096,7 +2269,7 @@ impl Proxy {
                 close,
             }) => {
                 if origin_close {
-                    self.drop_upstream(peer, p);
+                    self.drop_upstream(p);
                 }
                 if close {
                     let _ = client.io.shutdown().await;
@@ -2105,7 +2278,7 @@ impl Proxy {
             }
             Ok(Done::Upgraded) => {
                 // Not asked for (`upgrade: false`): the exchange refuses a 101 itself.
-                self.abandon(&mut client.io, peer, p, 502, "corral: unexpected upgrade\n")
+                self.abandon(&mut client.io, p, 502, "corral: unexpected upgrade\n")
                     .await
             }
             Err(e) => match e.answer(shown) {
@@ -2114,11 +2287,11 @@ impl Proxy {
                     if let ExchangeError::RequestBody(_) = e {
                         self.log_bad(peer, method, shown, &body);
                     }
-                    self.abandon(&mut client.io, peer, p, status, &body).await
+                    self.abandon(&mut client.io, p, status, &body).await
                 }
                 None => {
                     // A truncated response or a client gone: close both.
-                    self.drop_upstream(peer, p);
+                    self.drop_upstream(p);
                     let _ = client.io.shutdown().await;
                     false
                 }
@@ -2167,10 +2340,11 @@ impl Proxy {
             let _ = client.io.write_all(&reply(1)).await;
             return None;
         }
+        let started = Instant::now();
         if client.io.write_all(&reply(0)).await.is_err() {
+            self.log_close(peer, "SOCKS5", &shown, port, address, 0, 0, started);
             return None;
         }
-        let started = Instant::now();
         // A host decided by method and path, as a CONNECT to it: never an opaque tunnel.
         if per_request {
             let dest = (&host, port, address, Kind::Socks);
@@ -2218,6 +2392,12 @@ impl Proxy {
         let hdr = client.read_exact_by(2, t).await.ok()?;
         let methods = client.read_exact_by(hdr[1] as usize, t).await.ok()?;
         if !methods.contains(&0) {
+            self.log_bad(
+                peer,
+                "SOCKS5",
+                "?",
+                "no acceptable authentication method (only none)",
+            );
             let _ = client.io.write_all(&[5, 0xff]).await;
             return None;
         }
@@ -2226,7 +2406,12 @@ impl Proxy {
         let req = client.read_exact_by(4, t).await.ok()?;
         let reply = |code: u8| [5, code, 0, 1, 0, 0, 0, 0, 0, 0];
         if req[0] != 5 || req[2] != 0 {
+            self.log_bad(peer, "SOCKS5", "?", "invalid SOCKS5 request header");
             return None;
+        }
+        if !matches!(req[3], 1 | 3 | 4) {
+            let why = format!("unknown SOCKS5 address type {}", req[3]);
+            self.log_bad(peer, "SOCKS5", "?", &why);
         }
         let host = read_socks_address(client, req[3], t).await?;
         let port = client.read_exact_by(2, t).await.ok()?;

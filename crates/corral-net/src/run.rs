@@ -23,7 +23,14 @@ pub enum Listener {
     },
 }
 
-/// A running proxy thread. Dropping it stops the thread (tunnels are cut).
+/// How long a shutdown waits for the open connections to end and record themselves before it
+/// records the rest from their counters. Each ends at its next poll, so this is generous; it
+/// stays under the 5 s a container engine gives the standalone proxy after SIGTERM.
+pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(3);
+
+/// A running proxy thread. [`ProxyHandle::shutdown`] (or dropping it) stops the thread: the
+/// listeners close, every open connection is ended and its close record written, and the
+/// refusals not yet recorded are.
 pub struct ProxyHandle {
     proxy: Arc<Proxy>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -49,14 +56,22 @@ impl ProxyHandle {
     }
 }
 
-impl Drop for ProxyHandle {
-    fn drop(&mut self) {
+impl ProxyHandle {
+    /// Stop the proxy and wait until every record it owes is written (see [`Proxy::shutdown`]).
+    /// A second call does nothing.
+    pub fn shutdown(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for ProxyHandle {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 
@@ -98,26 +113,33 @@ pub fn spawn(proxy: Arc<Proxy>, listeners: Vec<Listener>) -> Result<ProxyHandle,
         .name("corral-proxy".into())
         .spawn(move || {
             rt.block_on(async move {
+                let mut accepting = Vec::new();
                 for l in listeners {
-                    match l {
-                        Listener::Proxy(l) => {
-                            tokio::spawn(p.clone().serve(l));
-                        }
-                        Listener::ProxyUnix(l) => {
-                            tokio::spawn(p.clone().serve_unix(l));
-                        }
+                    let task = match l {
+                        Listener::Proxy(l) => tokio::spawn(p.clone().serve(l)),
+                        Listener::ProxyUnix(l) => tokio::spawn(p.clone().serve_unix(l)),
                         Listener::Forward { listener, target } => {
-                            tokio::spawn(crate::forward_port(
+                            let (audit, jail) = (p.audit().clone(), p.jail().to_string());
+                            tokio::spawn(crate::forward::forward_port_recorded(
                                 listener,
                                 target,
-                                p.audit().clone(),
-                                p.jail().to_string(),
+                                (audit, jail),
                                 Duration::from_secs(3600),
-                            ));
+                                Some((p.refusals().clone(), p.open_conns().clone())),
+                            ))
                         }
-                    }
+                    };
+                    accepting.push(task);
                 }
                 let _ = rx.await;
+                // No new connection, then every open one ended and recorded.
+                for task in &accepting {
+                    task.abort();
+                }
+                for task in accepting {
+                    let _ = task.await;
+                }
+                p.shutdown(SHUTDOWN_DEADLINE).await;
             });
             rt.shutdown_timeout(Duration::from_millis(200));
         })

@@ -230,13 +230,22 @@ pub fn run(opts: Options) -> Result<(), NetError> {
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).map_err(io("cannot handle SIGTERM"))?;
         let mut int = signal(SignalKind::interrupt()).map_err(io("cannot handle SIGINT"))?;
-        tokio::select! {
-            r = serve => match r {
-                Ok(r) => r.map_err(io("the proxy listener failed"))?,
-                Err(e) => return Err(NetError::Config(format!("the proxy task failed: {e}"))),
-            },
-            _ = int.recv() => {}
-            _ = term.recv() => {}
+        let mut serve = serve;
+        let failed = tokio::select! {
+            r = &mut serve => Some(match r {
+                Ok(r) => r.map_err(io("the proxy listener failed")).err(),
+                Err(e) => Some(NetError::Config(format!("the proxy task failed: {e}"))),
+            }),
+            _ = int.recv() => None,
+            _ = term.recv() => None,
+        };
+        // No new connection; every open one ended and its close record written, and the
+        // refusals not yet recorded, before the process exits.
+        serve.abort();
+        let _ = serve.await;
+        summary.shutdown(crate::run::SHUTDOWN_DEADLINE).await;
+        if let Some(Some(e)) = failed {
+            return Err(e);
         }
         // The bounds hit and the records lost while it ran, said once at the end.
         for line in summary.bounds_summary() {

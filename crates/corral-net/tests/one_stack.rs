@@ -26,7 +26,8 @@ struct Setup {
     addr: SocketAddr,
     port: u16,
     client_tls: tokio_rustls::TlsConnector,
-    _origin: std::net::TcpListener,
+    origin: std::net::TcpListener,
+    log: AuditLog,
     _dir: tempfile::TempDir,
 }
 
@@ -61,7 +62,7 @@ fn setup(config: ProxyConfig) -> Setup {
         allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
         upstream: None,
     };
-    let proxy = Proxy::new(rules, log, "onestack")
+    let proxy = Proxy::new(rules, log.clone(), "onestack")
         .with_config(config)
         .with_resolver(Arc::new(StaticResolver::new().with(HOST, &[lo])))
         .with_gateway(gw);
@@ -85,7 +86,8 @@ fn setup(config: ProxyConfig) -> Setup {
         addr,
         port,
         client_tls: tokio_rustls::TlsConnector::from(Arc::new(cfg)),
-        _origin: origin,
+        origin,
+        log,
         _dir: dir,
     }
 }
@@ -238,4 +240,49 @@ async fn partial_heads_inside_gateway_tunnels_are_counted_in_the_proxy_budget() 
         refused >= tunnels / 2,
         "only {refused} of {tunnels} refused"
     );
+}
+
+/// A gateway-intercepted connection still open when the proxy shuts down gets its close
+/// record, with the bytes on the wire to the destination (the gateway's own counts come only
+/// when it returns). Control: none before the shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intercepted_connection_open_at_shutdown_is_recorded_with_its_bytes() {
+    use corral_audit::{Event, NetPhase};
+    let mut s = setup(ProxyConfig::default());
+    let mut tls = tunnel(&s).await;
+    let req = format!("GET /x HTTP/1.1\r\nHost: {HOST}:{}\r\n\r\n", s.port);
+    tls.write_all(req.as_bytes()).await.unwrap();
+    // The gateway dials the origin's TLS for the request: its hello arrives, never answered.
+    let origin = s.origin.try_clone().unwrap();
+    let (held, hello) = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let (mut c, _) = origin.accept().unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut b = [0u8; 4096];
+        let n = c.read(&mut b).unwrap();
+        (c, n as u64)
+    })
+    .await
+    .unwrap();
+    assert!(hello > 0);
+    let closes = |log: &AuditLog| {
+        let (records, _) = log.read_all().unwrap();
+        records
+            .into_iter()
+            .filter_map(|r| match r.event {
+                Event::Net(n) if n.phase == NetPhase::Close => Some(n),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert!(closes(&s.log).is_empty(), "control: the connection is open");
+    tokio::task::block_in_place(|| s.handle.shutdown());
+    let got = closes(&s.log);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let c = &got[0];
+    assert_eq!(c.method, "CONNECT");
+    assert_eq!(c.rule, "closed by corral: the proxy shut down");
+    assert!(c.bytes_up >= hello, "{c:?}: the origin read {hello} bytes");
+    assert_eq!(c.bytes_down, 0, "{c:?}");
+    drop(held);
 }

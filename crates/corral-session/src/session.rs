@@ -37,6 +37,12 @@ pub trait Backend {
     /// The backend's own end-of-run lines and records (limits hit, the network's summary),
     /// after the session's checks. None by default.
     fn report(&mut self, _session: &Session) {}
+
+    /// Connections the run refused before any decision, by reason, for the `exit` record;
+    /// read after [`Backend::report`]. None by default.
+    fn refused(&self) -> std::collections::BTreeMap<String, u64> {
+        Default::default()
+    }
 }
 
 /// A session whose snapshots are being taken (on threads of their own) while the backend
@@ -261,7 +267,10 @@ impl Session {
             journal.done();
         }
         match &result {
-            Ok(code) => session.record(JailEvent::Exit { exit_code: *code }),
+            Ok(code) => session.record(JailEvent::Exit {
+                exit_code: *code,
+                refused: backend.refused(),
+            }),
             Err(e) => session.record(JailEvent::Error {
                 exit_code: 125,
                 detail: format!("{e:#}"),

@@ -349,3 +349,120 @@ fn rotate_and_write(path: &Path, host: &str) {
     ))
     .unwrap();
 }
+
+/// `corral proxy` under SIGTERM (how a container engine stops it), with 256 descriptors: the
+/// tunnels still open are ended and each gets its close record with its bytes, and the
+/// connections it refused for want of a descriptor are counted in `refused` records, all before
+/// it exits. Control: until the SIGTERM there is no close record (the origin never closes).
+#[test]
+fn on_sigterm_the_proxy_records_every_open_tunnel_and_every_refusal() {
+    let w = World::new();
+    // An echo origin that never closes first.
+    let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = echo.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in echo.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let mut r = s.try_clone().unwrap();
+                let _ = std::io::copy(&mut r, &mut s);
+            });
+        }
+    });
+    w.write_policy(&format!(
+        "[network]\nallow = [\"localhost:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n"
+    ));
+    let mut cmd = w.corral(&["proxy", "--listen", "127.0.0.1:0"]);
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe and allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 256,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut p = Running::spawn(cmd, true);
+    let line = p.wait_for("audit log ");
+    let log = AuditLog::at(line.rsplit(' ').next().unwrap());
+    let line = p.wait_for("listening on ");
+    let addr: SocketAddr = line.rsplit(' ').next().unwrap().parse().unwrap();
+    let connect = format!("CONNECT localhost:{port} HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n");
+    let (mut sent, mut refused, mut conns) = (Vec::new(), 0u64, Vec::new());
+    for i in 0..300usize {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(connect.as_bytes()).unwrap();
+        let mut head = [0u8; 39];
+        s.read_exact(&mut head[..12]).unwrap();
+        if &head[..12] == b"HTTP/1.1 503" {
+            refused += 1;
+            continue;
+        }
+        assert_eq!(&head[..12], b"HTTP/1.1 200");
+        s.read_exact(&mut head[12..]).unwrap();
+        let payload = vec![b'z'; 1 + i * 13];
+        s.write_all(&payload).unwrap();
+        let mut back = vec![0u8; payload.len()];
+        s.read_exact(&mut back).unwrap();
+        sent.push(payload.len() as u64);
+        conns.push(s);
+    }
+    let ok = sent.len() as u64;
+    assert!(ok > 50 && refused > 50, "{ok} served, {refused} refused");
+    let closes = |log: &AuditLog| -> Vec<NetEvent> {
+        let (records, _) = log.read_all().unwrap();
+        records
+            .into_iter()
+            .filter_map(|r| match r.event {
+                Event::Net(n) if n.phase == NetPhase::Close => Some(n),
+                _ => None,
+            })
+            .collect()
+    };
+    assert!(closes(&log).is_empty(), "control: no tunnel has ended");
+
+    // SAFETY: kill sends a signal to the child we started.
+    assert_eq!(unsafe { libc::kill(p.child.id() as i32, libc::SIGTERM) }, 0);
+    let status = p.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+
+    let got = closes(&log);
+    assert_eq!(got.len() as u64, ok, "one close record per tunnel");
+    let mut up: Vec<u64> = got.iter().map(|c| c.bytes_up).collect();
+    let mut down: Vec<u64> = got.iter().map(|c| c.bytes_down).collect();
+    let mut want = sent.clone();
+    up.sort();
+    down.sort();
+    want.sort();
+    assert_eq!((up, down), (want.clone(), want));
+    let (records, _) = log.read_all().unwrap();
+    let mut counted = 0;
+    let mut dial_refused = 0;
+    for r in records {
+        if let Event::Net(n) = r.event {
+            if n.phase == NetPhase::Refused {
+                counted += n.count;
+            } else if n.phase == NetPhase::Decision && n.rule.contains("out of file descriptors") {
+                dial_refused += 1;
+            }
+        }
+    }
+    assert!(counted > 0);
+    assert_eq!(counted + dial_refused, refused, "every 503 is in the log");
+    // `corral log --blocked` shows them, counted.
+    let out = w.corral(&["log", "--blocked"]).output().unwrap();
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table.lines().any(|l| l.contains(" refused ")
+            && l.contains("the proxy")
+            && l.contains("corral was out of file descriptors")
+            && l.contains('×')),
+        "{table}"
+    );
+}

@@ -242,6 +242,10 @@ impl Printer {
                         target,
                         format!("↑{} ↓{} {}ms", n.bytes_up, n.bytes_down, n.duration_ms),
                     )
+                } else if n.phase == corral_audit::NetPhase::Refused {
+                    // Connections refused before any decision, counted: the listener, how many.
+                    let rule = format!("×{} {}", n.count, n.rule);
+                    ("net", "refused".to_string(), n.host.clone(), rule)
                 } else if n.phase == corral_audit::NetPhase::Ask {
                     // A held request's question (network.on_deny = "ask"): its decision follows.
                     ("net", "ask".to_string(), target, n.rule.clone())

@@ -290,10 +290,28 @@ impl Backend for Native<'_> {
                 say(&format!("corral: {line}"));
             }
         }
+        // Every open tunnel ended and its close record written, and every refusal recorded,
+        // before the summary and the exit record.
+        if let Some(proxy) = self.proxy.as_mut() {
+            proxy.shutdown();
+        }
+        if let Some(netcap) = self.netcap.as_mut() {
+            netcap.shutdown();
+        }
         network_summary(self.proxy.as_ref(), session.audit());
         if let Some(terminal) = self.terminal.take() {
             report_terminal(terminal, session);
         }
+    }
+
+    fn refused(&self) -> std::collections::BTreeMap<String, u64> {
+        let proxy = self.proxy.as_ref().map(|p| p.proxy().refusals().totals());
+        let netcap = self.netcap.as_ref().map(|n| n.refusals().totals());
+        let mut all = std::collections::BTreeMap::new();
+        for (reason, n) in proxy.into_iter().chain(netcap).flatten() {
+            *all.entry(reason).or_insert(0) += n;
+        }
+        all
     }
 }
 
