@@ -454,7 +454,7 @@ where
         } else {
             // A head that could not be read (malformed, too large, too slow): one record each,
             // as for any malformed request (the jail paces these: each costs it a connection).
-            proxy.log_bad(self.peer, "?", "?", &r.why);
+            proxy.log_unreadable(self.peer, &r.why);
         }
         let body = format!("corral: {}\n", r.why);
         proxy.reply_and_close(&mut client.io, r.status, &body).await;
@@ -1245,6 +1245,15 @@ impl Proxy {
         self.log_close(peer, method, shown, port, address, 0, 0, Instant::now());
         let body = "corral: the run is ending; no new connection\n";
         self.reply_and_close(io, 503, body).await;
+    }
+
+    /// A request head that could not be read: logged as a denial of no known method or
+    /// destination (`?`), and summarised as `blocked unreadable request`.
+    fn log_unreadable(&self, peer: &str, why: &str) {
+        let rule = format!("malformed: {why}");
+        // Refused either way; a record that could not be written is counted by the log.
+        let _ = self.log_decision(peer, "?", "?", 0, None, Decision::Deny, &rule);
+        self.note_blocked("unreadable", "request", &rule, "fix the client's request");
     }
 
     /// A malformed-but-parsed request that names a target: logged as a denial.
