@@ -60,7 +60,7 @@ fn asks_only(kind: Colour, data: &[u8]) -> bool {
     let fields: Vec<&[u8]> = data.split(|&b| b == b';').collect();
     match kind {
         Colour::Indexed => {
-            fields.len() % 2 == 0
+            fields.len().is_multiple_of(2)
                 && fields
                     .chunks(2)
                     .all(|pair| !pair[0].is_empty() && pair[1] == b"?")
