@@ -37,6 +37,7 @@ mod sig;
 mod spawn;
 mod term;
 pub mod termfilter;
+pub mod termstatus;
 
 pub use error::JailError;
 pub use gatexec::GATE_EXEC_ARG;

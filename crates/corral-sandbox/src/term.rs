@@ -9,7 +9,9 @@
 //! The jail holds only the pty's slave, never the user's terminal, so TIOCSTI inside the jail
 //! can only push bytes into the jail's own input. What the jail writes reaches the user's
 //! terminal through [`OutputFilter`] (`termfilter.rs`): no escape sequence that acts outside
-//! the jail's own screen (clipboard, files, keys, the window) gets through.
+//! the jail's own screen (clipboard, files, keys, the window) gets through. corral's own word
+//! on that terminal (the title while a request waits for `corral watch`: `termstatus.rs`) is
+//! written only where the filter is between sequences and characters.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
@@ -20,6 +22,7 @@ use nix::sys::termios::{SetArg, Termios, cfmakeraw, tcgetattr, tcsetattr};
 use serde::{Deserialize, Serialize};
 
 use crate::termfilter::{Dropped, OutputFilter};
+use crate::termstatus::{StatusShown, TermStatus};
 
 pub(crate) fn is_tty(fd: BorrowedFd<'_>) -> bool {
     nix::unistd::isatty(fd).unwrap_or(false)
@@ -158,6 +161,9 @@ pub(crate) struct Relay {
     user_terminal: BorrowedFd<'static>,
     /// corral's stdin is one of the pty's ends.
     takes_stdin: bool,
+    /// corral's title on the user's terminal: what is wanted (the handle) and what is shown.
+    status: TermStatus,
+    shown: StatusShown,
 }
 
 impl Relay {
@@ -167,8 +173,11 @@ impl Relay {
     pub(crate) fn new(master: OwnedFd, filter: OutputFilter, ends: PtyEnds) -> Option<Relay> {
         let shown_on = ends.shown_on()?;
         let user_terminal = ends.user_terminal()?;
+        let (status, shown) = crate::termstatus::pair().ok()?;
         set_nonblocking(master.as_fd());
         Some(Relay {
+            status,
+            shown,
             master,
             stdin_open: ends.stdin,
             master_open: true,
@@ -190,6 +199,11 @@ impl Relay {
         self.user_terminal
     }
 
+    /// What corral says in the user's terminal title while the jail runs.
+    pub(crate) fn status(&self) -> TermStatus {
+        self.status.clone()
+    }
+
     pub(crate) fn master(&self) -> BorrowedFd<'_> {
         self.master.as_fd()
     }
@@ -203,7 +217,10 @@ impl Relay {
     pub(crate) fn step(&mut self, sigfd: BorrowedFd<'_>, timeout_ms: i32) {
         let stdin = std::io::stdin();
         let stdin_fd = stdin.as_fd();
-        let mut fds = vec![PollFd::new(sigfd, PollFlags::POLLIN)];
+        let mut fds = vec![
+            PollFd::new(sigfd, PollFlags::POLLIN),
+            PollFd::new(self.shown.fd(), PollFlags::POLLIN),
+        ];
         let master_flags = if self.to_master.is_empty() {
             PollFlags::POLLIN
         } else {
@@ -235,7 +252,12 @@ impl Relay {
             .and_then(|i| fds[i].revents())
             .is_some_and(|r| r.contains(PollFlags::POLLOUT));
         let stdin_in = ready(si, PollFlags::POLLIN);
+        let status_in = ready(Some(1), PollFlags::POLLIN);
         drop(fds);
+        if status_in {
+            self.shown.drain();
+            self.show_status();
+        }
         if stdin_in {
             let mut buf = [0u8; 8192];
             match nix::unistd::read(stdin_fd, &mut buf) {
@@ -289,6 +311,7 @@ impl Relay {
                     if write_all(self.shown_on, &filtered).is_err() {
                         break;
                     }
+                    self.show_status();
                 }
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(nix::errno::Errno::EAGAIN) => break,
@@ -299,6 +322,24 @@ impl Relay {
                 }
             }
         }
+    }
+}
+
+impl Relay {
+    /// Bring corral's title to what is wanted, when the jail's output is between sequences and
+    /// characters (else at a later boundary: a TUI's sequence is never cut).
+    fn show_status(&mut self) {
+        if self.filter.at_boundary() {
+            let bytes = self.shown.update();
+            let _ = write_all(self.shown_on, &bytes);
+        }
+    }
+
+    /// The jail is gone and its output relayed: the user's title back if corral changed it
+    /// (whatever the jail left unfinished, nothing of it follows any more).
+    pub(crate) fn finish(&mut self) {
+        let bytes = self.shown.restore();
+        let _ = write_all(self.shown_on, &bytes);
     }
 }
 
