@@ -585,7 +585,8 @@ mod tests {
     #[test]
     fn a_boundary_is_only_between_sequences_and_characters() {
         // After each prefix of this stream: whether the filter is at a boundary.
-        let stream: &[u8] = b"a\x1b[1;31mb\x1b]0;ti\x07\xc3\xa9\xe2\x86\x92\x1b(B\x1bPq#0\x1b\\\x1b7\xc2\xa9.";
+        let stream: &[u8] =
+            b"a\x1b[1;31mb\x1b]0;ti\x07\xc3\xa9\xe2\x86\x92\x1b(B\x1bPq#0\x1b\\\x1b7\xc2\xa9.";
         let boundaries: Vec<usize> = (0..=stream.len())
             .filter(|&cut| {
                 let mut f = OutputFilter::new(false);
@@ -595,10 +596,7 @@ mod tests {
             .collect();
         // Start, after `a`, the SGR, `b`, the title's BEL, `é`, `→`, `ESC ( B`, the DCS's ST,
         // `ESC 7`, `©` and `.`.
-        assert_eq!(
-            boundaries,
-            vec![0, 1, 8, 9, 16, 18, 21, 24, 31, 33, 35, 36]
-        );
+        assert_eq!(boundaries, vec![0, 1, 8, 9, 16, 18, 21, 24, 31, 33, 35, 36]);
     }
 
     #[test]

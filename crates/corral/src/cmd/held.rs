@@ -90,7 +90,12 @@ impl Tell {
     /// The questions pending now (oldest first).
     fn questions(&mut self, pending: &[Question]) {
         let new: Vec<&Question> = pending.iter().filter(|q| q.id > self.told).collect();
-        self.told = pending.iter().map(|q| q.id).max().unwrap_or(0).max(self.told);
+        self.told = pending
+            .iter()
+            .map(|q| q.id)
+            .max()
+            .unwrap_or(0)
+            .max(self.told);
         match &self.terminal {
             Some(t) => t.set(title(pending).as_deref(), !new.is_empty()),
             None => {
@@ -293,7 +298,10 @@ mod tests {
         assert_eq!(found(&[]), None, "no session");
         assert_eq!(found(&[("DISPLAY", "")]), None, "an empty variable");
         assert_eq!(found(&[("DISPLAY", ":0")]), Some(bin.clone()));
-        assert_eq!(found(&[("WAYLAND_DISPLAY", "wayland-0")]), Some(bin.clone()));
+        assert_eq!(
+            found(&[("WAYLAND_DISPLAY", "wayland-0")]),
+            Some(bin.clone())
+        );
         assert_eq!(
             found(&[("DBUS_SESSION_BUS_ADDRESS", "unix:path=/x")]),
             Some(bin.clone())
