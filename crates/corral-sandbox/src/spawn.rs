@@ -579,7 +579,7 @@ impl RunningJail {
     /// the jail has no pty (no end of corral's is a terminal).
     pub fn terminal_status(&self) -> Option<TermStatus> {
         match &self.io {
-            Io::Pty(relay) => Some(relay.status()),
+            Io::Pty(relay) => relay.status(),
             Io::Plain => None,
         }
     }

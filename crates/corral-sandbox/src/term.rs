@@ -161,9 +161,9 @@ pub(crate) struct Relay {
     user_terminal: BorrowedFd<'static>,
     /// corral's stdin is one of the pty's ends.
     takes_stdin: bool,
-    /// corral's title on the user's terminal: what is wanted (the handle) and what is shown.
-    status: TermStatus,
-    shown: StatusShown,
+    /// corral's title on the user's terminal: what is wanted (the handle) and what is shown
+    /// (none when its wake-up pipe could not be made: the relay goes on without it).
+    status: Option<(TermStatus, StatusShown)>,
 }
 
 impl Relay {
@@ -173,11 +173,9 @@ impl Relay {
     pub(crate) fn new(master: OwnedFd, filter: OutputFilter, ends: PtyEnds) -> Option<Relay> {
         let shown_on = ends.shown_on()?;
         let user_terminal = ends.user_terminal()?;
-        let (status, shown) = crate::termstatus::pair().ok()?;
         set_nonblocking(master.as_fd());
         Some(Relay {
-            status,
-            shown,
+            status: crate::termstatus::pair().ok(),
             master,
             stdin_open: ends.stdin,
             master_open: true,
@@ -200,8 +198,8 @@ impl Relay {
     }
 
     /// What corral says in the user's terminal title while the jail runs.
-    pub(crate) fn status(&self) -> TermStatus {
-        self.status.clone()
+    pub(crate) fn status(&self) -> Option<TermStatus> {
+        self.status.as_ref().map(|(s, _)| s.clone())
     }
 
     pub(crate) fn master(&self) -> BorrowedFd<'_> {
@@ -217,10 +215,11 @@ impl Relay {
     pub(crate) fn step(&mut self, sigfd: BorrowedFd<'_>, timeout_ms: i32) {
         let stdin = std::io::stdin();
         let stdin_fd = stdin.as_fd();
-        let mut fds = vec![
-            PollFd::new(sigfd, PollFlags::POLLIN),
-            PollFd::new(self.shown.fd(), PollFlags::POLLIN),
-        ];
+        let mut fds = vec![PollFd::new(sigfd, PollFlags::POLLIN)];
+        let wi = self.status.as_ref().map(|(_, shown)| {
+            fds.push(PollFd::new(shown.fd(), PollFlags::POLLIN));
+            fds.len() - 1
+        });
         let master_flags = if self.to_master.is_empty() {
             PollFlags::POLLIN
         } else {
@@ -252,10 +251,12 @@ impl Relay {
             .and_then(|i| fds[i].revents())
             .is_some_and(|r| r.contains(PollFlags::POLLOUT));
         let stdin_in = ready(si, PollFlags::POLLIN);
-        let status_in = ready(Some(1), PollFlags::POLLIN);
+        let status_in = ready(wi, PollFlags::POLLIN);
         drop(fds);
         if status_in {
-            self.shown.drain();
+            if let Some((_, shown)) = &self.status {
+                shown.drain();
+            }
             self.show_status();
         }
         if stdin_in {
@@ -329,8 +330,10 @@ impl Relay {
     /// Bring corral's title to what is wanted, when the jail's output is between sequences and
     /// characters (else at a later boundary: a TUI's sequence is never cut).
     fn show_status(&mut self) {
-        if self.filter.at_boundary() {
-            let bytes = self.shown.update();
+        if let Some((_, shown)) = &mut self.status
+            && self.filter.at_boundary()
+        {
+            let bytes = shown.update();
             let _ = write_all(self.shown_on, &bytes);
         }
     }
@@ -338,8 +341,10 @@ impl Relay {
     /// The jail is gone and its output relayed: the user's title back if corral changed it
     /// (whatever the jail left unfinished, nothing of it follows any more).
     pub(crate) fn finish(&mut self) {
-        let bytes = self.shown.restore();
-        let _ = write_all(self.shown_on, &bytes);
+        if let Some((_, shown)) = &mut self.status {
+            let bytes = shown.restore();
+            let _ = write_all(self.shown_on, &bytes);
+        }
     }
 }
 

@@ -9,7 +9,8 @@
 //! - Either way, a desktop notification when `notify-send` is on PATH and a desktop session is
 //!   there (`DBUS_SESSION_BUS_ADDRESS`, `DISPLAY` or `WAYLAND_DISPLAY`): started with an argv
 //!   (no shell), never waited for, at most one at a time (a question asked while one is still
-//!   running is not notified: the title, `corral watch` and the audit log still have it).
+//!   running is not notified: the title, `corral watch` and the audit log still have it), at
+//!   most [`MAX_NOTIFICATIONS`] a run.
 //!
 //! Names come from the jail (the destination it asked for): shown escaped
 //! (`corral_audit::printable`) and bounded ([`MAX_HOST`]). The proxy only wakes this thread
@@ -26,6 +27,9 @@ use corral_sandbox::termstatus::TermStatus;
 pub const MAX_HOST: usize = 80;
 /// Lines on stderr a run says about held requests at most.
 pub const MAX_LINES: usize = 100;
+/// Desktop notifications a run sends at most (a jail asking for ever new names cannot flood
+/// the desktop).
+pub const MAX_NOTIFICATIONS: usize = 20;
 
 /// Telling the user about held requests, for as long as it lives.
 pub struct HeldNotice {
@@ -174,6 +178,7 @@ fn stderr_line(q: &Question) -> String {
 struct Desktop {
     program: PathBuf,
     running: Option<Child>,
+    sent: usize,
 }
 
 impl Desktop {
@@ -193,16 +198,22 @@ impl Desktop {
         Some(Desktop {
             program,
             running: None,
+            sent: 0,
         })
     }
 
-    /// One notification of `q`, unless the previous one is still running.
+    /// One notification of `q`, unless the previous one is still running or the run sent
+    /// its share.
     fn notify(&mut self, q: &Question) {
         if let Some(child) = &mut self.running
             && matches!(child.try_wait(), Ok(None))
         {
             return;
         }
+        if self.sent >= MAX_NOTIFICATIONS {
+            return;
+        }
+        self.sent += 1;
         self.running = Command::new(&self.program)
             .args(notify_args(q))
             .stdin(Stdio::null())
@@ -277,6 +288,50 @@ mod tests {
         );
         let long = question(3, &"x".repeat(300), 1);
         assert_eq!(host(&long), format!("{}...", "x".repeat(MAX_HOST - 3)));
+    }
+
+    #[test]
+    fn notifications_are_one_at_a_time_and_bounded_per_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let bin = dir.path().join("notify-send");
+        std::fs::write(
+            &bin,
+            format!("#!/bin/sh\necho \"$3\" >> {}\n", log.display()),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut d = Desktop {
+            program: bin,
+            running: None,
+            sent: 0,
+        };
+        // While one runs, a new question is not notified.
+        let slow = dir.path().join("slow");
+        std::fs::write(&slow, "#!/bin/sh\nread x\n").unwrap();
+        std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let fast = std::mem::replace(&mut d.program, slow);
+        d.running = Some(
+            Command::new(&d.program)
+                .stdin(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        d.notify(&question(1, "early.example", 443));
+        assert_eq!(d.sent, 0);
+        drop(d.running.as_mut().unwrap().stdin.take());
+        d.running.as_mut().unwrap().wait().unwrap();
+        d.program = fast;
+        for i in 0..MAX_NOTIFICATIONS + 5 {
+            d.notify(&question(i as u64, &format!("h{i}.example"), 443));
+            if let Some(child) = d.running.as_mut() {
+                child.wait().unwrap();
+            }
+        }
+        let sent = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(sent.lines().count(), MAX_NOTIFICATIONS, "{sent}");
+        assert!(sent.starts_with("h0.example:443 is held"), "{sent}");
     }
 
     #[test]
