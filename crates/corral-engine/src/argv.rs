@@ -68,8 +68,8 @@ pub struct Context {
     /// Host directory of this project's audit log, shared with the proxy container.
     pub audit_dir: PathBuf,
     pub jail_id: String,
-    /// Standard input is a terminal: `--tty`.
-    pub tty: bool,
+    /// What the harness container's stdin, stdout and stderr are ([`Stdio::for_ends`]).
+    pub stdio: Stdio,
     /// Image the proxy container runs (the binary is mounted, so any image with a root
     /// filesystem will do); `None`: the harness image.
     pub proxy_image: Option<String>,
@@ -677,6 +677,43 @@ pub fn proxy_env_at(host: &str, no_proxy: &str) -> BTreeMap<String, String> {
     env
 }
 
+/// The harness container's stdio. The engines give a container one terminal for all of
+/// stdin, stdout and stderr (`--tty`) or none, so the native rule (each end that is a terminal
+/// outside is one inside) is followed as far as that allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stdio {
+    /// `--interactive --tty`: stdin and stdout are the user's terminal (stderr goes to the
+    /// container's terminal too, even when redirected outside).
+    Terminal,
+    /// `--interactive`: corral's stdin (a pipe or a file) is the container's; its output is
+    /// not a terminal.
+    Piped,
+    /// Neither: stdin is a terminal but stdout is not (`corral run ... > out.md`). A terminal
+    /// would put CR/LF and the terminal's echo into the file, and a terminal's bytes handed over
+    /// as a pipe would keep a harness that reads piped input waiting for its end: the
+    /// container's stdin is empty.
+    Closed,
+}
+
+impl Stdio {
+    /// For corral's stdin and stdout being terminals.
+    pub fn for_ends(stdin_tty: bool, stdout_tty: bool) -> Stdio {
+        match (stdin_tty, stdout_tty) {
+            (true, true) => Stdio::Terminal,
+            (true, false) => Stdio::Closed,
+            (false, _) => Stdio::Piped,
+        }
+    }
+
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Stdio::Terminal => &["--interactive", "--tty"],
+            Stdio::Piped => &["--interactive"],
+            Stdio::Closed => &[],
+        }
+    }
+}
+
 /// The harness container.
 fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
     let e = ctx.engine;
@@ -691,11 +728,8 @@ fn harness_run(plan: &Plan, ctx: &Context, names: &Names) -> Result<Command> {
         format!("corral.jail={}", ctx.jail_id),
         "--pull".into(),
         "never".into(),
-        "--interactive".into(),
     ];
-    if ctx.tty {
-        a.push("--tty".into());
-    }
+    a.extend(ctx.stdio.args().iter().map(|s| s.to_string()));
     // The name gate (corral_sandbox gatexec.rs) is PID 1 and starts the command, unless the
     // user lets the jail create repositories: no git repository appears where the host's git
     // finds it. It reaps and passes signals on as an init does; without it, a small init is

@@ -311,7 +311,7 @@ mod tests {
             state_dir: state.to_path_buf(),
             audit_dir: PathBuf::from("/s/log"),
             jail_id: "j1".into(),
-            tty: false,
+            stdio: crate::argv::Stdio::Piped,
             proxy_image: None,
             limits_enforceable: true,
             skill_source: None,

@@ -30,7 +30,7 @@ pub mod ports;
 pub mod proxy_policy;
 pub mod runner;
 
-pub use argv::{Context, Setup, Step, commands, setup};
+pub use argv::{Context, Setup, Stdio, Step, commands, setup};
 pub use names::Names;
 
 /// Which container engine's CLI to drive.

@@ -153,7 +153,10 @@ pub fn host_context(engine: EngineKind, plan: &Plan, jail_id: &str) -> Result<Co
         proxy_bin: proxy_bin(&corral_bin),
         corral_bin,
         jail_id: jail_id.to_string(),
-        tty: std::io::stdin().is_terminal(),
+        stdio: crate::argv::Stdio::for_ends(
+            std::io::stdin().is_terminal(),
+            std::io::stdout().is_terminal(),
+        ),
         proxy_image: std::env::var("CORRAL_PROXY_IMAGE")
             .ok()
             .filter(|v| !v.is_empty()),

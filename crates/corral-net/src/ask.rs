@@ -15,8 +15,13 @@
 //! - an answer "allow" only wakes the connections: they decide again with the rules in force
 //!   (the run-only allow the control socket added), so a deny rule still wins;
 //! - a destination refused in `corral watch` is refused at once for the rest of the run.
+//!
+//! Whoever tells the user where to answer (the terminal title, a line, a desktop notification:
+//! corral's `cmd/held.rs`) follows the questions through [`Asks::watch`]: a wake-up that never
+//! blocks the proxy and never queues (at most one pending), after which it reads [`Asks::list`].
 
 use std::collections::BTreeSet;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -83,6 +88,18 @@ struct State {
     pending: Vec<Pending>,
     held: usize,
     refused: BTreeSet<(String, u16)>,
+    /// The watcher's wake-up ([`Asks::watch`]).
+    watcher: Option<SyncSender<()>>,
+}
+
+impl State {
+    /// Wake the watcher: the pending questions changed. A wake-up already pending covers this
+    /// one (the watcher reads the list once awake), so this never blocks nor queues.
+    fn changed(&self) {
+        if let Some(w) = &self.watcher {
+            let _ = w.try_send(());
+        }
+    }
 }
 
 /// The questions of one proxy.
@@ -165,6 +182,7 @@ impl Asks {
             held: 1,
             answer: tx,
         });
+        st.changed();
         Ok(Hold {
             asks: self.clone(),
             id,
@@ -172,6 +190,21 @@ impl Asks {
             deadline,
             answer: rx,
         })
+    }
+
+    /// Follow the questions: the receiver wakes (at least once) after each change of the
+    /// pending questions (one asked, answered, timed out or withdrawn); [`Asks::list`] then
+    /// says what is pending. One watcher at a time (a new call replaces the previous one);
+    /// [`Asks::unwatch`] ends it (its receiver then sees the channel closed).
+    pub fn watch(&self) -> Receiver<()> {
+        let (tx, rx) = sync_channel(1);
+        self.lock().watcher = Some(tx);
+        rx
+    }
+
+    /// Stop waking the watcher: its receiver sees the channel closed.
+    pub fn unwatch(&self) {
+        self.lock().watcher = None;
     }
 
     /// The pending questions, oldest first.
@@ -214,6 +247,9 @@ impl Asks {
             }
             !hit
         });
+        if !matching.is_empty() {
+            st.changed();
+        }
         matching.len()
     }
 
@@ -229,6 +265,9 @@ impl Asks {
             }
             !allowed
         });
+        if st.pending.len() != before {
+            st.changed();
+        }
         before - st.pending.len()
     }
 
@@ -271,6 +310,7 @@ impl Drop for Hold {
             st.pending[i].held -= 1;
             if st.pending[i].held == 0 {
                 st.pending.remove(i);
+                st.changed();
             }
         }
     }
@@ -367,6 +407,40 @@ mod tests {
             asks.hold((&b, 443, Kind::Connect), "CONNECT", "r", T).err(),
             Some(NotHeld::Refused)
         );
+    }
+
+    #[tokio::test]
+    async fn the_watcher_wakes_on_each_change_without_a_queue() {
+        use std::sync::mpsc::TryRecvError;
+        let asks = Arc::new(Asks::default());
+        let rx = asks.watch();
+        let (a, b) = (name("a.example"), name("b.example"));
+        // Two questions asked before the watcher looks: one wake-up, two questions listed.
+        let ha = asks
+            .hold((&a, 443, Kind::Connect), "CONNECT", "r", T)
+            .unwrap();
+        let hb = asks
+            .hold((&b, 443, Kind::Connect), "CONNECT", "r", T)
+            .unwrap();
+        assert_eq!(rx.try_recv(), Ok(()));
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+        assert_eq!(asks.list().len(), 2);
+        // Joining a pending question changes nothing.
+        let ha2 = asks
+            .hold((&a, 443, Kind::Connect), "CONNECT", "r", T)
+            .unwrap();
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+        // A refusal, and a question withdrawn when its last connection goes, each wake it.
+        assert_eq!(asks.refuse("b.example"), 1);
+        assert_eq!(rx.try_recv(), Ok(()));
+        drop(hb);
+        drop(ha);
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+        drop(ha2);
+        assert_eq!(rx.try_recv(), Ok(()));
+        assert!(asks.list().is_empty());
+        asks.unwatch();
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
     }
 
     #[tokio::test]

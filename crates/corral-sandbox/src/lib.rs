@@ -37,6 +37,7 @@ mod sig;
 mod spawn;
 mod term;
 pub mod termfilter;
+pub mod termstatus;
 mod ucounts;
 
 pub use error::JailError;

@@ -19,6 +19,7 @@ use crate::placeholder::Placeholder;
 use crate::sig::SignalPipe;
 use crate::term::{self, PtyEnds, RawMode, Relay};
 use crate::termfilter::{Dropped, OutputFilter};
+use crate::termstatus::TermStatus;
 use crate::{EXIT_SETUP_FAILED, INIT_ARG};
 
 /// How to start a jail, beyond the Plan.
@@ -574,6 +575,15 @@ impl RunningJail {
         self.factory.take()
     }
 
+    /// What corral says in the title of the user's terminal while the jail runs; `None` when
+    /// the jail has no pty (no end of corral's is a terminal).
+    pub fn terminal_status(&self) -> Option<TermStatus> {
+        match &self.io {
+            Io::Pty(relay) => relay.status(),
+            Io::Plain => None,
+        }
+    }
+
     /// The placeholders this jail's start made (once), so the caller decides when they go:
     /// after every other process of the run that binds them has ended. Without this they go
     /// when `wait` returns.
@@ -675,6 +685,7 @@ impl RunningJail {
                     }
                 };
                 relay.pump_output();
+                relay.finish();
                 terminal = relay.dropped();
                 code
             }

@@ -9,7 +9,9 @@
 //! The jail holds only the pty's slave, never the user's terminal, so TIOCSTI inside the jail
 //! can only push bytes into the jail's own input. What the jail writes reaches the user's
 //! terminal through [`OutputFilter`] (`termfilter.rs`): no escape sequence that acts outside
-//! the jail's own screen (clipboard, files, keys, the window) gets through.
+//! the jail's own screen (clipboard, files, keys, the window) gets through. corral's own word
+//! on that terminal (the title while a request waits for `corral watch`: `termstatus.rs`) is
+//! written only where the filter is between sequences and characters.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
@@ -20,6 +22,7 @@ use nix::sys::termios::{SetArg, Termios, cfmakeraw, tcgetattr, tcsetattr};
 use serde::{Deserialize, Serialize};
 
 use crate::termfilter::{Dropped, OutputFilter};
+use crate::termstatus::{StatusShown, TermStatus};
 
 pub(crate) fn is_tty(fd: BorrowedFd<'_>) -> bool {
     nix::unistd::isatty(fd).unwrap_or(false)
@@ -158,6 +161,9 @@ pub(crate) struct Relay {
     user_terminal: BorrowedFd<'static>,
     /// corral's stdin is one of the pty's ends.
     takes_stdin: bool,
+    /// corral's title on the user's terminal: what is wanted (the handle) and what is shown
+    /// (none when its wake-up pipe could not be made: the relay goes on without it).
+    status: Option<(TermStatus, StatusShown)>,
 }
 
 impl Relay {
@@ -169,6 +175,7 @@ impl Relay {
         let user_terminal = ends.user_terminal()?;
         set_nonblocking(master.as_fd());
         Some(Relay {
+            status: crate::termstatus::pair().ok(),
             master,
             stdin_open: ends.stdin,
             master_open: true,
@@ -190,6 +197,11 @@ impl Relay {
         self.user_terminal
     }
 
+    /// What corral says in the user's terminal title while the jail runs.
+    pub(crate) fn status(&self) -> Option<TermStatus> {
+        self.status.as_ref().map(|(s, _)| s.clone())
+    }
+
     pub(crate) fn master(&self) -> BorrowedFd<'_> {
         self.master.as_fd()
     }
@@ -204,6 +216,10 @@ impl Relay {
         let stdin = std::io::stdin();
         let stdin_fd = stdin.as_fd();
         let mut fds = vec![PollFd::new(sigfd, PollFlags::POLLIN)];
+        let wi = self.status.as_ref().map(|(_, shown)| {
+            fds.push(PollFd::new(shown.fd(), PollFlags::POLLIN));
+            fds.len() - 1
+        });
         let master_flags = if self.to_master.is_empty() {
             PollFlags::POLLIN
         } else {
@@ -235,7 +251,14 @@ impl Relay {
             .and_then(|i| fds[i].revents())
             .is_some_and(|r| r.contains(PollFlags::POLLOUT));
         let stdin_in = ready(si, PollFlags::POLLIN);
+        let status_in = ready(wi, PollFlags::POLLIN);
         drop(fds);
+        if status_in {
+            if let Some((_, shown)) = &self.status {
+                shown.drain();
+            }
+            self.show_status();
+        }
         if stdin_in {
             let mut buf = [0u8; 8192];
             match nix::unistd::read(stdin_fd, &mut buf) {
@@ -289,6 +312,7 @@ impl Relay {
                     if write_all(self.shown_on, &filtered).is_err() {
                         break;
                     }
+                    self.show_status();
                 }
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(nix::errno::Errno::EAGAIN) => break,
@@ -298,6 +322,28 @@ impl Relay {
                     break;
                 }
             }
+        }
+    }
+}
+
+impl Relay {
+    /// Bring corral's title to what is wanted, when the jail's output is between sequences and
+    /// characters (else at a later boundary: a TUI's sequence is never cut).
+    fn show_status(&mut self) {
+        if let Some((_, shown)) = &mut self.status
+            && self.filter.at_boundary()
+        {
+            let bytes = shown.update();
+            let _ = write_all(self.shown_on, &bytes);
+        }
+    }
+
+    /// The jail is gone and its output relayed: the user's title back if corral changed it
+    /// (whatever the jail left unfinished, nothing of it follows any more).
+    pub(crate) fn finish(&mut self) {
+        if let Some((_, shown)) = &mut self.status {
+            let bytes = shown.restore();
+            let _ = write_all(self.shown_on, &bytes);
         }
     }
 }

@@ -204,6 +204,13 @@ impl OutputFilter {
         self.dropped
     }
 
+    /// Whether what the filter passed so far ends between sequences and characters: not inside
+    /// an escape sequence or string (passed or held) nor a UTF-8 character. Bytes of corral's
+    /// own written to the terminal here cannot cut or join anything of the jail's.
+    pub fn at_boundary(&self) -> bool {
+        self.state == State::Ground && self.utf8_left == 0 && !self.lead_c2
+    }
+
     /// Filter `input`, appending what may reach the terminal to `out`.
     pub fn push(&mut self, input: &[u8], out: &mut Vec<u8>) {
         for &b in input {
@@ -739,6 +746,23 @@ mod tests {
         assert_eq!(f.dropped().summary().len(), 2);
         assert!(f.dropped().summary()[0].contains("[terminal] clipboard = true"));
         assert!(Dropped::default().summary().is_empty());
+    }
+
+    #[test]
+    fn a_boundary_is_only_between_sequences_and_characters() {
+        // After each prefix of this stream: whether the filter is at a boundary.
+        let stream: &[u8] =
+            b"a\x1b[1;31mb\x1b]0;ti\x07\xc3\xa9\xe2\x86\x92\x1b(B\x1bPq#0\x1b\\\x1b7\xc2\xa9.";
+        let boundaries: Vec<usize> = (0..=stream.len())
+            .filter(|&cut| {
+                let mut f = OutputFilter::new(false);
+                f.push(&stream[..cut], &mut Vec::new());
+                f.at_boundary()
+            })
+            .collect();
+        // Start, after `a`, the SGR, `b`, the title's BEL, `é`, `→`, `ESC ( B`, the DCS's ST,
+        // `ESC 7`, `©` and `.`.
+        assert_eq!(boundaries, vec![0, 1, 8, 9, 16, 18, 21, 24, 31, 33, 35, 36]);
     }
 
     #[test]

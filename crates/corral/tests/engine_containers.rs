@@ -25,6 +25,7 @@ on_every_engine!(
     the_native_escape_suite_fails_in_the_harness_container,
     publish_and_host_ports_cross_the_internal_network,
     no_repository_planted_during_the_run_is_seen_by_host_git,
+    the_containers_terminal_follows_stdin_and_stdout,
 );
 
 /// An HTTP origin on the external network: a container answering `body` on port 8000.
@@ -921,4 +922,80 @@ impl Drop for TmpfsMount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("--lazy").arg(&self.0).status();
     }
+}
+
+/// `corral run --engine E -- sh -c SCRIPT` with a pty of the test's as stdin and controlling
+/// terminal, stdout the pty too (`to_file` false) or a file; what stdout got (the pty's output
+/// or the file), once corral ended.
+fn run_at_a_terminal(w: &World, script: &str, to_file: bool) -> String {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut master = std::fs::File::from(pty.master);
+    let out_file = w.dir.path().join("stdout.txt");
+    let mut c = w.command(&["run", "--engine", w.engine.name(), "--", "sh", "-c", script]);
+    c.stdin(slave.try_clone().unwrap())
+        .stderr(std::process::Stdio::null());
+    match to_file {
+        true => c.stdout(std::fs::File::create(&out_file).unwrap()),
+        false => c.stdout(slave.try_clone().unwrap()),
+    };
+    // SAFETY: setsid and TIOCSCTTY on fd 0 are async-signal-safe syscalls.
+    unsafe {
+        c.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = c.spawn().unwrap();
+    drop(slave);
+    drop(c);
+    // The pty's output until every slave is closed (EIO), read while corral runs.
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = master.read(&mut buf) {
+            seen.extend_from_slice(&buf[..n]);
+        }
+        seen
+    });
+    let status = child.wait().unwrap();
+    let shown = reader.join().unwrap();
+    assert!(
+        status.success(),
+        "{status:?}: {}",
+        String::from_utf8_lossy(&shown)
+    );
+    match to_file {
+        true => std::fs::read_to_string(&out_file).unwrap(),
+        false => String::from_utf8_lossy(&shown).into_owned(),
+    }
+}
+
+/// The engines give a container one terminal for all of its stdio or none: stdin and stdout
+/// terminals are one inside; stdout redirected to a file gets no terminal (no CR/LF in the
+/// file) and the container's stdin is empty (a command reading it does not wait).
+fn the_containers_terminal_follows_stdin_and_stdout(e: Engine) {
+    if !e.ready(&[]) {
+        return;
+    }
+    let w = World::new(e, "t");
+    std::fs::write(
+        w.project.join("corral.toml"),
+        format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"none\"\n"),
+    )
+    .unwrap();
+    let script = "test -t 0 && echo IN-TTY || echo IN-NOT-TTY; \
+                  test -t 1 && echo OUT-TTY || echo OUT-NOT-TTY; \
+                  printf 'a\\nb\\n'; test -t 0 || cat; echo END";
+    let file = run_at_a_terminal(&w, script, true);
+    assert_eq!(file, "IN-NOT-TTY\nOUT-NOT-TTY\na\nb\nEND\n");
+    let shown = run_at_a_terminal(&w, script, false);
+    assert!(
+        shown.contains("IN-TTY\r\nOUT-TTY\r\na\r\nb\r\nEND"),
+        "{shown:?}"
+    );
 }

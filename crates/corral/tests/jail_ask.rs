@@ -341,3 +341,195 @@ fn corral_watch_p_adds_the_question_to_corral_toml_and_lets_it_through() {
     );
     assert!(watch.quit().success());
 }
+
+/// A fake `notify-send` in a directory of the world's, writing its arguments (one a line) to
+/// the file `notified` there once; the directory and a PATH that has it first.
+fn fake_notify_send(w: &World) -> (std::path::PathBuf, String) {
+    let dir = w.root.join("desktop-bin");
+    let script = dir.join("notify-send");
+    write(
+        &script,
+        &format!(
+            "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done > {d}/notified.tmp \
+             && mv {d}/notified.tmp {d}/notified\n",
+            d = dir.display()
+        ),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/local/bin:/usr/bin:/bin", dir.display());
+    (dir, path)
+}
+
+/// What the fake `notify-send` was called with.
+fn notified(dir: &std::path::Path, target: &str) -> Vec<String> {
+    let text = wait_file(&dir.join("notified"));
+    let argv: Vec<String> = text.lines().map(str::to_string).collect();
+    let host = target.rsplit_once(':').unwrap().0;
+    assert_eq!(
+        argv,
+        vec![
+            "--app-name=corral".to_string(),
+            "corral: a request waits for an answer".into(),
+            format!("{target} is held: answer in `corral watch` (or `corral allow {host}`)"),
+        ]
+    );
+    argv
+}
+
+/// All a pty master gives until every slave is closed, gathered on a thread.
+struct PtyOutput {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PtyOutput {
+    fn start(mut master: std::fs::File) -> PtyOutput {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let thread = {
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut buf = [0u8; 4096];
+                // EIO once no slave is open any more.
+                while let Ok(n @ 1..) = master.read(&mut buf) {
+                    seen.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            })
+        };
+        PtyOutput {
+            seen,
+            thread: Some(thread),
+        }
+    }
+
+    /// What came so far once it holds `needle`.
+    #[track_caller]
+    fn wait_for(&self, needle: &[u8]) -> Vec<u8> {
+        let start = Instant::now();
+        loop {
+            let seen = self.seen.lock().unwrap().clone();
+            if seen.windows(needle.len()).any(|w| w == needle) {
+                return seen;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{:?} did not come; came: {:?}",
+                String::from_utf8_lossy(needle),
+                String::from_utf8_lossy(&seen)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Everything, once the terminal hung up.
+    fn finish(mut self) -> Vec<u8> {
+        self.thread.take().unwrap().join().unwrap();
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+#[test]
+fn a_held_request_is_said_in_the_title_between_the_jails_sequences_and_on_the_desktop() {
+    let w = World::new();
+    let port = origin();
+    let target = format!("127.0.0.1:{port}");
+    write(
+        &w.project.join("corral.toml"),
+        &ask_policy("ask_timeout = 300\n"),
+    );
+    w.trust_project(&[]);
+    let (desktop, path) = fake_notify_send(&w);
+    // The jail's title sequence is open (a TUI's sequence split across writes) while its
+    // request is held; it completes it once the test says so.
+    let script = format!(
+        "{}printf '\\033]0;jail-'\n( ask held > held.out ) &\nstep 1 ready\nwait_go 1\n\
+         printf 'title\\007<after>'\nwait\necho \" HELD $(cat held.out)\"\necho END\n",
+        prelude(port)
+    );
+    let mut c = w.corral();
+    c.env("PATH", &path)
+        .env("DBUS_SESSION_BUS_ADDRESS", "unix:path=/nonexistent/bus")
+        .args(["run", "--", "sh", "-c", &script]);
+    let (master, slave, mut child) = under_pty(c, 24, 80);
+    drop(slave);
+    let out = PtyOutput::start(master);
+    out.wait_for(b"\x1b]0;jail-");
+    wait_file(&w.project.join("step1"));
+    let socket = control_socket(&w);
+    wait_asks(&socket, |a| !a.is_empty());
+    // Told on the desktop (after the title was asked for).
+    notified(&desktop, &target);
+    go(&w, 1);
+    out.wait_for(b"<after>");
+    let answer = control(&socket, &format!("allow {target}"));
+    assert!(answer.starts_with("ok "), "{answer}");
+    assert!(child.wait().unwrap().success());
+    let seen = out.finish();
+    let text = String::from_utf8_lossy(&seen);
+    assert!(
+        text.contains("HELD 200") && text.contains("END"),
+        "{text:?}"
+    );
+    // The jail's sequence reached the terminal whole; corral's title came after it, with a
+    // bell, and the user's title was popped back once nothing waited.
+    let jail = find(&seen, b"\x1b]0;jail-title\x07<after>").expect(&text);
+    let said =
+        format!("\x1b[22;0t\x1b]2;corral: waiting: {target} - answer in `corral watch`\x1b\\\x07");
+    let said_at = find(&seen, said.as_bytes()).expect(&text);
+    assert!(said_at > jail, "{text:?}");
+    let popped = find(&seen, b"\x1b[23;0t").expect(&text);
+    assert!(popped > said_at, "{text:?}");
+    assert_eq!(text.matches("\x1b]2;").count(), 1, "{text:?}");
+    // No line on the screen.
+    assert!(!text.contains("corral: held"), "{text:?}");
+}
+
+#[test]
+fn a_held_request_without_a_terminal_is_a_line_on_stderr() {
+    let w = World::new();
+    let port = origin();
+    let target = format!("127.0.0.1:{port}");
+    write(
+        &w.project.join("corral.toml"),
+        &ask_policy("ask_timeout = 300\n"),
+    );
+    w.trust_project(&[]);
+    let (desktop, path) = fake_notify_send(&w);
+    let script = format!(
+        "{}step 1 ready\necho \"HELD $(ask held)\"\necho END\n",
+        prelude(port)
+    );
+    let mut c = w.corral();
+    c.env("PATH", &path)
+        .env("DISPLAY", ":99")
+        .args(["run", "--", "sh", "-c", &script]);
+    let bg = std::thread::spawn(move || run(c));
+    wait_file(&w.project.join("step1"));
+    let socket = control_socket(&w);
+    wait_asks(&socket, |a| !a.is_empty());
+    // The desktop is told after the line is written.
+    notified(&desktop, &target);
+    let answer = control(&socket, &format!("allow {target}"));
+    assert!(answer.starts_with("ok "), "{answer}");
+    let out = bg.join().unwrap();
+    assert!(out.stdout.contains("HELD 200"), "{}", out.both());
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("corral: held "))
+        .collect();
+    assert_eq!(
+        lines,
+        vec![format!(
+            "corral: held {target}: answer with corral watch (or corral allow 127.0.0.1)"
+        )],
+        "{}",
+        out.both()
+    );
+    assert!(!out.stderr.contains("\x1b]"), "{}", out.both());
+}

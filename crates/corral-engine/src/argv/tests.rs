@@ -77,7 +77,7 @@ fn ctx(engine: EngineKind, rootless: bool) -> Context {
         state_dir: PathBuf::from("/s/engine"),
         audit_dir: PathBuf::from("/s/log"),
         jail_id: "j1".into(),
-        tty: false,
+        stdio: Stdio::Piped,
         proxy_image: None,
         limits_enforceable: true,
         skill_source: None,
@@ -321,7 +321,7 @@ fn docker_whole_setup() {
     let mut f = fixture();
     f.plan.executor.target = ExecutorTarget::Compose("executor".into());
     let mut c = ctx(EngineKind::Docker, false);
-    c.tty = true;
+    c.stdio = Stdio::Terminal;
     c.proxy_image = Some("localhost/corral-proxy:1".into());
     let n = c.names(&f.plan);
     let key = n.key.clone();
@@ -556,6 +556,41 @@ fn docker_whole_setup() {
         run.env.get("NO_PROXY").cloned(),
         Some(format!("localhost,127.0.0.1,::1,{}", n.executor_alias))
     );
+}
+
+/// Each combination of terminal ends: the harness argv whole, the podman run of
+/// `podman_rootless_whole_setup` with its stdio options as the ends make them.
+#[test]
+fn the_containers_terminal_follows_stdin_and_stdout() {
+    let f = fixture();
+    let piped = setup(&f.plan, &ctx(EngineKind::Podman, true))
+        .unwrap()
+        .run_command()
+        .unwrap()
+        .argv();
+    let at = piped.iter().position(|a| a == "--interactive").unwrap();
+    assert_eq!(piped[at - 1], "never", "after --pull never");
+    let with = |opts: &[&str]| {
+        let mut argv = piped.clone();
+        argv.splice(at..at + 1, strings(opts));
+        argv
+    };
+    // (stdin, stdout) terminals: the container's stdio options.
+    let table: [((bool, bool), Stdio, &[&str]); 4] = [
+        ((true, true), Stdio::Terminal, &["--interactive", "--tty"]),
+        // `corral run ... > out.md` at a terminal: no terminal, no CR/LF in the file, and no
+        // terminal handed over as a pipe whose end never comes.
+        ((true, false), Stdio::Closed, &[]),
+        ((false, true), Stdio::Piped, &["--interactive"]),
+        ((false, false), Stdio::Piped, &["--interactive"]),
+    ];
+    for ((stdin, stdout), stdio, opts) in table {
+        assert_eq!(Stdio::for_ends(stdin, stdout), stdio, "{stdin} {stdout}");
+        let mut c = ctx(EngineKind::Podman, true);
+        c.stdio = stdio;
+        let argv = setup(&f.plan, &c).unwrap().run_command().unwrap().argv();
+        assert_eq!(argv, with(opts), "{stdio:?}");
+    }
 }
 
 #[test]

@@ -15,7 +15,7 @@ fn ctx(engine: EngineKind, rootless: bool) -> Context {
         state_dir: PathBuf::from("/s/engine"),
         audit_dir: PathBuf::from("/s/log"),
         jail_id: "j1".into(),
-        tty: false,
+        stdio: crate::argv::Stdio::Piped,
         proxy_image: None,
         limits_enforceable: true,
         skill_source: None,

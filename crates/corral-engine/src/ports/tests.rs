@@ -25,7 +25,7 @@ fn ctx(engine: EngineKind, rootless: bool, state: &Path) -> Context {
         state_dir: state.to_path_buf(),
         audit_dir: PathBuf::from("/s/log"),
         jail_id: "j1".into(),
-        tty: false,
+        stdio: crate::argv::Stdio::Piped,
         proxy_image: None,
         limits_enforceable: true,
         skill_source: None,

@@ -10,6 +10,7 @@ mod down;
 pub mod engine_run;
 mod exec;
 mod generate;
+mod held;
 mod image;
 pub mod init;
 mod kube;

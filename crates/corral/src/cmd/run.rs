@@ -256,6 +256,11 @@ impl Backend for Native<'_> {
             audit,
             jail_id,
         );
+        // A request held for `corral watch` (on_deny = "ask") is said where the user looks:
+        // the title of the jail's terminal, else stderr, and the desktop (held.rs).
+        let held = self.proxy.as_ref().map(|p| {
+            super::held::HeldNotice::start(p.proxy().asks().clone(), jail.terminal_status())
+        });
         let placeholders = jail.keep_placeholders();
         // The command's first write must come after the change baseline (changes.rs): its exec
         // was held while the root was built; it goes once the baseline is complete.
@@ -265,6 +270,7 @@ impl Backend for Native<'_> {
         // Back once the jail is empty; its set-up process exits meanwhile (reaped before the
         // cgroup goes: `Native::ending`).
         let (exit, ending) = jail.wait_ending();
+        drop(held);
         drop(live);
         end_run(self.executor.take(), ending.pid());
         self.ending = Some(ending);
