@@ -74,6 +74,7 @@
 //! gateway runs its TLS over whatever stream the proxy opened.
 
 mod ca;
+mod encodings;
 mod placeholder;
 mod serve;
 pub mod signin;

@@ -17,6 +17,7 @@ use corral_http1::{Header, RequestHead, Version, connection_tokens, header_value
 use corral_policy::domain::Host;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use crate::encodings;
 use crate::ws::FrameScrubber;
 use crate::{
     Dest, Gateway, GatewayError, HANDSHAKE, InterceptStats, Refusal, RequestGate,
@@ -400,10 +401,9 @@ impl Gateway {
     pub fn scrubber(&self) -> Replacer {
         let mut r = Replacer::default();
         for s in &self.inner.secrets {
-            r.add(
-                s.real.as_bytes().to_vec(),
-                s.placeholder.as_bytes().to_vec(),
-            );
+            for (real, ph) in encodings::scrub_pairs(s.real.as_bytes(), s.placeholder.as_bytes()) {
+                r.add(real, ph);
+            }
         }
         let produced = self
             .inner
@@ -412,9 +412,12 @@ impl Gateway {
             .unwrap_or_else(|e| e.into_inner());
         for (real, sent) in produced.iter() {
             r.add(real.clone(), sent.clone());
+            r.add(encodings::url_safe(real), encodings::url_safe(sent));
         }
         for (real, ph) in self.inner.signin.iter().flat_map(|s| s.scrub_pairs()) {
-            r.add(real, ph);
+            for (real, ph) in encodings::scrub_pairs(&real, &ph) {
+                r.add(real, ph);
+            }
         }
         r
     }
