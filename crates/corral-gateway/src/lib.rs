@@ -34,7 +34,7 @@
 //!   without query; `Debug` of every type here redacts values.
 //! - The jail side speaks HTTP/1.1 only (ALPN offers `http/1.1`), so one connection has one
 //!   `Host`; websocket upgrades get their headers swapped, then the two streams are spliced,
-//!   the origin's side scrubbed frame by frame (`ws.rs`); other upgrades are not forwarded.
+//!   the origin's side scrubbed message by message, across its frames (`ws.rs`); other upgrades are not forwarded.
 //! - **Hosts the proxy decides by method and path** (`network.allow = ["GET host/path/**"]`)
 //!   are terminated the same way ([`Gateway::intercept_gated`], the CA's names include them):
 //!   after the checks above, each request goes to the proxy's [`RequestGate`], and is sent

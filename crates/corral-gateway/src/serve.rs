@@ -464,8 +464,8 @@ fn relay_err(host: &str, source: std::io::Error) -> GatewayError {
 
 /// After a `101`: the two streams spliced until both close or nothing moves for the idle
 /// timeout. The swap happened on the upgrade request; what the origin sends still goes through
-/// the scrubber frame by frame ([`FrameScrubber`]), lengths kept so frames stay valid (a value
-/// split across frames, or compressed, is not caught: the upgrade request had
+/// the scrubber message by message ([`FrameScrubber`]: a value split across a frame and its
+/// continuation is caught; compressed frames cannot come, the upgrade request had
 /// `Sec-WebSocket-Extensions` removed).
 async fn splice<D, U>(
     down: BufConn<D>,
@@ -482,7 +482,7 @@ where
     let Some(upstream) = up else {
         return stats;
     };
-    let mut scrub = FrameScrubber::new(scrub.same_length());
+    let mut scrub = FrameScrubber::new(scrub);
     let (mut dr, mut dw) = tokio::io::split(down.io);
     let (mut ur, mut uw) = tokio::io::split(upstream.io);
     let mut out = Vec::new();

@@ -546,3 +546,98 @@ async fn a_reflected_key_cannot_be_fetched_in_pieces_with_range() {
     }
     assert!(String::from_utf8_lossy(&joined).contains(KEY));
 }
+
+/// One websocket frame from the origin (unmasked), FIN as given.
+fn ws_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![if fin { 0x80 } else { 0 } | opcode];
+    if payload.len() < 126 {
+        f.push(payload.len() as u8);
+    } else {
+        f.push(126);
+        f.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    }
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Each frame in `bytes` (FIN, opcode, payload); the origin's frames here are never masked.
+fn ws_frames(mut bytes: &[u8]) -> Vec<(bool, u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    while bytes.len() >= 2 {
+        assert_eq!(bytes[1] & 0x80, 0, "a masked frame from the gateway");
+        let (n, len) = match bytes[1] & 0x7f {
+            126 => (4, usize::from(u16::from_be_bytes([bytes[2], bytes[3]]))),
+            127 => panic!("no frame here is that long"),
+            l => (2, usize::from(l)),
+        };
+        out.push((
+            bytes[0] & 0x80 != 0,
+            bytes[0] & 0x0f,
+            bytes[n..n + len].to_vec(),
+        ));
+        bytes = &bytes[n + len..];
+    }
+    assert!(bytes.is_empty(), "a cut frame");
+    out
+}
+
+/// A websocket origin that reflects the upgrade's `Authorization` in one text message, split
+/// at the offset its path names (`/ws/AT`) into a frame and its continuation.
+fn reflecting_ws() -> Handler {
+    Arc::new(|req, _| {
+        let at: usize = req.target.trim_start_matches("/ws/").parse().unwrap();
+        let message = format!("you sent {}", header(req, "authorization").unwrap_or(""));
+        let (a, b) = message.as_bytes().split_at(at.min(message.len()));
+        let mut out = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n".to_vec();
+        out.extend_from_slice(&ws_frame(false, 1, a));
+        out.extend_from_slice(&ws_frame(true, 0, b));
+        out
+    })
+}
+
+#[tokio::test]
+async fn a_key_reflected_across_a_websocket_frame_and_its_continuation_is_scrubbed() {
+    use tokio::io::AsyncReadExt;
+    let r = run(reflecting_ws()).await;
+    let ph = String::from_utf8(r.gw.scrubber().replace_all(KEY.as_bytes())).unwrap();
+    let message = format!("you sent Bearer {KEY}");
+    for at in 0..=message.len() {
+        let mut c = jail(&r, API).await;
+        let req = format!(
+            "GET /ws/{at} HTTP/1.1\r\nHost: {API}\r\nAuthorization: Bearer {ph}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        );
+        c.io.write_all(req.as_bytes()).await.unwrap();
+        c.io.flush().await.unwrap();
+        let head = c.read_head(T, T).await.unwrap().unwrap();
+        assert_eq!(parse_response_head(&head).unwrap().status, 101);
+        let mut rest = c.buf.to_vec();
+        let _ = tokio::time::timeout(T, c.io.read_to_end(&mut rest)).await;
+        assert!(leaks(&rest, &[KEY]).is_empty(), "at {at}: {rest:?}");
+        let frames = ws_frames(&rest);
+        assert!(
+            frames.last().is_some_and(|f| f.0),
+            "at {at}: no final frame"
+        );
+        let got: Vec<u8> = frames.into_iter().flat_map(|f| f.2).collect();
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            format!("you sent Bearer {ph}"),
+            "at {at}"
+        );
+
+        // Control: each frame scrubbed on its own (as before) leaves the key whole in the two
+        // pieces whenever the split falls inside it.
+        let (a, b) = message.as_bytes().split_at(at);
+        let per_frame = [
+            r.gw.scrubber().replace_all(a),
+            r.gw.scrubber().replace_all(b),
+        ]
+        .concat();
+        let inside = at > message.len() - KEY.len() && at < message.len();
+        assert_eq!(
+            String::from_utf8_lossy(&per_frame).contains(KEY),
+            inside,
+            "control at {at}"
+        );
+    }
+}
