@@ -61,7 +61,7 @@ fn json_unicode(s: &[u8], upper: bool) -> Option<Vec<u8>> {
 /// Each form of `value`: raw, percent-encoded (upper and lower hex, `+` for a space),
 /// JSON-escaped (serde_json's form, with `\/` for `/`, and `\u00XX` for every other byte),
 /// base64 (standard and URL-safe, with and without padding).
-fn forms(value: &[u8]) -> Vec<Vec<u8>> {
+pub(crate) fn forms(value: &[u8]) -> Vec<Vec<u8>> {
     let mut out = vec![
         value.to_vec(),
         percent(value, true, false),

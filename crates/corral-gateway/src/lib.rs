@@ -76,6 +76,8 @@
 mod ca;
 mod encodings;
 mod placeholder;
+#[doc(hidden)]
+pub mod scrub_check;
 mod serve;
 pub mod signin;
 pub mod signin_remote;

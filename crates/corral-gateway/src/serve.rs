@@ -414,12 +414,19 @@ impl Gateway {
             r.add(real.clone(), sent.clone());
             r.add(encodings::url_safe(real), encodings::url_safe(sent));
         }
-        for (real, ph) in self.inner.signin.iter().flat_map(|s| s.scrub_pairs()) {
-            for (real, ph) in encodings::scrub_pairs(&real, &ph) {
-                r.add(real, ph);
-            }
+        for s in &self.inner.signin {
+            add_signin_pairs(&mut r, s);
         }
         r
+    }
+}
+
+/// Every token `s` holds for the run (current and replaced), in each of its encodings.
+pub(crate) fn add_signin_pairs(r: &mut Replacer, s: &crate::signin::Signin) {
+    for (real, ph) in s.scrub_pairs() {
+        for (real, ph) in encodings::scrub_pairs(&real, &ph) {
+            r.add(real, ph);
+        }
     }
 }
 

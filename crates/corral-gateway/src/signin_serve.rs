@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use corral_audit::Decision;
-use corral_http1::io::{BufConn, error_response, relay_body};
+use corral_http1::io::{BufConn, Replacer, error_response, relay_body};
 use corral_http1::{
     Framing, Header, RequestHead, ResponseHead, header_values, parse_response_head,
 };
@@ -259,8 +259,7 @@ impl Gateway {
                 ));
             }
         };
-        // Every real value of the run, in every encoding corral produced, once more.
-        Ok(self.scrubber().replace_all(&out))
+        Ok(scrub_json(&out, &self.scrubber()))
     }
 
     /// The jail's version of a successful token response; the real tokens kept and written back.
@@ -293,6 +292,36 @@ impl Gateway {
     }
 }
 
+/// A JSON answer for the jail with every real value of the run, in every encoding corral
+/// produced, replaced: in each string and key as the jail's parser will read them (a value the
+/// origin quoted JSON-escaped, `1\/\/...`, is escaped once more when re-serialised), then in
+/// the bytes.
+pub(crate) fn scrub_json(json: &[u8], scrub: &Replacer) -> Vec<u8> {
+    fn walk(v: &mut serde_json::Value, scrub: &Replacer) {
+        let text = |s: &str| String::from_utf8_lossy(&scrub.replace_all(s.as_bytes())).into_owned();
+        match v {
+            serde_json::Value::String(s) => *s = text(s),
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|i| walk(i, scrub)),
+            serde_json::Value::Object(map) => {
+                let old = std::mem::take(map);
+                for (k, mut val) in old {
+                    walk(&mut val, scrub);
+                    map.insert(text(&k), val);
+                }
+            }
+            _ => {}
+        }
+    }
+    let out = match serde_json::from_slice::<serde_json::Value>(json) {
+        Ok(mut v) => {
+            walk(&mut v, scrub);
+            serde_json::to_vec(&v).unwrap_or_default()
+        }
+        Err(_) => json.to_vec(),
+    };
+    scrub.replace_all(&out)
+}
+
 /// Ask the token endpoint for the one format corral parses: the jail's `Accept` (it may ask for
 /// form encoding, which GitHub-style endpoints honour) is replaced by `application/json`; no
 /// piece of the answer (`Range`) either.
@@ -323,7 +352,7 @@ fn json_content(headers: &[Header]) -> bool {
 
 /// The jail's copy of an OAuth error answer (RFC 6749 §5.2): a JSON object, of which the
 /// string fields `error`, `error_description` and `error_uri` are kept; `Err` why not.
-fn oauth_error(body: &[u8]) -> Result<Vec<u8>, String> {
+pub(crate) fn oauth_error(body: &[u8]) -> Result<Vec<u8>, String> {
     let v: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| format!("a body that is not JSON ({e})"))?;
     let serde_json::Value::Object(map) = v else {

@@ -60,16 +60,16 @@ enum State {
 
 /// A parsed frame header.
 #[derive(Clone, Copy)]
-struct Head {
-    fin: bool,
-    opcode: u8,
-    len: u64,
-    mask: Option<[u8; 4]>,
+pub(crate) struct Head {
+    pub(crate) fin: bool,
+    pub(crate) opcode: u8,
+    pub(crate) len: u64,
+    pub(crate) mask: Option<[u8; 4]>,
 }
 
 /// The frame header `b` begins with its length in bytes, `None` while incomplete; `Err` when
 /// the bytes cannot begin a frame an origin may send.
-fn parse_head(b: &[u8]) -> Result<Option<(usize, Head)>, ()> {
+pub(crate) fn parse_head(b: &[u8]) -> Result<Option<(usize, Head)>, ()> {
     if b.len() < 2 {
         return Ok(None);
     }
@@ -112,14 +112,20 @@ fn parse_head(b: &[u8]) -> Result<Option<(usize, Head)>, ()> {
 }
 
 /// XOR `data` with `key`, starting at payload offset `at`.
-fn apply_mask(data: &mut [u8], key: [u8; 4], at: u64) {
+pub(crate) fn apply_mask(data: &mut [u8], key: [u8; 4], at: u64) {
     for (i, b) in data.iter_mut().enumerate() {
         *b ^= key[((at + i as u64) % 4) as usize];
     }
 }
 
 /// One frame (RFC 6455 §5.2, shortest length encoding), masked with `mask` if given.
-fn write_frame(fin: bool, opcode: u8, mask: Option<[u8; 4]>, payload: &[u8], out: &mut Vec<u8>) {
+pub(crate) fn write_frame(
+    fin: bool,
+    opcode: u8,
+    mask: Option<[u8; 4]>,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) {
     out.push(if fin { 0x80 } else { 0 } | opcode);
     let m = if mask.is_some() { 0x80 } else { 0 };
     match payload.len() {
