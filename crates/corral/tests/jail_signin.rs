@@ -600,3 +600,106 @@ echo "SAME_REFRESH=$(test "$(get refresh_token)" = "$R" && echo yes)"
     assert_eq!(v["scope"], creds["scope"]);
     assert!(v["expiry_date"].as_u64().unwrap() > 1_700_000_000_000);
 }
+
+/// A token endpoint that answers form-encoded tokens when asked (`Accept:
+/// application/x-www-form-urlencoded`, as GitHub's does), or always (`always_form`): the jail
+/// asks for form encoding. corral asks for JSON instead, so the endpoint that honours `Accept`
+/// answers JSON and the jail gets placeholders; the one that answers form-encoded anyway gets
+/// the jail a 502, never the new real tokens. Control: the same request sent straight to the
+/// endpoint gets the new real tokens form-encoded (what was relayed as it was before).
+#[test]
+fn a_token_endpoint_answering_form_encoded_tokens_never_hands_them_to_the_jail() {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    for always_form in [false, true] {
+        let w = World::new();
+        let mdir = w.root.join("mock");
+        std::fs::create_dir_all(&mdir).unwrap();
+        let tokens = serde_json::json!({"access": ACCESS, "refresh": REFRESH,
+            "new_access": NEW_ACCESS, "new_refresh": NEW_REFRESH,
+            "token_path": "/v1/oauth/token", "always_form": always_form});
+        let m = mock_with(&mdir, &host, &tokens);
+        let port = m.port;
+        let file = sign_in_project(
+            &w,
+            "claude",
+            ".claude/.credentials.json",
+            (&host, port, "/v1/oauth/token"),
+            &claude_credentials(),
+        );
+        let url = format!("https://{host}:{port}");
+        let greps = leak_greps(&MARKERS);
+        let script = format!(
+            r#"F=~/.claude/.credentials.json
+R=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["claudeAiOauth"]["refreshToken"])' "$F")
+echo "TOKENRESP=$(curl -sS -w ' HTTP=%{{http_code}}' -X POST {url}/v1/oauth/token -H 'Accept: application/x-www-form-urlencoded' -H 'Content-Type: application/x-www-form-urlencoded' --data-urlencode grant_type=refresh_token --data-urlencode "refresh_token=$R" | tr -d '\n')"
+{greps}echo END
+"#
+        );
+        let mut c = w.corral();
+        c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
+            "run",
+            "claude",
+            "--network",
+            "proxy",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        let out = run(c);
+        ran(&out, "END");
+        let all = out.both();
+        for marker in MARKERS {
+            assert!(!all.contains(marker), "{marker} reached the jail:\n{all}");
+        }
+        assert!(!out.stdout.contains("-LEAK-"), "{all}");
+        let resp = line(&out.stdout, "TOKENRESP=");
+        let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap();
+        assert!(
+            seen.contains("REFRESHreal"),
+            "the refresh never reached the endpoint: {seen}"
+        );
+        assert!(
+            seen.contains(r#""accept": "application/json""#) && !seen.contains("x-www-form"),
+            "corral did not ask for JSON: {seen}"
+        );
+        let on_disk = std::fs::read_to_string(&file).unwrap();
+        if always_form {
+            assert!(resp.ends_with("HTTP=502"), "{all}");
+            assert!(resp.contains("corral credential gateway:"), "{all}");
+            let audit = serde_json::to_string(&w.audit_records()).unwrap();
+            assert!(audit.contains("the token endpoint answered 200"), "{audit}");
+            assert!(on_disk.contains(REFRESH), "{on_disk}");
+        } else {
+            assert!(
+                resp.ends_with("HTTP=200") && resp.contains("access_token"),
+                "{all}"
+            );
+            assert!(on_disk.contains(NEW_REFRESH), "not written back: {on_disk}");
+        }
+
+        // Control: straight to the endpoint, with the real refresh token (the rotated one: both
+        // runs above refreshed upstream) and the jail's Accept, the answer is the new real
+        // tokens, form-encoded.
+        let direct = std::process::Command::new("curl")
+            .args(["-sS", "--cacert"])
+            .arg(mdir.join("ca.pem"))
+            .args(["-X", "POST", &format!("{url}/v1/oauth/token")])
+            .args(["-H", "Accept: application/x-www-form-urlencoded"])
+            .args(["-H", "Content-Type: application/x-www-form-urlencoded"])
+            .args(["--data-urlencode", "grant_type=refresh_token"])
+            .args(["--data-urlencode", &format!("refresh_token={NEW_REFRESH}")])
+            .output()
+            .unwrap();
+        let direct = String::from_utf8_lossy(&direct.stdout);
+        assert!(
+            direct.starts_with("token_type=Bearer&access_token=")
+                && direct.contains("NEWACCESSnewACCESS"),
+            "control: {direct}"
+        );
+        drop(m);
+    }
+}

@@ -46,7 +46,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self.answer(200 if ok else 401, '"api-ok"' if ok else '"bad-token"')
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        self.log(body=body.decode(errors="replace"))
+        self.log(body=body.decode(errors="replace"), accept=self.headers.get("Accept", ""))
         form = self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded")
         try:
             if form:
@@ -63,6 +63,14 @@ class H(http.server.BaseHTTPRequestHandler):
             "scope": "user:inference user:profile"}
         if "new_id" in tok:
             answer["id_token"] = tok["new_id"]
+        # GitHub-style endpoints answer form-encoded when asked; `always_form`: whatever asked.
+        if tok.get("always_form") or "x-www-form-urlencoded" in self.headers.get("Accept", ""):
+            b = urllib.parse.urlencode(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-www-form-urlencoded")
+            self.send_header("Content-Length", str(len(b)))
+            self.end_headers()
+            return self.wfile.write(b)
         self.answer(200, json.dumps(answer))
     def log_message(self, *a):
         pass
