@@ -218,8 +218,9 @@ fn tokens_in(format: SigninFormat, v: &Value) -> Result<Vec<(TokenKind, String)>
 }
 
 /// The first field of `v` that may carry a token corral does not take out of a token response:
-/// a key naming a token (`accessToken`, `tokens`, `id-token`, ...) anywhere but the top-level
-/// `access_token`, `refresh_token` and `id_token`, or one of those three not a string. Such an
+/// a key naming a token (`accessToken`, `tokens`, `id-token`, ...) with a string, object or
+/// array value anywhere but the top-level `access_token`, `refresh_token` and `id_token`, or one
+/// of those three neither a string nor null. Such an
 /// answer is refused whole: a token corral cannot replace must never reach the jail.
 pub(crate) fn stray_token_field(v: &Value, top: bool) -> Option<String> {
     match v {
@@ -230,10 +231,12 @@ pub(crate) fn stray_token_field(v: &Value, top: bool) -> Option<String> {
                 .flat_map(char::to_lowercase)
                 .collect();
             let taken = top && matches!(k.as_str(), "access_token" | "refresh_token" | "id_token");
+            // A number, a boolean or null carries no token (`refresh_token_expires_in`).
+            let inert = matches!(val, Value::Number(_) | Value::Bool(_) | Value::Null);
             if taken {
-                return (!val.is_string()).then(|| k.clone());
+                return (!val.is_string() && !val.is_null()).then(|| k.clone());
             }
-            if norm.contains("token") && norm != "tokentype" {
+            if norm.contains("token") && norm != "tokentype" && !inert {
                 return Some(k.clone());
             }
             stray_token_field(val, false)
