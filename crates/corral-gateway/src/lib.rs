@@ -24,9 +24,11 @@
 //!   body, never into a response. A placeholder seen anywhere else (another header, the URL, a
 //!   host the secret is not bound to) is left as it is (useless upstream) and audited.
 //! - **The real value never comes back**: every answer from a bound host is scrubbed
-//!   ([`Gateway::scrubber`]: the value and the encodings the gateway produced, in the status
-//!   line, the headers and the decoded body, streamed), asked for with
-//!   `Accept-Encoding: identity` and refused (502) when compressed anyway; `TRACE` is refused.
+//!   ([`Gateway::scrubber`]: the value raw, percent-encoded, JSON-escaped and base64, and the
+//!   encodings the gateway produced, in the status line, the headers and the decoded body,
+//!   streamed), asked for whole (no `Range`, `If-Range`) with `Accept-Encoding: identity` and
+//!   refused (502) when compressed anyway; `TRACE` is refused. A token endpoint's answer is
+//!   parsed and rewritten in full, or refused (502): never relayed as it came.
 //! - **One connection layer with the proxy**: requests and bodies go through
 //!   `corral_http1::io` (the proxy's framing, limits and deadlines; trailers dropped, chunk
 //!   sizes re-declared); an injection is audited only once the head was written upstream.
@@ -34,7 +36,7 @@
 //!   without query; `Debug` of every type here redacts values.
 //! - The jail side speaks HTTP/1.1 only (ALPN offers `http/1.1`), so one connection has one
 //!   `Host`; websocket upgrades get their headers swapped, then the two streams are spliced,
-//!   the origin's side scrubbed frame by frame (`ws.rs`); other upgrades are not forwarded.
+//!   the origin's side scrubbed message by message, across its frames (`ws.rs`); other upgrades are not forwarded.
 //! - **Hosts the proxy decides by method and path** (`network.allow = ["GET host/path/**"]`)
 //!   are terminated the same way ([`Gateway::intercept_gated`], the CA's names include them):
 //!   after the checks above, each request goes to the proxy's [`RequestGate`], and is sent
@@ -74,7 +76,10 @@
 //! gateway runs its TLS over whatever stream the proxy opened.
 
 mod ca;
+mod encodings;
 mod placeholder;
+#[doc(hidden)]
+pub mod scrub_check;
 mod serve;
 pub mod signin;
 pub mod signin_remote;

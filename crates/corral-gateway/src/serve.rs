@@ -17,6 +17,7 @@ use corral_http1::{Header, RequestHead, Version, connection_tokens, header_value
 use corral_policy::domain::Host;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use crate::encodings;
 use crate::ws::FrameScrubber;
 use crate::{
     Dest, Gateway, GatewayError, HANDSHAKE, InterceptStats, Refusal, RequestGate,
@@ -400,10 +401,9 @@ impl Gateway {
     pub fn scrubber(&self) -> Replacer {
         let mut r = Replacer::default();
         for s in &self.inner.secrets {
-            r.add(
-                s.real.as_bytes().to_vec(),
-                s.placeholder.as_bytes().to_vec(),
-            );
+            for (real, ph) in encodings::scrub_pairs(s.real.as_bytes(), s.placeholder.as_bytes()) {
+                r.add(real, ph);
+            }
         }
         let produced = self
             .inner
@@ -412,11 +412,21 @@ impl Gateway {
             .unwrap_or_else(|e| e.into_inner());
         for (real, sent) in produced.iter() {
             r.add(real.clone(), sent.clone());
+            r.add(encodings::url_safe(real), encodings::url_safe(sent));
         }
-        for (real, ph) in self.inner.signin.iter().flat_map(|s| s.scrub_pairs()) {
-            r.add(real, ph);
+        for s in &self.inner.signin {
+            add_signin_pairs(&mut r, s);
         }
         r
+    }
+}
+
+/// Every token `s` holds for the run (current and replaced), in each of its encodings.
+pub(crate) fn add_signin_pairs(r: &mut Replacer, s: &crate::signin::Signin) {
+    for (real, ph) in s.scrub_pairs() {
+        for (real, ph) in encodings::scrub_pairs(&real, &ph) {
+            r.add(real, ph);
+        }
     }
 }
 
@@ -461,8 +471,8 @@ fn relay_err(host: &str, source: std::io::Error) -> GatewayError {
 
 /// After a `101`: the two streams spliced until both close or nothing moves for the idle
 /// timeout. The swap happened on the upgrade request; what the origin sends still goes through
-/// the scrubber frame by frame ([`FrameScrubber`]), lengths kept so frames stay valid (a value
-/// split across frames, or compressed, is not caught: the upgrade request had
+/// the scrubber message by message ([`FrameScrubber`]: a value split across a frame and its
+/// continuation is caught; compressed frames cannot come, the upgrade request had
 /// `Sec-WebSocket-Extensions` removed).
 async fn splice<D, U>(
     down: BufConn<D>,
@@ -479,7 +489,7 @@ where
     let Some(upstream) = up else {
         return stats;
     };
-    let mut scrub = FrameScrubber::new(scrub.same_length());
+    let mut scrub = FrameScrubber::new(scrub);
     let (mut dr, mut dw) = tokio::io::split(down.io);
     let (mut ur, mut uw) = tokio::io::split(upstream.io);
     let mut out = Vec::new();

@@ -35,6 +35,7 @@ use corral_policy::domain::Host;
 use corral_policy::signin::{SigninFormat, SigninPlan};
 use serde_json::Value;
 
+use crate::encodings::{json_escaped, percent_encode};
 use crate::{CREDENTIAL_HEADERS, Header, RewriteReport, contains, placeholder_for, replace};
 
 /// Largest credential file, refresh request body, or token response corral reads.
@@ -214,6 +215,35 @@ fn tokens_in(format: SigninFormat, v: &Value) -> Result<Vec<(TokenKind, String)>
         }
     }
     Ok(out)
+}
+
+/// The first field of `v` that may carry a token corral does not take out of a token response:
+/// a key naming a token (`accessToken`, `tokens`, `id-token`, ...) with a string, object or
+/// array value anywhere but the top-level `access_token`, `refresh_token` and `id_token`, or one
+/// of those three neither a string nor null. Such an
+/// answer is refused whole: a token corral cannot replace must never reach the jail.
+pub(crate) fn stray_token_field(v: &Value, top: bool) -> Option<String> {
+    match v {
+        Value::Object(map) => map.iter().find_map(|(k, val)| {
+            let norm: String = k
+                .chars()
+                .filter(|c| !matches!(c, '_' | '-' | '.' | ' '))
+                .flat_map(char::to_lowercase)
+                .collect();
+            let taken = top && matches!(k.as_str(), "access_token" | "refresh_token" | "id_token");
+            // A number, a boolean or null carries no token (`refresh_token_expires_in`).
+            let inert = matches!(val, Value::Number(_) | Value::Bool(_) | Value::Null);
+            if taken {
+                return (!val.is_string() && !val.is_null()).then(|| k.clone());
+            }
+            if norm.contains("token") && norm != "tokentype" && !inert {
+                return Some(k.clone());
+            }
+            stray_token_field(val, false)
+        }),
+        Value::Array(items) => items.iter().find_map(|i| stray_token_field(i, false)),
+        _ => None,
+    }
 }
 
 fn set_at(v: &mut Value, ptr: &str, to: Value) {
@@ -423,22 +453,21 @@ impl Signin {
         let st = self.state();
         let p = find(&st.current, TokenKind::Refresh)?;
         // A form encoder may percent-encode the placeholder's `/`, `.`, ... (curl, URLSearchParams).
-        let mut needles = vec![p.ph.clone()];
+        let mut needles = vec![p.ph.as_bytes().to_vec()];
         if form {
-            needles.push(percent_encode(&p.ph));
+            needles.push(percent_encode(p.ph.as_bytes()));
         }
-        if !needles.iter().any(|n| contains(body, n.as_bytes())) {
+        if !needles.iter().any(|n| contains(body, n)) {
             return None;
         }
         let real = if form {
-            percent_encode(&p.real)
+            percent_encode(p.real.as_bytes())
         } else {
-            let quoted = serde_json::to_string(&p.real).unwrap_or_default();
-            quoted[1..quoted.len() - 1].to_string()
+            json_escaped(p.real.as_bytes())?
         };
         let mut out = body.to_vec();
         for n in needles {
-            out = replace(&out, n.as_bytes(), real.as_bytes());
+            out = replace(&out, &n, &real);
         }
         Some(out)
     }
@@ -451,8 +480,16 @@ impl Signin {
             reason,
         };
         let mut v: Value = serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
+        if !v.is_object() {
+            return Err(bad("not a JSON object".into()));
+        }
         if !matches!(v.get("access_token"), Some(Value::String(s)) if !s.is_empty()) {
             return Err(bad("no access_token".into()));
+        }
+        if let Some(field) = stray_token_field(&v, true) {
+            return Err(bad(format!(
+                "a token field corral does not take ({field}): it could carry a live token corral cannot replace"
+            )));
         }
         let expires_in = v.get("expires_in").and_then(Value::as_u64);
         let mut st = self.state();
@@ -630,18 +667,6 @@ fn rewrite_in_place(path: &Path, data: &[u8]) -> std::io::Result<()> {
     f.write_all(data)?;
     f.set_len(data.len() as u64)?;
     f.sync_all()
-}
-
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// Swap each sign-in's access placeholder in the credential headers of a request to one of its

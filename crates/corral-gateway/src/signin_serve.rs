@@ -8,13 +8,15 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use corral_audit::Decision;
-use corral_http1::io::{BufConn, error_response, relay_body};
-use corral_http1::{Framing, Header, RequestHead, header_values, parse_response_head};
+use corral_http1::io::{BufConn, Replacer, error_response, relay_body};
+use corral_http1::{
+    Framing, Header, RequestHead, ResponseHead, header_values, parse_response_head,
+};
 use corral_policy::domain::Host;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::signin::{MAX_SIGNIN_BYTES, Signin};
-use corral_http1::exchange::{scrub_head, scrub_response_head};
+use corral_http1::exchange::scrub_response_head;
 
 use crate::{Dest, Gateway, GatewayError, InterceptStats};
 
@@ -135,6 +137,7 @@ impl Gateway {
                 body.0
             }
         };
+        ask_for_json(&mut req.headers);
         fixed_length(&mut req.headers, body.len(), false);
         req.framing = Framing::Length(body.len() as u64);
         let mut bytes = req.to_bytes();
@@ -189,13 +192,24 @@ impl Gateway {
             let why = format!("token response body: {e}");
             return Err(self.refuse_signin(&mut down.io, d, 502, why).await);
         }
-        let out = if resp.status == 200 {
-            self.take_tokens(s, &body.0, d, id)
-        } else {
-            self.scrubber().replace_all(&body.0)
+        let out = match self.jail_answer(s, &resp, &body.0, d, id) {
+            Ok(out) => out,
+            Err(why) => return Err(self.refuse_signin(&mut down.io, d, 502, why).await),
         };
-        // The head again, now that the new tokens are in the scrubber too.
-        scrub_head(&mut resp, &self.scrubber());
+        // The jail's head is built here, not relayed: status and reason (scrubbed, now that the
+        // new tokens are in the scrubber too), and what frames a JSON body. No origin header
+        // reaches the jail from a token endpoint.
+        resp.reason = self.scrubber().replace_all(&resp.reason);
+        resp.headers = vec![
+            Header {
+                name: "Content-Type".into(),
+                value: b"application/json".to_vec(),
+            },
+            Header {
+                name: "Cache-Control".into(),
+                value: b"no-store".to_vec(),
+            },
+        ];
         fixed_length(&mut resp.headers, out.len(), true);
         let mut bytes = resp.to_bytes();
         bytes.extend_from_slice(&out);
@@ -211,8 +225,51 @@ impl Gateway {
         Ok(())
     }
 
+    /// The jail's version of the token endpoint's answer, or why there is none (the jail is then
+    /// answered 502): a `200` must be a JSON token response corral takes whole
+    /// ([`Signin::take_response`]), a `4xx`/`5xx` a JSON OAuth error, of which the jail gets the
+    /// `error` fields only. Anything else (form encoding, another content type, a redirect, a
+    /// token where corral does not take it) is refused: it may carry a live token corral cannot
+    /// replace.
+    fn jail_answer(
+        &self,
+        s: &Signin,
+        resp: &ResponseHead,
+        body: &[u8],
+        d: &Dest<'_>,
+        id: &str,
+    ) -> Result<Vec<u8>, String> {
+        let status = resp.status;
+        if !json_content(&resp.headers) {
+            let ct: Vec<String> = header_values(&resp.headers, "content-type")
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .collect();
+            return Err(format!(
+                "the token endpoint answered {status} with content type {ct:?}, not the JSON corral asked for; refused, it may carry tokens corral cannot replace"
+            ));
+        }
+        let out = match status {
+            200 => self.take_tokens(s, body, d, id)?,
+            400..=599 => oauth_error(body).map_err(|why| {
+                format!("the token endpoint answered {status} with {why}; refused, it may carry tokens corral cannot replace")
+            })?,
+            _ => {
+                return Err(format!(
+                    "the token endpoint answered {status}; corral relays a 200 token response or a 4xx/5xx OAuth error only"
+                ));
+            }
+        };
+        Ok(scrub_json(&out, &self.scrubber()))
+    }
+
     /// The jail's version of a successful token response; the real tokens kept and written back.
-    fn take_tokens(&self, s: &Signin, body: &[u8], d: &Dest<'_>, id: &str) -> Vec<u8> {
+    fn take_tokens(
+        &self,
+        s: &Signin,
+        body: &[u8],
+        d: &Dest<'_>,
+        id: &str,
+    ) -> Result<Vec<u8>, String> {
         let secret = Some(id.to_string());
         match s.take_response(body) {
             Ok((out, expires_in)) => {
@@ -228,12 +285,87 @@ impl Gateway {
                     Err(e) => (Decision::Deny, format!("{id}: refreshed; {e}")),
                 };
                 self.record(d, "POST", decision, rule, secret);
-                out
+                Ok(out)
             }
-            Err(e) => {
-                self.record(d, "POST", Decision::Deny, e.to_string(), secret);
-                self.scrubber().replace_all(body)
-            }
+            Err(e) => Err(e.to_string()),
         }
     }
+}
+
+/// A JSON answer for the jail with every real value of the run, in every encoding corral
+/// produced, replaced: in each string and key as the jail's parser will read them (a value the
+/// origin quoted JSON-escaped, `1\/\/...`, is escaped once more when re-serialised), then in
+/// the bytes.
+pub(crate) fn scrub_json(json: &[u8], scrub: &Replacer) -> Vec<u8> {
+    fn walk(v: &mut serde_json::Value, scrub: &Replacer) {
+        let text = |s: &str| String::from_utf8_lossy(&scrub.replace_all(s.as_bytes())).into_owned();
+        match v {
+            serde_json::Value::String(s) => *s = text(s),
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|i| walk(i, scrub)),
+            serde_json::Value::Object(map) => {
+                let old = std::mem::take(map);
+                for (k, mut val) in old {
+                    walk(&mut val, scrub);
+                    map.insert(text(&k), val);
+                }
+            }
+            _ => {}
+        }
+    }
+    let out = match serde_json::from_slice::<serde_json::Value>(json) {
+        Ok(mut v) => {
+            walk(&mut v, scrub);
+            serde_json::to_vec(&v).unwrap_or_default()
+        }
+        Err(_) => json.to_vec(),
+    };
+    scrub.replace_all(&out)
+}
+
+/// Ask the token endpoint for the one format corral parses: the jail's `Accept` (it may ask for
+/// form encoding, which GitHub-style endpoints honour) is replaced by `application/json`; no
+/// piece of the answer (`Range`) either.
+fn ask_for_json(headers: &mut Vec<Header>) {
+    headers.retain(|h| {
+        !(h.name.eq_ignore_ascii_case("accept")
+            || h.name.eq_ignore_ascii_case("range")
+            || h.name.eq_ignore_ascii_case("if-range"))
+    });
+    headers.push(Header {
+        name: "Accept".into(),
+        value: b"application/json".to_vec(),
+    });
+}
+
+/// Whether the answer declares exactly one content type, and it is JSON (`application/json`,
+/// or a `+json` type), parameters aside.
+fn json_content(headers: &[Header]) -> bool {
+    let mut types = header_values(headers, "content-type");
+    let (Some(v), None) = (types.next(), types.next()) else {
+        return false;
+    };
+    let media = v.split(|&b| b == b';').next().unwrap_or_default();
+    let media = media.trim_ascii().to_ascii_lowercase();
+    media == b"application/json"
+        || (media.starts_with(b"application/") && media.ends_with(b"+json"))
+}
+
+/// The jail's copy of an OAuth error answer (RFC 6749 §5.2): a JSON object, of which the
+/// string fields `error`, `error_description` and `error_uri` are kept; `Err` why not.
+pub(crate) fn oauth_error(body: &[u8]) -> Result<Vec<u8>, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("a body that is not JSON ({e})"))?;
+    let serde_json::Value::Object(map) = v else {
+        return Err("a JSON body that is not an object".into());
+    };
+    let mut kept = serde_json::Map::new();
+    for field in ["error", "error_description", "error_uri"] {
+        if let Some(serde_json::Value::String(text)) = map.get(field) {
+            kept.insert(field.into(), serde_json::Value::String(text.clone()));
+        }
+    }
+    if !kept.contains_key("error") {
+        return Err("a JSON body without an `error` field".into());
+    }
+    serde_json::to_vec(&serde_json::Value::Object(kept)).map_err(|e| e.to_string())
 }

@@ -366,3 +366,39 @@ fn gemini_tokens_are_replaced_and_the_expiry_written_back() {
     assert_eq!(w["expiry_date"], json!(100_000 + 3_599_000));
     assert_eq!(w["scope"], v["scope"]);
 }
+
+#[test]
+fn token_fields_corral_does_not_take_are_found_at_any_depth() {
+    let stray = |v: Value| crate::signin::stray_token_field(&v, true);
+    // Real answers: Anthropic's (nested account data), Google's (a token-named number).
+    let anthropic = json!({"token_type": "Bearer", "access_token": "a", "refresh_token": "r",
+        "expires_in": 28800, "scope": "user:inference",
+        "organization": {"uuid": "o", "name": "n"}, "account": {"uuid": "u", "email_address": "e"}});
+    assert_eq!(stray(anthropic), None);
+    let google = json!({"access_token": "a", "expires_in": 3599, "scope": "s",
+        "token_type": "Bearer", "id_token": null, "refresh_token_expires_in": 604799});
+    assert_eq!(stray(google), None);
+    for (v, field) in [
+        (
+            json!({"access_token": "a", "data": {"refresh_token": "r"}}),
+            "data",
+        ),
+        (
+            json!({"access_token": "a", "refreshToken": "r"}),
+            "refreshToken",
+        ),
+        (json!({"access_token": "a", "tokens": ["r"]}), "tokens"),
+        (json!({"access_token": "a", "x": [{"id-token": "i"}]}), "x"),
+        (json!({"access_token": {"value": "a"}}), "access_token"),
+        (
+            json!({"access_token": "a", "session_token": "s"}),
+            "session_token",
+        ),
+    ] {
+        let found = stray(v.clone());
+        assert!(found.is_some(), "{v}");
+        if field != "data" && field != "x" {
+            assert_eq!(found.as_deref(), Some(field), "{v}");
+        }
+    }
+}

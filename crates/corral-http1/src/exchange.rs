@@ -368,10 +368,16 @@ pub fn client_framing(framing: Framing, version: Version, keeps_length: bool) ->
     }
 }
 
-/// Ask for an uncompressed answer (`Accept-Encoding: identity`): compressed bytes cannot be
-/// scrubbed.
+/// Ask for an answer that can be scrubbed: whole and uncompressed. `Accept-Encoding: identity`
+/// (compressed bytes cannot be scrubbed), and no `Range` or `If-Range` (a reflected value
+/// fetched in pieces would reach the client in parts, none of which the whole-value scrubber
+/// recognises).
 pub fn identity_only(headers: &mut Vec<Header>) {
-    headers.retain(|h| !h.name.eq_ignore_ascii_case("accept-encoding"));
+    headers.retain(|h| {
+        !(h.name.eq_ignore_ascii_case("accept-encoding")
+            || h.name.eq_ignore_ascii_case("range")
+            || h.name.eq_ignore_ascii_case("if-range"))
+    });
     headers.push(Header {
         name: "accept-encoding".into(),
         value: b"identity".to_vec(),

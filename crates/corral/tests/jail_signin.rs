@@ -600,3 +600,260 @@ echo "SAME_REFRESH=$(test "$(get refresh_token)" = "$R" && echo yes)"
     assert_eq!(v["scope"], creds["scope"]);
     assert!(v["expiry_date"].as_u64().unwrap() > 1_700_000_000_000);
 }
+
+/// A token endpoint that answers form-encoded tokens when asked (`Accept:
+/// application/x-www-form-urlencoded`, as GitHub's does), or always (`always_form`): the jail
+/// asks for form encoding. corral asks for JSON instead, so the endpoint that honours `Accept`
+/// answers JSON and the jail gets placeholders; the one that answers form-encoded anyway gets
+/// the jail a 502, never the new real tokens. Control: the same request sent straight to the
+/// endpoint gets the new real tokens form-encoded (what was relayed as it was before).
+#[test]
+fn a_token_endpoint_answering_form_encoded_tokens_never_hands_them_to_the_jail() {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    for always_form in [false, true] {
+        let w = World::new();
+        let mdir = w.root.join("mock");
+        std::fs::create_dir_all(&mdir).unwrap();
+        let tokens = serde_json::json!({"access": ACCESS, "refresh": REFRESH,
+            "new_access": NEW_ACCESS, "new_refresh": NEW_REFRESH,
+            "token_path": "/v1/oauth/token", "always_form": always_form});
+        let m = mock_with(&mdir, &host, &tokens);
+        let port = m.port;
+        let file = sign_in_project(
+            &w,
+            "claude",
+            ".claude/.credentials.json",
+            (&host, port, "/v1/oauth/token"),
+            &claude_credentials(),
+        );
+        let url = format!("https://{host}:{port}");
+        let greps = leak_greps(&MARKERS);
+        let script = format!(
+            r#"F=~/.claude/.credentials.json
+R=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["claudeAiOauth"]["refreshToken"])' "$F")
+echo "TOKENRESP=$(curl -sS -w ' HTTP=%{{http_code}}' -X POST {url}/v1/oauth/token -H 'Accept: application/x-www-form-urlencoded' -H 'Content-Type: application/x-www-form-urlencoded' --data-urlencode grant_type=refresh_token --data-urlencode "refresh_token=$R" | tr -d '\n')"
+{greps}echo END
+"#
+        );
+        let mut c = w.corral();
+        c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
+            "run",
+            "claude",
+            "--network",
+            "proxy",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        let out = run(c);
+        ran(&out, "END");
+        let all = out.both();
+        for marker in MARKERS {
+            assert!(!all.contains(marker), "{marker} reached the jail:\n{all}");
+        }
+        assert!(!out.stdout.contains("-LEAK-"), "{all}");
+        let resp = line(&out.stdout, "TOKENRESP=");
+        let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap();
+        assert!(
+            seen.contains("REFRESHreal"),
+            "the refresh never reached the endpoint: {seen}"
+        );
+        assert!(
+            seen.contains(r#""accept": "application/json""#) && !seen.contains("x-www-form"),
+            "corral did not ask for JSON: {seen}"
+        );
+        let on_disk = std::fs::read_to_string(&file).unwrap();
+        if always_form {
+            assert!(resp.ends_with("HTTP=502"), "{all}");
+            assert!(resp.contains("corral credential gateway:"), "{all}");
+            let audit = serde_json::to_string(&w.audit_records()).unwrap();
+            assert!(audit.contains("the token endpoint answered 200"), "{audit}");
+            assert!(on_disk.contains(REFRESH), "{on_disk}");
+        } else {
+            assert!(
+                resp.ends_with("HTTP=200") && resp.contains("access_token"),
+                "{all}"
+            );
+            assert!(on_disk.contains(NEW_REFRESH), "not written back: {on_disk}");
+        }
+
+        // Control: straight to the endpoint, with the real refresh token (the rotated one: both
+        // runs above refreshed upstream) and the jail's Accept, the answer is the new real
+        // tokens, form-encoded.
+        let direct = std::process::Command::new("curl")
+            .args(["-sS", "--cacert"])
+            .arg(mdir.join("ca.pem"))
+            .args(["-X", "POST", &format!("{url}/v1/oauth/token")])
+            .args(["-H", "Accept: application/x-www-form-urlencoded"])
+            .args(["-H", "Content-Type: application/x-www-form-urlencoded"])
+            .args(["--data-urlencode", "grant_type=refresh_token"])
+            .args(["--data-urlencode", &format!("refresh_token={NEW_REFRESH}")])
+            .output()
+            .unwrap();
+        let direct = String::from_utf8_lossy(&direct.stdout);
+        assert!(
+            direct.starts_with("token_type=Bearer&access_token=")
+                && direct.contains("NEWACCESSnewACCESS"),
+            "control: {direct}"
+        );
+        drop(m);
+    }
+}
+
+/// Google's refresh tokens (`1//...`) are percent-encoded in a form-encoded refresh; an error
+/// answer quoting the request body returns the real one percent-encoded. It reaches the jail as
+/// the percent-encoded placeholder. Control: the endpoint, sent the real token as corral sends
+/// it, quotes it in a form that does not hold the raw token (a raw-only scrubber misses it).
+#[test]
+fn an_error_quoting_the_percent_encoded_refresh_token_reaches_the_jail_as_its_placeholder() {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let access = "ya29.QUOACCESSrealQUOACCESSrealQUOACCESSreal_0123456789-abcdefABCDEF";
+    let refresh = "1//QUOREFRESHrealQUOREFRESHrealQUOREFRESH-0123456789abcdefABCD";
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    let tokens = serde_json::json!({"access": access, "refresh": refresh, "new_access": access,
+        "new_refresh": refresh, "token_path": "/token", "quote_errors": true});
+    let m = mock_with(&mdir, &host, &tokens);
+    let port = m.port;
+    let creds = serde_json::json!({"access_token": access, "refresh_token": refresh,
+        "token_type": "Bearer", "expiry_date": 1_700_000_000_000u64});
+    sign_in_project(
+        &w,
+        "gemini",
+        ".gemini/oauth_creds.json",
+        (&host, port, "/token"),
+        &creds,
+    );
+    let url = format!("https://{host}:{port}");
+    let greps = leak_greps(&["QUOREFRESHreal", "QUOACCESSreal"]);
+    let script = format!(
+        r#"R=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["refresh_token"])' ~/.gemini/oauth_creds.json)
+echo "PH_PCT=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$R")"
+echo "ERR=$(curl -sS -w ' HTTP=%{{http_code}}' -X POST {url}/token -H 'Content-Type: application/x-www-form-urlencoded' --data-urlencode grant_type=refresh_token --data-urlencode "refresh_token=$R")"
+{greps}echo END
+"#
+    );
+    let mut c = w.corral();
+    c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
+        "run",
+        "gemini",
+        "--network",
+        "proxy",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    let all = out.both();
+    assert!(
+        !all.contains("QUOREFRESHreal") && !all.contains("-LEAK-"),
+        "{all}"
+    );
+    let err = line(&out.stdout, "ERR=");
+    assert!(err.ends_with("HTTP=400"), "{all}");
+    let ph_pct = line(&out.stdout, "PH_PCT=");
+    assert!(ph_pct.contains("%2F%2F") && err.contains(ph_pct), "{all}");
+    let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap();
+    assert!(seen.contains("1%2F%2FQUOREFRESHreal"), "{seen}");
+
+    // Control: what the endpoint quotes when sent the real token the way corral sends it.
+    let direct = std::process::Command::new("curl")
+        .args(["-sS", "--cacert"])
+        .arg(mdir.join("ca.pem"))
+        .args(["-X", "POST", &format!("{url}/token")])
+        .args(["-H", "Content-Type: application/x-www-form-urlencoded"])
+        .args(["--data-urlencode", &format!("refresh_token={refresh}")])
+        .output()
+        .unwrap();
+    let direct = String::from_utf8_lossy(&direct.stdout);
+    assert!(
+        direct.contains("1%2F%2FQUOREFRESHreal") && !direct.contains(refresh),
+        "control: {direct}"
+    );
+    drop(m);
+}
+
+/// An origin that reflects `Authorization` and honours `Range`: the jail asks for the echo of
+/// its placeholder in 10-byte pieces, which the whole-value scrubber would not recognise, and
+/// joins them. corral drops `Range` where it injected a value, so each answer is the whole
+/// echo, scrubbed. Control: the same pieces asked straight from the origin with the real token
+/// join into it.
+#[test]
+fn a_reflected_token_cannot_be_fetched_in_pieces_with_range() {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    let m = mock(&mdir, &host);
+    let port = m.port;
+    sign_in_project(
+        &w,
+        "claude",
+        ".claude/.credentials.json",
+        (&host, port, "/v1/oauth/token"),
+        &claude_credentials(),
+    );
+    let url = format!("https://{host}:{port}");
+    let script = format!(
+        r#"A=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["claudeAiOauth"]["accessToken"])' ~/.claude/.credentials.json)
+J=""; CODES=""
+for s in $(seq 0 10 140); do
+  C=$(curl -sS -o "$PWD/piece" -w '%{{http_code}}' {url}/echo -H "Authorization: Bearer $A" -H "Range: bytes=$s-$((s + 9))" -H 'If-Range: "x"')
+  CODES="$CODES $C"; J="$J$(cat "$PWD/piece")"
+done
+echo "CODES=$CODES"
+echo "JOINED=$J"
+echo END
+"#
+    );
+    let mut c = w.corral();
+    c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
+        "run",
+        "claude",
+        "--network",
+        "proxy",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    let all = out.both();
+    assert!(
+        !all.contains("ACCESSrealACCESSreal"),
+        "the pieces joined into the token:\n{all}"
+    );
+    let codes = line(&out.stdout, "CODES=");
+    let codes: Vec<&str> = codes.split_whitespace().collect();
+    assert_eq!(codes, ["200"; 15], "{all}");
+
+    // Control: the same pieces straight from the origin, with the real token.
+    let mut joined = String::new();
+    for s in (0..150).step_by(10) {
+        let piece = std::process::Command::new("curl")
+            .args(["-sS", "--cacert"])
+            .arg(mdir.join("ca.pem"))
+            .arg(format!("{url}/echo"))
+            .args(["-H", &format!("Authorization: Bearer {ACCESS}")])
+            .args(["-H", &format!("Range: bytes={s}-{}", s + 9)])
+            .output()
+            .unwrap();
+        joined.push_str(&String::from_utf8_lossy(&piece.stdout));
+    }
+    assert!(joined.contains(ACCESS), "control: {joined}");
+    drop(m);
+}

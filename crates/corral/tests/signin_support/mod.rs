@@ -41,12 +41,21 @@ class H(http.server.BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization", "")
         self.log(auth=auth)
         if self.path == "/echo":
-            return self.answer(200, json.dumps({"you_sent": auth}))
+            text = json.dumps({"you_sent": auth})
+            rng = self.headers.get("Range", "")
+            if rng.startswith("bytes="):
+                a, b = (int(x) for x in rng[6:].split("-"))
+                b = min(b, len(text) - 1)
+                return self.answer(206, text[a:b + 1])
+            return self.answer(200, text)
         ok = auth == "Bearer " + state["access"]
         self.answer(200 if ok else 401, '"api-ok"' if ok else '"bad-token"')
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        self.log(body=body.decode(errors="replace"))
+        self.log(body=body.decode(errors="replace"), accept=self.headers.get("Accept", ""))
+        if tok.get("quote_errors"):
+            why = "cannot use " + body.decode(errors="replace")
+            return self.answer(400, json.dumps({"error": "invalid_request", "error_description": why}))
         form = self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded")
         try:
             if form:
@@ -63,6 +72,14 @@ class H(http.server.BaseHTTPRequestHandler):
             "scope": "user:inference user:profile"}
         if "new_id" in tok:
             answer["id_token"] = tok["new_id"]
+        # GitHub-style endpoints answer form-encoded when asked; `always_form`: whatever asked.
+        if tok.get("always_form") or "x-www-form-urlencoded" in self.headers.get("Accept", ""):
+            b = urllib.parse.urlencode(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-www-form-urlencoded")
+            self.send_header("Content-Length", str(len(b)))
+            self.end_headers()
+            return self.wfile.write(b)
         self.answer(200, json.dumps(answer))
     def log_message(self, *a):
         pass
