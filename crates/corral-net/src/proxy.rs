@@ -586,13 +586,10 @@ where
     }
 }
 
-/// DST.ADDR of a SOCKS5 request of address type `atyp`, read by `deadline`: the host, or why
-/// it is not one; `None` when the client went away or was too slow, or named an unknown
-/// address type (answered REP=8).
-/// Budget bytes given back when dropped.
-struct Given<'a>(&'a Budget, usize);
+/// Bytes taken from a [`Budget`], given back when dropped.
+struct ReservedBudget<'a>(&'a Budget, usize);
 
-impl Drop for Given<'_> {
+impl Drop for ReservedBudget<'_> {
     fn drop(&mut self) {
         self.0.give(self.1);
     }
@@ -618,6 +615,9 @@ async fn client_gone<S: AsyncRead + Unpin>(client: &mut BufConn<S>) {
     }
 }
 
+/// DST.ADDR of a SOCKS5 request of address type `atyp`, read by `deadline`: the host, or why
+/// it is not one; `None` when the client went away or was too slow, or named an unknown
+/// address type (answered REP=8).
 async fn read_socks_address<S>(
     client: &mut BufConn<S>,
     atyp: u8,
@@ -1931,7 +1931,7 @@ impl Proxy {
                 "not asked: the proxy's budget for held connections is spent".into(),
             ));
         }
-        let _budget = Given(&self.buffers, HELD_BYTES);
+        let _budget = ReservedBudget(&self.buffers, HELD_BYTES);
         let timeout = Duration::from_secs(secs.into());
         let mut hold = match self.asks.hold(dest, method, &d.rule, timeout) {
             Ok(h) => h,

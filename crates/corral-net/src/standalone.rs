@@ -198,11 +198,11 @@ pub fn run(opts: Options) -> Result<(), NetError> {
         audit.path().display()
     );
     let mut proxy = Proxy::new(rules, audit.clone(), jail.clone());
-    let given = Given {
+    let files = GatewayFiles {
         ca: opts.ca.as_ref(),
         placeholders: opts.placeholders.as_deref(),
     };
-    if let Some(gw) = gateway(&opts.secrets, &opts.gateway_dir, given, &audit, &jail)? {
+    if let Some(gw) = gateway(&opts.secrets, &opts.gateway_dir, files, &audit, &jail)? {
         proxy = proxy.with_gateway(gw);
     }
     let proxy = Arc::new(proxy);
@@ -258,14 +258,15 @@ pub fn run(opts: Options) -> Result<(), NetError> {
     })
 }
 
-/// What a gateway is given besides the real values: a CA and placeholders made before it ran.
+/// The files a gateway is given besides the real values: a CA and placeholders made before it
+/// ran.
 #[derive(Clone, Copy)]
-struct Given<'a> {
+struct GatewayFiles<'a> {
     ca: Option<&'a (PathBuf, PathBuf)>,
     placeholders: Option<&'a Path>,
 }
 
-impl Given<'_> {
+impl GatewayFiles<'_> {
     /// The CA's PEM files, read.
     fn ca(&self) -> Result<Option<corral_gateway::CaPem>, NetError> {
         let Some((cert, key)) = self.ca else {
@@ -343,7 +344,7 @@ fn gateway_config(
 fn gateway(
     secrets: &Option<PathBuf>,
     dir: &Option<PathBuf>,
-    given: Given<'_>,
+    files: GatewayFiles<'_>,
     audit: &AuditLog,
     jail: &str,
 ) -> Result<Option<corral_gateway::Gateway>, NetError> {
@@ -383,7 +384,7 @@ fn gateway(
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| NetError::Config(format!("cannot serve the sign-ins: {e}")))?;
-    let placeholders = given.placeholders()?;
+    let placeholders = files.placeholders()?;
     if let Some(unknown) = placeholders.keys().find(|k| !names.contains(k)) {
         return Err(NetError::Config(format!(
             "the placeholders file names {unknown}, which is not a secret of {}",
@@ -392,7 +393,7 @@ fn gateway(
     }
     let trust_dir = dir.join(GATEWAY_TRUST_DIR);
     let config = gateway_config(trust_dir.clone(), audit, jail);
-    let started = match given.ca()? {
+    let started = match files.ca()? {
         Some(_) if !signins.is_empty() => {
             return Err(NetError::Config(format!(
                 "the secrets file {} has sign-ins: they are not served with a run CA made before (--ca-cert)",

@@ -1,4 +1,4 @@
-//! What a jail can make the proxy spend, bounded, and said when a bound is hit (issue 18):
+//! What a jail can make the proxy spend, bounded, and said when a bound is hit:
 //! a decision the audit log cannot record is refused, a SOCKS5 handshake has one deadline,
 //! partial request heads are bounded per proxy, and a proxy out of descriptors answers 503
 //! with one stderr line instead of hanging.

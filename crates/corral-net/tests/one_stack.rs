@@ -1,4 +1,4 @@
-//! One HTTP/1 stack (issues 15 and 18): the proxy's plain-HTTP path and the credential
+//! One HTTP/1 stack: the proxy's plain-HTTP path and the credential
 //! gateway's TLS-terminated path run the same request loop (`corral_http1::exchange`), so a
 //! malformed, oversized or slow request head gets the same answer on both; and the heads a jail
 //! sends inside a gateway-intercepted tunnel are counted in the proxy's one budget for partial

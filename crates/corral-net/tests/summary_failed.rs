@@ -1,6 +1,6 @@
 //! The end-of-run summary names what the jail saw fail, not only what the policy denied: an
 //! allowed host that could not be resolved or reached gets a `corral: failed ...` line with the
-//! reason (issue #13). Real loopback proxy, the static resolver of the tests.
+//! reason. Real loopback proxy, the static resolver of the tests.
 
 mod common;
 

@@ -234,7 +234,7 @@ fn refusal(missing: &[&str], why: &[String]) -> String {
 }
 
 impl JailCgroup {
-    /// The API sketch of issue 3: [`setup`], with best-effort notes printed on stderr.
+    /// Create the jail's cgroup: [`setup`], with best-effort notes printed on stderr.
     /// `Ok(None)` when no cgroup enforces anything (no limits asked, or best-effort fallback):
     /// then apply [`crate::rlimit::residual`] in the child.
     pub fn create(jail_id: &str, limits: &Limits) -> Result<Option<JailCgroup>, CgroupError> {

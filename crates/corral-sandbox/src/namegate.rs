@@ -1,5 +1,5 @@
 //! The name gate: while the jail runs, no git repository can appear where git on the host
-//! would find it (#12, "the git window during a run"; docs/host-safety.md).
+//! would find it (the git window during a run; docs/host-safety.md).
 //!
 //! Git run in a directory finds its repository through an entry named `.git`, or by taking
 //! the directory itself for a git directory when it holds a `HEAD`, an `objects` and a `refs`

@@ -118,11 +118,11 @@ impl Drop for Ending {
 pub struct PreparedJail {
     jail: RunningJail,
     /// What [`PreparedJail::enter_namespaces`] sent, if it was called.
-    namespaces: Option<Sent>,
+    namespaces: Option<SentNamespaceConfig>,
 }
 
 /// The namespace config sent ahead of the Plan, and whether it got through.
-struct Sent {
+struct SentNamespaceConfig {
     cgroup_procs: Vec<PathBuf>,
     ok: bool,
 }
@@ -382,7 +382,7 @@ impl PreparedJail {
             .as_ref()
             .ok_or_else(|| JailError::Plan("this jail was already started".into()))?;
         let ok = netns::send_frame(ctl.as_raw_fd(), &body, &[]).is_ok();
-        self.namespaces = Some(Sent {
+        self.namespaces = Some(SentNamespaceConfig {
             cgroup_procs: config.cgroup_procs,
             ok,
         });

@@ -420,8 +420,8 @@ impl Baseline {
                         // Clean (tracked and as in the index) or absent (untracked) at the start.
                         None => match (end[rel], now) {
                             (_, None) => ch.deleted.push(name),
-                            (Dirt::Untracked, Some(_)) => ch.created.push(name),
-                            (Dirt::Tracked, Some(_)) => ch.modified.push(name),
+                            (DirtyKind::Untracked, Some(_)) => ch.created.push(name),
+                            (DirtyKind::Tracked, Some(_)) => ch.modified.push(name),
                         },
                     }
                 }
@@ -603,7 +603,7 @@ fn walk_skipping(
 
 /// How git lists a dirty path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Dirt {
+enum DirtyKind {
     /// Modified or deleted relative to the index.
     Tracked,
     /// Not in the index, not ignored.
@@ -699,7 +699,7 @@ fn git_baseline_with(
         repo.refresh();
         repo.ls_files(&["-m", "-d", "-o"])?
     };
-    let dirty = dirt_of(listed);
+    let dirty = dirty_paths(listed);
     let start = fingerprints(root, &dirty);
     // A listing of entries none of which git skips may be kept for the next run's start, once
     // the end found the project unchanged (and corral's placeholders known).
@@ -727,7 +727,7 @@ fn git_baseline_with(
 /// [`HASH_BUDGET`].
 fn fingerprints(
     root: &Path,
-    dirty: &BTreeMap<OsString, Dirt>,
+    dirty: &BTreeMap<OsString, DirtyKind>,
 ) -> BTreeMap<OsString, Option<Fingerprint>> {
     let mut budget = HASH_BUDGET;
     dirty
@@ -868,15 +868,15 @@ fn join<T>(h: std::thread::ScopedJoinHandle<'_, anyhow::Result<T>>) -> anyhow::R
 }
 
 /// The dirty paths among `ls-files -v` records (cached entries left out).
-fn dirt_of(listed: Vec<(u8, OsString)>) -> BTreeMap<OsString, Dirt> {
+fn dirty_paths(listed: Vec<(u8, OsString)>) -> BTreeMap<OsString, DirtyKind> {
     let mut out = BTreeMap::new();
     for (tag, path) in listed {
         match tag.to_ascii_uppercase() {
             b'C' | b'R' => {
-                out.insert(path, Dirt::Tracked);
+                out.insert(path, DirtyKind::Tracked);
             }
             b'?' => {
-                out.entry(path).or_insert(Dirt::Untracked);
+                out.entry(path).or_insert(DirtyKind::Untracked);
             }
             _ => {}
         }
@@ -1047,8 +1047,8 @@ impl PrivateGitDir {
             .collect())
     }
 
-    fn dirty(&self) -> anyhow::Result<BTreeMap<OsString, Dirt>> {
-        Ok(dirt_of(self.ls_files(&["-m", "-d", "-o"])?))
+    fn dirty(&self) -> anyhow::Result<BTreeMap<OsString, DirtyKind>> {
+        Ok(dirty_paths(self.ls_files(&["-m", "-d", "-o"])?))
     }
 
     /// Run git on the private directory and the project's work tree; its stdout.
@@ -1589,9 +1589,9 @@ mod tests {
     }
 
     #[test]
-    fn dirt_of_keeps_modified_deleted_and_untracked() {
+    fn dirty_paths_keeps_modified_deleted_and_untracked() {
         let rec = |t: u8, p: &str| (t, OsString::from(p));
-        let d = dirt_of(vec![
+        let d = dirty_paths(vec![
             rec(b'H', "clean"),
             rec(b'C', "mod"),
             rec(b'C', "gone"),
@@ -1599,17 +1599,17 @@ mod tests {
             rec(b'?', "new"),
             rec(b'c', "lower"),
         ]);
-        let got: Vec<(String, Dirt)> = d
+        let got: Vec<(String, DirtyKind)> = d
             .into_iter()
             .map(|(k, v)| (k.to_string_lossy().into_owned(), v))
             .collect();
         assert_eq!(
             got,
             vec![
-                ("gone".into(), Dirt::Tracked),
-                ("lower".into(), Dirt::Tracked),
-                ("mod".into(), Dirt::Tracked),
-                ("new".into(), Dirt::Untracked),
+                ("gone".into(), DirtyKind::Tracked),
+                ("lower".into(), DirtyKind::Tracked),
+                ("mod".into(), DirtyKind::Tracked),
+                ("new".into(), DirtyKind::Untracked),
             ]
         );
     }

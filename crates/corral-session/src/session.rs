@@ -1,4 +1,4 @@
-//! The run lifecycle: [`Session::begin`], [`Beginning::ready`], [`Session::run`].
+//! The run lifecycle: [`Session::begin`], [`StartingSession::ready`], [`Session::run`].
 
 use anyhow::Context as _;
 use corral_audit::{AuditLog, Event, JailEvent, Record, printable};
@@ -47,7 +47,7 @@ pub trait Backend {
 
 /// A session whose snapshots are being taken (on threads of their own) while the backend
 /// prepares the jail.
-pub struct Beginning {
+pub struct StartingSession {
     jail_id: String,
     scope: Scope,
     audit: AuditLog,
@@ -56,7 +56,7 @@ pub struct Beginning {
 }
 
 /// A session ready to run: the git snapshot is taken; the change baseline is taken, or (after
-/// [`Beginning::ready_for_mounts`]) still being taken until [`Session::await_baseline`].
+/// [`StartingSession::ready_for_mounts`]) still being taken until [`Session::await_baseline`].
 pub struct Session {
     jail_id: String,
     scope: Scope,
@@ -77,13 +77,13 @@ enum Baseline {
 impl Session {
     /// Begin the session of `plan`: a fresh jail id, the project's audit log, and (with
     /// [`Scope::Run`]) the change baseline and the git snapshot, taken on threads meanwhile.
-    pub fn begin(plan: &Plan, scope: Scope) -> anyhow::Result<Beginning> {
+    pub fn begin(plan: &Plan, scope: Scope) -> anyhow::Result<StartingSession> {
         Session::begin_as(plan, scope, corral_audit::new_jail_id())
     }
 
     /// [`Session::begin`] for the jail `jail_id` (a `corral_audit::new_jail_id`), for a caller
     /// that needs the id before the session begins.
-    pub fn begin_as(plan: &Plan, scope: Scope, jail_id: String) -> anyhow::Result<Beginning> {
+    pub fn begin_as(plan: &Plan, scope: Scope, jail_id: String) -> anyhow::Result<StartingSession> {
         let audit = AuditLog::for_project(&plan.project.root).with_context(|| {
             format!(
                 "cannot open the audit log of {}",
@@ -108,7 +108,7 @@ impl Session {
                 (baseline, Some(git))
             }
         };
-        Ok(Beginning {
+        Ok(StartingSession {
             jail_id,
             scope,
             audit,
@@ -145,7 +145,7 @@ impl Session {
 
     /// Wait until the change baseline is taken (at once when it is). What the jail's command
     /// writes must come after it: a backend that started the jail with its exec held
-    /// ([`Beginning::ready_for_mounts`]) calls this before it lets the command run.
+    /// ([`StartingSession::ready_for_mounts`]) calls this before it lets the command run.
     pub fn await_baseline(&self) {
         let mut slot = self.baseline.lock().unwrap_or_else(|p| p.into_inner());
         if matches!(*slot, Baseline::Taken(_)) {
@@ -280,7 +280,7 @@ impl Session {
     }
 }
 
-impl Beginning {
+impl StartingSession {
     pub fn jail_id(&self) -> &str {
         &self.jail_id
     }

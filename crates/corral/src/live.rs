@@ -1,4 +1,4 @@
-//! A running jail's network rules follow its policy files (issue #17): `corral allow`/`deny`
+//! A running jail's network rules follow its policy files: `corral allow`/`deny`
 //! and any edit of a policy file take effect in the project's running jails without restarting
 //! them, and `corral watch` can allow a destination for one run.
 //!

@@ -1,4 +1,4 @@
-//! Agents side by side on one repository: `corral run --worktree NAME` (issue #17 part 2).
+//! Agents side by side on one repository: `corral run --worktree NAME`.
 //!
 //! Each agent gets its own git worktree of the repository, on its own branch NAME, created by
 //! corral on the host (`git worktree add`) under the state directory,

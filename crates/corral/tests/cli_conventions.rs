@@ -1,4 +1,4 @@
-//! The conventions of the command line (issue #13, "errors and conventions"), tried with the
+//! The conventions of the command line (how errors, exit codes and arguments read), tried with the
 //! real binary as a user runs it: usage errors exit 125, a command without `--` gets the line
 //! that runs it, sizes and durations as docker and humantime write them, named paths must
 //! exist, `corral allow` of several hosts, URLs and addresses, a closed pipe ends quietly, `corral

@@ -1,4 +1,4 @@
-//! Sign-ins (`[signin]`, issue #14 item 2) on the container backends for real, podman and
+//! Sign-ins (`[signin]`) on the container backends for real, podman and
 //! docker alike, with Claude Code's file shape: the user's `~/.claude/.credentials.json` holds
 //! a real access and refresh token; a TLS mock (a container on the external network) serves an
 //! API that accepts only the current real access token and a token endpoint that accepts only

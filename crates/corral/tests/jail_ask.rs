@@ -1,4 +1,4 @@
-//! `network.on_deny = "ask"` (issue #17): a request only the allow list refuses is held while
+//! `network.on_deny = "ask"`: a request only the allow list refuses is held while
 //! `corral watch` asks; the answer (through the run's control socket, or `corral watch`'s keys
 //! in a real pty) lets it through or refuses it, no answer refuses it at the timeout. A deny
 //! rule and the address checks are never turned into a question, the jail cannot answer its own

@@ -1,4 +1,4 @@
-//! The executor fails closed on its audit log (issue 18): a command whose start cannot be
+//! The executor fails closed on its audit log: a command whose start cannot be
 //! recorded is refused with a clear error and never runs, and the records that could not be
 //! written are counted in the end-of-run summary, for the executor `corral run` starts and for
 //! a standalone `corral serve`. Runs as root and, through scripts/test-rootless, as an

@@ -1,4 +1,4 @@
-//! Bounds of corral's own resources seen from a real jail (issue 18): the jail's command keeps
+//! Bounds of corral's own resources seen from a real jail: the jail's command keeps
 //! the caller's open-file limit though corral raises its own, and a request the audit log
 //! cannot record is refused, with the count in the end-of-run summary.
 

@@ -1,4 +1,4 @@
-//! Issue #13's conventions that need a jail: a destination the policy allows but the proxy
+//! The command line's conventions that need a jail: a destination the policy allows but the proxy
 //! could not reach is in the end-of-run summary with its reason (the jail only saw a 502), and
 //! `corral allow ADDRESS` gives the one answer that lets the jail reach that address (the
 //! pattern and the address range), where the pattern alone is still refused.

@@ -1,4 +1,4 @@
-//! Git on the host runs nothing the jail wrote (issue 12, items 1, 5 and 7): the dangerous
+//! Git on the host runs nothing the jail wrote: the dangerous
 //! parts of existing git directories are read-only in the jail (nested repositories, bare
 //! repositories, linked worktrees' administrative files), what the run creates is checked once
 //! nothing the run started can write any more (the executor's command jails included), the

@@ -1,4 +1,4 @@
-//! The change summary's baseline and the jail's start run side by side (issue 18): the jail's
+//! The change summary's baseline and the jail's start run side by side: the jail's
 //! root is built while the baseline is taken, and only the command's exec waits for it. A file
 //! the command writes in its very first instant is still listed; and the git method's shortcut
 //! for an unchanged project (a metadata walk at both ends, changes.rs `Quick`) gives the lists

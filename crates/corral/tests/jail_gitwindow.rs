@@ -1,4 +1,4 @@
-//! The git window during a run (issue 12, item 1): while the jail runs, the user's prompt runs
+//! The git window during a run: while the jail runs, the user's prompt runs
 //! git in the directory the user is in every few seconds, so a repository the jail creates in
 //! the project is live before any check after the run. The name gate (corral-sandbox
 //! namegate.rs) refuses every name that would make one discoverable (`.git`, `HEAD`,

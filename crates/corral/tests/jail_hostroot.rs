@@ -1,4 +1,4 @@
-//! What a jail leaves on the host, and what a root-run jail's uid 0 can reach (issue 12: set-id
+//! What a jail leaves on the host, and what a root-run jail's uid 0 can reach (set-id
 //! files, device nodes, root-only files of the curated /etc, tmpfs memory, the terminal).
 //!
 //! Each test is an attack from inside the jail, checked on the host afterwards. They run as

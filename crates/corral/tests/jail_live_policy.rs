@@ -1,4 +1,4 @@
-//! The running jail's network rules follow the policy files (issue #17, live.rs): `corral
+//! The running jail's network rules follow the policy files (live.rs): `corral
 //! allow`/`deny` take effect without a restart and are recorded; an edit of `corral.toml` the
 //! user has not trusted does not widen the jail, nor does the jail's own attempt to write it;
 //! the jail cannot reach its control socket, which does widen it from outside.

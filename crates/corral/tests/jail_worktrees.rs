@@ -1,4 +1,4 @@
-//! `corral run --worktree NAME` (issue #17 part 2): each agent in its own git worktree and
+//! `corral run --worktree NAME`: each agent in its own git worktree and
 //! branch, jailed to it. A process in the jail tries to write the main repository's config,
 //! hooks, packed-refs and objects, the main worktree's files, another worktree's files and admin
 //! directory, its own worktree's `.git` file and admin `commondir`, and another branch's ref:

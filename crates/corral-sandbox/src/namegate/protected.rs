@@ -1,6 +1,6 @@
-//! Protected files and directories the host replaces during the run (#12: "a protected file
-//! the host replaces by rename"). A protected file (`.git/config`, `corral.toml`, a harness's
-//! `settings.json`, a hidden file's placeholder) is a read-only bind of one file. When the host
+//! Protected files and directories the host replaces by rename during the run. A protected file
+//! (`.git/config`, `corral.toml`, a harness's `settings.json`, a hidden file's placeholder) is a
+//! read-only bind of one file. When the host
 //! replaces that file by rename (`git config`, an editor saving, the host's harness refreshing
 //! its state), the kernel detaches every other mount namespace's mount on the old file: the
 //! jail then sees the new file through the read-write directory around it. The gate keeps the

@@ -33,7 +33,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::{Dirt, Meta, PrivateGitDir, Quick, changes_dir, not_own};
+use super::{DirtyKind, Meta, PrivateGitDir, Quick, changes_dir, not_own};
 
 /// The file's first line: a format change makes every older file a miss.
 pub(super) const MAGIC: &[u8] = b"corral change listing 1\n";
@@ -79,7 +79,7 @@ impl Key {
 
 /// A listing served from the cache.
 pub(super) struct Hit {
-    pub dirty: BTreeMap<OsString, Dirt>,
+    pub dirty: BTreeMap<OsString, DirtyKind>,
     pub ignored: BTreeSet<OsString>,
     /// The walk taken now (equal to the cached one), for the end's shortcut.
     pub quick: Quick,
@@ -117,12 +117,12 @@ pub(super) fn lookup(file: &Path, key: &Key, root: &Path, racy_ns: i128) -> Opti
         .list(|d| Some((d.os()?, d.meta()?)))?
         .into_iter()
         .collect();
-    let dirty: BTreeMap<OsString, Dirt> = d
+    let dirty: BTreeMap<OsString, DirtyKind> = d
         .list(|d| {
             let path = d.os()?;
             let dirt = match d.u64()? {
-                0 => Dirt::Tracked,
-                1 => Dirt::Untracked,
+                0 => DirtyKind::Tracked,
+                1 => DirtyKind::Untracked,
                 _ => return None,
             };
             Some((path, dirt))
@@ -170,7 +170,7 @@ pub(super) struct Store {
     pub file: PathBuf,
     pub key: Key,
     /// The paths git listed as dirty.
-    pub dirty: BTreeMap<OsString, Dirt>,
+    pub dirty: BTreeMap<OsString, DirtyKind>,
     /// The start of the racy window before git began listing: an entry changed at or after it
     /// may have changed after git read it.
     pub racy_from: i128,
@@ -207,8 +207,8 @@ impl Store {
         e.list(&dirty, |e, (p, dirt)| {
             e.bytes(p.as_bytes());
             e.u64(match dirt {
-                Dirt::Tracked => 0,
-                Dirt::Untracked => 1,
+                DirtyKind::Tracked => 0,
+                DirtyKind::Untracked => 1,
             });
         });
         let ignored: Vec<_> = ignored.iter().filter(|p| not_own(p, own)).collect();
