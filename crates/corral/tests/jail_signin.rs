@@ -1,4 +1,4 @@
-//! Sign-in credentials never enter the jail (`[signin]`, issue #14 item 2), tried for real with
+//! Sign-in credentials never enter the jail (`[signin]`), tried for real with
 //! Claude Code's file shape: the user's `~/.claude/.credentials.json` holds a real access and
 //! refresh token; a TLS mock serves an API that accepts only the current real access token and
 //! a token endpoint that accepts only the current real refresh token (and rotates both, as
