@@ -56,6 +56,7 @@ pub(crate) struct Open {
 }
 
 /// A destination's identity in its close record.
+#[derive(Clone, Copy)]
 pub(crate) struct Dest<'a> {
     pub peer: &'a str,
     pub method: &'a str,

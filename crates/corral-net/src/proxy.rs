@@ -1247,6 +1247,26 @@ impl Proxy {
         self.reply_and_close(io, 503, body).await;
     }
 
+    /// Owe the close record of a connection the gateway intercepts; `None` once the proxy
+    /// shuts down, with the refusal counted and the connection's close record written (the
+    /// caller drops the connection).
+    fn owe_intercepted(&self, dest: Dest<'_>) -> Option<crate::open::Owed> {
+        let owed = self.open.register(dest);
+        if owed.is_none() {
+            self.refusals.hit(LISTENER, reason::ENDING);
+            let Dest {
+                peer,
+                method,
+                host,
+                port,
+                address,
+                started,
+            } = dest;
+            self.log_close(peer, method, host, port, address, 0, 0, started);
+        }
+        owed
+    }
+
     /// A request head that could not be read: logged as a denial of no known method or
     /// destination (`?`), and summarised as `blocked unreadable request`.
     fn log_unreadable(&self, peer: &str, why: &str) {
@@ -1687,9 +1707,7 @@ impl Proxy {
             address,
             started,
         };
-        let Some(owed) = self.open.register(dest) else {
-            self.refusals.hit(LISTENER, reason::ENDING);
-            self.log_close(peer, method, &shown, port, address, 0, 0, started);
+        let Some(owed) = self.owe_intercepted(dest) else {
             return;
         };
         let up = owed.counted(up);
@@ -1763,9 +1781,7 @@ impl Proxy {
             address,
             started,
         };
-        let Some(owed) = self.open.register(dest) else {
-            self.refusals.hit(LISTENER, reason::ENDING);
-            self.log_close(peer, method, &shown, port, address, 0, 0, started);
+        let Some(owed) = self.owe_intercepted(dest) else {
             return;
         };
         let up = owed.counted(up);

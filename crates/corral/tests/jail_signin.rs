@@ -137,6 +137,25 @@ fn sign_in_project(
     file
 }
 
+/// `corral run PROFILE --network proxy -- sh -c SCRIPT` trusting the mock's CA; the script
+/// must reach its last line, `echo END`.
+fn run_jailed(w: &World, mdir: &Path, profile: &str, script: &str) -> Out {
+    let mut c = w.corral();
+    c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
+        "run",
+        profile,
+        "--network",
+        "proxy",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    out
+}
+
 fn line<'a>(out: &'a str, key: &str) -> &'a str {
     out.lines()
         .find_map(|l| l.strip_prefix(key))
@@ -470,19 +489,7 @@ echo "API2=$(curl -sS {url}/backend-api/codex -H "Authorization: Bearer $(get ac
 {greps}echo END
 "#
     );
-    let mut c = w.corral();
-    c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
-        "run",
-        "codex",
-        "--network",
-        "proxy",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let out = run(c);
-    ran(&out, "END");
+    let out = run_jailed(&w, &mdir, "codex", &script);
     let all = out.both();
     let stdout = out.stdout.as_str();
     for marker in markers {
@@ -568,19 +575,7 @@ echo "SAME_REFRESH=$(test "$(get refresh_token)" = "$R" && echo yes)"
 {greps}echo END
 "#
     );
-    let mut c = w.corral();
-    c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
-        "run",
-        "gemini",
-        "--network",
-        "proxy",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let out = run(c);
-    ran(&out, "END");
+    let out = run_jailed(&w, &mdir, "gemini", &script);
     let all = out.both();
     let stdout = out.stdout.as_str();
     for marker in markers {
@@ -741,19 +736,7 @@ echo "ERR=$(curl -sS -w ' HTTP=%{{http_code}}' -X POST {url}/token -H 'Content-T
 {greps}echo END
 "#
     );
-    let mut c = w.corral();
-    c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
-        "run",
-        "gemini",
-        "--network",
-        "proxy",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let out = run(c);
-    ran(&out, "END");
+    let out = run_jailed(&w, &mdir, "gemini", &script);
     let all = out.both();
     assert!(
         !all.contains("QUOREFRESHreal") && !all.contains("-LEAK-"),
@@ -819,19 +802,7 @@ echo "JOINED=$J"
 echo END
 "#
     );
-    let mut c = w.corral();
-    c.env("SSL_CERT_FILE", mdir.join("ca.pem")).args([
-        "run",
-        "claude",
-        "--network",
-        "proxy",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let out = run(c);
-    ran(&out, "END");
+    let out = run_jailed(&w, &mdir, "claude", &script);
     let all = out.both();
     assert!(
         !all.contains("ACCESSrealACCESSreal"),
