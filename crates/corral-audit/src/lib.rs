@@ -477,14 +477,15 @@ pub struct AuditLog {
 struct Shared {
     /// The lock file and the log, open between records; `None` until the first record and
     /// after a failed one (the next record opens them again).
-    held: Mutex<Option<Held>>,
+    held: Mutex<Option<OpenLog>>,
     failures: AtomicU64,
     /// Why the last record could not be written.
     last_failure: Mutex<Option<String>>,
 }
 
+/// The audit log's lock file and the log itself, open between records.
 #[derive(Debug)]
-struct Held {
+struct OpenLog {
     lock: File,
     log: File,
 }
@@ -650,7 +651,7 @@ impl AuditLog {
         written
     }
 
-    fn open_held(&self) -> Result<Held, AuditError> {
+    fn open_held(&self) -> Result<OpenLog, AuditError> {
         if let Some(dir) = self.path.parent() {
             fs::create_dir_all(dir).map_err(|e| self.io_err(e))?;
         }
@@ -663,7 +664,7 @@ impl AuditLog {
             .custom_flags(libc::O_NOFOLLOW)
             .open(self.lock_path())
             .map_err(|e| self.io_err(e))?;
-        Ok(Held {
+        Ok(OpenLog {
             lock,
             log: self.open_append()?,
         })
@@ -671,7 +672,7 @@ impl AuditLog {
 
     /// Under the lock: follow a rotation (or a replacement) of the path, rotate if this line
     /// would pass `max_bytes`, append the line with one write.
-    fn append_locked(&self, h: &mut Held, line: &[u8]) -> Result<(), AuditError> {
+    fn append_locked(&self, h: &mut OpenLog, line: &[u8]) -> Result<(), AuditError> {
         let mut open = h.log.metadata().map_err(|e| self.io_err(e))?;
         let same = fs::symlink_metadata(&self.path)
             .is_ok_and(|m| m.dev() == open.dev() && m.ino() == open.ino());

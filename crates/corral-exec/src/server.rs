@@ -26,7 +26,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use crate::confine::{ProjectRoot, WorkDir};
 use crate::proto::{self, Event, ExecRequest, MAX_BODY, RequestError};
 use crate::spawn::{SpawnSpec, Spawner};
-use crate::supervise::{Bounds, Ended, Outcome, Sink, supervise};
+use crate::supervise::{Bounds, EndCause, Outcome, Sink, supervise};
 
 /// How a server is set up: the executor part of a Plan, plus what only the server needs.
 #[derive(Debug, Clone)]
@@ -132,10 +132,12 @@ enum Listener {
 /// A bound server, ready to run.
 pub struct Server {
     listener: Listener,
-    state: Arc<State>,
+    state: Arc<ServerState>,
 }
 
-struct State {
+/// What every connection of the server shares: its configuration, the project, the spawner,
+/// the slots for concurrent commands and the shutdown signal.
+struct ServerState {
     cfg: ServerConfig,
     root: ProjectRoot,
     spawner: Arc<dyn Spawner>,
@@ -186,7 +188,7 @@ impl Server {
         let slots = Arc::new(Semaphore::new(cfg.max_concurrent.max(1)));
         Ok(Self {
             listener,
-            state: Arc::new(State {
+            state: Arc::new(ServerState {
                 cfg,
                 root,
                 spawner,
@@ -443,7 +445,7 @@ impl Refusal {
     }
 }
 
-async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<RespBody> {
+async fn handle(st: Arc<ServerState>, req: Request<Incoming>) -> Response<RespBody> {
     let ep = match req.uri().path() {
         "/execute" => Endpoint::Legacy,
         "/v1/exec" => Endpoint::V1,
@@ -480,7 +482,7 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Response<RespBody> {
 
 /// Everything before the command starts: auth, body, allowlist, cwd, a slot.
 async fn admit(
-    st: &Arc<State>,
+    st: &Arc<ServerState>,
     ep: Endpoint,
     req: Request<Incoming>,
 ) -> Result<(ExecRequest, WorkDir, OwnedSemaphorePermit), Refusal> {
@@ -616,7 +618,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-fn bounds(st: &State, req: &ExecRequest) -> Bounds {
+fn bounds(st: &ServerState, req: &ExecRequest) -> Bounds {
     let limit = st.cfg.timeout;
     let timeout = req
         .timeout_ms
@@ -630,7 +632,7 @@ fn bounds(st: &State, req: &ExecRequest) -> Bounds {
 }
 
 fn spawn_for(
-    st: &State,
+    st: &ServerState,
     req: &ExecRequest,
     workdir: &WorkDir,
     merge: bool,
@@ -645,7 +647,7 @@ fn spawn_for(
 }
 
 async fn run_legacy(
-    st: Arc<State>,
+    st: Arc<ServerState>,
     req: ExecRequest,
     workdir: WorkDir,
     permit: OwnedSemaphorePermit,
@@ -710,7 +712,7 @@ fn json_ok(body: Vec<u8>) -> Response<RespBody> {
 }
 
 fn run_v1(
-    st: Arc<State>,
+    st: Arc<ServerState>,
     req: ExecRequest,
     workdir: WorkDir,
     permit: OwnedSemaphorePermit,
@@ -742,16 +744,16 @@ fn run_v1(
                 .await;
                 audit_done(&st, &req, &workdir, started, Ok(&outcome));
                 match outcome.ended {
-                    Ended::Shutdown => {
+                    EndCause::Shutdown => {
                         sink.event(Event::Error {
                             error: "the executor is shutting down; the command was killed".into(),
                             exit: Some(outcome.exit.exit),
                         })
                         .await
                     }
-                    Ended::Disconnected => {}
-                    Ended::Exited | Ended::TimedOut => {
-                        if outcome.ended == Ended::TimedOut {
+                    EndCause::Disconnected => {}
+                    EndCause::Exited | EndCause::TimedOut => {
+                        if outcome.ended == EndCause::TimedOut {
                             let msg = format!(
                                 "\n[corral: command timed out after {}; its process group was killed]\n",
                                 humantime::format_duration(b.timeout)
@@ -783,7 +785,7 @@ fn run_v1(
 
 /// Write one record. One that cannot be written is counted by the log
 /// ([`AuditLog::failures`]: the server's exit line, the run's summary) and is an error here.
-fn audit_write(st: &State, ev: ExecEvent) -> Result<(), corral_audit::AuditError> {
+fn audit_write(st: &ServerState, ev: ExecEvent) -> Result<(), corral_audit::AuditError> {
     let Some(log) = &st.cfg.audit else {
         return Ok(());
     };
@@ -795,7 +797,7 @@ fn audit_write(st: &State, ev: ExecEvent) -> Result<(), corral_audit::AuditError
 
 /// The record that a command is about to run, written before it is spawned: a command that
 /// cannot be recorded is refused (503) and never runs (fail closed).
-fn audit_start(st: &State, req: &ExecRequest, workdir: &WorkDir) -> Result<(), Refusal> {
+fn audit_start(st: &ServerState, req: &ExecRequest, workdir: &WorkDir) -> Result<(), Refusal> {
     let ev = ExecEvent {
         phase: ExecPhase::Start,
         command: req.command.clone(),
@@ -817,7 +819,7 @@ fn audit_start(st: &State, req: &ExecRequest, workdir: &WorkDir) -> Result<(), R
 /// A refusal by `executor.allow` or the variables' allow-list: audited, and one line on the server's stderr,
 /// `corral serve: refused [COMMAND]: REASON` (`corral run` repeats these lines when the run
 /// ends).
-fn policy_refusal(st: &State, req: &ExecRequest, cwd: &str, reason: &str) {
+fn policy_refusal(st: &ServerState, req: &ExecRequest, cwd: &str, reason: &str) {
     eprintln!("{REFUSED_PREFIX}{:?}: {reason}", req.command);
     audit_refusal(st, req, cwd, reason);
 }
@@ -826,7 +828,7 @@ fn policy_refusal(st: &State, req: &ExecRequest, cwd: &str, reason: &str) {
 pub const REFUSED_PREFIX: &str = "corral serve: refused ";
 
 /// A refused request: refused whether or not its record could be written.
-fn audit_refusal(st: &State, req: &ExecRequest, cwd: &str, reason: &str) {
+fn audit_refusal(st: &ServerState, req: &ExecRequest, cwd: &str, reason: &str) {
     let _ = audit_write(
         st,
         ExecEvent {
@@ -840,7 +842,7 @@ fn audit_refusal(st: &State, req: &ExecRequest, cwd: &str, reason: &str) {
 }
 
 fn audit_done(
-    st: &State,
+    st: &ServerState,
     req: &ExecRequest,
     workdir: &WorkDir,
     started: Instant,
@@ -860,9 +862,9 @@ fn audit_done(
             ev.timed_out = o.exit.timed_out;
             ev.bytes_out = o.bytes_out;
             ev.reason = match o.ended {
-                Ended::Exited | Ended::TimedOut => None,
-                Ended::Disconnected => Some("client disconnected; process group killed".into()),
-                Ended::Shutdown => Some("server shut down; process group killed".into()),
+                EndCause::Exited | EndCause::TimedOut => None,
+                EndCause::Disconnected => Some("client disconnected; process group killed".into()),
+                EndCause::Shutdown => Some("server shut down; process group killed".into()),
             };
         }
         Err(e) => {

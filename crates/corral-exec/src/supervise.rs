@@ -32,7 +32,7 @@ pub(crate) struct Bounds {
 
 /// Why a command ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ended {
+pub(crate) enum EndCause {
     Exited,
     TimedOut,
     Disconnected,
@@ -42,7 +42,7 @@ pub(crate) enum Ended {
 #[derive(Debug)]
 pub(crate) struct Outcome {
     pub exit: Exit,
-    pub ended: Ended,
+    pub ended: EndCause,
     /// Everything the command wrote, kept or not.
     pub bytes_out: u64,
 }
@@ -159,7 +159,7 @@ pub(crate) async fn supervise(
     let mut buf_err = vec![0u8; READ_BUF];
     let mut status: Option<ExitStatus> = None;
     let deadline = Instant::now() + bounds.timeout;
-    let mut ended: Option<Ended> = None;
+    let mut ended: Option<EndCause> = None;
     let mut kill_at: Option<Instant> = None;
     let mut drain_until: Option<Instant> = None;
     let mut bytes_out: u64 = 0;
@@ -168,7 +168,7 @@ pub(crate) async fn supervise(
     let mut client_gone = false;
 
     // Start ending the command: SIGTERM to the group now, SIGKILL after the grace period.
-    let begin_end = |why: Ended, ended: &mut Option<Ended>, kill_at: &mut Option<Instant>| {
+    let begin_end = |why: EndCause, ended: &mut Option<EndCause>, kill_at: &mut Option<Instant>| {
         if ended.is_none() {
             *ended = Some(why);
             kill_group(pgid, Signal::SIGTERM);
@@ -200,16 +200,16 @@ pub(crate) async fn supervise(
                 None
             },
             _ = sleep_until(deadline), if running && ended.is_none() => {
-                begin_end(Ended::TimedOut, &mut ended, &mut kill_at);
+                begin_end(EndCause::TimedOut, &mut ended, &mut kill_at);
                 None
             },
             _ = sink.gone(), if running && ended.is_none() && !client_gone => {
                 client_gone = true;
-                begin_end(Ended::Disconnected, &mut ended, &mut kill_at);
+                begin_end(EndCause::Disconnected, &mut ended, &mut kill_at);
                 None
             },
             _ = shutdown.wait_for(|v| *v), if running && ended.is_none() => {
-                begin_end(Ended::Shutdown, &mut ended, &mut kill_at);
+                begin_end(EndCause::Shutdown, &mut ended, &mut kill_at);
                 None
             },
             _ = sleep_opt(kill_at), if kill_at.is_some() => {
@@ -235,7 +235,7 @@ pub(crate) async fn supervise(
         let mut delivered = tokio::select! {
             ok = sink.emit(stream, &buf[..take], cut) => ok,
             _ = sleep_until(deadline), if ended.is_none() => {
-                begin_end(Ended::TimedOut, &mut ended, &mut kill_at);
+                begin_end(EndCause::TimedOut, &mut ended, &mut kill_at);
                 true
             },
         };
@@ -249,7 +249,7 @@ pub(crate) async fn supervise(
         }
         if !delivered {
             client_gone = true;
-            begin_end(Ended::Disconnected, &mut ended, &mut kill_at);
+            begin_end(EndCause::Disconnected, &mut ended, &mut kill_at);
         }
     }
     // The leader is reaped; make sure nothing of its group survives, and reap what was left
@@ -260,9 +260,9 @@ pub(crate) async fn supervise(
 
     let status = status.expect("the loop ends only after the leader exited");
     let signal = std::os::unix::process::ExitStatusExt::signal(&status);
-    let ended = ended.unwrap_or(Ended::Exited);
+    let ended = ended.unwrap_or(EndCause::Exited);
     let exit = match (ended, status.code(), signal) {
-        (Ended::TimedOut, _, _) => 124,
+        (EndCause::TimedOut, _, _) => 124,
         (_, Some(code), _) => code,
         (_, None, Some(sig)) => 128 + sig,
         (_, None, None) => 125,
@@ -271,7 +271,7 @@ pub(crate) async fn supervise(
         exit: Exit {
             exit,
             signal,
-            timed_out: ended == Ended::TimedOut,
+            timed_out: ended == EndCause::TimedOut,
             truncated,
         },
         ended,

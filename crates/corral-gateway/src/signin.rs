@@ -162,7 +162,9 @@ pub enum FileAccess {
     Remote(PathBuf),
 }
 
-struct State {
+/// The sign-in's tokens: the real ones in use, the ones they replaced, and the refresh token
+/// last seen in the user's file.
+struct TokenState {
     current: Vec<(TokenKind, Pair)>,
     /// Tokens replaced by a refresh or adopted from the file: still scrubbed from answers.
     retired: Vec<Pair>,
@@ -173,7 +175,7 @@ struct State {
 /// One harness's sign-in, served for one run.
 pub struct Signin {
     plan: SigninPlan,
-    state: Mutex<State>,
+    state: Mutex<TokenState>,
     file: FileAccess,
 }
 
@@ -281,7 +283,7 @@ impl Signin {
             .unwrap_or_default();
         Ok(Some(Signin {
             plan,
-            state: Mutex::new(State {
+            state: Mutex::new(TokenState {
                 current,
                 retired: Vec::new(),
                 on_disk_refresh,
@@ -317,7 +319,7 @@ impl Signin {
             .unwrap_or_default();
         Ok(Signin {
             plan,
-            state: Mutex::new(State {
+            state: Mutex::new(TokenState {
                 current: tokens.tokens,
                 retired: Vec::new(),
                 on_disk_refresh,
@@ -330,7 +332,7 @@ impl Signin {
         &self.plan
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+    fn state(&self) -> std::sync::MutexGuard<'_, TokenState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -432,7 +434,7 @@ impl Signin {
             return;
         }
         for (kind, real) in tokens {
-            let State {
+            let TokenState {
                 current, retired, ..
             } = &mut *st;
             if let Some((_, p)) = current.iter_mut().find(|(k, _)| *k == kind)
@@ -501,7 +503,7 @@ impl Signin {
                 name: self.plan.name.clone(),
                 reason,
             })?;
-            let State {
+            let TokenState {
                 current, retired, ..
             } = &mut *st;
             match current.iter_mut().find(|(k, _)| *k == kind) {

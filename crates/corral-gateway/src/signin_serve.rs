@@ -22,9 +22,9 @@ use crate::{Dest, Gateway, GatewayError, InterceptStats};
 
 /// A body collected in memory, refused past [`MAX_SIGNIN_BYTES`].
 #[derive(Default)]
-struct Capped(Vec<u8>);
+struct CappedBody(Vec<u8>);
 
-impl AsyncWrite for Capped {
+impl AsyncWrite for CappedBody {
     fn poll_write(
         mut self: Pin<&mut Self>,
         _: &mut Context<'_>,
@@ -106,7 +106,7 @@ impl Gateway {
         let id = format!("signin.{}", s.plan().name);
         let path = crate::path_without_query(&req.target).to_string();
         let method = req.method.clone();
-        let mut body = Capped::default();
+        let mut body = CappedBody::default();
         if let Err(e) =
             relay_body(down, &mut body, (req.framing, Framing::UntilClose), t, None).await
         {
@@ -187,7 +187,7 @@ impl Gateway {
         if let Err(why) = scrub_response_head(&mut resp, framing, &self.scrubber()) {
             return Err(self.refuse_signin(&mut down.io, d, 502, why).await);
         }
-        let mut body = Capped::default();
+        let mut body = CappedBody::default();
         if let Err(e) = relay_body(up, &mut body, (framing, Framing::UntilClose), t, None).await {
             let why = format!("token response body: {e}");
             return Err(self.refuse_signin(&mut down.io, d, 502, why).await);

@@ -40,10 +40,11 @@ pub(crate) struct FrameScrubber {
     fresh: Replacer,
     /// The opcode of the data message in progress, and whether a fragment of it went out.
     in_message: Option<(u8, bool)>,
-    state: State,
+    state: FrameState,
 }
 
-enum State {
+/// Where the scrubber is: in a frame's header, in its payload, or in a non-websocket stream.
+enum FrameState {
     /// Collecting a frame header.
     Head { bytes: [u8; MAX_HEAD], have: usize },
     /// Inside a frame's payload: `left` bytes to come, `fed` taken in so far (the mask's
@@ -158,7 +159,7 @@ impl FrameScrubber {
             fresh: scrub.clone(),
             message: scrub,
             in_message: None,
-            state: State::Head {
+            state: FrameState::Head {
                 bytes: [0; MAX_HEAD],
                 have: 0,
             },
@@ -169,11 +170,11 @@ impl FrameScrubber {
     pub(crate) fn feed(&mut self, mut data: &[u8], out: &mut Vec<u8>) {
         while !data.is_empty() {
             match &mut self.state {
-                State::Stream => {
+                FrameState::Stream => {
                     self.message.feed(data, out);
                     return;
                 }
-                State::Head { bytes, have } => {
+                FrameState::Head { bytes, have } => {
                     bytes[*have] = data[0];
                     *have += 1;
                     data = &data[1..];
@@ -184,7 +185,7 @@ impl FrameScrubber {
                             if head.opcode < 8 && head.opcode != 0 {
                                 self.in_message = Some((head.opcode, false));
                             }
-                            self.state = State::Payload {
+                            self.state = FrameState::Payload {
                                 head,
                                 left: head.len,
                                 fed: 0,
@@ -198,12 +199,12 @@ impl FrameScrubber {
                             if self.in_message.take().is_some() {
                                 self.message = self.fresh.clone();
                             }
-                            self.state = State::Stream;
+                            self.state = FrameState::Stream;
                             self.message.feed(&bytes[..have], out);
                         }
                     }
                 }
-                State::Payload {
+                FrameState::Payload {
                     head,
                     left,
                     fed,
@@ -258,12 +259,12 @@ impl FrameScrubber {
     /// bytes go out as a fragment (all of them, the held ones replaced, when it ends the
     /// message; what may begin a value stays held for the next frame otherwise).
     fn end_frame_if_done(&mut self, out: &mut Vec<u8>) {
-        let State::Payload { head, left: 0, .. } = self.state else {
+        let FrameState::Payload { head, left: 0, .. } = self.state else {
             return;
         };
-        let State::Payload { mut ready, .. } = std::mem::replace(
+        let FrameState::Payload { mut ready, .. } = std::mem::replace(
             &mut self.state,
-            State::Head {
+            FrameState::Head {
                 bytes: [0; MAX_HEAD],
                 have: 0,
             },
@@ -284,13 +285,13 @@ impl FrameScrubber {
     /// The origin closed: what is ready goes out; what is held (it may begin a value whose rest
     /// never came) does not, inside a message. A cut frame stays cut.
     pub(crate) fn finish(&mut self, out: &mut Vec<u8>) {
-        match std::mem::replace(&mut self.state, State::Stream) {
-            State::Head { bytes, have } => out.extend_from_slice(&bytes[..have]),
-            State::Payload { head, ready, .. } if head.opcode < 8 && !ready.is_empty() => {
+        match std::mem::replace(&mut self.state, FrameState::Stream) {
+            FrameState::Head { bytes, have } => out.extend_from_slice(&bytes[..have]),
+            FrameState::Payload { head, ready, .. } if head.opcode < 8 && !ready.is_empty() => {
                 self.fragment(head, false, &ready, out);
             }
-            State::Payload { .. } => {}
-            State::Stream => self.message.finish(out),
+            FrameState::Payload { .. } => {}
+            FrameState::Stream => self.message.finish(out),
         }
     }
 }

@@ -53,11 +53,12 @@ pub struct PathRule {
     /// Empty: every method.
     methods: Vec<String>,
     host: DomainPattern,
-    glob: Vec<Seg>,
+    glob: Vec<GlobSegment>,
 }
 
+/// One `/`-separated piece of a rule's path glob.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum Seg {
+enum GlobSegment {
     Literal(String),
     /// One non-empty segment.
     One,
@@ -153,9 +154,9 @@ impl PathRule {
         for seg in &self.glob {
             s.push('/');
             match seg {
-                Seg::Literal(l) => s.push_str(l),
-                Seg::One => s.push('*'),
-                Seg::Any => s.push_str("**"),
+                GlobSegment::Literal(l) => s.push_str(l),
+                GlobSegment::One => s.push('*'),
+                GlobSegment::Any => s.push_str("**"),
             }
         }
         if s.is_empty() {
@@ -186,7 +187,7 @@ fn parse_methods(m: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-fn parse_glob(path: &str) -> Result<Vec<Seg>, String> {
+fn parse_glob(path: &str) -> Result<Vec<GlobSegment>, String> {
     if let Some(c) = path.chars().find(|c| "?#".contains(*c)) {
         return Err(format!(
             "{c:?}: rules match the path only, never a query or a fragment"
@@ -200,8 +201,8 @@ fn parse_glob(path: &str) -> Result<Vec<Seg>, String> {
         out.push(match seg {
             "" => return Err("empty path segment (`//`, or a trailing `/`)".into()),
             "." | ".." => return Err(format!("`{seg}` segments are not allowed in a rule")),
-            "*" => Seg::One,
-            "**" => Seg::Any,
+            "*" => GlobSegment::One,
+            "**" => GlobSegment::Any,
             s if s.contains('*') => {
                 return Err(format!(
                     "segment {s:?}: `*` and `**` must be a whole segment"
@@ -213,7 +214,7 @@ fn parse_glob(path: &str) -> Result<Vec<Seg>, String> {
                         "character {c:?} in segment {s:?} (write paths decoded, without `%`, `\\`, `;`)"
                     ));
                 }
-                Seg::Literal(s.to_string())
+                GlobSegment::Literal(s.to_string())
             }
         });
     }
@@ -221,17 +222,17 @@ fn parse_glob(path: &str) -> Result<Vec<Seg>, String> {
 }
 
 /// Glob segments against path segments. `**` backtracks; rules are short, so this is cheap.
-fn glob_matches(glob: &[Seg], path: &[String]) -> bool {
+fn glob_matches(glob: &[GlobSegment], path: &[String]) -> bool {
     match glob.split_first() {
         None => path.is_empty(),
-        Some((Seg::Any, rest)) => (0..=path.len()).any(|i| glob_matches(rest, &path[i..])),
+        Some((GlobSegment::Any, rest)) => (0..=path.len()).any(|i| glob_matches(rest, &path[i..])),
         Some((seg, rest)) => match path.split_first() {
             None => false,
             Some((p, more)) => {
                 let ok = match seg {
-                    Seg::Literal(l) => l == p,
-                    Seg::One => !p.is_empty(),
-                    Seg::Any => unreachable!("handled above"),
+                    GlobSegment::Literal(l) => l == p,
+                    GlobSegment::One => !p.is_empty(),
+                    GlobSegment::Any => unreachable!("handled above"),
                 };
                 ok && glob_matches(rest, more)
             }

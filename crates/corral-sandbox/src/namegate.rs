@@ -269,7 +269,7 @@ impl Gate {
         rule(
             kind,
             in_git_dir,
-            &Looked {
+            &InspectedDir {
                 gate: self,
                 dir: parent,
                 st,
@@ -467,7 +467,7 @@ impl Seen {
 }
 
 /// What the rules for a `HEAD` and an `objects` ask of the directory they would be made in:
-/// the real directory ([`Looked`]), or answers and errors a test injects.
+/// the real directory ([`InspectedDir`]), or answers and errors a test injects.
 trait Dir {
     /// fstatat of `name` in the directory, not following a link (an entry of any type
     /// counts: git needs `objects` only to pass `access(X_OK)`).
@@ -505,13 +505,13 @@ fn rule(kind: Refusal, in_git_dir: bool, dir: &dyn Dir) -> Result<(), Refusal> {
 }
 
 /// The directory a `HEAD` or an `objects` would be made in, looked at for real.
-struct Looked<'a> {
+struct InspectedDir<'a> {
     gate: &'a Gate,
     dir: &'a OwnedFd,
     st: libc::stat,
 }
 
-impl Dir for Looked<'_> {
+impl Dir for InspectedDir<'_> {
     fn lookup(&self, name: &str) -> Result<(), i32> {
         fstatat(self.dir, OsStr::new(name), libc::AT_SYMLINK_NOFOLLOW).map(drop)
     }
@@ -688,9 +688,9 @@ fn worker(gate: &Gate, listener: &OwnedFd) {
         // 6.11+) fail at once with ENOENT, which reads as one caller's death: retried, it
         // spun on a CPU the jail's end needed.
         match next_call(listener) {
-            Next::Call => {}
-            Next::Again => continue,
-            Next::Gone => return,
+            ListenerWait::Call => {}
+            ListenerWait::Again => continue,
+            ListenerWait::Gone => return,
         }
         // SAFETY: seccomp_notif is plain data; the kernel wants it zeroed.
         let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
@@ -721,7 +721,8 @@ fn worker(gate: &Gate, listener: &OwnedFd) {
     }
 }
 
-enum Next {
+/// What waiting on the seccomp listener gave.
+enum ListenerWait {
     /// A notification waits to be received.
     Call,
     /// Nothing yet (a signal): wait again.
@@ -731,7 +732,7 @@ enum Next {
 }
 
 /// Wait until `listener` has a notification, or reports that no process uses its filter.
-fn next_call(listener: &OwnedFd) -> Next {
+fn next_call(listener: &OwnedFd) -> ListenerWait {
     let mut p = libc::pollfd {
         fd: listener.as_raw_fd(),
         events: libc::POLLIN,
@@ -740,16 +741,16 @@ fn next_call(listener: &OwnedFd) -> Next {
     // SAFETY: one pollfd of ours.
     if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
         return match io::Error::last_os_error().raw_os_error() {
-            Some(libc::EINTR) => Next::Again,
-            _ => Next::Gone,
+            Some(libc::EINTR) => ListenerWait::Again,
+            _ => ListenerWait::Gone,
         };
     }
     if p.revents & libc::POLLIN != 0 {
-        Next::Call
+        ListenerWait::Call
     } else if p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
-        Next::Gone
+        ListenerWait::Gone
     } else {
-        Next::Again
+        ListenerWait::Again
     }
 }
 

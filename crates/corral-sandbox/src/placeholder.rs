@@ -34,12 +34,14 @@ use crate::mounts::{Kind, deepest_below, open_path, planted_link, walk, writable
 /// The placeholders and protected paths one run holds. Dropping it removes what it created.
 pub(crate) struct Placeholder {
     /// Kept for their `Drop`, which removes what this run created.
-    _held: Vec<Held>,
+    _held: Vec<HeldPlaceholder>,
     /// The placeholders this run created.
     made: Vec<PathBuf>,
 }
 
-struct Held {
+/// One placeholder or protected path this run holds locked; dropping it removes the
+/// placeholder if this run created it and no other jail still binds it.
+struct HeldPlaceholder {
     /// O_PATH descriptor of the directory holding it, and its name there.
     parent: OwnedFd,
     name: OsString,
@@ -54,7 +56,7 @@ impl Placeholder {
     /// protected paths.
     pub(crate) fn ensure(plan: &Plan) -> Result<(Option<Placeholder>, Plan), JailError> {
         let mut out = plan.clone();
-        let mut held: Vec<Held> = Vec::new();
+        let mut held: Vec<HeldPlaceholder> = Vec::new();
         let mut made: Vec<PathBuf> = Vec::new();
         let roots = writable_roots(plan);
         for path in &plan.protected {
@@ -92,7 +94,7 @@ fn hold(
     root: &Path,
     path: &Path,
     is_policy: bool,
-) -> Result<Option<(Held, Option<PathBuf>)>, JailError> {
+) -> Result<Option<(HeldPlaceholder, Option<PathBuf>)>, JailError> {
     let step = "hold a protected path";
     let rel = path.strip_prefix(root).unwrap_or(path);
     for _ in 0..8 {
@@ -198,7 +200,12 @@ fn hold(
 /// Open `parent`/`name` without following a link and hold a shared lock on it. `Ok(None)`
 /// when it is not the entry at that name any more (gone, or replaced by another kind); the
 /// error of the open or the lock otherwise (EACCES: unreadable).
-fn lock(parent: OwnedFd, name: OsString, created: bool, dir: bool) -> Result<Option<Held>, Errno> {
+fn lock(
+    parent: OwnedFd,
+    name: OsString,
+    created: bool,
+    dir: bool,
+) -> Result<Option<HeldPlaceholder>, Errno> {
     let mut flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
     if dir {
         flags |= OFlag::O_DIRECTORY;
@@ -209,7 +216,7 @@ fn lock(parent: OwnedFd, name: OsString, created: bool, dir: bool) -> Result<Opt
         Err(e) => return Err(e),
     };
     let lock = Flock::lock(File::from(fd), FlockArg::LockShared).map_err(|(_, e)| e)?;
-    let held = Held {
+    let held = HeldPlaceholder {
         parent,
         name,
         lock: Some(lock),
@@ -223,7 +230,7 @@ fn same(a: &FileStat, b: &FileStat) -> bool {
     a.st_dev == b.st_dev && a.st_ino == b.st_ino
 }
 
-impl Held {
+impl HeldPlaceholder {
     /// Whether the locked entry is still the one at its name.
     fn is_there(&self) -> bool {
         let Some(lock) = &self.lock else { return false };
@@ -241,7 +248,7 @@ impl Held {
     }
 }
 
-impl Drop for Held {
+impl Drop for HeldPlaceholder {
     fn drop(&mut self) {
         let Some(lock) = self.lock.take() else { return };
         if !self.created {

@@ -78,16 +78,18 @@ const SUB: u8 = 0x1a;
 /// while deciding; a longer one is dropped whole.
 const MAX_HELD: usize = 256;
 
+/// Which control string is open, which decides what ends it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Str {
+enum StringKind {
     /// OSC: BEL ends it too.
     Osc,
     /// DCS, APC, PM, SOS: only ST (or any ESC, CAN, SUB).
     Other,
 }
 
+/// Where the filter is in an escape sequence, carried from one chunk of output to the next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum State {
+enum ParseState {
     Ground,
     /// ESC seen and held.
     Esc,
@@ -113,12 +115,12 @@ enum State {
     /// `ESC P` and the DCS header held until its final byte.
     DcsHeader,
     /// A string being passed.
-    Pass(Str),
+    Pass(StringKind),
     /// ESC inside a passed string: `\` completes the ST (passed); anything else ended the
     /// string, which the filter closes with an ST of its own.
     PassEsc,
     /// A string being dropped.
-    Drop(Str),
+    Drop(StringKind),
     /// ESC inside a dropped string: `\` completes the ST (dropped too).
     DropEsc,
 }
@@ -177,7 +179,7 @@ impl Dropped {
 pub struct OutputFilter {
     clipboard: bool,
     dropped: Dropped,
-    state: State,
+    state: ParseState,
     /// Bytes of the sequence being decided.
     held: Vec<u8>,
     /// UTF-8 continuation bytes still expected in the current character.
@@ -192,7 +194,7 @@ impl OutputFilter {
         OutputFilter {
             clipboard,
             dropped: Dropped::default(),
-            state: State::Ground,
+            state: ParseState::Ground,
             held: Vec::new(),
             utf8_left: 0,
             lead_c2: false,
@@ -208,7 +210,7 @@ impl OutputFilter {
     /// an escape sequence or string (passed or held) nor a UTF-8 character. Bytes of corral's
     /// own written to the terminal here cannot cut or join anything of the jail's.
     pub fn at_boundary(&self) -> bool {
-        self.state == State::Ground && self.utf8_left == 0 && !self.lead_c2
+        self.state == ParseState::Ground && self.utf8_left == 0 && !self.lead_c2
     }
 
     /// Filter `input`, appending what may reach the terminal to `out`.
@@ -254,60 +256,60 @@ impl OutputFilter {
     /// Second layer: 7-bit escape sequences.
     fn escape_layer(&mut self, b: u8, out: &mut Vec<u8>) {
         match self.state.clone() {
-            State::Ground => self.ground(b, out),
-            State::Esc => self.after_esc(b, out),
-            State::EscIntermediate => {
+            ParseState::Ground => self.ground(b, out),
+            ParseState::Esc => self.after_esc(b, out),
+            ParseState::EscIntermediate => {
                 if b == ESC {
                     return self.start_esc();
                 }
                 out.push(b);
                 if !(0x20..=0x2f).contains(&b) {
-                    self.state = State::Ground;
+                    self.state = ParseState::Ground;
                 }
             }
-            State::Csi => self.csi(b, out),
-            State::CsiDrop => {
+            ParseState::Csi => self.csi(b, out),
+            ParseState::CsiDrop => {
                 if b == ESC {
                     return self.start_esc();
                 }
                 if (0x40..=0x7e).contains(&b) || b == CAN || b == SUB {
-                    self.state = State::Ground;
+                    self.state = ParseState::Ground;
                 }
             }
-            State::OscNumber => self.osc_number(b, out),
-            State::OscClipboard { semicolons } => self.osc_clipboard(b, semicolons, out),
-            State::OscColour { kind, esc } => self.osc_colour(b, kind, esc, out),
-            State::DcsHeader => self.dcs_header(b, out),
-            State::Pass(kind) => match b {
-                ESC => self.state = State::PassEsc,
+            ParseState::OscNumber => self.osc_number(b, out),
+            ParseState::OscClipboard { semicolons } => self.osc_clipboard(b, semicolons, out),
+            ParseState::OscColour { kind, esc } => self.osc_colour(b, kind, esc, out),
+            ParseState::DcsHeader => self.dcs_header(b, out),
+            ParseState::Pass(kind) => match b {
+                ESC => self.state = ParseState::PassEsc,
                 CAN | SUB => {
                     out.push(b);
-                    self.state = State::Ground;
+                    self.state = ParseState::Ground;
                 }
-                BEL if kind == Str::Osc => {
+                BEL if kind == StringKind::Osc => {
                     out.push(b);
-                    self.state = State::Ground;
+                    self.state = ParseState::Ground;
                 }
                 _ => out.push(b),
             },
-            State::PassEsc => {
+            ParseState::PassEsc => {
                 out.extend_from_slice(b"\x1b\\");
                 if b == b'\\' {
-                    self.state = State::Ground;
+                    self.state = ParseState::Ground;
                 } else {
                     self.start_esc();
                     self.after_esc(b, out);
                 }
             }
-            State::Drop(kind) => match b {
-                ESC => self.state = State::DropEsc,
-                CAN | SUB => self.state = State::Ground,
-                BEL if kind == Str::Osc => self.state = State::Ground,
+            ParseState::Drop(kind) => match b {
+                ESC => self.state = ParseState::DropEsc,
+                CAN | SUB => self.state = ParseState::Ground,
+                BEL if kind == StringKind::Osc => self.state = ParseState::Ground,
                 _ => {}
             },
-            State::DropEsc => {
+            ParseState::DropEsc => {
                 if b == b'\\' {
-                    self.state = State::Ground;
+                    self.state = ParseState::Ground;
                 } else {
                     self.start_esc();
                     self.after_esc(b, out);
@@ -319,7 +321,7 @@ impl OutputFilter {
     fn start_esc(&mut self) {
         self.held.clear();
         self.held.push(ESC);
-        self.state = State::Esc;
+        self.state = ParseState::Esc;
     }
 
     fn ground(&mut self, b: u8, out: &mut Vec<u8>) {
@@ -336,33 +338,33 @@ impl OutputFilter {
             ESC => self.start_esc(),
             b'[' => {
                 self.held.push(b);
-                self.state = State::Csi;
+                self.state = ParseState::Csi;
             }
             b']' => {
                 self.held.push(b);
-                self.state = State::OscNumber;
+                self.state = ParseState::OscNumber;
             }
             b'P' => {
                 self.held.push(b);
-                self.state = State::DcsHeader;
+                self.state = ParseState::DcsHeader;
             }
             b'X' | b'^' | b'_' => {
                 self.dropped.other += 1;
-                self.state = State::Drop(Str::Other);
+                self.state = ParseState::Drop(StringKind::Other);
             }
             // A string terminator outside a string (one whose string was dropped): a no-op.
-            b'\\' => self.state = State::Ground,
+            b'\\' => self.state = ParseState::Ground,
             CAN | SUB => {
                 out.push(b);
-                self.state = State::Ground;
+                self.state = ParseState::Ground;
             }
             0x20..=0x2f => {
                 out.extend_from_slice(&[ESC, b]);
-                self.state = State::EscIntermediate;
+                self.state = ParseState::EscIntermediate;
             }
             _ => {
                 out.extend_from_slice(&[ESC, b]);
-                self.state = State::Ground;
+                self.state = ParseState::Ground;
             }
         }
     }
@@ -372,7 +374,7 @@ impl OutputFilter {
             ESC => self.start_esc(),
             CAN | SUB => {
                 out.push(b);
-                self.state = State::Ground;
+                self.state = ParseState::Ground;
             }
             // C0 controls inside a CSI are executed by terminals as they come.
             0x00..=0x1f => out.push(b),
@@ -383,11 +385,11 @@ impl OutputFilter {
                 } else {
                     self.dropped.other += 1;
                 }
-                self.state = State::Ground;
+                self.state = ParseState::Ground;
             }
             _ if self.held.len() >= MAX_HELD => {
                 self.dropped.other += 1;
-                self.state = State::CsiDrop;
+                self.state = ParseState::CsiDrop;
             }
             _ => self.held.push(b),
         }
@@ -406,23 +408,23 @@ impl OutputFilter {
         if let Some(kind) = number.and_then(colour_osc) {
             if b == b';' {
                 self.held.push(b);
-                self.state = State::OscColour { kind, esc: false };
+                self.state = ParseState::OscColour { kind, esc: false };
             } else {
                 // Ended (or broken) at its number: a reset of every colour, or nothing.
                 self.dropped.colours += 1;
-                self.state = State::Drop(Str::Osc);
+                self.state = ParseState::Drop(StringKind::Osc);
                 self.escape_layer(b, out);
             }
             return;
         }
         if number == Some(OSC_CLIPBOARD) && self.clipboard && b == b';' {
             self.held.push(b);
-            self.state = State::OscClipboard { semicolons: 1 };
+            self.state = ParseState::OscClipboard { semicolons: 1 };
             return;
         }
         if pass {
             out.extend_from_slice(&self.held);
-            self.state = State::Pass(Str::Osc);
+            self.state = ParseState::Pass(StringKind::Osc);
             self.escape_layer(b, out);
         } else {
             if number == Some(OSC_CLIPBOARD) {
@@ -430,7 +432,7 @@ impl OutputFilter {
             } else {
                 self.dropped.other += 1;
             }
-            self.state = State::Drop(Str::Osc);
+            self.state = ParseState::Drop(StringKind::Osc);
             self.escape_layer(b, out);
         }
     }
@@ -440,22 +442,22 @@ impl OutputFilter {
         match (semicolons, b) {
             (_, ESC | BEL | CAN | SUB) => {
                 // Ended (or broken) before any data: nothing for the terminal to do.
-                self.state = State::Drop(Str::Osc);
+                self.state = ParseState::Drop(StringKind::Osc);
                 self.escape_layer(b, out);
             }
             (1, b';') => {
                 self.held.push(b);
-                self.state = State::OscClipboard { semicolons: 2 };
+                self.state = ParseState::OscClipboard { semicolons: 2 };
             }
             (1, _) if self.held.len() < MAX_HELD => self.held.push(b),
             (1, _) | (_, b'?') => {
                 self.dropped.clipboard += 1;
-                self.state = State::Drop(Str::Osc);
+                self.state = ParseState::Drop(StringKind::Osc);
             }
             _ => {
                 out.extend_from_slice(&self.held);
                 out.push(b);
-                self.state = State::Pass(Str::Osc);
+                self.state = ParseState::Pass(StringKind::Osc);
             }
         }
     }
@@ -474,17 +476,17 @@ impl OutputFilter {
             }
             (false, BEL) => b"\x07",
             (false, ESC) => {
-                self.state = State::OscColour { kind, esc: true };
+                self.state = ParseState::OscColour { kind, esc: true };
                 return;
             }
             (false, CAN | SUB) => {
                 // Aborted: the terminal does nothing with it.
-                self.state = State::Ground;
+                self.state = ParseState::Ground;
                 return;
             }
             (false, _) if self.held.len() >= MAX_HELD => {
                 self.dropped.colours += 1;
-                self.state = State::Drop(Str::Osc);
+                self.state = ParseState::Drop(StringKind::Osc);
                 return;
             }
             (false, _) => {
@@ -507,13 +509,13 @@ impl OutputFilter {
         } else {
             self.dropped.colours += 1;
         }
-        self.state = State::Ground;
+        self.state = ParseState::Ground;
     }
 
     fn dcs_header(&mut self, b: u8, out: &mut Vec<u8>) {
         match b {
             ESC | CAN | SUB => {
-                self.state = State::Drop(Str::Other);
+                self.state = ParseState::Drop(StringKind::Other);
                 self.escape_layer(b, out);
             }
             0x40..=0x7e => {
@@ -521,16 +523,16 @@ impl OutputFilter {
                 let drop = b == b'|' || b == b't' || (b == b'p' && header.contains(&b'+'));
                 if drop {
                     self.dropped.other += 1;
-                    self.state = State::Drop(Str::Other);
+                    self.state = ParseState::Drop(StringKind::Other);
                 } else {
                     out.extend_from_slice(&self.held);
                     out.push(b);
-                    self.state = State::Pass(Str::Other);
+                    self.state = ParseState::Pass(StringKind::Other);
                 }
             }
             _ if self.held.len() >= MAX_HELD => {
                 self.dropped.other += 1;
-                self.state = State::Drop(Str::Other);
+                self.state = ParseState::Drop(StringKind::Other);
             }
             _ => self.held.push(b),
         }

@@ -17,15 +17,16 @@ use nix::fcntl::OFlag;
 /// Longest title corral sets, in characters.
 pub const MAX_TITLE: usize = 200;
 
+/// What corral wants the terminal to show: its title, and how many bells so far.
 #[derive(Debug, Default)]
-struct Want {
+struct WantedStatus {
     title: Option<String>,
     /// Bells asked for so far.
     rings: u64,
 }
 
 struct Shared {
-    want: Mutex<Want>,
+    want: Mutex<WantedStatus>,
     /// The relay's wake-up pipe (both ends non-blocking): the read end is kept here too, so a
     /// write after the relay ended fills the pipe at worst, never raises SIGPIPE.
     wake: OwnedFd,
@@ -66,7 +67,7 @@ pub(crate) struct StatusShown {
 pub(crate) fn pair() -> nix::Result<(TermStatus, StatusShown)> {
     let (rx, tx) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
     let shared = Arc::new(Shared {
-        want: Mutex::new(Want::default()),
+        want: Mutex::new(WantedStatus::default()),
         wake: tx,
         wake_rx: rx,
     });

@@ -35,7 +35,7 @@ const MODULES_DEPTH_MAX: usize = 32;
 /// What a watched path held: absent, a regular file's bytes, a link's target, or another kind
 /// of file (or a file too big to read), by its metadata.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-enum State {
+enum WatchedContent {
     Absent,
     File {
         bytes: Vec<u8>,
@@ -51,12 +51,14 @@ enum State {
     },
 }
 
-fn state(path: &Path) -> State {
+fn state(path: &Path) -> WatchedContent {
     match fs::symlink_metadata(path) {
-        Err(_) => State::Absent,
-        Ok(m) if m.file_type().is_symlink() => State::Link(fs::read_link(path).unwrap_or_default()),
+        Err(_) => WatchedContent::Absent,
+        Ok(m) if m.file_type().is_symlink() => {
+            WatchedContent::Link(fs::read_link(path).unwrap_or_default())
+        }
         Ok(m) if m.is_file() && m.len() <= READ_MAX => match fs::read(path) {
-            Ok(bytes) => State::File {
+            Ok(bytes) => WatchedContent::File {
                 bytes,
                 mode: m.mode(),
             },
@@ -66,8 +68,8 @@ fn state(path: &Path) -> State {
     }
 }
 
-fn other(m: &fs::Metadata) -> State {
-    State::Other {
+fn other(m: &fs::Metadata) -> WatchedContent {
+    WatchedContent::Other {
         mode: m.mode(),
         size: m.size(),
         mtime: (m.mtime(), m.mtime_nsec()),
@@ -98,7 +100,7 @@ enum Role {
 /// The git files of a project at one time, and (before the run) its git directories.
 #[derive(Default)]
 struct Scan {
-    files: HashMap<PathBuf, (Role, State)>,
+    files: HashMap<PathBuf, (Role, WatchedContent)>,
     /// Canonical paths of the git directories found.
     gitdirs: HashSet<PathBuf>,
     /// What the jail gets read-only ([`protect`]): the files and hooks directories found that
@@ -112,7 +114,7 @@ struct Scan {
 impl Scan {
     fn add(&mut self, path: PathBuf, role: Role) {
         let s = state(&path);
-        if s != State::Absent {
+        if s != WatchedContent::Absent {
             self.files.insert(path, (role, s));
         }
     }
@@ -247,7 +249,7 @@ impl Scan {
 /// What the walk of a project finds: every `.git` entry below the root, and every directory
 /// that git itself takes for a (bare) git directory.
 #[derive(Default)]
-struct Found {
+struct ProjectGitEntries {
     dot_git: Vec<PathBuf>,
     /// Directories holding `HEAD`, `objects/` and `refs/`: git's discovery uses such a
     /// directory as a bare repository when it is run in it or below, no `.git` needed (unless
@@ -267,8 +269,8 @@ struct Found {
 /// entries: one would let the jail hide a repository behind enough files. An unreadable
 /// directory is skipped (git on the host cannot be made to use a repository the user cannot
 /// read).
-fn find_git_dirs(root: &Path) -> Found {
-    let mut found = Found::default();
+fn find_git_dirs(root: &Path) -> ProjectGitEntries {
+    let mut found = ProjectGitEntries::default();
     let mut stack = vec![root.to_path_buf()];
     let mut subdirs = Vec::new();
     while let Some(dir) = stack.pop() {
@@ -381,7 +383,7 @@ fn gitlink_target(path: &Path) -> Option<PathBuf> {
 
 /// The watched paths of a project before its jail starts.
 pub struct Snapshot {
-    fixed: Vec<(PathBuf, State)>,
+    fixed: Vec<(PathBuf, WatchedContent)>,
     root: PathBuf,
     /// The other git directories (`None`: the project is not writable in the jail).
     nested: Option<Scan>,
@@ -391,14 +393,14 @@ pub struct Snapshot {
 /// run in progress, journal.rs): paths as bytes, whatever their encoding.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub struct Saved {
-    fixed: Vec<(std::ffi::OsString, State)>,
+    fixed: Vec<(std::ffi::OsString, WatchedContent)>,
     root: std::ffi::OsString,
     nested: Option<SavedScan>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct SavedScan {
-    files: Vec<(std::ffi::OsString, Role, State)>,
+    files: Vec<(std::ffi::OsString, Role, WatchedContent)>,
     gitdirs: Vec<std::ffi::OsString>,
 }
 
@@ -634,7 +636,7 @@ pub fn check(snapshot: Snapshot, jail_id: &str) -> Vec<String> {
     let mut out = Vec::new();
     for (path, before) in &snapshot.fixed {
         let now = state(path);
-        if now == State::Absent || now == *before {
+        if now == WatchedContent::Absent || now == *before {
             continue;
         }
         let what = match path.file_name().and_then(|n| n.to_str()) {
@@ -652,7 +654,7 @@ pub fn check(snapshot: Snapshot, jail_id: &str) -> Vec<String> {
         return out;
     };
     let after = scan(&snapshot.root);
-    let mut changed: Vec<(&PathBuf, &(Role, State))> = after
+    let mut changed: Vec<(&PathBuf, &(Role, WatchedContent))> = after
         .files
         .iter()
         .filter(|(p, now)| before.files.get(*p).is_none_or(|b| b.1 != now.1))
@@ -668,15 +670,20 @@ pub fn check(snapshot: Snapshot, jail_id: &str) -> Vec<String> {
 }
 
 /// Why a git file the run created or changed is dangerous on the host, or `None` to keep it.
-fn danger(path: &Path, role: Role, now: &State, gitdirs: &HashSet<PathBuf>) -> Option<String> {
+fn danger(
+    path: &Path,
+    role: Role,
+    now: &WatchedContent,
+    gitdirs: &HashSet<PathBuf>,
+) -> Option<String> {
     match role {
         Role::Hook => {
             let sample = path.extension().is_some_and(|e| e == "sample");
-            if sample && matches!(now, State::File { .. }) {
+            if sample && matches!(now, WatchedContent::File { .. }) {
                 return None;
             }
             let exec = match now {
-                State::File { mode, .. } | State::Other { mode, .. } => {
+                WatchedContent::File { mode, .. } | WatchedContent::Other { mode, .. } => {
                     fs::Permissions::from_mode(*mode).mode() & 0o111 != 0
                 }
                 _ => true,
@@ -688,7 +695,7 @@ fn danger(path: &Path, role: Role, now: &State, gitdirs: &HashSet<PathBuf>) -> O
             })
         }
         Role::Config => match now {
-            State::File { bytes, .. } => dangerous_config(bytes).map(|k| {
+            WatchedContent::File { bytes, .. } => dangerous_config(bytes).map(|k| {
                 format!("a git config that sets {k}, which makes git on the host run a command")
             }),
             _ => Some("a git config that is not a regular file corral could read".into()),
@@ -706,7 +713,7 @@ fn danger(path: &Path, role: Role, now: &State, gitdirs: &HashSet<PathBuf>) -> O
             // worktrees/NAME/commondir: git worktree add writes `../..`.
             let home = path.parent()?.parent()?.parent()?.canonicalize().ok();
             let to = match now {
-                State::File { bytes, .. } => String::from_utf8(bytes.clone())
+                WatchedContent::File { bytes, .. } => String::from_utf8(bytes.clone())
                     .ok()
                     .map(|t| t.trim_end_matches(['\n', '\r']).to_string())
                     .and_then(|t| path.parent()?.join(t).canonicalize().ok()),

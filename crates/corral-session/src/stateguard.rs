@@ -28,12 +28,13 @@ use serde_json::Value;
 /// Larger files are not parsed: put back whole when they changed.
 const MAX_BYTES: u64 = 64 << 20;
 
-/// What one guarded file was when the jail started.
+/// What the guarded files were when the jail started.
 pub struct Snapshot {
-    files: Vec<Taken>,
+    files: Vec<GuardedFileSnapshot>,
 }
 
-struct Taken {
+/// One guarded file as it was when the jail started, and where it is on the host.
+struct GuardedFileSnapshot {
     file: GuardedFile,
     /// The directory holding it on the host (O_PATH), and its name there.
     dir: OwnedFd,
@@ -70,7 +71,7 @@ pub fn snapshot(plan: &Plan) -> Snapshot {
             continue;
         };
         let before = read(&dir_fd, &name);
-        files.push(Taken {
+        files.push(GuardedFileSnapshot {
             file: g.clone(),
             dir: dir_fd,
             shown: dir.join(&name),
@@ -161,7 +162,7 @@ pub fn check(snapshot: Snapshot, jail_id: &str) -> Vec<String> {
         .collect()
 }
 
-fn check_one(t: Taken, jail_id: &str, keep: Option<&Path>) -> Option<String> {
+fn check_one(t: GuardedFileSnapshot, jail_id: &str, keep: Option<&Path>) -> Option<String> {
     let after = read(&t.dir, &t.name);
     if after == t.before {
         return None;
@@ -198,7 +199,7 @@ enum Verdict {
 
 /// Carry out a verdict and say what was done.
 fn apply(
-    t: &Taken,
+    t: &GuardedFileSnapshot,
     after: Content,
     verdict: Verdict,
     jail_id: &str,
@@ -272,7 +273,7 @@ fn keep_copy(keep: Option<&Path>, shown: &Path, bytes: &[u8]) -> std::io::Result
 }
 
 /// Move what the jail left at the name (a link, a directory) aside in its directory.
-fn move_aside(t: &Taken, jail_id: &str) -> std::io::Result<String> {
+fn move_aside(t: &GuardedFileSnapshot, jail_id: &str) -> std::io::Result<String> {
     let mut aside = t.name.clone();
     aside.push(format!(".corral-quarantine-{jail_id}"));
     renameat(&t.dir, t.name.as_os_str(), &t.dir, aside.as_os_str())?;
@@ -284,7 +285,7 @@ fn move_aside(t: &Taken, jail_id: &str) -> std::io::Result<String> {
 
 /// Make the file `content`: rewritten in place when it is a regular file (never through a
 /// link), created when it is gone, removed when it was absent before the run.
-fn write_back(t: &Taken, content: &Content) -> std::io::Result<()> {
+fn write_back(t: &GuardedFileSnapshot, content: &Content) -> std::io::Result<()> {
     let bytes = match content {
         Content::Bytes(b) => b,
         Content::Absent => {

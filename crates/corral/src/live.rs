@@ -92,7 +92,7 @@ impl Drop for Live {
 }
 
 /// The state the watcher and the control socket share.
-struct State {
+struct LiveState {
     req: Request,
     /// The plan the run started from, as resolved (before run-time additions).
     started: Plan,
@@ -131,7 +131,7 @@ pub fn start(
 ) -> anyhow::Result<Live> {
     let files = watched_files(req, plan);
     let seen = files.iter().map(|f| stamp(f)).collect();
-    let state = Arc::new(Mutex::new(State {
+    let state = Arc::new(Mutex::new(LiveState {
         req: req.clone(),
         started: plan.clone(),
         base: enforcer.initial(),
@@ -171,7 +171,7 @@ pub fn start(
 /// The control socket, unless it would be visible in the jail or cannot be made (said once on
 /// stderr: the run goes on without `corral watch`'s run-only allows).
 fn control_server(
-    state: &Arc<Mutex<State>>,
+    state: &Arc<Mutex<LiveState>>,
     plan: &Plan,
     jail_plan: &Plan,
     jail: &str,
@@ -208,7 +208,7 @@ fn control_server(
 
 /// `network.on_deny = "ask"` needs the control socket (it is how `corral watch` answers):
 /// without one, denials are refused at once, said once on stderr.
-fn ask_through(state: &Arc<Mutex<State>>, control: bool, plan: &Plan) {
+fn ask_through(state: &Arc<Mutex<LiveState>>, control: bool, plan: &Plan) {
     let st = state.lock().unwrap_or_else(|e| e.into_inner());
     match (plan.network.on_deny, control) {
         (corral_policy::plan::OnDeny::Ask { .. }, false) => eprintln!(
@@ -264,7 +264,7 @@ fn stamp(path: &Path) -> Option<Stamp> {
     })
 }
 
-impl State {
+impl LiveState {
     fn stamps(&self) -> Vec<Option<Stamp>> {
         self.files.iter().map(|f| stamp(f)).collect()
     }

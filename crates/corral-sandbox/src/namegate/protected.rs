@@ -220,9 +220,9 @@ impl Protected {
                 &[f.name.as_bytes()]
             };
             names.iter().any(|name| match now(f, name) {
-                Now::Absent => false,
-                Now::At(_, Some(t)) => t.id == id,
-                Now::At(_, None) | Now::Unknown => f.same_fs(st.st_dev),
+                CurrentEntry::Absent => false,
+                CurrentEntry::At(_, Some(t)) => t.id == id,
+                CurrentEntry::At(_, None) | CurrentEntry::Unknown => f.same_fs(st.st_dev),
             })
         })
     }
@@ -237,12 +237,12 @@ impl Protected {
         let mut out = Vec::new();
         for f in self.files.iter().filter(|f| f.is_dir) {
             match now(f, f.name.as_bytes()) {
-                Now::Absent => {}
-                Now::At(at, _) if at.id == f.bound => {}
-                Now::At(_, Some(t)) if t.kind == libc::S_IFDIR => out.push((f, t.id)),
+                CurrentEntry::Absent => {}
+                CurrentEntry::At(at, _) if at.id == f.bound => {}
+                CurrentEntry::At(_, Some(t)) if t.kind == libc::S_IFDIR => out.push((f, t.id)),
                 // A file where the directory was: nothing below it.
-                Now::At(_, Some(_)) => {}
-                Now::At(_, None) | Now::Unknown => return Err(f),
+                CurrentEntry::At(_, Some(_)) => {}
+                CurrentEntry::At(_, None) | CurrentEntry::Unknown => return Err(f),
             }
         }
         Ok(out)
@@ -313,7 +313,7 @@ impl Protected {
 
     /// Is the bind of `f` gone (another file at its name, or none)?
     fn replaced(f: &File) -> bool {
-        !matches!(now(f, f.name.as_bytes()), Now::At(at, _) if at.id == f.bound)
+        !matches!(now(f, f.name.as_bytes()), CurrentEntry::At(at, _) if at.id == f.bound)
     }
 }
 
@@ -366,7 +366,7 @@ impl Ident {
 }
 
 /// What is at a name in a protected file's directory now.
-enum Now {
+enum CurrentEntry {
     Absent,
     /// The entry itself, and what it leads to (itself, or a symlink's target: `None` when
     /// the link dangles).
@@ -377,25 +377,25 @@ enum Now {
 
 /// What is at `name` in `f`'s directory now, looked up by its path (the directory there
 /// now, if the host made it anew).
-fn now(f: &File, name: &[u8]) -> Now {
+fn now(f: &File, name: &[u8]) -> CurrentEntry {
     let path = [f.dir_path.as_slice(), b"/", name].concat();
     let path = OsStr::from_bytes(&path);
     let root = libc::AT_FDCWD;
     match fstatat_path(root, path, libc::AT_SYMLINK_NOFOLLOW).map(Ident::of) {
         Ok(at) if at.kind == libc::S_IFLNK => {
-            Now::At(at, fstatat_path(root, path, 0).ok().map(Ident::of))
+            CurrentEntry::At(at, fstatat_path(root, path, 0).ok().map(Ident::of))
         }
-        Ok(at) => Now::At(at, Some(at)),
+        Ok(at) => CurrentEntry::At(at, Some(at)),
         // Only ENOENT is absence (ENOTDIR, EACCES, ELOOP, ...: the gate cannot tell).
         Err(e) => now_of_error(e),
     }
 }
 
 /// What a failed lookup of a protected name says: absent only for ENOENT.
-fn now_of_error(errno: i32) -> Now {
+fn now_of_error(errno: i32) -> CurrentEntry {
     match super::Seen::of(Err::<(), _>(errno)) {
-        super::Seen::Absent => Now::Absent,
-        super::Seen::Present => Now::Unknown,
+        super::Seen::Absent => CurrentEntry::Absent,
+        super::Seen::Present => CurrentEntry::Unknown,
     }
 }
 
@@ -561,7 +561,7 @@ mod tests {
     /// A protected name that cannot be looked up is not absent: only ENOENT is.
     #[test]
     fn only_enoent_leaves_a_protected_name_absent() {
-        assert!(matches!(now_of_error(libc::ENOENT), Now::Absent));
+        assert!(matches!(now_of_error(libc::ENOENT), CurrentEntry::Absent));
         for e in [
             libc::ENOTDIR,
             libc::EACCES,
@@ -570,7 +570,10 @@ mod tests {
             libc::ENOMEM,
             libc::ENAMETOOLONG,
         ] {
-            assert!(matches!(now_of_error(e), Now::Unknown), "errno {e}");
+            assert!(
+                matches!(now_of_error(e), CurrentEntry::Unknown),
+                "errno {e}"
+            );
         }
     }
 

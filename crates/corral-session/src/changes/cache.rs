@@ -56,7 +56,7 @@ impl Key {
         if repo.index_file.is_some() || repo.submodules {
             return None;
         }
-        let mut e = Enc::default();
+        let mut e = Encoder::default();
         e.bytes(root.as_os_str().as_bytes());
         e.opt(repo.index.as_deref());
         e.opt(repo.exclude.as_deref());
@@ -106,7 +106,7 @@ pub(super) fn lookup(file: &Path, key: &Key, root: &Path, racy_ns: i128) -> Opti
     if ring::digest::digest(&ring::digest::SHA256, body).as_ref() != sum {
         return None;
     }
-    let mut d = Dec(body);
+    let mut d = Decoder(body);
     if d.bytes()? != key.0.as_slice() {
         return None;
     }
@@ -194,7 +194,7 @@ impl Store {
             return;
         }
         walk.sort_by(|a, b| a.0.cmp(b.0));
-        let mut e = Enc::default();
+        let mut e = Encoder::default();
         e.bytes(&self.key.0);
         e.i128(self.racy_from);
         e.list(own, |e, p| e.bytes(p.as_bytes()));
@@ -311,9 +311,9 @@ fn git_identity() -> Option<[u64; 7]> {
 
 /// Length-prefixed little-endian encoding.
 #[derive(Default)]
-struct Enc(Vec<u8>);
+struct Encoder(Vec<u8>);
 
-impl Enc {
+impl Encoder {
     fn u64(&mut self, n: u64) {
         self.0.extend_from_slice(&n.to_le_bytes());
     }
@@ -341,7 +341,7 @@ impl Enc {
         self.i128(m.ctime_ns);
         self.u64(m.ino);
     }
-    fn list<T>(&mut self, items: &[T], mut each: impl FnMut(&mut Enc, &T)) {
+    fn list<T>(&mut self, items: &[T], mut each: impl FnMut(&mut Encoder, &T)) {
         self.u64(items.len() as u64);
         for item in items {
             each(self, item);
@@ -349,10 +349,10 @@ impl Enc {
     }
 }
 
-/// The reading side of [`Enc`]: `None` on anything malformed.
-struct Dec<'a>(&'a [u8]);
+/// The reading side of [`Encoder`]: `None` on anything malformed.
+struct Decoder<'a>(&'a [u8]);
 
-impl<'a> Dec<'a> {
+impl<'a> Decoder<'a> {
     fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         if self.0.len() < n {
             return None;
@@ -384,7 +384,7 @@ impl<'a> Dec<'a> {
             ino: self.u64()?,
         })
     }
-    fn list<T>(&mut self, mut each: impl FnMut(&mut Dec<'a>) -> Option<T>) -> Option<Vec<T>> {
+    fn list<T>(&mut self, mut each: impl FnMut(&mut Decoder<'a>) -> Option<T>) -> Option<Vec<T>> {
         let n = usize::try_from(self.u64()?).ok()?;
         // Each item takes at least 8 bytes: a count beyond that is malformed, not an
         // allocation to make.

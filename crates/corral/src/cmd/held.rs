@@ -47,7 +47,7 @@ impl HeldNotice {
             std::thread::Builder::new()
                 .name("corral-held".into())
                 .spawn(move || {
-                    let mut tell = Tell::new(terminal);
+                    let mut tell = HeldNotifier::new(terminal);
                     while woken.recv().is_ok() {
                         tell.questions(&asks.list());
                     }
@@ -71,7 +71,9 @@ impl Drop for HeldNotice {
     }
 }
 
-struct Tell {
+/// Tells the user about new held questions: on the terminal's title or stderr, and on the
+/// desktop when one is found.
+struct HeldNotifier {
     terminal: Option<TermStatus>,
     /// The highest question id told (ids grow: a question above it is new).
     told: u64,
@@ -80,9 +82,9 @@ struct Tell {
     looked_for_desktop: bool,
 }
 
-impl Tell {
-    fn new(terminal: Option<TermStatus>) -> Tell {
-        Tell {
+impl HeldNotifier {
+    fn new(terminal: Option<TermStatus>) -> HeldNotifier {
+        HeldNotifier {
             terminal,
             told: 0,
             lines: 0,

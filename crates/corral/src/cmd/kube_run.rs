@@ -345,8 +345,8 @@ impl Backend for Kube {
                 ),
             }
             match result? {
-                Ended::Done(code) => Ok(code),
-                Ended::Signal(sig) => {
+                StepEnd::Done(code) => Ok(code),
+                StepEnd::Signal(sig) => {
                     eprintln!("corral: kube: signal {sig}: the run's objects were deleted");
                     Ok(128 + sig)
                 }
@@ -356,7 +356,7 @@ impl Backend for Kube {
 }
 
 /// How a step ended: by itself, or by a signal to corral (whose number).
-enum Ended<T> {
+enum StepEnd<T> {
     Done(T),
     Signal(i32),
 }
@@ -401,7 +401,7 @@ async fn kubectl(
     args: &[&str],
     capture: bool,
     signals: &mut Signals,
-) -> anyhow::Result<Ended<Output>> {
+) -> anyhow::Result<StepEnd<Output>> {
     let mut cmd = k.command(args);
     if capture {
         cmd.stdin(Stdio::null())
@@ -422,7 +422,7 @@ async fn kubectl(
                 );
             }
             let _ = child.wait().await;
-            return Ok(Ended::Signal(sig));
+            return Ok(StepEnd::Signal(sig));
         }
     };
     let joined = |h: Option<tokio::task::JoinHandle<String>>| async move {
@@ -431,7 +431,7 @@ async fn kubectl(
             None => String::new(),
         }
     };
-    Ok(Ended::Done(Output {
+    Ok(StepEnd::Done(Output {
         success: status.success(),
         stdout: joined(out).await,
         stderr: joined(err).await,
@@ -448,15 +448,15 @@ async fn read_all(mut r: impl tokio::io::AsyncRead + Unpin) -> String {
 macro_rules! step {
     ($e:expr) => {
         match $e {
-            Ended::Done(v) => v,
-            Ended::Signal(s) => return Ok(Ended::Signal(s)),
+            StepEnd::Done(v) => v,
+            StepEnd::Signal(s) => return Ok(StepEnd::Signal(s)),
         }
     };
 }
 
 impl Kube {
     /// Apply, wait for the proxy and the sandbox, attach (or stream), and read the exit code.
-    async fn drive(&self, signals: &mut Signals) -> anyhow::Result<Ended<i32>> {
+    async fn drive(&self, signals: &mut Signals) -> anyhow::Result<StepEnd<i32>> {
         let manifests = self.dir.manifests();
         let file = manifests.to_string_lossy();
         let applied = step!(kubectl(&self.kubectl, &["apply", "-f", &file], true, signals).await?);
@@ -483,7 +483,7 @@ impl Kube {
         &self,
         deadline: Instant,
         signals: &mut Signals,
-    ) -> anyhow::Result<Ended<()>> {
+    ) -> anyhow::Result<StepEnd<()>> {
         let left = deadline
             .saturating_duration_since(Instant::now())
             .as_secs_f64()
@@ -502,7 +502,7 @@ impl Kube {
                 brief(&out.stderr)
             );
         }
-        Ok(Ended::Done(()))
+        Ok(StepEnd::Done(()))
     }
 
     /// Ask for the sandbox Pod's phase until it runs or has ended; its phase then. A container
@@ -511,7 +511,7 @@ impl Kube {
         &self,
         deadline: Instant,
         signals: &mut Signals,
-    ) -> anyhow::Result<Ended<String>> {
+    ) -> anyhow::Result<StepEnd<String>> {
         let pod = format!("pod/{}", self.name);
         let jsonpath =
             "-o=jsonpath={.status.phase} {.status.containerStatuses[0].state.waiting.reason}";
@@ -521,7 +521,7 @@ impl Kube {
             let (phase, reason) = text.split_once(' ').unwrap_or((&text, ""));
             match phase {
                 "Running" | "Succeeded" | "Failed" if out.success => {
-                    return Ok(Ended::Done(phase.to_string()));
+                    return Ok(StepEnd::Done(phase.to_string()));
                 }
                 _ => {}
             }
@@ -545,14 +545,14 @@ impl Kube {
             }
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
-                sig = signals.next() => return Ok(Ended::Signal(sig)),
+                sig = signals.next() => return Ok(StepEnd::Signal(sig)),
             }
         }
     }
 
     /// The harness's terminal (`kubectl attach -it`) at a terminal, else its output as it comes
     /// (`kubectl logs -f`, from its start).
-    async fn stream(&self, signals: &mut Signals) -> anyhow::Result<Ended<()>> {
+    async fn stream(&self, signals: &mut Signals) -> anyhow::Result<StepEnd<()>> {
         if self.tty {
             let pod = format!("pod/{}", self.name);
             let args = ["attach", "-it", &pod, "-c", "harness"];
@@ -560,7 +560,7 @@ impl Kube {
         } else {
             step!(kubectl(&self.kubectl, &self.logs_args(true), false, signals).await?);
         }
-        Ok(Ended::Done(()))
+        Ok(StepEnd::Done(()))
     }
 
     fn logs_args(&self, follow: bool) -> Vec<&str> {
@@ -572,14 +572,14 @@ impl Kube {
     }
 
     /// The harness's exit code, once the Pod says it ended.
-    async fn exit_code(&self, signals: &mut Signals) -> anyhow::Result<Ended<i32>> {
+    async fn exit_code(&self, signals: &mut Signals) -> anyhow::Result<StepEnd<i32>> {
         let pod = format!("pod/{}", self.name);
         let jsonpath = "-o=jsonpath={.status.containerStatuses[0].state.terminated.exitCode}";
         let deadline = Instant::now() + self.timeout;
         loop {
             let out = step!(kubectl(&self.kubectl, &["get", &pod, jsonpath], true, signals).await?);
             if let (true, Ok(code)) = (out.success, out.stdout.trim().parse::<i32>()) {
-                return Ok(Ended::Done(code));
+                return Ok(StepEnd::Done(code));
             }
             if Instant::now() >= deadline {
                 bail!(
@@ -590,7 +590,7 @@ impl Kube {
             }
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
-                sig = signals.next() => return Ok(Ended::Signal(sig)),
+                sig = signals.next() => return Ok(StepEnd::Signal(sig)),
             }
         }
     }
