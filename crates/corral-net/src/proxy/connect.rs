@@ -21,6 +21,12 @@ pub(super) struct TunnelMeta {
     pub(super) early: u64,
 }
 
+impl TunnelMeta {
+    pub(super) fn to(&self) -> Destination<'_> {
+        Destination::new(&self.host, self.port)
+    }
+}
+
 /// The task of an established tunnel: the relay, then its close line; the connection's slot is
 /// released when it ends.
 pub(super) struct TunnelTask<S> {
@@ -91,7 +97,7 @@ impl Proxy {
                 fix: "send a Host header that matches the request target".into(),
                 status: 400,
             };
-            self.log_denial(peer, "CONNECT", &shown, port, &d);
+            self.log_denial(peer, "CONNECT", Destination::new(&shown, port), &d);
             self.reply_and_close(&mut client.io, 400, &format!("corral: {why}\n"))
                 .await;
             return None;
@@ -159,15 +165,12 @@ impl Proxy {
         let dest = Dest {
             peer: &peer,
             method: m.method,
-            host: &m.host,
-            port: m.port,
+            to: m.to(),
             address: m.address,
             started: m.started,
         };
         let Some(owed) = self.open.register(dest) else {
-            self.log_close(
-                &peer, m.method, &m.host, m.port, m.address, m.early, 0, m.started,
-            );
+            self.log_close(&peer, m.method, m.to(), m.address, m.early, 0, m.started);
             return None;
         };
         let relay = tunnel(
@@ -205,7 +208,7 @@ impl Proxy {
         let (rule, per_request) = match decided {
             Ok(x) => x,
             Err(d) => {
-                self.log_denial(peer, method, &shown, port, &d);
+                self.log_denial(peer, method, Destination::new(&shown, port), &d);
                 if answer {
                     let body = Self::denial_body(method, &authority_string(&host, port), &d);
                     self.reply_and_close(&mut client.io, d.status, &body).await;
@@ -230,8 +233,7 @@ impl Proxy {
         if !self.log_decision(
             peer,
             method,
-            &shown,
-            port,
+            Destination::new(&shown, port),
             Some(address),
             Decision::Allow,
             &rule,
@@ -252,7 +254,15 @@ impl Proxy {
                 .is_err()
         {
             // The client went away: the connection dialled for it is closed, and recorded.
-            self.log_close(peer, method, &shown, port, address, 0, 0, started);
+            self.log_close(
+                peer,
+                method,
+                Destination::new(&shown, port),
+                address,
+                0,
+                0,
+                started,
+            );
             return None;
         }
         // A host decided by method and path: TLS terminated with the run's CA, each request
@@ -273,7 +283,15 @@ impl Proxy {
         let BufConn { io, buf } = client;
         let early = buf.len() as u64;
         if early > 0 && up.write_all(&buf).await.is_err() {
-            self.log_close(peer, method, &shown, port, address, 0, 0, started);
+            self.log_close(
+                peer,
+                method,
+                Destination::new(&shown, port),
+                address,
+                0,
+                0,
+                started,
+            );
             return None;
         }
         Some(Tunnel {

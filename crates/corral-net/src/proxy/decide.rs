@@ -68,7 +68,7 @@ impl Proxy {
                 if self.log_request(
                     peer,
                     method,
-                    (&shown, port),
+                    Destination::new(&shown, port),
                     &n.path(),
                     address,
                     allow,
@@ -82,8 +82,15 @@ impl Proxy {
             Err(d) => {
                 let path = target.split(['?', '#']).next().unwrap_or(target);
                 let deny = Decision::Deny;
-                let _ =
-                    self.log_request(peer, method, (&shown, port), path, address, deny, &d.rule);
+                let _ = self.log_request(
+                    peer,
+                    method,
+                    Destination::new(&shown, port),
+                    path,
+                    address,
+                    deny,
+                    &d.rule,
+                );
                 let authority = authority_string(host, port);
                 self.note_blocked(method, &format!("{authority}{path}"), &d.rule, &d.fix);
                 let body = format!(
@@ -135,7 +142,12 @@ impl Proxy {
                     rule: format!("{}; the client went away while asked", d.rule),
                     ..d
                 };
-                self.log_denial(peer, method, &host_display(host), port, &gone);
+                self.log_denial(
+                    peer,
+                    method,
+                    Destination::new(&host_display(host), port),
+                    &gone,
+                );
                 return None;
             }
         }
@@ -222,7 +234,7 @@ impl Proxy {
         let shown = host_display(host);
         match r {
             Refusal::Denied(d) => {
-                self.log_denial(peer, method, &shown, port, &d);
+                self.log_denial(peer, method, Destination::new(&shown, port), &d);
                 let body = Self::denial_body(method, &authority_string(host, port), &d);
                 self.reply_and_close(io, d.status, &body).await;
             }
@@ -230,8 +242,7 @@ impl Proxy {
                 let _ = self.log_decision(
                     peer,
                     method,
-                    &shown,
-                    port,
+                    Destination::new(&shown, port),
                     None,
                     Decision::Allow,
                     &format!("allowed, but {rule}"),

@@ -34,12 +34,11 @@ impl Proxy {
             let Dest {
                 peer,
                 method,
-                host,
-                port,
+                to,
                 address,
                 started,
             } = dest;
-            self.log_close(peer, method, host, port, address, 0, 0, started);
+            self.log_close(peer, method, to, address, 0, 0, started);
         }
         owed
     }
@@ -77,8 +76,7 @@ impl Proxy {
         let dest = Dest {
             peer,
             method,
-            host: &shown,
-            port,
+            to: Destination::new(&shown, port),
             address,
             started,
         };
@@ -151,8 +149,7 @@ impl Proxy {
         let dest = Dest {
             peer,
             method,
-            host: &shown,
-            port,
+            to: Destination::new(&shown, port),
             address,
             started,
         };

@@ -57,6 +57,28 @@ pub(crate) use relay::{RecordedRelay, tunnel};
 use tally::BlockedMap;
 pub use tally::{BLOCKED_KEPT, Blocked};
 
+/// Where a connection goes, as the proxy shows and checked it: the host (a name normalised, or
+/// an address literal) and the port. The address it was dialled at travels beside it once known:
+/// optional in a decision record, required in a close record ([`Dest`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Destination<'a> {
+    pub(crate) host: &'a str,
+    pub(crate) port: u16,
+}
+
+impl<'a> Destination<'a> {
+    pub(crate) fn new(host: &'a str, port: u16) -> Destination<'a> {
+        Destination { host, port }
+    }
+}
+
+/// `host:port`, as the summaries show it.
+impl std::fmt::Display for Destination<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
 /// Resource bounds.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {

@@ -338,7 +338,7 @@ impl Proxy {
                 fix: "send a Host header that matches the request target".into(),
                 status: 400,
             };
-            self.log_denial(peer, method, &shown, port, &d);
+            self.log_denial(peer, method, Destination::new(&shown, port), &d);
             self.reply_and_close(&mut client.io, 400, &format!("corral: {why}\n"))
                 .await;
             return None;
@@ -351,7 +351,7 @@ impl Proxy {
                 fix: "open a new connection for another host".into(),
                 status: 403,
             };
-            self.log_denial(peer, method, &shown, port, &d);
+            self.log_denial(peer, method, Destination::new(&shown, port), &d);
             let body = Self::denial_body(method, &authority_string(&host, port), &d);
             self.reply_and_close(&mut client.io, 403, &body).await;
             return None;
@@ -393,7 +393,7 @@ impl Proxy {
                 format!("{set} (each request decided)")
             }
             Err(d) => {
-                self.log_denial(peer, method, &shown, port, &d);
+                self.log_denial(peer, method, Destination::new(&shown, port), &d);
                 let body = Self::denial_body(method, &authority_string(&host, port), &d);
                 self.reply_and_close(&mut client.io, d.status, &body).await;
                 return false;
@@ -405,13 +405,12 @@ impl Proxy {
                     let dest = Dest {
                         peer,
                         method,
-                        host: &shown,
-                        port,
+                        to: Destination::new(&shown, port),
                         address,
                         started: Instant::now(),
                     };
                     let Some(owed) = self.open.register(dest) else {
-                        self.refuse_ending(&mut client.io, peer, method, (&shown, port), address)
+                        self.refuse_ending(&mut client.io, peer, method, dest.to, address)
                             .await;
                         return false;
                     };
@@ -431,7 +430,14 @@ impl Proxy {
         }
         let address = p.up.as_ref().map(|u| u.owed.address());
         let allowed = Decision::Allow;
-        if !self.log_decision(peer, method, &shown, port, address, allowed, &rule) {
+        if !self.log_decision(
+            peer,
+            method,
+            Destination::new(&shown, port),
+            address,
+            allowed,
+            &rule,
+        ) {
             // Fail closed: nothing is sent that the log does not show.
             return self.abandon(&mut client.io, p, 503, Self::UNRECORDED).await;
         }

@@ -61,7 +61,7 @@ impl Proxy {
         let (rule, per_request) = match decided {
             Ok(x) => x,
             Err(d) => {
-                self.log_denial(peer, "SOCKS5", &shown, port, &d);
+                self.log_denial(peer, "SOCKS5", Destination::new(&shown, port), &d);
                 let _ = client.io.write_all(&reply(2)).await;
                 return None;
             }
@@ -69,28 +69,49 @@ impl Proxy {
         let (mut up, address) = match Box::pin(self.dial(&rules, &host, port)).await {
             Ok(x) => x,
             Err(Refusal::Denied(d)) => {
-                self.log_denial(peer, "SOCKS5", &shown, port, &d);
+                self.log_denial(peer, "SOCKS5", Destination::new(&shown, port), &d);
                 let _ = client.io.write_all(&reply(2)).await;
                 return None;
             }
             Err(Refusal::Failed { rule, .. }) => {
                 let why = format!("allowed, but {rule}");
-                let _ =
-                    self.log_decision(peer, "SOCKS5", &shown, port, None, Decision::Allow, &why);
+                let _ = self.log_decision(
+                    peer,
+                    "SOCKS5",
+                    Destination::new(&shown, port),
+                    None,
+                    Decision::Allow,
+                    &why,
+                );
                 self.note_failed("SOCKS5", &format!("{shown}:{port}"), &rule);
                 let _ = client.io.write_all(&reply(4)).await;
                 return None;
             }
         };
         let allowed = Decision::Allow;
-        if !self.log_decision(peer, "SOCKS5", &shown, port, Some(address), allowed, &rule) {
+        if !self.log_decision(
+            peer,
+            "SOCKS5",
+            Destination::new(&shown, port),
+            Some(address),
+            allowed,
+            &rule,
+        ) {
             // Fail closed: REP=1, general failure.
             let _ = client.io.write_all(&reply(1)).await;
             return None;
         }
         let started = Instant::now();
         if client.io.write_all(&reply(0)).await.is_err() {
-            self.log_close(peer, "SOCKS5", &shown, port, address, 0, 0, started);
+            self.log_close(
+                peer,
+                "SOCKS5",
+                Destination::new(&shown, port),
+                address,
+                0,
+                0,
+                started,
+            );
             return None;
         }
         // A host decided by method and path, as a CONNECT to it: never an opaque tunnel.
@@ -109,7 +130,15 @@ impl Proxy {
         let BufConn { io, buf } = client;
         let early = buf.len() as u64;
         if early > 0 && up.write_all(&buf).await.is_err() {
-            self.log_close(peer, "SOCKS5", &shown, port, address, 0, 0, started);
+            self.log_close(
+                peer,
+                "SOCKS5",
+                Destination::new(&shown, port),
+                address,
+                0,
+                0,
+                started,
+            );
             return None;
         }
         let meta = TunnelMeta {
@@ -178,7 +207,12 @@ impl Proxy {
                 fix: "use CONNECT".into(),
                 status: 400,
             };
-            self.log_denial(peer, "SOCKS5", &host_display(&host), port, &d);
+            self.log_denial(
+                peer,
+                "SOCKS5",
+                Destination::new(&host_display(&host), port),
+                &d,
+            );
             let _ = client.io.write_all(&reply(7)).await;
             return None;
         }

@@ -132,14 +132,12 @@ impl Proxy {
     /// The answer to a request allowed but not recorded.
     pub(super) const UNRECORDED: &str = "corral: the audit log cannot be written, so this request is refused (see corral's stderr)\n";
 
-    #[allow(clippy::too_many_arguments)]
     #[must_use]
     pub(super) fn log_decision(
         &self,
         client: &str,
         method: &str,
-        host: &str,
-        port: u16,
+        to: Destination<'_>,
         address: Option<SocketAddr>,
         decision: Decision,
         rule: &str,
@@ -148,8 +146,8 @@ impl Proxy {
             phase: NetPhase::Decision,
             client: client.into(),
             method: method.into(),
-            host: host.into(),
-            port,
+            host: to.host.into(),
+            port: to.port,
             address: address.map(|a| a.ip().to_string()),
             decision: Some(decision),
             rule: rule.into(),
@@ -157,10 +155,10 @@ impl Proxy {
         })
     }
 
-    pub(super) fn log_denial(&self, client: &str, method: &str, host: &str, port: u16, d: &Denial) {
+    pub(super) fn log_denial(&self, client: &str, method: &str, to: Destination<'_>, d: &Denial) {
         // Refused either way; a record that could not be written is counted by the log.
-        let _ = self.log_decision(client, method, host, port, None, Decision::Deny, &d.rule);
-        self.note_blocked(method, &format!("{host}:{port}"), &d.rule, &d.fix);
+        let _ = self.log_decision(client, method, to, None, Decision::Deny, &d.rule);
+        self.note_blocked(method, &to.to_string(), &d.rule, &d.fix);
     }
 
     /// Count one refusal into the end-of-run summary ([`Proxy::blocked_summary`]). The proxy's
@@ -182,8 +180,7 @@ impl Proxy {
         &self,
         client: &str,
         method: &str,
-        host: &str,
-        port: u16,
+        to: Destination<'_>,
         address: SocketAddr,
         up: u64,
         down: u64,
@@ -194,8 +191,8 @@ impl Proxy {
             phase: NetPhase::Close,
             client: client.into(),
             method: method.into(),
-            host: host.into(),
-            port,
+            host: to.host.into(),
+            port: to.port,
             address: Some(address.ip().to_string()),
             decision: None,
             rule: String::new(),
@@ -213,11 +210,11 @@ impl Proxy {
         io: &mut S,
         peer: &str,
         method: &str,
-        (shown, port): (&str, u16),
+        to: Destination<'_>,
         address: SocketAddr,
     ) {
         self.refusals.hit(LISTENER, reason::ENDING);
-        self.log_close(peer, method, shown, port, address, 0, 0, Instant::now());
+        self.log_close(peer, method, to, address, 0, 0, Instant::now());
         let body = "corral: the run is ending; no new connection\n";
         self.reply_and_close(io, 503, body).await;
     }
@@ -227,7 +224,8 @@ impl Proxy {
     pub(super) fn log_unreadable(&self, peer: &str, why: &str) {
         let rule = format!("malformed: {why}");
         // Refused either way; a record that could not be written is counted by the log.
-        let _ = self.log_decision(peer, "?", "?", 0, None, Decision::Deny, &rule);
+        let to = Destination::new("?", 0);
+        let _ = self.log_decision(peer, "?", to, None, Decision::Deny, &rule);
         self.note_blocked("unreadable", "request", &rule, "fix the client's request");
     }
 
@@ -236,8 +234,7 @@ impl Proxy {
         self.log_denial(
             peer,
             method,
-            target,
-            0,
+            Destination::new(target, 0),
             &Denial {
                 rule: format!("malformed: {why}"),
                 fix: "fix the client's request".into(),
@@ -254,7 +251,7 @@ impl Proxy {
         &self,
         client: &str,
         method: &str,
-        (host, port): (&str, u16),
+        to: Destination<'_>,
         path: &str,
         address: Option<SocketAddr>,
         decision: Decision,
@@ -264,8 +261,8 @@ impl Proxy {
             phase: NetPhase::Decision,
             client: client.into(),
             method: method.into(),
-            host: host.into(),
-            port,
+            host: to.host.into(),
+            port: to.port,
             path: Some(path.into()),
             address: address.map(|a| a.ip().to_string()),
             decision: Some(decision),
