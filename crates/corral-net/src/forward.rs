@@ -9,6 +9,7 @@ use corral_audit::{AuditLog, Decision, Event, NetEvent, NetPhase, Record};
 use tokio::net::TcpStream;
 
 use crate::open::{Dest, OpenConns};
+use crate::proxy::Destination;
 
 /// What a proxy's bridge counts into: its refusals and the close records it owes.
 pub(crate) type Recorded = (Arc<crate::bounds::Refusals>, Arc<OpenConns>);
@@ -146,8 +147,7 @@ pub(crate) async fn relay_recorded(
     let dest = Dest {
         peer: &ev.client,
         method: &ev.method,
-        host: &ev.host,
-        port: ev.port,
+        to: Destination::new(&ev.host, ev.port),
         address: target,
         started: r.started,
     };

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use corral_audit::{AuditLog, Event, NetEvent, NetPhase, Record};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::proxy::Destination;
+
 /// The `rule` of a close record written because the run ended, not the connection.
 pub const ENDED_BY_SHUTDOWN: &str = "closed by corral: the proxy shut down";
 
@@ -60,8 +62,7 @@ pub(crate) struct Open {
 pub(crate) struct Dest<'a> {
     pub peer: &'a str,
     pub method: &'a str,
-    pub host: &'a str,
-    pub port: u16,
+    pub to: Destination<'a>,
     pub address: SocketAddr,
     pub started: Instant,
 }
@@ -100,8 +101,8 @@ impl OpenConns {
             id,
             peer: dest.peer.to_string(),
             method: dest.method.to_string(),
-            host: dest.host.to_string(),
-            port: dest.port,
+            host: dest.to.host.to_string(),
+            port: dest.to.port,
             address: dest.address,
             started: dest.started,
             up: AtomicU64::new(0),
@@ -321,8 +322,7 @@ mod tests {
         Dest {
             peer,
             method: "CONNECT",
-            host: "origin.test",
-            port: 443,
+            to: Destination::new("origin.test", 443),
             address: "127.0.0.1:443".parse().unwrap(),
             started: Instant::now(),
         }

@@ -1,7 +1,7 @@
 //! The network rules the proxy decides with, and the name-level decision.
 //!
 //! Order: deny list, allow list (with the default port of the request kind unless the matching
-//! pattern names a port). The address check after resolution is in `proxy.rs`; both use
+//! pattern names a port). The address check after resolution is in `proxy/dial.rs`; both use
 //! `corral_policy`'s one matcher and one classifier.
 
 use std::fmt;
