@@ -841,21 +841,29 @@ fn gate_args(plan: &Plan, run: &[String]) -> Vec<String> {
             }
         }
     }
-    gate_command(&[], &plan.git.dirs, targets)
+    gate_command(&[], plan, targets)
 }
 
-/// `__corral-gate-exec --init [FLAGS] --git-dir D... --host-path P... --`: the name gate's
-/// arguments before a container's command (corral_sandbox `gatexec.rs`; `--init`: it must be
-/// the container's PID 1).
+/// `__corral-gate-exec --init [FLAGS] --git-dir D... [--project ROOT --hide PATTERN...]
+/// --host-path P... --`: the name gate's arguments before a container's command
+/// (corral_sandbox `gatexec.rs`; `--init`: it must be the container's PID 1): the run's git
+/// directories, and the `filesystem.hide` patterns refused as new names in the project (which
+/// a container sees at its own path).
 pub(crate) fn gate_command(
     flags: &[&str],
-    git_dirs: &[PathBuf],
+    plan: &Plan,
     host_paths: impl IntoIterator<Item = String>,
 ) -> Vec<String> {
     let mut a = vec![corral_sandbox::GATE_EXEC_ARG.to_string(), "--init".into()];
     a.extend(flags.iter().map(|f| f.to_string()));
-    for d in git_dirs {
+    for d in &plan.git.dirs {
         a.extend(["--git-dir".into(), d.display().to_string()]);
+    }
+    if !plan.hide.is_empty() {
+        a.extend(["--project".into(), plan.project.root.display().to_string()]);
+        for pattern in &plan.hide {
+            a.extend(["--hide".into(), pattern.clone()]);
+        }
     }
     for p in host_paths {
         a.extend(["--host-path".into(), p]);

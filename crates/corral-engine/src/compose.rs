@@ -147,7 +147,7 @@ pub fn executor_service(plan: &Plan, ctx: &Context) -> Value {
         let mut e = vec![format!("{BIN_DIR}/corral")];
         e.extend(crate::argv::gate_command(
             &["--require-gate"],
-            &plan.git.dirs,
+            plan,
             host_paths,
         ));
         (Some(e), Some(false))

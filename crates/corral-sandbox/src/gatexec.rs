@@ -42,6 +42,10 @@ struct Spec {
     git_dirs: Vec<PathBuf>,
     /// The plan's read-write binds, as the container sees them: what the host sees too.
     host_paths: Vec<PathBuf>,
+    /// The Plan's `filesystem.hide` patterns (`--hide`), refused as new names below
+    /// `project` (`--project`, where the container sees the project).
+    hide: Vec<String>,
+    project: Option<PathBuf>,
     /// `--init`: this process must be the container's PID 1 (the engines' and compose's
     /// entrypoint): anything else there would be a process outside the command's filters.
     init: bool,
@@ -55,6 +59,8 @@ fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Spec, String> {
     let mut spec = Spec {
         git_dirs: Vec::new(),
         host_paths: Vec::new(),
+        hide: Vec::new(),
+        project: None,
         init: false,
         require_gate: false,
         command: Vec::new(),
@@ -76,6 +82,19 @@ fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Spec, String> {
             }
             Some("--git-dir") => &mut spec.git_dirs,
             Some("--host-path") => &mut spec.host_paths,
+            Some("--hide") => {
+                let pattern = args.next().ok_or("--hide needs a pattern")?;
+                let pattern = pattern
+                    .into_string()
+                    .map_err(|p| format!("--hide {p:?}: not UTF-8"))?;
+                spec.hide.push(pattern);
+                continue;
+            }
+            Some("--project") => {
+                let dir = args.next().ok_or("--project needs a path")?;
+                spec.project = Some(PathBuf::from(dir));
+                continue;
+            }
             _ => return Err(format!("unknown argument {a:?}")),
         };
         let value = args
@@ -85,6 +104,9 @@ fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Spec, String> {
     }
     if spec.command.is_empty() {
         return Err("no command after `--`".into());
+    }
+    if !spec.hide.is_empty() && spec.project.is_none() {
+        return Err("--hide needs --project (where the patterns apply)".into());
     }
     Ok(spec)
 }
@@ -129,10 +151,16 @@ fn run(spec: &Spec) -> i32 {
         Ok(own) => own,
         Err(e) => return step("find the container's own file systems", &e),
     };
-    let gate = match crate::namegate::Gate::new(&spec.git_dirs, own, &mountinfo) {
+    let mut gate = match crate::namegate::Gate::new(&spec.git_dirs, own, &mountinfo) {
         Ok(gate) => gate,
         Err(e) => return step("hold the protected files", &e),
     };
+    if let Some(project) = &spec.project {
+        match crate::namegate::Hidden::of_patterns(&spec.hide, project) {
+            Ok(hidden) => gate.hidden = hidden,
+            Err(e) => return step("read the hide patterns", &e),
+        }
+    }
     let base = match crate::seccomp::build_filter() {
         Ok(p) => p,
         Err(e) => return step("build the seccomp filter", &e),
@@ -312,6 +340,12 @@ mod tests {
             "/p",
             "--git-dir",
             "/p/sub/.git",
+            "--hide",
+            ".env",
+            "--project",
+            "/p",
+            "--hide",
+            "*.pem",
             "--",
             "bash",
             "--git-dir",
@@ -323,6 +357,8 @@ mod tests {
             Spec {
                 git_dirs: vec!["/p/.git".into(), "/p/sub/.git".into()],
                 host_paths: vec!["/p".into()],
+                hide: vec![".env".into(), "*.pem".into()],
+                project: Some("/p".into()),
                 init: false,
                 require_gate: false,
                 command: args(&["bash", "--git-dir", "-c"]),
@@ -335,6 +371,9 @@ mod tests {
             &["bash"],
             &["--git-dir"],
             &["--host-path", "/p"],
+            &["--hide"],
+            &["--project"],
+            &["--hide", ".env", "--", "sh"],
         ] {
             assert!(parse(args(bad)).is_err(), "{bad:?}");
         }

@@ -84,7 +84,7 @@ pub(crate) struct Gate {
     /// The jail's uid (the gate's own, as the caller's).
     uid: libc::uid_t,
     /// The `filesystem.hide` patterns, refused as new names in the project.
-    hidden: Option<Hidden>,
+    pub(crate) hidden: Option<Hidden>,
     reports: Reporter,
     umasks: Umasks,
     fifo_waits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
@@ -410,14 +410,20 @@ impl Hidden {
     /// The patterns of `plan`, or `None` when it has none. A pattern that does not compile is
     /// an error: the jail does not start without the rule.
     fn of(plan: &Plan) -> io::Result<Option<Hidden>> {
-        if plan.hide.is_empty() {
+        Hidden::of_patterns(&plan.hide, &plan.project.root)
+    }
+
+    /// `patterns` below the project at `root` (a container's gate: `gatexec.rs`), or `None`
+    /// without a pattern.
+    pub(crate) fn of_patterns(
+        patterns: &[String],
+        root: &std::path::Path,
+    ) -> io::Result<Option<Hidden>> {
+        if patterns.is_empty() {
             return Ok(None);
         }
-        let set = corral_policy::hide::HideSet::new(&plan.hide).map_err(io::Error::other)?;
-        Ok(Some(Hidden::new(
-            set,
-            plan.project.root.as_os_str().as_bytes(),
-        )))
+        let set = corral_policy::hide::HideSet::new(patterns).map_err(io::Error::other)?;
+        Ok(Some(Hidden::new(set, root.as_os_str().as_bytes())))
     }
 
     fn new(set: corral_policy::hide::HideSet, root: &[u8]) -> Hidden {

@@ -26,6 +26,7 @@ on_every_engine!(
     publish_and_host_ports_cross_the_internal_network,
     no_repository_planted_during_the_run_is_seen_by_host_git,
     the_containers_terminal_follows_stdin_and_stdout,
+    a_name_filesystem_hide_matches_cannot_be_made_in_the_project,
 );
 
 /// An HTTP origin on the external network: a container answering `body` on port 8000.
@@ -998,4 +999,60 @@ fn the_containers_terminal_follows_stdin_and_stdout(e: Engine) {
         shown.contains("IN-TTY\r\nOUT-TTY\r\na\r\nb\r\nEND"),
         "{shown:?}"
     );
+}
+
+/// The container's name gate refuses a new name that `filesystem.hide` matches in the project
+/// (a `.env.local` the jail made would be readable to it once the user filled it), as the
+/// native jail's does; the container's own /tmp and other names are not its concern. Control:
+/// without the gate (`allow_new_repositories`) the same names are made.
+fn a_name_filesystem_hide_matches_cannot_be_made_in_the_project(e: Engine) {
+    if !e.ready(&[]) {
+        return;
+    }
+    let w = World::new(e, "h");
+    let script = "echo x > .env.local && echo MADE-ENV || echo refused-env; \
+                  echo x > tmpf; mv tmpf key.pem && echo MADE-PEM || echo refused-pem; \
+                  python3 -c 'import os; os.open(\"app.key\", os.O_CREAT | os.O_WRONLY, 0o600); print(\"MADE-KEY\")' 2>/dev/null || echo refused-key; \
+                  echo x > /tmp/.env.local && echo tmp-ok; echo x > notes.txt && echo other-ok";
+    let policy = w.dir.path().join("outside.toml");
+    std::fs::write(
+        &policy,
+        format!("[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"none\"\n"),
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--engine",
+            e.name(),
+            "--policy",
+            policy.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        args.extend(["--", "/bin/bash", "-c", script]);
+        let out = w.corral(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        out
+    };
+    let out = run(&[]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "refused-env\nrefused-pem\nrefused-key\ntmp-ok\nother-ok\n",
+        "{}",
+        text(&out)
+    );
+    for name in [".env.local", "key.pem", "app.key"] {
+        assert!(!w.project.join(name).exists(), "{name} was made");
+    }
+    assert!(String::from_utf8_lossy(&out.stderr).contains("filesystem.hide"));
+    // Control: without the gate the jail makes them.
+    let out = run(&["--allow-new-repositories"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("MADE-ENV") && stdout.contains("MADE-PEM"),
+        "{}",
+        text(&out)
+    );
+    let out = w.corral(&["down", "--engine", e.name()]);
+    assert!(out.status.success(), "{}", text(&out));
 }

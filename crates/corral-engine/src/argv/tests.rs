@@ -40,6 +40,7 @@ fn fixture() -> Fixture {
     plan.env
         .insert("CORRAL_EXECUTOR".into(), "unix:/run/x".into());
     plan.masked = vec![root.join(".env")];
+    plan.hide = vec![".env".into(), "*.pem".into()];
     plan.mounts.insert(
         plan.mounts.len() - 1,
         Mount {
@@ -273,6 +274,12 @@ fn podman_rootless_whole_setup() {
         "--init",
         "--git-dir",
         &format!("{root}/.git"),
+        "--project",
+        root,
+        "--hide",
+        ".env",
+        "--hide",
+        "*.pem",
         "--host-path",
         "/home/u/.pi/agent",
         "--host-path",
@@ -532,6 +539,12 @@ fn docker_whole_setup() {
         "localhost/corral-pi:latest",
         "__corral-gate-exec",
         "--init",
+        "--project",
+        root,
+        "--hide",
+        ".env",
+        "--hide",
+        "*.pem",
         "--host-path",
         "/home/u/.pi/agent",
         "--host-path",
