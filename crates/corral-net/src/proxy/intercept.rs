@@ -43,6 +43,21 @@ impl Proxy {
         owed
     }
 
+    /// The run's gateway, if any, with the proxy's deadlines and its budget for the jail's
+    /// request heads: a head read inside the tunnel is counted with every other one the jail
+    /// makes corral hold.
+    fn bounded_gateway(&self) -> Option<corral_gateway::Gateway> {
+        let gw = self.gateway.as_ref()?;
+        Some(
+            gw.clone()
+                .with_timeouts(http::io::Timeouts {
+                    head: self.config.header_timeout,
+                    idle: self.config.idle_timeout,
+                })
+                .with_budget(self.buffers.clone()),
+        )
+    }
+
     /// Hand an allowed connection to a secret-bound `host:port` to the gateway (TLS terminated,
     /// placeholders swapped; failures are in the audit log, the gateway writes them), then log
     /// its close line. `client`'s buffered bytes (a TLS hello sent early) go first.
@@ -57,18 +72,9 @@ impl Proxy {
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let Some(gw) = self.gateway.as_ref() else {
+        let Some(gw) = self.bounded_gateway() else {
             return;
         };
-        // The proxy's deadlines, and its budget for the jail's request heads: a head read
-        // inside the tunnel is counted with every other one the jail makes corral hold.
-        let gw = gw
-            .clone()
-            .with_timeouts(http::io::Timeouts {
-                head: self.config.header_timeout,
-                idle: self.config.idle_timeout,
-            })
-            .with_budget(self.buffers.clone());
         let stream = corral_gateway::Prefixed::new(client.buf.to_vec(), client.io);
         // The gateway's counts (of the requests and answers) come only when it returns: cut
         // at shutdown, the record has the bytes on the wire to the destination instead.
@@ -124,16 +130,9 @@ impl Proxy {
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let Some(gw) = self.gateway.as_ref() else {
+        let Some(gw) = self.bounded_gateway() else {
             return;
         };
-        let gw = gw
-            .clone()
-            .with_timeouts(http::io::Timeouts {
-                head: self.config.header_timeout,
-                idle: self.config.idle_timeout,
-            })
-            .with_budget(self.buffers.clone());
         let gate = PathGate {
             proxy: self,
             peer,
