@@ -68,6 +68,9 @@ pub struct FilesystemSection {
     pub allow_harness_config: Option<Spanned<bool>>,
     /// The jail may create git repositories where the host sees them (user config only).
     pub allow_new_repositories: Option<Spanned<bool>>,
+    /// Hold the run's writes to the project for review (`corral diff`, `accept`, `discard`).
+    /// Any layer may turn it on; none turns it off for another.
+    pub review: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -201,6 +201,7 @@ fn shell_plan(f: &Fx) -> Plan {
             scratch: false,
             source: ProjectSource::GitTopLevel,
             policy_file: root.join("corral.toml"),
+            review: None,
         },
         home: f.home.clone(),
         uid: 1000,
@@ -299,6 +300,7 @@ fn pi_plan(f: &Fx) -> Plan {
         scratch: false,
         source: ProjectSource::GitTopLevel,
         policy_file: root.join("corral.toml"),
+        review: None,
     };
     let masked = vec![root.join(".env"), root.join("sub/.env")];
     let protected = vec![
@@ -1233,6 +1235,7 @@ fn scratch_is_a_fresh_directory_and_reads_no_project_policy() {
             scratch: true,
             source: ProjectSource::Scratch,
             policy_file: root.join("corral.toml"),
+            review: None,
         };
         p.mounts[system_mounts().len() + 1] = mount(&root, MountKind::Bind(Access::Rw), false);
         p.masked = vec![];

@@ -31,6 +31,7 @@ mod namegate;
 mod netns;
 mod placeholder;
 pub mod probe;
+mod review;
 pub mod rlimit;
 pub mod seccomp;
 mod sig;

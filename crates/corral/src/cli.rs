@@ -51,6 +51,12 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// The audit log: network decisions, executor commands, sandbox lifecycle
     Log(LogArgs),
+    /// A review run's changes (`corral run --review`): a git-style diff, or one line each
+    Diff(DiffArgs),
+    /// Apply a review run's changes (what `corral diff` showed) to the project
+    Accept(AcceptArgs),
+    /// Drop a review run's changes; the project stays as it is
+    Discard(DiscardArgs),
     /// Live view of this project's running jails: allow or deny what they are refused
     #[command(
         long_about = "A terminal view of this project's running jails (native and \
@@ -218,6 +224,13 @@ pub struct JailOptions {
     /// of refused while it runs; a project's policy file cannot
     #[arg(long)]
     pub allow_new_repositories: bool,
+    /// Hold the run's writes to the project for review: the host's project is unchanged until
+    /// `corral accept`; `corral diff` shows the changes, `corral discard` drops them
+    #[arg(long)]
+    pub review: bool,
+    /// With --review: drop a pending review of this project instead of refusing to start
+    #[arg(long, requires = "review")]
+    pub discard_pending: bool,
 }
 
 #[derive(Debug, Args)]
@@ -423,6 +436,36 @@ pub struct WatchArgs {
     /// How many audit records to show from before `corral watch` started
     #[arg(short = 'n', long = "lines", value_name = "N", default_value_t = 200)]
     pub lines: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// One line per change (A added, M modified, D deleted) instead of the diff
+    #[arg(long)]
+    pub stat: bool,
+    /// Only the changes below these paths
+    #[arg(value_name = "PATH")]
+    pub paths: Vec<std::path::PathBuf>,
+    /// The project (default: the git root, else the current directory)
+    #[arg(long, value_name = "DIR")]
+    pub project: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct AcceptArgs {
+    /// Only the changes below these paths (the rest stays pending)
+    #[arg(value_name = "PATH")]
+    pub paths: Vec<std::path::PathBuf>,
+    /// The project (default: the git root, else the current directory)
+    #[arg(long, value_name = "DIR")]
+    pub project: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct DiscardArgs {
+    /// The project (default: the git root, else the current directory)
+    #[arg(long, value_name = "DIR")]
+    pub project: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -385,6 +385,9 @@ impl Reader<'_> {
                 "--allow-new-repositories",
             )?;
         }
+        if let Some(r) = fs.review {
+            l.review = r.into_inner();
+        }
         l.read_only = self.binds(fs.read_only, "filesystem.read_only", false)?;
         l.read_write = self.binds(fs.read_write, "filesystem.read_write", true)?;
         for raw in fs.hide {
@@ -555,6 +558,7 @@ pub(super) fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, P
         exec_allow_host: f.allow_host_executor,
         allow_harness_config: f.allow_harness_config,
         allow_new_repositories: f.allow_new_repositories,
+        review: f.review,
         cpus: f.cpus,
         pids: f.pids,
         enforce: f.enforce,

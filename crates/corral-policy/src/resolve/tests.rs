@@ -177,6 +177,7 @@ fn shell_plan() -> Plan {
         scratch: false,
         source: ProjectSource::GitTopLevel,
         policy_file: p("/work/proj/corral.toml"),
+        review: None,
     };
     let protected = vec![
         p("/work/proj/.git/config"),

@@ -19,6 +19,7 @@ pub mod log;
 pub mod plan;
 mod profile_arg;
 mod proxy;
+mod review;
 pub mod rules;
 mod run;
 mod secrets;
@@ -69,6 +70,9 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Init(args) => init::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Log(args) => log::run(args),
+        Command::Diff(args) => review::diff(args),
+        Command::Accept(args) => review::accept(args),
+        Command::Discard(args) => review::discard(args),
         Command::Image(cmd) => image::run(cmd),
         Command::Down(args) => down::run(args),
         Command::PortRelay(args) => {

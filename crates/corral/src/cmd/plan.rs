@@ -60,6 +60,7 @@ pub fn flags(opts: &JailOptions) -> Flags {
         allow_host_executor: opts.allow_host_executor,
         allow_harness_config: opts.allow_harness_config,
         allow_new_repositories: opts.allow_new_repositories,
+        review: opts.review,
     }
 }
 

@@ -38,7 +38,15 @@ pub fn run_jail(
     super::trust::gate(&plan)?;
     // A first run of a harness: its state directories do not exist yet, and binds need them.
     ensure_state_paths(&plan.profile, &req.home)?;
+    // Review mode (cmd/review.rs): native only; its directories made and held for the run.
+    super::review::native_only(&plan)?;
+    let review = corral_session::review::begin(&plan, opts.discard_pending)?;
     let code = run_plan_with(&plan, Some(&req), Scope::Run);
+    if let Some(review) = review {
+        for line in corral_session::review::summary(&review.paths) {
+            say(&line);
+        }
+    }
     if plan.project.scratch
         && let Err(e) = std::fs::remove_dir_all(&plan.project.root)
     {

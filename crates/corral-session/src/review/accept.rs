@@ -1,0 +1,447 @@
+//! `corral accept [PATH...]`: apply the change set to the host's project.
+//!
+//! What is applied is exactly what `corral diff` showed when it recorded a manifest (the
+//! change set read again must equal it, else accept refuses), and each file's bytes are
+//! checked against the manifest's hash as they are copied. Accept refuses, before it writes
+//! anything, a change that a normal run's name gate or end-of-run checks would refuse or undo:
+//! a new git repository (`.git` anywhere, a `HEAD` or `commondir` outside one), git's config,
+//! hooks and `commondir`, a name `filesystem.hide` matches, a protected path, a set-id bit, a
+//! device, FIFO or socket; a host entry changed since the run started (its ctime is not
+//! before the run's start); and git changes when the host's refs moved since the run started.
+//! It writes only below the project, opening every parent with `RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS`, replacing entries by rename, so no link (the jail's or the host's)
+//! is ever written through.
+
+use std::ffi::OsStr;
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use anyhow::{Context, bail};
+use nix::fcntl::{OFlag, renameat};
+use nix::sys::stat::{Mode, fchmod, mkdirat};
+use nix::unistd::{UnlinkatFlags, symlinkat, unlinkat};
+
+use super::hostfs::{ctime_ns, file_type, open_beneath, open_dir, read_file, stat_at};
+use super::upper::{Change, Entry, FILE_MAX, What, sha256};
+use super::{Pending, show, upper};
+
+/// What an accept did.
+#[derive(Debug)]
+pub struct Accepted {
+    pub applied: Vec<Change>,
+    /// Whether a `corral diff` manifest covered them (else accept showed them itself).
+    pub shown_by_diff: bool,
+    /// Changes still pending after a partial accept.
+    pub remaining: usize,
+}
+
+/// Apply the changes of the pending review of `root` below `select` (project-relative; all
+/// when empty).
+pub fn accept(root: &Path, select: &[PathBuf]) -> anyhow::Result<Accepted> {
+    let pending = Pending::open(root)?;
+    let changes = upper::changes(&pending.paths, select)?;
+    if changes.is_empty() {
+        bail!(
+            "nothing to accept{}",
+            if select.is_empty() {
+                ""
+            } else {
+                " below the paths given"
+            }
+        );
+    }
+    let shown_by_diff = match show::read_manifest(&pending.paths)? {
+        Some(m) => {
+            same_as_shown(&m, select, &changes)?;
+            true
+        }
+        None => false,
+    };
+    let refusals = refusals(&pending, &changes)?;
+    if !refusals.is_empty() {
+        bail!(
+            "accept refuses, nothing was applied:\n  {}",
+            refusals.join("\n  ")
+        );
+    }
+    apply_all(&pending, &changes)?;
+    let remaining = upper::changes(&pending.paths, &[])?.len();
+    let mut pending = pending;
+    if remaining == 0 {
+        pending.discard()?;
+    } else {
+        pending.meta.refs = super::git_refs(root)?;
+        pending.save_meta()?;
+        let _ = std::fs::remove_file(pending.paths.manifest());
+    }
+    Ok(Accepted {
+        applied: changes,
+        shown_by_diff,
+        remaining,
+    })
+}
+
+/// The change set read now is what `corral diff` recorded for these paths.
+fn same_as_shown(m: &show::Manifest, select: &[PathBuf], changes: &[Change]) -> anyhow::Result<()> {
+    let covered = |p: &Path| m.select.is_empty() || m.select.iter().any(|s| p.starts_with(s));
+    if let Some(c) = changes
+        .iter()
+        .find(|c| !covered(&c.path) && !c.new.is_dir())
+    {
+        bail!(
+            "{} was not shown by the last `corral diff` (it showed {}): run `corral diff` for it \
+             first",
+            c.path.display(),
+            m.select
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    let shown: Vec<&Change> = m
+        .changes
+        .iter()
+        .filter(|c| {
+            select.is_empty()
+                || select
+                    .iter()
+                    .any(|s| c.path.starts_with(s) || (c.new.is_dir() && s.starts_with(&c.path)))
+        })
+        .collect();
+    let now: Vec<&Change> = changes.iter().collect();
+    let key = |c: &Change| (c.path.clone(), c.what, c.old.clone(), c.new.clone());
+    if shown.len() != now.len() || shown.iter().zip(&now).any(|(a, b)| key(a) != key(b)) {
+        let differs = now
+            .iter()
+            .find(|c| !shown.iter().any(|s| key(s) == key(c)))
+            .map(|c| c.path.display().to_string())
+            .or_else(|| {
+                shown
+                    .iter()
+                    .find(|s| !now.iter().any(|c| key(s) == key(c)))
+                    .map(|c| c.path.display().to_string())
+            })
+            .unwrap_or_default();
+        bail!(
+            "the change set is no longer what `corral diff` showed ({differs} differs): nothing \
+             was applied; run `corral diff` again and accept what it shows"
+        );
+    }
+    Ok(())
+}
+
+/// Every reason to refuse, before anything is written.
+fn refusals(p: &Pending, changes: &[Change]) -> anyhow::Result<Vec<String>> {
+    let root = &p.paths.root;
+    let hide = corral_policy::hide::HideSet::new(&p.meta.hide)?;
+    let host = open_root(root)?;
+    let mut out = Vec::new();
+    let mut git_touched = false;
+    for c in changes {
+        let shown = c.path.display();
+        if let Entry::Special { what } = &c.new {
+            out.push(format!("{shown}: a {what}; accept makes none"));
+        }
+        if let Entry::File { mode, .. } = &c.new
+            && mode & 0o6000 != 0
+        {
+            out.push(format!(
+                "{shown}: mode {mode:o} has a set-user-ID or set-group-ID bit; accept never makes one"
+            ));
+        }
+        if let Some(pattern) = hide.matching(&c.path) {
+            out.push(format!(
+                "{shown}: filesystem.hide matches it ({pattern:?}); a jail may not make or change \
+                 such a name in the project"
+            ));
+        }
+        let abs = root.join(&c.path);
+        if let Some(pr) = p
+            .meta
+            .protected
+            .iter()
+            .find(|pr| abs.starts_with(pr) || pr.starts_with(&abs))
+        {
+            out.push(format!(
+                "{shown}: {} is protected (read-only in the jail)",
+                pr.display()
+            ));
+        }
+        if let Some(why) = git_refusal(host.as_fd(), c)? {
+            out.push(format!("{shown}: {why}"));
+        }
+        if c.path.components().next() == Some(Component::Normal(OsStr::new(".git"))) {
+            git_touched = true;
+        }
+        // The host's entry is as it was when the run started.
+        if let Some(ctime) = c.old_ctime
+            && ctime >= p.meta.started_ns
+        {
+            out.push(format!(
+                "{shown}: changed on the host since the run started; accept does not overwrite it \
+                 (accept the other paths, or `corral discard`)"
+            ));
+        } else if c.old.is_dir() && !c.new.is_dir() {
+            if let Some(changed) = changed_below(host.as_fd(), &c.path, p.meta.started_ns)? {
+                out.push(format!(
+                    "{shown}: {} changed on the host since the run started; accept does not \
+                     delete it",
+                    changed.display()
+                ));
+            }
+        }
+    }
+    if git_touched && let Some(before) = &p.meta.refs {
+        let now = super::git_refs(root)?;
+        if now.as_ref() != Some(before) {
+            out.push(
+                ".git: the host's git refs moved since the run started (a commit, checkout or \
+                 fetch on the host); the jail's commits are not applied over them: accept the \
+                 other paths (`corral accept PATH...`), or `corral discard`"
+                    .into(),
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// Why accept will not make this git change, if it will not: what a normal run's name gate
+/// refuses (a new repository) and what its end-of-run git check moves aside (config, hooks,
+/// `commondir`).
+fn git_refusal(host: BorrowedFd, c: &Change) -> anyhow::Result<Option<String>> {
+    let parts: Vec<&OsStr> = c.path.components().map(|p| p.as_os_str()).collect();
+    if let Some(i) = parts.iter().position(|p| *p == ".git") {
+        let git: PathBuf = parts[..=i].iter().collect();
+        let host_git_is_dir = {
+            let parent = git.parent().unwrap_or(Path::new(""));
+            match open_dir(host, parent)? {
+                Some(d) => {
+                    stat_at(d.as_fd(), parts[i])?.is_some_and(|st| file_type(&st) == libc::S_IFDIR)
+                }
+                None => false,
+            }
+        };
+        if !host_git_is_dir && c.what != What::Deleted {
+            return Ok(Some(format!(
+                "makes a git repository ({}); accept never does: run `git init` on the host",
+                git.display()
+            )));
+        }
+        let rest = &parts[i + 1..];
+        let last = rest.last().copied().unwrap_or_default();
+        if rest.contains(&OsStr::new("hooks"))
+            || ["config", "config.worktree", "commondir"]
+                .iter()
+                .any(|n| last == *n)
+        {
+            return Ok(Some(
+                "git's config, hooks and commondir run code on the host; accept never changes them"
+                    .into(),
+            ));
+        }
+        return Ok(None);
+    }
+    let name = parts.last().copied().unwrap_or_default();
+    if c.what == What::Added && (name == "HEAD" || name == "commondir") {
+        return Ok(Some(format!(
+            "a new {} outside .git can make a git repository; accept never makes one",
+            name.to_string_lossy()
+        )));
+    }
+    Ok(None)
+}
+
+/// The first entry below the host's directory `rel` whose ctime is not before `since`.
+fn changed_below(host: BorrowedFd, rel: &Path, since: i128) -> anyhow::Result<Option<PathBuf>> {
+    let Some(dir) = open_dir(host, rel)? else {
+        return Ok(None);
+    };
+    let st = nix::sys::stat::fstat(&dir)?;
+    if ctime_ns(&st) >= since {
+        return Ok(Some(rel.to_path_buf()));
+    }
+    for name in names(dir.as_fd())? {
+        let Some(st) = stat_at(dir.as_fd(), &name)? else {
+            continue;
+        };
+        let path = rel.join(&name);
+        if file_type(&st) == libc::S_IFDIR {
+            if let Some(p) = changed_below(host, &path, since)? {
+                return Ok(Some(p));
+            }
+        } else if ctime_ns(&st) >= since {
+            return Ok(Some(path));
+        }
+    }
+    Ok(None)
+}
+
+fn open_root(root: &Path) -> anyhow::Result<OwnedFd> {
+    nix::fcntl::open(
+        root,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .with_context(|| format!("cannot open the project {}", root.display()))
+}
+
+fn apply_all(p: &Pending, changes: &[Change]) -> anyhow::Result<()> {
+    let host = open_root(&p.paths.root)?;
+    let upper = open_root(&p.paths.upper)?;
+    for c in changes {
+        apply(host.as_fd(), upper.as_fd(), c).with_context(|| {
+            format!(
+                "cannot apply {} (the changes before it were applied)",
+                c.path.display()
+            )
+        })?;
+    }
+    // What was applied leaves the change set (files, links, whiteouts; directories stay and
+    // are no change any more).
+    for c in changes.iter().rev() {
+        if c.new.is_dir() {
+            continue;
+        }
+        let parent = c.path.parent().unwrap_or(Path::new(""));
+        let Some(name) = c.path.file_name() else {
+            continue;
+        };
+        if let Some(dir) = open_dir(upper.as_fd(), parent)? {
+            match unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir) {
+                Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("cannot remove {} from the change set", c.path.display())
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Apply one change. Its parent exists on the host by now (directories come first).
+fn apply(host: BorrowedFd, upper: BorrowedFd, c: &Change) -> anyhow::Result<()> {
+    let parent = c.path.parent().unwrap_or(Path::new(""));
+    let name = c.path.file_name().context("a change without a name")?;
+    let dir = open_dir(host, parent)?
+        .with_context(|| format!("{} is not a directory on the host", parent.display()))?;
+    let dir = dir.as_fd();
+    let now = stat_at(dir, name)?;
+    let now_dir = now
+        .as_ref()
+        .is_some_and(|st| file_type(st) == libc::S_IFDIR);
+    match &c.new {
+        Entry::Absent => remove(dir, name, now_dir),
+        Entry::Dir { mode } => {
+            if now.is_some() && !now_dir {
+                unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)?;
+            }
+            if !now_dir || now.is_none() {
+                mkdirat(dir, name, Mode::from_bits_truncate(0o700))?;
+            }
+            let d = open_beneath(dir, Path::new(name), OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+            fchmod(&d, Mode::from_bits_truncate(mode & 0o1777))?;
+            Ok(())
+        }
+        Entry::File {
+            mode, sha256: want, ..
+        } => {
+            let udir = open_dir(upper, parent)?
+                .with_context(|| format!("{} left the change set", parent.display()))?;
+            let (bytes, st) = read_file(udir.as_fd(), name, FILE_MAX)?;
+            if sha256(&bytes) != *want || st.st_mode & 0o7777 != *mode {
+                bail!("it changed in the change set since it was read: nothing more was applied");
+            }
+            let tmp = temp_name(name);
+            let fd = nix::fcntl::openat(
+                dir,
+                tmp.as_os_str(),
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o600),
+            )?;
+            let mut f = std::fs::File::from(fd);
+            let written = f
+                .write_all(&bytes)
+                .and_then(|()| {
+                    fchmod(&f, Mode::from_bits_truncate(mode & 0o1777)).map_err(Into::into)
+                })
+                .and_then(|()| f.sync_all());
+            drop(f);
+            if let Err(e) = written {
+                let _ = unlinkat(dir, tmp.as_os_str(), UnlinkatFlags::NoRemoveDir);
+                return Err(e.into());
+            }
+            replace(dir, &tmp, name, now_dir)
+        }
+        Entry::Symlink { target } => {
+            let tmp = temp_name(name);
+            symlinkat(target.as_str(), dir, tmp.as_os_str())?;
+            replace(dir, &tmp, name, now_dir)
+        }
+        Entry::Special { what } => bail!("a {what}: accept makes none"),
+    }
+}
+
+/// Put `tmp` in `name`'s place (a directory there is removed first).
+fn replace(dir: BorrowedFd, tmp: &OsStr, name: &OsStr, dir_there: bool) -> anyhow::Result<()> {
+    if dir_there && let Err(e) = remove(dir, name, true) {
+        let _ = unlinkat(dir, tmp, UnlinkatFlags::NoRemoveDir);
+        return Err(e);
+    }
+    renameat(dir, tmp, dir, name)?;
+    Ok(())
+}
+
+/// Remove `name` in `dir` (a directory with everything below it), never following a link.
+fn remove(dir: BorrowedFd, name: &OsStr, is_dir: bool) -> anyhow::Result<()> {
+    if !is_dir {
+        return match unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
+    }
+    let sub = open_beneath(dir, Path::new(name), OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+    for n in names(sub.as_fd())? {
+        let d = stat_at(sub.as_fd(), &n)?.is_some_and(|st| file_type(&st) == libc::S_IFDIR);
+        remove(sub.as_fd(), &n, d)?;
+    }
+    unlinkat(dir, name, UnlinkatFlags::RemoveDir)?;
+    Ok(())
+}
+
+fn names(dir: BorrowedFd) -> anyhow::Result<Vec<std::ffi::OsString>> {
+    use std::os::unix::ffi::OsStrExt;
+    let fd = nix::fcntl::openat(
+        dir,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut d = nix::dir::Dir::from_fd(fd)?;
+    let mut out = Vec::new();
+    for e in d.iter() {
+        let n = OsStr::from_bytes(e?.file_name().to_bytes()).to_os_string();
+        if n != "." && n != ".." {
+            out.push(n);
+        }
+    }
+    Ok(out)
+}
+
+fn temp_name(name: &OsStr) -> std::ffi::OsString {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut s = std::ffi::OsString::from(format!(".corral-accept-{}-{n}-", std::process::id()));
+    s.push(name);
+    if s.len() > 200 {
+        s = format!(".corral-accept-{}-{n}", std::process::id()).into();
+    }
+    s
+}
