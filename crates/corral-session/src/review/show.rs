@@ -13,11 +13,16 @@ use super::upper::{Change, Entry, What};
 /// Text bigger than this is not diffed line by line.
 const DIFF_MAX: u64 = 4 << 20;
 
+/// A path the host may run or load as code (hostcode.rs); git's objects are data.
+fn host_code(path: &Path) -> bool {
+    !path.starts_with(".git/objects") && crate::hostcode::is_host_code(&path.to_string_lossy())
+}
+
 /// One line per change, host code first (crate `hostcode.rs`'s names), at most `max` lines
 /// and a count of the rest (`usize::MAX`: all).
 pub fn stat_lines(changes: &[Change], max: usize) -> Vec<String> {
     let mut order: Vec<&Change> = changes.iter().collect();
-    order.sort_by_key(|c| !crate::hostcode::is_host_code(&c.path.to_string_lossy()));
+    order.sort_by_key(|c| !host_code(&c.path));
     let mut lines: Vec<String> = order.iter().take(max).map(|c| stat_line(c)).collect();
     if order.len() > max {
         lines.push(format!("... and {} more", order.len() - max));
@@ -64,7 +69,7 @@ fn stat_line(c: &Change) -> String {
         _ => String::new(),
     };
     line.push_str(&detail);
-    if crate::hostcode::is_host_code(&c.path.to_string_lossy()) {
+    if host_code(&c.path) {
         line.push_str("  [runs on the host]");
     }
     line
