@@ -434,12 +434,17 @@ fn accept_refuses_hooks_hidden_names_and_set_id_bits_in_the_change_set() {
 fn accept_refuses_what_the_host_changed_since_the_run_started() {
     let w = World::new();
     w.commit_readme();
+    write(&w.project.join("notes.txt"), "the user's notes\n");
     review(
         &w,
-        &format!("echo jail >> README && echo n > n.txt && {GIT} commit -qam jail && echo END"),
+        &format!(
+            "echo jail >> README && echo jail >> notes.txt && echo n > n.txt && \
+             {GIT} commit -qam jail && echo END"
+        ),
     );
-    // The host changes the file and commits while the review is pending.
+    // The host changes a file and commits, and deletes another, while the review is pending.
     std::fs::write(w.project.join("README"), "the user's edit\n").unwrap();
+    std::fs::remove_file(w.project.join("notes.txt")).unwrap();
     ok(&w.host_git(
         &w.project,
         &[
@@ -462,6 +467,14 @@ fn accept_refuses_what_the_host_changed_since_the_run_started() {
         refused.both()
     );
     assert!(refused.stderr.contains("refs moved"), "{}", refused.both());
+    assert!(
+        refused
+            .stderr
+            .contains("notes.txt: deleted or moved on the host since the run started"),
+        "{}",
+        refused.both()
+    );
+    assert!(!w.project.join("notes.txt").exists());
     assert_eq!(
         std::fs::read_to_string(w.project.join("README")).unwrap(),
         "the user's edit\n"

@@ -139,6 +139,7 @@ fn refusals(p: &Pending, changes: &[Change]) -> anyhow::Result<Vec<String>> {
     let host = open_root(root)?;
     let mut out = Vec::new();
     let mut git_touched = false;
+    let mut start_names = None;
     for c in changes {
         let shown = c.path.display();
         if let Entry::Special { what } = &c.new {
@@ -176,7 +177,19 @@ fn refusals(p: &Pending, changes: &[Change]) -> anyhow::Result<Vec<String>> {
             git_touched = true;
         }
         // The host's entry is as it was when the run started.
-        if let Some(ctime) = c.old_ctime
+        if c.old == Entry::Absent
+            && c.copied_up
+            && start_names
+                .get_or_insert_with(|| super::start_names(&p.paths))
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("{e:#}"))?
+                .contains(&c.path)
+        {
+            out.push(format!(
+                "{shown}: deleted or moved on the host since the run started (the jail changed \
+                 the host's file); accept does not bring it back"
+            ));
+        } else if let Some(ctime) = c.old_ctime
             && ctime >= p.meta.started_ns
         {
             out.push(format!(

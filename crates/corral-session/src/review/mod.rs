@@ -62,6 +62,9 @@ impl Paths {
     fn started(&self) -> PathBuf {
         self.dir.join("started")
     }
+    fn start_names(&self) -> PathBuf {
+        self.dir.join("start-names")
+    }
 
     /// A review of this project is pending: a run made its directories.
     pub fn pending(&self) -> bool {
@@ -135,6 +138,12 @@ pub fn begin(plan: &Plan, discard_pending: bool) -> anyhow::Result<Option<Runnin
         .open(&started)
         .with_context(|| format!("cannot create {}", started.display()))?;
     let m = fs::symlink_metadata(&started)?;
+    // The names the host's project had when the run started: a file the jail changed that the
+    // host deleted meanwhile is not brought back by accept (accept.rs).
+    let mut names = Vec::new();
+    list_names(&plan.project.root, Path::new(""), &mut names)
+        .with_context(|| format!("cannot list {}", plan.project.root.display()))?;
+    write_new(&paths.start_names(), &names)?;
     let meta = Meta {
         root: plan.project.root.clone(),
         started_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
@@ -211,7 +220,12 @@ pub fn read_meta(paths: &Paths) -> anyhow::Result<Meta> {
 
 /// Remove the change set (upper, work, records); the lock file stays (a run may wait on it).
 fn remove_change_set(paths: &Paths) -> anyhow::Result<()> {
-    for f in [paths.meta(), paths.manifest(), paths.started()] {
+    for f in [
+        paths.meta(),
+        paths.manifest(),
+        paths.started(),
+        paths.start_names(),
+    ] {
         match fs::remove_file(&f) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -304,6 +318,33 @@ fn collect_files(base: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> anyhow::Res
         }
     }
     Ok(())
+}
+
+/// Every path below `root/rel`, NUL-terminated, links not followed.
+fn list_names(root: &Path, rel: &Path, out: &mut Vec<u8>) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    for e in fs::read_dir(root.join(rel))? {
+        let e = e?;
+        let path = rel.join(e.file_name());
+        out.extend_from_slice(path.as_os_str().as_bytes());
+        out.push(0);
+        if e.file_type()?.is_dir() {
+            list_names(root, &path, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// The names [`list_names`] recorded when the run started.
+pub(crate) fn start_names(paths: &Paths) -> anyhow::Result<std::collections::HashSet<PathBuf>> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = fs::read(paths.start_names())
+        .with_context(|| format!("cannot read {}", paths.start_names().display()))?;
+    Ok(bytes
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| PathBuf::from(std::ffi::OsStr::from_bytes(n)))
+        .collect())
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {

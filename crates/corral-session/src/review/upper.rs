@@ -68,6 +68,10 @@ pub struct Change {
     /// The host entry's ctime (ns) when it was read, for `old` entries that exist.
     #[serde(skip)]
     pub old_ctime: Option<i128>,
+    /// The overlay copied the entry up from the host's project (`user.overlay.origin`, which
+    /// the jail cannot set): the host had it when the jail first wrote it.
+    #[serde(skip)]
+    pub copied_up: bool,
 }
 
 /// The changes of the review at `paths`, in walk order (a directory before what is below it),
@@ -140,6 +144,7 @@ impl Walk<'_> {
                     what: What::Deleted,
                     new: Entry::Absent,
                     old_ctime: Some(ctime_ns(&st)),
+                    copied_up: false,
                     path,
                 });
             }
@@ -171,9 +176,11 @@ impl Walk<'_> {
         })?;
         let kind = file_type(&ust);
         let mut own_opaque = false;
+        let mut copied_up = false;
         for (attr, value) in &attrs {
             match attr.as_str() {
-                "user.overlay.origin" | "user.overlay.impure" => {}
+                "user.overlay.origin" => copied_up = true,
+                "user.overlay.impure" => {}
                 "user.overlay.opaque" if kind == libc::S_IFDIR && value.as_slice() == b"y" => {
                     own_opaque = true;
                 }
@@ -215,6 +222,7 @@ impl Walk<'_> {
                 old: old.clone(),
                 new: new.clone(),
                 old_ctime,
+                copied_up,
             });
         }
         if new.is_dir() {
