@@ -187,7 +187,7 @@ fn the_host_project_is_unchanged_during_and_after_the_run_and_accept_applies_the
         "M .git/refs/heads/",
     ] {
         assert!(
-            stat.stdout.contains(&want),
+            stat.stdout.contains(want),
             "no {want:?} in\n{}",
             stat.both()
         );

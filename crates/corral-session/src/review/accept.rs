@@ -196,14 +196,15 @@ fn refusals(p: &Pending, changes: &[Change]) -> anyhow::Result<Vec<String>> {
                 "{shown}: changed on the host since the run started; accept does not overwrite it \
                  (accept the other paths, or `corral discard`)"
             ));
-        } else if c.old.is_dir() && !c.new.is_dir() {
-            if let Some(changed) = changed_below(host.as_fd(), &c.path, p.meta.started_ns)? {
-                out.push(format!(
-                    "{shown}: {} changed on the host since the run started; accept does not \
-                     delete it",
-                    changed.display()
-                ));
-            }
+        } else if c.old.is_dir()
+            && !c.new.is_dir()
+            && let Some(changed) = changed_below(host.as_fd(), &c.path, p.meta.started_ns)?
+        {
+            out.push(format!(
+                "{shown}: {} changed on the host since the run started; accept does not \
+                 delete it",
+                changed.display()
+            ));
         }
     }
     if git_touched && let Some(before) = &p.meta.refs {
