@@ -122,6 +122,8 @@ fn review(g: &Gathered, plan: &mut Plan) -> Result<(), PolicyError> {
     // review mode (docs/review.md), and so is the skill that teaches the harness to use it.
     plan.executor.jail = None;
     plan.skill = None;
+    // What `corral exec` in the jail says instead of looking for an executor (cmd/exec.rs).
+    plan.env.insert("CORRAL_REVIEW".into(), "1".into());
     let state = crate::trust::state_dir(&g.env, &g.home);
     plan.project.review = Some(crate::plan::ReviewPlan::for_project(&state, &root));
     Ok(())
