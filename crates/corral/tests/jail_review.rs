@@ -485,3 +485,36 @@ fn accept_refuses_what_the_host_changed_since_the_run_started() {
     assert_eq!(some.code, 0, "{}", some.both());
     assert!(w.project.join("n.txt").exists());
 }
+
+#[test]
+fn diff_prints_no_terminal_sequence_the_jail_wrote() {
+    let w = World::new();
+    // A name and a content with an OSC 52 clipboard write and a cursor move.
+    review(
+        &w,
+        "printf 'x\\033]52;c;cHduZWQ=\\007\\033[2Ay\\n' > \"$(printf 'n\\033]52;c;QQ==\\007')\" && \
+         echo END",
+    );
+    // Control: the change set holds the raw sequences.
+    let raw = std::fs::read_dir(upper(&w))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| n.starts_with('n'))
+        .unwrap();
+    assert!(raw.contains('\u{1b}'));
+    for args in [&["diff", "--stat"][..], &["diff"][..]] {
+        let out = corral(&w, args);
+        assert_eq!(out.code, 0, "{}", out.both());
+        assert!(out.stdout.contains("\\u{1b}]52;c;"), "{}", out.stdout);
+        assert!(
+            !out.both().contains('\u{1b}'),
+            "{args:?} printed an escape: {:?}",
+            out.both()
+        );
+        assert!(
+            !out.both().contains('\u{7}'),
+            "{args:?} printed a bell: {:?}",
+            out.both()
+        );
+    }
+}

@@ -23,6 +23,7 @@ use nix::sys::stat::{Mode, fchmod, mkdirat};
 use nix::unistd::{UnlinkatFlags, symlinkat, unlinkat};
 
 use super::hostfs::{ctime_ns, file_type, open_beneath, open_dir, read_file, stat_at};
+use super::show::shown;
 use super::upper::{Change, Entry, FILE_MAX, What, sha256};
 use super::{Pending, show, upper};
 
@@ -92,15 +93,15 @@ fn same_as_shown(m: &show::Manifest, select: &[PathBuf], changes: &[Change]) -> 
         bail!(
             "{} was not shown by the last `corral diff` (it showed {}): run `corral diff` for it \
              first",
-            c.path.display(),
+            shown(&c.path),
             m.select
                 .iter()
-                .map(|p| p.display().to_string())
+                .map(|p| shown(p))
                 .collect::<Vec<_>>()
                 .join(" ")
         );
     }
-    let shown: Vec<&Change> = m
+    let was_shown: Vec<&Change> = m
         .changes
         .iter()
         .filter(|c| {
@@ -112,16 +113,16 @@ fn same_as_shown(m: &show::Manifest, select: &[PathBuf], changes: &[Change]) -> 
         .collect();
     let now: Vec<&Change> = changes.iter().collect();
     let key = |c: &Change| (c.path.clone(), c.what, c.old.clone(), c.new.clone());
-    if shown.len() != now.len() || shown.iter().zip(&now).any(|(a, b)| key(a) != key(b)) {
+    if was_shown.len() != now.len() || was_shown.iter().zip(&now).any(|(a, b)| key(a) != key(b)) {
         let differs = now
             .iter()
-            .find(|c| !shown.iter().any(|s| key(s) == key(c)))
-            .map(|c| c.path.display().to_string())
+            .find(|c| !was_shown.iter().any(|s| key(s) == key(c)))
+            .map(|c| shown(&c.path))
             .or_else(|| {
-                shown
+                was_shown
                     .iter()
                     .find(|s| !now.iter().any(|c| key(s) == key(c)))
-                    .map(|c| c.path.display().to_string())
+                    .map(|c| shown(&c.path))
             })
             .unwrap_or_default();
         bail!(
@@ -141,20 +142,20 @@ fn refusals(p: &Pending, changes: &[Change]) -> anyhow::Result<Vec<String>> {
     let mut git_touched = false;
     let mut start_names = None;
     for c in changes {
-        let shown = c.path.display();
+        let at = shown(&c.path);
         if let Entry::Special { what } = &c.new {
-            out.push(format!("{shown}: a {what}; accept makes none"));
+            out.push(format!("{at}: a {what}; accept makes none"));
         }
         if let Entry::File { mode, .. } = &c.new
             && mode & 0o6000 != 0
         {
             out.push(format!(
-                "{shown}: mode {mode:o} has a set-user-ID or set-group-ID bit; accept never makes one"
+                "{at}: mode {mode:o} has a set-user-ID or set-group-ID bit; accept never makes one"
             ));
         }
         if let Some(pattern) = hide.matching(&c.path) {
             out.push(format!(
-                "{shown}: filesystem.hide matches it ({pattern:?}); a jail may not make or change \
+                "{at}: filesystem.hide matches it ({pattern:?}); a jail may not make or change \
                  such a name in the project"
             ));
         }
@@ -166,12 +167,12 @@ fn refusals(p: &Pending, changes: &[Change]) -> anyhow::Result<Vec<String>> {
             .find(|pr| abs.starts_with(pr) || pr.starts_with(&abs))
         {
             out.push(format!(
-                "{shown}: {} is protected (read-only in the jail)",
-                pr.display()
+                "{at}: {} is protected (read-only in the jail)",
+                shown(pr)
             ));
         }
         if let Some(why) = git_refusal(host.as_fd(), c)? {
-            out.push(format!("{shown}: {why}"));
+            out.push(format!("{at}: {why}"));
         }
         if c.path.components().next() == Some(Component::Normal(OsStr::new(".git"))) {
             git_touched = true;
@@ -186,14 +187,14 @@ fn refusals(p: &Pending, changes: &[Change]) -> anyhow::Result<Vec<String>> {
                 .contains(&c.path)
         {
             out.push(format!(
-                "{shown}: deleted or moved on the host since the run started (the jail changed \
+                "{at}: deleted or moved on the host since the run started (the jail changed \
                  the host's file); accept does not bring it back"
             ));
         } else if let Some(ctime) = c.old_ctime
             && ctime >= p.meta.started_ns
         {
             out.push(format!(
-                "{shown}: changed on the host since the run started; accept does not overwrite it \
+                "{at}: changed on the host since the run started; accept does not overwrite it \
                  (accept the other paths, or `corral discard`)"
             ));
         } else if c.old.is_dir()
@@ -201,9 +202,9 @@ fn refusals(p: &Pending, changes: &[Change]) -> anyhow::Result<Vec<String>> {
             && let Some(changed) = changed_below(host.as_fd(), &c.path, p.meta.started_ns)?
         {
             out.push(format!(
-                "{shown}: {} changed on the host since the run started; accept does not \
+                "{at}: {} changed on the host since the run started; accept does not \
                  delete it",
-                changed.display()
+                super::show::shown(&changed)
             ));
         }
     }
@@ -240,7 +241,7 @@ fn git_refusal(host: BorrowedFd, c: &Change) -> anyhow::Result<Option<String>> {
         if !host_git_is_dir && c.what != What::Deleted {
             return Ok(Some(format!(
                 "makes a git repository ({}); accept never does: run `git init` on the host",
-                git.display()
+                super::show::shown(&git)
             )));
         }
         let rest = &parts[i + 1..];
@@ -308,7 +309,7 @@ fn apply_all(p: &Pending, changes: &[Change]) -> anyhow::Result<()> {
         apply(host.as_fd(), upper.as_fd(), c).with_context(|| {
             format!(
                 "cannot apply {} (the changes before it were applied)",
-                c.path.display()
+                shown(&c.path)
             )
         })?;
     }
@@ -327,7 +328,7 @@ fn apply_all(p: &Pending, changes: &[Change]) -> anyhow::Result<()> {
                 Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
                 Err(e) => {
                     return Err(e).with_context(|| {
-                        format!("cannot remove {} from the change set", c.path.display())
+                        format!("cannot remove {} from the change set", shown(&c.path))
                     });
                 }
             }
@@ -341,7 +342,7 @@ fn apply(host: BorrowedFd, upper: BorrowedFd, c: &Change) -> anyhow::Result<()> 
     let parent = c.path.parent().unwrap_or(Path::new(""));
     let name = c.path.file_name().context("a change without a name")?;
     let dir = open_dir(host, parent)?
-        .with_context(|| format!("{} is not a directory on the host", parent.display()))?;
+        .with_context(|| format!("{} is not a directory on the host", shown(parent)))?;
     let dir = dir.as_fd();
     let now = stat_at(dir, name)?;
     let now_dir = now
@@ -364,7 +365,7 @@ fn apply(host: BorrowedFd, upper: BorrowedFd, c: &Change) -> anyhow::Result<()> 
             mode, sha256: want, ..
         } => {
             let udir = open_dir(upper, parent)?
-                .with_context(|| format!("{} left the change set", parent.display()))?;
+                .with_context(|| format!("{} left the change set", shown(parent)))?;
             let (bytes, st) = read_file(udir.as_fd(), name, FILE_MAX)?;
             if sha256(&bytes) != *want || st.st_mode & 0o7777 != *mode {
                 bail!("it changed in the change set since it was read: nothing more was applied");

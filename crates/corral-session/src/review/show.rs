@@ -36,12 +36,12 @@ fn stat_line(c: &Change) -> String {
         What::Modified => "M",
         What::Deleted => "D",
     };
-    let mut line = format!("{letter} {}", c.path.display());
+    let mut line = format!("{letter} {}", shown(&c.path));
     if c.new.is_dir() || (c.what == What::Deleted && c.old.is_dir()) {
         line.push('/');
     }
     let detail = match (&c.old, &c.new) {
-        (_, Entry::Symlink { target }) => format!(" -> {target}"),
+        (_, Entry::Symlink { target }) => format!(" -> {}", corral_audit::printable(target)),
         (
             Entry::File {
                 mode: a, sha256: x, ..
@@ -83,7 +83,7 @@ pub fn unified(paths: &Paths, changes: &[Change]) -> anyhow::Result<String> {
         .with_context(|| format!("cannot open {}", paths.upper.display()))?;
     let mut out = String::new();
     for c in changes {
-        let p = c.path.display();
+        let p = shown(&c.path);
         match (&c.old, &c.new) {
             (Entry::Dir { mode: a }, Entry::Dir { mode: b }) => {
                 let _ = writeln!(
@@ -162,7 +162,31 @@ pub fn unified(paths: &Paths, changes: &[Change]) -> anyhow::Result<String> {
             }
         }
     }
-    Ok(out)
+    Ok(terminal_safe(&out))
+}
+
+/// A path the jail named, as printed: control, invisible and look-alike characters escaped
+/// (`corral_audit::printable`, the one escaping function).
+pub fn shown(path: &Path) -> String {
+    corral_audit::printable(&path.to_string_lossy())
+}
+
+/// The diff's text with what would act on the terminal or hide text escaped: control
+/// characters but newline and tab, and the bidirectional controls (a jail's file could
+/// otherwise move the cursor, set the clipboard, or show code other than what accept applies).
+fn terminal_safe(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() => out.extend(c.escape_default()),
+            '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => {
+                out.extend(c.escape_unicode())
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn git_mode(e: &Entry) -> Option<u32> {
@@ -184,10 +208,10 @@ fn content(
         Entry::File { .. } => {
             let parent = rel.parent().unwrap_or(Path::new(""));
             let dir = super::hostfs::open_dir(root, parent)?
-                .with_context(|| format!("{} is gone", parent.display()))?;
+                .with_context(|| format!("{} is gone", shown(parent)))?;
             let name = rel.file_name().context("a change without a name")?;
             let (bytes, _) = super::hostfs::read_file(dir.as_fd(), name, DIFF_MAX)
-                .with_context(|| format!("cannot read {}", rel.display()))?;
+                .with_context(|| format!("cannot read {}", shown(rel)))?;
             Some(bytes)
         }
         Entry::Symlink { target } => Some(target.as_bytes().to_vec()),

@@ -165,14 +165,17 @@ impl Walk<'_> {
             bail!(
                 "the change set holds a name that is not UTF-8 ({}): accept cannot show or apply it; \
                  `corral discard` drops the review",
-                path.display()
+                super::show::shown(&path)
             );
         }
         let Some(ust) = stat_at(u, name)? else {
             return Ok(());
         };
         let attrs = super::hostfs::overlay_xattrs(u, name).with_context(|| {
-            format!("cannot read the overlay's attributes of {}", path.display())
+            format!(
+                "cannot read the overlay's attributes of {}",
+                super::show::shown(&path)
+            )
         })?;
         let kind = file_type(&ust);
         let mut own_opaque = false;
@@ -187,7 +190,7 @@ impl Walk<'_> {
                 _ => bail!(
                     "the change set's {} carries the overlay attribute {attr}, which corral does \
                      not apply; `corral discard` drops the review",
-                    path.display()
+                    super::show::shown(&path)
                 ),
             }
         }
@@ -227,7 +230,10 @@ impl Walk<'_> {
         }
         if new.is_dir() {
             let sub = open_dir(u, Path::new(name))?.with_context(|| {
-                format!("{} left the change set while it was read", path.display())
+                format!(
+                    "{} left the change set while it was read",
+                    super::show::shown(&path)
+                )
             })?;
             // The host's directory below, when the merged view still shows its entries.
             let host_sub: Option<OwnedFd> = match (h, &old) {
@@ -267,7 +273,7 @@ fn entry_of(
     Ok(match file_type(st) {
         libc::S_IFREG => {
             let (bytes, st) = read_file(dir, name, FILE_MAX)
-                .with_context(|| format!("cannot read {}", path.display()))?;
+                .with_context(|| format!("cannot read {}", super::show::shown(&path)))?;
             Entry::File {
                 mode: st.st_mode & 0o7777,
                 size: bytes.len() as u64,
@@ -277,13 +283,13 @@ fn entry_of(
         libc::S_IFDIR => Entry::Dir { mode },
         libc::S_IFLNK => {
             let target = read_link(dir, name)
-                .with_context(|| format!("cannot read the link {}", path.display()))?;
+                .with_context(|| format!("cannot read the link {}", super::show::shown(&path)))?;
             Entry::Symlink {
                 target: String::from_utf8(std::os::unix::ffi::OsStringExt::into_vec(target))
                     .map_err(|_| {
                         anyhow::anyhow!(
                             "the link {} has a target that is not UTF-8",
-                            path.display()
+                            super::show::shown(&path)
                         )
                     })?,
             }
@@ -334,6 +340,6 @@ fn shown(rel: &Path) -> String {
     if rel.as_os_str().is_empty() {
         "the project's top".into()
     } else {
-        rel.display().to_string()
+        super::show::shown(rel)
     }
 }
