@@ -273,7 +273,7 @@ fn entry_of(
     Ok(match file_type(st) {
         libc::S_IFREG => {
             let (bytes, st) = read_file(dir, name, FILE_MAX)
-                .with_context(|| format!("cannot read {}", super::show::shown(&path)))?;
+                .with_context(|| format!("cannot read {}", super::show::shown(path)))?;
             Entry::File {
                 mode: st.st_mode & 0o7777,
                 size: bytes.len() as u64,
@@ -283,13 +283,13 @@ fn entry_of(
         libc::S_IFDIR => Entry::Dir { mode },
         libc::S_IFLNK => {
             let target = read_link(dir, name)
-                .with_context(|| format!("cannot read the link {}", super::show::shown(&path)))?;
+                .with_context(|| format!("cannot read the link {}", super::show::shown(path)))?;
             Entry::Symlink {
                 target: String::from_utf8(std::os::unix::ffi::OsStringExt::into_vec(target))
                     .map_err(|_| {
                         anyhow::anyhow!(
                             "the link {} has a target that is not UTF-8",
-                            super::show::shown(&path)
+                            super::show::shown(path)
                         )
                     })?,
             }
