@@ -10,4 +10,7 @@
 pub mod mountinfo;
 mod namegate;
 
-pub use namegate::{CAP_SYS_PTRACE, Gate, Hidden, continues, receive_listener, send_listener};
+pub use namegate::{
+    CAP_SYS_PTRACE, Gate, Hidden, Recorder, SYS_FCHMODAT2, continues, receive_listener,
+    send_listener,
+};

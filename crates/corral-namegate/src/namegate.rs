@@ -55,7 +55,9 @@ use std::sync::Mutex;
 use corral_policy::plan::Plan;
 
 mod protected;
+mod record;
 use protected::Use;
+pub use record::Recorder;
 
 /// Longest path the gate reads from a caller (the kernel's PATH_MAX, with its NUL).
 const PATH_MAX: usize = 4096;
@@ -88,6 +90,9 @@ pub struct Gate {
     reports: Reporter,
     umasks: Umasks,
     fifo_waits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The run's change record (record.rs): what each name in the project was before the
+    /// gate changed it.
+    record: Option<Recorder>,
 }
 
 /// What a name is to git's discovery.
@@ -155,6 +160,15 @@ impl Gate {
         Ok(Some(gate))
     }
 
+    /// Keep the run's change record: before each change of a name in the project, the gate
+    /// has `record` keep what the name is. The gate's filter must then also stop removals
+    /// and mode changes (`seccomp::build_gate_filter`).
+    pub fn with_record(mut self, mut record: Recorder) -> Gate {
+        record.set_private_devs(&self.private_devs);
+        self.record = Some(record);
+        self
+    }
+
     /// The gate for the git directories `dirs` (as this process sees them), with the file
     /// systems of `private_devs` exempt. The protected files and directories are the
     /// read-only binds of one in `mountinfo` (this process's).
@@ -193,6 +207,7 @@ impl Gate {
             reports: Reporter::default(),
             umasks: Umasks::default(),
             fifo_waits: Default::default(),
+            record: None,
         })
     }
 
@@ -1324,6 +1339,44 @@ fn perform(gate: &Gate, listener: &OwnedFd, caller: &Caller, call: &Call) -> Res
         ),
         libc::SYS_bind => bind(gate, caller, call.fd_arg(0), a[1], a[2]),
         libc::SYS_truncate => truncate(gate, caller, &s(0)?, a[1] as i64),
+        libc::SYS_unlinkat => unlink(gate, caller, call.fd_arg(0), &s(1)?, call.int_arg(2)),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_unlink => unlink(gate, caller, libc::AT_FDCWD, &s(0)?, 0),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_rmdir => unlink(gate, caller, libc::AT_FDCWD, &s(0)?, libc::AT_REMOVEDIR),
+        libc::SYS_fchmodat => chmod(
+            gate,
+            caller,
+            call.fd_arg(0),
+            &s(1)?,
+            a[2] as libc::mode_t,
+            0,
+        ),
+        SYS_FCHMODAT2 => {
+            let flags = call.int_arg(3);
+            let path = if flags & libc::AT_EMPTY_PATH != 0 && a[1] == 0 {
+                Vec::new()
+            } else {
+                s(1)?
+            };
+            chmod(
+                gate,
+                caller,
+                call.fd_arg(0),
+                &path,
+                a[2] as libc::mode_t,
+                flags,
+            )
+        }
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_chmod => chmod(
+            gate,
+            caller,
+            libc::AT_FDCWD,
+            &s(0)?,
+            a[1] as libc::mode_t,
+            0,
+        ),
         _ => Err(libc::ENOSYS),
     }
 }
@@ -1590,6 +1643,9 @@ fn open(
     // the time of the open, which then creates it), a directory too (it may be removed
     // meanwhile). An open that cannot create has no name to check.
     let _held = if creates { check(gate, &entry)? } else { None };
+    if writes(flags) || creates {
+        record::before(gate.record.as_ref(), &entry)?;
+    }
     match existing {
         Some(st) if kind == Some(libc::S_IFCHR) && st.st_rdev == libc::makedev(5, 0) => {
             // /dev/tty: the caller's controlling terminal, not PID 1's.
@@ -1688,6 +1744,7 @@ fn truncate(gate: &Gate, caller: &Caller, path: &[u8], len: i64) -> Result<Verdi
                 Some(libc::S_IFREG) => {}
                 Some(_) => return Err(libc::EINVAL),
             }
+            record::before(gate.record.as_ref(), &entry)?;
             openat_entry(
                 &entry,
                 libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW,
@@ -1754,6 +1811,9 @@ fn own_open(
     let fd = own.open(flags & !libc::O_TRUNC, mode)?;
     if flags & libc::O_CREAT != 0 && fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFDIR {
         return Err(libc::EISDIR);
+    }
+    if writes(flags) {
+        record::before_fd(gate.record.as_ref(), &fd)?;
     }
     let fd = checked_write_open(gate, fd, flags)?;
     Ok(Verdict::Fd(fd, cloexec))
@@ -1866,6 +1926,7 @@ fn mkdir(
     let entry = new_entry(caller, dirfd, path)?;
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
+    record::before(gate.record.as_ref(), &entry)?;
     caller.take_umask()?;
     // SAFETY: our own path and descriptor.
     let rc = unsafe { libc::mkdirat(entry.parent.as_raw_fd(), entry.c_last().as_ptr(), mode) };
@@ -1883,6 +1944,7 @@ fn mknod(
     let entry = new_entry(caller, dirfd, path)?;
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
+    record::before(gate.record.as_ref(), &entry)?;
     caller.take_umask()?;
     // SAFETY: as mkdir.
     let rc = unsafe {
@@ -1906,6 +1968,7 @@ fn symlink(
     let entry = new_entry(caller, dirfd, path)?;
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
+    record::before(gate.record.as_ref(), &entry)?;
     let target = CString::new(target.to_vec()).map_err(|_| libc::EINVAL)?;
     // SAFETY: as mkdir.
     let rc = unsafe {
@@ -1952,6 +2015,7 @@ fn link(
         }
     };
     gate.protected_file(&source, Use::Link)?;
+    record::before(gate.record.as_ref(), &entry)?;
     let via =
         CString::new(format!("/proc/self/fd/{}", source.as_raw_fd())).map_err(|_| libc::EINVAL)?;
     // SAFETY: our own paths and descriptors.
@@ -1986,6 +2050,12 @@ fn rename(
         // Both names get a new entry.
         _held_from = check(gate, &from)?;
     }
+    record::before_rename(
+        gate.record.as_ref(),
+        &from,
+        &to,
+        flags & libc::RENAME_EXCHANGE != 0,
+    )?;
     // SAFETY: our own paths and descriptors.
     let rc = unsafe {
         libc::syscall(
@@ -1998,6 +2068,74 @@ fn rename(
         )
     };
     done(rc as i32)
+}
+
+/// fchmodat2(2) (Linux 6.6), which takes flags; its number is the same on every architecture.
+pub const SYS_FCHMODAT2: i64 = 452;
+
+/// unlink/unlinkat/rmdir, performed here once the record kept what the name was (stopped only
+/// when the run keeps a change record). The last component is never followed.
+fn unlink(
+    gate: &Gate,
+    caller: &Caller,
+    dirfd: i32,
+    path: &[u8],
+    flags: i32,
+) -> Result<Verdict, i32> {
+    if flags & !libc::AT_REMOVEDIR != 0 {
+        return Err(libc::EINVAL);
+    }
+    let entry = new_entry(caller, dirfd, path)?;
+    record::before(gate.record.as_ref(), &entry)?;
+    // SAFETY: our own path and descriptor.
+    let rc = unsafe { libc::unlinkat(entry.parent.as_raw_fd(), entry.c_last().as_ptr(), flags) };
+    done(rc)
+}
+
+/// chmod/fchmodat/fchmodat2, performed here once the record kept the mode (stopped only when
+/// the run keeps a change record): the name is resolved as the kernel would (a final symlink
+/// followed here unless AT_SYMLINK_NOFOLLOW), opened without following anything more, and
+/// changed through that descriptor.
+fn chmod(
+    gate: &Gate,
+    caller: &Caller,
+    dirfd: i32,
+    path: &[u8],
+    mode: libc::mode_t,
+    flags: i32,
+) -> Result<Verdict, i32> {
+    if flags & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH) != 0 {
+        return Err(libc::EINVAL);
+    }
+    let target = if path.is_empty() && flags & libc::AT_EMPTY_PATH != 0 {
+        let link = match dirfd {
+            libc::AT_FDCWD => format!("/proc/{}/cwd", caller.tid),
+            n => format!("/proc/{}/fd/{n}", caller.tid),
+        };
+        let fd = open_path(libc::AT_FDCWD, OsStr::new(&link), 0)?;
+        caller.still_waiting()?;
+        fd
+    } else {
+        let follows = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+        match follow(gate, caller, dirfd, path, follows, false)? {
+            Target::Own(own) => own.path_fd()?,
+            Target::Entry(entry, existing) => {
+                let Some(st) = existing else {
+                    return Err(libc::ENOENT);
+                };
+                if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    // A symlink's mode cannot change (the kernel says so too).
+                    return Err(libc::EOPNOTSUPP);
+                }
+                openat2_path(&entry.parent, &entry.last, libc::O_NOFOLLOW)?
+            }
+        }
+    };
+    record::before_fd(gate.record.as_ref(), &target)?;
+    let via =
+        CString::new(format!("/proc/self/fd/{}", target.as_raw_fd())).map_err(|_| libc::EINVAL)?;
+    // SAFETY: our own path (the descriptor's magic link, which names exactly that inode).
+    done(unsafe { libc::chmod(via.as_ptr(), mode) })
 }
 
 fn done(rc: i32) -> Result<Verdict, i32> {

@@ -965,6 +965,20 @@ pub(crate) fn gate_always() -> Vec<i64> {
 /// Installed after [`install`]'s filter: the kernel runs both and the stricter verdict wins,
 /// so what that filter refuses (a set-id mode, another architecture) never reaches the gate.
 pub fn build_gate_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
+    build_gate_filter_with(false)
+}
+
+/// The syscalls the gate stops too when the run keeps a change record (corral-changes): the
+/// removals and mode changes, which the record must see before they happen.
+pub(crate) fn gate_recording() -> Vec<i64> {
+    let mut v = vec![libc::SYS_unlinkat, libc::SYS_fchmodat, SYS_FCHMODAT2];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([libc::SYS_unlink, libc::SYS_rmdir, libc::SYS_chmod]);
+    v
+}
+
+/// [`build_gate_filter`], stopping [`gate_recording`]'s syscalls too when `recording`.
+pub fn build_gate_filter_with(recording: bool) -> Result<Vec<libc::sock_filter>, SeccompError> {
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     return Err(SeccompError::UnsupportedArch);
 
@@ -1004,9 +1018,15 @@ pub fn build_gate_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
     // bind(2), of every family: a Unix socket bound to a path is a name, and the family is the
     // descriptor's, which another thread can swap (dup2) after any check; the gate performs
     // every bind on the socket it took from the caller.
+    let recorded = if recording {
+        gate_recording()
+    } else {
+        Vec::new()
+    };
     for nr in gate_always()
         .into_iter()
         .chain([libc::SYS_umask, libc::SYS_bind])
+        .chain(recorded)
     {
         p.on_syscall(nr, |p| p.ret(libc::SECCOMP_RET_USER_NOTIF));
     }

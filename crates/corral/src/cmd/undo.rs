@@ -1,0 +1,226 @@
+//! The change record of a run (corral-changes; docs/undo.md): started before the jail, kept by
+//! its name gate, finished once nothing the run started can write; `corral undo [RUN]` and
+//! `corral log --runs`.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use corral_audit::printable;
+use corral_changes::{Retention, RunRecord, Store};
+use corral_policy::plan::{Access, Plan};
+use corral_session::endlines::say;
+
+use crate::cli::UndoArgs;
+
+/// A run's record while the run goes on.
+pub struct Recording {
+    store: Store,
+    record: RunRecord,
+    project: PathBuf,
+    retention: Retention,
+}
+
+impl Recording {
+    /// The descriptor of the run's record for the jail's PID 1.
+    pub fn dir_fd(&self) -> anyhow::Result<Arc<OwnedFd>> {
+        let fd = self
+            .record
+            .dir_fd()
+            .try_clone_to_owned()
+            .context("cannot pass the change record to the jail")?;
+        Ok(Arc::new(fd))
+    }
+
+    /// Once nothing the run started can write: what each recorded path is now, and a line
+    /// saying how to undo the run.
+    pub fn finish(self) {
+        let done = std::fs::File::open(&self.project)
+            .map(OwnedFd::from)
+            .map_err(anyhow::Error::from)
+            .and_then(|root| {
+                Ok(self
+                    .store
+                    .finish(self.record.id(), root.as_fd(), self.retention)?)
+            });
+        match done {
+            Ok(info) if info.created + info.modified + info.deleted > 0 => say(&format!(
+                "corral: run {}: {} created, {} modified, {} deleted in the project; \
+                 `corral undo` puts them back, `corral log --runs` lists runs.",
+                info.meta.id, info.created, info.modified, info.deleted
+            )),
+            Ok(_) => {}
+            Err(e) => say(&format!(
+                "corral: the run's change record could not be finished ({e:#}): it cannot be \
+                 undone"
+            )),
+        }
+    }
+}
+
+/// The record for a run of `plan`, when it can keep one: a native run whose project is
+/// writable and whose name gate runs (it performs every change it records). A store that
+/// cannot be opened, or that the jail could reach (beneath the project or a bind), is said
+/// and the run goes on unrecorded.
+pub fn begin(plan: &Plan) -> Option<Recording> {
+    if plan.project.access != Access::Rw || plan.project.scratch {
+        return None;
+    }
+    if plan.git.new_repositories {
+        say(
+            "corral: this run keeps no change record (`filesystem.allow_new_repositories` \
+             turns off the name gate that records changes): `corral undo` cannot undo it",
+        );
+        return None;
+    }
+    match try_begin(plan) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            say(&format!(
+                "corral: this run keeps no change record ({e:#}): `corral undo` cannot undo it"
+            ));
+            None
+        }
+    }
+}
+
+fn try_begin(plan: &Plan) -> anyhow::Result<Recording> {
+    let state = corral_audit::state_dir()?;
+    let reachable = std::iter::once(plan.project.root.as_path())
+        .chain(plan.mounts.iter().map(|m| m.source.as_path()))
+        .find(|src| !src.as_os_str().is_empty() && state.starts_with(src));
+    if let Some(src) = reachable {
+        anyhow::bail!(
+            "corral's state directory {} is inside {}, which the jail sees",
+            state.display(),
+            src.display()
+        );
+    }
+    let store = Store::open(&state, &corral_audit::project_key(&plan.project.root))?;
+    let retention = retention(plan);
+    let record = store.begin(&plan.command, &plan.project.root, retention)?;
+    Ok(Recording {
+        store,
+        record,
+        project: plan.project.root.clone(),
+        retention,
+    })
+}
+
+/// The record's bounds: the user config's `[undo]` when it sets them, else the defaults.
+pub fn retention(_plan: &Plan) -> Retention {
+    Retention::default()
+}
+
+fn store_here() -> anyhow::Result<(Store, PathBuf)> {
+    let root = super::log::project_root()?;
+    let state = corral_audit::state_dir()?;
+    let store = Store::open(&state, &corral_audit::project_key(&root))?;
+    Ok((store, root))
+}
+
+/// `corral undo [RUN] [--force]`.
+pub fn run(args: UndoArgs) -> anyhow::Result<ExitCode> {
+    let (store, root) = store_here()?;
+    let id = match args.run {
+        Some(id) => id,
+        None => last_undoable(&store)?,
+    };
+    let info = store.run(&id)?;
+    if Path::new(&info.meta.project) != root {
+        anyhow::bail!(
+            "run {id} was recorded for {}, not {}",
+            info.meta.project,
+            root.display()
+        );
+    }
+    let opts = corral_changes::Options {
+        force: args.force,
+        retention: Retention::default(),
+    };
+    let report = corral_changes::undo(&store, &id, &root, opts)?;
+    println!(
+        "corral: undid run {id}: {} removed, {} put back. `corral undo {}` redoes it.",
+        report.removed, report.restored, report.record
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The newest run that is not undone and is not itself an undo.
+fn last_undoable(store: &Store) -> anyhow::Result<String> {
+    store
+        .runs()?
+        .into_iter()
+        .rev()
+        .find(|r| r.undone_by.is_none() && r.meta.undoes.is_none())
+        .map(|r| r.meta.id)
+        .context("this project has no recorded run to undo (`corral log --runs` lists runs)")
+}
+
+/// `corral log --runs`: the recorded runs, oldest first, and the store's use of its bounds.
+pub fn log_runs(json: bool) -> anyhow::Result<ExitCode> {
+    let (store, _) = store_here()?;
+    let runs = store.runs()?;
+    if json {
+        for r in &runs {
+            println!("{}", serde_json::to_string(r)?);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<20} {:<20} {:>7} {:>8} {:>7} {:>9}  COMMAND",
+        "RUN", "STARTED", "CREATED", "MODIFIED", "DELETED", "RECORD"
+    );
+    for r in &runs {
+        let mut command = printable(&r.meta.command.join(" "));
+        if let Some(by) = &r.undone_by {
+            command.push_str(&format!("  (undone by {by})"));
+        }
+        if r.incomplete.is_some() {
+            command.push_str("  (incomplete: cannot be undone)");
+        }
+        if r.finished.is_none() {
+            command.push_str("  (not finished)");
+        }
+        println!(
+            "{:<20} {:<20} {:>7} {:>8} {:>7} {:>9}  {command}",
+            r.meta.id,
+            r.meta.started,
+            r.created,
+            r.modified,
+            r.deleted,
+            size(r.bytes)
+        );
+    }
+    println!("{}", usage_line(&store)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// "N runs, SIZE kept (at most R runs, B)": for `corral log --runs` and `corral doctor`.
+pub fn usage_line(store: &Store) -> anyhow::Result<String> {
+    let (runs, bytes) = store.usage()?;
+    let keep = Retention::default();
+    Ok(format!(
+        "change record: {runs} run(s), {} kept in {} (at most {} runs and {}; oldest removed first)",
+        size(bytes),
+        store.root().display(),
+        keep.runs,
+        size(keep.bytes)
+    ))
+}
+
+fn size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    match unit {
+        0 => format!("{bytes} B"),
+        _ => format!("{v:.1} {}", UNITS[unit]),
+    }
+}
