@@ -166,6 +166,12 @@ impl Store {
         let digits: String = stamp.chars().filter(|c| c.is_ascii_digit()).collect();
         let (day, time) = digits.split_at(8.min(digits.len()));
         let base = format!("{day}-{time}-{:03}", started_ms % 1000);
+        // Made again if the last run's end removed it meanwhile.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.root)
+            .map_err(|e| ChangesError::io("create the change record", &self.root, e))?;
         let (id, dir) = (0..1000)
             .find_map(|n| {
                 let id = match n {
@@ -223,8 +229,20 @@ impl Store {
             paths,
         };
         write_json(&dir.join(AFTER), &after)?;
+        let info = self.run(id)?;
+        let unchanged = after.paths.iter().all(|l| !l.changed);
+        if unchanged && info.meta.undoes.is_none() && info.incomplete.is_none() {
+            // Nothing to undo: no record kept (`corral undo` then means the last run that
+            // changed something).
+            fs::remove_dir_all(&dir)
+                .map_err(|e| ChangesError::io("remove an empty run's record", &dir, e))?;
+            // The project's store too when that was its only run (another run's record keeps
+            // it: then this fails, as it should).
+            let _ = fs::remove_dir(&self.root);
+            return Ok(info);
+        }
         self.prune(retention, Some(id))?;
-        self.run(id)
+        Ok(info)
     }
 
     /// Does `after` differ from `before` (a file: by content, the blob hashed)?
@@ -256,8 +274,11 @@ impl Store {
     /// Every run recorded, oldest first.
     pub fn runs(&self) -> Result<Vec<RunInfo>> {
         let mut out = Vec::new();
-        let entries = fs::read_dir(&self.root)
-            .map_err(|e| ChangesError::io("list the change record", &self.root, e))?;
+        let entries = match fs::read_dir(&self.root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(ChangesError::io("list the change record", &self.root, e)),
+        };
         for entry in entries {
             let entry = entry.map_err(|e| ChangesError::io("list", &self.root, e))?;
             let name = entry.file_name();

@@ -354,10 +354,10 @@ fn retention_keeps_the_newest_runs_within_the_byte_bound() {
         runs: 10,
         bytes: 100 << 10,
     };
-    for _ in 0..2 {
+    for i in 0..2u8 {
         let rec = fx.store.begin(&["big".into()], p, small).unwrap();
         before(&rec, p, "big");
-        fs::write(p.join("big"), vec![8u8; 64 << 10]).unwrap();
+        fs::write(p.join("big"), vec![8 + i; 64 << 10]).unwrap();
         finish_keeping(&fx, &rec, small);
         ids.push(rec.id().to_string());
     }
@@ -401,6 +401,24 @@ fn a_run_over_its_budget_is_incomplete_and_refuses_undo() {
     let err = undo(&fx.store, rec.id(), p, opts()).unwrap_err();
     assert!(err.to_string().contains("incomplete"), "{err}");
     assert_eq!(fs::read_to_string(p.join("big")).unwrap(), "small");
+}
+
+#[test]
+fn a_run_that_changed_nothing_keeps_no_record() {
+    let fx = fixture();
+    let p = &fx.project;
+    let rec = fx
+        .store
+        .begin(&["x".into()], p, Retention::default())
+        .unwrap();
+    before(&rec, p, "tmpfile");
+    fs::write(p.join("tmpfile"), "x").unwrap();
+    before(&rec, p, "tmpfile");
+    fs::remove_file(p.join("tmpfile")).unwrap();
+    before(&rec, p, "README");
+    fs::write(p.join("README"), "hello\n").unwrap();
+    finish(&fx, &rec);
+    assert!(fx.store.runs().unwrap().is_empty());
 }
 
 #[test]

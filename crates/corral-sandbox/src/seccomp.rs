@@ -1426,6 +1426,37 @@ mod tests {
         assert_eq!(profile["defaultAction"], "SCMP_ACT_ALLOW");
     }
 
+    /// With a change record, removals and mode changes are stopped too (the record keeps
+    /// what they change first); without one they run as they are.
+    #[test]
+    fn the_recording_gate_stops_removals_and_mode_changes_too() {
+        let plain = build_gate_filter().unwrap();
+        let recording = build_gate_filter_with(true).unwrap();
+        for nr in gate_recording() {
+            assert_eq!(
+                run(&recording, AUDIT_ARCH_NATIVE, nr, [0; 6]),
+                libc::SECCOMP_RET_USER_NOTIF,
+                "syscall {nr}"
+            );
+            assert_eq!(
+                run(&plain, AUDIT_ARCH_NATIVE, nr, [0; 6]),
+                SECCOMP_RET_ALLOW,
+                "syscall {nr}"
+            );
+            assert!(!corral_namegate::continues(nr), "syscall {nr}");
+        }
+        for nr in gate_always() {
+            assert_eq!(
+                run(&recording, AUDIT_ARCH_NATIVE, nr, [0; 6]),
+                libc::SECCOMP_RET_USER_NOTIF
+            );
+        }
+        assert_eq!(
+            run(&recording, AUDIT_ARCH_NATIVE, libc::SYS_read, [0; 6]),
+            SECCOMP_RET_ALLOW
+        );
+    }
+
     #[test]
     fn the_gate_stops_every_creating_or_writing_call_and_nothing_else() {
         let prog = build_gate_filter().unwrap();

@@ -65,7 +65,8 @@ impl Recording {
 /// cannot be opened, or that the jail could reach (beneath the project or a bind), is said
 /// and the run goes on unrecorded.
 pub fn begin(plan: &Plan) -> Option<Recording> {
-    if plan.project.access != Access::Rw || plan.project.scratch {
+    if plan.project.access != Access::Rw || plan.project.scratch || retention().runs == 0 {
+        // Nothing of the host's to undo, or the user keeps no record (`undo.keep_runs = 0`).
         return None;
     }
     if plan.git.new_repositories {
@@ -99,7 +100,7 @@ fn try_begin(plan: &Plan) -> anyhow::Result<Recording> {
         );
     }
     let store = Store::open(&state, &corral_audit::project_key(&plan.project.root))?;
-    let retention = retention(plan);
+    let retention = retention();
     let record = store.begin(&plan.command, &plan.project.root, retention)?;
     Ok(Recording {
         store,
@@ -109,9 +110,29 @@ fn try_begin(plan: &Plan) -> anyhow::Result<Recording> {
     })
 }
 
-/// The record's bounds: the user config's `[undo]` when it sets them, else the defaults.
-pub fn retention(_plan: &Plan) -> Retention {
-    Retention::default()
+/// The record's bounds: the user config's `[undo]` (`keep_runs`, `max_size`) where it sets
+/// them, else the defaults (20 runs, 2 GiB). A user config that cannot be read was already
+/// refused by the run's policy resolution; here it means the defaults.
+pub fn retention() -> Retention {
+    let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) else {
+        return Retention::default();
+    };
+    let path = corral_policy::resolve::default_user_config(&env, Path::new(&home));
+    let undo = match path.exists() {
+        true => corral_policy::config::load_policy(&path)
+            .ok()
+            .and_then(|(pf, _)| pf.undo),
+        false => None,
+    };
+    let d = Retention::default();
+    match undo {
+        Some(u) => Retention {
+            runs: u.keep_runs.unwrap_or(d.runs),
+            bytes: u.max_size.map_or(d.bytes, |s| s.0),
+        },
+        None => d,
+    }
 }
 
 fn store_here() -> anyhow::Result<(Store, PathBuf)> {
@@ -138,7 +159,7 @@ pub fn run(args: UndoArgs) -> anyhow::Result<ExitCode> {
     }
     let opts = corral_changes::Options {
         force: args.force,
-        retention: Retention::default(),
+        retention: retention(),
     };
     let report = corral_changes::undo(&store, &id, &root, opts)?;
     println!(
@@ -201,7 +222,7 @@ pub fn log_runs(json: bool) -> anyhow::Result<ExitCode> {
 /// "N runs, SIZE kept (at most R runs, B)": for `corral log --runs` and `corral doctor`.
 pub fn usage_line(store: &Store) -> anyhow::Result<String> {
     let (runs, bytes) = store.usage()?;
-    let keep = Retention::default();
+    let keep = retention();
     Ok(format!(
         "change record: {runs} run(s), {} kept in {} (at most {} runs and {}; oldest removed first)",
         size(bytes),
