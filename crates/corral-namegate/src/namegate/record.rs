@@ -102,9 +102,21 @@ pub(super) fn before(rec: Option<&Recorder>, entry: &Entry) -> Result<(), i32> {
 pub(super) fn before_fd(rec: Option<&Recorder>, fd: &OwnedFd) -> Result<(), i32> {
     let Some(rec) = rec else { return Ok(()) };
     let st = fstat(fd)?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+    let kind = st.st_mode & libc::S_IFMT;
+    if kind != libc::S_IFDIR {
+        // A pipe, a terminal, a socket (`> /dev/stdout`), a file with no name any more (a
+        // memfd, an unlinked file), or one on the jail's own file systems: nothing of the
+        // project's to keep.
+        if kind != libc::S_IFREG || st.st_nlink == 0 || rec.private_devs.contains(&st.st_dev) {
+            return Ok(());
+        }
         // A file is recorded from its directory, which its path names.
         let path = dir_path(fd).ok_or(libc::EIO)?;
+        if !path.starts_with(&rec.root_path)
+            || path.get(rec.root_path.len()) != Some(&b'/')
+        {
+            return Ok(());
+        }
         let Some(cut) = path.iter().rposition(|&b| b == b'/') else {
             return Err(libc::EIO);
         };
