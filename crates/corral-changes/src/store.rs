@@ -127,6 +127,21 @@ impl Store {
         Ok(Store { root })
     }
 
+    /// The store of `project_key` as it is: no directory is made (`corral log --runs`,
+    /// `corral doctor`). A store never written to has no runs.
+    pub fn at(state_dir: &Path, project_key: &str) -> Result<Store> {
+        let store = Store {
+            root: state_dir.join("changes").join(project_key),
+        };
+        if project_key.is_empty() || project_key.contains('/') || project_key.starts_with('.') {
+            return Err(ChangesError::Damaged {
+                path: project_key.into(),
+                why: "not a project key".into(),
+            });
+        }
+        Ok(store)
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -149,12 +164,13 @@ impl Store {
         retention: Retention,
         undoes: Option<String>,
     ) -> Result<RunRecord> {
+        // Room for this run; never the run an undo is about to read.
         self.prune(
             Retention {
                 runs: retention.runs.saturating_sub(1),
                 ..retention
             },
-            None,
+            undoes.as_deref(),
         )?;
         let now = std::time::SystemTime::now();
         let started_ms = now

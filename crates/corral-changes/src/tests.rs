@@ -378,6 +378,31 @@ fn retention_keeps_the_newest_runs_within_the_byte_bound() {
 }
 
 #[test]
+fn undoing_the_oldest_run_of_a_full_store_reads_it_before_it_is_pruned() {
+    let fx = fixture();
+    let p = &fx.project;
+    let keep = Retention {
+        runs: 2,
+        bytes: 1 << 20,
+    };
+    let rec = fx.store.begin(&["one".into()], p, keep).unwrap();
+    before(&rec, p, "README");
+    fs::write(p.join("README"), "one\n").unwrap();
+    finish_keeping(&fx, &rec, keep);
+    let other = fx.store.begin(&["two".into()], p, keep).unwrap();
+    before(&other, p, "new");
+    fs::write(p.join("new"), "two").unwrap();
+    finish_keeping(&fx, &other, keep);
+    let opts = Options {
+        force: false,
+        retention: keep,
+    };
+    undo(&fx.store, rec.id(), p, opts).unwrap();
+    assert_eq!(fs::read_to_string(p.join("README")).unwrap(), "hello\n");
+    assert_eq!(fs::read_to_string(p.join("new")).unwrap(), "two");
+}
+
+#[test]
 fn a_run_over_its_budget_is_incomplete_and_refuses_undo() {
     let fx = fixture();
     let p = &fx.project;

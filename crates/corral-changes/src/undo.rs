@@ -131,11 +131,16 @@ pub fn undo(
     };
     let done = undo.put_back(&plan);
     let (removed, restored) = (undo.removed, undo.restored);
+    // Marked first: the finish below may prune this run (the oldest) to make room.
+    if done.is_ok() {
+        store.mark_undone(id, record.id())?;
+    }
     store.finish(record.id(), root.as_fd(), opts.retention)?;
     done?;
-    store.mark_undone(id, record.id())?;
-    if let Some(undid) = &info.meta.undoes {
-        // Undoing an undo redoes that run: it may be undone again.
+    if let Some(undid) = &info.meta.undoes
+        && store.run(undid).is_ok()
+    {
+        // Undoing an undo redoes that run: it may be undone again (unless it was pruned).
         store.clear_undone(undid)?;
     }
     Ok(Report {

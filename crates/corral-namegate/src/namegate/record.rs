@@ -112,9 +112,7 @@ pub(super) fn before_fd(rec: Option<&Recorder>, fd: &OwnedFd) -> Result<(), i32>
         }
         // A file is recorded from its directory, which its path names.
         let path = dir_path(fd).ok_or(libc::EIO)?;
-        if !path.starts_with(&rec.root_path)
-            || path.get(rec.root_path.len()) != Some(&b'/')
-        {
+        if !path.starts_with(&rec.root_path) || path.get(rec.root_path.len()) != Some(&b'/') {
             return Ok(());
         }
         let Some(cut) = path.iter().rposition(|&b| b == b'/') else {

@@ -135,10 +135,11 @@ pub fn retention() -> Retention {
     }
 }
 
+/// This project's store (not made when absent: it then holds no run).
 fn store_here() -> anyhow::Result<(Store, PathBuf)> {
     let root = super::log::project_root()?;
     let state = corral_audit::state_dir()?;
-    let store = Store::open(&state, &corral_audit::project_key(&root))?;
+    let store = Store::at(&state, &corral_audit::project_key(&root))?;
     Ok((store, root))
 }
 
@@ -243,5 +244,23 @@ fn size(bytes: u64) -> String {
     match unit {
         0 => format!("{bytes} B"),
         _ => format!("{v:.1} {}", UNITS[unit]),
+    }
+}
+
+/// `corral doctor`'s line on the change record: this project's use of it and the bounds.
+pub fn doctor_check() -> corral_sandbox::probe::Check {
+    let (status, detail) = match store_here().and_then(|(store, _)| usage_line(&store)) {
+        Ok(line) => (corral_sandbox::probe::Status::Info, line),
+        Err(e) => (
+            corral_sandbox::probe::Status::Info,
+            format!("change record: cannot be read here ({e:#}); runs keep none"),
+        ),
+    };
+    corral_sandbox::probe::Check {
+        id: "change_record",
+        status,
+        detail,
+        disables: None,
+        fix: None,
     }
 }
