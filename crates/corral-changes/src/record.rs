@@ -48,6 +48,8 @@ pub struct RunRecord {
 }
 
 struct Inner {
+    /// The run's directory (a descriptor of its own), for the `incomplete` mark.
+    dir: OwnedFd,
     seen: HashSet<Vec<u8>>,
     manifest: File,
     next_blob: u64,
@@ -71,10 +73,12 @@ impl RunRecord {
         let next_blob = lines.len() as u64;
         let bytes = store::dir_bytes(dir.as_fd())?;
         let over_budget = sys::fstatat(dir.as_fd(), store::INCOMPLETE.as_bytes(), 0).is_ok();
+        let own = dir.try_clone()?;
         Ok(RunRecord {
             id: meta.id,
             dir,
             inner: Mutex::new(Inner {
+                dir: own,
                 seen: lines.into_iter().map(|l| l.path.0).collect(),
                 manifest,
                 next_blob,
@@ -107,7 +111,9 @@ impl RunRecord {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         let mut inner = self.lock();
-        if inner.seen.contains(&rel) {
+        if inner.seen.contains(&rel) || inner.over_budget {
+            // Kept already; or the record is over its budget, marked incomplete (undo refuses
+            // it): nothing more is kept.
             return Ok(());
         }
         let before = self.keep(&mut inner, place)?;
@@ -137,6 +143,10 @@ impl RunRecord {
     fn before_tree(&self, place: Place) -> io::Result<Vec<Vec<u8>>> {
         self.before_change(place)?;
         let mut below = Vec::new();
+        if matches!(place.name, b"" | b"." | b"..") {
+            // No entry of its own (the kernel refuses to move it).
+            return Ok(below);
+        }
         let top = match sys::openat(place.dir, place.name, libc::O_RDONLY | libc::O_DIRECTORY, 0) {
             Ok(fd) => fd,
             Err(e)
@@ -149,21 +159,31 @@ impl RunRecord {
             }
             Err(e) => return Err(e),
         };
+        let top_dev = sys::fstat(top.as_fd())?.st_dev;
         let base = place.rel();
-        let mut stack: Vec<(OwnedFd, Vec<u8>)> = vec![(top, Vec::new())];
-        while let Some((dir, sub)) = stack.pop() {
+        // Directories still to walk, by path below `top` (opened when their turn comes: a wide
+        // tree holds one descriptor at a time, not one per directory waiting).
+        let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
+        while let Some(sub) = stack.pop() {
+            let dir = match sub.is_empty() {
+                true => top.try_clone()?,
+                false => sys::open_beneath(top.as_fd(), &sub, libc::O_RDONLY | libc::O_DIRECTORY)?,
+            };
             for name in sys::list(dir.as_fd())? {
+                let st = sys::fstatat(dir.as_fd(), &name, 0)?;
+                if st.st_dev != top_dev {
+                    // A mount of the jail's own (a masked file): not the project's content,
+                    // and it does not move with the directory on the host's side.
+                    continue;
+                }
                 let rel_sub = path::join(&sub, &name);
                 self.before_change(Place {
                     dir: dir.as_fd(),
                     rel_dir: &path::join(&base, &sub),
                     name: &name,
                 })?;
-                let st = sys::fstatat(dir.as_fd(), &name, 0)?;
                 if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                    let child =
-                        sys::openat(dir.as_fd(), &name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-                    stack.push((child, rel_sub.clone()));
+                    stack.push(rel_sub.clone());
                 }
                 below.push(rel_sub);
             }
@@ -182,7 +202,7 @@ impl RunRecord {
                 let size = st.st_size as u64;
                 let mode = state::perm(st);
                 if inner.over_budget || inner.bytes.saturating_add(size) > inner.budget {
-                    inner.mark_over_budget(self.dir.as_fd())?;
+                    inner.mark_over_budget_here()?;
                     return Ok(State::File {
                         mode,
                         size,
@@ -230,8 +250,12 @@ impl Inner {
         })
         .map_err(io::Error::other)?;
         line.push(b'\n');
+        if self.bytes.saturating_add(line.len() as u64) > self.budget {
+            return self.mark_over_budget_here();
+        }
         // One write of an O_APPEND file: a line is whole or absent.
         self.manifest.write_all(&line)?;
+        self.bytes += line.len() as u64;
         self.seen.insert(rel.to_vec());
         Ok(())
     }
@@ -243,12 +267,12 @@ impl Inner {
         self.append(rel, State::Absent)
     }
 
-    fn mark_over_budget(&mut self, dir: BorrowedFd) -> io::Result<()> {
+    fn mark_over_budget_here(&mut self) -> io::Result<()> {
         if self.over_budget {
             return Ok(());
         }
         let mut f = File::from(sys::openat(
-            dir,
+            self.dir.as_fd(),
             store::INCOMPLETE.as_bytes(),
             libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
             0o600,

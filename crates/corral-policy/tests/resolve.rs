@@ -690,7 +690,10 @@ fn only_the_user_config_sets_the_undo_records_bounds() {
     resolve(&f.req(None)).unwrap();
     let (pf, _) = corral_policy::config::load_policy(&f.user_config).unwrap();
     let undo = pf.undo.unwrap();
-    assert_eq!((undo.keep_runs, undo.max_size.map(|s| s.0)), (Some(5), Some(1 << 30)));
+    assert_eq!(
+        (undo.keep_runs, undo.max_size.map(|s| s.0)),
+        (Some(5), Some(1 << 30))
+    );
 }
 
 #[test]
