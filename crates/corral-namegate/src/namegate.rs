@@ -2016,6 +2016,9 @@ fn link(
     };
     gate.protected_file(&source, Use::Link)?;
     record::before(gate.record.as_ref(), &entry)?;
+    // The file linked gets a second name, through which it can be written unseen by its
+    // first: its content is kept now.
+    record::before_fd(gate.record.as_ref(), &source)?;
     let via =
         CString::new(format!("/proc/self/fd/{}", source.as_raw_fd())).map_err(|_| libc::EINVAL)?;
     // SAFETY: our own paths and descriptors.

@@ -117,6 +117,8 @@ fn each_destructive_run_is_undone_byte_for_byte() {
         "chmod 600 run.sh && chmod 700 src",
         "mv src source && mv notes.txt source/notes",
         "ln -s src/main.rs main && rm README && ln -s /etc/passwd README",
+        // A hard link, then a write through it: the first name's content comes back too.
+        "ln run.sh hard && echo appended >> hard && ln src/main.rs src/also && rm src/main.rs",
         &format!("echo x >> README && {git} commit -qam second && {git} tag t"),
         &format!(
             "rm -rf src node_modules && sed -i s/hello/bye/ README && chmod 600 run.sh && \
