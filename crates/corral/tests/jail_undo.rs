@@ -326,3 +326,45 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// corral's state directory (the change record's home) where the jail would see it: in the
+/// project, the run is refused (policy); in a read-write bind, the run keeps no record and
+/// says so (`cmd/undo.rs: try_begin`), and nothing of a record is there. With it elsewhere
+/// (the control) the same run is recorded.
+#[test]
+fn a_store_the_jail_could_reach_keeps_no_record() {
+    let w = project();
+    let inside = w.project.join("state");
+    std::fs::create_dir_all(&inside).unwrap();
+    let mut c = w.sh_command("none", "echo agent > README && echo END");
+    c.env("XDG_STATE_HOME", &inside);
+    let out = run(c);
+    assert!(!out.stdout.contains("END"), "{}", out.both());
+    assert!(
+        out.stderr.contains("corral's own directory"),
+        "{}",
+        out.both()
+    );
+    let bound = w.outside.join("state");
+    std::fs::create_dir_all(&bound).unwrap();
+    let mut c = w.corral();
+    c.args(["run", "--network", "none", "--rw"]).arg(&w.outside);
+    c.args(["--", "sh", "-c", "echo agent > README && echo END"]);
+    c.env("XDG_STATE_HOME", &bound);
+    let out = run(c);
+    assert!(out.stdout.contains("END"), "{}", out.both());
+    assert!(
+        out.stderr.contains("keeps no change record"),
+        "{}",
+        out.both()
+    );
+    assert!(!bound.join("corral/changes").exists(), "{:?}", walk(&bound));
+    let out = w.sh("none", "echo again > README && echo END");
+    assert!(out.stdout.contains("END"), "{}", out.both());
+    assert!(
+        !out.stderr.contains("keeps no change record"),
+        "{}",
+        out.both()
+    );
+    assert_eq!(run_ids(&w).len(), 1);
+}

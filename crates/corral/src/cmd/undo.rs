@@ -89,17 +89,26 @@ pub fn begin(plan: &Plan) -> Option<Recording> {
 
 fn try_begin(plan: &Plan) -> anyhow::Result<Recording> {
     let state = corral_audit::state_dir()?;
+    let store = Store::open(&state, &corral_audit::project_key(&plan.project.root))?;
+    // The store as the Plan's sources name paths (symlinks resolved): neither inside what the
+    // jail sees, nor holding something it sees.
+    let changes = std::fs::canonicalize(store.root().parent().unwrap_or(store.root()))
+        .context("cannot resolve the change record's directory")?;
     let reachable = std::iter::once(plan.project.root.as_path())
         .chain(plan.mounts.iter().map(|m| m.source.as_path()))
-        .find(|src| !src.as_os_str().is_empty() && state.starts_with(src));
+        .find(|src| {
+            !src.as_os_str().is_empty() && (changes.starts_with(src) || src.starts_with(&changes))
+        });
     if let Some(src) = reachable {
+        // Left as it was: the empty directories just made go.
+        let _ = std::fs::remove_dir(store.root());
+        let _ = std::fs::remove_dir(&changes);
         anyhow::bail!(
-            "corral's state directory {} is inside {}, which the jail sees",
-            state.display(),
+            "the change record {} and {}, which the jail sees, hold one another",
+            changes.display(),
             src.display()
         );
     }
-    let store = Store::open(&state, &corral_audit::project_key(&plan.project.root))?;
     let retention = retention();
     let record = store.begin(&plan.command, &plan.project.root, retention)?;
     Ok(Recording {
