@@ -49,7 +49,7 @@ pub enum Command {
     Init(InitArgs),
     /// What this host supports and what each missing piece disables
     Doctor(DoctorArgs),
-    /// The audit log: network decisions, executor commands, sandbox lifecycle
+    /// The audit log: network decisions, executor commands, sandbox lifecycle (`--runs`: the recorded runs)
     Log(LogArgs),
     /// A review run's changes (`corral run --review`): a git-style diff, or one line each
     Diff(DiffArgs),
@@ -57,6 +57,11 @@ pub enum Command {
     Accept(AcceptArgs),
     /// Drop a review run's changes; the project stays as it is
     Discard(DiscardArgs),
+    /// Put the project back as it was before a run (the last one by default)
+    #[command(
+        long_about = "Put the project back as it was before a run (the last one by default;                       `corral log --runs` lists them): files created, modified, deleted or                       renamed, modes, symlinks and directories, tracked, untracked and ignored                       alike, from the change record corral keeps outside the project. A path                       changed since the run (on the host or by a later run) is never                       overwritten: undo refuses and names it. The undo keeps a record of its                       own: `corral undo ID` of it redoes the run. See docs/undo.md."
+    )]
+    Undo(UndoArgs),
     /// Live view of this project's running jails: allow or deny what they are refused
     #[command(
         long_about = "A terminal view of this project's running jails (native and \
@@ -486,6 +491,18 @@ pub struct LogArgs {
     /// Only the last N entries (with --follow: then every new one)
     #[arg(short = 'n', long = "lines", value_name = "N")]
     pub lines: Option<usize>,
+    /// The runs this project's change record holds (what `corral undo` can undo), not the audit log
+    #[arg(long, conflicts_with_all = ["follow", "blocked", "since", "lines"])]
+    pub runs: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct UndoArgs {
+    /// The run to undo (`corral log --runs`); the last one when omitted
+    pub run: Option<String>,
+    /// Put back even paths changed since the run (their current state goes in the undo's own record)
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Subcommand)]

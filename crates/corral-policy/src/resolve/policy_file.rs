@@ -296,6 +296,14 @@ pub(super) fn file_layer(
         }
         l.clipboard = Some(c.into_inner());
     }
+    if pf.undo.is_some() && r.project {
+        let at = key_loc(file, text, &["undo"]);
+        return Err(at.error(
+            "[undo] may only be set in your user config ($XDG_CONFIG_HOME/corral/config.toml), \
+             never in a project's policy file (the repository could turn off its own undo)"
+                .into(),
+        ));
+    }
     if let Some(lim) = pf.limits {
         l.memory = lim.memory.map(|s| s.0);
         l.cpus = lim.cpus.map(|c| c.0);

@@ -29,6 +29,7 @@ mod shim;
 mod signin;
 mod skill;
 pub mod trust;
+mod undo;
 mod watch;
 mod worktree;
 
@@ -69,10 +70,12 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Init(args) => init::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Log(args) if args.runs => undo::log_runs(args.json),
         Command::Log(args) => log::run(args),
         Command::Diff(args) => review::diff(args),
         Command::Accept(args) => review::accept(args),
         Command::Discard(args) => review::discard(args),
+        Command::Undo(args) => undo::run(args),
         Command::Image(cmd) => image::run(cmd),
         Command::Down(args) => down::run(args),
         Command::PortRelay(args) => {

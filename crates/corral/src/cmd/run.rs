@@ -178,6 +178,15 @@ fn run_plan_with(
     }
     // The executor is attached last: its jail's Plan is final now.
     let executor = super::serve::attach_executor(&run, session.audit())?;
+    // The change record (cmd/undo.rs): kept by the jail's name gate, finished in `Native::run`.
+    // A review run writes nothing of the host's (accept keeps its own record).
+    let record = match scope {
+        Scope::Run if run.plan.project.review.is_none() => super::undo::begin(&run.plan),
+        _ => None,
+    };
+    if let Some(r) = &record {
+        opts.record = Some(r.dir_fd()?);
+    }
     let mut native = Native {
         req,
         resolved: plan,
@@ -192,6 +201,7 @@ fn run_plan_with(
         proxy: None,
         netcap: None,
         terminal: None,
+        record,
     };
     session.run(&run.plan, &mut native)
 }
@@ -216,6 +226,8 @@ struct Native<'a> {
     proxy: Option<corral_net::ProxyHandle>,
     netcap: Option<corral_net::netcap::NetcapHandle>,
     terminal: Option<corral_sandbox::termfilter::Dropped>,
+    /// The run's change record, finished once nothing the run started can write.
+    record: Option<super::undo::Recording>,
 }
 
 impl Drop for Native<'_> {
@@ -281,6 +293,9 @@ impl Backend for Native<'_> {
         drop(held);
         drop(live);
         end_run(self.executor.take(), ending.pid());
+        if let Some(record) = self.record.take() {
+            record.finish();
+        }
         self.ending = Some(ending);
         // No jail of the run binds them any more: the placeholders this run made go.
         drop(placeholders);

@@ -55,7 +55,9 @@ use std::sync::Mutex;
 use corral_policy::plan::Plan;
 
 mod protected;
+mod record;
 use protected::Use;
+pub use record::Recorder;
 
 /// Longest path the gate reads from a caller (the kernel's PATH_MAX, with its NUL).
 const PATH_MAX: usize = 4096;
@@ -67,7 +69,7 @@ const PROC_SUPER_MAGIC: i64 = 0x9fa0;
 
 /// What PID 1 knows before it forks the command: where a `HEAD` may be created, and which
 /// file systems are the jail's own.
-pub(crate) struct Gate {
+pub struct Gate {
     /// The read-only binds of one file or directory, kept read-only if the host replaces it.
     protected: protected::Protected,
     /// (device, inode) of each git directory that existed when the run started and held a
@@ -84,10 +86,13 @@ pub(crate) struct Gate {
     /// The jail's uid (the gate's own, as the caller's).
     uid: libc::uid_t,
     /// The `filesystem.hide` patterns, refused as new names in the project.
-    pub(crate) hidden: Option<Hidden>,
+    pub hidden: Option<Hidden>,
     reports: Reporter,
     umasks: Umasks,
     fifo_waits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The run's change record (record.rs): what each name in the project was before the
+    /// gate changed it.
+    record: Option<Recorder>,
 }
 
 /// What a name is to git's discovery.
@@ -141,27 +146,33 @@ impl Gate {
     /// The gate for `plan`, or `None` when the Plan lets the jail create repositories
     /// (`filesystem.allow_new_repositories`: what the jail makes is checked when the run ends,
     /// and so is a protected file the host replaced). Runs in PID 1 once the root is built.
-    pub(crate) fn prepare(
-        plan: &Plan,
-        private: &crate::mounts::PrivateDevices,
-    ) -> io::Result<Option<Gate>> {
+    pub fn prepare(plan: &Plan, private: &[u64]) -> io::Result<Option<Gate>> {
         if plan.git.new_repositories {
             return Ok(None);
         }
         let mountinfo = crate::mountinfo::read_proc("/proc/self/mountinfo")?;
         let mut gate = Gate::new(
             &plan.git.dirs,
-            private.0.iter().copied().collect(),
+            private.iter().copied().collect(),
             &mountinfo,
         )?;
         gate.hidden = Hidden::of(plan)?;
         Ok(Some(gate))
     }
 
+    /// Keep the run's change record: before each change of a name in the project, the gate
+    /// has `record` keep what the name is. The gate's filter must then also stop removals
+    /// and mode changes (`seccomp::build_gate_filter`).
+    pub fn with_record(mut self, mut record: Recorder) -> Gate {
+        record.set_private_devs(&self.private_devs);
+        self.record = Some(record);
+        self
+    }
+
     /// The gate for the git directories `dirs` (as this process sees them), with the file
     /// systems of `private_devs` exempt. The protected files and directories are the
     /// read-only binds of one in `mountinfo` (this process's).
-    pub(crate) fn new(
+    pub fn new(
         dirs: &[std::path::PathBuf],
         private_devs: HashSet<u64>,
         mountinfo: &[u8],
@@ -196,6 +207,7 @@ impl Gate {
             reports: Reporter::default(),
             umasks: Umasks::default(),
             fifo_waits: Default::default(),
+            record: None,
         })
     }
 
@@ -204,13 +216,19 @@ impl Gate {
     /// failed before; then the thread ends). Called right after PID 1 forked the command and
     /// before it drops its capabilities: the thread keeps CAP_SYS_PTRACE in the jail's user
     /// namespace alone, to read the memory of a caller that is not dumpable (a program whose
-    /// file is not readable starts so), and nothing else.
-    pub(crate) fn serve(self, from: OwnedFd) {
+    /// file is not readable starts so), and nothing else: `keep_only_ptrace` reduces the
+    /// calling thread's capabilities to [`CAP_SYS_PTRACE`] (corral-sandbox's
+    /// `caps::keep_only`), and the gate serves nothing unless it succeeds.
+    pub fn serve<E: std::fmt::Display>(
+        self,
+        from: OwnedFd,
+        keep_only_ptrace: impl FnOnce() -> Result<(), E> + Send + 'static,
+    ) {
         let gate = self;
         let spawned = std::thread::Builder::new()
             .name("corral-gate".into())
             .spawn(move || {
-                if let Err(e) = crate::caps::keep_only(CAP_SYS_PTRACE) {
+                if let Err(e) = keep_only_ptrace() {
                     eprintln!("corral: jail: name gate: {e}");
                     return;
                 }
@@ -229,7 +247,7 @@ impl Gate {
                         sync_wake_up,
                     )
                 };
-                worker(&gate, &listener);
+                gate.work(&listener);
             });
         if let Err(e) = spawned {
             // The command waits on its first creation until the listener's last copy closes,
@@ -400,7 +418,7 @@ fn path_of(parent: &OwnedFd, name: &[u8]) -> Vec<u8> {
 /// The Plan's `filesystem.hide` patterns and the project root they are relative to (where
 /// the jail sees the project: at its own path), matched with the one matcher the masking walk
 /// uses (`corral_policy::hide::HideSet`).
-pub(crate) struct Hidden {
+pub struct Hidden {
     set: corral_policy::hide::HideSet,
     /// The root without a trailing slash (empty for `/`).
     root: Vec<u8>,
@@ -415,10 +433,7 @@ impl Hidden {
 
     /// `patterns` below the project at `root` (a container's gate: `gatexec.rs`), or `None`
     /// without a pattern.
-    pub(crate) fn of_patterns(
-        patterns: &[String],
-        root: &std::path::Path,
-    ) -> io::Result<Option<Hidden>> {
+    pub fn of_patterns(patterns: &[String], root: &std::path::Path) -> io::Result<Option<Hidden>> {
         if patterns.is_empty() {
             return Ok(None);
         }
@@ -536,8 +551,8 @@ fn entry_at(dir: &OwnedFd, name: &[u8]) -> Result<Option<libc::stat>, i32> {
     }
 }
 
-/// CAP_SYS_PTRACE's number.
-const CAP_SYS_PTRACE: u32 = 19;
+/// CAP_SYS_PTRACE's number: the one capability the gate's thread keeps ([`Gate::serve`]).
+pub const CAP_SYS_PTRACE: u32 = 19;
 
 /// The gate's stderr lines, written by a thread so a stopped terminal cannot stall the gate.
 #[derive(Default)]
@@ -634,46 +649,70 @@ fn openat_entry_raw(dir: &OwnedFd, name: &std::ffi::CStr, flags: i32) -> Result<
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// The command's process: send the gate's listener (or nothing) to PID 1 on `to`.
-/// In the command's process, just before exec: the gate's filter `prog` installed, its listener
-/// sent to the gate on `to`. On a kernel without what the gate needs, the gate gets nothing
-/// (and ends), `jail` says so on stderr, and the check after the run is what remains; unless
-/// the gate is `required` (no run end to check at), then that is the error. The error names
-/// its step.
-pub(crate) fn install_and_send(
-    prog: &[libc::sock_filter],
-    to: RawFd,
-    jail: &str,
-    required: bool,
-) -> Result<(), (&'static str, io::Error)> {
-    let listener = match crate::seccomp::install_gate(prog) {
-        Ok(l) => l,
-        Err(e) => return Err(("install the name gate's filter", io::Error::other(e))),
-    };
-    if listener.is_none() && required {
-        return Err((
-            "install the name gate's filter",
-            io::Error::other("this kernel lacks what the name gate needs (Linux 5.19)"),
-        ));
-    }
-    if listener.is_none() {
-        eprintln!(
-            "corral: this kernel lacks what the name gate needs (Linux 5.19): git repositories \
-             {jail} creates are checked when the run ends instead"
-        );
-    }
-    send_listener(to, listener.as_ref()).map_err(|e| ("send the name gate's listener", e))
-}
-
-fn send_listener(to: RawFd, listener: Option<&OwnedFd>) -> io::Result<()> {
+/// The command's process: send the gate's listener (or nothing: the kernel lacks what the gate
+/// needs) to PID 1 on `to`, the command's end of the gate's socket pair (corral-sandbox's
+/// `seccomp::install_and_send`, just before exec). One byte, the listener with it as
+/// SCM_RIGHTS.
+pub fn send_listener(to: RawFd, listener: Option<&OwnedFd>) -> io::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
     let fds: Vec<RawFd> = listener.map(|l| vec![l.as_raw_fd()]).unwrap_or_default();
-    crate::netns::send_frame(to, b"{}", &fds).map_err(io::Error::from)
+    let cmsgs: Vec<ControlMessage> = if fds.is_empty() {
+        vec![]
+    } else {
+        vec![ControlMessage::ScmRights(&fds)]
+    };
+    loop {
+        match sendmsg::<()>(
+            to,
+            &[io::IoSlice::new(b"L")],
+            &cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
-fn receive_listener(from: &OwnedFd) -> Option<OwnedFd> {
-    match crate::netns::recv_frame(from.as_raw_fd()) {
-        Ok(Some((_, mut fds))) if fds.len() == 1 => fds.pop(),
-        _ => None,
+/// PID 1's gate thread: the listener [`send_listener`] sent, or `None` (nothing sent, the
+/// socket closed, or anything but one descriptor).
+pub fn receive_listener(from: &OwnedFd) -> Option<OwnedFd> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let mut fds = Vec::new();
+    let mut iov = [io::IoSliceMut::new(&mut byte)];
+    let msg = loop {
+        match recvmsg::<()>(
+            from.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => break msg,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return None,
+        }
+    };
+    for c in msg.cmsgs().ok()? {
+        if let ControlMessageOwned::ScmRights(r) = c {
+            // SAFETY: the kernel just installed these descriptors in this process for us.
+            fds.extend(r.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    if msg.bytes != 1 || fds.len() != 1 {
+        return None;
+    }
+    fds.pop()
+}
+
+impl Gate {
+    /// Serve the notifications of `listener` on this thread until no process holds its filter
+    /// (what [`Gate::serve`]'s thread runs, once it has the listener).
+    pub fn work(&self, listener: &OwnedFd) {
+        worker(self, listener)
     }
 }
 
@@ -1176,7 +1215,7 @@ fn handle(gate: &Gate, listener: &OwnedFd, call: &Call) -> Verdict {
 /// registers, memory and descriptor table, which the jail can change after any check. umask(2)
 /// takes one integer and no path or descriptor; the gate checks nothing on it (it only forgets
 /// the umasks it knows). Every other stopped call is performed here, on what was checked.
-fn continues(nr: i64) -> bool {
+pub fn continues(nr: i64) -> bool {
     nr == libc::SYS_umask
 }
 
@@ -1300,6 +1339,44 @@ fn perform(gate: &Gate, listener: &OwnedFd, caller: &Caller, call: &Call) -> Res
         ),
         libc::SYS_bind => bind(gate, caller, call.fd_arg(0), a[1], a[2]),
         libc::SYS_truncate => truncate(gate, caller, &s(0)?, a[1] as i64),
+        libc::SYS_unlinkat => unlink(gate, caller, call.fd_arg(0), &s(1)?, call.int_arg(2)),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_unlink => unlink(gate, caller, libc::AT_FDCWD, &s(0)?, 0),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_rmdir => unlink(gate, caller, libc::AT_FDCWD, &s(0)?, libc::AT_REMOVEDIR),
+        libc::SYS_fchmodat => chmod(
+            gate,
+            caller,
+            call.fd_arg(0),
+            &s(1)?,
+            a[2] as libc::mode_t,
+            0,
+        ),
+        SYS_FCHMODAT2 => {
+            let flags = call.int_arg(3);
+            let path = if flags & libc::AT_EMPTY_PATH != 0 && a[1] == 0 {
+                Vec::new()
+            } else {
+                s(1)?
+            };
+            chmod(
+                gate,
+                caller,
+                call.fd_arg(0),
+                &path,
+                a[2] as libc::mode_t,
+                flags,
+            )
+        }
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_chmod => chmod(
+            gate,
+            caller,
+            libc::AT_FDCWD,
+            &s(0)?,
+            a[1] as libc::mode_t,
+            0,
+        ),
         _ => Err(libc::ENOSYS),
     }
 }
@@ -1566,6 +1643,9 @@ fn open(
     // the time of the open, which then creates it), a directory too (it may be removed
     // meanwhile). An open that cannot create has no name to check.
     let _held = if creates { check(gate, &entry)? } else { None };
+    if writes(flags) || creates {
+        record::before(gate.record.as_ref(), &entry)?;
+    }
     match existing {
         Some(st) if kind == Some(libc::S_IFCHR) && st.st_rdev == libc::makedev(5, 0) => {
             // /dev/tty: the caller's controlling terminal, not PID 1's.
@@ -1664,6 +1744,7 @@ fn truncate(gate: &Gate, caller: &Caller, path: &[u8], len: i64) -> Result<Verdi
                 Some(libc::S_IFREG) => {}
                 Some(_) => return Err(libc::EINVAL),
             }
+            record::before(gate.record.as_ref(), &entry)?;
             openat_entry(
                 &entry,
                 libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW,
@@ -1730,6 +1811,9 @@ fn own_open(
     let fd = own.open(flags & !libc::O_TRUNC, mode)?;
     if flags & libc::O_CREAT != 0 && fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFDIR {
         return Err(libc::EISDIR);
+    }
+    if writes(flags) {
+        record::before_fd(gate.record.as_ref(), &fd)?;
     }
     let fd = checked_write_open(gate, fd, flags)?;
     Ok(Verdict::Fd(fd, cloexec))
@@ -1842,6 +1926,7 @@ fn mkdir(
     let entry = new_entry(caller, dirfd, path)?;
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
+    record::before(gate.record.as_ref(), &entry)?;
     caller.take_umask()?;
     // SAFETY: our own path and descriptor.
     let rc = unsafe { libc::mkdirat(entry.parent.as_raw_fd(), entry.c_last().as_ptr(), mode) };
@@ -1859,6 +1944,7 @@ fn mknod(
     let entry = new_entry(caller, dirfd, path)?;
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
+    record::before(gate.record.as_ref(), &entry)?;
     caller.take_umask()?;
     // SAFETY: as mkdir.
     let rc = unsafe {
@@ -1882,6 +1968,7 @@ fn symlink(
     let entry = new_entry(caller, dirfd, path)?;
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
+    record::before(gate.record.as_ref(), &entry)?;
     let target = CString::new(target.to_vec()).map_err(|_| libc::EINVAL)?;
     // SAFETY: as mkdir.
     let rc = unsafe {
@@ -1928,6 +2015,10 @@ fn link(
         }
     };
     gate.protected_file(&source, Use::Link)?;
+    record::before(gate.record.as_ref(), &entry)?;
+    // The file linked gets a second name, through which it can be written unseen by its
+    // first: its content is kept now.
+    record::before_fd(gate.record.as_ref(), &source)?;
     let via =
         CString::new(format!("/proc/self/fd/{}", source.as_raw_fd())).map_err(|_| libc::EINVAL)?;
     // SAFETY: our own paths and descriptors.
@@ -1962,6 +2053,12 @@ fn rename(
         // Both names get a new entry.
         _held_from = check(gate, &from)?;
     }
+    record::before_rename(
+        gate.record.as_ref(),
+        &from,
+        &to,
+        flags & libc::RENAME_EXCHANGE != 0,
+    )?;
     // SAFETY: our own paths and descriptors.
     let rc = unsafe {
         libc::syscall(
@@ -1974,6 +2071,74 @@ fn rename(
         )
     };
     done(rc as i32)
+}
+
+/// fchmodat2(2) (Linux 6.6), which takes flags; its number is the same on every architecture.
+pub const SYS_FCHMODAT2: i64 = 452;
+
+/// unlink/unlinkat/rmdir, performed here once the record kept what the name was (stopped only
+/// when the run keeps a change record). The last component is never followed.
+fn unlink(
+    gate: &Gate,
+    caller: &Caller,
+    dirfd: i32,
+    path: &[u8],
+    flags: i32,
+) -> Result<Verdict, i32> {
+    if flags & !libc::AT_REMOVEDIR != 0 {
+        return Err(libc::EINVAL);
+    }
+    let entry = new_entry(caller, dirfd, path)?;
+    record::before(gate.record.as_ref(), &entry)?;
+    // SAFETY: our own path and descriptor.
+    let rc = unsafe { libc::unlinkat(entry.parent.as_raw_fd(), entry.c_last().as_ptr(), flags) };
+    done(rc)
+}
+
+/// chmod/fchmodat/fchmodat2, performed here once the record kept the mode (stopped only when
+/// the run keeps a change record): the name is resolved as the kernel would (a final symlink
+/// followed here unless AT_SYMLINK_NOFOLLOW), opened without following anything more, and
+/// changed through that descriptor.
+fn chmod(
+    gate: &Gate,
+    caller: &Caller,
+    dirfd: i32,
+    path: &[u8],
+    mode: libc::mode_t,
+    flags: i32,
+) -> Result<Verdict, i32> {
+    if flags & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH) != 0 {
+        return Err(libc::EINVAL);
+    }
+    let target = if path.is_empty() && flags & libc::AT_EMPTY_PATH != 0 {
+        let link = match dirfd {
+            libc::AT_FDCWD => format!("/proc/{}/cwd", caller.tid),
+            n => format!("/proc/{}/fd/{n}", caller.tid),
+        };
+        let fd = open_path(libc::AT_FDCWD, OsStr::new(&link), 0)?;
+        caller.still_waiting()?;
+        fd
+    } else {
+        let follows = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+        match follow(gate, caller, dirfd, path, follows, false)? {
+            Target::Own(own) => own.path_fd()?,
+            Target::Entry(entry, existing) => {
+                let Some(st) = existing else {
+                    return Err(libc::ENOENT);
+                };
+                if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    // A symlink's mode cannot change (the kernel says so too).
+                    return Err(libc::EOPNOTSUPP);
+                }
+                openat2_path(&entry.parent, &entry.last, libc::O_NOFOLLOW)?
+            }
+        }
+    };
+    record::before_fd(gate.record.as_ref(), &target)?;
+    let via =
+        CString::new(format!("/proc/self/fd/{}", target.as_raw_fd())).map_err(|_| libc::EINVAL)?;
+    // SAFETY: our own path (the descriptor's magic link, which names exactly that inode).
+    done(unsafe { libc::chmod(via.as_ptr(), mode) })
 }
 
 fn done(rc: i32) -> Result<Verdict, i32> {
@@ -2494,21 +2659,6 @@ mod tests {
         assert!(folds(Ok(VFAT), never));
     }
 
-    /// No call is let continue but umask(2): every other call the filter stops depends on a
-    /// path, an address or a descriptor the jail can change after the gate looked.
-    #[test]
-    fn only_umask_is_let_continue() {
-        let mut stopped = crate::seccomp::gate_always();
-        stopped.extend([libc::SYS_openat, libc::SYS_bind, libc::SYS_umask]);
-        #[cfg(target_arch = "x86_64")]
-        stopped.push(libc::SYS_open);
-        for nr in stopped {
-            assert_eq!(continues(nr), nr == libc::SYS_umask, "syscall {nr}");
-        }
-        // (The filter stops bind(2) whatever its arguments: seccomp.rs's
-        // the_gate_stops_every_creating_or_writing_call_and_nothing_else.)
-    }
-
     fn addr(family: libc::c_int, rest: &[u8]) -> Vec<u8> {
         [(family as libc::sa_family_t).to_ne_bytes().as_slice(), rest].concat()
     }
@@ -2577,57 +2727,5 @@ mod tests {
         assert_eq!(bind_len(u64::from(u32::MAX)), Err(libc::EINVAL));
         // The upper half of the register is not the kernel's int.
         assert_eq!(bind_len((1 << 32) | 16), Ok(16));
-    }
-
-    /// Once no process holds the gate's filter, its worker ends (on Linux 6.11+ every RECV
-    /// then fails at once with ENOENT: a worker that took that for one caller's death spun on
-    /// it until PID 1 exited, on a CPU the jail's end needed; before, the RECV blocked).
-    #[test]
-    fn the_worker_ends_once_no_process_holds_the_filter() {
-        let prog = crate::seccomp::build_gate_filter().unwrap();
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        let (ours, theirs) = (OwnedFd::from(ours), OwnedFd::from(theirs));
-        // SAFETY: the child makes syscalls, allocates (glibc's malloc is usable after fork),
-        // and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
-        if pid == 0 {
-            // SAFETY: prctl with integer arguments; the child's own filter.
-            unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-            let code = match crate::seccomp::install_gate(&prog) {
-                Ok(listener) => match send_listener(theirs.as_raw_fd(), listener.as_ref()) {
-                    Ok(()) => 0,
-                    Err(_) => 2,
-                },
-                Err(_) => 1,
-            };
-            // SAFETY: the forked child ends here.
-            unsafe { libc::_exit(code) };
-        }
-        drop(theirs);
-        let listener = receive_listener(&ours);
-        let mut status = 0;
-        // SAFETY: our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "the child could not install the gate's filter or send its listener: {status:#x}"
-        );
-        let Some(listener) = listener else {
-            eprintln!("skipping: this kernel lacks what the name gate needs (Linux 5.19)");
-            return;
-        };
-        let gate = Gate::new(&[], HashSet::new(), b"").unwrap();
-        let (done, ended) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            worker(&gate, &listener);
-            let _ = done.send(());
-        });
-        assert!(
-            ended
-                .recv_timeout(std::time::Duration::from_secs(20))
-                .is_ok(),
-            "the gate's worker still runs with no process left under its filter"
-        );
     }
 }
