@@ -518,3 +518,34 @@ fn diff_prints_no_terminal_sequence_the_jail_wrote() {
         );
     }
 }
+
+#[test]
+fn corral_undo_undoes_an_accepted_review_byte_for_byte() {
+    let w = World::new();
+    write(&w.project.join("src/lib.rs"), "pub fn f() {}\n");
+    w.commit_readme();
+    let before = tree(&w.project);
+    review(
+        &w,
+        &format!(
+            "rm -rf src && sed -i s/hello/bye/ README && chmod 700 README && echo n > n.txt && \
+             mkdir -p a/b && echo deep > a/b/c && {GIT} commit -qam jail && echo END"
+        ),
+    );
+    ok_out(&corral(&w, &["diff"]));
+    let accepted = corral(&w, &["accept"]);
+    assert_eq!(accepted.code, 0, "{}", accepted.both());
+    assert!(
+        accepted.stderr.contains("`corral undo` puts them back"),
+        "{}",
+        accepted.both()
+    );
+    assert_eq!(git_log(&w), "jail\nfirst\n");
+    assert!(!w.project.join("src").exists());
+    // The control: the accept changed the project; undo puts every byte and mode back.
+    assert_ne!(tree(&w.project), before);
+    let undone = corral(&w, &["undo"]);
+    assert_eq!(undone.code, 0, "{}", undone.both());
+    same_tree(&before, &tree(&w.project), "after undo");
+    assert_eq!(git_log(&w), "first\n");
+}

@@ -27,6 +27,11 @@ use super::show::shown;
 use super::upper::{Change, Entry, FILE_MAX, What, sha256};
 use super::{Pending, show, upper};
 
+/// Called before each change of a host entry with the directory holding it (a descriptor),
+/// that directory's path relative to the project and the entry's name: `corral undo`'s change
+/// record keeps what the entry was (cmd/review.rs). An error stops the accept before that change.
+pub type Keep<'a> = &'a dyn Fn(BorrowedFd, &Path, &OsStr) -> std::io::Result<()>;
+
 /// What an accept did.
 #[derive(Debug)]
 pub struct Accepted {
@@ -39,7 +44,7 @@ pub struct Accepted {
 
 /// Apply the changes of the pending review of `root` below `select` (project-relative; all
 /// when empty).
-pub fn accept(root: &Path, select: &[PathBuf]) -> anyhow::Result<Accepted> {
+pub fn accept(root: &Path, select: &[PathBuf], keep: Option<Keep>) -> anyhow::Result<Accepted> {
     let pending = Pending::open(root)?;
     let changes = upper::changes(&pending.paths, select)?;
     if changes.is_empty() {
@@ -66,7 +71,8 @@ pub fn accept(root: &Path, select: &[PathBuf]) -> anyhow::Result<Accepted> {
             refusals.join("\n  ")
         );
     }
-    apply_all(&pending, &changes)?;
+    let none = |_: BorrowedFd, _: &Path, _: &OsStr| Ok(());
+    apply_all(&pending, &changes, keep.unwrap_or(&none))?;
     let remaining = upper::changes(&pending.paths, &[])?.len();
     let mut pending = pending;
     if remaining == 0 {
@@ -302,11 +308,11 @@ fn open_root(root: &Path) -> anyhow::Result<OwnedFd> {
     .with_context(|| format!("cannot open the project {}", root.display()))
 }
 
-fn apply_all(p: &Pending, changes: &[Change]) -> anyhow::Result<()> {
+fn apply_all(p: &Pending, changes: &[Change], keep: Keep) -> anyhow::Result<()> {
     let host = open_root(&p.paths.root)?;
     let upper = open_root(&p.paths.upper)?;
     for c in changes {
-        apply(host.as_fd(), upper.as_fd(), c).with_context(|| {
+        apply(host.as_fd(), upper.as_fd(), c, keep).with_context(|| {
             format!(
                 "cannot apply {} (the changes before it were applied)",
                 shown(&c.path)
@@ -338,7 +344,7 @@ fn apply_all(p: &Pending, changes: &[Change]) -> anyhow::Result<()> {
 }
 
 /// Apply one change. Its parent exists on the host by now (directories come first).
-fn apply(host: BorrowedFd, upper: BorrowedFd, c: &Change) -> anyhow::Result<()> {
+fn apply(host: BorrowedFd, upper: BorrowedFd, c: &Change, keep: Keep) -> anyhow::Result<()> {
     let parent = c.path.parent().unwrap_or(Path::new(""));
     let name = c.path.file_name().context("a change without a name")?;
     let dir = open_dir(host, parent)?
@@ -348,8 +354,16 @@ fn apply(host: BorrowedFd, upper: BorrowedFd, c: &Change) -> anyhow::Result<()> 
     let now_dir = now
         .as_ref()
         .is_some_and(|st| file_type(st) == libc::S_IFDIR);
+    // What the host has there now, kept before it changes (a directory to be removed: all
+    // below it too, in `remove`).
+    keep(dir, parent, name).with_context(|| {
+        format!(
+            "cannot keep {} in the change record (nothing more was applied)",
+            shown(&c.path)
+        )
+    })?;
     match &c.new {
-        Entry::Absent => remove(dir, name, now_dir),
+        Entry::Absent => remove(dir, parent, name, now_dir, keep),
         Entry::Dir { mode } => {
             if now.is_some() && !now_dir {
                 unlinkat(dir, name, UnlinkatFlags::NoRemoveDir)?;
@@ -393,20 +407,27 @@ fn apply(host: BorrowedFd, upper: BorrowedFd, c: &Change) -> anyhow::Result<()> 
                 let _ = unlinkat(dir, tmp.as_os_str(), UnlinkatFlags::NoRemoveDir);
                 return Err(e.into());
             }
-            replace(dir, &tmp, name, now_dir)
+            replace(dir, parent, &tmp, name, now_dir, keep)
         }
         Entry::Symlink { target } => {
             let tmp = temp_name(name);
             symlinkat(target.as_str(), dir, tmp.as_os_str())?;
-            replace(dir, &tmp, name, now_dir)
+            replace(dir, parent, &tmp, name, now_dir, keep)
         }
         Entry::Special { what } => bail!("a {what}: accept makes none"),
     }
 }
 
 /// Put `tmp` in `name`'s place (a directory there is removed first).
-fn replace(dir: BorrowedFd, tmp: &OsStr, name: &OsStr, dir_there: bool) -> anyhow::Result<()> {
-    if dir_there && let Err(e) = remove(dir, name, true) {
+fn replace(
+    dir: BorrowedFd,
+    rel_dir: &Path,
+    tmp: &OsStr,
+    name: &OsStr,
+    dir_there: bool,
+    keep: Keep,
+) -> anyhow::Result<()> {
+    if dir_there && let Err(e) = remove(dir, rel_dir, name, true, keep) {
         let _ = unlinkat(dir, tmp, UnlinkatFlags::NoRemoveDir);
         return Err(e);
     }
@@ -415,7 +436,15 @@ fn replace(dir: BorrowedFd, tmp: &OsStr, name: &OsStr, dir_there: bool) -> anyho
 }
 
 /// Remove `name` in `dir` (a directory with everything below it), never following a link.
-fn remove(dir: BorrowedFd, name: &OsStr, is_dir: bool) -> anyhow::Result<()> {
+/// `rel_dir`: `dir`'s path relative to the project; each entry is kept (`keep`) before it goes.
+fn remove(
+    dir: BorrowedFd,
+    rel_dir: &Path,
+    name: &OsStr,
+    is_dir: bool,
+    keep: Keep,
+) -> anyhow::Result<()> {
+    keep(dir, rel_dir, name)?;
     if !is_dir {
         return match unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
             Ok(()) | Err(nix::errno::Errno::ENOENT) => Ok(()),
@@ -425,7 +454,7 @@ fn remove(dir: BorrowedFd, name: &OsStr, is_dir: bool) -> anyhow::Result<()> {
     let sub = open_beneath(dir, Path::new(name), OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
     for n in names(sub.as_fd())? {
         let d = stat_at(sub.as_fd(), &n)?.is_some_and(|st| file_type(&st) == libc::S_IFDIR);
-        remove(sub.as_fd(), &n, d)?;
+        remove(sub.as_fd(), &rel_dir.join(name), &n, d, keep)?;
     }
     unlinkat(dir, name, UnlinkatFlags::RemoveDir)?;
     Ok(())

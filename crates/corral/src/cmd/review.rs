@@ -107,7 +107,25 @@ pub fn diff(args: DiffArgs) -> anyhow::Result<ExitCode> {
 pub fn accept(args: AcceptArgs) -> anyhow::Result<ExitCode> {
     let root = project(args.project.as_deref())?;
     let select = relative(&root, &args.paths)?;
-    let done = review::accept::accept(&root, &select)?;
+    // What accept changes is kept in the change record, so `corral undo` undoes it (cmd/undo.rs).
+    let command: Vec<String> = std::env::args().collect();
+    let recording = match super::undo::begin_accept(&command, &root) {
+        Ok(r) => r,
+        Err(e) => anyhow::bail!(
+            "cannot start the change record that would let `corral undo` undo this accept \
+             ({e:#}); nothing was applied"
+        ),
+    };
+    let keep = |dir: std::os::fd::BorrowedFd, rel: &Path, name: &std::ffi::OsStr| match &recording {
+        Some(r) => r.keep(dir, rel, name),
+        None => Ok(()),
+    };
+    let done = review::accept::accept(&root, &select, Some(&keep));
+    if let Some(r) = recording {
+        // Finished whether or not accept applied everything: what it did apply is undoable.
+        r.finish();
+    }
+    let done = done?;
     if !done.shown_by_diff {
         eprintln!("corral: no `corral diff` was shown for these changes; applied:");
     } else {

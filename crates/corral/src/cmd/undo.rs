@@ -60,6 +60,42 @@ impl Recording {
     }
 }
 
+/// The record of `corral accept` (cmd/review.rs) applying a review to `project`: what each
+/// entry was before accept changed it, so that `corral undo` undoes the accept. None when the
+/// user keeps no record (`undo.keep_runs = 0`).
+pub fn begin_accept(command: &[String], project: &Path) -> anyhow::Result<Option<Recording>> {
+    let retention = retention();
+    if retention.runs == 0 {
+        return Ok(None);
+    }
+    let state = corral_audit::state_dir()?;
+    let store = Store::open(&state, &corral_audit::project_key(project))?;
+    let record = store.begin(command, project, retention)?;
+    Ok(Some(Recording {
+        store,
+        record,
+        project: project.to_path_buf(),
+        retention,
+    }))
+}
+
+impl Recording {
+    /// Keep `name` in `dir` (whose path relative to the project is `rel_dir`) before it changes.
+    pub fn keep(
+        &self,
+        dir: std::os::fd::BorrowedFd,
+        rel_dir: &Path,
+        name: &std::ffi::OsStr,
+    ) -> std::io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        self.record.before_change(corral_changes::Place {
+            dir,
+            rel_dir: rel_dir.as_os_str().as_bytes(),
+            name: name.as_bytes(),
+        })
+    }
+}
+
 /// The record for a run of `plan`, when it can keep one: a native run whose project is
 /// writable and whose name gate runs (it performs every change it records). A store that
 /// cannot be opened, or that the jail could reach (beneath the project or a bind), is said
