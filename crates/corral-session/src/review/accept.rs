@@ -13,7 +13,7 @@
 //! is ever written through.
 
 use std::ffi::OsStr;
-use std::io::Write;
+
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
@@ -22,9 +22,9 @@ use nix::fcntl::{OFlag, renameat};
 use nix::sys::stat::{Mode, fchmod, mkdirat};
 use nix::unistd::{UnlinkatFlags, symlinkat, unlinkat};
 
-use super::hostfs::{ctime_ns, file_type, open_beneath, open_dir, read_file, stat_at};
+use super::hostfs::{ctime_ns, file_type, hash_copy, open_beneath, open_dir, open_file, stat_at};
 use super::show::shown;
-use super::upper::{Change, Entry, FILE_MAX, What, sha256};
+use super::upper::{Change, Entry, What};
 use super::{Pending, show, upper};
 
 /// Called before each change of a host entry with the directory holding it (a descriptor),
@@ -380,8 +380,8 @@ fn apply(host: BorrowedFd, upper: BorrowedFd, c: &Change, keep: Keep) -> anyhow:
         } => {
             let udir = open_dir(upper, parent)?
                 .with_context(|| format!("{} left the change set", shown(parent)))?;
-            let (bytes, st) = read_file(udir.as_fd(), name, FILE_MAX)?;
-            if sha256(&bytes) != *want || st.st_mode & 0o7777 != *mode {
+            let (from, st) = open_file(udir.as_fd(), name)?;
+            if st.st_mode & 0o7777 != *mode {
                 bail!("it changed in the change set since it was read: nothing more was applied");
             }
             let tmp = temp_name(name);
@@ -396,8 +396,18 @@ fn apply(host: BorrowedFd, upper: BorrowedFd, c: &Change, keep: Keep) -> anyhow:
                 Mode::from_bits_truncate(0o600),
             )?;
             let mut f = std::fs::File::from(fd);
-            let written = f
-                .write_all(&bytes)
+            // The bytes are hashed as they are copied: what lands is what diff showed.
+            let written = hash_copy(from, Some(&mut f))
+                .and_then(|(got, _)| {
+                    if got == *want {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::other(
+                            "it changed in the change set since it was read: nothing more was \
+                             applied",
+                        ))
+                    }
+                })
                 .and_then(|()| {
                     fchmod(&f, Mode::from_bits_truncate(mode & 0o1777)).map_err(Into::into)
                 })

@@ -83,6 +83,51 @@ pub(crate) fn read_file(
     Ok((bytes, st))
 }
 
+/// The regular file `name` in `dir`, opened for reading as [`read_file`] opens it (no link
+/// followed, no FIFO blocked on), with its stat.
+pub(crate) fn open_file(
+    dir: BorrowedFd,
+    name: &OsStr,
+) -> std::io::Result<(std::fs::File, FileStat)> {
+    let fd = open_beneath(
+        dir,
+        Path::new(name),
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
+    )?;
+    let st = fstat(&fd)?;
+    if file_type(&st) != libc::S_IFREG {
+        return Err(std::io::Error::other(format!(
+            "{} is no longer a regular file",
+            Path::new(name).display()
+        )));
+    }
+    Ok((std::fs::File::from(fd), st))
+}
+
+/// Read `from` to its end, each chunk to `to` (when given); its SHA-256 and length.
+pub(crate) fn hash_copy(
+    mut from: impl Read,
+    mut to: Option<&mut dyn std::io::Write>,
+) -> std::io::Result<(String, u64)> {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buf = vec![0u8; 1 << 16];
+    let mut len = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        ctx.update(&buf[..n]);
+        if let Some(to) = to.as_mut() {
+            to.write_all(&buf[..n])?;
+        }
+        len += n as u64;
+    }
+    Ok((super::hex(ctx.finish().as_ref()), len))
+}
+
 /// The target of the symlink `name` in `dir`.
 pub(crate) fn read_link(dir: BorrowedFd, name: &OsStr) -> nix::Result<std::ffi::OsString> {
     nix::fcntl::readlinkat(dir, name)

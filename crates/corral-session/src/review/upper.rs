@@ -15,10 +15,7 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
 use super::Paths;
-use super::hostfs::{ctime_ns, file_type, open_dir, read_file, read_link, stat_at};
-
-/// Bytes of one file read at most (a bigger file in the change set is refused).
-pub const FILE_MAX: u64 = 1 << 30;
+use super::hostfs::{ctime_ns, file_type, hash_copy, open_dir, open_file, read_link, stat_at};
 
 /// One entry's state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -272,12 +269,14 @@ fn entry_of(
     let mode = st.st_mode & 0o7777;
     Ok(match file_type(st) {
         libc::S_IFREG => {
-            let (bytes, st) = read_file(dir, name, FILE_MAX)
+            let (f, st) = open_file(dir, name)
+                .with_context(|| format!("cannot read {}", super::show::shown(path)))?;
+            let (sha256, size) = hash_copy(f, None)
                 .with_context(|| format!("cannot read {}", super::show::shown(path)))?;
             Entry::File {
                 mode: st.st_mode & 0o7777,
-                size: bytes.len() as u64,
-                sha256: sha256(&bytes),
+                size,
+                sha256,
             }
         }
         libc::S_IFDIR => Entry::Dir { mode },
@@ -310,10 +309,6 @@ fn entry_of(
             what: "unknown file type".into(),
         },
     })
-}
-
-pub(crate) fn sha256(bytes: &[u8]) -> String {
-    super::hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
 }
 
 /// The names in the directory `dir`, sorted.
