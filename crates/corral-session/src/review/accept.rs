@@ -145,87 +145,122 @@ fn refusals(p: &Pending, changes: &[Change]) -> anyhow::Result<Vec<String>> {
     let hide = corral_policy::hide::HideSet::new(&p.meta.hide)?;
     let host = open_root(root)?;
     let mut out = Vec::new();
-    let mut git_touched = false;
     let mut start_names = None;
     for c in changes {
         let at = shown(&c.path);
-        if let Entry::Special { what } = &c.new {
-            out.push(format!("{at}: a {what}; accept makes none"));
-        }
-        if let Entry::File { mode, .. } = &c.new
-            && mode & 0o6000 != 0
-        {
-            out.push(format!(
-                "{at}: mode {mode:o} has a set-user-ID or set-group-ID bit; accept never makes one"
-            ));
-        }
-        if let Some(pattern) = hide.matching(&c.path) {
-            out.push(format!(
-                "{at}: filesystem.hide matches it ({pattern:?}); a jail may not make or change \
-                 such a name in the project"
-            ));
-        }
-        let abs = root.join(&c.path);
-        if let Some(pr) = p
-            .meta
-            .protected
-            .iter()
-            .find(|pr| abs.starts_with(pr) || pr.starts_with(&abs))
-        {
-            out.push(format!(
-                "{at}: {} is protected (read-only in the jail)",
-                shown(pr)
-            ));
-        }
+        out.extend(change_refusals(c, &hide, &p.meta.protected, root));
         if let Some(why) = git_refusal(host.as_fd(), c)? {
             out.push(format!("{at}: {why}"));
         }
-        if c.path.components().next() == Some(Component::Normal(OsStr::new(".git"))) {
-            git_touched = true;
-        }
-        // The host's entry is as it was when the run started.
-        if c.old == Entry::Absent
-            && c.copied_up
-            && start_names
-                .get_or_insert_with(|| super::start_names(&p.paths))
-                .as_ref()
-                .map_err(|e| anyhow::anyhow!("{e:#}"))?
-                .contains(&c.path)
-        {
-            out.push(format!(
-                "{at}: deleted or moved on the host since the run started (the jail changed \
-                 the host's file); accept does not bring it back"
-            ));
-        } else if let Some(ctime) = c.old_ctime
-            && ctime >= p.meta.started_ns
-        {
-            out.push(format!(
-                "{at}: changed on the host since the run started; accept does not overwrite it \
-                 (accept the other paths, or `corral discard`)"
-            ));
-        } else if c.old.is_dir()
-            && !c.new.is_dir()
-            && let Some(changed) = changed_below(host.as_fd(), &c.path, p.meta.started_ns)?
-        {
-            out.push(format!(
-                "{at}: {} changed on the host since the run started; accept does not \
-                 delete it",
-                super::show::shown(&changed)
-            ));
+        if let Some(why) = host_refusal(p, host.as_fd(), c, &mut start_names)? {
+            out.push(format!("{at}: {why}"));
         }
     }
-    if git_touched && let Some(before) = &p.meta.refs {
-        let now = super::git_refs(root)?;
-        if now.as_ref() != Some(before) {
-            out.push(
-                ".git: the host's git refs moved since the run started (a commit, checkout or \
-                 fetch on the host); the jail's commits are not applied over them: accept the \
-                 other paths (`corral accept PATH...`), or `corral discard`"
-                    .into(),
-            );
-        }
-    }
+    out.extend(refs_refusal(p, changes)?);
     Ok(out)
+}
+
+/// What in the change itself a normal run refuses or undoes: a device, FIFO or socket, a
+/// set-id bit (seccomp, setid.rs), a hidden name (the name gate), a protected path or a
+/// directory above one (read-only in the jail). Pure: the tests below call it.
+fn change_refusals(
+    c: &Change,
+    hide: &corral_policy::hide::HideSet,
+    protected: &[PathBuf],
+    root: &Path,
+) -> Vec<String> {
+    let at = shown(&c.path);
+    let mut out = Vec::new();
+    if let Entry::Special { what } = &c.new {
+        out.push(format!("{at}: a {what}; accept makes none"));
+    }
+    if let Entry::File { mode, .. } = &c.new
+        && mode & 0o6000 != 0
+    {
+        out.push(format!(
+            "{at}: mode {mode:o} has a set-user-ID or set-group-ID bit; accept never makes one"
+        ));
+    }
+    if let Some(pattern) = hide.matching(&c.path) {
+        out.push(format!(
+            "{at}: filesystem.hide matches it ({pattern:?}); a jail may not make or change \
+             such a name in the project"
+        ));
+    }
+    let abs = root.join(&c.path);
+    if let Some(pr) = protected
+        .iter()
+        .find(|pr| abs.starts_with(pr) || pr.starts_with(&abs))
+    {
+        out.push(format!(
+            "{at}: {} is protected (read-only in the jail)",
+            shown(pr)
+        ));
+    }
+    out
+}
+
+/// Why the host's entry is not as it was when the run started, if it is not: changed (its
+/// ctime, which no user call can set back, is not before the start), something below a
+/// directory to be removed changed, or a file the jail changed was deleted or moved.
+fn host_refusal(
+    p: &Pending,
+    host: BorrowedFd,
+    c: &Change,
+    start_names: &mut Option<anyhow::Result<std::collections::HashSet<PathBuf>>>,
+) -> anyhow::Result<Option<String>> {
+    if c.old == Entry::Absent && c.copied_up {
+        let names = start_names
+            .get_or_insert_with(|| super::start_names(&p.paths))
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        if names.contains(&c.path) {
+            return Ok(Some(
+                "deleted or moved on the host since the run started (the jail changed the \
+                 host's file); accept does not bring it back"
+                    .into(),
+            ));
+        }
+    }
+    if let Some(ctime) = c.old_ctime
+        && ctime >= p.meta.started_ns
+    {
+        return Ok(Some(
+            "changed on the host since the run started; accept does not overwrite it (accept \
+             the other paths, or `corral discard`)"
+                .into(),
+        ));
+    }
+    if c.old.is_dir()
+        && !c.new.is_dir()
+        && let Some(changed) = changed_below(host, &c.path, p.meta.started_ns)?
+    {
+        return Ok(Some(format!(
+            "{} changed on the host since the run started; accept does not delete it",
+            shown(&changed)
+        )));
+    }
+    Ok(None)
+}
+
+/// The jail's git changes (anything in the project's `.git`) over refs the host moved since
+/// the run started.
+fn refs_refusal(p: &Pending, changes: &[Change]) -> anyhow::Result<Option<String>> {
+    let git = changes
+        .iter()
+        .any(|c| c.path.components().next() == Some(Component::Normal(OsStr::new(".git"))));
+    let Some(before) = &p.meta.refs else {
+        return Ok(None);
+    };
+    if !git || super::git_refs(&p.paths.root)?.as_ref() == Some(before) {
+        return Ok(None);
+    }
+    Ok(Some(
+        ".git: the host's git refs moved since the run started (a commit, checkout or fetch on \
+         the host); the jail's commits are not applied over them: accept the other paths \
+         (`corral accept PATH...`), or `corral discard`"
+            .into(),
+    ))
 }
 
 /// Why accept will not make this git change, if it will not: what a normal run's name gate
@@ -498,4 +533,104 @@ fn temp_name(name: &OsStr) -> std::ffi::OsString {
         s = format!(".corral-accept-{}-{n}", std::process::id()).into();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(path: &str, what: What, new: Entry) -> Change {
+        Change {
+            path: PathBuf::from(path),
+            what,
+            old: Entry::Absent,
+            new,
+            old_ctime: None,
+            copied_up: false,
+        }
+    }
+
+    fn file(mode: u32) -> Entry {
+        Entry::File {
+            mode,
+            size: 1,
+            sha256: "00".into(),
+        }
+    }
+
+    #[test]
+    fn a_change_is_refused_for_its_kind_mode_hidden_name_or_a_protected_path() {
+        let hide = corral_policy::hide::HideSet::new(&[".env".into(), ".env.*".into()]).unwrap();
+        let root = Path::new("/p");
+        let protected = [
+            PathBuf::from("/p/corral.toml"),
+            PathBuf::from("/p/.git/hooks"),
+        ];
+        let refused = |c: Change| change_refusals(&c, &hide, &protected, root);
+        assert_eq!(
+            refused(change("src/a.rs", What::Added, file(0o644))),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            refused(change("tool", What::Added, file(0o4755))),
+            ["tool: mode 4755 has a set-user-ID or set-group-ID bit; accept never makes one"]
+        );
+        assert_eq!(refused(change("tool", What::Added, file(0o2755))).len(), 1);
+        assert_eq!(
+            refused(change(
+                "fifo",
+                What::Added,
+                Entry::Special {
+                    what: "FIFO".into()
+                }
+            )),
+            ["fifo: a FIFO; accept makes none"]
+        );
+        assert_eq!(
+            refused(change(".env.local", What::Added, file(0o600))).len(),
+            1
+        );
+        assert_eq!(
+            refused(change("corral.toml", What::Modified, file(0o644))).len(),
+            1
+        );
+        // Below a protected directory, and a directory above a protected path.
+        assert_eq!(
+            refused(change(".git/hooks/pre-commit", What::Added, file(0o755))).len(),
+            1
+        );
+        assert_eq!(
+            refused(change(".git", What::Deleted, Entry::Absent)).len(),
+            1
+        );
+        // A name in the terminal is escaped.
+        let odd = refused(change("t\u{1b}]52", What::Added, file(0o4755)));
+        assert!(odd[0].starts_with("t\\u{1b}]52:"), "{odd:?}");
+    }
+
+    #[test]
+    fn accept_takes_only_what_the_last_diff_showed() {
+        let shown = show::Manifest {
+            select: vec![PathBuf::from("src")],
+            changes: vec![change("src/a", What::Added, file(0o644))],
+        };
+        let now = [change("src/a", What::Added, file(0o644))];
+        assert!(same_as_shown(&shown, &[], &now).is_ok());
+        // A byte changed (its hash), a mode, a path diff did not show.
+        let other = [change("src/a", What::Added, file(0o755))];
+        assert!(same_as_shown(&shown, &[], &other).is_err());
+        let more = [
+            change("src/a", What::Added, file(0o644)),
+            change("src/b", What::Added, file(0o644)),
+        ];
+        assert!(same_as_shown(&shown, &[], &more).is_err());
+        let outside = [change("README", What::Modified, file(0o644))];
+        let err = same_as_shown(&shown, &[], &outside)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("was not shown by the last `corral diff`"),
+            "{err}"
+        );
+    }
 }
