@@ -204,7 +204,13 @@ impl Walk<'_> {
         let new = if whiteout {
             Entry::Absent
         } else {
-            upper_entry(u, name, &ust, &path)?
+            match upper_entry(u, name, &ust, &path) {
+                Ok(e) => e,
+                // Gone since it was listed: the jail removed it while `corral diff` read the
+                // change set during the run (accept reads it with no jail running).
+                Err(e) if gone(&e) => return Ok(()),
+                Err(e) => return Err(e),
+            }
         };
         let what = match (&old, &new) {
             (Entry::Absent, Entry::Absent) => None,
@@ -226,12 +232,9 @@ impl Walk<'_> {
             });
         }
         if new.is_dir() {
-            let sub = open_dir(u, Path::new(name))?.with_context(|| {
-                format!(
-                    "{} left the change set while it was read",
-                    super::show::shown(&path)
-                )
-            })?;
+            let Some(sub) = open_dir(u, Path::new(name))? else {
+                return Ok(());
+            };
             // The host's directory below, when the merged view still shows its entries.
             let host_sub: Option<OwnedFd> = match (h, &old) {
                 (Some(h), Entry::Dir { .. }) => open_dir(h, Path::new(name))?,
@@ -308,6 +311,15 @@ fn entry_of(
         _ => Entry::Special {
             what: "unknown file type".into(),
         },
+    })
+}
+
+/// The error says the entry is no longer there.
+fn gone(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            || c.downcast_ref::<nix::errno::Errno>() == Some(&nix::errno::Errno::ENOENT)
     })
 }
 
