@@ -233,8 +233,9 @@ pub struct JailOptions {
     /// `corral accept`; `corral diff` shows the changes, `corral discard` drops them
     #[arg(long)]
     pub review: bool,
-    /// With --review: drop a pending review of this project instead of refusing to start
-    #[arg(long, requires = "review")]
+    /// A review run (--review, filesystem.review): drop a pending review of this project
+    /// instead of refusing to start
+    #[arg(long)]
     pub discard_pending: bool,
 }
 

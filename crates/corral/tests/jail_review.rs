@@ -549,3 +549,22 @@ fn corral_undo_undoes_an_accepted_review_byte_for_byte() {
     same_tree(&before, &tree(&w.project), "after undo");
     assert_eq!(git_log(&w), "first\n");
 }
+
+#[test]
+fn a_review_run_that_changed_nothing_leaves_no_review() {
+    let w = World::new();
+    let out = review(
+        &w,
+        "cat README > /dev/null && echo scratch > /tmp/x && echo END",
+    );
+    assert!(
+        out.stderr.contains("the run changed nothing"),
+        "{}",
+        out.both()
+    );
+    let none = corral(&w, &["diff"]);
+    assert!(none.stderr.contains("no review"), "{}", none.both());
+    // Control: a run that writes leaves one.
+    review(&w, "echo x > y && echo END");
+    ok_out(&corral(&w, &["diff", "--stat"]));
+}

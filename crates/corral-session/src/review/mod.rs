@@ -351,26 +351,40 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The end-of-run lines of a review run: what is held and how to see, apply or drop it.
-pub fn summary(paths: &Paths) -> Vec<String> {
-    let changes = match upper::changes(paths, &[]) {
-        Ok(c) => c,
-        Err(e) => return vec![format!("corral: review: cannot read the change set: {e:#}")],
-    };
-    if changes.is_empty() {
-        return vec![
-            "corral: review: the run changed nothing in the project; `corral discard` drops the \
-             empty review"
-                .into(),
-        ];
+impl Running {
+    /// The run has ended (every process of it): the lines that say what is held and how to
+    /// see, apply or drop it. A run that changed nothing leaves no review behind.
+    pub fn finish(self) -> Vec<String> {
+        let changes = match upper::changes(&self.paths, &[]) {
+            Ok(c) => c,
+            Err(e) => {
+                return vec![format!(
+                    "corral: review: cannot read the change set: {e:#}; `corral discard` drops it"
+                )];
+            }
+        };
+        if changes.is_empty() {
+            return match remove_change_set(&self.paths) {
+                Ok(()) => vec!["corral: review: the run changed nothing in the project".into()],
+                Err(e) => vec![format!(
+                    "corral: review: the run changed nothing, but its review could not be \
+                     removed ({e:#}): `corral discard` drops it"
+                )],
+            };
+        }
+        summary(&changes)
     }
+}
+
+/// The end-of-run lines of a review run that changed something.
+fn summary(changes: &[upper::Change]) -> Vec<String> {
     let mut lines = vec![format!(
         "corral: review: {} change{} held, the project is unchanged:",
         changes.len(),
         if changes.len() == 1 { "" } else { "s" }
     )];
     lines.extend(
-        show::stat_lines(&changes, 20)
+        show::stat_lines(changes, 20)
             .into_iter()
             .map(|l| format!("  {l}")),
     );

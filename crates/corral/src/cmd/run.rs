@@ -40,10 +40,16 @@ pub fn run_jail(
     ensure_state_paths(&plan.profile, &req.home)?;
     // Review mode (cmd/review.rs): native only; its directories made and held for the run.
     super::review::native_only(&plan)?;
+    if opts.discard_pending && plan.project.review.is_none() {
+        anyhow::bail!(
+            "--discard-pending drops a pending review before a review run; this run is none \
+             (add --review, or filesystem.review = true)"
+        );
+    }
     let review = corral_session::review::begin(&plan, opts.discard_pending)?;
     let code = run_plan_with(&plan, Some(&req), Scope::Run);
     if let Some(review) = review {
-        for line in corral_session::review::summary(&review.paths) {
+        for line in review.finish() {
             say(&line);
         }
     }
