@@ -127,11 +127,14 @@ fn the_host_project_is_unchanged_during_and_after_the_run_and_accept_applies_the
         &w.project.join("node_modules/x/index.js"),
         "module.exports = 1;\n",
     );
+    write(&w.project.join("lib/a.txt"), "a\n");
+    write(&w.project.join("lib/b/c.txt"), "c\n");
     w.commit_readme();
     let before = tree(&w.project);
     // The jail makes its changes, then waits on stdin while the test looks at the host.
     let script = format!(
-        "rm -rf node_modules && sed -i s/hello/HELLO/ README && chmod 755 README && \
+        "rm -rf node_modules && rm -rf lib && mkdir lib && echo d > lib/d.txt && \
+         sed -i s/hello/HELLO/ README && chmod 755 README && \
          mv src/main.c src/app.c && echo new > new.txt && ln -s README link && \
          {GIT} add README new.txt link src && {GIT} commit -qm 'jail commit' && echo CHANGED && read line && \
          cat README && echo END"
@@ -179,6 +182,9 @@ fn the_host_project_is_unchanged_during_and_after_the_run_and_accept_applies_the
     let stat = corral(&w, &["diff", "--stat"]);
     for want in [
         "D node_modules/",
+        "D lib/a.txt",
+        "D lib/b/",
+        "A lib/d.txt",
         "M README (23 bytes) mode 644 -> 755",
         "D src/main.c",
         "A src/app.c",
@@ -219,6 +225,15 @@ fn the_host_project_is_unchanged_during_and_after_the_run_and_accept_applies_the
     );
     assert_eq!(std::fs::metadata(&readme).unwrap().mode() & 0o777, 0o755);
     assert!(!w.project.join("node_modules").exists());
+    let lib: Vec<_> = std::fs::read_dir(w.project.join("lib"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        lib,
+        ["d.txt"],
+        "the directory the jail made anew is not what it made"
+    );
     assert!(!w.project.join("src/main.c").exists());
     assert_eq!(
         std::fs::read_to_string(w.project.join("src/app.c")).unwrap(),
@@ -567,4 +582,34 @@ fn a_review_run_that_changed_nothing_leaves_no_review() {
     // Control: a run that writes leaves one.
     review(&w, "echo x > y && echo END");
     ok_out(&corral(&w, &["diff", "--stat"]));
+}
+
+#[test]
+fn a_partial_accept_leaves_exactly_the_rest_pending() {
+    let w = World::new();
+    write(&w.project.join("lib/a.txt"), "a\n");
+    write(&w.project.join("lib/b/c.txt"), "c\n");
+    // A directory made anew (opaque in the overlay), and a file elsewhere.
+    review(
+        &w,
+        "rm -rf lib && mkdir lib && echo d > lib/d.txt && echo o > other.txt && echo END",
+    );
+    let stat = |w: &World| corral(w, &["diff", "--stat"]).stdout;
+    assert_eq!(
+        stat(&w),
+        "A lib/d.txt (2 bytes)\nD lib/a.txt\nD lib/b/\nA other.txt (2 bytes)\n"
+    );
+    ok_out(&corral(&w, &["accept", "lib/d.txt"]));
+    assert!(w.project.join("lib/d.txt").exists() && w.project.join("lib/a.txt").exists());
+    assert_eq!(stat(&w), "D lib/a.txt\nD lib/b/\nA other.txt (2 bytes)\n");
+    ok_out(&corral(&w, &["accept", "lib"]));
+    assert_eq!(stat(&w), "A other.txt (2 bytes)\n");
+    let names: Vec<_> = std::fs::read_dir(w.project.join("lib"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["d.txt"]);
+    ok_out(&corral(&w, &["accept"]));
+    assert!(w.project.join("other.txt").exists());
+    assert!(corral(&w, &["diff"]).stderr.contains("no review"));
 }

@@ -354,27 +354,9 @@ fn apply_all(p: &Pending, changes: &[Change], keep: Keep) -> anyhow::Result<()> 
             )
         })?;
     }
-    // What was applied leaves the change set (files, links, whiteouts; directories stay and
-    // are no change any more).
-    for c in changes.iter().rev() {
-        if c.new.is_dir() {
-            continue;
-        }
-        let parent = c.path.parent().unwrap_or(Path::new(""));
-        let Some(name) = c.path.file_name() else {
-            continue;
-        };
-        if let Some(dir) = open_dir(upper.as_fd(), parent)? {
-            match unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir) {
-                Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
-                Err(e) => {
-                    return Err(e).with_context(|| {
-                        format!("cannot remove {} from the change set", shown(&c.path))
-                    });
-                }
-            }
-        }
-    }
+    // The upper directory stays as it is: the change set is it read against the host, and
+    // what was applied is the host's now, so no change any more (an opaque directory's
+    // deletions, done, have nothing left to delete).
     Ok(())
 }
 
@@ -407,7 +389,7 @@ fn apply(host: BorrowedFd, upper: BorrowedFd, c: &Change, keep: Keep) -> anyhow:
                 mkdirat(dir, name, Mode::from_bits_truncate(0o700))?;
             }
             let d = open_beneath(dir, Path::new(name), OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
-            fchmod(&d, Mode::from_bits_truncate(mode & 0o1777))?;
+            fchmod(&d, Mode::from_bits_truncate(mode & 0o7777))?;
             Ok(())
         }
         Entry::File {
@@ -415,43 +397,7 @@ fn apply(host: BorrowedFd, upper: BorrowedFd, c: &Change, keep: Keep) -> anyhow:
         } => {
             let udir = open_dir(upper, parent)?
                 .with_context(|| format!("{} left the change set", shown(parent)))?;
-            let (from, st) = open_file(udir.as_fd(), name)?;
-            if st.st_mode & 0o7777 != *mode {
-                bail!("it changed in the change set since it was read: nothing more was applied");
-            }
-            let tmp = temp_name(name);
-            let fd = nix::fcntl::openat(
-                dir,
-                tmp.as_os_str(),
-                OFlag::O_WRONLY
-                    | OFlag::O_CREAT
-                    | OFlag::O_EXCL
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_CLOEXEC,
-                Mode::from_bits_truncate(0o600),
-            )?;
-            let mut f = std::fs::File::from(fd);
-            // The bytes are hashed as they are copied: what lands is what diff showed.
-            let written = hash_copy(from, Some(&mut f))
-                .and_then(|(got, _)| {
-                    if got == *want {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::other(
-                            "it changed in the change set since it was read: nothing more was \
-                             applied",
-                        ))
-                    }
-                })
-                .and_then(|()| {
-                    fchmod(&f, Mode::from_bits_truncate(mode & 0o1777)).map_err(Into::into)
-                })
-                .and_then(|()| f.sync_all());
-            drop(f);
-            if let Err(e) = written {
-                let _ = unlinkat(dir, tmp.as_os_str(), UnlinkatFlags::NoRemoveDir);
-                return Err(e.into());
-            }
+            let tmp = copy_in(udir.as_fd(), dir, name, *mode, want)?;
             replace(dir, parent, &tmp, name, now_dir, keep)
         }
         Entry::Symlink { target } => {
@@ -461,6 +407,43 @@ fn apply(host: BorrowedFd, upper: BorrowedFd, c: &Change, keep: Keep) -> anyhow:
         }
         Entry::Special { what } => bail!("a {what}: accept makes none"),
     }
+}
+
+/// Copy the change set's file `name` (in `udir`) to a new name in the host's `dir`, with
+/// `mode`, checking that its bytes hash to `want` as they are copied; the new name.
+fn copy_in(
+    udir: BorrowedFd,
+    dir: BorrowedFd,
+    name: &OsStr,
+    mode: u32,
+    want: &str,
+) -> anyhow::Result<std::ffi::OsString> {
+    let changed = "it changed in the change set since it was read: nothing more was applied";
+    let (from, st) = open_file(udir, name)?;
+    if st.st_mode & 0o7777 != mode {
+        bail!(changed);
+    }
+    let tmp = temp_name(name);
+    let fd = nix::fcntl::openat(
+        dir,
+        tmp.as_os_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )?;
+    let mut f = std::fs::File::from(fd);
+    let written = hash_copy(from, Some(&mut f))
+        .and_then(|(got, _)| match got == want {
+            true => Ok(()),
+            false => Err(std::io::Error::other(changed)),
+        })
+        .and_then(|()| fchmod(&f, Mode::from_bits_truncate(mode & 0o1777)).map_err(Into::into))
+        .and_then(|()| f.sync_all());
+    drop(f);
+    if let Err(e) = written {
+        let _ = unlinkat(dir, tmp.as_os_str(), UnlinkatFlags::NoRemoveDir);
+        return Err(e.into());
+    }
+    Ok(tmp)
 }
 
 /// Put `tmp` in `name`'s place (a directory there is removed first).

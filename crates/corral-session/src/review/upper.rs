@@ -168,32 +168,13 @@ impl Walk<'_> {
         let Some(ust) = stat_at(u, name)? else {
             return Ok(());
         };
-        let attrs = super::hostfs::overlay_xattrs(u, name).with_context(|| {
-            format!(
-                "cannot read the overlay's attributes of {}",
-                super::show::shown(&path)
-            )
-        })?;
         let kind = file_type(&ust);
-        let mut own_opaque = false;
-        let mut copied_up = false;
-        for (attr, value) in &attrs {
-            match attr.as_str() {
-                "user.overlay.origin" => copied_up = true,
-                "user.overlay.impure" => {}
-                "user.overlay.opaque" if kind == libc::S_IFDIR && value.as_slice() == b"y" => {
-                    own_opaque = true;
-                }
-                _ => bail!(
-                    "the change set's {} carries the overlay attribute {attr}, which corral does \
-                     not apply; `corral discard` drops the review",
-                    super::show::shown(&path)
-                ),
-            }
-        }
+        let (own_opaque, copied_up) = overlay_marks(u, name, kind, &path)?;
+        // The host's entry of that name, compared with what the review holds (below an opaque
+        // directory too: the review's entry then replaces it whole).
         let hst = match h {
-            Some(h) if !opaque => stat_at(h, name)?,
-            _ => None,
+            Some(h) => stat_at(h, name)?,
+            None => None,
         };
         let old = match (h, &hst) {
             (Some(h), Some(st)) => host_entry(h, name, st, &path)?,
@@ -312,6 +293,39 @@ fn entry_of(
             what: "unknown file type".into(),
         },
     })
+}
+
+/// The overlay's marks on the upper entry `name` in `u`: whether it is an opaque directory,
+/// and whether it was copied up from the host's project. Any other overlay attribute (a
+/// redirect, metacopy, a whiteout by attribute) is refused, not guessed at.
+fn overlay_marks(
+    u: BorrowedFd,
+    name: &OsStr,
+    kind: u32,
+    path: &Path,
+) -> anyhow::Result<(bool, bool)> {
+    let attrs = super::hostfs::overlay_xattrs(u, name).with_context(|| {
+        format!(
+            "cannot read the overlay's attributes of {}",
+            super::show::shown(path)
+        )
+    })?;
+    let (mut opaque, mut copied_up) = (false, false);
+    for (attr, value) in &attrs {
+        match attr.as_str() {
+            "user.overlay.origin" => copied_up = true,
+            "user.overlay.impure" => {}
+            "user.overlay.opaque" if kind == libc::S_IFDIR && value.as_slice() == b"y" => {
+                opaque = true;
+            }
+            _ => bail!(
+                "the change set's {} carries the overlay attribute {attr}, which corral does \
+                 not apply; `corral discard` drops the review",
+                super::show::shown(path)
+            ),
+        }
+    }
+    Ok((opaque, copied_up))
 }
 
 /// The error says the entry is no longer there.
