@@ -389,8 +389,8 @@ fn summary(changes: &[upper::Change]) -> Vec<String> {
             .map(|l| format!("  {l}")),
     );
     lines.push(
-        "corral: `corral diff` shows them, `corral accept [PATH...]` applies them, \
-         `corral discard` drops them"
+        "corral: `corral diff` shows them, `corral accept [PATH...]` applies them (`corral \
+         undo` then puts the project back), `corral discard` drops them"
             .into(),
     );
     lines
