@@ -613,3 +613,19 @@ fn a_partial_accept_leaves_exactly_the_rest_pending() {
     assert!(w.project.join("other.txt").exists());
     assert!(corral(&w, &["diff"]).stderr.contains("no review"));
 }
+
+/// The control of the byte-identical checks: the same kind of run without `--review` changes
+/// the host's project, and `same_tree` sees it.
+#[test]
+fn control_without_review_the_run_changes_the_host_project() {
+    let w = World::new();
+    let before = tree(&w.project);
+    let out = w.sh(
+        "none",
+        "sed -i s/hello/HELLO/ README && echo x > made.txt && echo END",
+    );
+    ran(&out, "END");
+    let after = tree(&w.project);
+    let seen = std::panic::catch_unwind(|| same_tree(&before, &after, "in the control"));
+    assert!(seen.is_err(), "same_tree did not see the run's changes");
+}
