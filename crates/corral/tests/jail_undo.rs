@@ -368,3 +368,68 @@ fn a_store_the_jail_could_reach_keeps_no_record() {
     );
     assert_eq!(run_ids(&w).len(), 1);
 }
+
+/// `corral log --runs`: one row per recorded run (id, start, counts, size, command, its undo),
+/// and the store's use of its bounds (the user config's `[undo]`).
+#[test]
+fn corral_log_runs_shows_each_run_and_the_bounds() {
+    let w = project();
+    let config = w.home.join(".config/corral/config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}[undo]\nkeep_runs = 7\nmax_size = \"3m\"\n"),
+    )
+    .unwrap();
+    let out = w.sh("none", "rm -rf src && echo new > new.txt && echo END");
+    assert!(out.stdout.contains("END"), "{}", out.both());
+    assert_eq!(undo(&w, &[]).code, 0);
+    let mut c = w.corral();
+    c.args(["log", "--runs"]);
+    let out = run(c);
+    assert_eq!(out.code, 0, "{}", out.both());
+    let ids = run_ids(&w);
+    // Ids, times and sizes vary: each row with them replaced, compared whole.
+    let rows: Vec<String> = out
+        .stdout
+        .lines()
+        .map(|l| {
+            let mut l = l.to_string();
+            for (i, id) in ids.iter().enumerate() {
+                l = l.replace(id.as_str(), &format!("RUN{i}"));
+            }
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            match cols.first() {
+                Some(c) if c.starts_with("RUN") && cols.len() > 7 => format!(
+                    "{} TIME {} {} {} SIZE {}",
+                    cols[0],
+                    cols[2],
+                    cols[3],
+                    cols[4],
+                    cols[7..].join(" ")
+                ),
+                _ => cols.join(" "),
+            }
+        })
+        .map(|l| match l.split_once(" kept in ") {
+            Some((usage, _)) => usage.replace(char::is_numeric, "#"),
+            None => l,
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            "RUN STARTED CREATED MODIFIED DELETED RECORD COMMAND",
+            "RUN0 TIME 1 0 4 SIZE /usr/bin/sh -c rm -rf src && echo new > new.txt && echo END (undone by RUN1)",
+            "RUN1 TIME 4 0 1 SIZE corral undo RUN0",
+            "change record: # run(s), #.# KiB",
+        ],
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("at most 7 runs and 3.0 MiB"),
+        "{}",
+        out.stdout
+    );
+}
