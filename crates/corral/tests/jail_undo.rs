@@ -33,6 +33,8 @@ fn listing(root: &Path) -> BTreeMap<PathBuf, String> {
             out.insert(rel, v);
         }
     }
+    let mode = std::fs::metadata(root).unwrap().permissions().mode() & 0o7777;
+    out.insert(PathBuf::from("."), format!("dir {mode:o}"));
     out
 }
 
@@ -117,6 +119,23 @@ fn each_destructive_run_is_undone_byte_for_byte() {
         "chmod 600 run.sh && chmod 700 src",
         "mv src source && mv notes.txt source/notes",
         "ln -s src/main.rs main && rm README && ln -s /etc/passwd README",
+        // Calls a shell makes rarely: chmod of `.`, a rename exchange, a directory renamed
+        // over an empty one, removals through a directory descriptor, truncate, a write in
+        // place, a write through a read-only descriptor reopened by /proc/self/fd.
+        "mkdir empty && python3 -c \"\
+import os, ctypes\n\
+os.chmod('.', 0o700)\n\
+libc = ctypes.CDLL(None, use_errno=True)\n\
+assert libc.renameat2(-100, b'README', -100, b'run.sh', 2) == 0, ctypes.get_errno()\n\
+os.rename('src', 'empty')\n\
+d = os.open('empty/deep', os.O_RDONLY)\n\
+os.unlink('lib.rs', dir_fd=d)\n\
+os.rmdir('empty/deep')\n\
+os.truncate('notes.txt', 3)\n\
+fd = os.open('.gitignore', os.O_RDWR); os.pwrite(fd, b'XX', 2); os.close(fd)\n\
+ro = os.open('empty/main.rs', os.O_RDONLY)\n\
+w = os.open('/proc/self/fd/%d' % ro, os.O_WRONLY | os.O_TRUNC); os.write(w, b'gone')\n\
+\"",
         // A hard link, then a write through it: the first name's content comes back too.
         "ln run.sh hard && echo appended >> hard && ln src/main.rs src/also && rm src/main.rs",
         &format!("echo x >> README && {git} commit -qam second && {git} tag t"),
