@@ -136,6 +136,8 @@ fd = os.open('.gitignore', os.O_RDWR); os.pwrite(fd, b'XX', 2); os.close(fd)\n\
 ro = os.open('empty/main.rs', os.O_RDONLY)\n\
 w = os.open('/proc/self/fd/%d' % ro, os.O_WRONLY | os.O_TRUNC); os.write(w, b'gone')\n\
 \"",
+        "python3 -c \"import os; fd = os.open('notes.txt', os.O_RDONLY); \
+         os.truncate('/proc/self/fd/%d' % fd, 1)\"",
         // A hard link, then a write through it: the first name's content comes back too.
         "ln run.sh hard && echo appended >> hard && ln src/main.rs src/also && rm src/main.rs",
         &format!("echo x >> README && {git} commit -qam second && {git} tag t"),
