@@ -72,7 +72,12 @@ impl RunRecord {
         )?);
         let next_blob = lines.len() as u64;
         let bytes = store::dir_bytes(dir.as_fd())?;
-        let over_budget = sys::fstatat(dir.as_fd(), store::INCOMPLETE.as_bytes(), 0).is_ok();
+        // Only "not there" means complete.
+        let over_budget = match sys::fstatat(dir.as_fd(), store::INCOMPLETE.as_bytes(), 0) {
+            Ok(_) => true,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => false,
+            Err(e) => return Err(e),
+        };
         let own = dir.try_clone()?;
         Ok(RunRecord {
             id: meta.id,

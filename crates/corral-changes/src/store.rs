@@ -324,16 +324,21 @@ impl Store {
                 }
             }
         }
-        let incomplete = fs::read_to_string(dir.join(INCOMPLETE))
-            .ok()
-            .map(|s| s.trim().to_string());
+        // Marks that cannot be read count as set: an incomplete run, an undone one (undo
+        // refuses either way).
+        let incomplete = match fs::read_to_string(dir.join(INCOMPLETE)) {
+            Ok(s) => Some(s.trim().to_string()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => Some(format!("its incomplete mark cannot be read: {e}")),
+        };
         let undone_by = match fs::read(dir.join(UNDONE)) {
             Ok(b) => Some(
                 serde_json::from_slice::<Undone>(&b)
                     .map(|u| u.by)
                     .unwrap_or_else(|_| "?".into()),
             ),
-            Err(_) => None,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(_) => Some("?".into()),
         };
         let bytes = run_bytes(&dir)?;
         Ok(RunInfo {
