@@ -72,7 +72,12 @@ impl RunRecord {
         )?);
         let next_blob = lines.len() as u64;
         let bytes = store::dir_bytes(dir.as_fd())?;
-        let over_budget = sys::fstatat(dir.as_fd(), store::INCOMPLETE.as_bytes(), 0).is_ok();
+        // Only "not there" means complete.
+        let over_budget = match sys::fstatat(dir.as_fd(), store::INCOMPLETE.as_bytes(), 0) {
+            Ok(_) => true,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => false,
+            Err(e) => return Err(e),
+        };
         let own = dir.try_clone()?;
         Ok(RunRecord {
             id: meta.id,
@@ -118,6 +123,31 @@ impl RunRecord {
         }
         let before = self.keep(&mut inner, place)?;
         inner.append(&rel, before)
+    }
+
+    /// [`Self::before_change`] of the project path `rel` (below the project's root `project`),
+    /// for a writer on the host (`corral undo`, an accept of a review): its directory is
+    /// opened beneath the project with no symlink on the way (a symlink there is an error); a
+    /// directory that is not there means the path is absent (record each directory made
+    /// before it, too).
+    pub fn before_path(&self, project: BorrowedFd, rel: &[u8]) -> io::Result<()> {
+        if !path::valid(rel) {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let (dir, name) = path::split(rel);
+        // Not O_PATH: with O_NOFOLLOW that would open a final symlink itself; so it is ELOOP.
+        match sys::open_beneath(project, dir, libc::O_RDONLY | libc::O_DIRECTORY) {
+            Ok(fd) => self.before_change(Place {
+                dir: fd.as_fd(),
+                rel_dir: dir,
+                name,
+            }),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+                no_link_on_the_way(project, dir)?;
+                self.lock().append_absent(rel)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Before a rename of `from` to `to` (or their exchange): both names, and when either is a
@@ -285,4 +315,26 @@ impl Inner {
         self.over_budget = true;
         Ok(())
     }
+}
+
+/// ELOOP when a component of `dir` (below `project`) is a symlink before the first one that is
+/// missing or not a directory; else the path below is plainly absent.
+fn no_link_on_the_way(project: BorrowedFd, dir: &[u8]) -> io::Result<()> {
+    let mut end = 0;
+    for part in dir.split(|&b| b == b'/') {
+        end += part.len();
+        match sys::fstatat(project, &dir[..end], 0) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                return Err(io::Error::from_raw_os_error(libc::ELOOP));
+            }
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
+            Ok(_) => return Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        end += 1;
+    }
+    Ok(())
 }

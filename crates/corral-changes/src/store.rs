@@ -27,6 +27,9 @@ pub(crate) const MANIFEST: &str = "manifest.jsonl";
 pub(crate) const AFTER: &str = "after.json";
 pub(crate) const INCOMPLETE: &str = "incomplete";
 pub(crate) const UNDONE: &str = "undone";
+/// The bytes a finished run's record takes (written once it is complete: pruning reads this,
+/// not every blob's size).
+pub(crate) const SIZE: &str = "size";
 
 /// How much the store keeps per project: the newest `runs` runs within `bytes` bytes (older
 /// runs are removed first). The defaults: 20 runs, 2 GiB.
@@ -245,6 +248,9 @@ impl Store {
             paths,
         };
         write_json(&dir.join(AFTER), &after)?;
+        let bytes = dir_bytes_path(&dir)?;
+        fs::write(dir.join(SIZE), bytes.to_string())
+            .map_err(|e| ChangesError::io("write", &dir.join(SIZE), e))?;
         let info = self.run(id)?;
         let unchanged = after.paths.iter().all(|l| !l.changed);
         if unchanged && info.meta.undoes.is_none() && info.incomplete.is_none() {
@@ -290,19 +296,8 @@ impl Store {
     /// Every run recorded, oldest first.
     pub fn runs(&self) -> Result<Vec<RunInfo>> {
         let mut out = Vec::new();
-        let entries = match fs::read_dir(&self.root) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(ChangesError::io("list the change record", &self.root, e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| ChangesError::io("list", &self.root, e))?;
-            let name = entry.file_name();
-            let Some(id) = name.to_str() else { continue };
-            if id.starts_with('.') || !entry.path().join(META).exists() {
-                continue;
-            }
-            out.push(self.run(id)?);
+        for id in self.ids()? {
+            out.push(self.run(&id)?);
         }
         out.sort_by(|a, b| (a.meta.started_ms, &a.meta.id).cmp(&(b.meta.started_ms, &b.meta.id)));
         Ok(out)
@@ -329,18 +324,23 @@ impl Store {
                 }
             }
         }
-        let incomplete = fs::read_to_string(dir.join(INCOMPLETE))
-            .ok()
-            .map(|s| s.trim().to_string());
+        // Marks that cannot be read count as set: an incomplete run, an undone one (undo
+        // refuses either way).
+        let incomplete = match fs::read_to_string(dir.join(INCOMPLETE)) {
+            Ok(s) => Some(s.trim().to_string()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => Some(format!("its incomplete mark cannot be read: {e}")),
+        };
         let undone_by = match fs::read(dir.join(UNDONE)) {
             Ok(b) => Some(
                 serde_json::from_slice::<Undone>(&b)
                     .map(|u| u.by)
                     .unwrap_or_else(|_| "?".into()),
             ),
-            Err(_) => None,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(_) => Some("?".into()),
         };
-        let bytes = dir_bytes_path(&dir)?;
+        let bytes = run_bytes(&dir)?;
         Ok(RunInfo {
             finished: after.map(|a| a.finished),
             meta,
@@ -362,25 +362,52 @@ impl Store {
     /// Remove the oldest runs (never `keep`) until at most `retention.runs` remain within
     /// `retention.bytes`. Returns the ids removed.
     pub fn prune(&self, retention: Retention, keep: Option<&str>) -> Result<Vec<String>> {
-        let runs = self.runs()?;
+        // Each run's meta and size only (not its manifest): this runs before every run.
+        let mut runs = Vec::new();
+        for id in self.ids()? {
+            let dir = self.root.join(&id);
+            let meta: RunMeta = read_json(&dir.join(META))?;
+            runs.push((meta, run_bytes(&dir)?));
+        }
+        runs.sort_by(|(a, _), (b, _)| (a.started_ms, &a.id).cmp(&(b.started_ms, &b.id)));
         let mut count = runs.len();
-        let mut total: u64 = runs.iter().map(|r| r.bytes).sum();
+        let mut total: u64 = runs.iter().map(|(_, b)| b).sum();
         let mut removed = Vec::new();
-        for run in &runs {
+        for (meta, bytes) in &runs {
             if count <= retention.runs && total <= retention.bytes {
                 break;
             }
-            if Some(run.meta.id.as_str()) == keep {
+            if Some(meta.id.as_str()) == keep {
                 continue;
             }
-            let dir = self.root.join(&run.meta.id);
+            let dir = self.root.join(&meta.id);
             fs::remove_dir_all(&dir)
                 .map_err(|e| ChangesError::io("remove an old run's record", &dir, e))?;
             count -= 1;
-            total -= run.bytes.min(total);
-            removed.push(run.meta.id.clone());
+            total -= (*bytes).min(total);
+            removed.push(meta.id.clone());
         }
         Ok(removed)
+    }
+
+    /// The ids of the runs recorded (directories with a `meta.json`), in no order.
+    fn ids(&self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        let entries = match fs::read_dir(&self.root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(ChangesError::io("list the change record", &self.root, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| ChangesError::io("list", &self.root, e))?;
+            let name = entry.file_name();
+            let Some(id) = name.to_str() else { continue };
+            if id.starts_with('.') || !entry.path().join(META).exists() {
+                continue;
+            }
+            out.push(id.to_string());
+        }
+        Ok(out)
     }
 
     pub(crate) fn run_dir(&self, id: &str) -> Result<PathBuf> {
@@ -501,6 +528,18 @@ pub(crate) fn dir_bytes(dir: BorrowedFd) -> io::Result<u64> {
         }
     }
     Ok(total)
+}
+
+/// The bytes the run directory `dir` takes: as its `size` says once finished, else measured.
+fn run_bytes(dir: &Path) -> Result<u64> {
+    match fs::read_to_string(dir.join(SIZE)) {
+        Ok(s) => s.trim().parse().map_err(|_| ChangesError::Damaged {
+            path: dir.join(SIZE).display().to_string(),
+            why: "not a size".into(),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => dir_bytes_path(dir),
+        Err(e) => Err(ChangesError::io("read", &dir.join(SIZE), e)),
+    }
 }
 
 fn dir_bytes_path(dir: &Path) -> Result<u64> {

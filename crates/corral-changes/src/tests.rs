@@ -475,3 +475,29 @@ fn the_first_state_of_a_path_in_a_run_is_the_one_kept() {
     );
     assert!(!p.join("src/sedtmp").exists());
 }
+
+#[test]
+fn a_host_writer_records_by_project_path() {
+    let fx = fixture();
+    let p = &fx.project;
+    let root = OwnedFd::from(fs::File::open(p).unwrap());
+    let rec = fx
+        .store
+        .begin(&["accept".into()], p, Retention::default())
+        .unwrap();
+    for rel in ["README", "new/dir", "new/dir/file", "new"] {
+        rec.before_path(root.as_fd(), rel.as_bytes()).unwrap();
+    }
+    fs::write(p.join("README"), "accepted\n").unwrap();
+    fs::create_dir_all(p.join("new/dir")).unwrap();
+    fs::write(p.join("new/dir/file"), "x").unwrap();
+    // Through a symlink: refused.
+    symlink(fx._tmp.path(), p.join("out")).unwrap();
+    assert!(rec.before_path(root.as_fd(), b"out/x").is_err());
+    assert!(rec.before_path(root.as_fd(), b"../x").is_err());
+    fs::remove_file(p.join("out")).unwrap();
+    finish(&fx, &rec);
+    undo(&fx.store, rec.id(), p, opts()).unwrap();
+    assert_eq!(fs::read_to_string(p.join("README")).unwrap(), "hello\n");
+    assert!(!p.join("new").exists());
+}

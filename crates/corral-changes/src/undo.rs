@@ -137,11 +137,13 @@ pub fn undo(
     }
     store.finish(record.id(), root.as_fd(), opts.retention)?;
     done?;
-    if let Some(undid) = &info.meta.undoes
-        && store.run(undid).is_ok()
-    {
+    if let Some(undid) = &info.meta.undoes {
         // Undoing an undo redoes that run: it may be undone again (unless it was pruned).
-        store.clear_undone(undid)?;
+        match store.run(undid) {
+            Ok(_) => store.clear_undone(undid)?,
+            Err(ChangesError::NoRun(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
     Ok(Report {
         record: record.id().to_string(),

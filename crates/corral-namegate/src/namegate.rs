@@ -1735,7 +1735,11 @@ fn follow(
 /// followed here, a protected file refused) and cut to `len` through that descriptor.
 fn truncate(gate: &Gate, caller: &Caller, path: &[u8], len: i64) -> Result<Verdict, i32> {
     let fd = match follow(gate, caller, libc::AT_FDCWD, path, true, false)? {
-        Target::Own(own) => own.open(libc::O_WRONLY | libc::O_NONBLOCK, 0)?,
+        Target::Own(own) => {
+            let fd = own.open(libc::O_WRONLY | libc::O_NONBLOCK, 0)?;
+            record::before_fd(gate.record.as_ref(), &fd)?;
+            fd
+        }
         Target::Entry(entry, existing) => {
             gate.protected_entry(&entry, Use::Write)?;
             match existing.map(|st| st.st_mode & libc::S_IFMT) {

@@ -33,6 +33,8 @@ fn listing(root: &Path) -> BTreeMap<PathBuf, String> {
             out.insert(rel, v);
         }
     }
+    let mode = std::fs::metadata(root).unwrap().permissions().mode() & 0o7777;
+    out.insert(PathBuf::from("."), format!("dir {mode:o}"));
     out
 }
 
@@ -117,6 +119,25 @@ fn each_destructive_run_is_undone_byte_for_byte() {
         "chmod 600 run.sh && chmod 700 src",
         "mv src source && mv notes.txt source/notes",
         "ln -s src/main.rs main && rm README && ln -s /etc/passwd README",
+        // Calls a shell makes rarely: chmod of `.`, a rename exchange, a directory renamed
+        // over an empty one, removals through a directory descriptor, truncate, a write in
+        // place, a write through a read-only descriptor reopened by /proc/self/fd.
+        "mkdir empty && python3 -c \"\
+import os, ctypes\n\
+os.chmod('.', 0o700)\n\
+libc = ctypes.CDLL(None, use_errno=True)\n\
+assert libc.renameat2(-100, b'README', -100, b'run.sh', 2) == 0, ctypes.get_errno()\n\
+os.rename('src', 'empty')\n\
+d = os.open('empty/deep', os.O_RDONLY)\n\
+os.unlink('lib.rs', dir_fd=d)\n\
+os.rmdir('empty/deep')\n\
+os.truncate('notes.txt', 3)\n\
+fd = os.open('.gitignore', os.O_RDWR); os.pwrite(fd, b'XX', 2); os.close(fd)\n\
+ro = os.open('empty/main.rs', os.O_RDONLY)\n\
+w = os.open('/proc/self/fd/%d' % ro, os.O_WRONLY | os.O_TRUNC); os.write(w, b'gone')\n\
+\"",
+        "python3 -c \"import os; fd = os.open('notes.txt', os.O_RDONLY); \
+         os.truncate('/proc/self/fd/%d' % fd, 1)\"",
         // A hard link, then a write through it: the first name's content comes back too.
         "ln run.sh hard && echo appended >> hard && ln src/main.rs src/also && rm src/main.rs",
         &format!("echo x >> README && {git} commit -qam second && {git} tag t"),
@@ -367,4 +388,69 @@ fn a_store_the_jail_could_reach_keeps_no_record() {
         out.both()
     );
     assert_eq!(run_ids(&w).len(), 1);
+}
+
+/// `corral log --runs`: one row per recorded run (id, start, counts, size, command, its undo),
+/// and the store's use of its bounds (the user config's `[undo]`).
+#[test]
+fn corral_log_runs_shows_each_run_and_the_bounds() {
+    let w = project();
+    let config = w.home.join(".config/corral/config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        format!("{text}[undo]\nkeep_runs = 7\nmax_size = \"3m\"\n"),
+    )
+    .unwrap();
+    let out = w.sh("none", "rm -rf src && echo new > new.txt && echo END");
+    assert!(out.stdout.contains("END"), "{}", out.both());
+    assert_eq!(undo(&w, &[]).code, 0);
+    let mut c = w.corral();
+    c.args(["log", "--runs"]);
+    let out = run(c);
+    assert_eq!(out.code, 0, "{}", out.both());
+    let ids = run_ids(&w);
+    // Ids, times and sizes vary: each row with them replaced, compared whole.
+    let rows: Vec<String> = out
+        .stdout
+        .lines()
+        .map(|l| {
+            let mut l = l.to_string();
+            for (i, id) in ids.iter().enumerate() {
+                l = l.replace(id.as_str(), &format!("RUN{i}"));
+            }
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            match cols.first() {
+                Some(c) if c.starts_with("RUN") && cols.len() > 7 => format!(
+                    "{} TIME {} {} {} SIZE {}",
+                    cols[0],
+                    cols[2],
+                    cols[3],
+                    cols[4],
+                    cols[7..].join(" ")
+                ),
+                _ => cols.join(" "),
+            }
+        })
+        .map(|l| match l.split_once(" kept in ") {
+            Some((usage, _)) => usage.replace(char::is_numeric, "#"),
+            None => l,
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            "RUN STARTED CREATED MODIFIED DELETED RECORD COMMAND",
+            "RUN0 TIME 1 0 4 SIZE /usr/bin/sh -c rm -rf src && echo new > new.txt && echo END (undone by RUN1)",
+            "RUN1 TIME 4 0 1 SIZE corral undo RUN0",
+            "change record: # run(s), #.# KiB",
+        ],
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("at most 7 runs and 3.0 MiB"),
+        "{}",
+        out.stdout
+    );
 }
