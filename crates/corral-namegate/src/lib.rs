@@ -10,4 +10,7 @@
 pub mod mountinfo;
 mod namegate;
 
-pub use namegate::{CAP_SYS_PTRACE, Gate, Hidden, continues, receive_listener, send_listener};
+pub use namegate::sys::{Real, Sys};
+pub use namegate::{
+    CAP_SYS_PTRACE, Caller, Gate, Hidden, continues, receive_listener, send_listener,
+};

@@ -187,7 +187,9 @@ impl Protected {
         {
             return Some(f);
         }
-        if !self.files.iter().any(|f| f.at == at) || !super::folds_names(&entry.parent) {
+        if !self.files.iter().any(|f| f.at == at)
+            || !super::folds_names(&super::Real, &entry.parent)
+        {
             return None;
         }
         self.files
@@ -432,7 +434,7 @@ pub(super) enum Use {
     Below,
 }
 
-impl super::Gate {
+impl<S: super::Sys> super::Gate<S> {
     /// Refuse `what` on `entry`: in a protected directory the host replaced (or below it), or
     /// on the protected file it names.
     pub(super) fn protected_entry(&self, entry: &Entry, what: Use) -> Result<(), i32> {
