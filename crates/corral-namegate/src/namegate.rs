@@ -248,6 +248,24 @@ impl Gate {
 }
 
 impl<S: Sys> Gate<S> {
+    /// The same gate making its system calls with `sys` (a test's fake).
+    #[cfg(test)]
+    fn with_sys<T>(self, sys: T) -> Gate<T> {
+        Gate {
+            protected: self.protected,
+            git_dirs: self.git_dirs,
+            _held: self._held,
+            private_devs: self.private_devs,
+            protected_symlinks: self.protected_symlinks,
+            uid: self.uid,
+            hidden: self.hidden,
+            reports: self.reports,
+            umasks: self.umasks,
+            fifo_waits: self.fifo_waits,
+            sys,
+        }
+    }
+
     /// May `name` be created in the directory `parent`?
     /// `class` is `Refusal::of(name)`.
     fn allows(
@@ -2112,6 +2130,11 @@ fn pidfd_open(tid: libc::pid_t) -> Option<OwnedFd> {
     }
     None
 }
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod table_tests;
 
 #[cfg(test)]
 mod tests {
