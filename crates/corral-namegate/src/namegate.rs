@@ -429,6 +429,12 @@ fn path_of<S: Sys>(sys: &S, parent: &OwnedFd, name: &[u8]) -> Vec<u8> {
 /// uses (`corral_policy::hide::HideSet`).
 pub struct Hidden {
     set: corral_policy::hide::HideSet,
+    /// Each pattern's last component, matching at any depth (`config/secrets.yml`:
+    /// `secrets.yml`; `a/**`: anything), for a directory whose path cannot be read.
+    tails: corral_policy::hide::HideSet,
+    /// The patterns as written, in the order of `tails`.
+    patterns: Vec<String>,
+    tail_patterns: Vec<String>,
     /// The root without a trailing slash (empty for `/`).
     root: Vec<u8>,
 }
@@ -446,26 +452,43 @@ impl Hidden {
         if patterns.is_empty() {
             return Ok(None);
         }
-        let set = corral_policy::hide::HideSet::new(patterns).map_err(io::Error::other)?;
-        Ok(Some(Hidden::new(set, root.as_os_str().as_bytes())))
+        let hidden = Hidden::new(patterns, root.as_os_str().as_bytes());
+        Ok(Some(hidden.map_err(io::Error::other)?))
     }
 
-    fn new(set: corral_policy::hide::HideSet, root: &[u8]) -> Hidden {
+    fn new(patterns: &[String], root: &[u8]) -> Result<Hidden, corral_policy::error::PolicyError> {
         let end = root.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
-        Hidden {
-            set,
+        let tail_patterns: Vec<String> = patterns
+            .iter()
+            .map(|p| {
+                let p = p.trim_end_matches('/');
+                p.rsplit('/').next().unwrap_or(p).to_string()
+            })
+            .collect();
+        Ok(Hidden {
+            set: corral_policy::hide::HideSet::new(patterns)?,
+            tails: corral_policy::hide::HideSet::new(&tail_patterns)?,
+            patterns: patterns.to_vec(),
+            tail_patterns,
             root: root[..end].to_vec(),
-        }
+        })
     }
 
     /// The pattern that `name`, made in the directory whose path is `dir`, matches (`None`:
     /// it may be made). A directory outside the project is not the patterns' concern. A
-    /// directory whose path cannot be read (`None`) is taken for the project root: `name` is
-    /// matched alone, which for a pattern without a slash (it matches at any depth) is the
-    /// same answer as anywhere in the project.
+    /// directory whose path cannot be read (`None`) may be anywhere in the project, below any
+    /// directory: `name` is refused when it matches a pattern's last component (for a pattern
+    /// without a slash, the same answer as anywhere in the project; for `config/secrets.yml`,
+    /// every `secrets.yml`; for `a/**`, every name).
     fn refuses(&self, dir: Option<&[u8]>, name: &[u8]) -> Option<&str> {
         let rel: Vec<u8> = match dir {
-            None => name.to_vec(),
+            None => {
+                let tail = self
+                    .tails
+                    .matching(std::path::Path::new(OsStr::from_bytes(name)))?;
+                let i = self.tail_patterns.iter().position(|t| t == tail)?;
+                return Some(self.patterns[i].as_str());
+            }
             Some(dir) => match dir.strip_prefix(self.root.as_slice()) {
                 Some(b"" | b"/") => name.to_vec(),
                 Some([b'/', below @ ..]) => [below, b"/", name].concat(),
@@ -2164,17 +2187,14 @@ mod tests {
         let patterns: Vec<String> = [".env", ".env.*", "*.pem", "config/secrets.yml", "/top.key"]
             .map(String::from)
             .to_vec();
-        Hidden::new(
-            corral_policy::hide::HideSet::new(&patterns).unwrap(),
-            root.as_bytes(),
-        )
+        Hidden::new(&patterns, root.as_bytes()).unwrap()
     }
 
     #[test]
     fn hide_patterns_refuse_names_in_the_project_as_the_masking_walk_matches_them() {
         let h = hidden("/work/proj/");
         // (directory the name is made in, name, the pattern that refuses it)
-        let table: [(Option<&str>, &str, Option<&str>); 17] = [
+        let table: [(Option<&str>, &str, Option<&str>); 19] = [
             (Some("/work/proj"), ".env", Some(".env")),
             (Some("/work/proj"), ".env.local", Some(".env.*")),
             // A rename or link target, a directory (mkdir): the same name, the same answer.
@@ -2196,9 +2216,12 @@ mod tests {
             (Some("/work/proj2"), ".env", None),
             (Some("/home/u/.codex"), ".env.local", None),
             (Some("/"), ".env", None),
-            // A directory that cannot be named: the name alone, as at the root.
+            // A directory that cannot be named may be anywhere in the project: each
+            // pattern's last component.
             (None, ".env.local", Some(".env.*")),
             (None, "top.key", Some("/top.key")),
+            (None, "secrets.yml", Some("config/secrets.yml")),
+            (None, "notes.txt", None),
         ];
         for (dir, name, want) in table {
             assert_eq!(

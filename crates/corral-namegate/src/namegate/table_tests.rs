@@ -77,11 +77,8 @@ fn gate(fake: Fake, git_dirs: HashSet<(u64, u64)>) -> Gate<Fake> {
         .unwrap()
         .with_sys(fake);
     g.git_dirs = git_dirs;
-    let patterns = [".env", ".env.*"].map(String::from);
-    g.hidden = Some(Hidden::new(
-        corral_policy::hide::HideSet::new(&patterns).unwrap(),
-        b"/work/proj",
-    ));
+    let patterns = [".env", ".env.*", "config/secrets.yml"].map(String::from);
+    g.hidden = Some(Hidden::new(&patterns, b"/work/proj").unwrap());
     g
 }
 
@@ -542,13 +539,40 @@ fn fail_closed_and_resolution_rows() -> Vec<Row> {
             Refused(libc::EPERM),
         ),
         row(
-            "a hidden name in a project directory that cannot be named is matched alone",
+            "a hidden name in a directory that cannot be named is refused (it may be in the \
+             project)",
             Kind::OpenCreat,
             "/work/proj/sub/.env",
             |f| {
                 f.unnamed.insert(b"/work/proj/sub".to_vec());
             },
             Fails(libc::EACCES),
+        ),
+        row(
+            "in a directory that cannot be named, an anchored pattern's last component is \
+             refused (it may be that directory)",
+            Kind::OpenCreat,
+            "/work/proj/sub/secrets.yml",
+            |f| {
+                f.unnamed.insert(b"/work/proj/sub".to_vec());
+            },
+            Fails(libc::EACCES),
+        ),
+        row(
+            "an anchored pattern matches only where it is anchored",
+            Kind::OpenCreat,
+            "/work/proj/sub/secrets.yml",
+            nothing,
+            Made,
+        ),
+        row(
+            "an anchored pattern refuses its name where it is anchored",
+            Kind::Mkdir,
+            "/work/proj/config/secrets.yml",
+            |f| {
+                f.add(b"/work/proj/config", libc::S_IFDIR, 1, fake::EXT4);
+            },
+            Refused(libc::EACCES),
         ),
         row(
             "a directory on /proc is refused (another process's files)",
