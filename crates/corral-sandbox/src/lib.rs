@@ -25,9 +25,7 @@ mod child;
 mod error;
 mod gatexec;
 pub mod landlock;
-mod mountinfo;
 mod mounts;
-mod namegate;
 mod netns;
 mod placeholder;
 pub mod probe;
@@ -39,6 +37,9 @@ mod term;
 pub mod termfilter;
 pub mod termstatus;
 mod ucounts;
+
+/// The mountinfo reader the gate uses, for cgroup.rs, spawn.rs and gatexec.rs too.
+use corral_namegate::mountinfo;
 
 pub use error::JailError;
 pub use gatexec::GATE_EXEC_ARG;
