@@ -18,9 +18,22 @@ fn plan(dir: &Path, format: SigninFormat, file: &str) -> SigninPlan {
         format,
         file: dir.join(file),
         api_hosts: vec![DomainPattern::parse("api.example").unwrap()],
-        token_host,
-        token_path,
+        token_host: Some(token_host),
+        token_path: Some(token_path),
+        providers: vec![],
     }
+}
+
+/// The one-sign-in formats' refresh: a call of the plan's token endpoint.
+fn refresh(s: &Signin, body: &[u8], form: bool) -> Option<Vec<u8>> {
+    let host = normalize_host("auth.example").unwrap();
+    let (r, out) = s.swap_refresh((&host, 443, "/oauth/token"), body, form)?;
+    assert_eq!(r, Refreshing::of(None));
+    Some(out)
+}
+
+fn whole() -> Refreshing {
+    Refreshing::of(None)
 }
 
 fn claude_file(dir: &Path) -> SigninPlan {
@@ -144,10 +157,10 @@ fn a_refresh_gets_the_real_token_and_the_answer_reaches_the_jail_as_new_placehol
     let req = format!(
         r#"{{"grant_type":"refresh_token","refresh_token":"{ph_refresh}","client_id":"c"}}"#
     );
-    let up = s.swap_refresh(req.as_bytes(), false).unwrap();
+    let up = refresh(&s, req.as_bytes(), false).unwrap();
     assert_eq!(up, req.replace(&ph_refresh, REFRESH).into_bytes());
     assert!(
-        s.swap_refresh(b"refresh_token=somethingelse", true)
+        refresh(&s, b"refresh_token=somethingelse", true)
             .is_none()
     );
 
@@ -157,7 +170,7 @@ fn a_refresh_gets_the_real_token_and_the_answer_reaches_the_jail_as_new_placehol
     );
     let answer = json!({"access_token": new_a, "refresh_token": new_r, "expires_in": 28800, "scope": "user:inference"});
     let (jailed, expires) = s
-        .take_response(&serde_json::to_vec(&answer).unwrap())
+        .take_response(&whole(), &serde_json::to_vec(&answer).unwrap())
         .unwrap();
     assert_eq!(expires, Some(28800));
     assert!(
@@ -184,14 +197,13 @@ fn a_refresh_gets_the_real_token_and_the_answer_reaches_the_jail_as_new_placehol
         );
     }
     // The next refresh carries the new real refresh token.
-    let next = s
-        .swap_refresh(format!("refresh_token={pr}").as_bytes(), true)
+    let next = refresh(&s, format!("refresh_token={pr}").as_bytes(), true)
         .unwrap();
     assert_eq!(next, format!("refresh_token={new_r}").into_bytes());
 
     // Write-back: tokens and expiry updated, every other field and the mode kept.
     let now = UNIX_EPOCH + Duration::from_secs(2_000_000_000);
-    s.write_back(expires, now).unwrap();
+    s.write_back(&whole(), expires, now).unwrap();
     let v = file_json(&p.file);
     let o = &v["claudeAiOauth"];
     assert_eq!(
@@ -222,8 +234,7 @@ fn a_refresh_on_the_host_meanwhile_is_adopted_and_never_overwritten() {
     let mut v = file_json(&p.file);
     v["claudeAiOauth"]["refreshToken"] = json!(host_r);
     std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
-    let up = s
-        .swap_refresh(format!("refresh_token={ph_refresh}").as_bytes(), true)
+    let up = refresh(&s, format!("refresh_token={ph_refresh}").as_bytes(), true)
         .unwrap();
     assert_eq!(
         up,
@@ -234,12 +245,12 @@ fn a_refresh_on_the_host_meanwhile_is_adopted_and_never_overwritten() {
 
     // Changed again between the refresh and the write-back: left alone.
     let answer = json!({"access_token": "sk-ant-oat01-NEWaccessNEWaccessNEW", "expires_in": 10});
-    s.take_response(&serde_json::to_vec(&answer).unwrap())
+    s.take_response(&whole(), &serde_json::to_vec(&answer).unwrap())
         .unwrap();
     v["claudeAiOauth"]["refreshToken"] = json!("sk-ant-ort01-OTHERotherOTHERotherOTHER01");
     std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
     let e = s
-        .write_back(Some(10), std::time::SystemTime::now())
+        .write_back(&whole(), Some(10), std::time::SystemTime::now())
         .unwrap_err();
     assert!(matches!(e, SigninError::Changed { .. }), "{e}");
     assert_eq!(file_json(&p.file), v);
@@ -250,8 +261,8 @@ fn a_token_response_without_an_access_token_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let s = Signin::load(claude_file(dir.path())).unwrap().unwrap();
     let before = s.scrub_pairs();
-    assert!(s.take_response(br#"{"error":"invalid_grant"}"#).is_err());
-    assert!(s.take_response(b"not json").is_err());
+    assert!(s.take_response(&whole(), br#"{"error":"invalid_grant"}"#).is_err());
+    assert!(s.take_response(&whole(), b"not json").is_err());
     assert_eq!(s.scrub_pairs(), before);
 }
 
@@ -290,17 +301,17 @@ fn codex_keeps_jwt_claims_and_replaces_signatures() {
     assert!(jid.starts_with(keep) && jid.len() == id.len(), "{jid}");
     assert_eq!(jv["tokens"]["account_id"], json!("acc-1"));
     let ph_r = jv["tokens"]["refresh_token"].as_str().unwrap();
-    let up = s.swap_refresh(
+    let up = refresh(&s, 
         format!("grant_type=refresh_token&refresh_token={ph_r}").as_bytes(),
         true,
     );
     assert!(has(&up.unwrap(), "rt_REALrefresh"));
     let answer = json!({"access_token": jwt(r#"{"exp":1900009999}"#, "NEWsigNEWsigNEWsigNEWsigNEWsig01"), "id_token": id});
     let (out, _) = s
-        .take_response(&serde_json::to_vec(&answer).unwrap())
+        .take_response(&whole(), &serde_json::to_vec(&answer).unwrap())
         .unwrap();
     assert!(!has(&out, "NEWsig") && !has(&out, "SIGreal"));
-    s.write_back(None, UNIX_EPOCH + Duration::from_secs(1_800_000_000))
+    s.write_back(&whole(), None, UNIX_EPOCH + Duration::from_secs(1_800_000_000))
         .unwrap();
     let w = file_json(&p.file);
     assert!(
@@ -333,8 +344,7 @@ fn gemini_tokens_are_replaced_and_the_expiry_written_back() {
     let jv: Value = serde_json::from_slice(&jailed).unwrap();
     let ph_r = jv["refresh_token"].as_str().unwrap();
     // Form-encoded: `/` of the real refresh token is percent-encoded.
-    let up = s
-        .swap_refresh(
+    let up = refresh(&s, 
             format!("refresh_token={ph_r}&grant_type=refresh_token").as_bytes(),
             true,
         )
@@ -346,8 +356,7 @@ fn gemini_tokens_are_replaced_and_the_expiry_written_back() {
     );
     // The placeholder itself percent-encoded by the jail's form encoder (curl, URLSearchParams).
     let encoded = ph_r.replace('/', "%2F");
-    let up = s
-        .swap_refresh(format!("refresh_token={encoded}").as_bytes(), true)
+    let up = refresh(&s, format!("refresh_token={encoded}").as_bytes(), true)
         .unwrap();
     assert!(
         has(&up, "refresh_token=1%2F%2FREALrefresh"),
@@ -356,10 +365,10 @@ fn gemini_tokens_are_replaced_and_the_expiry_written_back() {
     );
     let answer = json!({"access_token": "ya29.NEWaccessNEWaccessNEWaccess", "expires_in": 3599, "token_type": "Bearer"});
     let (out, exp) = s
-        .take_response(&serde_json::to_vec(&answer).unwrap())
+        .take_response(&whole(), &serde_json::to_vec(&answer).unwrap())
         .unwrap();
     assert!(!has(&out, "NEWaccess"));
-    s.write_back(exp, UNIX_EPOCH + Duration::from_secs(100))
+    s.write_back(&whole(), exp, UNIX_EPOCH + Duration::from_secs(100))
         .unwrap();
     let w = file_json(&p.file);
     assert_eq!(w["access_token"], json!("ya29.NEWaccessNEWaccessNEWaccess"));
