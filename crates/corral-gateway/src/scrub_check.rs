@@ -348,7 +348,8 @@ fn token(world: &World, c: &Case) -> Vec<Vec<u8>> {
         "access_token": c.new_access, "refresh_token": c.new_refresh,
         "expires_in": 3600, "note": String::from_utf8_lossy(&c.body),
     });
-    let Ok((out, _)) = signin.take_response(&Refreshing::of(None), answer.to_string().as_bytes()) else {
+    let Ok((out, _)) = signin.take_response(&Refreshing::of(None), answer.to_string().as_bytes())
+    else {
         return Vec::new();
     };
     jail_reads(&scrub_json(&out, &world.scrubber(Some(&signin))))

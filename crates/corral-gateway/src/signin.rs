@@ -195,7 +195,9 @@ fn oauth_layout(
                 Expiry::MillisAt(format!("{base}/expires"), BY_PROVIDER_EXPIRY_MARGIN_MS),
             ))
         }
-        _ => Err(format!("format {format:?} and provider {provider:?} do not go together")),
+        _ => Err(format!(
+            "format {format:?} and provider {provider:?} do not go together"
+        )),
     }
 }
 
@@ -370,8 +372,14 @@ fn slots_in(plan: &SigninPlan, v: &Value) -> Result<Vec<(Slot, String)>, String>
             match entry.get("type").and_then(Value::as_str) {
                 Some("oauth") => {
                     if let (Some(a), Some(r)) = (text("access"), text("refresh")) {
-                        out.push((slot(Some(id), TokenKind::Access, &format!("{base}/access")), a));
-                        out.push((slot(Some(id), TokenKind::Refresh, &format!("{base}/refresh")), r));
+                        out.push((
+                            slot(Some(id), TokenKind::Access, &format!("{base}/access")),
+                            a,
+                        ));
+                        out.push((
+                            slot(Some(id), TokenKind::Refresh, &format!("{base}/refresh")),
+                            r,
+                        ));
                     }
                 }
                 Some(t) if t == api_key => {
@@ -389,7 +397,11 @@ fn slots_in(plan: &SigninPlan, v: &Value) -> Result<Vec<(Slot, String)>, String>
     unknown_secrets(v, "", "", &out, &mut opaque);
     for (ptr, real) in opaque {
         let provider = by_provider
-            .then(|| ptr.split('/').nth(1).map(|p| p.replace("~1", "/").replace("~0", "~")))
+            .then(|| {
+                ptr.split('/')
+                    .nth(1)
+                    .map(|p| p.replace("~1", "/").replace("~0", "~"))
+            })
             .flatten();
         out.push((slot(provider.as_deref(), TokenKind::Opaque, &ptr), real));
     }
@@ -518,7 +530,12 @@ impl Signin {
         tokens: SigninTokens,
         file: FileAccess,
     ) -> Result<Signin, SigninError> {
-        let has = |k| tokens.tokens.iter().any(|(s, _)| s.kind == k && s.provider.is_none());
+        let has = |k| {
+            tokens
+                .tokens
+                .iter()
+                .any(|(s, _)| s.kind == k && s.provider.is_none())
+        };
         if !plan.format.by_provider() && (!has(TokenKind::Access) || !has(TokenKind::Refresh)) {
             return Err(SigninError::Handover {
                 name: plan.name.clone(),
@@ -559,7 +576,12 @@ impl Signin {
 
     fn endpoints(&self) -> Vec<Endpoint<'_>> {
         std::iter::once(self.endpoint(None))
-            .chain(self.plan.providers.iter().map(|q| self.endpoint(Some(&q.id))))
+            .chain(
+                self.plan
+                    .providers
+                    .iter()
+                    .map(|q| self.endpoint(Some(&q.id))),
+            )
             .flatten()
             .collect()
     }
@@ -627,8 +649,8 @@ impl Signin {
     /// body held no placeholder of this run: the first provider (or the one sign-in) whose
     /// endpoint it is.
     pub fn refresh_at(&self, host: &Host, port: u16, target: &str) -> Option<Refreshing> {
-        let mut candidates = std::iter::once(None)
-            .chain(self.plan.providers.iter().map(|q| Some(q.id.as_str())));
+        let mut candidates =
+            std::iter::once(None).chain(self.plan.providers.iter().map(|q| Some(q.id.as_str())));
         candidates
             .find(|p| {
                 self.endpoint(*p)
@@ -682,7 +704,10 @@ impl Signin {
                 continue;
             }
             for (slot, real) in on_disk.iter().filter(|(s, _)| s.provider == provider) {
-                if !matches!(slot.kind, TokenKind::Access | TokenKind::Refresh | TokenKind::Id) {
+                if !matches!(
+                    slot.kind,
+                    TokenKind::Access | TokenKind::Refresh | TokenKind::Id
+                ) {
                     continue;
                 }
                 let TokenState {
@@ -712,7 +737,11 @@ impl Signin {
     ) -> Option<(Refreshing, Vec<u8>)> {
         self.adopt_from_disk();
         let st = self.state();
-        for (slot, p) in st.current.iter().filter(|(s, _)| s.kind == TokenKind::Refresh) {
+        for (slot, p) in st
+            .current
+            .iter()
+            .filter(|(s, _)| s.kind == TokenKind::Refresh)
+        {
             let here = self
                 .endpoint(slot.provider.as_deref())
                 .is_some_and(|e| e.is_token_request(host, port, target));
@@ -842,7 +871,12 @@ impl Signin {
             .current
             .iter()
             .filter(|(s, _)| s.provider == r.provider)
-            .filter(|(s, _)| matches!(s.kind, TokenKind::Access | TokenKind::Refresh | TokenKind::Id))
+            .filter(|(s, _)| {
+                matches!(
+                    s.kind,
+                    TokenKind::Access | TokenKind::Refresh | TokenKind::Id
+                )
+            })
             .map(|(s, p)| (s.kind, p.real.clone()))
             .collect();
         let expected = st.on_disk(&r.provider).unwrap_or_default().to_string();
@@ -906,12 +940,15 @@ pub fn write_tokens(
     if let Some(id) = provider
         && !plan.providers.iter().any(|p| p.id == id)
     {
-        return Err(shape(format!("provider {id:?} is not one this sign-in serves")));
+        return Err(shape(format!(
+            "provider {id:?} is not one this sign-in serves"
+        )));
     }
-    if let Some((k, _)) = tokens
-        .iter()
-        .find(|(k, t)| t.is_empty() || t.starts_with('!') || !fields.iter().any(|(f, _)| f == k) && *k != TokenKind::Id)
-    {
+    if let Some((k, _)) = tokens.iter().find(|(k, t)| {
+        t.is_empty()
+            || t.starts_with('!')
+            || !fields.iter().any(|(f, _)| f == k) && *k != TokenKind::Id
+    }) {
         return Err(shape(format!("a {k:?} token corral will not write")));
     }
     let dir = path.parent().unwrap_or(Path::new("/"));
@@ -924,7 +961,10 @@ pub fn write_tokens(
         path: path.clone(),
     };
     if let Some(id) = provider {
-        let kind = v.get(id).and_then(|e| e.get("type")).and_then(Value::as_str);
+        let kind = v
+            .get(id)
+            .and_then(|e| e.get("type"))
+            .and_then(Value::as_str);
         if kind != Some("oauth") {
             return Err(changed());
         }
@@ -1005,7 +1045,10 @@ pub(crate) fn swap_access(
     for s in signins {
         let st = s.state();
         for (slot, p) in &st.current {
-            if !matches!(slot.kind, TokenKind::Access | TokenKind::Key | TokenKind::Opaque) {
+            if !matches!(
+                slot.kind,
+                TokenKind::Access | TokenKind::Key | TokenKind::Opaque
+            ) {
                 continue;
             }
             let known = slot.kind != TokenKind::Opaque;

@@ -284,8 +284,11 @@ impl Gateway {
         match s.take_response(r, body) {
             Ok((out, expires_in)) => {
                 let file = s.plan().file.display().to_string();
-                let (decision, rule) = match s.write_back(r, expires_in, std::time::SystemTime::now())
-                {
+                let (decision, rule) = match s.write_back(
+                    r,
+                    expires_in,
+                    std::time::SystemTime::now(),
+                ) {
                     Ok(()) => (
                         Decision::Allow,
                         format!(

@@ -159,10 +159,7 @@ fn a_refresh_gets_the_real_token_and_the_answer_reaches_the_jail_as_new_placehol
     );
     let up = refresh(&s, req.as_bytes(), false).unwrap();
     assert_eq!(up, req.replace(&ph_refresh, REFRESH).into_bytes());
-    assert!(
-        refresh(&s, b"refresh_token=somethingelse", true)
-            .is_none()
-    );
+    assert!(refresh(&s, b"refresh_token=somethingelse", true).is_none());
 
     let (new_a, new_r) = (
         "sk-ant-oat01-NEWaccessNEWaccessNEWaccess01",
@@ -197,8 +194,7 @@ fn a_refresh_gets_the_real_token_and_the_answer_reaches_the_jail_as_new_placehol
         );
     }
     // The next refresh carries the new real refresh token.
-    let next = refresh(&s, format!("refresh_token={pr}").as_bytes(), true)
-        .unwrap();
+    let next = refresh(&s, format!("refresh_token={pr}").as_bytes(), true).unwrap();
     assert_eq!(next, format!("refresh_token={new_r}").into_bytes());
 
     // Write-back: tokens and expiry updated, every other field and the mode kept.
@@ -234,8 +230,7 @@ fn a_refresh_on_the_host_meanwhile_is_adopted_and_never_overwritten() {
     let mut v = file_json(&p.file);
     v["claudeAiOauth"]["refreshToken"] = json!(host_r);
     std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
-    let up = refresh(&s, format!("refresh_token={ph_refresh}").as_bytes(), true)
-        .unwrap();
+    let up = refresh(&s, format!("refresh_token={ph_refresh}").as_bytes(), true).unwrap();
     assert_eq!(
         up,
         format!("refresh_token={host_r}").into_bytes(),
@@ -261,7 +256,10 @@ fn a_token_response_without_an_access_token_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let s = Signin::load(claude_file(dir.path())).unwrap().unwrap();
     let before = s.scrub_pairs();
-    assert!(s.take_response(&whole(), br#"{"error":"invalid_grant"}"#).is_err());
+    assert!(
+        s.take_response(&whole(), br#"{"error":"invalid_grant"}"#)
+            .is_err()
+    );
     assert!(s.take_response(&whole(), b"not json").is_err());
     assert_eq!(s.scrub_pairs(), before);
 }
@@ -301,7 +299,8 @@ fn codex_keeps_jwt_claims_and_replaces_signatures() {
     assert!(jid.starts_with(keep) && jid.len() == id.len(), "{jid}");
     assert_eq!(jv["tokens"]["account_id"], json!("acc-1"));
     let ph_r = jv["tokens"]["refresh_token"].as_str().unwrap();
-    let up = refresh(&s, 
+    let up = refresh(
+        &s,
         format!("grant_type=refresh_token&refresh_token={ph_r}").as_bytes(),
         true,
     );
@@ -311,8 +310,12 @@ fn codex_keeps_jwt_claims_and_replaces_signatures() {
         .take_response(&whole(), &serde_json::to_vec(&answer).unwrap())
         .unwrap();
     assert!(!has(&out, "NEWsig") && !has(&out, "SIGreal"));
-    s.write_back(&whole(), None, UNIX_EPOCH + Duration::from_secs(1_800_000_000))
-        .unwrap();
+    s.write_back(
+        &whole(),
+        None,
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+    )
+    .unwrap();
     let w = file_json(&p.file);
     assert!(
         w["tokens"]["access_token"]
@@ -344,11 +347,12 @@ fn gemini_tokens_are_replaced_and_the_expiry_written_back() {
     let jv: Value = serde_json::from_slice(&jailed).unwrap();
     let ph_r = jv["refresh_token"].as_str().unwrap();
     // Form-encoded: `/` of the real refresh token is percent-encoded.
-    let up = refresh(&s, 
-            format!("refresh_token={ph_r}&grant_type=refresh_token").as_bytes(),
-            true,
-        )
-        .unwrap();
+    let up = refresh(
+        &s,
+        format!("refresh_token={ph_r}&grant_type=refresh_token").as_bytes(),
+        true,
+    )
+    .unwrap();
     assert!(
         has(&up, "refresh_token=1%2F%2FREALrefresh"),
         "{}",
@@ -356,8 +360,7 @@ fn gemini_tokens_are_replaced_and_the_expiry_written_back() {
     );
     // The placeholder itself percent-encoded by the jail's form encoder (curl, URLSearchParams).
     let encoded = ph_r.replace('/', "%2F");
-    let up = refresh(&s, format!("refresh_token={encoded}").as_bytes(), true)
-        .unwrap();
+    let up = refresh(&s, format!("refresh_token={encoded}").as_bytes(), true).unwrap();
     assert!(
         has(&up, "refresh_token=1%2F%2FREALrefresh"),
         "{}",
@@ -475,18 +478,28 @@ fn pi_every_credential_is_a_placeholder_and_commands_and_variable_names_stay() {
     let s = Signin::load(pi_file(dir.path())).unwrap().unwrap();
     let jailed = s.placeholder_file().unwrap();
     for real in ["PIaccess", "PIrefresh", "PIkey", "UNKNOWN"] {
-        assert!(!has(&jailed, real), "{real} in {}", String::from_utf8_lossy(&jailed));
+        assert!(
+            !has(&jailed, real),
+            "{real} in {}",
+            String::from_utf8_lossy(&jailed)
+        );
     }
     let v = jail_value(&s);
     let a = v["anthropic"]["access"].as_str().unwrap();
-    assert!(a.starts_with("sk-ant-oat01-") && a.len() == PI_ACCESS.len(), "{a}");
+    assert!(
+        a.starts_with("sk-ant-oat01-") && a.len() == PI_ACCESS.len(),
+        "{a}"
+    );
     assert!(v["openai"]["key"].as_str().unwrap().starts_with("sk-proj-"));
     assert!(v["groq"]["key"].as_str().unwrap().starts_with("gsk_"));
     // Kept as they are: pi runs the command / reads the variable in the jail.
     assert_eq!(v["google"]["key"], json!("!pass show google-api-key"));
     assert_eq!(v["xai"]["key"], json!("XAI_API_KEY"));
     assert_eq!(v["anthropic"]["expires"], json!(5));
-    assert_eq!(v["github-copilot"]["enterpriseUrl"], json!("company.ghe.com"));
+    assert_eq!(
+        v["github-copilot"]["enterpriseUrl"],
+        json!("company.ghe.com")
+    );
     assert_eq!(v["anthropic"]["type"], json!("oauth"));
 }
 
@@ -515,10 +528,19 @@ fn pi_keys_and_tokens_go_to_their_providers_hosts_only_and_unknown_ones_nowhere(
     };
     let (out, report) = send("api.example", &access);
     assert_eq!(out, format!("Bearer {PI_ACCESS}"));
-    assert_eq!(report.injected, vec![("signin.pi.anthropic".into(), "authorization".into())]);
-    assert_eq!(send("api.openai.example", &key).0, format!("Bearer {PI_KEY}"));
+    assert_eq!(
+        report.injected,
+        vec![("signin.pi.anthropic".into(), "authorization".into())]
+    );
+    assert_eq!(
+        send("api.openai.example", &key).0,
+        format!("Bearer {PI_KEY}")
+    );
     // Crossed: anthropic's token to openai's host, openai's key to anthropic's: left.
-    assert_eq!(send("api.openai.example", &access).0, format!("Bearer {access}"));
+    assert_eq!(
+        send("api.openai.example", &access).0,
+        format!("Bearer {access}")
+    );
     assert_eq!(send("api.example", &key).0, format!("Bearer {key}"));
     // A provider corral does not know: never swapped, to any host, audited.
     for host in ["api.example", "api.openai.example", "api.groq.com"] {
@@ -548,10 +570,19 @@ fn pi_refresh_goes_to_its_providers_endpoint_only_and_is_written_back_in_place()
     let auth = normalize_host("auth.example").unwrap();
     let openai = normalize_host("auth.openai.example").unwrap();
     // Another provider's endpoint, another path, an unknown provider's token: nothing swapped.
-    assert!(s.swap_refresh((&openai, 443, "/oauth/token"), body.as_bytes(), false).is_none());
-    assert!(s.swap_refresh((&auth, 443, "/other"), body.as_bytes(), false).is_none());
+    assert!(
+        s.swap_refresh((&openai, 443, "/oauth/token"), body.as_bytes(), false)
+            .is_none()
+    );
+    assert!(
+        s.swap_refresh((&auth, 443, "/other"), body.as_bytes(), false)
+            .is_none()
+    );
     let unknown = format!(r#"{{"refresh_token":"{unknown_r}"}}"#);
-    assert!(s.swap_refresh((&auth, 443, "/v1/oauth/token"), unknown.as_bytes(), false).is_none());
+    assert!(
+        s.swap_refresh((&auth, 443, "/v1/oauth/token"), unknown.as_bytes(), false)
+            .is_none()
+    );
     let (r, up) = s
         .swap_refresh((&auth, 443, "/v1/oauth/token?x=1"), body.as_bytes(), false)
         .unwrap();
@@ -562,7 +593,9 @@ fn pi_refresh_goes_to_its_providers_endpoint_only_and_is_written_back_in_place()
         "sk-ant-ort01-NEWpiRefreshNEWpiRefresh0001",
     );
     let answer = json!({"access_token": new_a, "refresh_token": new_r, "expires_in": 3600});
-    let (out, exp) = s.take_response(&r, &serde_json::to_vec(&answer).unwrap()).unwrap();
+    let (out, exp) = s
+        .take_response(&r, &serde_json::to_vec(&answer).unwrap())
+        .unwrap();
     assert!(!has(&out, "NEWpi"), "{}", String::from_utf8_lossy(&out));
     let inode = std::fs::metadata(&p.file).unwrap().ino();
     let now = UNIX_EPOCH + Duration::from_secs(2_000_000_000);
@@ -588,7 +621,12 @@ fn a_write_back_never_lands_in_an_api_key_a_command_or_another_provider() {
     let dir = tempfile::tempdir().unwrap();
     let p = pi_file(dir.path());
     let before = file_json(&p.file);
-    let tokens = |a: &str| vec![(TokenKind::Access, a.to_string()), (TokenKind::Refresh, "r2".into())];
+    let tokens = |a: &str| {
+        vec![
+            (TokenKind::Access, a.to_string()),
+            (TokenKind::Refresh, "r2".into()),
+        ]
+    };
     let now = std::time::SystemTime::now();
     // An API-key provider, an unknown provider, a `!` value, a key kind: refused, file unchanged.
     for (provider, toks) in [
@@ -597,7 +635,10 @@ fn a_write_back_never_lands_in_an_api_key_a_command_or_another_provider() {
         (Some("github-copilot"), tokens("a2")),
         (Some("anthropic"), tokens("!touch /tmp/pwned")),
         (Some("anthropic"), vec![(TokenKind::Key, "k".to_string())]),
-        (Some("anthropic"), vec![(TokenKind::Opaque, "k".to_string())]),
+        (
+            Some("anthropic"),
+            vec![(TokenKind::Opaque, "k".to_string())],
+        ),
         (None, tokens("a2")),
     ] {
         let e = write_tokens(&p, provider, PI_REFRESH, &toks, Some(1), now);
@@ -608,7 +649,14 @@ fn a_write_back_never_lands_in_an_api_key_a_command_or_another_provider() {
     let mut v = before.clone();
     v["anthropic"] = json!({"type": "api_key", "key": "!security find-generic-password"});
     std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
-    let e = write_tokens(&p, Some("anthropic"), PI_REFRESH, &tokens("a2"), Some(1), now);
+    let e = write_tokens(
+        &p,
+        Some("anthropic"),
+        PI_REFRESH,
+        &tokens("a2"),
+        Some(1),
+        now,
+    );
     assert!(matches!(e, Err(SigninError::Changed { .. })), "{e:?}");
     assert_eq!(file_json(&p.file), v);
 }
@@ -618,9 +666,18 @@ fn hostile_by_provider_files_are_refused_or_placeholdered_whole() {
     let dir = tempfile::tempdir().unwrap();
     let p = by_provider(dir.path(), SigninFormat::Pi, "auth.json");
     // Not a map of providers: refused (the run does not start with the real file exposed).
-    for bad in [&b"[1,2]"[..], b"\"sk-ant-api03-xxxxxxxxxxxxxxxxxxxx\"", b"{", b"null"] {
+    for bad in [
+        &b"[1,2]"[..],
+        b"\"sk-ant-api03-xxxxxxxxxxxxxxxxxxxx\"",
+        b"{",
+        b"null",
+    ] {
         std::fs::write(&p.file, bad).unwrap();
-        assert!(Signin::load(p.clone()).is_err(), "{}", String::from_utf8_lossy(bad));
+        assert!(
+            Signin::load(p.clone()).is_err(),
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
     }
     // Shapes corral does not expect: every secret-looking string a placeholder anyway.
     let v = json!({
@@ -633,8 +690,19 @@ fn hostile_by_provider_files_are_refused_or_placeholdered_whole() {
     std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
     let s = Signin::load(p.clone()).unwrap().unwrap();
     let jailed = s.placeholder_file().unwrap();
-    for real in [PI_REFRESH, PI_ACCESS, PI_KEY, "NESTEDnested", "hunter2hunter2", "TOPLEVEL"] {
-        assert!(!has(&jailed, real), "{real} in {}", String::from_utf8_lossy(&jailed));
+    for real in [
+        PI_REFRESH,
+        PI_ACCESS,
+        PI_KEY,
+        "NESTEDnested",
+        "hunter2hunter2",
+        "TOPLEVEL",
+    ] {
+        assert!(
+            !has(&jailed, real),
+            "{real} in {}",
+            String::from_utf8_lossy(&jailed)
+        );
     }
     let jv: Value = serde_json::from_slice(&jailed).unwrap();
     assert_eq!(jv["anthropic"]["access"], json!(7));
@@ -642,11 +710,23 @@ fn hostile_by_provider_files_are_refused_or_placeholdered_whole() {
     let auth = normalize_host("auth.example").unwrap();
     let ph_r = jv["anthropic"]["refresh"].as_str().unwrap();
     let body = format!("refresh_token={ph_r}");
-    assert!(s.swap_refresh((&auth, 443, "/v1/oauth/token"), body.as_bytes(), true).is_none());
+    assert!(
+        s.swap_refresh((&auth, 443, "/v1/oauth/token"), body.as_bytes(), true)
+            .is_none()
+    );
     let st = s.state();
-    assert!(st.current.iter().all(|(slot, _)| slot.kind == TokenKind::Opaque), "{:?}",
-        st.current.iter().map(|(s, _)| s).collect::<Vec<_>>());
-    assert!(st.current.iter().any(|(slot, _)| slot.ptr == "/a~1b~0c/key"));
+    assert!(
+        st.current
+            .iter()
+            .all(|(slot, _)| slot.kind == TokenKind::Opaque),
+        "{:?}",
+        st.current.iter().map(|(s, _)| s).collect::<Vec<_>>()
+    );
+    assert!(
+        st.current
+            .iter()
+            .any(|(slot, _)| slot.ptr == "/a~1b~0c/key")
+    );
 }
 
 #[test]
@@ -665,8 +745,19 @@ fn opencode_oauth_api_and_wellknown_entries() {
     std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
     let s = Signin::load(p.clone()).unwrap().unwrap();
     let jailed = s.placeholder_file().unwrap();
-    for real in ["PIaccess", "PIrefresh", "PIkey", "wkTOKEN", "COPILOT", "UNKNOWN"] {
-        assert!(!has(&jailed, real), "{real} in {}", String::from_utf8_lossy(&jailed));
+    for real in [
+        "PIaccess",
+        "PIrefresh",
+        "PIkey",
+        "wkTOKEN",
+        "COPILOT",
+        "UNKNOWN",
+    ] {
+        assert!(
+            !has(&jailed, real),
+            "{real} in {}",
+            String::from_utf8_lossy(&jailed)
+        );
     }
     let jv: Value = serde_json::from_slice(&jailed).unwrap();
     assert_eq!(jv["https://wk.example"]["key"], json!("WK_TOKEN"));
@@ -690,14 +781,27 @@ fn opencode_oauth_api_and_wellknown_entries() {
     }
     // Refresh and write-back as pi's; opencode's entry gets the same three fields.
     let auth = normalize_host("auth.example").unwrap();
-    let body = format!(r#"{{"refresh_token":"{}"}}"#, jv["anthropic"]["refresh"].as_str().unwrap());
-    let (r, _) = s.swap_refresh((&auth, 443, "/v1/oauth/token"), body.as_bytes(), false).unwrap();
+    let body = format!(
+        r#"{{"refresh_token":"{}"}}"#,
+        jv["anthropic"]["refresh"].as_str().unwrap()
+    );
+    let (r, _) = s
+        .swap_refresh((&auth, 443, "/v1/oauth/token"), body.as_bytes(), false)
+        .unwrap();
     let answer = json!({"access_token": "sk-ant-oat01-OCnewOCnewOCnewOCnew01", "refresh_token": "sk-ant-ort01-OCnewrOCnewrOCnewr01", "expires_in": 60});
-    s.take_response(&r, &serde_json::to_vec(&answer).unwrap()).unwrap();
-    s.write_back(&r, Some(60), UNIX_EPOCH + Duration::from_secs(1000)).unwrap();
+    s.take_response(&r, &serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    s.write_back(&r, Some(60), UNIX_EPOCH + Duration::from_secs(1000))
+        .unwrap();
     let w = file_json(&p.file);
-    assert_eq!(w["anthropic"]["access"], json!("sk-ant-oat01-OCnewOCnewOCnewOCnew01"));
-    assert_eq!(w["anthropic"]["expires"], json!(1_000_000u64 + 60_000 - 300_000));
+    assert_eq!(
+        w["anthropic"]["access"],
+        json!("sk-ant-oat01-OCnewOCnewOCnewOCnew01")
+    );
+    assert_eq!(
+        w["anthropic"]["expires"],
+        json!(1_000_000u64 + 60_000 - 300_000)
+    );
     assert_eq!(w["openai"], v["openai"]);
     assert_eq!(w["github-copilot"], v["github-copilot"]);
 }

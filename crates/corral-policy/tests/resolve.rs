@@ -1857,7 +1857,10 @@ fn the_claude_profile_serves_its_signin_and_a_project_entry_replacing_it_needs_t
     let s = &plan.signin[0];
     assert_eq!(s.file, f.home.join(".claude/.credentials.json"));
     assert_eq!(
-        (s.token_host.clone().unwrap().to_string(), s.token_path.as_deref()),
+        (
+            s.token_host.clone().unwrap().to_string(),
+            s.token_path.as_deref()
+        ),
         ("platform.claude.com".to_string(), Some("/v1/oauth/token"))
     );
     assert!(plan.network.allow.contains(s.token_host.as_ref().unwrap()));

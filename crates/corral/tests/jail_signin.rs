@@ -983,7 +983,10 @@ fn by_provider_signin(h: &ByProvider) {
     // the unknown provider's key.
     let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap();
     for real in [ACCESS, NEW_ACCESS, REFRESH, BP_KEY] {
-        assert!(seen.contains(real), "{real} did not reach the origin: {seen}");
+        assert!(
+            seen.contains(real),
+            "{real} did not reach the origin: {seen}"
+        );
     }
     assert!(!seen.contains(BP_UNKNOWN), "{seen}");
     assert!(seen.contains(ph_unknown), "{seen}");
@@ -1057,6 +1060,11 @@ fn control_without_the_by_provider_signin_the_jail_reads_the_real_tokens() {
             out.both()
         );
         let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap_or_default();
-        assert!(seen.contains(BP_UNKNOWN), "{}: {seen}\n{}", h.profile, out.both());
+        assert!(
+            seen.contains(BP_UNKNOWN),
+            "{}: {seen}\n{}",
+            h.profile,
+            out.both()
+        );
     }
 }

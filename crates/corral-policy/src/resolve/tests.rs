@@ -409,12 +409,13 @@ fn what_the_disk_said_reaches_both_jails_as_gathered() {
 
 /// The pi profile's `[signin.pi]`, in the order the plan lists providers (by name).
 fn pi_signin() -> crate::signin::SigninPlan {
-    let provider = |id: &str, host: &str, token: Option<(&str, &str)>| crate::signin::ProviderPlan {
-        id: id.into(),
-        api_hosts: vec![pat(host)],
-        token_host: token.map(|(h, _)| pat(h)),
-        token_path: token.map(|(_, p)| p.into()),
-    };
+    let provider =
+        |id: &str, host: &str, token: Option<(&str, &str)>| crate::signin::ProviderPlan {
+            id: id.into(),
+            api_hosts: vec![pat(host)],
+            token_host: token.map(|(h, _)| pat(h)),
+            token_path: token.map(|(_, p)| p.into()),
+        };
     crate::signin::SigninPlan {
         name: "pi".into(),
         format: crate::signin::SigninFormat::Pi,
