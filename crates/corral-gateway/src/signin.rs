@@ -64,6 +64,10 @@ pub enum SigninError {
         "sign-in {name}: {path} was changed since corral read it (a refresh on the host?): corral's new tokens were not written there"
     )]
     Changed { name: String, path: PathBuf },
+    #[error(
+        "sign-in {name}: the refresh carried no refresh token of this run (the jail's own?): its tokens were not written to {path}"
+    )]
+    Foreign { name: String, path: PathBuf },
     #[error("sign-in {name}: making placeholders: {reason}")]
     Placeholder { name: String, reason: String },
     #[error("sign-in {name}: the tokens handed to the gateway: {reason}")]
@@ -113,6 +117,10 @@ pub struct Slot {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refreshing {
     provider: Option<String>,
+    /// Whether the request carried this run's placeholder refresh token (swapped for the real
+    /// one). A refresh with any other token is the jail's own: its answer is never written to
+    /// the user's file (the host's harness would then use whatever account the jail chose).
+    carried: bool,
 }
 
 impl Refreshing {
@@ -121,11 +129,13 @@ impl Refreshing {
         self.provider.as_deref()
     }
 
-    /// A refresh of `provider`'s tokens, as [`Signin::swap_refresh`] finds one (for checks
-    /// that drive [`Signin::take_response`] without a request).
+    /// A refresh of `provider`'s tokens with this run's refresh token, as
+    /// [`Signin::swap_refresh`] finds one (for checks that drive [`Signin::take_response`]
+    /// without a request).
     pub fn of(provider: Option<&str>) -> Refreshing {
         Refreshing {
             provider: provider.map(str::to_string),
+            carried: true,
         }
     }
 }
@@ -647,7 +657,7 @@ impl Signin {
 
     /// The refresh a call of the token endpoint at `host:port` for `target` stands for when its
     /// body held no placeholder of this run: the first provider (or the one sign-in) whose
-    /// endpoint it is.
+    /// endpoint it is. Its answer is taken (the jail gets placeholders) but never written back.
     pub fn refresh_at(&self, host: &Host, port: u16, target: &str) -> Option<Refreshing> {
         let mut candidates =
             std::iter::once(None).chain(self.plan.providers.iter().map(|q| Some(q.id.as_str())));
@@ -658,6 +668,7 @@ impl Signin {
             })
             .map(|p| Refreshing {
                 provider: p.map(str::to_string),
+                carried: false,
             })
     }
 
@@ -767,6 +778,7 @@ impl Signin {
             }
             let r = Refreshing {
                 provider: slot.provider.clone(),
+                carried: true,
             };
             return Some((r, out));
         }
@@ -811,6 +823,17 @@ impl Signin {
                 name: self.plan.name.clone(),
                 reason,
             })?;
+            if !r.carried {
+                // Not this run's refresh: its tokens are scrubbed from answers, and never used
+                // in a request or written to the user's file (a later refresh with their
+                // placeholder would otherwise carry them into the file as "this run's").
+                st.retired.push(Pair {
+                    real,
+                    ph: ph.clone(),
+                });
+                v[field] = Value::String(ph);
+                continue;
+            }
             let TokenState {
                 current, retired, ..
             } = &mut *st;
@@ -866,6 +889,12 @@ impl Signin {
         expires_in: Option<u64>,
         now: SystemTime,
     ) -> Result<(), SigninError> {
+        if !r.carried {
+            return Err(SigninError::Foreign {
+                name: self.plan.name.clone(),
+                path: self.plan.file.clone(),
+            });
+        }
         let mut st = self.state();
         let tokens: Vec<(TokenKind, String)> = st
             .current

@@ -805,3 +805,53 @@ fn opencode_oauth_api_and_wellknown_entries() {
     assert_eq!(w["openai"], v["openai"]);
     assert_eq!(w["github-copilot"], v["github-copilot"]);
 }
+
+#[test]
+fn a_refresh_with_a_token_not_of_this_run_is_answered_but_never_written_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = claude_file(dir.path());
+    let before = std::fs::read(&p.file).unwrap();
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let auth = normalize_host("auth.example").unwrap();
+    // The jail's own refresh token: nothing of this run to swap.
+    let body = br#"{"refresh_token":"sk-ant-ort01-JAILSOWNjailsownJAILSOWN01"}"#;
+    assert!(
+        s.swap_refresh((&auth, 443, "/oauth/token"), body, false)
+            .is_none()
+    );
+    let r = s.refresh_at(&auth, 443, "/oauth/token").unwrap();
+    assert!(s.refresh_at(&auth, 443, "/elsewhere").is_none());
+    let answer = json!({"access_token": "sk-ant-oat01-JAILSOWNaccessJAILSOWN01",
+        "refresh_token": "sk-ant-ort01-JAILSOWNjailsownJAILSOWN01", "expires_in": 60});
+    let (out, exp) = s
+        .take_response(&r, &serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    assert!(!has(&out, "JAILSOWN"));
+    let e = s
+        .write_back(&r, exp, std::time::SystemTime::now())
+        .unwrap_err();
+    assert!(matches!(e, SigninError::Foreign { .. }), "{e}");
+    assert_eq!(std::fs::read(&p.file).unwrap(), before);
+    // Its placeholders are swapped for nothing: a refresh with the one the jail got goes out
+    // as it is, and this run's refresh still carries the user's token.
+    let jv: Value = serde_json::from_slice(&out).unwrap();
+    let theirs = format!(
+        r#"{{"refresh_token":"{}"}}"#,
+        jv["refresh_token"].as_str().unwrap()
+    );
+    assert!(
+        s.swap_refresh((&auth, 443, "/oauth/token"), theirs.as_bytes(), false)
+            .is_none()
+    );
+    let (_, ph_refresh) = jail_tokens(&s);
+    let ours = format!(r#"{{"refresh_token":"{ph_refresh}"}}"#);
+    let (r, up) = s
+        .swap_refresh((&auth, 443, "/oauth/token"), ours.as_bytes(), false)
+        .unwrap();
+    assert!(has(&up, REFRESH));
+    // Control: the same answer to a refresh that carried this run's token is written.
+    s.take_response(&r, &serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    s.write_back(&r, exp, std::time::SystemTime::now()).unwrap();
+    assert!(has(&std::fs::read(&p.file).unwrap(), "JAILSOWNaccess"));
+}

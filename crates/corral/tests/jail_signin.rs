@@ -848,6 +848,10 @@ const OPENCODE: ByProvider = ByProvider {
     api_key_type: "api",
 };
 
+/// An account of the jail's own that the mock's token endpoint accepts as well.
+const BP_FOREIGN_REFRESH: &str = "sk-ant-ort01-JAILSOWNrefreshJAILSOWNrefresh0123456789";
+const BP_FOREIGN_ACCESS: &str = "sk-ant-oat01-JAILSOWNaccessJAILSOWNaccess0123456789ab";
+
 /// The known provider's API key and the unknown provider's, with their scan markers.
 const BP_KEY: &str = "sk-proj-BPKEYrealBPKEYrealBPKEYreal0123456789abcdefABCDEF";
 const BP_UNKNOWN: &str = "gsk_BPUNKNOWNrealBPUNKNOWNrealBPUNKNOWN0123456789ab";
@@ -929,6 +933,8 @@ d["anthropic"].update(access=r["access_token"], refresh=r["refresh_token"])
 open(f, "w").write(json.dumps(d, indent=2))
 ' "$F"
 echo "API2=$(curl -sS {url}/v1/messages -H "Authorization: Bearer $(get anthropic access)")"
+# The jail's own account: a refresh with a token of its own, which the endpoint accepts.
+echo "FOREIGN=$(curl -sS -X POST {url}/v1/oauth/token -H 'Content-Type: application/json' -d '{{"grant_type":"refresh_token","refresh_token":"{BP_FOREIGN_REFRESH}"}}')"
 {greps}echo END
 "#
     )
@@ -943,7 +949,10 @@ fn by_provider_signin(h: &ByProvider) {
     let w = World::new();
     let mdir = w.root.join("mock");
     std::fs::create_dir_all(&mdir).unwrap();
-    let m = mock(&mdir, &host);
+    let tokens = serde_json::json!({"access": ACCESS, "refresh": REFRESH,
+        "new_access": NEW_ACCESS, "new_refresh": NEW_REFRESH, "token_path": "/v1/oauth/token",
+        "foreign_refresh": BP_FOREIGN_REFRESH, "foreign_access": BP_FOREIGN_ACCESS});
+    let m = mock_with(&mdir, &host, &tokens);
     let file = by_provider_project(&w, h, (&host, m.port), h.rel);
     let url = format!("https://{host}:{}", m.port);
     let out = run_jailed(&w, &mdir, h.profile, &by_provider_script(h, &url));
@@ -978,6 +987,14 @@ fn by_provider_signin(h: &ByProvider) {
         "{resp}"
     );
     assert_eq!(line(stdout, "API2="), "\"api-ok\"", "{all}");
+    // The jail's own refresh is answered (as placeholders) but never lands in the user's file.
+    let foreign: serde_json::Value = serde_json::from_str(line(stdout, "FOREIGN=")).unwrap();
+    assert!(
+        foreign["access_token"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("sk-ant-oat01-") && a != BP_FOREIGN_ACCESS),
+        "{all}"
+    );
 
     // The origin saw the real access token, the real refresh token and the known key; never
     // the unknown provider's key.
@@ -1017,6 +1034,12 @@ fn by_provider_signin(h: &ByProvider) {
         )),
         "{logs}"
     );
+    assert!(
+        logs.contains("carried no refresh token of this run"),
+        "{logs}"
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(!text.contains("JAILSOWN"), "{text}");
 }
 
 #[test]
