@@ -311,6 +311,68 @@ mod tests {
         }
     }
 
+    fn entry(toml_text: &str) -> Result<SigninSpec, String> {
+        let e: SigninEntry = toml::from_str(toml_text).map_err(|e| e.to_string())?;
+        e.resolve(Path::new("corral.toml"), toml_text)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn by_provider_entries_name_hosts_per_provider_and_one_sign_in_entries_on_the_entry() {
+        let spec = entry(
+            "format = \"pi\"\nfile = \"~/.pi/agent/auth.json\"\n\
+             [providers.anthropic]\napi_hosts = [\"api.anthropic.com\"]\n\
+             token_url = \"https://platform.claude.com/v1/oauth/token\"\n\
+             [providers.openai]\napi_hosts = [\"api.openai.com\"]\n",
+        )
+        .unwrap();
+        assert_eq!(spec.token_host, None);
+        let ids: Vec<(&str, Option<&str>)> = spec
+            .providers
+            .iter()
+            .map(|p| (p.id.as_str(), p.token_path.as_deref()))
+            .collect();
+        assert_eq!(
+            ids,
+            vec![("anthropic", Some("/v1/oauth/token")), ("openai", None)]
+        );
+        for (bad, why) in [
+            (
+                "format = \"pi\"\nfile = \"~/a\"\ntoken_url = \"https://a.example/t\"\n",
+                "per provider",
+            ),
+            (
+                "format = \"opencode\"\nfile = \"~/a\"\napi_hosts = [\"a.example\"]\n",
+                "per provider",
+            ),
+            (
+                "format = \"claude\"\nfile = \"~/a\"\napi_hosts = []\n",
+                "needs a token_url",
+            ),
+            (
+                "format = \"claude\"\nfile = \"~/a\"\ntoken_url = \"https://a.example/t\"\n\
+                 [providers.x]\napi_hosts = []\n",
+                "by-provider formats",
+            ),
+            (
+                "format = \"pi\"\nfile = \"~/a\"\n[providers.x]\napi_hosts = [\"127.0.0.1\"]\n",
+                "IP address",
+            ),
+            (
+                "format = \"pi\"\nfile = \"~/a\"\n[providers.x]\napi_hosts = []\n\
+                 token_url = \"http://a.example/t\"\n",
+                "https://",
+            ),
+            (
+                "format = \"pi\"\nfile = \"~/a\"\n[providers.x]\napi_hosts = []\nhost = \"a\"\n",
+                "unknown field",
+            ),
+        ] {
+            let e = entry(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
     #[test]
     fn plan_expands_the_home() {
         let (token_host, token_path) = parse_token_url("https://a.example/t").unwrap();
