@@ -19,6 +19,13 @@
 //!   inode and mode, fsynced; never renamed over, which would detach the jail's bind of its
 //!   placeholder file over this path).
 //!
+//! pi's and opencode's `auth.json` map providers to credentials (OAuth sign-ins and API keys):
+//! each credential is a [`Slot`] of its provider, swapped only to that provider's hosts
+//! (`[signin.NAME.providers.ID]`), its refresh only at that provider's token endpoint, its
+//! write-back only into that provider's OAuth fields. In every format, a value that looks like
+//! a secret ([`crate::secret_like`]) where the format holds none corral knows, or of a provider
+//! the entry does not name, is a [`TokenKind::Opaque`] placeholder: swapped for nothing.
+//!
 //! Every real token corral ever held for the run (current and replaced ones) stays in the
 //! scrubber, so no answer from a bound host shows one to the jail.
 //!
@@ -280,6 +287,35 @@ impl TokenState {
             .iter()
             .find(|(p, _)| p == provider)
             .map(|(_, r)| r.as_str())
+    }
+
+    /// Keep a token of a refresh's answer for `slot`; the placeholder the jail gets for it. A
+    /// token of a refresh that did not carry this run's refresh token is only scrubbed from
+    /// answers: never used in a request or written to the user's file (a later refresh with its
+    /// placeholder would otherwise carry it into the file as this run's).
+    fn keep(&mut self, carried: bool, slot: Slot, new: Pair) -> String {
+        if !carried {
+            let ph = new.ph.clone();
+            self.retired.push(new);
+            return ph;
+        }
+        match self
+            .current
+            .iter_mut()
+            .find(|(s, _)| s.kind == slot.kind && s.provider == slot.provider)
+        {
+            // Unchanged (a refresh token that does not rotate): same placeholder.
+            Some((_, p)) if p.real == new.real => p.ph.clone(),
+            Some((_, p)) => {
+                self.retired.push(std::mem::replace(p, new.clone()));
+                new.ph
+            }
+            None => {
+                let ph = new.ph.clone();
+                self.current.push((slot, new));
+                ph
+            }
+        }
     }
 
     fn set_on_disk(&mut self, provider: &Option<String>, refresh: String) {
@@ -823,54 +859,17 @@ impl Signin {
                 name: self.plan.name.clone(),
                 reason,
             })?;
-            if !r.carried {
-                // Not this run's refresh: its tokens are scrubbed from answers, and never used
-                // in a request or written to the user's file (a later refresh with their
-                // placeholder would otherwise carry them into the file as "this run's").
-                st.retired.push(Pair {
-                    real,
-                    ph: ph.clone(),
-                });
-                v[field] = Value::String(ph);
-                continue;
-            }
-            let TokenState {
-                current, retired, ..
-            } = &mut *st;
-            let mine = |s: &Slot| s.kind == kind && s.provider == r.provider;
-            match current.iter_mut().find(|(s, _)| mine(s)) {
-                Some((_, p)) if p.real == real => {
-                    // Unchanged (a refresh token that does not rotate): same placeholder.
-                    v[field] = Value::String(p.ph.clone());
-                    continue;
-                }
-                Some((_, p)) => {
-                    retired.push(p.clone());
-                    *p = Pair {
-                        real,
-                        ph: ph.clone(),
-                    };
-                }
-                None => {
-                    let ptr = layout
-                        .iter()
-                        .find(|(k, _)| *k == kind)
-                        .map(|(_, p)| p.clone())
-                        .unwrap_or_default();
-                    let slot = Slot {
-                        provider: r.provider.clone(),
-                        kind,
-                        ptr,
-                    };
-                    current.push((
-                        slot,
-                        Pair {
-                            real,
-                            ph: ph.clone(),
-                        },
-                    ))
-                }
-            }
+            let ptr = layout
+                .iter()
+                .find(|(k, _)| *k == kind)
+                .map(|(_, p)| p.clone())
+                .unwrap_or_default();
+            let slot = Slot {
+                provider: r.provider.clone(),
+                kind,
+                ptr,
+            };
+            let ph = st.keep(r.carried, slot, Pair { real, ph });
             v[field] = Value::String(ph);
         }
         let mut out = serde_json::to_vec(&v).map_err(|e| bad(e.to_string()))?;
