@@ -375,4 +375,75 @@ mod tests {
             "sk-ant-oat01-newnewnewnewnewnewnewn"
         );
     }
+
+    #[test]
+    fn a_by_provider_refresh_is_written_by_the_host_into_that_provider_only() {
+        use crate::signin::{FileAccess, Signin};
+        use corral_policy::signin::{ProviderPlan, parse_token_url};
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("auth.json");
+        let (host, path) = parse_token_url("https://auth.example.com/token").unwrap();
+        let plan = SigninPlan {
+            name: "pi".into(),
+            format: SigninFormat::Pi,
+            file: file.clone(),
+            api_hosts: vec![],
+            token_host: None,
+            token_path: None,
+            providers: vec![ProviderPlan {
+                id: "anthropic".into(),
+                api_hosts: vec![DomainPattern::parse("api.example.com").unwrap()],
+                token_host: Some(host),
+                token_path: Some(path),
+            }],
+        };
+        let before = serde_json::json!({
+            "anthropic": {"type": "oauth", "access": "sk-ant-oat01-aaaaaaaaaaaaaaaaaaaa",
+                "refresh": "sk-ant-ort01-rrrrrrrrrrrrrrrrrrrr", "expires": 1},
+            "openai": {"type": "api_key", "key": "!pass show openai"}});
+        std::fs::write(&file, before.to_string()).unwrap();
+        let sock = dir.path().join("s.sock");
+        let local = Signin::load(plan.clone()).unwrap().unwrap();
+        let remote = Signin::from_tokens(
+            plan.clone(),
+            local.tokens(),
+            FileAccess::Remote(sock.clone()),
+        )
+        .unwrap();
+        let _server = FileServer::serve(&sock, vec![plan]).unwrap();
+        let jailed: serde_json::Value =
+            serde_json::from_slice(&local.placeholder_file().unwrap()).unwrap();
+        let body = format!(
+            r#"{{"refresh_token":"{}"}}"#,
+            jailed["anthropic"]["refresh"].as_str().unwrap()
+        );
+        let at = corral_policy::domain::normalize_host("auth.example.com").unwrap();
+        let (r, _) = remote
+            .swap_refresh((&at, 443, "/token"), body.as_bytes(), false)
+            .unwrap();
+        remote
+            .take_response(&r, br#"{"access_token":"sk-ant-oat01-newnewnewnewnewnewnewn","refresh_token":"sk-ant-ort01-newrefreshnewrefresh","expires_in":60}"#)
+            .unwrap();
+        remote.write_back(&r, Some(60), SystemTime::now()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        assert_eq!(
+            v["anthropic"]["refresh"],
+            "sk-ant-ort01-newrefreshnewrefresh"
+        );
+        assert_eq!(v["openai"], before["openai"]);
+        // The host decides where tokens go: a write naming a provider it does not serve, or
+        // into a key, is refused whatever the gateway asks.
+        let new = vec![
+            (TokenKind::Access, "a2".to_string()),
+            (TokenKind::Refresh, "r2".to_string()),
+        ];
+        assert!(write_tokens(&sock, "pi", Some("openai"), "x", &new, None).is_err());
+        let key = vec![(TokenKind::Key, "k".to_string())];
+        let refresh = "sk-ant-ort01-newrefreshnewrefresh";
+        assert!(write_tokens(&sock, "pi", Some("anthropic"), refresh, &key, None).is_err());
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&std::fs::read(&file).unwrap()).unwrap(),
+            v
+        );
+    }
 }
