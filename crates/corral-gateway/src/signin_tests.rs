@@ -592,11 +592,19 @@ fn pi_refresh_goes_to_its_providers_endpoint_only_and_is_written_back_in_place()
         "sk-ant-oat01-NEWpiNEWpiNEWpiNEWpiNEWpi01",
         "sk-ant-ort01-NEWpiRefreshNEWpiRefresh0001",
     );
-    let answer = json!({"access_token": new_a, "refresh_token": new_r, "expires_in": 3600});
+    // OpenAI-style answers carry an id_token too: kept and scrubbed, never written (pi's entry
+    // has no place for it).
+    let id = jwt(r#"{"sub":"u"}"#, "PIidSIGPIidSIGPIidSIGPIidSIG01");
+    let answer = json!({"access_token": new_a, "refresh_token": new_r, "id_token": id,
+        "expires_in": 3600});
     let (out, exp) = s
         .take_response(&r, &serde_json::to_vec(&answer).unwrap())
         .unwrap();
-    assert!(!has(&out, "NEWpi"), "{}", String::from_utf8_lossy(&out));
+    assert!(
+        !has(&out, "NEWpi") && !has(&out, "PIidSIG"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
     let inode = std::fs::metadata(&p.file).unwrap().ino();
     let now = UNIX_EPOCH + Duration::from_secs(2_000_000_000);
     s.write_back(&r, exp, now).unwrap();
