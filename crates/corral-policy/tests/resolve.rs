@@ -457,6 +457,9 @@ fn pi_plan(f: &Fx) -> Plan {
                 "api.cerebras.ai",
                 "api.x.ai",
                 "openrouter.ai",
+                "platform.claude.com",
+                "chatgpt.com",
+                "auth.openai.com",
             ]
             .iter()
             .map(|p| pat(p))
@@ -474,7 +477,7 @@ fn pi_plan(f: &Fx) -> Plan {
             from_env: "ANTHROPIC_API_KEY".into(),
             hosts: vec![pat("api.anthropic.com")],
         }],
-        signin: vec![],
+        signin: vec![pi_signin(home)],
         limits,
         executor: ExecutorPlan {
             target: ExecutorTarget::Sandbox,
@@ -495,6 +498,43 @@ fn pi_plan(f: &Fx) -> Plan {
         project_trust: None,
         git: Default::default(),
         toolchains: Vec::new(),
+    }
+}
+
+/// The pi profile's `[signin.pi]` for the user whose home is `home` (providers by name).
+fn pi_signin(home: &Path) -> corral_policy::signin::SigninPlan {
+    use corral_policy::signin::{ProviderPlan, SigninFormat, SigninPlan};
+    let provider = |id: &str, host: &str, token: Option<(&str, &str)>| ProviderPlan {
+        id: id.into(),
+        api_hosts: vec![pat(host)],
+        token_host: token.map(|(h, _)| pat(h)),
+        token_path: token.map(|(_, p)| p.into()),
+    };
+    SigninPlan {
+        name: "pi".into(),
+        format: SigninFormat::Pi,
+        file: home.join(".pi/agent/auth.json"),
+        api_hosts: vec![],
+        token_host: None,
+        token_path: None,
+        providers: vec![
+            provider(
+                "anthropic",
+                "api.anthropic.com",
+                Some(("platform.claude.com", "/v1/oauth/token")),
+            ),
+            provider("cerebras", "api.cerebras.ai", None),
+            provider("google", "generativelanguage.googleapis.com", None),
+            provider("groq", "api.groq.com", None),
+            provider("openai", "api.openai.com", None),
+            provider(
+                "openai-codex",
+                "chatgpt.com",
+                Some(("auth.openai.com", "/oauth/token")),
+            ),
+            provider("openrouter", "openrouter.ai", None),
+            provider("xai", "api.x.ai", None),
+        ],
     }
 }
 
