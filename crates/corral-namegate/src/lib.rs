@@ -10,7 +10,8 @@
 pub mod mountinfo;
 mod namegate;
 
+pub use namegate::sys::{Real, Sys};
 pub use namegate::{
-    CAP_SYS_PTRACE, Gate, Hidden, Recorder, SYS_FCHMODAT2, continues, receive_listener,
+    CAP_SYS_PTRACE, Caller, Gate, Hidden, Recorder, SYS_FCHMODAT2, continues, receive_listener,
     send_listener,
 };

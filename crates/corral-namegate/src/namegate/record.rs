@@ -7,6 +7,12 @@
 //! dumpable): no path in the jail's mount tree leads to it. Only names in the project are
 //! recorded, not the jail's own file systems. A name whose record fails is not changed: the
 //! caller gets the error.
+//!
+//! The record reads the project through the kernel itself (it copies what it keeps into the
+//! store), not through the gate's seam: only a gate making real calls keeps one
+//! ([`Gate::with_record`](super::Gate::with_record) is `Gate<Real>`'s). What the gate performs
+//! for the caller once the record is kept (the removal, the mode change, the creation) goes
+//! through the seam like its other calls.
 
 use std::collections::HashSet;
 use std::io;
@@ -15,7 +21,13 @@ use std::os::unix::ffi::OsStrExt;
 
 use corral_changes::{Place, RunRecord};
 
-use super::{Entry, dir_path, fstat, openat2};
+use super::sys::{Real, Sys};
+use super::{Entry, fstat, openat2};
+
+/// The path of what `fd` is open on, as the kernel names it now.
+fn dir_path(fd: &OwnedFd) -> Option<Vec<u8>> {
+    Real.fd_path(fd)
+}
 
 /// The run's record, and where the project is in the jail.
 pub struct Recorder {
