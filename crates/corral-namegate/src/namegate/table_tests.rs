@@ -988,7 +988,8 @@ fn removals_and_mode_changes_are_performed_through_the_seam_as_the_kernel_would(
     let empty = libc::AT_EMPTY_PATH as u64;
     let nofollow = libc::AT_SYMLINK_NOFOLLOW as u64;
     // (rule, nr, args but the path: [dirfd, flags-or-mode...], path (None: NULL), want)
-    let rows: Vec<(&str, i64, [u64; 4], Option<&[u8]>, Then)> = vec![
+    type Row = (&'static str, i64, [u64; 4], Option<&'static [u8]>, Then);
+    let rows: Vec<Row> = vec![
         (
             "unlinkat removes a file",
             libc::SYS_unlinkat,
