@@ -42,6 +42,12 @@
 //! domain nested in the jail would not bind what the gate performs, `landlock_restrict_self` is
 //! refused while the gate runs.
 //!
+//! While the run keeps a change record ([`Gate::with_record`]; docs/undo.md), the filter also
+//! stops unlink/unlinkat/rmdir and chmod/fchmodat/fchmodat2 (`build_gate_filter_with`), and the
+//! gate performs them through the seam too; before each call that changes a name in the
+//! project (those, and every creation, open for writing, truncate, rename and link) the record
+//! keeps what the name is (namegate/record.rs). A name whose record fails is not changed.
+//!
 //! PID 1 is an ancestor of every process of the jail (Yama's `ptrace_scope=1` lets it read
 //! their memory) and non-dumpable (they cannot read or trace it).
 

@@ -59,7 +59,13 @@ pub enum Command {
     Discard(DiscardArgs),
     /// Put the project back as it was before a run (the last one by default)
     #[command(
-        long_about = "Put the project back as it was before a run (the last one by default;                       `corral log --runs` lists them): files created, modified, deleted or                       renamed, modes, symlinks and directories, tracked, untracked and ignored                       alike, from the change record corral keeps outside the project. A path                       changed since the run (on the host or by a later run) is never                       overwritten: undo refuses and names it. The undo keeps a record of its                       own: `corral undo ID` of it redoes the run. See docs/undo.md."
+        long_about = "Put the project back as it was before a run (the last one by default; \
+                      `corral log --runs` lists them): files created, modified, deleted or \
+                      renamed, modes, symlinks and directories, tracked, untracked and ignored \
+                      alike, from the change record corral keeps outside the project. A path \
+                      changed since the run (on the host or by a later run) is never \
+                      overwritten: undo refuses and names it. The undo keeps a record of its \
+                      own: `corral undo ID` of it redoes the run. See docs/undo.md."
     )]
     Undo(UndoArgs),
     /// Live view of this project's running jails: allow or deny what they are refused
