@@ -390,7 +390,7 @@ impl LiveState {
             Ok(p) => p,
             Err(e) => return self.failed(&format!("{e}")),
         };
-        match crate::cmd::trust::is_trusted(&plan) {
+        match corral_run::trust::is_trusted(&plan) {
             Ok(true) => {}
             Ok(false) => {
                 let t = plan.project_trust.as_ref();

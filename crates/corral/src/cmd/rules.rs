@@ -225,7 +225,7 @@ fn report(file: &Path, outcomes: &[Outcome], created: bool) -> anyhow::Result<()
 
 /// `$XDG_CONFIG_HOME/corral/config.toml`, else `~/.config/corral/config.toml`.
 fn user_config_path() -> anyhow::Result<PathBuf> {
-    let (env, home) = super::trust::env_home()?;
+    let (env, home) = corral_run::trust::env_home()?;
     Ok(corral_policy::resolve::default_user_config(&env, &home))
 }
 

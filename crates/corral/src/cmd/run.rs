@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use corral_audit::{AuditLog, JailEvent};
 use corral_policy::plan::{Engine, NetworkMode, Plan};
-use corral_policy::resolve::{ensure_state_paths, resolve};
+use corral_policy::resolve::ensure_state_paths;
 use corral_session::endlines::say;
 use corral_session::{Backend, RunInputs, RunPlan, Scope, Session};
 
@@ -33,9 +33,8 @@ pub fn run_jail(
     command: Vec<String>,
 ) -> anyhow::Result<ExitCode> {
     let req = super::plan::request(profile, opts, command)?;
-    let plan = resolve(&req)?;
-    // What the project's own corral.toml grants needs the user's trust (cmd/trust.rs).
-    super::trust::gate(&plan)?;
+    // What the project's own corral.toml grants needs the user's trust (corral-run's gate).
+    let plan = corral_run::trust::resolve_trusted(&req)?;
     // A first run of a harness: its state directories do not exist yet, and binds need them.
     ensure_state_paths(&plan.profile, &req.home)?;
     let code = run_plan_with(&plan, Some(&req), Scope::Run);

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use corral_policy::plan::{Engine, Plan};
-use corral_policy::resolve::{ensure_state_paths, resolve};
+use corral_policy::resolve::ensure_state_paths;
 
 use crate::cli::{EngineArg, JailOptions, WorktreeCommand, WorktreesArgs};
 use crate::worktrees;
@@ -47,9 +47,9 @@ pub fn run(
         .map(|rel| layout.path.join(rel))
         .filter(|p| p.is_dir())
         .unwrap_or_else(|| layout.path.clone());
-    let plan = resolve(&req)?;
-    native_only(&plan)?;
-    super::trust::gate_in_worktree(&plan, &layout.path, &layout.policy_file_of_main())?;
+    let resolved = corral_run::trust::resolve(&req)?;
+    native_only(resolved.plan())?;
+    let plan = resolved.gate_in_worktree(&layout.path, &layout.policy_file_of_main())?;
     ensure_state_paths(&plan.profile, &req.home)?;
     let plan = session.confine(&plan);
     let code = super::run::run_plan(&plan, corral_session::Scope::Run);

@@ -1,0 +1,8 @@
+//! corral's run as a library. A run starts from a [`Trusted<Plan>`]: a policy request resolved
+//! and passed through the trust gate ([`trust::resolve`], then [`trust::Resolved::gate`] or
+//! [`trust::Resolved::gate_in_worktree`]), the only way to get one. The `corral` binary parses
+//! the command line, prints, and maps what comes back to exit codes.
+
+pub mod trust;
+
+pub use trust::{Resolved, Trusted};
