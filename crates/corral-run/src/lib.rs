@@ -3,6 +3,7 @@
 //! [`trust::Resolved::gate_in_worktree`]), the only way to get one. The `corral` binary parses
 //! the command line, prints, and maps what comes back to exit codes.
 
+pub mod control;
 pub mod trust;
 
 pub use trust::{Resolved, Trusted};

@@ -79,7 +79,7 @@ pub struct Live {
     /// Dropped to stop the watcher at once (it waits on it between checks).
     stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    _control: Option<crate::control::Server>,
+    _control: Option<corral_run::control::Server>,
 }
 
 impl Drop for Live {
@@ -176,15 +176,15 @@ fn control_server(
     jail_plan: &Plan,
     jail: &str,
     engine: Option<&str>,
-) -> Option<crate::control::Server> {
-    let dir = match crate::control::dir() {
+) -> Option<corral_run::control::Server> {
+    let dir = match corral_run::control::dir() {
         Ok(d) => d,
         Err(e) => {
             eprintln!("corral: no control socket for corral watch: {e:#}");
             return None;
         }
     };
-    if crate::control::visible_in(jail_plan, &dir) {
+    if corral_run::control::visible_in(jail_plan, &dir) {
         eprintln!(
             "corral: no control socket for corral watch: {} is visible in the jail (a bind \
              covers it); set XDG_RUNTIME_DIR or TMPDIR to a directory the jail does not see",
@@ -193,11 +193,11 @@ fn control_server(
         return None;
     }
     let st = state.clone();
-    let handler: crate::control::Handler = Arc::new(move |line: &str| {
+    let handler: corral_run::control::Handler = Arc::new(move |line: &str| {
         let mut st = st.lock().unwrap_or_else(|e| e.into_inner());
         st.request(line)
     });
-    match crate::control::Server::start(&dir, jail, &plan.project.root, engine, handler) {
+    match corral_run::control::Server::start(&dir, jail, &plan.project.root, engine, handler) {
         Ok(s) => Some(s),
         Err(e) => {
             eprintln!("corral: no control socket for corral watch: {e:#}");
