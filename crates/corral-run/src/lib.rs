@@ -4,6 +4,8 @@
 //! the command line, prints, and maps what comes back to exit codes.
 
 pub mod control;
+pub mod live;
+pub mod target;
 pub mod trust;
 
 pub use trust::{Resolved, Trusted};

@@ -208,10 +208,19 @@ fn check(plan: &Plan, inherited_from: Option<&Path>, caller: &Caller) -> anyhow:
     )
 }
 
+/// `plan`, resolved again from a running jail's request (live.rs), trusted when what its
+/// project's `corral.toml` grants is trusted with exactly the content it was resolved from (a
+/// file that grants nothing needs no trust), without asking; else the plan back.
+pub(crate) fn trusted_without_asking(plan: Plan) -> anyhow::Result<Result<Trusted<Plan>, Plan>> {
+    Ok(match is_trusted(&plan)? {
+        true => Ok(Trusted(plan)),
+        false => Err(plan),
+    })
+}
+
 /// Whether what the project's `corral.toml` of `plan` grants is trusted with exactly the content
-/// the plan was resolved from (a file that grants nothing needs no trust), without asking: the
-/// check a running jail's policy reload passes (live.rs).
-pub fn is_trusted(plan: &Plan) -> anyhow::Result<bool> {
+/// the plan was resolved from (a file that grants nothing needs no trust), without asking.
+fn is_trusted(plan: &Plan) -> anyhow::Result<bool> {
     let Some(t) = plan.project_trust.as_ref().filter(|t| !t.grants.is_empty()) else {
         return Ok(true);
     };

@@ -20,7 +20,6 @@ macro_rules! outln {
 
 mod cli;
 mod cmd;
-mod live;
 mod usage;
 mod worktrees;
 

@@ -222,13 +222,13 @@ impl Container {
     /// With corral's proxy and the request the plan came from: the proxy containers' policy
     /// follows the policy files and `corral watch` lists the run. Started once the proxy
     /// containers run (just before the harness), so the run's own policy write comes first.
-    fn live_policy(&self, plan: &Plan, session: &Session) -> Option<crate::live::Live> {
+    fn live_policy(&self, plan: &Plan, session: &Session) -> Option<corral_run::live::Live> {
         let req = self.req.as_ref()?;
         if plan.network.mode != corral_policy::plan::NetworkMode::Proxy {
             return None;
         }
         let started = ProxyContainers::new(self.kind, &self.ctx, plan).and_then(|enforcer| {
-            crate::live::start(
+            corral_run::live::start(
                 req,
                 &self.resolved,
                 plan,
@@ -246,7 +246,7 @@ impl Container {
     }
 }
 
-/// The container backend's [`crate::live::Enforcer`]: the project's generated proxy policy
+/// The container backend's [`corral_run::live::Enforcer`]: the project's generated proxy policy
 /// file, rewritten atomically, and the proxy containers that read it (the project's shared
 /// proxy, and the run's gateway proxy with `[secrets]`/sign-ins), signalled to reload it.
 struct ProxyContainers {
@@ -273,7 +273,7 @@ impl ProxyContainers {
     }
 }
 
-impl crate::live::Enforcer for ProxyContainers {
+impl corral_run::live::Enforcer for ProxyContainers {
     fn initial(&self) -> corral_net::Rules {
         self.initial.clone()
     }

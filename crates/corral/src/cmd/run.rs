@@ -391,12 +391,12 @@ fn live_policy(
     proxy: Option<&corral_net::ProxyHandle>,
     audit: &AuditLog,
     jail_id: &str,
-) -> Option<crate::live::Live> {
+) -> Option<corral_run::live::Live> {
     let (req, proxy) = (req?, proxy?);
     if resolved.network.mode != NetworkMode::Proxy {
         return None;
     }
-    crate::live::start(
+    corral_run::live::start(
         req,
         resolved,
         jail_plan,

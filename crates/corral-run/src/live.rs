@@ -36,7 +36,8 @@ use corral_policy::Plan;
 use corral_policy::plan::NetworkPlan;
 use corral_policy::resolve::{Request, resolve};
 
-use crate::cmd::rules::Target;
+use crate::target::Target;
+use crate::trust::Trusted;
 
 /// How often the policy files are checked.
 const POLL: Duration = Duration::from_millis(250);
@@ -79,7 +80,7 @@ pub struct Live {
     /// Dropped to stop the watcher at once (it waits on it between checks).
     stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    _control: Option<corral_run::control::Server>,
+    _control: Option<crate::control::Server>,
 }
 
 impl Drop for Live {
@@ -176,15 +177,15 @@ fn control_server(
     jail_plan: &Plan,
     jail: &str,
     engine: Option<&str>,
-) -> Option<corral_run::control::Server> {
-    let dir = match corral_run::control::dir() {
+) -> Option<crate::control::Server> {
+    let dir = match crate::control::dir() {
         Ok(d) => d,
         Err(e) => {
             eprintln!("corral: no control socket for corral watch: {e:#}");
             return None;
         }
     };
-    if corral_run::control::visible_in(jail_plan, &dir) {
+    if crate::control::visible_in(jail_plan, &dir) {
         eprintln!(
             "corral: no control socket for corral watch: {} is visible in the jail (a bind \
              covers it); set XDG_RUNTIME_DIR or TMPDIR to a directory the jail does not see",
@@ -193,11 +194,11 @@ fn control_server(
         return None;
     }
     let st = state.clone();
-    let handler: corral_run::control::Handler = Arc::new(move |line: &str| {
+    let handler: crate::control::Handler = Arc::new(move |line: &str| {
         let mut st = st.lock().unwrap_or_else(|e| e.into_inner());
         st.request(line)
     });
-    match corral_run::control::Server::start(&dir, jail, &plan.project.root, engine, handler) {
+    match crate::control::Server::start(&dir, jail, &plan.project.root, engine, handler) {
         Ok(s) => Some(s),
         Err(e) => {
             eprintln!("corral: no control socket for corral watch: {e:#}");
@@ -390,9 +391,11 @@ impl LiveState {
             Ok(p) => p,
             Err(e) => return self.failed(&format!("{e}")),
         };
-        match corral_run::trust::is_trusted(&plan) {
-            Ok(true) => {}
-            Ok(false) => {
+        // The reload passes the gate as the run did, without asking: only a trusted plan is
+        // applied.
+        let plan = match crate::trust::trusted_without_asking(plan) {
+            Ok(Ok(trusted)) => trusted,
+            Ok(Err(plan)) => {
                 let t = plan.project_trust.as_ref();
                 let file = t.map(|t| t.file.display().to_string()).unwrap_or_default();
                 let summary = format!(
@@ -407,7 +410,13 @@ impl LiveState {
                 return summary;
             }
             Err(e) => return self.failed(&format!("{e:#}")),
-        }
+        };
+        self.apply(&plan)
+    }
+
+    /// Enforce the network rules of `plan`, the policy resolved again and passed through the
+    /// gate, and record what changed; the one-line summary.
+    fn apply(&mut self, plan: &Trusted<Plan>) -> String {
         let rules = match Rules::from_plan(&plan.network) {
             Ok(r) => r,
             Err(e) => return self.failed(&e.to_string()),
@@ -418,7 +427,7 @@ impl LiveState {
             proxy.set_on_deny(plan.network.on_deny);
         }
         let diff = Diff::between(&self.base, &rules);
-        let next_run = next_run_sections(&self.started, &plan);
+        let next_run = next_run_sections(&self.started, plan);
         let (old_base, old_network) = (self.base.clone(), self.network.clone());
         self.base = rules;
         self.network.allow = plan.network.allow.clone();
