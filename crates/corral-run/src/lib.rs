@@ -7,5 +7,6 @@ pub mod control;
 pub mod live;
 pub mod target;
 pub mod trust;
+pub mod worktrees;
 
 pub use trust::{Resolved, Trusted};

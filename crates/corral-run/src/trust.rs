@@ -42,7 +42,6 @@ impl<T> Trusted<T> {
 
     /// A value derived from a trusted one by corral itself (a run's confinement to its
     /// worktree, an executor command's plan from its run's): trusted as the one it came from.
-    #[allow(dead_code)]
     pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Trusted<U> {
         Trusted(f(self.0))
     }

@@ -21,7 +21,6 @@ macro_rules! outln {
 mod cli;
 mod cmd;
 mod usage;
-mod worktrees;
 
 use std::process::ExitCode;
 

@@ -8,7 +8,7 @@ use corral_policy::plan::{Engine, Plan};
 use corral_policy::resolve::ensure_state_paths;
 
 use crate::cli::{EngineArg, JailOptions, WorktreeCommand, WorktreesArgs};
-use crate::worktrees;
+use corral_run::worktrees;
 
 /// Run `profile`/`command` jailed in the worktree `name` of the repository holding the current
 /// directory: made or reused, locked for this run, its branch brought back when the jail ends.
