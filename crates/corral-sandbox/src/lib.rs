@@ -46,7 +46,7 @@ pub use gatexec::GATE_EXEC_ARG;
 pub use netns::{JailNet, PROXY_PORT, STUB_LO_ADDRESS, STUB_POOL, SocketFactory, capture_ports};
 pub use spawn::{
     Ending, JailExit, PlaceholderHold, PreparedJail, RunningJail, SpawnOptions, prepare,
-    prepare_early, spawn, take_early,
+    prepare_early, spawn,
 };
 
 /// The first argument that makes the corral binary the jail's set-up process.

@@ -17,6 +17,7 @@ pub fn run(
     profile: Option<String>,
     opts: &JailOptions,
     command: Vec<String>,
+    early: Option<corral_sandbox::PreparedJail>,
 ) -> anyhow::Result<ExitCode> {
     // `--engine podman|docker` is refused before any worktree is made (a policy file's engine
     // after the plan is resolved: `native_only`).
@@ -52,7 +53,7 @@ pub fn run(
     let plan = resolved.gate_in_worktree(&layout.path, &layout.policy_file_of_main())?;
     ensure_state_paths(&plan.profile, &req.home)?;
     let plan = session.confine(&plan);
-    let code = super::run::run_plan(&plan, corral_session::Scope::Run);
+    let code = super::run::run_plan(&plan, corral_session::Scope::Run, early);
     for line in worktrees::finish(&session) {
         eprintln!("corral: {line}");
     }
