@@ -4,7 +4,13 @@
 //! the command line, prints, and maps what comes back to exit codes.
 
 pub mod control;
+pub mod engine;
+pub mod executor;
+pub mod held;
 pub mod live;
+pub mod native;
+pub mod secrets;
+pub mod signin;
 pub mod target;
 pub mod trust;
 pub mod worktrees;

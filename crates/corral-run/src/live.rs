@@ -9,7 +9,7 @@
 //! decides with them too). What the proxy decides with changes; anything else the new files say
 //! (binds, limits, the network mode, ...) is recorded as taking effect at the next run.
 //!
-//! A container run (`--engine podman|docker`, cmd/engine_run.rs) follows them with the same
+//! A container run (`--engine podman|docker`, engine.rs) follows them with the same
 //! watcher and trust gate; what applies the new rules is its [`Enforcer`]: the native backend
 //! swaps the proxy's rules in memory, the container backend rewrites the project's generated
 //! proxy policy file atomically and signals the proxy containers to reload it. The project's
@@ -123,7 +123,7 @@ struct LiveState {
 /// the jail runs; `engine` names a container engine's run in its registration.
 pub fn start(
     req: &Request,
-    plan: &Plan,
+    plan: &Trusted<Plan>,
     jail_plan: &Plan,
     enforcer: Box<dyn Enforcer>,
     audit: &AuditLog,
@@ -134,7 +134,7 @@ pub fn start(
     let seen = files.iter().map(|f| stamp(f)).collect();
     let state = Arc::new(Mutex::new(LiveState {
         req: req.clone(),
-        started: plan.clone(),
+        started: Plan::clone(plan),
         base: enforcer.initial(),
         run_only: Vec::new(),
         files,

@@ -40,6 +40,13 @@ impl<T> Trusted<T> {
         self.0
     }
 
+    /// A value corral itself handed to another of its processes after the gate passed it (an
+    /// executor command's Plan, passed to `corral serve --jail-helper`; executor.rs): trusted as
+    /// the one it was made from.
+    pub(crate) fn handed_down(value: T) -> Trusted<T> {
+        Trusted(value)
+    }
+
     /// A value derived from a trusted one by corral itself (a run's confinement to its
     /// worktree, an executor command's plan from its run's): trusted as the one it came from.
     pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Trusted<U> {

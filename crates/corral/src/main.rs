@@ -24,10 +24,6 @@ mod usage;
 
 use std::process::ExitCode;
 
-// What moved into the run's library keeps its `crate::` paths in the commands.
-#[allow(unused_imports)]
-use corral_run::{control, live, worktrees};
-
 pub use usage::EXIT_CORRAL_ERROR;
 
 fn main() -> ExitCode {

@@ -53,7 +53,7 @@ pub fn run(
     let plan = resolved.gate_in_worktree(&layout.path, &layout.policy_file_of_main())?;
     ensure_state_paths(&plan.profile, &req.home)?;
     let plan = session.confine(&plan);
-    let code = super::run::run_plan(&plan, corral_session::Scope::Run, early);
+    let code = corral_run::native::run_plan(&plan, corral_session::Scope::Run, early);
     for line in worktrees::finish(&session) {
         eprintln!("corral: {line}");
     }

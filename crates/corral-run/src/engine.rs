@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use crate::trust::Trusted;
 use anyhow::{Context as _, bail};
 use corral_engine::runner;
 use corral_engine::{Context, EngineKind};
@@ -102,7 +103,7 @@ fn wait_harness(cmd: &corral_engine::Command) -> std::io::Result<std::process::E
 /// The plan's sign-ins whose credential file exists (the only ones a run serves), in the plan
 /// the engine runs, and each one loaded: its real tokens and the jail's placeholder file.
 fn served_signins(plan: &Plan) -> anyhow::Result<(Plan, Vec<corral_gateway::signin::Signin>)> {
-    let signins = super::signin::load(plan)?;
+    let signins = crate::signin::load(plan)?;
     let mut served = plan.clone();
     served.signin = signins.iter().map(|s| s.plan().clone()).collect();
     Ok((served, signins))
@@ -156,7 +157,7 @@ fn refuse_path_rules(plan: &Plan) -> anyhow::Result<()> {
 /// guard, set-id, change summary) apply as after a native run. With the request `plan` was
 /// resolved from, the proxy's rules follow the policy files while it runs (live.rs).
 pub fn run_plan(
-    plan: &Plan,
+    plan: &Trusted<Plan>,
     req: Option<&corral_policy::Request>,
     scope: Scope,
 ) -> anyhow::Result<i32> {
@@ -167,7 +168,7 @@ pub fn run_plan(
     // and the tokens for the run's gateway proxy.
     let (served, signins) = served_signins(plan)?;
     // [secrets]: the real values for the run's gateway proxy, or placeholders without network.
-    let (placeholders, gateway) = super::secrets::for_engine(&served)?;
+    let (placeholders, gateway) = crate::secrets::for_engine(&served)?;
     let plan = placeholders.as_ref().unwrap_or(&served);
     let mut secrets = corral_engine::gateway::Credentials {
         gateway,
@@ -215,20 +216,20 @@ struct Container {
     secrets: corral_engine::gateway::Credentials,
     /// The request and the plan resolved from it, for following the policy files (live.rs).
     req: Option<corral_policy::Request>,
-    resolved: Plan,
+    resolved: Trusted<Plan>,
 }
 
 impl Container {
     /// With corral's proxy and the request the plan came from: the proxy containers' policy
     /// follows the policy files and `corral watch` lists the run. Started once the proxy
     /// containers run (just before the harness), so the run's own policy write comes first.
-    fn live_policy(&self, plan: &Plan, session: &Session) -> Option<corral_run::live::Live> {
+    fn live_policy(&self, plan: &Plan, session: &Session) -> Option<crate::live::Live> {
         let req = self.req.as_ref()?;
         if plan.network.mode != corral_policy::plan::NetworkMode::Proxy {
             return None;
         }
         let started = ProxyContainers::new(self.kind, &self.ctx, plan).and_then(|enforcer| {
-            corral_run::live::start(
+            crate::live::start(
                 req,
                 &self.resolved,
                 plan,
@@ -246,7 +247,7 @@ impl Container {
     }
 }
 
-/// The container backend's [`corral_run::live::Enforcer`]: the project's generated proxy policy
+/// The container backend's [`crate::live::Enforcer`]: the project's generated proxy policy
 /// file, rewritten atomically, and the proxy containers that read it (the project's shared
 /// proxy, and the run's gateway proxy with `[secrets]`/sign-ins), signalled to reload it.
 struct ProxyContainers {
@@ -273,7 +274,7 @@ impl ProxyContainers {
     }
 }
 
-impl corral_run::live::Enforcer for ProxyContainers {
+impl crate::live::Enforcer for ProxyContainers {
     fn initial(&self) -> corral_net::Rules {
         self.initial.clone()
     }
