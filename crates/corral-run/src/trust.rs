@@ -23,6 +23,19 @@ use corral_policy::{Plan, Request};
 /// A value that passed the trust gate. Its field is private: outside this crate a `Trusted` is
 /// read, never built, so a backend handed one is handed a plan the gate passed.
 ///
+/// The way in, which compiles: resolve, gate, run.
+///
+/// ```no_run
+/// fn run(req: &corral_policy::Request) -> anyhow::Result<i32> {
+///     let plan = corral_run::trust::resolve_trusted(req)?;
+///     corral_run::native::run_plan(&plan, corral_session::Scope::Run, None)
+/// }
+/// ```
+///
+/// Each way around the gate does not compile (stable rustdoc does not compare the error codes;
+/// each snippet was checked to fail with exactly its code, and the one above to compile). A
+/// `Trusted` built by hand:
+///
 /// ```compile_fail,E0423
 /// let plan = corral_policy::Plan::minimal(
 ///     std::path::Path::new("/p"),
@@ -30,6 +43,53 @@ use corral_policy::{Plan, Request};
 ///     Vec::new(),
 /// );
 /// let _forged = corral_run::Trusted(plan);
+/// ```
+///
+/// or by the crate's own constructors for what it derives from a trusted plan:
+///
+/// ```compile_fail,E0624
+/// let plan = corral_policy::Plan::minimal(
+///     std::path::Path::new("/p"),
+///     std::path::Path::new("/h"),
+///     Vec::new(),
+/// );
+/// let _forged = corral_run::Trusted::handed_down(plan);
+/// ```
+///
+/// ```compile_fail,E0624
+/// fn widen(plan: corral_run::Trusted<corral_policy::Plan>) -> corral_run::Trusted<corral_policy::Plan> {
+///     plan.map(|mut p| {
+///         p.network.mode = corral_policy::plan::NetworkMode::Host;
+///         p
+///     })
+/// }
+/// ```
+///
+/// A plain `Plan` handed to the native or the container backend:
+///
+/// ```compile_fail,E0308
+/// fn run(req: &corral_policy::Request) -> anyhow::Result<i32> {
+///     let plan = corral_policy::resolve(req)?;
+///     corral_run::native::run_plan(&plan, corral_session::Scope::Run, None)
+/// }
+/// ```
+///
+/// ```compile_fail,E0308
+/// fn run(req: &corral_policy::Request) -> anyhow::Result<i32> {
+///     let plan = corral_policy::resolve(req)?;
+///     corral_run::engine::run_plan(&plan, Some(req), corral_session::Scope::Run)
+/// }
+/// ```
+///
+/// A [`Resolved`] made from any plan, to be gated as if `resolve` made it:
+///
+/// ```compile_fail,E0451
+/// let plan = corral_policy::Plan::minimal(
+///     std::path::Path::new("/p"),
+///     std::path::Path::new("/h"),
+///     Vec::new(),
+/// );
+/// let _made = corral_run::Resolved { plan };
 /// ```
 #[derive(Debug, Clone)]
 pub struct Trusted<T>(T);
@@ -218,7 +278,18 @@ fn check(plan: &Plan, inherited_from: Option<&Path>, caller: &Caller) -> anyhow:
 /// project's `corral.toml` grants is trusted with exactly the content it was resolved from (a
 /// file that grants nothing needs no trust), without asking; else the plan back.
 pub(crate) fn trusted_without_asking(plan: Plan) -> anyhow::Result<Result<Trusted<Plan>, Plan>> {
-    Ok(match is_trusted(&plan)? {
+    let (env, home) = env_home()?;
+    trusted_without_asking_in(plan, &env, &home)
+}
+
+/// [`trusted_without_asking`] with the trust store of the caller whose environment and home
+/// are `env` and `home`.
+fn trusted_without_asking_in(
+    plan: Plan,
+    env: &BTreeMap<String, String>,
+    home: &Path,
+) -> anyhow::Result<Result<Trusted<Plan>, Plan>> {
+    Ok(match is_trusted(&plan, env, home)? {
         true => Ok(Trusted(plan)),
         false => Err(plan),
     })
@@ -226,12 +297,11 @@ pub(crate) fn trusted_without_asking(plan: Plan) -> anyhow::Result<Result<Truste
 
 /// Whether what the project's `corral.toml` of `plan` grants is trusted with exactly the content
 /// the plan was resolved from (a file that grants nothing needs no trust), without asking.
-fn is_trusted(plan: &Plan) -> anyhow::Result<bool> {
+fn is_trusted(plan: &Plan, env: &BTreeMap<String, String>, home: &Path) -> anyhow::Result<bool> {
     let Some(t) = plan.project_trust.as_ref().filter(|t| !t.grants.is_empty()) else {
         return Ok(true);
     };
-    let (env, home) = env_home()?;
-    let store = TrustStore::load(&trust::store_path(&env, &home))?;
+    let store = TrustStore::load(&trust::store_path(env, home))?;
     Ok(store.is_trusted(&t.file, &t.sha256))
 }
 
@@ -384,6 +454,33 @@ mod tests {
             .gate_with(None, &f.caller())
             .unwrap_err();
         assert!(format!("{err:#}").contains("it is not trusted"));
+    }
+
+    /// A running jail's policy resolved again (live.rs): applied only when the gate would pass it
+    /// without asking; an untrusted or edited grant comes back as a plain plan.
+    #[test]
+    fn a_reload_is_trusted_only_with_the_trusted_content() {
+        let f = Fixture::new();
+        let file = f.project.join("corral.toml");
+        let env = BTreeMap::new();
+        let reload = |bytes: &[u8]| {
+            let plan = f.granting(&file, bytes).plan;
+            trusted_without_asking_in(plan, &env, &f.home).unwrap()
+        };
+        assert!(reload(GRANT).is_err(), "an untrusted grant was applied");
+        f.trust(&file, GRANT);
+        let trusted = reload(GRANT).expect("the trusted content was refused");
+        assert_eq!(trusted.project.root, f.project);
+        let edited = b"[filesystem]\nrw = [\"/\", \"/etc\"]\n";
+        let refused = reload(edited).expect_err("an edited grant was applied");
+        assert!(refused.project_trust.is_some());
+        // A plan that grants nothing needs no trust.
+        let plain = Plan::minimal(&f.project, &f.home, vec!["true".into()]);
+        assert!(
+            trusted_without_asking_in(plain, &env, &f.home)
+                .unwrap()
+                .is_ok()
+        );
     }
 
     #[test]
