@@ -465,7 +465,9 @@ mod tests {
         let env = BTreeMap::new();
         let reload = |bytes: &[u8]| {
             let plan = f.granting(&file, bytes).plan;
-            trusted_without_asking_in(plan, &env, &f.home).unwrap()
+            trusted_without_asking_in(plan, &env, &f.home)
+                .unwrap()
+                .map_err(Box::new)
         };
         assert!(reload(GRANT).is_err(), "an untrusted grant was applied");
         f.trust(&file, GRANT);
