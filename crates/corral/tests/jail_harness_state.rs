@@ -129,7 +129,8 @@ fn a_jailed_pi_cannot_make_its_settings_or_credentials_run_code() {
         !agent.join("models.json").exists(),
         "the models.json the run created is removed"
     );
-    for f in ["settings.json", "auth.json", "models.json"] {
+    // auth.json existed: the jail had the sign-in's copy of it ([signin.pi]), never the file.
+    for f in ["settings.json", "models.json"] {
         let p = agent.join(f);
         let shown = p.display().to_string();
         assert!(
@@ -156,7 +157,11 @@ fn a_jailed_pi_cannot_make_its_settings_or_credentials_run_code() {
     let out = run_as(&w, "pi", &["--allow-harness-config"], script);
     ran(&out, "END");
     assert!(read(&agent.join("settings.json")).contains("git:evil"));
-    assert!(read(&agent.join("auth.json")).contains("!curl"));
+    assert_eq!(
+        read(&agent.join("auth.json")),
+        r#"{"anthropic": {"type": "api_key", "key": "sk-1"}}"#,
+        "the sign-in's copy took the write, granted or not"
+    );
     assert!(!out.stderr.contains("put back"), "{}", out.stderr);
 }
 
