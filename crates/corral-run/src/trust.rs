@@ -57,7 +57,10 @@ use corral_policy::{Plan, Request};
 /// ```
 ///
 /// ```compile_fail,E0624
-/// fn widen(plan: corral_run::Trusted<corral_policy::Plan>) -> corral_run::Trusted<corral_policy::Plan> {
+/// use corral_policy::Plan;
+/// use corral_run::Trusted;
+///
+/// fn widen(plan: Trusted<Plan>) -> Trusted<Plan> {
 ///     plan.map(|mut p| {
 ///         p.network.mode = corral_policy::plan::NetworkMode::Host;
 ///         p
