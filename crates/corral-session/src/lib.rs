@@ -10,12 +10,12 @@ pub mod changes;
 pub mod endlines;
 pub mod gitguard;
 pub mod hostcode;
+pub mod hstate;
 pub mod journal;
 pub mod replaced;
 pub mod runplan;
 mod session;
 pub mod setid;
-pub mod stateguard;
 
 pub use runplan::{RunInputs, RunPlan};
 pub use session::{Backend, Scope, Session, StartingSession, first_run_line};

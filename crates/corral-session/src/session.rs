@@ -4,7 +4,7 @@ use anyhow::Context as _;
 use corral_audit::{AuditLog, Event, JailEvent, Record, printable};
 use corral_policy::plan::{Access, NetworkMode, Plan};
 
-use crate::{changes, endlines, gitguard, journal, replaced, setid, stateguard};
+use crate::{changes, endlines, gitguard, journal, replaced, setid};
 
 /// Which checks a session takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,8 +18,8 @@ pub enum Scope {
     /// A run whose project is a volume elsewhere (`corral run --engine kube`: a
     /// PersistentVolumeClaim, or a hostPath on some node): the host's copy of the project is not
     /// what the jail writes, so neither the change baseline nor the git snapshot is taken, and
-    /// no change summary or git check is made. The set-id watch and the state guard look at
-    /// host binds only, which such a run does not carry: they find nothing.
+    /// no change summary or git check is made. The set-id watch looks at host binds only,
+    /// which such a run does not carry: it finds nothing.
     Remote,
 }
 
@@ -181,8 +181,8 @@ impl Session {
         record(&self.audit, &self.jail_id, event);
     }
 
-    /// Run `plan` on `backend` and finish: the start record, the set-id watch and the state
-    /// guard's snapshot, the run, then the checks (git, state guard, set-id), the backend's own
+    /// Run `plan` on `backend` and finish: the start record, the set-id watch, the run, then
+    /// the checks (git, set-id), the backend's own
     /// report, the change summary, and the exit record (or the error record, exit 125).
     pub fn run(self, plan: &Plan, backend: &mut dyn Backend) -> anyhow::Result<i32> {
         if !self.audit.path().exists() {
@@ -193,9 +193,6 @@ impl Session {
         });
         // Set-id files that appear where the jail can write from now on (setid.rs).
         let set_id = setid::watch(plan);
-        // The harness's guarded configuration files (stateguard.rs), as they are before it
-        // starts.
-        let state_guard = stateguard::snapshot(plan);
         // The hidden files, to tell whether the host replaced one meanwhile (replaced.rs).
         let hidden = replaced::snapshot(plan);
         // What the checks need, written down until they are done: if corral dies during the
@@ -238,10 +235,7 @@ impl Session {
         let git_lines = git
             .map(|g| gitguard::check(g, &jail_id))
             .unwrap_or_default();
-        for line in git_lines
-            .into_iter()
-            .chain(stateguard::check(state_guard, &jail_id))
-        {
+        for line in git_lines {
             endlines::say(&format!("corral: {}", printable(&line)));
             record(&audit, &jail_id, JailEvent::Quarantine { detail: line });
         }

@@ -27,6 +27,7 @@ mod shell;
 mod shim;
 mod signin;
 mod skill;
+mod state;
 pub mod trust;
 mod watch;
 mod worktree;
@@ -84,6 +85,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Trust(args) => trust::run(args),
         Command::Watch(args) => watch::run(args),
         Command::Generate(cmd) => generate::run(cmd),
+        Command::State(cmd) => state::run(cmd),
         Command::Worktrees(args) => {
             eprintln!("corral: `corral worktrees` is now `corral worktree ls`");
             worktree::list(args)

@@ -38,7 +38,9 @@ pub fn run_jail(
     super::trust::gate(&plan)?;
     // A first run of a harness: its state directories do not exist yet, and binds need them.
     ensure_state_paths(&plan.profile, &req.home)?;
-    let code = run_plan_with(&plan, Some(&req), Scope::Run);
+    // corral's layer over the harness's state, held for the run.
+    let (_held, state_plan) = hold_state(&plan)?;
+    let code = run_plan_with(state_plan.as_ref().unwrap_or(&plan), Some(&req), Scope::Run);
     if plan.project.scratch
         && let Err(e) = std::fs::remove_dir_all(&plan.project.root)
     {
@@ -49,6 +51,23 @@ pub fn run_jail(
     }
     let code = code?;
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+/// corral's layer over the harness's state made ready and locked for a run of `plan`
+/// (corral-session `hstate`): the handle to keep until the run ends, and the Plan to run instead
+/// when this run gets a layer of its own (another run of the profile holds the shared one).
+pub fn hold_state(
+    plan: &Plan,
+) -> anyhow::Result<(Option<corral_session::hstate::Held>, Option<Plan>)> {
+    let held = corral_session::hstate::prepare(plan, &corral_audit::new_jail_id())?;
+    let Some(mut held) = held else {
+        return Ok((None, None));
+    };
+    for note in &held.notes {
+        say(&format!("corral: {note}"));
+    }
+    let run_plan = held.plan.take();
+    Ok((Some(held), run_plan))
 }
 
 /// Run `plan` in the native jail (or the container engine it names) in a session of `scope`;
