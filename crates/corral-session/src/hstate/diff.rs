@@ -423,9 +423,13 @@ pub fn apply(state: &HarnessState, path: &Path) -> anyhow::Result<String> {
     let host =
         fsops::open_root(&d.host).with_context(|| format!("cannot open {}", d.host.display()))?;
     let refuse_link = |e: std::io::Error, side: &str| -> anyhow::Error {
-        if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::EXDEV) {
+        if matches!(
+            e.raw_os_error(),
+            Some(libc::ELOOP | libc::EXDEV | libc::ENOTDIR)
+        ) {
             anyhow::anyhow!(
-                "{}: a symbolic link is on its path in {side}; corral does not follow it",
+                "{}: a symbolic link (or a file) is on its path in {side}; corral does not \
+                 follow it",
                 path.display()
             )
         } else {

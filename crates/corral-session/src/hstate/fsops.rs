@@ -141,7 +141,9 @@ pub fn read_file(dir: &OwnedFd, name: &OsStr, max: u64) -> std::io::Result<Vec<u
     }
     let mut f = std::fs::File::from(fd);
     let mut out = Vec::new();
-    Read::by_ref(&mut f).take(max + 1).read_to_end(&mut out)?;
+    Read::by_ref(&mut f)
+        .take(max.saturating_add(1))
+        .read_to_end(&mut out)?;
     if out.len() as u64 > max {
         return Err(std::io::Error::other(format!("larger than {max} bytes")));
     }
