@@ -318,7 +318,8 @@ fn a_layer_that_cannot_be_mounted_refuses_the_run_and_never_binds_the_hosts_stat
     ));
     std::fs::create_dir_all(&elsewhere).unwrap();
     let work = layer(&w, "claude").join("dirs/.claude/work");
-    std::fs::remove_dir_all(&work).unwrap();
+    // Moved aside (the kernel made `work/work` mode 000).
+    std::fs::rename(&work, work.with_extension("old")).unwrap();
     // A relative link: it leads to the same place from the jail's set-up, which sees the
     // host's root below a directory of its own.
     let up = "../".repeat(work.parent().unwrap().components().count() - 1);

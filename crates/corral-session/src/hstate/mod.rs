@@ -223,8 +223,7 @@ fn merge_finished_runs(state: &HarnessState) -> anyhow::Result<Vec<String>> {
             )
             .with_context(|| format!("cannot merge {} into {}", from.display(), upper.display()))?;
         }
-        std::fs::remove_dir_all(&run_dir)
-            .with_context(|| format!("cannot remove {}", run_dir.display()))?;
+        remove_tree(&run_dir)?;
         notes.push(format!(
             "merged the state layer of an earlier concurrent run ({}) into {}",
             run_dir.display(),
@@ -316,6 +315,32 @@ fn seed_copy(host: &Path, copy: &Path) -> anyhow::Result<Vec<String>> {
             done.skipped.len()
         )]
     })
+}
+
+/// Remove a tree of corral's layer. The kernel makes an overlay's `work/work` directory mode
+/// 000 (and leaves its deleted entries there), so directories are made searchable by their
+/// owner first; no link is followed.
+pub fn remove_tree(path: &Path) -> anyhow::Result<()> {
+    fn open_up(dir: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let Ok(meta) = dir.symlink_metadata() else {
+            return;
+        };
+        if !meta.is_dir() {
+            return;
+        }
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                open_up(&e.path());
+            }
+        }
+    }
+    if path.symlink_metadata().is_err() {
+        return Ok(());
+    }
+    open_up(path);
+    std::fs::remove_dir_all(path).with_context(|| format!("cannot remove {}", path.display()))
 }
 
 /// A path's directory and last name.

@@ -5,7 +5,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use corral_policy::plan::{Engine, HarnessState, StateLayer};
 use corral_session::hstate;
 
@@ -178,8 +178,7 @@ fn reset(profile: &str) -> anyhow::Result<ExitCode> {
             layer.layer.display()
         );
     };
-    std::fs::remove_dir_all(&layer.layer)
-        .with_context(|| format!("cannot remove {}", layer.layer.display()))?;
+    hstate::remove_tree(&layer.layer)?;
     eprintln!(
         "corral: dropped corral's layer of {profile} ({}): the next jailed run starts from the \
          host's state",
