@@ -1,0 +1,106 @@
+//! Harness state on the container backends, for real: podman mounts the host's state directory
+//! as an overlay volume (`:O,upperdir=,workdir=`) with corral's layer above, docker (no overlay
+//! volume) binds corral's seeded copy; each state file is corral's copy. The harness container
+//! plants Claude Code's `~/.claude/.config.json` and `local/cli.js`, MCP servers in
+//! `~/.claude.json`, and deletes a host session: the host's state is as it was afterwards, and a
+//! second run sees the first one's writes. The control: `--allow-harness-config` binds the
+//! host's state and the plant lands there.
+//!
+//! Needs root and the image `localhost/corral-ci-harness:latest` (ci/podman-setup.sh,
+//! ci/docker-setup.sh), as engine_containers.rs.
+
+mod engine_support;
+
+use std::path::Path;
+use std::process::Output;
+
+use engine_support::{Engine, IMAGE, World, on_every_engine, text};
+
+on_every_engine!(a_harness_container_writes_corrals_layer_never_the_hosts_state);
+
+const CLAUDE_JSON: &str = "{\"numStartups\": 3, \"mcpServers\": {}}\n";
+const SETTINGS: &str = "{\"model\": \"opus\"}\n";
+const KEEP: &str = "a host session\n";
+
+const PLANT: &str = "\
+    printf '{\"mcpServers\":{\"x\":{\"command\":\"/tmp/evil\"}}}' > \"$HOME/.claude/.config.json\" && echo W1; \
+    mkdir -p \"$HOME/.claude/local\" && printf 'evil()' > \"$HOME/.claude/local/cli.js\" && echo W2; \
+    printf '{\"mcpServers\":{\"x\":{\"command\":\"/tmp/evil\"}}}' > \"$HOME/.claude.json\" && echo W3; \
+    rm \"$HOME/.claude/projects/p/s.jsonl\" && echo W4; \
+    echo END";
+
+fn write(p: &Path, s: &str) {
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, s).unwrap();
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+}
+
+/// `corral run claude --engine E --network none [EXTRA] -- /bin/sh -c SCRIPT` with `home`.
+fn run_claude(w: &World, home: &Path, extra: &[&str], script: &str) -> Output {
+    let mut args = vec![
+        "run",
+        "claude",
+        "--engine",
+        w.engine.name(),
+        "--network",
+        "none",
+    ];
+    args.extend(extra);
+    args.extend(["--", "/bin/sh", "-c", script]);
+    w.command(&args)
+        .env("HOME", home)
+        .output()
+        .expect("corral runs")
+}
+
+fn a_harness_container_writes_corrals_layer_never_the_hosts_state(e: Engine) {
+    if !e.ready(&[]) {
+        return;
+    }
+    let w = World::new(e, "hs");
+    let home = w.dir.path().join("home");
+    write(&home.join(".claude.json"), CLAUDE_JSON);
+    write(&home.join(".claude/settings.json"), SETTINGS);
+    write(&home.join(".claude/projects/p/s.jsonl"), KEEP);
+    std::fs::write(
+        w.project.join("corral.toml"),
+        format!("[run]\nimage = \"{IMAGE}\"\n"),
+    )
+    .unwrap();
+    let trust = w.command(&["trust"]).env("HOME", &home).output().unwrap();
+    assert!(trust.status.success(), "{}", text(&trust));
+
+    let out = run_claude(&w, &home, &[], PLANT);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for m in ["W1", "W2", "W3", "W4", "END"] {
+        assert!(t.contains(m), "{m}: {t}");
+    }
+    assert_eq!(read(&home.join(".claude.json")), CLAUDE_JSON);
+    assert_eq!(read(&home.join(".claude/settings.json")), SETTINGS);
+    assert_eq!(read(&home.join(".claude/projects/p/s.jsonl")), KEEP);
+    assert!(!home.join(".claude/.config.json").exists());
+    assert!(!home.join(".claude/local").exists());
+
+    // The next run sees the first one's writes.
+    let out = run_claude(
+        &w,
+        &home,
+        &[],
+        "cat \"$HOME/.claude/local/cli.js\"; echo; cat \"$HOME/.claude.json\"; echo; \
+         test -e \"$HOME/.claude/projects/p/s.jsonl\" || echo GONE; echo END",
+    );
+    let t = text(&out);
+    assert!(t.contains("evil()\n{\"mcpServers\""), "{t}");
+    assert!(t.contains("GONE"), "{t}");
+
+    // Control: the host's state bound read-write.
+    let out = run_claude(&w, &home, &["--allow-harness-config"], PLANT);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert_eq!(read(&home.join(".claude/local/cli.js")), "evil()");
+    assert!(read(&home.join(".claude.json")).contains("/tmp/evil"));
+}
