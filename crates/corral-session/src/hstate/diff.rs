@@ -239,6 +239,8 @@ fn walk_copy(
             None => None,
         };
         match (c, h) {
+            // The copy never holds links or special files (seeding leaves them out).
+            (None, Some(Kind::Link | Kind::Other | Kind::Whiteout)) => {}
             (None, Some(_)) => out.push(Change {
                 path,
                 kind: ChangeKind::Deleted,

@@ -350,3 +350,6 @@ fn split(p: &Path) -> anyhow::Result<(&Path, &std::ffi::OsStr)> {
         _ => bail!("{} has no directory", p.display()),
     }
 }
+
+#[cfg(test)]
+mod tests;
