@@ -8,10 +8,15 @@
 //! with `--allow-harness-config` (the host's state bound read-write) plants on the host.
 //! `corral state diff|apply|reset` are tested here too, with the attack of a link planted in
 //! the layer (or on the host's side) that would make `apply` write outside the state directory.
+//! Credentials in `~/.claude.json` reach the jail as placeholders only; the gateway puts the
+//! host's real value into requests to the MCP server's host.
 
+mod e2e_support;
 mod jail_support;
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 use jail_support::*;
 
@@ -392,4 +397,144 @@ fn a_concurrent_run_writes_a_layer_of_its_own_merged_by_the_next_run() {
             .any(|_| true)
     );
     assert!(!w.home.join(".claude/one").exists() && !w.home.join(".claude/two").exists());
+}
+
+/// A TLS server for `host` with its own test CA (`dir/ca.pem`) on 127.0.0.1, appending each
+/// request's headers as a JSON line to `dir/seen.jsonl`. Killed on drop.
+struct Mock(std::process::Child, u16);
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn mock(dir: &Path, host: &str) -> Mock {
+    e2e_support::certs(dir, host);
+    write(
+        &dir.join("mock.py"),
+        r#"import http.server, ssl, json
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        with open("seen.jsonl", "a") as f:
+            f.write(json.dumps({"path": self.path, "headers": dict(self.headers)}) + "\n")
+        b = b"mock-ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+c.load_cert_chain("leaf.pem", "leaf.key")
+s.socket = c.wrap_socket(s.socket, server_side=True)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#,
+    );
+    let mut child = Command::new("python3")
+        .arg("mock.py")
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().parse().expect("mock port");
+    Mock(child, port)
+}
+
+const MCP_REAL: &str = "ghp_REALmcpREALmcpREALmcp0123";
+const MCP_REAL_PART: &str = "REALmcpREALmcp";
+
+#[test]
+fn an_mcp_servers_token_reaches_the_jail_as_a_placeholder_and_its_host_as_the_real_one() {
+    let Some(host) = e2e_support::loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    if Command::new("openssl").arg("version").output().is_err()
+        || Command::new("curl").arg("--version").output().is_err()
+    {
+        eprintln!("skipping: openssl or curl missing");
+        return;
+    }
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    let m = mock(&mdir, &host);
+    let port = m.1;
+    write(
+        &w.home.join(".claude.json"),
+        &format!(
+            "{{\"mcpServers\": {{\"m\": {{\"type\": \"http\", \"url\": \"https://{host}:{port}/mcp\",              \"headers\": {{\"Authorization\": \"Bearer {MCP_REAL}\"}}}}}}}}\n"
+        ),
+    );
+    // The script never spells the real value: the pattern is assembled at run time. It reads
+    // the header from ~/.claude.json as an MCP client would and calls the server with it.
+    let half = &MCP_REAL_PART[..MCP_REAL_PART.len() / 2];
+    let script = format!(
+        "A={half}; PAT=$A$A; \
+         if grep -rqs $PAT \"$HOME\"; then echo FILE-LEAK; else echo FILE-CLEAN; fi; \
+         H=$(python3 -c 'import json,os; print(json.load(open(os.environ[\"HOME\"]+\"/.claude.json\"))[\"mcpServers\"][\"m\"][\"headers\"][\"Authorization\"])'); \
+         echo BODY=$(curl -sS https://{host}:{port}/mcp -H \"Authorization: $H\"); echo END"
+    );
+    let policy = format!(
+        "[network]\nmode = \"proxy\"\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n"
+    );
+    write(&w.project.join("corral.toml"), &policy);
+    w.trust_project(&[]);
+    let run_claude = |extra: &[&str]| {
+        let mut c = w.corral();
+        c.env("SSL_CERT_FILE", mdir.join("ca.pem"))
+            .args(["run", "claude", "--network", "proxy"])
+            .args(extra)
+            .args(["--", "sh", "-c", &script]);
+        run(c)
+    };
+    let out = run_claude(&[]);
+    ran(&out, "END");
+    assert!(out.stdout.contains("FILE-CLEAN"), "{}", out.both());
+    assert!(out.stdout.contains("BODY=mock-ok"), "{}", out.both());
+    let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap_or_default();
+    assert!(
+        seen.contains(&format!("Bearer {MCP_REAL}")),
+        "mock saw: {seen}"
+    );
+    // corral's copy holds the placeholder; the host's file its real value, untouched.
+    let copy = read(&layer(&w, "claude").join("files/.claude.json"));
+    assert!(!copy.contains(MCP_REAL_PART), "{copy}");
+    assert!(read(&w.home.join(".claude.json")).contains(MCP_REAL));
+    // `corral state diff` does not count the placeholders as a change.
+    let diff = state(&w, &["diff", "claude", "--json"]);
+    assert_eq!(diff.stdout, "", "{}", diff.both());
+    // A change the jail made, applied: the host's file keeps its real token, never the
+    // placeholder.
+    let out = run_as(
+        &w,
+        "claude",
+        &[],
+        "python3 -c 'import json,os; p=os.environ[\"HOME\"]+\"/.claude.json\"; d=json.load(open(p)); \
+         d[\"numStartups\"]=9; json.dump(d, open(p, \"w\"))'; echo END",
+    );
+    ran(&out, "END");
+    let applied = state(&w, &["apply", "claude", "--yes", "~/.claude.json"]);
+    assert_eq!(applied.code, 0, "{}", applied.both());
+    let host: serde_json::Value =
+        serde_json::from_str(&read(&w.home.join(".claude.json"))).unwrap();
+    assert_eq!(host["numStartups"], 9);
+    assert_eq!(
+        host["mcpServers"]["m"]["headers"]["Authorization"],
+        format!("Bearer {MCP_REAL}")
+    );
+    // Control: the host's file bound read-write, the jail reads the real token.
+    let out = run_claude(&["--allow-harness-config"]);
+    ran(&out, "END");
+    assert!(out.stdout.contains("FILE-LEAK"), "{}", out.both());
 }

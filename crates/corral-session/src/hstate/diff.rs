@@ -66,10 +66,17 @@ pub fn diff(state: &HarnessState) -> anyhow::Result<Vec<Change>> {
             continue;
         };
         let host = read_opt(&f.host)?;
+        // Compared as JSON when both are (the copy with the host's real values back in place
+        // of its placeholders), else byte for byte.
+        let same_json = |h: &[u8]| {
+            let ours = super::creds::with_real_values(state, &f.host, &copy);
+            let theirs: Option<Value> = serde_json::from_slice(h).ok();
+            ours.is_some() && ours == theirs
+        };
         let kind = match &host {
             None if copy.is_empty() => continue,
             None => ChangeKind::Added,
-            Some(h) if *h == copy => continue,
+            Some(h) if *h == copy || same_json(h) => continue,
             Some(_) => ChangeKind::Changed,
         };
         out.push(Change {
@@ -305,7 +312,13 @@ fn code_reason(state: &HarnessState, path: &Path) -> Option<String> {
                 .and_then(|v| serde_json::to_value(v).ok()),
         }
     };
-    let (Some(new), Some(old)) = (parse(&layer), parse(path)) else {
+    let new = match (ck.format, read_opt(&layer).ok().flatten()) {
+        (ConfigFormat::Json, Some(bytes)) if state.files.iter().any(|f| f.host == path) => {
+            super::creds::with_real_values(state, path, &bytes)
+        }
+        _ => parse(&layer),
+    };
+    let (Some(new), Some(old)) = (new, parse(path)) else {
         return Some("code keys: the file does not parse; review it whole".into());
     };
     let differing = code_keys_differing(&ck.keys, &old, &new);
@@ -387,6 +400,12 @@ pub fn apply(state: &HarnessState, path: &Path) -> anyhow::Result<String> {
     if let Some(f) = state.files.iter().find(|f| f.host == path) {
         let bytes = read_opt(&f.copy)?
             .with_context(|| format!("corral's layer has no copy of {}", path.display()))?;
+        // Never a placeholder over a credential the host has: its real value goes back in.
+        let as_is: Option<Value> = serde_json::from_slice(&bytes).ok();
+        let bytes = match super::creds::with_real_values(state, path, &bytes) {
+            Some(v) if Some(&v) != as_is.as_ref() => serde_json::to_vec_pretty(&v)?,
+            _ => bytes,
+        };
         let (dir, name) = (
             f.host.parent().context("a state file has a directory")?,
             f.host.file_name().context("a state file has a name")?,

@@ -13,9 +13,11 @@
 //! lock of its own. The next run that takes `lock` merges each such finished layer into the
 //! persistent one (new and changed files and links; deletions are not carried) and removes it.
 
+mod creds;
 mod diff;
 mod fsops;
 
+pub use creds::{StateSecret, with_real_values};
 pub use diff::{Change, ChangeKind, apply, diff, is_code};
 
 use std::fs::File;
@@ -38,6 +40,9 @@ pub const MAX_FILE_BYTES: u64 = 64 << 20;
 pub struct Held {
     _lock: File,
     pub plan: Option<Plan>,
+    /// The credentials of the state files' copies: placeholders there, real values for the
+    /// gateway.
+    pub secrets: Vec<StateSecret>,
     /// Lines for the user (a state file that could not be seeded, a merge that left entries).
     pub notes: Vec<String>,
 }
@@ -67,9 +72,11 @@ pub fn prepare(plan: &Plan, run_id: &str) -> anyhow::Result<Option<Held>> {
         for f in &state.files {
             notes.extend(seed_file(&f.host, &f.copy)?);
         }
+        let secrets = creds::scrub(state, true)?;
         return Ok(Some(Held {
             _lock: lock,
             plan: None,
+            secrets,
             notes,
         }));
     }
@@ -80,9 +87,11 @@ pub fn prepare(plan: &Plan, run_id: &str) -> anyhow::Result<Option<Held>> {
         .any(|m| matches!(m.kind, MountKind::Overlay { .. }));
     if !overlays {
         // docker's copy and the state files: bound in both runs, as two host runs share them.
+        let secrets = creds::scrub(state, false)?;
         return Ok(Some(Held {
             _lock: lock,
             plan: None,
+            secrets,
             notes,
         }));
     }
@@ -126,6 +135,7 @@ pub fn prepare(plan: &Plan, run_id: &str) -> anyhow::Result<Option<Held>> {
     for f in &state.files {
         notes.extend(seed_file(&f.host, &f.copy)?);
     }
+    let secrets = creds::scrub(state, false)?;
     notes.push(format!(
         "another run of {} is using its state layer: this run writes to a layer of its own \
          ({}), merged into the shared one when the next run starts (new and changed files; \
@@ -137,6 +147,7 @@ pub fn prepare(plan: &Plan, run_id: &str) -> anyhow::Result<Option<Held>> {
     Ok(Some(Held {
         _lock: run_lock,
         plan: Some(run_plan),
+        secrets,
         notes,
     }))
 }

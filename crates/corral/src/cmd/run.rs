@@ -39,8 +39,14 @@ pub fn run_jail(
     // A first run of a harness: its state directories do not exist yet, and binds need them.
     ensure_state_paths(&plan.profile, &req.home)?;
     // corral's layer over the harness's state, held for the run.
-    let (_held, state_plan) = hold_state(&plan)?;
-    let code = run_plan_with(state_plan.as_ref().unwrap_or(&plan), Some(&req), Scope::Run);
+    let (held, state_plan) = hold_state(&plan)?;
+    let state_secrets = held.as_ref().map(|h| h.secrets.as_slice()).unwrap_or(&[]);
+    let code = run_plan_with(
+        state_plan.as_ref().unwrap_or(&plan),
+        Some(&req),
+        Scope::Run,
+        state_secrets,
+    );
     if plan.project.scratch
         && let Err(e) = std::fs::remove_dir_all(&plan.project.root)
     {
@@ -73,7 +79,18 @@ pub fn hold_state(
 /// Run `plan` in the native jail (or the container engine it names) in a session of `scope`;
 /// the command's exit code.
 pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
-    run_plan_with(plan, None, scope)
+    run_plan_with(plan, None, scope, &[])
+}
+
+/// [`run_plan`] with the credentials of the harness's state files ([`hold_state`]) for the
+/// gateway.
+pub fn run_plan_in_state(
+    plan: &Plan,
+    scope: Scope,
+    held: Option<&corral_session::hstate::Held>,
+) -> anyhow::Result<i32> {
+    let state = held.map(|h| h.secrets.as_slice()).unwrap_or(&[]);
+    run_plan_with(plan, None, scope, state)
 }
 
 /// [`run_plan`] of a Plan resolved from `req` when given: the native jail's network rules then
@@ -82,6 +99,7 @@ fn run_plan_with(
     plan: &Plan,
     req: Option<&corral_policy::Request>,
     scope: Scope,
+    state_secrets: &[corral_session::hstate::StateSecret],
 ) -> anyhow::Result<i32> {
     // A run in this project whose corral was killed: its checks first (journal.rs). Not from
     // an executor command's session, which runs while its run's jail does.
@@ -141,10 +159,12 @@ fn run_plan_with(
             let mut inputs = RunInputs::on_host(beginning.jail_id());
             inputs.placeholders = super::secrets::placeholders(&values)?;
             inputs.signins = signins.iter().map(|s| s.plan().name.clone()).collect();
+            inputs.state_secrets = state_secrets.iter().any(|s| s.for_gateway().is_some());
             let run = RunPlan::new(plan, &inputs);
             let secrets = super::secrets::prepare(
                 values,
                 signins,
+                state_secrets,
                 &run,
                 beginning.jail_id(),
                 beginning.audit(),

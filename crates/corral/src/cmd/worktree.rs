@@ -51,9 +51,9 @@ pub fn run(
     native_only(&plan)?;
     super::trust::gate_in_worktree(&plan, &layout.path, &layout.policy_file_of_main())?;
     ensure_state_paths(&plan.profile, &req.home)?;
-    let (_held, state_plan) = super::run::hold_state(&plan)?;
+    let (held, state_plan) = super::run::hold_state(&plan)?;
     let plan = session.confine(state_plan.as_ref().unwrap_or(&plan));
-    let code = super::run::run_plan(&plan, corral_session::Scope::Run);
+    let code = super::run::run_plan_in_state(&plan, corral_session::Scope::Run, held.as_ref());
     for line in worktrees::finish(&session) {
         eprintln!("corral: {line}");
     }
