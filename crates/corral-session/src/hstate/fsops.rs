@@ -256,7 +256,8 @@ fn copy_tree_at(
                 match mkdirat(
                     dst.as_fd(),
                     name.as_os_str(),
-                    Mode::from_bits_truncate(st.st_mode & 0o7777),
+                    // The owner can always enter what is copied (a jail may make a mode-000 one).
+                    Mode::from_bits_truncate((st.st_mode & 0o777) | 0o700),
                 ) {
                     Ok(()) | Err(Errno::EEXIST) => {}
                     Err(e) => return Err(e.into()),

@@ -203,7 +203,7 @@ fn merge_finished_runs(state: &HarnessState) -> anyhow::Result<Vec<String>> {
         return Ok(Vec::new());
     };
     let mut notes = Vec::new();
-    for e in entries {
+    'runs: for e in entries {
         let run_dir = e?.path();
         let Ok(lock) = open_lock(&run_dir.join("lock")) else {
             continue;
@@ -223,7 +223,7 @@ fn merge_finished_runs(state: &HarnessState) -> anyhow::Result<Vec<String>> {
             let src = fsops::open_root(&from)?;
             let dst = fsops::open_root(upper)?;
             let mut done = Copied::default();
-            fsops::copy_tree(
+            let merged = fsops::copy_tree(
                 &src,
                 &dst,
                 CopyRules {
@@ -231,8 +231,23 @@ fn merge_finished_runs(state: &HarnessState) -> anyhow::Result<Vec<String>> {
                     max_bytes: u64::MAX,
                 },
                 &mut done,
-            )
-            .with_context(|| format!("cannot merge {} into {}", from.display(), upper.display()))?;
+            );
+            if let Err(e) = merged {
+                // What a jail wrote must not stop every later run: the layer is set aside, said.
+                let aside = state
+                    .layer
+                    .join("unmerged")
+                    .join(run_dir.file_name().unwrap_or_default());
+                mkdirs(aside.parent().unwrap_or(&state.layer))?;
+                std::fs::rename(&run_dir, &aside)
+                    .with_context(|| format!("cannot move {} aside", run_dir.display()))?;
+                notes.push(format!(
+                    "could not merge the state layer of an earlier concurrent run ({e}); it is \
+                     kept at {}",
+                    aside.display()
+                ));
+                continue 'runs;
+            }
         }
         remove_tree(&run_dir)?;
         notes.push(format!(
