@@ -1192,6 +1192,42 @@ mod tests {
     }
 
     #[test]
+    fn an_overlay_that_cannot_be_mounted_is_an_error_naming_the_step_and_the_state_directory() {
+        // Outside a jail's set-up (no new root's procfs, no mount namespace of its own) the
+        // mount fails: the error says what failed, where, and what to do, and nothing else
+        // is mounted in its place.
+        let d = tempfile::tempdir().unwrap();
+        for sub in ["lower", "upper", "work", "target"] {
+            std::fs::create_dir(d.path().join(sub)).unwrap();
+        }
+        let fd = |sub: &str| open_path(&d.path().join(sub)).unwrap();
+        let shown = Path::new("/home/u/.claude");
+        let e = mount_overlay(
+            &fd("lower"),
+            &[],
+            &fd("upper"),
+            &fd("work"),
+            &fd("target"),
+            shown,
+        )
+        .unwrap_err();
+        match &e {
+            JailError::Step { step, path, .. } => {
+                assert_eq!(*step, OVERLAY_STEP);
+                assert_eq!(path.as_deref(), Some(shown));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(e.to_string().contains("--allow-harness-config"), "{e}");
+        assert!(
+            std::fs::read_dir(d.path().join("target"))
+                .unwrap()
+                .next()
+                .is_none()
+        );
+    }
+
+    #[test]
     fn walk_stops_at_links_missing_entries_and_files() {
         let d = tempfile::tempdir().unwrap();
         let root = d.path();
