@@ -1,6 +1,6 @@
 //! `filesystem.hide`'s patterns and their one matcher. The walk that masks the project's
 //! matching files at start (`resolve::find_masked`), the name gate that refuses the jail
-//! creating a matching name during the run (corral-sandbox `namegate.rs`) and the check at the
+//! creating a matching name during the run (corral-namegate `namegate.rs`) and the check at the
 //! end of the run for matching files nobody masked (corral-session `replaced.rs`) all ask it.
 
 use std::path::Path;

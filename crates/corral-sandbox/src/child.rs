@@ -533,7 +533,7 @@ fn pid_one(config: &InitConfig, gate: Option<OwnedFd>) -> Result<i32, JailError>
     // The name gate (namegate.rs) performs the command's creations with the command's rights:
     // one Landlock domain for PID 1 and everything it forks; the command drops every
     // capability, PID 1 too once the gate's thread (CAP_SYS_PTRACE only) has started.
-    let names = crate::namegate::Gate::prepare(&config.plan, &private)
+    let names = corral_namegate::Gate::prepare(&config.plan, &private.0)
         .map_err(|e| JailError::step("hold the protected files for the name gate", e))?;
     let filters = Filters::build(names.is_some())?;
     crate::landlock::restrict(&config.plan).map_err(|e| JailError::step("apply Landlock", e))?;
@@ -574,7 +574,9 @@ fn pid_one(config: &InitConfig, gate: Option<OwnedFd>) -> Result<i32, JailError>
         ForkResult::Parent { child } => {
             drop(to_gate);
             if let (Some(names), Some(from)) = (names, from_command) {
-                names.serve(from);
+                names.serve(from, || {
+                    crate::caps::keep_only(corral_namegate::CAP_SYS_PTRACE)
+                });
             }
             // PID 1 keeps nothing it does not need: no capabilities, no new privileges.
             crate::caps::drop_all().map_err(|e| JailError::step("drop PID 1's capabilities", e))?;
@@ -689,7 +691,7 @@ fn exec_command(
     crate::seccomp::install_program(&filters.base)
         .map_err(|e| JailError::step("install the seccomp filter", e))?;
     if let (Some(prog), Some(to)) = (&filters.gate, to_gate) {
-        crate::namegate::install_and_send(prog, to.as_raw_fd(), "the jail", false)
+        crate::seccomp::install_and_send(prog, to.as_raw_fd(), "the jail", false)
             .map_err(|(step, e)| JailError::step(step, e))?;
     }
     let err = nix::unistd::execve(&path, &argv, &envp).unwrap_err();

@@ -151,12 +151,12 @@ fn run(spec: &Spec) -> i32 {
         Ok(own) => own,
         Err(e) => return step("find the container's own file systems", &e),
     };
-    let mut gate = match crate::namegate::Gate::new(&spec.git_dirs, own, &mountinfo) {
+    let mut gate = match corral_namegate::Gate::new(&spec.git_dirs, own, &mountinfo) {
         Ok(gate) => gate,
         Err(e) => return step("hold the protected files", &e),
     };
     if let Some(project) = &spec.project {
-        match crate::namegate::Hidden::of_patterns(&spec.hide, project) {
+        match corral_namegate::Hidden::of_patterns(&spec.hide, project) {
             Ok(hidden) => gate.hidden = hidden,
             Err(e) => return step("read the hide patterns", &e),
         }
@@ -197,7 +197,9 @@ fn run(spec: &Spec) -> i32 {
                 // SAFETY: SIG_IGN installs no handler.
                 let _ = unsafe { signal(sig, SigHandler::SigIgn) };
             }
-            gate.serve(from_command);
+            gate.serve(from_command, || {
+                crate::caps::keep_only(corral_namegate::CAP_SYS_PTRACE)
+            });
             if let Err(e) = crate::caps::drop_all() {
                 eprintln!("corral: gate-exec: drop capabilities: {e}");
             }
@@ -277,7 +279,7 @@ fn exec_command(
     if let Err(e) = crate::seccomp::install_program(base) {
         return fail("install the seccomp filter", &e);
     }
-    if let Err((step, e)) = crate::namegate::install_and_send(
+    if let Err((step, e)) = crate::seccomp::install_and_send(
         gate,
         to_gate.as_raw_fd(),
         "the container",

@@ -25,9 +25,7 @@ mod child;
 mod error;
 mod gatexec;
 pub mod landlock;
-mod mountinfo;
 mod mounts;
-mod namegate;
 mod netns;
 mod placeholder;
 pub mod probe;
@@ -40,12 +38,15 @@ pub mod termfilter;
 pub mod termstatus;
 mod ucounts;
 
+/// The mountinfo reader the gate uses, for cgroup.rs, spawn.rs and gatexec.rs too.
+use corral_namegate::mountinfo;
+
 pub use error::JailError;
 pub use gatexec::GATE_EXEC_ARG;
 pub use netns::{JailNet, PROXY_PORT, STUB_LO_ADDRESS, STUB_POOL, SocketFactory, capture_ports};
 pub use spawn::{
     Ending, JailExit, PlaceholderHold, PreparedJail, RunningJail, SpawnOptions, prepare,
-    prepare_early, spawn, take_early,
+    prepare_early, spawn,
 };
 
 /// The first argument that makes the corral binary the jail's set-up process.

@@ -1054,6 +1054,37 @@ pub fn install_gate(
     }))
 }
 
+/// In the command's process, just before exec: the gate's filter `prog` installed, its listener
+/// sent to the gate (corral-namegate) on `to`. On a kernel without what the gate needs, the
+/// gate gets nothing (and ends), `jail` says so on stderr, and the check after the run is what
+/// remains; unless the gate is `required` (no run end to check at), then that is the error.
+/// The error names its step.
+pub(crate) fn install_and_send(
+    prog: &[libc::sock_filter],
+    to: std::os::fd::RawFd,
+    jail: &str,
+    required: bool,
+) -> Result<(), (&'static str, io::Error)> {
+    let listener = match install_gate(prog) {
+        Ok(l) => l,
+        Err(e) => return Err(("install the name gate's filter", io::Error::other(e))),
+    };
+    if listener.is_none() && required {
+        return Err((
+            "install the name gate's filter",
+            io::Error::other("this kernel lacks what the name gate needs (Linux 5.19)"),
+        ));
+    }
+    if listener.is_none() {
+        eprintln!(
+            "corral: this kernel lacks what the name gate needs (Linux 5.19): git repositories \
+             {jail} creates are checked when the run ends instead"
+        );
+    }
+    corral_namegate::send_listener(to, listener.as_ref())
+        .map_err(|e| ("send the name gate's listener", e))
+}
+
 /// A small interpreter for the filter, so the rules can be unit-tested without installing them.
 #[cfg(test)]
 fn run(prog: &[libc::sock_filter], arch: u32, nr: i64, args: [u64; 6]) -> u32 {
@@ -1090,6 +1121,7 @@ fn run(prog: &[libc::sock_filter], arch: u32, nr: i64, args: [u64; 6]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::{AsRawFd, OwnedFd};
 
     fn eval(nr: i64, args: [u64; 6]) -> u32 {
         run(&build_filter().unwrap(), AUDIT_ARCH_NATIVE, nr, args)
@@ -1460,5 +1492,80 @@ mod tests {
             let excluded = [1, 2, 10, 16].contains(&v);
             assert_eq!(hits, usize::from(!excluded), "{v:#x}");
         }
+    }
+
+    // ---- the name gate (corral-namegate) with its filter installed ----
+
+    /// No call is let continue but umask(2): every other call the filter stops depends on a
+    /// path, an address or a descriptor the jail can change after the gate looked.
+    #[test]
+    fn only_umask_is_let_continue() {
+        let mut stopped = gate_always();
+        stopped.extend([libc::SYS_openat, libc::SYS_bind, libc::SYS_umask]);
+        #[cfg(target_arch = "x86_64")]
+        stopped.push(libc::SYS_open);
+        for nr in stopped {
+            assert_eq!(
+                corral_namegate::continues(nr),
+                nr == libc::SYS_umask,
+                "syscall {nr}"
+            );
+        }
+        // (The filter stops bind(2) whatever its arguments: seccomp.rs's
+        // the_gate_stops_every_creating_or_writing_call_and_nothing_else.)
+    }
+
+    /// Once no process holds the gate's filter, its worker ends (on Linux 6.11+ every RECV
+    /// then fails at once with ENOENT: a worker that took that for one caller's death spun on
+    /// it until PID 1 exited, on a CPU the jail's end needed; before, the RECV blocked).
+    #[test]
+    fn the_worker_ends_once_no_process_holds_the_filter() {
+        let prog = build_gate_filter().unwrap();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (ours, theirs) = (OwnedFd::from(ours), OwnedFd::from(theirs));
+        // SAFETY: the child makes syscalls, allocates (glibc's malloc is usable after fork),
+        // and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: prctl with integer arguments; the child's own filter.
+            unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+            let code = match install_gate(&prog) {
+                Ok(listener) => {
+                    match corral_namegate::send_listener(theirs.as_raw_fd(), listener.as_ref()) {
+                        Ok(()) => 0,
+                        Err(_) => 2,
+                    }
+                }
+                Err(_) => 1,
+            };
+            // SAFETY: the forked child ends here.
+            unsafe { libc::_exit(code) };
+        }
+        drop(theirs);
+        let listener = corral_namegate::receive_listener(&ours);
+        let mut status = 0;
+        // SAFETY: our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child could not install the gate's filter or send its listener: {status:#x}"
+        );
+        let Some(listener) = listener else {
+            eprintln!("skipping: this kernel lacks what the name gate needs (Linux 5.19)");
+            return;
+        };
+        let gate = corral_namegate::Gate::new(&[], Default::default(), b"").unwrap();
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            gate.work(&listener);
+            let _ = done.send(());
+        });
+        assert!(
+            ended
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .is_ok(),
+            "the gate's worker still runs with no process left under its filter"
+        );
     }
 }

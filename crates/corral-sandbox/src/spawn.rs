@@ -155,7 +155,7 @@ pub fn spawn(plan: &Plan, opts: &SpawnOptions) -> Result<RunningJail, JailError>
 /// Start the jail's set-up process before the Plan is final, so that loading it overlaps
 /// corral's own preparations (secrets, executor, limits); [`PreparedJail::start`] hands it the
 /// Plan and its stdio. This re-executes `init_exe` (corral) as a fresh process; `corral run`
-/// uses the one [`prepare_early`] forked instead when there is one ([`take_early`]). Call from
+/// uses the one [`prepare_early`] forked instead when there is one. Call from
 /// the thread that will `wait`.
 pub fn prepare(init_exe: &std::path::Path) -> Result<PreparedJail, JailError> {
     let (ctl, ctl_child) = control_socket()?;
@@ -192,13 +192,11 @@ pub fn prepare(init_exe: &std::path::Path) -> Result<PreparedJail, JailError> {
     ))
 }
 
-/// The set-up process [`prepare_early`] forked, until [`take_early`] takes it.
-static EARLY: std::sync::Mutex<Option<PreparedJail>> = std::sync::Mutex::new(None);
-
 /// Fork the jail's set-up process now, first thing in `main` and before any thread exists, for
 /// a command that is about to run a jail: it is ready (no second exec of corral, no waiting for
-/// one) by the time the Plan is. [`take_early`] hands it out; if nobody does, it ends when this
-/// process does (EOF on its control socket, and PR_SET_PDEATHSIG).
+/// one) by the time the Plan is. The caller hands it to the run that starts the jail, from
+/// the thread that called this (the one that will `wait`); dropped unused, it is killed, and it
+/// ends with this process anyway (EOF on its control socket, and PR_SET_PDEATHSIG).
 ///
 /// Forked this early, the child holds nothing corral has read yet: no policy, no secret, no
 /// gateway value, only what the kernel put on the initial stack. Of that it overwrites, before
@@ -210,15 +208,11 @@ static EARLY: std::sync::Mutex<Option<PreparedJail>> = std::sync::Mutex::new(Non
 /// non-dumpable with no capabilities, and the jail's seccomp filter denies ptrace and
 /// process_vm_readv.
 ///
-/// Does nothing when that cannot be done (no /proc, no socket, no fork): the run then uses
+/// `None` when that cannot be done (no /proc, no socket, no fork): the run then uses
 /// [`prepare`].
-pub fn prepare_early() {
-    let Some(initial) = InitialStack::of_self() else {
-        return;
-    };
-    let Ok((ctl, ctl_child)) = control_socket() else {
-        return;
-    };
+pub fn prepare_early() -> Option<PreparedJail> {
+    let initial = InitialStack::of_self()?;
+    let (ctl, ctl_child) = control_socket().ok()?;
     let parent = nix::unistd::getpid().as_raw();
     // SAFETY: called first thing in `main`, before any thread exists, so the child is a
     // complete copy of a single-threaded process and may allocate.
@@ -230,20 +224,10 @@ pub fn prepare_early() {
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             drop(ctl_child);
-            let prepared = PreparedJail::new(child, ctl.into());
-            if let Ok(mut slot) = EARLY.lock() {
-                *slot = Some(prepared);
-            }
+            Some(PreparedJail::new(child, ctl.into()))
         }
-        Err(_) => {}
+        Err(_) => None,
     }
-}
-
-/// The set-up process [`prepare_early`] forked, once; `None` if there is none (or it was taken).
-/// Take it from the thread that will `wait` for the jail (the thread that called
-/// `prepare_early`).
-pub fn take_early() -> Option<PreparedJail> {
-    EARLY.lock().ok()?.take()
 }
 
 /// corral's end and the set-up process's end of a new control socket (both close-on-exec).

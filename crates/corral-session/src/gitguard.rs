@@ -470,7 +470,7 @@ pub fn protected_paths(snapshot: &Snapshot) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-/// The git directories that exist now, for the name gate (`Plan::git`, corral-sandbox
+/// The git directories that exist now, for the name gate (`Plan::git`, corral-namegate
 /// `namegate.rs`): the only places outside the jail's own file systems where the jail may
 /// create a `HEAD` while it runs. Every git directory the snapshot found (the project's, nested
 /// repositories', submodules', linked worktrees' administrative directories), where the

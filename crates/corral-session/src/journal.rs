@@ -92,20 +92,10 @@ fn dir_of(state: &Path, root: &Path) -> PathBuf {
     state.join(corral_audit::project_key(root)).join("journal")
 }
 
-/// Write the entry of a run of the project at `root` before its jail starts. An error fails the
-/// run: without an entry, a killed corral would leave what the jail planted unchecked.
+/// Write the entry of a run of the project at `root`, under corral's state directory `state`,
+/// before its jail starts. An error fails the run: without an entry, a killed corral would leave
+/// what the jail planted unchecked.
 pub fn begin(
-    root: &Path,
-    jail_id: &str,
-    git: Option<&gitguard::Snapshot>,
-    set_id: &setid::Watch,
-) -> anyhow::Result<Running> {
-    let state = corral_audit::state_dir().context("no state directory for the run's journal")?;
-    begin_in(&state, root, jail_id, git, set_id)
-}
-
-/// [`begin`] under the state directory `state`.
-fn begin_in(
     state: &Path,
     root: &Path,
     jail_id: &str,
@@ -284,7 +274,7 @@ mod tests {
         std::fs::create_dir_all(root.join(".git")).unwrap();
         let snap = gitguard::snapshot(root, false, root);
         let watch = setid::Watch::none();
-        let running = begin_in(state, root, "j-test-1", Some(&snap), &watch).unwrap();
+        let running = begin(state, root, "j-test-1", Some(&snap), &watch).unwrap();
         let path = dir_of(state, root).join("j-test-1.json");
         assert!(path.exists());
         let mode = std::fs::metadata(&path).unwrap().mode() & 0o777;
@@ -306,7 +296,7 @@ mod tests {
         assert!(!root.join(".git/commondir").exists(), "not disarmed");
         assert!(!private.exists(), "its private git directory stays");
         // A run that ended removes its own entry.
-        let running = begin_in(state, root, "j-test-2", Some(&snap), &watch).unwrap();
+        let running = begin(state, root, "j-test-2", Some(&snap), &watch).unwrap();
         running.done();
         assert_eq!(
             std::fs::read_dir(path.parent().unwrap()).unwrap().count(),

@@ -18,4 +18,6 @@ mod session;
 pub mod setid;
 
 pub use runplan::{RunInputs, RunPlan};
-pub use session::{Backend, Scope, Session, StartingSession, first_run_line};
+pub use session::{
+    Backend, Baselined, Checked, Ended, Scope, Session, StartingSession, first_run_line,
+};

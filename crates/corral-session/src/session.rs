@@ -1,4 +1,18 @@
-//! The run lifecycle: [`Session::begin`], [`StartingSession::ready`], [`Session::run`].
+//! The run lifecycle, as one value per phase. Each phase's value is made only by the method of
+//! the phase before it, so the order between the run's concurrent actors (the snapshot threads,
+//! the jail's held exec, the backend's processes, the checks) is held by the types:
+//!
+//! ```text
+//! Session::begin ─> StartingSession        change baseline and git snapshot on threads
+//!   ─ready_for_mounts─> Session            git snapshot taken (the jail's mounts need it)
+//!   ─Session::run(plan, backend):
+//!       `start` record, set-id watch, hidden files, journal entry
+//!       Backend::start ─> B::Started       the jail built, its command's exec held
+//!       Session::await_baseline ─> Baselined   the change baseline is complete
+//!       Backend::run(started, Baselined) ─> Ended   command released; every process ended
+//!       Ended ─check─> Checked             terminal, git, hidden files
+//!       Backend::report(&Checked), Checked::finish   change summary, set-id, journal, `exit`
+//! ```
 
 use anyhow::Context as _;
 use corral_audit::{AuditLog, Event, JailEvent, Record, printable};
@@ -23,20 +37,42 @@ pub enum Scope {
     Remote,
 }
 
-/// A backend runs a Plan's command: the native jail, or a container engine.
+/// A backend runs a Plan's command: the native jail, or a container engine. The session calls
+/// it in this order, and each call needs the value of the phase before it: [`Backend::start`],
+/// then (once the change baseline is complete) [`Backend::run`] with the [`Baselined`], whose
+/// [`Ended`] the checks need, then [`Backend::report`] with the [`Checked`].
 pub trait Backend {
+    /// What the backend holds between [`Backend::start`] and [`Backend::run`]: the started jail
+    /// whose command waits to be let go, and what serves it.
+    type Started;
+
     /// The `start` record's detail for `plan`: the Plan itself, and what the backend adds.
     fn describe(&self, plan: &Plan) -> serde_json::Value {
         serde_json::to_value(plan).unwrap_or_default()
     }
 
-    /// Run the command of `plan` to its end and return its exit code. When this returns,
-    /// nothing the run started can write any more: the session's checks see the final state.
-    fn run(&mut self, plan: &Plan, session: &Session) -> anyhow::Result<i32>;
+    /// Start what the run needs, up to the command's exec, which waits: the change baseline may
+    /// still be being taken ([`StartingSession::ready_for_mounts`]), and nothing the command
+    /// writes may come before it. A backend that cannot hold its command's exec starts nothing
+    /// here (its session was made [`StartingSession::ready`]: the baseline is taken already).
+    fn start(&mut self, plan: &Plan, session: &Session) -> anyhow::Result<Self::Started>;
+
+    /// Let the command run (`baselined`: the change baseline is complete) and wait until every
+    /// process the run started has ended: the jail reaped, the containers removed, the executor
+    /// ended. The [`Ended`] it returns ([`Baselined::ended`]) says so, with the exit code: the
+    /// session's checks need it, and then see the final state. An error must likewise come
+    /// after what the run started ended or was killed (a dropped jail is).
+    fn run(
+        &mut self,
+        plan: &Plan,
+        started: Self::Started,
+        baselined: Baselined,
+        session: &Session,
+    ) -> anyhow::Result<Ended>;
 
     /// The backend's own end-of-run lines and records (limits hit, the network's summary),
     /// after the session's checks. None by default.
-    fn report(&mut self, _session: &Session) {}
+    fn report(&mut self, _checked: &Checked) {}
 
     /// Connections the run refused before any decision, by reason, for the `exit` record;
     /// read after [`Backend::report`]. None by default.
@@ -45,12 +81,72 @@ pub trait Backend {
     }
 }
 
+/// Proof that the session's change baseline is complete (or that the session takes none): the
+/// only way to get one is [`Session::await_baseline`], and [`Backend::run`], which lets the
+/// command run, needs one.
+///
+/// ```compile_fail
+/// // Not made outside the session.
+/// let _ = corral_session::Baselined { _by_the_session: () };
+/// ```
+#[derive(Debug)]
+pub struct Baselined {
+    _by_the_session: (),
+}
+
+impl Baselined {
+    /// Every process the run started has ended, the command with `exit_code`: the backend's
+    /// last word ([`Backend::run`]).
+    pub fn ended(self, exit_code: i32) -> Ended {
+        Ended {
+            result: Ok(exit_code),
+        }
+    }
+}
+
+/// Every process the run started has ended (or the backend failed, and what it started was
+/// ended with it): the session's checks may look. Made by [`Baselined::ended`] only (and by
+/// the session on a backend's error).
+///
+/// ```compile_fail
+/// // Not made without a `Baselined`.
+/// let _ = corral_session::Ended { result: Ok(0) };
+/// ```
+#[derive(Debug)]
+pub struct Ended {
+    /// The command's exit code, or the backend's error.
+    result: anyhow::Result<i32>,
+}
+
+impl Ended {
+    /// The backend failed: what it started was dropped (and so ended) with its error.
+    fn by_failure(error: anyhow::Error) -> Ended {
+        Ended { result: Err(error) }
+    }
+}
+
+/// A session whose checks are done: what the backend reports and the end records come now.
+/// Made by the session's `check` from an [`Ended`] only.
+pub struct Checked {
+    jail_id: String,
+    audit: AuditLog,
+    /// The command's exit code, or the run's error.
+    result: anyhow::Result<i32>,
+    baseline: Option<changes::Baseline>,
+    /// Paths corral made in the project for the run: not changes.
+    own: Vec<std::path::PathBuf>,
+    set_id: setid::Pending,
+    journal: Option<journal::Running>,
+}
+
 /// A session whose snapshots are being taken (on threads of their own) while the backend
 /// prepares the jail.
 pub struct StartingSession {
     jail_id: String,
     scope: Scope,
     audit: AuditLog,
+    /// corral's state directory: the audit log's and the journal's.
+    state: std::path::PathBuf,
     baseline: changes::Pending,
     git: Option<std::thread::JoinHandle<gitguard::Snapshot>>,
 }
@@ -61,6 +157,7 @@ pub struct Session {
     jail_id: String,
     scope: Scope,
     audit: AuditLog,
+    state: std::path::PathBuf,
     baseline: std::sync::Mutex<Baseline>,
     git: Option<gitguard::Snapshot>,
     /// Paths corral itself made in the project for the run (placeholders): not listed as
@@ -74,6 +171,17 @@ enum Baseline {
     Taken(Option<Box<changes::Baseline>>),
 }
 
+/// What the session watches from the `start` record until the checks: taken before the
+/// backend starts anything.
+struct Watches {
+    /// Set-id files that appear where the run can write (setid.rs).
+    set_id: setid::Watch,
+    /// The hidden files, to tell whether the host replaced one meanwhile (replaced.rs).
+    hidden: replaced::Watch,
+    /// What the checks need, written down until they are done (journal.rs).
+    journal: Option<journal::Running>,
+}
+
 impl Session {
     /// Begin the session of `plan`: a fresh jail id, the project's audit log, and (with
     /// [`Scope::Run`]) the change baseline and the git snapshot, taken on threads meanwhile.
@@ -84,12 +192,28 @@ impl Session {
     /// [`Session::begin`] for the jail `jail_id` (a `corral_audit::new_jail_id`), for a caller
     /// that needs the id before the session begins.
     pub fn begin_as(plan: &Plan, scope: Scope, jail_id: String) -> anyhow::Result<StartingSession> {
-        let audit = AuditLog::for_project(&plan.project.root).with_context(|| {
+        let state = corral_audit::state_dir().with_context(|| {
             format!(
                 "cannot open the audit log of {}",
                 plan.project.root.display()
             )
         })?;
+        Session::begin_in(plan, scope, jail_id, state)
+    }
+
+    /// [`Session::begin_as`] with corral's state directory `state` (the audit log's and the
+    /// journal's).
+    fn begin_in(
+        plan: &Plan,
+        scope: Scope,
+        jail_id: String,
+        state: std::path::PathBuf,
+    ) -> anyhow::Result<StartingSession> {
+        let audit = AuditLog::at(
+            state
+                .join(corral_audit::project_key(&plan.project.root))
+                .join("audit.jsonl"),
+        );
         if scope != Scope::ExecutorCommand {
             // The terminal's settings, put back at the end if the run changed them (endlines.rs).
             endlines::save_terminal();
@@ -112,6 +236,7 @@ impl Session {
             jail_id,
             scope,
             audit,
+            state,
             baseline,
             git,
         })
@@ -143,16 +268,18 @@ impl Session {
             .map(|g| gitguard::git_dirs(g, &rw_bind_sources(plan)))
     }
 
-    /// Wait until the change baseline is taken (at once when it is). What the jail's command
-    /// writes must come after it: a backend that started the jail with its exec held
-    /// ([`StartingSession::ready_for_mounts`]) calls this before it lets the command run.
-    pub fn await_baseline(&self) {
+    /// Wait until the change baseline is taken (at once when it is): what the jail's command
+    /// writes must come after it. The [`Baselined`] returned says it is, and lets the command
+    /// go ([`Backend::run`]).
+    pub fn await_baseline(&self) -> Baselined {
         let mut slot = self.baseline.lock().unwrap_or_else(|p| p.into_inner());
-        if matches!(*slot, Baseline::Taken(_)) {
-            return;
-        }
-        if let Baseline::Pending(pending) = std::mem::replace(&mut *slot, Baseline::Taken(None)) {
+        if let Baseline::Pending(_) = *slot
+            && let Baseline::Pending(pending) = std::mem::replace(&mut *slot, Baseline::Taken(None))
+        {
             *slot = Baseline::Taken(changes::ready(pending).map(Box::new));
+        }
+        Baselined {
+            _by_the_session: (),
         }
     }
 
@@ -166,57 +293,82 @@ impl Session {
             .extend(paths);
     }
 
-    /// The baseline, taken (waiting for it if need be).
-    fn take_baseline(&self) -> Option<changes::Baseline> {
-        self.await_baseline();
-        let mut slot = self.baseline.lock().unwrap_or_else(|p| p.into_inner());
-        match std::mem::replace(&mut *slot, Baseline::Taken(None)) {
-            Baseline::Taken(b) => b.map(|b| *b),
-            Baseline::Pending(_) => None,
-        }
-    }
-
     /// Write a `Jail` event of this session to the audit log (a failure is said on stderr).
     pub fn record(&self, event: JailEvent) {
         record(&self.audit, &self.jail_id, event);
     }
 
-    /// Run `plan` on `backend` and finish: the start record, the set-id watch, the run, then
-    /// the checks (git, set-id), the backend's own
-    /// report, the change summary, and the exit record (or the error record, exit 125).
-    pub fn run(self, plan: &Plan, backend: &mut dyn Backend) -> anyhow::Result<i32> {
+    /// Run `plan` on `backend` and finish, phase by phase (the module's doc): the start record
+    /// and the watches, the backend's start, the baseline, the backend's run to its end, the
+    /// checks (git, hidden files), the backend's own report, then the change
+    /// summary, the set-id report and the exit record (or the error record, exit 125).
+    pub fn run<B: Backend>(self, plan: &Plan, backend: &mut B) -> anyhow::Result<i32> {
+        let watches = self.watch(plan, backend)?;
+        let ended = self.run_backend(plan, backend);
+        let checked = self.check(plan, watches, ended);
+        backend.report(&checked);
+        checked.finish(backend)
+    }
+
+    /// The `start` record, then what the checks compare with, taken before the backend starts
+    /// anything; with [`Scope::Run`], the run's journal entry, so that if corral dies during the
+    /// run, the next corral command in this project does the checks (journal.rs). An entry that
+    /// cannot be written fails the run (the error record).
+    fn watch<B: Backend>(&self, plan: &Plan, backend: &B) -> anyhow::Result<Watches> {
         if !self.audit.path().exists() {
             eprintln!("{}", first_run_line(plan, self.audit.path()));
         }
         self.record(JailEvent::Start {
             detail: backend.describe(plan),
         });
-        // Set-id files that appear where the jail can write from now on (setid.rs).
         let set_id = setid::watch(plan);
         // The hidden files, to tell whether the host replaced one meanwhile (replaced.rs).
         let hidden = replaced::snapshot(plan);
-        // What the checks need, written down until they are done: if corral dies during the
-        // run, the next corral command in this project does them (journal.rs).
         let journal = match self.scope {
-            Scope::Run => match journal::begin(
-                &plan.project.root,
-                &self.jail_id,
-                self.git.as_ref(),
-                &set_id,
-            ) {
-                Ok(j) => Some(j),
-                Err(e) => {
-                    self.record(JailEvent::Error {
-                        exit_code: 125,
-                        detail: format!("{e:#}"),
-                    });
-                    return Err(e);
+            Scope::Run => {
+                let entry = journal::begin(
+                    &self.state,
+                    &plan.project.root,
+                    &self.jail_id,
+                    self.git.as_ref(),
+                    &set_id,
+                );
+                match entry {
+                    Ok(j) => Some(j),
+                    Err(e) => {
+                        self.record(JailEvent::Error {
+                            exit_code: 125,
+                            detail: format!("{e:#}"),
+                        });
+                        return Err(e);
+                    }
                 }
-            },
+            }
             Scope::ExecutorCommand | Scope::Remote => None,
         };
-        let result = backend.run(plan, &self);
-        // The jail is gone: what it left on the terminal is undone before corral says anything
+        Ok(Watches {
+            set_id,
+            hidden,
+            journal,
+        })
+    }
+
+    /// The backend's start, the change baseline, the backend's run to its end.
+    fn run_backend<B: Backend>(&self, plan: &Plan, backend: &mut B) -> Ended {
+        let started = match backend.start(plan, self) {
+            Ok(started) => started,
+            Err(e) => return Ended::by_failure(e),
+        };
+        let baselined = self.await_baseline();
+        backend
+            .run(plan, started, baselined, self)
+            .unwrap_or_else(Ended::by_failure)
+    }
+
+    /// The run has ended: the terminal is put back, then the checks that need the final state
+    /// (git, set-id, hidden files), each finding said and recorded.
+    fn check(self, plan: &Plan, watches: Watches, ended: Ended) -> Checked {
+        // What the jail left on the terminal is undone before corral says anything
         // (endlines.rs). Not for an executor command: its run's jail is still on the terminal.
         if self.scope != Scope::ExecutorCommand {
             endlines::restore_terminal();
@@ -224,12 +376,16 @@ impl Session {
         let baseline = self.take_baseline();
         let Session {
             jail_id,
-            scope,
             audit,
             git,
             own,
             ..
         } = self;
+        let Watches {
+            set_id,
+            hidden,
+            journal,
+        } = watches;
         let own = own.into_inner().unwrap_or_else(|p| p.into_inner());
         let set_id = setid::check(set_id);
         let git_lines = git
@@ -239,38 +395,77 @@ impl Session {
             endlines::say(&format!("corral: {}", printable(&line)));
             record(&audit, &jail_id, JailEvent::Quarantine { detail: line });
         }
-        let session = Session {
-            jail_id,
-            scope,
-            audit,
-            baseline: std::sync::Mutex::new(Baseline::Taken(None)),
-            git: None,
-            own: Default::default(),
-        };
         for line in replaced::check(hidden)
             .into_iter()
             .chain(replaced::appeared(plan))
         {
             endlines::say(&format!("corral: {line}"));
-            session.record(JailEvent::Exposed { detail: line });
+            record(&audit, &jail_id, JailEvent::Exposed { detail: line });
         }
-        backend.report(&session);
-        changes::finish(baseline, &own, &session.audit, &session.jail_id);
-        setid::report(set_id, &session.audit, &session.jail_id);
-        if let Some(journal) = journal {
+        Checked {
+            jail_id,
+            audit,
+            result: ended.result,
+            baseline,
+            own,
+            set_id,
+            journal,
+        }
+    }
+
+    /// The baseline, taken (waiting for it if need be).
+    fn take_baseline(&self) -> Option<changes::Baseline> {
+        self.await_baseline();
+        let mut slot = self.baseline.lock().unwrap_or_else(|p| p.into_inner());
+        match std::mem::replace(&mut *slot, Baseline::Taken(None)) {
+            Baseline::Taken(b) => b.map(|b| *b),
+            Baseline::Pending(_) => None,
+        }
+    }
+}
+
+impl Checked {
+    pub fn jail_id(&self) -> &str {
+        &self.jail_id
+    }
+
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    /// Write a `Jail` event of this session to the audit log (a failure is said on stderr).
+    pub fn record(&self, event: JailEvent) {
+        record(&self.audit, &self.jail_id, event);
+    }
+
+    /// The end of the run, after the backend's report: the change summary, the set-id report,
+    /// the journal entry removed (the checks are done), then the `exit` record (with the
+    /// refusals `backend` counted) or the `error` record. The command's exit code.
+    fn finish<B: Backend>(self, backend: &B) -> anyhow::Result<i32> {
+        changes::finish(self.baseline, &self.own, &self.audit, &self.jail_id);
+        setid::report(self.set_id, &self.audit, &self.jail_id);
+        if let Some(journal) = self.journal {
             journal.done();
         }
-        match &result {
-            Ok(code) => session.record(JailEvent::Exit {
-                exit_code: *code,
-                refused: backend.refused(),
-            }),
-            Err(e) => session.record(JailEvent::Error {
-                exit_code: 125,
-                detail: format!("{e:#}"),
-            }),
+        match &self.result {
+            Ok(code) => record(
+                &self.audit,
+                &self.jail_id,
+                JailEvent::Exit {
+                    exit_code: *code,
+                    refused: backend.refused(),
+                },
+            ),
+            Err(e) => record(
+                &self.audit,
+                &self.jail_id,
+                JailEvent::Error {
+                    exit_code: 125,
+                    detail: format!("{e:#}"),
+                },
+            ),
         }
-        result
+        self.result
     }
 }
 
@@ -308,6 +503,7 @@ impl StartingSession {
             jail_id: self.jail_id,
             scope: self.scope,
             audit: self.audit,
+            state: self.state,
             baseline: std::sync::Mutex::new(Baseline::Pending(self.baseline)),
             git,
             own: Default::default(),
@@ -365,3 +561,6 @@ pub(crate) fn rw_bind_sources(plan: &Plan) -> Vec<std::path::PathBuf> {
         .map(|m| m.source.clone())
         .collect()
 }
+
+#[cfg(test)]
+mod tests;

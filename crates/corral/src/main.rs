@@ -41,15 +41,17 @@ fn main() -> ExitCode {
         eprintln!("corral: cannot raise the open-file limit: {e}");
     }
     // A command that runs a native jail forks the jail's set-up process now, before anything
-    // is read (corral_sandbox::prepare_early says what it holds): it is ready when the Plan is.
-    if cmd::starts_a_jail(std::env::args_os()) {
-        corral_sandbox::prepare_early();
-    }
+    // is read (corral_sandbox::prepare_early says what it holds): it is ready when the Plan is,
+    // and handed to the run that starts the jail.
+    let early = match cmd::starts_a_jail(std::env::args_os()) {
+        true => corral_sandbox::prepare_early(),
+        false => None,
+    };
     let cli = match usage::parse::<cli::Cli>() {
         Ok(cli) => cli,
         Err(code) => return ExitCode::from(code),
     };
-    match cmd::dispatch(cli) {
+    match cmd::dispatch(cli, early) {
         Ok(code) => code,
         Err(err) if usage::is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {

@@ -1,6 +1,6 @@
 //! The git window during a run: while the jail runs, the user's prompt runs
 //! git in the directory the user is in every few seconds, so a repository the jail creates in
-//! the project is live before any check after the run. The name gate (corral-sandbox
+//! the project is live before any check after the run. The name gate (corral-namegate
 //! namegate.rs) refuses every name that would make one discoverable (`.git`, `HEAD`,
 //! `commondir`) outside the jail's own file systems, whichever syscall creates it, and
 //! performs every creation itself so a racing thread cannot swap the checked path. Each test

@@ -7,7 +7,7 @@ use anyhow::{Context as _, bail};
 use corral_engine::runner;
 use corral_engine::{Context, EngineKind};
 use corral_policy::plan::{Engine, Plan};
-use corral_session::{Backend, RunPlan, Scope, Session};
+use corral_session::{Backend, Baselined, Ended, RunPlan, Scope, Session};
 
 /// The container engine a plan asks for: podman or docker by name; `auto` (when the native
 /// backend cannot run here) podman, else docker.
@@ -333,7 +333,23 @@ impl Backend for Container {
         serde_json::json!({ "engine": self.kind.program(), "plan": plan })
     }
 
-    fn run(&mut self, plan: &Plan, session: &Session) -> anyhow::Result<i32> {
+    /// The container is started and waited for in [`Backend::run`]: its engine cannot hold its
+    /// command, so it starts after the change baseline (the session was made `ready`).
+    type Started = ();
+
+    fn start(&mut self, _plan: &Plan, _session: &Session) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Set up, run and remove the containers (`runner::run_with`): when it returns, the
+    /// harness's container and the run's own are gone.
+    fn run(
+        &mut self,
+        plan: &Plan,
+        (): (),
+        baselined: Baselined,
+        session: &Session,
+    ) -> anyhow::Result<Ended> {
         let kind = self.kind;
         let wait = |cmd: &corral_engine::Command| {
             let live = self.live_policy(plan, session);
@@ -358,6 +374,7 @@ impl Backend for Container {
             other => other.map_err(anyhow::Error::from),
         }
         .with_context(|| format!("cannot run the jail with {kind}"))
+        .map(|code| baselined.ended(code))
     }
 }
 

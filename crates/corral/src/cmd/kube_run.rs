@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use corral_policy::plan::{Engine, NetworkMode, Plan};
-use corral_session::{Backend, Scope, Session};
+use corral_session::{Backend, Baselined, Ended, Scope, Session};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -38,9 +38,10 @@ pub fn run(
     jail: &JailOptions,
     kube: &KubeRunArgs,
     command: Vec<String>,
+    early: Option<corral_sandbox::PreparedJail>,
 ) -> anyhow::Result<ExitCode> {
     // main() forked the native jail's set-up process for `run`: not used here, so ended.
-    drop(corral_sandbox::take_early());
+    drop(early);
     if jail.engine != Some(EngineArg::Kube) {
         bail!(
             "{} apply to --engine kube only (add --engine kube, or leave them out)",
@@ -326,7 +327,21 @@ impl Backend for Kube {
         })
     }
 
-    fn run(&mut self, _plan: &Plan, _session: &Session) -> anyhow::Result<i32> {
+    /// The objects are applied and waited for in [`Backend::run`] (the session is `ready`).
+    type Started = ();
+
+    fn start(&mut self, _plan: &Plan, _session: &Session) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Apply, attach or follow, then delete the run's objects however it ended.
+    fn run(
+        &mut self,
+        _plan: &Plan,
+        (): (),
+        baselined: Baselined,
+        _session: &Session,
+    ) -> anyhow::Result<Ended> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -352,6 +367,7 @@ impl Backend for Kube {
                 }
             }
         })
+        .map(|code| baselined.ended(code))
     }
 }
 

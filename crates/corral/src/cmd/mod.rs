@@ -3,6 +3,8 @@
 
 use std::process::ExitCode;
 
+use corral_sandbox::PreparedJail;
+
 use crate::cli::{Cli, Command};
 
 mod doctor;
@@ -50,18 +52,20 @@ pub fn serves_a_proxy(mut args: impl Iterator<Item = std::ffi::OsString>) -> boo
         .is_some_and(|cmd| cmd == "run" || cmd == "shell")
 }
 
-pub fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+/// Run the command `cli`. `early`: the jail's set-up process main() forked for a command that
+/// [`starts_a_jail`], for the run that starts it (dropped, so ended, by any other).
+pub fn dispatch(cli: Cli, early: Option<PreparedJail>) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => {
             profile_arg::check("run", args.profile.as_deref(), &args.extra)?;
-            run::run(args)
+            run::run(args, early)
         }
         Command::Shell(args) => {
             profile_arg::check("shell", args.profile.as_deref(), &args.extra)?;
-            shell::shell(args)
+            shell::shell(args, early)
         }
         Command::Exec(args) => exec::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(args, early),
         Command::Proxy(args) => proxy::run(args),
         Command::Plan(args) => {
             profile_arg::check("plan", args.profile.as_deref(), &args.extra)?;

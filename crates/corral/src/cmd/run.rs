@@ -9,28 +9,32 @@ use anyhow::Context;
 use corral_audit::{AuditLog, JailEvent};
 use corral_policy::plan::{Engine, NetworkMode, Plan};
 use corral_policy::resolve::{ensure_state_paths, resolve};
+use corral_sandbox::PreparedJail;
 use corral_session::endlines::say;
-use corral_session::{Backend, RunInputs, RunPlan, Scope, Session};
+use corral_session::{Backend, Baselined, Checked, Ended, RunInputs, RunPlan, Scope, Session};
 
 use crate::cli::{EngineArg, JailOptions, RunArgs};
 
-pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+/// `corral run`. `early`: the jail's set-up process main() forked, if it did.
+pub fn run(args: RunArgs, early: Option<PreparedJail>) -> anyhow::Result<ExitCode> {
     if let Some(name) = &args.worktree {
         // `--worktree NAME`: the run in an agent's own git worktree (cmd/worktree.rs).
-        return super::worktree::run(name, args.profile, &args.jail, args.command);
+        return super::worktree::run(name, args.profile, &args.jail, args.command, early);
     }
     if args.jail.engine == Some(EngineArg::Kube) || !args.kube.given().is_empty() {
         // `--engine kube`: cmd/kube_run.rs (it refuses its options on any other engine).
-        return super::kube_run::run(args.profile, &args.jail, &args.kube, args.command);
+        return super::kube_run::run(args.profile, &args.jail, &args.kube, args.command, early);
     }
-    run_jail(args.profile, &args.jail, args.command)
+    run_jail(args.profile, &args.jail, args.command, early)
 }
 
-/// Resolve the plan for `profile`/`command` with the command-line layer `opts`, and run it.
+/// Resolve the plan for `profile`/`command` with the command-line layer `opts`, and run it
+/// (with the set-up process `early` when main() forked one).
 pub fn run_jail(
     profile: Option<String>,
     opts: &JailOptions,
     command: Vec<String>,
+    early: Option<PreparedJail>,
 ) -> anyhow::Result<ExitCode> {
     let req = super::plan::request(profile, opts, command)?;
     let plan = resolve(&req)?;
@@ -45,6 +49,7 @@ pub fn run_jail(
         state_plan.as_ref().unwrap_or(&plan),
         Some(&req),
         Scope::Run,
+        early,
         state_secrets,
     );
     if plan.project.scratch
@@ -76,10 +81,10 @@ pub fn hold_state(
     Ok((Some(held), run_plan))
 }
 
-/// Run `plan` in the native jail (or the container engine it names) in a session of `scope`;
-/// the command's exit code.
-pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
-    run_plan_with(plan, None, scope, &[])
+/// Run `plan` in the native jail (or the container engine it names) in a session of `scope`,
+/// with the set-up process `early` when main() forked one; the command's exit code.
+pub fn run_plan(plan: &Plan, scope: Scope, early: Option<PreparedJail>) -> anyhow::Result<i32> {
+    run_plan_with(plan, None, scope, early, &[])
 }
 
 /// [`run_plan`] with the credentials of the harness's state files ([`hold_state`]) for the
@@ -87,10 +92,11 @@ pub fn run_plan(plan: &Plan, scope: Scope) -> anyhow::Result<i32> {
 pub fn run_plan_in_state(
     plan: &Plan,
     scope: Scope,
+    early: Option<PreparedJail>,
     held: Option<&corral_session::hstate::Held>,
 ) -> anyhow::Result<i32> {
     let state = held.map(|h| h.secrets.as_slice()).unwrap_or(&[]);
-    run_plan_with(plan, None, scope, state)
+    run_plan_with(plan, None, scope, early, state)
 }
 
 /// [`run_plan`] of a Plan resolved from `req` when given: the native jail's network rules then
@@ -99,6 +105,7 @@ fn run_plan_with(
     plan: &Plan,
     req: Option<&corral_policy::Request>,
     scope: Scope,
+    early: Option<PreparedJail>,
     state_secrets: &[corral_session::hstate::StateSecret],
 ) -> anyhow::Result<i32> {
     // A run in this project whose corral was killed: its checks first (journal.rs). Not from
@@ -108,9 +115,8 @@ fn run_plan_with(
             &plan.project.root,
         ));
     }
-    // The set-up process main() forked for this run, if it did (dropped, so ended, when the
-    // run goes to a container engine).
-    let early = corral_sandbox::take_early();
+    // `early`, the set-up process main() forked for this run if it did, is dropped (so ended)
+    // when the run goes to a container engine.
     match plan.engine {
         // auto: native where it runs here, else podman, else docker (cmd/engine_run.rs).
         Engine::Auto if !corral_sandbox::probe::run().native_backend => {
@@ -198,9 +204,8 @@ fn run_plan_with(
     // namespaces while corral waits for the session's snapshots.
     prepared.enter_namespaces(&run.plan, &opts.cgroup_procs)?;
     // The jail's mounts wait for the git snapshot (what it protects); the command's exec waits
-    // for the change baseline too (`hold_exec`, released in `Native::run`).
+    // for the change baseline too (held by `Native::start`, released by `Native::run`).
     let session = beginning.ready_for_mounts()?;
-    opts.hold_exec = true;
     // The git files the snapshot found are read-only in the jail and the executor's jail.
     run.protect(&session.protected());
     // Where the jail may create a `HEAD` while it runs (the name gate).
@@ -264,12 +269,27 @@ impl Drop for Native<'_> {
     }
 }
 
+/// The native jail between [`Backend::start`] and [`Backend::run`]: built, its listeners
+/// served, its command's exec held. Dropped on an error (the fields in this order, the jail
+/// last): the jail is then killed.
+struct StartedJail {
+    placeholders: corral_sandbox::PlaceholderHold,
+    held: Option<super::held::HeldNotice>,
+    live: Option<crate::live::Live>,
+    jail: corral_sandbox::RunningJail,
+}
+
 impl Backend for Native<'_> {
-    fn run(&mut self, plan: &Plan, session: &Session) -> anyhow::Result<i32> {
+    type Started = StartedJail;
+
+    fn start(&mut self, plan: &Plan, session: &Session) -> anyhow::Result<StartedJail> {
         let prepared = self
             .prepared
             .take()
             .context("the native jail was already started")?;
+        // The session may still be taking the change baseline: the command's exec waits for
+        // `Backend::run`, which gets the `Baselined`.
+        self.opts.hold_exec = true;
         let mut jail = prepared
             .start(plan, &self.opts)
             .context("cannot start the jail")?;
@@ -301,25 +321,41 @@ impl Backend for Native<'_> {
             super::held::HeldNotice::start(p.proxy().asks().clone(), jail.terminal_status())
         });
         let placeholders = jail.keep_placeholders();
+        Ok(StartedJail {
+            placeholders,
+            held,
+            live,
+            jail,
+        })
+    }
+
+    fn run(
+        &mut self,
+        _plan: &Plan,
+        mut started: StartedJail,
+        baselined: Baselined,
+        _session: &Session,
+    ) -> anyhow::Result<Ended> {
         // The command's first write must come after the change baseline (changes.rs): its exec
-        // was held while the root was built; it goes once the baseline is complete.
-        session.await_baseline();
-        jail.release_exec()
+        // was held while the root was built; it goes now that the baseline is complete.
+        started
+            .jail
+            .release_exec()
             .context("cannot let the jail's command start")?;
         // Back once the jail is empty; its set-up process exits meanwhile (reaped before the
         // cgroup goes: `Native::ending`).
-        let (exit, ending) = jail.wait_ending();
-        drop(held);
-        drop(live);
+        let (exit, ending) = started.jail.wait_ending();
+        drop(started.held);
+        drop(started.live);
         end_run(self.executor.take(), ending.pid());
         self.ending = Some(ending);
         // No jail of the run binds them any more: the placeholders this run made go.
-        drop(placeholders);
+        drop(started.placeholders);
         self.terminal = Some(exit.terminal);
-        Ok(exit.code)
+        Ok(baselined.ended(exit.code))
     }
 
-    fn report(&mut self, session: &Session) {
+    fn report(&mut self, session: &Checked) {
         if let Some(cg) = &self.limits.cgroup {
             let events = cg.events();
             let detail = serde_json::to_value(events).unwrap_or_default();
@@ -561,7 +597,7 @@ impl Drop for StubFiles {
 
 /// What the output filter kept from the user's terminal (clipboard writes, host-acting escape
 /// sequences), with the fix, on stderr and as a `terminal` audit event.
-fn report_terminal(dropped: corral_sandbox::termfilter::Dropped, session: &Session) {
+fn report_terminal(dropped: corral_sandbox::termfilter::Dropped, session: &Checked) {
     let lines = dropped.summary();
     if lines.is_empty() {
         return;

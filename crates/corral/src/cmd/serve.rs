@@ -16,10 +16,15 @@ use corral_session::RunPlan;
 
 use crate::cli::ServeArgs;
 
-pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+/// `early`: the jail's set-up process main() forked for `--jail-helper`, if it did.
+pub fn run(
+    args: ServeArgs,
+    early: Option<corral_sandbox::PreparedJail>,
+) -> anyhow::Result<ExitCode> {
     if args.jail_helper {
-        return jail_helper();
+        return jail_helper(early);
     }
+    drop(early);
     let root = match &args.root {
         Some(r) => r.clone(),
         None => std::env::current_dir().context("cannot read the current directory")?,
@@ -246,13 +251,13 @@ impl Spawner for JailSpawner {
 
 /// `corral serve --jail-helper`: run the one command of the Plan in `CORRAL_EXEC_JAIL_PLAN` in
 /// its jail; exit with its code.
-fn jail_helper() -> anyhow::Result<ExitCode> {
+fn jail_helper(early: Option<corral_sandbox::PreparedJail>) -> anyhow::Result<ExitCode> {
     let json = std::env::var(JAIL_PLAN_ENV)
         .with_context(|| format!("--jail-helper needs the command's Plan in {JAIL_PLAN_ENV}"))?;
     let plan: Plan = serde_json::from_str(&json).context("the jail helper's Plan is malformed")?;
     // The command runs inside its run's session, which checks the project after the executor
     // has ended: no change baseline or git snapshot of its own.
-    let code = super::run::run_plan(&plan, corral_session::Scope::ExecutorCommand)?;
+    let code = super::run::run_plan(&plan, corral_session::Scope::ExecutorCommand, early)?;
     Ok(ExitCode::from((code & 0xff) as u8))
 }
 

@@ -4,7 +4,11 @@ use std::process::ExitCode;
 
 use crate::cli::ShellArgs;
 
-pub fn shell(args: ShellArgs) -> anyhow::Result<ExitCode> {
+/// `early`: the jail's set-up process main() forked, if it did.
+pub fn shell(
+    args: ShellArgs,
+    early: Option<corral_sandbox::PreparedJail>,
+) -> anyhow::Result<ExitCode> {
     let shell = if std::path::Path::new("/bin/bash").exists() {
         "bash"
     } else {
@@ -14,5 +18,6 @@ pub fn shell(args: ShellArgs) -> anyhow::Result<ExitCode> {
         args.profile,
         &args.jail,
         vec![shell.to_string(), "-i".into()],
+        early,
     )
 }

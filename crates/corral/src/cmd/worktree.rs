@@ -17,6 +17,7 @@ pub fn run(
     profile: Option<String>,
     opts: &JailOptions,
     command: Vec<String>,
+    early: Option<corral_sandbox::PreparedJail>,
 ) -> anyhow::Result<ExitCode> {
     // `--engine podman|docker` is refused before any worktree is made (a policy file's engine
     // after the plan is resolved: `native_only`).
@@ -53,7 +54,8 @@ pub fn run(
     ensure_state_paths(&plan.profile, &req.home)?;
     let (held, state_plan) = super::run::hold_state(&plan)?;
     let plan = session.confine(state_plan.as_ref().unwrap_or(&plan));
-    let code = super::run::run_plan_in_state(&plan, corral_session::Scope::Run, held.as_ref());
+    let code =
+        super::run::run_plan_in_state(&plan, corral_session::Scope::Run, early, held.as_ref());
     for line in worktrees::finish(&session) {
         eprintln!("corral: {line}");
     }

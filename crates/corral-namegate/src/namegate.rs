@@ -49,13 +49,15 @@ use std::collections::HashSet;
 use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Mutex;
 
 use corral_policy::plan::Plan;
 
 mod protected;
+pub mod sys;
 use protected::Use;
+use sys::{Real, Sys};
 
 /// Longest path the gate reads from a caller (the kernel's PATH_MAX, with its NUL).
 const PATH_MAX: usize = 4096;
@@ -66,8 +68,9 @@ const REPORT_MAX: usize = 20;
 const PROC_SUPER_MAGIC: i64 = 0x9fa0;
 
 /// What PID 1 knows before it forks the command: where a `HEAD` may be created, and which
-/// file systems are the jail's own.
-pub(crate) struct Gate {
+/// file systems are the jail's own. `S` makes the gate's system calls ([`Sys`]): the kernel
+/// ([`Real`]), or a test's fake.
+pub struct Gate<S = Real> {
     /// The read-only binds of one file or directory, kept read-only if the host replaces it.
     protected: protected::Protected,
     /// (device, inode) of each git directory that existed when the run started and held a
@@ -84,10 +87,11 @@ pub(crate) struct Gate {
     /// The jail's uid (the gate's own, as the caller's).
     uid: libc::uid_t,
     /// The `filesystem.hide` patterns, refused as new names in the project.
-    pub(crate) hidden: Option<Hidden>,
+    pub hidden: Option<Hidden>,
     reports: Reporter,
     umasks: Umasks,
     fifo_waits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    sys: S,
 }
 
 /// What a name is to git's discovery.
@@ -141,17 +145,14 @@ impl Gate {
     /// The gate for `plan`, or `None` when the Plan lets the jail create repositories
     /// (`filesystem.allow_new_repositories`: what the jail makes is checked when the run ends,
     /// and so is a protected file the host replaced). Runs in PID 1 once the root is built.
-    pub(crate) fn prepare(
-        plan: &Plan,
-        private: &crate::mounts::PrivateDevices,
-    ) -> io::Result<Option<Gate>> {
+    pub fn prepare(plan: &Plan, private: &[u64]) -> io::Result<Option<Gate>> {
         if plan.git.new_repositories {
             return Ok(None);
         }
         let mountinfo = crate::mountinfo::read_proc("/proc/self/mountinfo")?;
         let mut gate = Gate::new(
             &plan.git.dirs,
-            private.0.iter().copied().collect(),
+            private.iter().copied().collect(),
             &mountinfo,
         )?;
         gate.hidden = Hidden::of(plan)?;
@@ -161,7 +162,7 @@ impl Gate {
     /// The gate for the git directories `dirs` (as this process sees them), with the file
     /// systems of `private_devs` exempt. The protected files and directories are the
     /// read-only binds of one in `mountinfo` (this process's).
-    pub(crate) fn new(
+    pub fn new(
         dirs: &[std::path::PathBuf],
         private_devs: HashSet<u64>,
         mountinfo: &[u8],
@@ -196,6 +197,7 @@ impl Gate {
             reports: Reporter::default(),
             umasks: Umasks::default(),
             fifo_waits: Default::default(),
+            sys: Real,
         })
     }
 
@@ -204,13 +206,19 @@ impl Gate {
     /// failed before; then the thread ends). Called right after PID 1 forked the command and
     /// before it drops its capabilities: the thread keeps CAP_SYS_PTRACE in the jail's user
     /// namespace alone, to read the memory of a caller that is not dumpable (a program whose
-    /// file is not readable starts so), and nothing else.
-    pub(crate) fn serve(self, from: OwnedFd) {
+    /// file is not readable starts so), and nothing else: `keep_only_ptrace` reduces the
+    /// calling thread's capabilities to [`CAP_SYS_PTRACE`] (corral-sandbox's
+    /// `caps::keep_only`), and the gate serves nothing unless it succeeds.
+    pub fn serve<E: std::fmt::Display>(
+        self,
+        from: OwnedFd,
+        keep_only_ptrace: impl FnOnce() -> Result<(), E> + Send + 'static,
+    ) {
         let gate = self;
         let spawned = std::thread::Builder::new()
             .name("corral-gate".into())
             .spawn(move || {
-                if let Err(e) = crate::caps::keep_only(CAP_SYS_PTRACE) {
+                if let Err(e) = keep_only_ptrace() {
                     eprintln!("corral: jail: name gate: {e}");
                     return;
                 }
@@ -229,12 +237,32 @@ impl Gate {
                         sync_wake_up,
                     )
                 };
-                worker(&gate, &listener);
+                gate.work(&listener);
             });
         if let Err(e) = spawned {
             // The command waits on its first creation until the listener's last copy closes,
             // then gets ENOSYS: nothing is created unchecked.
             eprintln!("corral: jail: cannot start the name gate ({e}); file creation fails");
+        }
+    }
+}
+
+impl<S: Sys> Gate<S> {
+    /// The same gate making its system calls with `sys` (a test's fake).
+    #[cfg(test)]
+    fn with_sys<T>(self, sys: T) -> Gate<T> {
+        Gate {
+            protected: self.protected,
+            git_dirs: self.git_dirs,
+            _held: self._held,
+            private_devs: self.private_devs,
+            protected_symlinks: self.protected_symlinks,
+            uid: self.uid,
+            hidden: self.hidden,
+            reports: self.reports,
+            umasks: self.umasks,
+            fifo_waits: self.fifo_waits,
+            sys,
         }
     }
 
@@ -249,19 +277,19 @@ impl Gate {
         let Some((kind, exact)) = class else {
             // A directory that folds names may take a non-ASCII name for a git one (`objectſ`,
             // a zero-width joiner in `.git`): such names are refused there (host-visible).
-            if !name.is_ascii() && folds_names(parent) {
-                let st = fstat(parent).map_err(|_| Refusal::Folded)?;
+            if !name.is_ascii() && folds_names(&self.sys, parent) {
+                let st = self.sys.fstat(parent).map_err(|_| Refusal::Folded)?;
                 if !self.private_devs.contains(&st.st_dev) {
                     return Err(Refusal::Folded);
                 }
             }
             return Ok(());
         };
-        let st = fstat(parent).map_err(|_| kind)?;
+        let st = self.sys.fstat(parent).map_err(|_| kind)?;
         if self.private_devs.contains(&st.st_dev) {
             return Ok(());
         }
-        if !exact && !folds_names(parent) {
+        if !exact && !folds_names(&self.sys, parent) {
             // `.GIT` in a case-sensitive directory is not git's `.git`.
             return Ok(());
         }
@@ -286,11 +314,13 @@ impl Gate {
                 return true;
             }
             let from = up.as_ref().unwrap_or(dir);
-            let Ok(parent) = open_path(from.as_raw_fd(), OsStr::new(".."), libc::O_DIRECTORY)
+            let Ok(parent) = self
+                .sys
+                .open_path(from.as_raw_fd(), b"..", libc::O_DIRECTORY)
             else {
                 return false;
             };
-            let Ok(pst) = fstat(&parent) else {
+            let Ok(pst) = self.sys.fstat(&parent) else {
                 return false;
             };
             if (pst.st_dev, pst.st_ino) == at {
@@ -310,7 +340,7 @@ impl Gate {
         let (Some(link), true) = (link, self.protected_symlinks) else {
             return Ok(());
         };
-        let dir = fstat(&entry.parent)?;
+        let dir = self.sys.fstat(&entry.parent)?;
         let sticky_world = dir.st_mode & libc::S_ISVTX != 0 && dir.st_mode & libc::S_IWOTH != 0;
         if sticky_world && link.st_uid != self.uid && link.st_uid != dir.st_uid {
             return Err(libc::EACCES);
@@ -321,7 +351,7 @@ impl Gate {
     /// One stderr line per refused path (at most [`REPORT_MAX`]), written by a thread of its
     /// own: the jail can stop its terminal's output, which must not stop the gate.
     fn report(&self, kind: Refusal, parent: &OwnedFd, name: &[u8]) {
-        let path = path_of(parent, name);
+        let path = path_of(&self.sys, parent, name);
         let what = match kind {
             Refusal::DotGit => "a `.git`",
             Refusal::Head => "a `HEAD` outside the run's git directories",
@@ -351,10 +381,14 @@ impl Gate {
         let Some(hidden) = &self.hidden else {
             return Ok(());
         };
-        if fstat(parent).is_ok_and(|st| self.private_devs.contains(&st.st_dev)) {
+        if self
+            .sys
+            .fstat(parent)
+            .is_ok_and(|st| self.private_devs.contains(&st.st_dev))
+        {
             return Ok(());
         }
-        let dir = dir_path(parent);
+        let dir = self.sys.fd_path(parent);
         match hidden.refuses(dir.as_deref(), name) {
             Some(pattern) => Err(pattern.to_string()),
             None => Ok(()),
@@ -363,7 +397,7 @@ impl Gate {
 
     /// The stderr line for a name refused because `filesystem.hide` matches it.
     fn report_hidden(&self, parent: &OwnedFd, name: &[u8], pattern: &str) {
-        let path = path_of(parent, name);
+        let path = path_of(&self.sys, parent, name);
         self.reports.send(
             path.clone(),
             format!(
@@ -379,17 +413,10 @@ impl Gate {
     }
 }
 
-/// The path of the directory `dir` as the kernel names it now (in PID 1's root, the jail's),
-/// or `None` when it cannot be read.
-fn dir_path(dir: &OwnedFd) -> Option<Vec<u8>> {
-    std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))
-        .ok()
-        .map(|p| p.into_os_string().into_vec())
-}
-
-/// `name` in the directory `parent`, for a report (`?` for a directory that cannot be named).
-fn path_of(parent: &OwnedFd, name: &[u8]) -> Vec<u8> {
-    let mut path = dir_path(parent).unwrap_or_else(|| b"?".to_vec());
+/// `name` in the directory `parent` (its path as the kernel names it now, in PID 1's root, the
+/// jail's), for a report (`?` for a directory that cannot be named).
+fn path_of<S: Sys>(sys: &S, parent: &OwnedFd, name: &[u8]) -> Vec<u8> {
+    let mut path = sys.fd_path(parent).unwrap_or_else(|| b"?".to_vec());
     if path.last() != Some(&b'/') {
         path.push(b'/');
     }
@@ -400,8 +427,14 @@ fn path_of(parent: &OwnedFd, name: &[u8]) -> Vec<u8> {
 /// The Plan's `filesystem.hide` patterns and the project root they are relative to (where
 /// the jail sees the project: at its own path), matched with the one matcher the masking walk
 /// uses (`corral_policy::hide::HideSet`).
-pub(crate) struct Hidden {
+pub struct Hidden {
     set: corral_policy::hide::HideSet,
+    /// Each pattern's last component, matching at any depth (`config/secrets.yml`:
+    /// `secrets.yml`; `a/**`: anything), for a directory whose path cannot be read.
+    tails: corral_policy::hide::HideSet,
+    /// The patterns as written, in the order of `tails`.
+    patterns: Vec<String>,
+    tail_patterns: Vec<String>,
     /// The root without a trailing slash (empty for `/`).
     root: Vec<u8>,
 }
@@ -415,33 +448,47 @@ impl Hidden {
 
     /// `patterns` below the project at `root` (a container's gate: `gatexec.rs`), or `None`
     /// without a pattern.
-    pub(crate) fn of_patterns(
-        patterns: &[String],
-        root: &std::path::Path,
-    ) -> io::Result<Option<Hidden>> {
+    pub fn of_patterns(patterns: &[String], root: &std::path::Path) -> io::Result<Option<Hidden>> {
         if patterns.is_empty() {
             return Ok(None);
         }
-        let set = corral_policy::hide::HideSet::new(patterns).map_err(io::Error::other)?;
-        Ok(Some(Hidden::new(set, root.as_os_str().as_bytes())))
+        let hidden = Hidden::new(patterns, root.as_os_str().as_bytes());
+        Ok(Some(hidden.map_err(io::Error::other)?))
     }
 
-    fn new(set: corral_policy::hide::HideSet, root: &[u8]) -> Hidden {
+    fn new(patterns: &[String], root: &[u8]) -> Result<Hidden, corral_policy::error::PolicyError> {
         let end = root.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
-        Hidden {
-            set,
+        let tail_patterns: Vec<String> = patterns
+            .iter()
+            .map(|p| {
+                let p = p.trim_end_matches('/');
+                p.rsplit('/').next().unwrap_or(p).to_string()
+            })
+            .collect();
+        Ok(Hidden {
+            set: corral_policy::hide::HideSet::new(patterns)?,
+            tails: corral_policy::hide::HideSet::new(&tail_patterns)?,
+            patterns: patterns.to_vec(),
+            tail_patterns,
             root: root[..end].to_vec(),
-        }
+        })
     }
 
     /// The pattern that `name`, made in the directory whose path is `dir`, matches (`None`:
     /// it may be made). A directory outside the project is not the patterns' concern. A
-    /// directory whose path cannot be read (`None`) is taken for the project root: `name` is
-    /// matched alone, which for a pattern without a slash (it matches at any depth) is the
-    /// same answer as anywhere in the project.
+    /// directory whose path cannot be read (`None`) may be anywhere in the project, below any
+    /// directory: `name` is refused when it matches a pattern's last component (for a pattern
+    /// without a slash, the same answer as anywhere in the project; for `config/secrets.yml`,
+    /// every `secrets.yml`; for `a/**`, every name).
     fn refuses(&self, dir: Option<&[u8]>, name: &[u8]) -> Option<&str> {
         let rel: Vec<u8> = match dir {
-            None => name.to_vec(),
+            None => {
+                let tail = self
+                    .tails
+                    .matching(std::path::Path::new(OsStr::from_bytes(name)))?;
+                let i = self.tail_patterns.iter().position(|t| t == tail)?;
+                return Some(self.patterns[i].as_str());
+            }
             Some(dir) => match dir.strip_prefix(self.root.as_slice()) {
                 Some(b"" | b"/") => name.to_vec(),
                 Some([b'/', below @ ..]) => [below, b"/", name].concat(),
@@ -492,7 +539,7 @@ trait Dir {
 /// before the run. Creations of the pair are performed one at a time under a lock of the
 /// directory, so the second always sees the first; a lookup that fails otherwise than with
 /// ENOENT counts as finding the name ([`Seen`]).
-fn rule(kind: Refusal, in_git_dir: bool, dir: &dyn Dir) -> Result<(), Refusal> {
+fn rule(kind: Refusal, in_git_dir: bool, dir: &impl Dir) -> Result<(), Refusal> {
     match kind {
         Refusal::DotGit | Refusal::Commondir | Refusal::Folded => Err(kind),
         _ if in_git_dir => Ok(()),
@@ -511,15 +558,18 @@ fn rule(kind: Refusal, in_git_dir: bool, dir: &dyn Dir) -> Result<(), Refusal> {
 }
 
 /// The directory a `HEAD` or an `objects` would be made in, looked at for real.
-struct InspectedDir<'a> {
-    gate: &'a Gate,
+struct InspectedDir<'a, S> {
+    gate: &'a Gate<S>,
     dir: &'a OwnedFd,
     st: libc::stat,
 }
 
-impl Dir for InspectedDir<'_> {
+impl<S: Sys> Dir for InspectedDir<'_, S> {
     fn lookup(&self, name: &str) -> Result<(), i32> {
-        fstatat(self.dir, OsStr::new(name), libc::AT_SYMLINK_NOFOLLOW).map(drop)
+        self.gate
+            .sys
+            .fstatat(self.dir, name.as_bytes(), libc::AT_SYMLINK_NOFOLLOW)
+            .map(drop)
     }
     fn below_git_dir(&self) -> bool {
         self.gate.below_git_dir(self.dir, self.st)
@@ -528,16 +578,16 @@ impl Dir for InspectedDir<'_> {
 
 /// What is at `name` in `dir` now (not following a link): `None` only when the kernel says
 /// there is nothing (ENOENT); any other error is the caller's error, not an absence.
-fn entry_at(dir: &OwnedFd, name: &[u8]) -> Result<Option<libc::stat>, i32> {
-    match fstatat(dir, OsStr::from_bytes(name), libc::AT_SYMLINK_NOFOLLOW) {
+fn entry_at<S: Sys>(sys: &S, dir: &OwnedFd, name: &[u8]) -> Result<Option<libc::stat>, i32> {
+    match sys.fstatat(dir, name, libc::AT_SYMLINK_NOFOLLOW) {
         Ok(st) => Ok(Some(st)),
         Err(libc::ENOENT) => Ok(None),
         Err(e) => Err(e),
     }
 }
 
-/// CAP_SYS_PTRACE's number.
-const CAP_SYS_PTRACE: u32 = 19;
+/// CAP_SYS_PTRACE's number: the one capability the gate's thread keeps ([`Gate::serve`]).
+pub const CAP_SYS_PTRACE: u32 = 19;
 
 /// The gate's stderr lines, written by a thread so a stopped terminal cannot stall the gate.
 #[derive(Default)]
@@ -580,18 +630,8 @@ impl Reporter {
 /// Does the directory compare names without case or drop trailing dots (vfat, exFAT, SMB,
 /// NTFS, HFS+, or an ext4/f2fs directory with the casefold flag)? Asked only of a variant of a
 /// git name.
-fn folds_names(dir: &OwnedFd) -> bool {
-    folds(fstatfs_type(dir), || {
-        // FS_IOC_GETFLAGS needs a descriptor that is not O_PATH.
-        let d = openat_entry_raw(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY)?;
-        let mut flags: libc::c_long = 0;
-        // SAFETY: FS_IOC_GETFLAGS writes one long.
-        let rc = unsafe { libc::ioctl(d.as_raw_fd(), FS_IOC_GETFLAGS as _, &mut flags) };
-        if rc != 0 {
-            return Err(errno());
-        }
-        Ok(flags)
-    })
+fn folds_names<S: Sys>(sys: &S, dir: &OwnedFd) -> bool {
+    folds(sys.fstatfs_type(dir), || sys.inode_flags(dir))
 }
 
 /// [`folds_names`] from what the kernel said: the file system's type (a folding one folds),
@@ -634,46 +674,70 @@ fn openat_entry_raw(dir: &OwnedFd, name: &std::ffi::CStr, flags: i32) -> Result<
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// The command's process: send the gate's listener (or nothing) to PID 1 on `to`.
-/// In the command's process, just before exec: the gate's filter `prog` installed, its listener
-/// sent to the gate on `to`. On a kernel without what the gate needs, the gate gets nothing
-/// (and ends), `jail` says so on stderr, and the check after the run is what remains; unless
-/// the gate is `required` (no run end to check at), then that is the error. The error names
-/// its step.
-pub(crate) fn install_and_send(
-    prog: &[libc::sock_filter],
-    to: RawFd,
-    jail: &str,
-    required: bool,
-) -> Result<(), (&'static str, io::Error)> {
-    let listener = match crate::seccomp::install_gate(prog) {
-        Ok(l) => l,
-        Err(e) => return Err(("install the name gate's filter", io::Error::other(e))),
-    };
-    if listener.is_none() && required {
-        return Err((
-            "install the name gate's filter",
-            io::Error::other("this kernel lacks what the name gate needs (Linux 5.19)"),
-        ));
-    }
-    if listener.is_none() {
-        eprintln!(
-            "corral: this kernel lacks what the name gate needs (Linux 5.19): git repositories \
-             {jail} creates are checked when the run ends instead"
-        );
-    }
-    send_listener(to, listener.as_ref()).map_err(|e| ("send the name gate's listener", e))
-}
-
-fn send_listener(to: RawFd, listener: Option<&OwnedFd>) -> io::Result<()> {
+/// The command's process: send the gate's listener (or nothing: the kernel lacks what the gate
+/// needs) to PID 1 on `to`, the command's end of the gate's socket pair (corral-sandbox's
+/// `seccomp::install_and_send`, just before exec). One byte, the listener with it as
+/// SCM_RIGHTS.
+pub fn send_listener(to: RawFd, listener: Option<&OwnedFd>) -> io::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
     let fds: Vec<RawFd> = listener.map(|l| vec![l.as_raw_fd()]).unwrap_or_default();
-    crate::netns::send_frame(to, b"{}", &fds).map_err(io::Error::from)
+    let cmsgs: Vec<ControlMessage> = if fds.is_empty() {
+        vec![]
+    } else {
+        vec![ControlMessage::ScmRights(&fds)]
+    };
+    loop {
+        match sendmsg::<()>(
+            to,
+            &[io::IoSlice::new(b"L")],
+            &cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
-fn receive_listener(from: &OwnedFd) -> Option<OwnedFd> {
-    match crate::netns::recv_frame(from.as_raw_fd()) {
-        Ok(Some((_, mut fds))) if fds.len() == 1 => fds.pop(),
-        _ => None,
+/// PID 1's gate thread: the listener [`send_listener`] sent, or `None` (nothing sent, the
+/// socket closed, or anything but one descriptor).
+pub fn receive_listener(from: &OwnedFd) -> Option<OwnedFd> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let mut fds = Vec::new();
+    let mut iov = [io::IoSliceMut::new(&mut byte)];
+    let msg = loop {
+        match recvmsg::<()>(
+            from.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => break msg,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return None,
+        }
+    };
+    for c in msg.cmsgs().ok()? {
+        if let ControlMessageOwned::ScmRights(r) = c {
+            // SAFETY: the kernel just installed these descriptors in this process for us.
+            fds.extend(r.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    if msg.bytes != 1 || fds.len() != 1 {
+        return None;
+    }
+    fds.pop()
+}
+
+impl Gate {
+    /// Serve the notifications of `listener` on this thread until no process holds its filter
+    /// (what [`Gate::serve`]'s thread runs, once it has the listener).
+    pub fn work(&self, listener: &OwnedFd) {
+        worker(self, listener)
     }
 }
 
@@ -858,29 +922,21 @@ fn send(listener: &OwnedFd, id: u64, val: i64, error: i32) {
 }
 
 /// The caller, as the gate reads it: its memory, and its ids in /proc.
-struct Caller<'a> {
+pub struct Caller<'a, S = Real> {
     tid: libc::pid_t,
     id: u64,
     listener: &'a OwnedFd,
-    gate: &'a Gate,
+    gate: &'a Gate<S>,
 }
 
-impl Caller<'_> {
+impl<S: Sys> Caller<'_, S> {
     /// Is the notification still pending? Then the caller is alive and blocked in its call, so
     /// what was just read from `tid` was read from it (a tid is reused only once its task is
     /// gone, and the notification goes with it).
     fn still_waiting(&self) -> Result<(), i32> {
-        // SAFETY: ID_VALID reads the u64 id.
-        let rc = unsafe {
-            libc::ioctl(
-                self.listener.as_raw_fd(),
-                libc::SECCOMP_IOCTL_NOTIF_ID_VALID as _,
-                &self.id,
-            )
-        };
-        match rc {
-            0 => Ok(()),
-            _ => Err(libc::ENOENT),
+        match self.gate.sys.notification_valid(self.listener, self.id) {
+            true => Ok(()),
+            false => Err(libc::ENOENT),
         }
     }
 
@@ -914,10 +970,6 @@ impl Caller<'_> {
         Err(libc::ENAMETOOLONG)
     }
 
-    fn umask(&self) -> Result<libc::mode_t, i32> {
-        self.gate.umasks.of(self)
-    }
-
     /// `len` bytes at `addr` in the caller's memory (a socket address).
     fn bytes(&self, addr: u64, len: usize) -> Result<Vec<u8>, i32> {
         let mut buf = vec![0u8; len];
@@ -933,29 +985,12 @@ impl Caller<'_> {
 
     /// process_vm_readv of `buf.len()` bytes at `addr`: the bytes read, or the errno.
     fn read_mem(&self, addr: u64, buf: &mut [u8]) -> Result<usize, i32> {
-        let local = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        let remote = libc::iovec {
-            iov_base: addr as *mut libc::c_void,
-            iov_len: buf.len(),
-        };
-        // SAFETY: the local iovec points at `buf`, exactly as long; the remote one is only read
-        // by the kernel, in the caller's address space.
-        let n = unsafe { libc::process_vm_readv(self.tid, &local, 1, &remote, 1, 0) };
-        match n {
-            n if n < 0 => Err(errno()),
-            n => Ok(n as usize),
-        }
+        self.gate.sys.read_mem(self.tid, addr, buf)
     }
 
     /// Take the caller's umask for the creation about to be performed on this thread.
     fn take_umask(&self) -> Result<(), i32> {
-        let mask = self.umask()?;
-        // SAFETY: umask of this thread (its fs attributes are its own: CLONE_FS unshared).
-        unsafe { libc::umask(mask) };
-        Ok(())
+        self.gate.sys.take_umask(self)
     }
 
     /// The directory a relative path of the caller starts from.
@@ -965,10 +1000,12 @@ impl Caller<'_> {
             n if n >= 0 => format!("/proc/{}/fd/{n}", self.tid),
             _ => return Err(libc::EBADF),
         };
-        let fd = open_path(libc::AT_FDCWD, OsStr::new(&link), 0).map_err(|e| match e {
-            libc::ENOENT => libc::EBADF,
-            e => e,
-        })?;
+        let fd = (self.gate.sys)
+            .open_path(libc::AT_FDCWD, link.as_bytes(), 0)
+            .map_err(|e| match e {
+                libc::ENOENT => libc::EBADF,
+                e => e,
+            })?;
         // Opened from the caller's tid: still the caller's (not a reused tid's).
         self.still_waiting()?;
         Ok(fd)
@@ -1072,7 +1109,8 @@ impl OwnProc {
     }
 }
 
-fn resolve(caller: &Caller, dirfd: i32, path: &[u8]) -> Result<Resolved, i32> {
+fn resolve<S: Sys>(caller: &Caller<S>, dirfd: i32, path: &[u8]) -> Result<Resolved, i32> {
+    let sys = &caller.gate.sys;
     if path.is_empty() {
         return Err(libc::ENOENT);
     }
@@ -1096,22 +1134,22 @@ fn resolve(caller: &Caller, dirfd: i32, path: &[u8]) -> Result<Resolved, i32> {
                 return Ok(Resolved::Own(OwnProc::Magic(link)));
             }
             // Below the caller's own directory descriptor, cwd or root: resolved from there.
-            let base = open_path(libc::AT_FDCWD, OsStr::new(&link), 0)?;
-            return split(base, tail).map(Resolved::Entry);
+            let base = sys.open_path(libc::AT_FDCWD, link.as_bytes(), 0)?;
+            return split(sys, base, tail).map(Resolved::Entry);
         }
         // One plain name of the caller's /proc directory, nothing else.
         if tail.is_empty() && !first.is_empty() && first != b"." && first != b".." {
-            let dir = open_path(libc::AT_FDCWD, OsStr::new(&link("")), libc::O_DIRECTORY)?;
+            let dir = sys.open_path(libc::AT_FDCWD, link("").as_bytes(), libc::O_DIRECTORY)?;
             return Ok(Resolved::Own(OwnProc::File(dir, first.to_vec())));
         }
         return Err(libc::EACCES);
     }
     let base = if path[0] == b'/' {
-        open_path(libc::AT_FDCWD, OsStr::new("/"), libc::O_DIRECTORY)?
+        sys.open_path(libc::AT_FDCWD, b"/", libc::O_DIRECTORY)?
     } else {
         caller.dirfd(dirfd)?
     };
-    split(base, &path).map(Resolved::Entry)
+    split(sys, base, &path).map(Resolved::Entry)
 }
 
 fn split_first(p: &[u8]) -> (&[u8], &[u8]) {
@@ -1124,7 +1162,7 @@ fn split_first(p: &[u8]) -> (&[u8], &[u8]) {
 /// Open the directory part of `path` (relative to `base`) and return it with the last
 /// component. A directory on /proc is refused (another process's files, /proc/sys): PID 1
 /// may reach more of /proc than the caller; the caller's own entries are [`resolve`]'s.
-fn split(base: OwnedFd, path: &[u8]) -> Result<Entry, i32> {
+fn split<S: Sys>(sys: &S, base: OwnedFd, path: &[u8]) -> Result<Entry, i32> {
     let trimmed_end = path.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
     let entry = if trimmed_end == 0 {
         // "/" or "///": the root itself.
@@ -1140,20 +1178,20 @@ fn split(base: OwnedFd, path: &[u8]) -> Result<Entry, i32> {
         let parent = if dir.is_empty() {
             base
         } else {
-            openat2_path(&base, dir, libc::O_DIRECTORY)?
+            sys.openat2_path(&base, dir, libc::O_DIRECTORY)?
         };
         Entry {
             parent,
             last: last.to_vec(),
         }
     };
-    if fstatfs_type(&entry.parent)? == PROC_SUPER_MAGIC {
+    if sys.fstatfs_type(&entry.parent)? == PROC_SUPER_MAGIC {
         return Err(libc::EACCES);
     }
     Ok(entry)
 }
 
-fn handle(gate: &Gate, listener: &OwnedFd, call: &Call) -> Verdict {
+fn handle<S: Sys>(gate: &Gate<S>, listener: &OwnedFd, call: &Call) -> Verdict {
     if continues(call.nr) {
         // The caller's umask changes: forget every one known (threads share theirs).
         gate.umasks.changing(call.tid);
@@ -1176,11 +1214,16 @@ fn handle(gate: &Gate, listener: &OwnedFd, call: &Call) -> Verdict {
 /// registers, memory and descriptor table, which the jail can change after any check. umask(2)
 /// takes one integer and no path or descriptor; the gate checks nothing on it (it only forgets
 /// the umasks it knows). Every other stopped call is performed here, on what was checked.
-fn continues(nr: i64) -> bool {
+pub fn continues(nr: i64) -> bool {
     nr == libc::SYS_umask
 }
 
-fn perform(gate: &Gate, listener: &OwnedFd, caller: &Caller, call: &Call) -> Result<Verdict, i32> {
+fn perform<S: Sys>(
+    gate: &Gate<S>,
+    listener: &OwnedFd,
+    caller: &Caller<S>,
+    call: &Call,
+) -> Result<Verdict, i32> {
     let a = &call.args;
     let s = |i: usize| caller.string(a[i]);
     match call.nr {
@@ -1314,9 +1357,15 @@ fn perform(gate: &Gate, listener: &OwnedFd, caller: &Caller, call: &Call) -> Res
 /// checked directory (`/proc/self/fd/DIR/NAME`). The gate's thread has the caller's uid and
 /// Landlock domain and no capability the caller lacks (CAP_SYS_PTRACE only), and a socket
 /// keeps its network namespace: the bind is what the caller's own would have been.
-fn bind(gate: &Gate, caller: &Caller, fd: i32, addr: u64, len: u64) -> Result<Verdict, i32> {
+fn bind<S: Sys>(
+    gate: &Gate<S>,
+    caller: &Caller<S>,
+    fd: i32,
+    addr: u64,
+    len: u64,
+) -> Result<Verdict, i32> {
     let sock = caller_fd(caller, fd)?;
-    let domain = socket_domain(&sock)?;
+    let domain = gate.sys.socket_domain(&sock)?;
     let len = bind_len(len)?;
     let raw = caller.bytes(addr, len)?;
     let held = match bind_address(domain, &raw)? {
@@ -1337,59 +1386,18 @@ fn bind(gate: &Gate, caller: &Caller, fd: i32, addr: u64, len: u64) -> Result<Ve
             sockaddr_un_of(&full)?
         }
     };
-    // SAFETY: `storage` holds `slen` bytes of socket address; `sock` is our duplicate of the
-    // caller's socket.
-    let rc = unsafe {
-        libc::bind(
-            sock.as_raw_fd(),
-            (&storage as *const libc::sockaddr_storage).cast(),
-            slen,
-        )
-    };
-    done(rc)
+    // `sock` is our duplicate of the caller's socket.
+    gate.sys.bind(&sock, &storage, slen)?;
+    Ok(Verdict::Value(0))
 }
 
 /// The caller's descriptor `fd`, duplicated into this process (pidfd_getfd): what the caller's
 /// table holds now; a later dup2 in the caller changes its table, not this descriptor.
-fn caller_fd(caller: &Caller, fd: i32) -> Result<OwnedFd, i32> {
-    let pidfd = pidfd_open(caller.tid).ok_or(libc::ESRCH)?;
-    // SAFETY: pidfd_getfd returns a new descriptor (a duplicate of the caller's) or -1.
-    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
-    if got < 0 {
-        return Err(match errno() {
-            libc::EBADF => libc::EBADF,
-            _ => libc::EPERM,
-        });
-    }
-    // SAFETY: fresh descriptor.
-    let got = unsafe { OwnedFd::from_raw_fd(got as i32) };
+fn caller_fd<S: Sys>(caller: &Caller<S>, fd: i32) -> Result<OwnedFd, i32> {
+    let got = caller.gate.sys.caller_fd(caller.tid, fd)?;
     // Taken from the caller's tid: still the caller's (not a reused tid's).
     caller.still_waiting()?;
     Ok(got)
-}
-
-/// The family of the socket `sock` (SO_DOMAIN), fixed when it was made.
-fn socket_domain(sock: &OwnedFd) -> Result<libc::c_int, i32> {
-    let mut domain: libc::c_int = 0;
-    let mut dlen = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: SO_DOMAIN writes one int.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_DOMAIN,
-            (&mut domain as *mut libc::c_int).cast(),
-            &mut dlen,
-        )
-    };
-    if rc != 0 {
-        // Not a socket (or an O_PATH descriptor): the kernel's answers.
-        return Err(match errno() {
-            libc::EBADF => libc::EBADF,
-            _ => libc::ENOTSOCK,
-        });
-    }
-    Ok(domain)
 }
 
 /// bind(2)'s length argument as the kernel takes it (an int, at most a sockaddr_storage).
@@ -1469,12 +1477,12 @@ fn sockaddr_un_of(path: &[u8]) -> Result<(libc::sockaddr_storage, libc::socklen_
 /// what the directory holds), the directory stays locked (flock) until the returned guard is
 /// dropped, after the creation: the jail's other gates (an executor command's, another run's
 /// in the same project) take the same lock, so one of a pair always sees the other.
-fn check(gate: &Gate, entry: &Entry) -> Result<Option<OwnedFd>, i32> {
+fn check<S: Sys>(gate: &Gate<S>, entry: &Entry) -> Result<Option<OwnedFd>, i32> {
     let name = entry.name();
     let class = Refusal::of(name);
     let paired = matches!(class, Some((Refusal::Head | Refusal::Part, _)));
     let lock = if paired {
-        Some(lock_dir(&entry.parent)?)
+        Some(gate.sys.lock_dir(&entry.parent)?)
     } else {
         None
     };
@@ -1509,7 +1517,7 @@ fn lock_dir(dir: &OwnedFd) -> Result<OwnedFd, i32> {
 }
 
 /// The entry a new name goes in: only a plain entry (not one of the caller's /proc files).
-fn new_entry(caller: &Caller, dirfd: i32, path: &[u8]) -> Result<Entry, i32> {
+fn new_entry<S: Sys>(caller: &Caller<S>, dirfd: i32, path: &[u8]) -> Result<Entry, i32> {
     match resolve(caller, dirfd, path)? {
         Resolved::Entry(e) => Ok(e),
         // /proc files and the caller's descriptors exist: nothing new is named there.
@@ -1518,10 +1526,10 @@ fn new_entry(caller: &Caller, dirfd: i32, path: &[u8]) -> Result<Entry, i32> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn open(
-    gate: &Gate,
+fn open<S: Sys>(
+    gate: &Gate<S>,
     listener: &OwnedFd,
-    caller: &Caller,
+    caller: &Caller<S>,
     call: &Call,
     dirfd: i32,
     path: &[u8],
@@ -1588,8 +1596,9 @@ fn open(
     // waiting, then as the caller asked. O_TRUNC waits for the file's check.
     let device = matches!(kind, Some(libc::S_IFCHR | libc::S_IFBLK));
     let nonblock = if device { libc::O_NONBLOCK } else { 0 };
-    let fd = openat_entry(
-        &entry,
+    let fd = gate.sys.openat(
+        &entry.parent,
+        &entry.last,
         (flags & !libc::O_TRUNC) | libc::O_NOFOLLOW | nonblock,
         mode,
     )?;
@@ -1610,9 +1619,9 @@ enum Target {
 
 /// Resolve `path` as the kernel would for an open: a final symlink is followed when `follows`,
 /// here, one hop at a time, so the name finally opened or created is the one checked.
-fn follow(
-    gate: &Gate,
-    caller: &Caller,
+fn follow<S: Sys>(
+    gate: &Gate<S>,
+    caller: &Caller<S>,
     dirfd: i32,
     path: &[u8],
     follows: bool,
@@ -1630,12 +1639,12 @@ fn follow(
         // What cannot be looked up (EACCES while the jail toggles a directory's search
         // permission) is the caller's error, as the kernel's own lookup would say: taken for
         // absent, a link or a FIFO there would be opened as a plain file.
-        let existing = entry_at(&entry.parent, entry.name())?;
+        let existing = entry_at(&gate.sys, &entry.parent, entry.name())?;
         if !follows || existing.is_none_or(|st| st.st_mode & libc::S_IFMT != libc::S_IFLNK) {
             return Ok(Target::Entry(entry, existing));
         }
         gate.may_follow(&entry, existing)?;
-        let mut target = readlinkat(&entry.parent, entry.name())?;
+        let mut target = gate.sys.readlinkat(&entry.parent, entry.name())?;
         if entry.last.ends_with(b"/") {
             // `link/` must end at a directory, wherever the link leads.
             target.push(b'/');
@@ -1645,7 +1654,7 @@ fn follow(
                 Resolved::Entry(e) => e,
                 Resolved::Own(own) => return Ok(Target::Own(own)),
             },
-            _ => split(entry.parent, &target)?,
+            _ => split(&gate.sys, entry.parent, &target)?,
         };
     }
     Err(libc::ELOOP)
@@ -1653,7 +1662,12 @@ fn follow(
 
 /// truncate(2): the file is opened for writing as an open of the path would be (links
 /// followed here, a protected file refused) and cut to `len` through that descriptor.
-fn truncate(gate: &Gate, caller: &Caller, path: &[u8], len: i64) -> Result<Verdict, i32> {
+fn truncate<S: Sys>(
+    gate: &Gate<S>,
+    caller: &Caller<S>,
+    path: &[u8],
+    len: i64,
+) -> Result<Verdict, i32> {
     let fd = match follow(gate, caller, libc::AT_FDCWD, path, true, false)? {
         Target::Own(own) => own.open(libc::O_WRONLY | libc::O_NONBLOCK, 0)?,
         Target::Entry(entry, existing) => {
@@ -1664,19 +1678,20 @@ fn truncate(gate: &Gate, caller: &Caller, path: &[u8], len: i64) -> Result<Verdi
                 Some(libc::S_IFREG) => {}
                 Some(_) => return Err(libc::EINVAL),
             }
-            openat_entry(
-                &entry,
+            gate.sys.openat(
+                &entry.parent,
+                &entry.last,
                 libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW,
                 0,
             )?
         }
     };
-    if fstat(&fd)?.st_mode & libc::S_IFMT != libc::S_IFREG {
+    if gate.sys.fstat(&fd)?.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(libc::EINVAL);
     }
     gate.protected_file(&fd, Use::Write)?;
-    // SAFETY: our own descriptor.
-    done(unsafe { libc::ftruncate(fd.as_raw_fd(), len) })
+    gate.sys.ftruncate(&fd, len)?;
+    Ok(Verdict::Value(0))
 }
 
 /// Does an open with `flags` write (or truncate) what it opens? O_PATH opens nothing.
@@ -1688,36 +1703,32 @@ fn writes(flags: i32) -> bool {
 /// An open performed without O_TRUNC: refused when it writes the file now at a protected name
 /// (reached by a path that is not that name), else truncated as the caller asked (a regular
 /// file only, as the kernel does: FIFOs, terminals and devices ignore O_TRUNC).
-fn checked_write_open(gate: &Gate, fd: OwnedFd, flags: i32) -> Result<OwnedFd, i32> {
+fn checked_write_open<S: Sys>(gate: &Gate<S>, fd: OwnedFd, flags: i32) -> Result<OwnedFd, i32> {
     if !writes(flags) {
         return Ok(fd);
     }
     gate.protected_file(&fd, Use::Write)?;
-    let kind = fstat(&fd)?.st_mode & libc::S_IFMT;
+    let kind = gate.sys.fstat(&fd)?.st_mode & libc::S_IFMT;
     if flags & libc::O_TRUNC != 0 && kind == libc::S_IFDIR {
         // O_TRUNC asks to write: a directory refuses it, as the kernel would.
         return Err(libc::EISDIR);
     }
     if flags & libc::O_TRUNC != 0 && kind == libc::S_IFREG {
-        // SAFETY: our own descriptor, or a path naming it.
-        let rc = if flags & libc::O_ACCMODE == libc::O_RDONLY {
+        if flags & libc::O_ACCMODE == libc::O_RDONLY {
             // O_RDONLY|O_TRUNC truncates too, given write permission, which truncate(2)
             // checks on the file as the open would have.
-            unsafe { libc::truncate(protected::truncate_path(&fd).as_ptr(), 0) }
+            gate.sys.truncate_through(&fd)?;
         } else {
-            unsafe { libc::ftruncate(fd.as_raw_fd(), 0) }
-        };
-        if rc != 0 {
-            return Err(errno());
+            gate.sys.ftruncate(&fd, 0)?;
         }
     }
     Ok(fd)
 }
 
 /// The caller opening one of its own /proc entries (`/proc/self/fd/1` is `/dev/stdout`).
-fn own_open(
-    gate: &Gate,
-    caller: &Caller,
+fn own_open<S: Sys>(
+    gate: &Gate<S>,
+    caller: &Caller<S>,
     own: &OwnProc,
     flags: i32,
     mode: libc::mode_t,
@@ -1728,7 +1739,7 @@ fn own_open(
         caller.take_umask()?;
     }
     let fd = own.open(flags & !libc::O_TRUNC, mode)?;
-    if flags & libc::O_CREAT != 0 && fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFDIR {
+    if flags & libc::O_CREAT != 0 && gate.sys.fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFDIR {
         return Err(libc::EISDIR);
     }
     let fd = checked_write_open(gate, fd, flags)?;
@@ -1769,8 +1780,8 @@ const FIFO_WAITS_MAX: usize = 64;
 
 /// A FIFO that exists: opened (never created: O_CREAT dropped, so a FIFO removed meanwhile
 /// gives ENOENT) on a thread of its own, which answers the caller when the other end opens.
-fn open_fifo_later(
-    gate: &Gate,
+fn open_fifo_later<S: Sys>(
+    gate: &Gate<S>,
     listener: &OwnedFd,
     id: u64,
     entry: Entry,
@@ -1814,7 +1825,7 @@ fn open_fifo_later(
 
 /// `/dev/tty` for the caller: its controlling terminal (field 7 of /proc/PID/stat), which in
 /// the jail can only be one of its own pseudo-terminals.
-fn controlling_tty(caller: &Caller, flags: i32) -> Result<OwnedFd, i32> {
+fn controlling_tty<S: Sys>(caller: &Caller<S>, flags: i32) -> Result<OwnedFd, i32> {
     let stat =
         std::fs::read_to_string(format!("/proc/{}/stat", caller.tid)).map_err(|_| libc::ESRCH)?;
     let after = stat.rsplit_once(')').map(|(_, r)| r).ok_or(libc::ESRCH)?;
@@ -1832,9 +1843,9 @@ fn controlling_tty(caller: &Caller, flags: i32) -> Result<OwnedFd, i32> {
     OwnProc::Magic(format!("/dev/pts/{n}")).open(flags, 0)
 }
 
-fn mkdir(
-    gate: &Gate,
-    caller: &Caller,
+fn mkdir<S: Sys>(
+    gate: &Gate<S>,
+    caller: &Caller<S>,
     dirfd: i32,
     path: &[u8],
     mode: libc::mode_t,
@@ -1843,14 +1854,13 @@ fn mkdir(
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     caller.take_umask()?;
-    // SAFETY: our own path and descriptor.
-    let rc = unsafe { libc::mkdirat(entry.parent.as_raw_fd(), entry.c_last().as_ptr(), mode) };
-    done(rc)
+    gate.sys.mkdirat(&entry.parent, &entry.last, mode)?;
+    Ok(Verdict::Value(0))
 }
 
-fn mknod(
-    gate: &Gate,
-    caller: &Caller,
+fn mknod<S: Sys>(
+    gate: &Gate<S>,
+    caller: &Caller<S>,
     dirfd: i32,
     path: &[u8],
     mode: libc::mode_t,
@@ -1860,21 +1870,13 @@ fn mknod(
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     caller.take_umask()?;
-    // SAFETY: as mkdir.
-    let rc = unsafe {
-        libc::mknodat(
-            entry.parent.as_raw_fd(),
-            entry.c_last().as_ptr(),
-            mode,
-            dev as libc::dev_t,
-        )
-    };
-    done(rc)
+    gate.sys.mknodat(&entry.parent, &entry.last, mode, dev)?;
+    Ok(Verdict::Value(0))
 }
 
-fn symlink(
-    gate: &Gate,
-    caller: &Caller,
+fn symlink<S: Sys>(
+    gate: &Gate<S>,
+    caller: &Caller<S>,
     target: &[u8],
     dirfd: i32,
     path: &[u8],
@@ -1882,21 +1884,13 @@ fn symlink(
     let entry = new_entry(caller, dirfd, path)?;
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
-    let target = CString::new(target.to_vec()).map_err(|_| libc::EINVAL)?;
-    // SAFETY: as mkdir.
-    let rc = unsafe {
-        libc::symlinkat(
-            target.as_ptr(),
-            entry.parent.as_raw_fd(),
-            entry.c_last().as_ptr(),
-        )
-    };
-    done(rc)
+    gate.sys.symlinkat(target, &entry.parent, &entry.last)?;
+    Ok(Verdict::Value(0))
 }
 
-fn link(
-    gate: &Gate,
-    caller: &Caller,
+fn link<S: Sys>(
+    gate: &Gate<S>,
+    caller: &Caller<S>,
     olddir: i32,
     old: &[u8],
     newdir: i32,
@@ -1909,9 +1903,9 @@ fn link(
     // The file linked: opened here (O_PATH) and linked through this process's own descriptor,
     // so no magic link is ever followed on the caller's behalf.
     let source = if old.is_empty() && flags & libc::AT_EMPTY_PATH != 0 {
-        open_path(
+        gate.sys.open_path(
             libc::AT_FDCWD,
-            OsStr::new(&format!("/proc/{}/fd/{olddir}", caller.tid)),
+            format!("/proc/{}/fd/{olddir}", caller.tid).as_bytes(),
             0,
         )?
     } else {
@@ -1923,29 +1917,18 @@ fn link(
                 } else {
                     0
                 };
-                openat2_path(&e.parent, &e.last, nofollow)?
+                gate.sys.openat2_path(&e.parent, &e.last, nofollow)?
             }
         }
     };
     gate.protected_file(&source, Use::Link)?;
-    let via =
-        CString::new(format!("/proc/self/fd/{}", source.as_raw_fd())).map_err(|_| libc::EINVAL)?;
-    // SAFETY: our own paths and descriptors.
-    let rc = unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            via.as_ptr(),
-            entry.parent.as_raw_fd(),
-            entry.c_last().as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    };
-    done(rc)
+    gate.sys.link_fd(&source, &entry.parent, &entry.last)?;
+    Ok(Verdict::Value(0))
 }
 
-fn rename(
-    gate: &Gate,
-    caller: &Caller,
+fn rename<S: Sys>(
+    gate: &Gate<S>,
+    caller: &Caller<S>,
     olddir: i32,
     old: &[u8],
     newdir: i32,
@@ -1962,24 +1945,8 @@ fn rename(
         // Both names get a new entry.
         _held_from = check(gate, &from)?;
     }
-    // SAFETY: our own paths and descriptors.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_renameat2,
-            from.parent.as_raw_fd(),
-            from.c_last().as_ptr(),
-            to.parent.as_raw_fd(),
-            to.c_last().as_ptr(),
-            flags,
-        )
-    };
-    done(rc as i32)
-}
-
-fn done(rc: i32) -> Result<Verdict, i32> {
-    if rc != 0 {
-        return Err(errno());
-    }
+    gate.sys
+        .renameat2(&from.parent, &from.last, &to.parent, &to.last, flags)?;
     Ok(Verdict::Value(0))
 }
 
@@ -2135,7 +2102,7 @@ fn alive(pidfd: &OwnedFd) -> bool {
 }
 
 impl Umasks {
-    fn of(&self, caller: &Caller) -> Result<libc::mode_t, i32> {
+    fn of<S: Sys>(&self, caller: &Caller<S>) -> Result<libc::mode_t, i32> {
         let mut t = self.known.lock().unwrap_or_else(|p| p.into_inner());
         // This task's umask(2), if it made one, has returned: it is in another call now.
         t.changing.remove(&caller.tid);
@@ -2188,6 +2155,11 @@ fn pidfd_open(tid: libc::pid_t) -> Option<OwnedFd> {
 }
 
 #[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod table_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -2215,17 +2187,14 @@ mod tests {
         let patterns: Vec<String> = [".env", ".env.*", "*.pem", "config/secrets.yml", "/top.key"]
             .map(String::from)
             .to_vec();
-        Hidden::new(
-            corral_policy::hide::HideSet::new(&patterns).unwrap(),
-            root.as_bytes(),
-        )
+        Hidden::new(&patterns, root.as_bytes()).unwrap()
     }
 
     #[test]
     fn hide_patterns_refuse_names_in_the_project_as_the_masking_walk_matches_them() {
         let h = hidden("/work/proj/");
         // (directory the name is made in, name, the pattern that refuses it)
-        let table: [(Option<&str>, &str, Option<&str>); 17] = [
+        let table: [(Option<&str>, &str, Option<&str>); 19] = [
             (Some("/work/proj"), ".env", Some(".env")),
             (Some("/work/proj"), ".env.local", Some(".env.*")),
             // A rename or link target, a directory (mkdir): the same name, the same answer.
@@ -2247,9 +2216,12 @@ mod tests {
             (Some("/work/proj2"), ".env", None),
             (Some("/home/u/.codex"), ".env.local", None),
             (Some("/"), ".env", None),
-            // A directory that cannot be named: the name alone, as at the root.
+            // A directory that cannot be named may be anywhere in the project: each
+            // pattern's last component.
             (None, ".env.local", Some(".env.*")),
             (None, "top.key", Some("/top.key")),
+            (None, "secrets.yml", Some("config/secrets.yml")),
+            (None, "notes.txt", None),
         ];
         for (dir, name, want) in table {
             assert_eq!(
@@ -2494,21 +2466,6 @@ mod tests {
         assert!(folds(Ok(VFAT), never));
     }
 
-    /// No call is let continue but umask(2): every other call the filter stops depends on a
-    /// path, an address or a descriptor the jail can change after the gate looked.
-    #[test]
-    fn only_umask_is_let_continue() {
-        let mut stopped = crate::seccomp::gate_always();
-        stopped.extend([libc::SYS_openat, libc::SYS_bind, libc::SYS_umask]);
-        #[cfg(target_arch = "x86_64")]
-        stopped.push(libc::SYS_open);
-        for nr in stopped {
-            assert_eq!(continues(nr), nr == libc::SYS_umask, "syscall {nr}");
-        }
-        // (The filter stops bind(2) whatever its arguments: seccomp.rs's
-        // the_gate_stops_every_creating_or_writing_call_and_nothing_else.)
-    }
-
     fn addr(family: libc::c_int, rest: &[u8]) -> Vec<u8> {
         [(family as libc::sa_family_t).to_ne_bytes().as_slice(), rest].concat()
     }
@@ -2577,57 +2534,5 @@ mod tests {
         assert_eq!(bind_len(u64::from(u32::MAX)), Err(libc::EINVAL));
         // The upper half of the register is not the kernel's int.
         assert_eq!(bind_len((1 << 32) | 16), Ok(16));
-    }
-
-    /// Once no process holds the gate's filter, its worker ends (on Linux 6.11+ every RECV
-    /// then fails at once with ENOENT: a worker that took that for one caller's death spun on
-    /// it until PID 1 exited, on a CPU the jail's end needed; before, the RECV blocked).
-    #[test]
-    fn the_worker_ends_once_no_process_holds_the_filter() {
-        let prog = crate::seccomp::build_gate_filter().unwrap();
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        let (ours, theirs) = (OwnedFd::from(ours), OwnedFd::from(theirs));
-        // SAFETY: the child makes syscalls, allocates (glibc's malloc is usable after fork),
-        // and leaves with _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
-        if pid == 0 {
-            // SAFETY: prctl with integer arguments; the child's own filter.
-            unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
-            let code = match crate::seccomp::install_gate(&prog) {
-                Ok(listener) => match send_listener(theirs.as_raw_fd(), listener.as_ref()) {
-                    Ok(()) => 0,
-                    Err(_) => 2,
-                },
-                Err(_) => 1,
-            };
-            // SAFETY: the forked child ends here.
-            unsafe { libc::_exit(code) };
-        }
-        drop(theirs);
-        let listener = receive_listener(&ours);
-        let mut status = 0;
-        // SAFETY: our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "the child could not install the gate's filter or send its listener: {status:#x}"
-        );
-        let Some(listener) = listener else {
-            eprintln!("skipping: this kernel lacks what the name gate needs (Linux 5.19)");
-            return;
-        };
-        let gate = Gate::new(&[], HashSet::new(), b"").unwrap();
-        let (done, ended) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            worker(&gate, &listener);
-            let _ = done.send(());
-        });
-        assert!(
-            ended
-                .recv_timeout(std::time::Duration::from_secs(20))
-                .is_ok(),
-            "the gate's worker still runs with no process left under its filter"
-        );
     }
 }

@@ -187,7 +187,9 @@ impl Protected {
         {
             return Some(f);
         }
-        if !self.files.iter().any(|f| f.at == at) || !super::folds_names(&entry.parent) {
+        if !self.files.iter().any(|f| f.at == at)
+            || !super::folds_names(&super::Real, &entry.parent)
+        {
             return None;
         }
         self.files
@@ -416,7 +418,7 @@ fn fstatat_path(dir: i32, path: &OsStr, flags: i32) -> Result<libc::stat, i32> {
 type Replaced<'a> = Vec<(&'a File, (u64, u64))>;
 
 /// What the gate does with a protected file.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub(super) enum Use {
     /// Opened for writing, or truncated.
     Write,
@@ -432,7 +434,7 @@ pub(super) enum Use {
     Below,
 }
 
-impl super::Gate {
+impl<S: super::Sys> super::Gate<S> {
     /// Refuse `what` on `entry`: in a protected directory the host replaced (or below it), or
     /// on the protected file it names.
     pub(super) fn protected_entry(&self, entry: &Entry, what: Use) -> Result<(), i32> {
@@ -493,16 +495,7 @@ impl super::Gate {
     }
 
     fn refuse_protected(&self, f: &File, what: Use, exists: bool) -> i32 {
-        let errno = match what {
-            Use::Write if f.is_dir => libc::EISDIR,
-            Use::Write | Use::Below => libc::EROFS,
-            Use::Bind if exists => libc::EADDRINUSE,
-            Use::Bind => libc::EROFS,
-            Use::Create if exists => libc::EEXIST,
-            Use::Create => libc::EROFS,
-            Use::Rename => libc::EBUSY,
-            Use::Link => libc::EXDEV,
-        };
+        let errno = refusal_errno(what, f.is_dir, exists);
         // While the bind is there the jail gets what it always got, silently; once the host
         // replaced the file, the refusal is the gate's and is said once.
         if Protected::replaced(f) {
@@ -522,6 +515,21 @@ impl super::Gate {
             );
         }
         errno
+    }
+}
+
+/// The errno `what` on a protected file or directory (`is_dir`) gets: the one its read-only
+/// bind gave while it was there (`exists`: something is at the name now).
+pub(super) fn refusal_errno(what: Use, is_dir: bool, exists: bool) -> i32 {
+    match what {
+        Use::Write if is_dir => libc::EISDIR,
+        Use::Write | Use::Below => libc::EROFS,
+        Use::Bind if exists => libc::EADDRINUSE,
+        Use::Bind => libc::EROFS,
+        Use::Create if exists => libc::EEXIST,
+        Use::Create => libc::EROFS,
+        Use::Rename => libc::EBUSY,
+        Use::Link => libc::EXDEV,
     }
 }
 

@@ -1,12 +1,12 @@
 //! `/proc/self/mountinfo`, the fields the name gate needs: which file systems are the jail's
-//! own (gatexec.rs) and which files are read-only binds of one file (namegate/protected.rs);
-//! its path escapes for the cgroup hierarchies too (cgroup.rs); and how corral reads such
-//! files.
+//! own (corral-sandbox gatexec.rs) and which files are read-only binds of one file
+//! (namegate/protected.rs); its path escapes for the cgroup hierarchies too (corral-sandbox
+//! cgroup.rs); and how corral reads such files.
 
 /// A file of /proc (or /sys) whole. Such files report no size, so `std::fs::read` starts with
 /// 32-byte reads and doubles (eight calls for a 2 KB mountinfo); this has room for 16 KiB from
 /// the first read (two calls).
-pub(crate) fn read_proc(path: &str) -> std::io::Result<Vec<u8>> {
+pub fn read_proc(path: &str) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let mut out = Vec::with_capacity(16 * 1024);
     std::fs::File::open(path)?.read_to_end(&mut out)?;
@@ -14,19 +14,19 @@ pub(crate) fn read_proc(path: &str) -> std::io::Result<Vec<u8>> {
 }
 
 /// The fields of a mountinfo line the gate reads.
-pub(crate) struct Mount {
+pub struct Mount {
     /// The mounted file system's directory (or file) that is mounted: `/` for a whole one.
-    pub(crate) root: Vec<u8>,
+    pub root: Vec<u8>,
     /// Where it is mounted, as this process sees it.
-    pub(crate) point: Vec<u8>,
+    pub point: Vec<u8>,
     /// Whether the mount itself is read-only (its per-mount `ro`, not the super block's).
-    pub(crate) read_only: bool,
-    pub(crate) fstype: Vec<u8>,
+    pub read_only: bool,
+    pub fstype: Vec<u8>,
 }
 
 impl Mount {
     /// `ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER`.
-    pub(crate) fn parse(line: &[u8]) -> Option<Mount> {
+    pub fn parse(line: &[u8]) -> Option<Mount> {
         let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
         let dash = fields.iter().position(|f| *f == b"-")?;
         Some(Mount {
@@ -39,7 +39,7 @@ impl Mount {
 }
 
 /// A mountinfo field with its octal escapes (`\040` for a space) decoded.
-pub(crate) fn unescape(field: &[u8]) -> Vec<u8> {
+pub fn unescape(field: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(field.len());
     let mut i = 0;
     while i < field.len() {
