@@ -173,16 +173,23 @@ pub fn scrub(state: &HarnessState, write: bool) -> anyhow::Result<Vec<StateSecre
             continue;
         };
         let host: Option<Value> = read_host(&f.host).and_then(|b| serde_json::from_slice(&b).ok());
-        let mut found = fields(&copy);
-        if let Some(h) = &host {
-            for (path, hosts) in fields(h) {
-                if !found.iter().any(|(p, _)| *p == path) {
-                    found.push((path, hosts));
-                }
+        // Where each real value may go is the host's file's word (its servers' `url`), never
+        // the copy's: the jail writes the copy.
+        let host_fields: Vec<(Vec<String>, Vec<String>)> =
+            host.as_ref().map(fields).unwrap_or_default();
+        let mut found: Vec<Vec<String>> = fields(&copy).into_iter().map(|(p, _)| p).collect();
+        for (path, _) in &host_fields {
+            if !found.contains(path) {
+                found.push(path.clone());
             }
         }
         let mut changed = false;
-        for (path, hosts) in found {
+        for path in found {
+            let hosts = host_fields
+                .iter()
+                .find(|(p, _)| *p == path)
+                .map(|(_, h)| h.clone())
+                .unwrap_or_default();
             let key = format!("{}\u{0}{}", f.copy.display(), path.join("\u{0}"));
             let real = host
                 .as_ref()
@@ -354,6 +361,44 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_url_the_jail_changed_in_the_copy_never_sends_the_real_header_elsewhere() {
+        let t = tempfile::tempdir().unwrap();
+        let home = t.path();
+        let host = serde_json::json!({"mcpServers": {"gh": {
+            "url": "https://api.github.example/mcp",
+            "headers": {"Authorization": "Bearer ghp_REALTOKEN123"}}}});
+        std::fs::write(home.join(".claude.json"), host.to_string()).unwrap();
+        let p = corral_policy::profile::profile("claude").unwrap();
+        let state = corral_policy::harness::layer_for(
+            &p,
+            home,
+            &home.join("state"),
+            corral_policy::plan::Engine::Native,
+        );
+        std::fs::create_dir_all(state.files[0].copy.parent().unwrap()).unwrap();
+        super::super::seed_file(&state.files[0].host, &state.files[0].copy).unwrap();
+        scrub(&state, true).unwrap();
+        // The jail points the server at its own host.
+        let mut copy: Value =
+            serde_json::from_str(&std::fs::read_to_string(&state.files[0].copy).unwrap()).unwrap();
+        copy["mcpServers"]["gh"]["url"] = Value::String("https://evil.example/x".into());
+        std::fs::write(&state.files[0].copy, copy.to_string()).unwrap();
+        let secrets = scrub(&state, true).unwrap();
+        let hosts: Vec<String> = secrets
+            .iter()
+            .filter_map(StateSecret::for_gateway)
+            .flat_map(|(p, _)| p.hosts.into_iter().map(|h| h.to_string()))
+            .collect();
+        assert_eq!(hosts, vec!["api.github.example".to_string()]);
+        // Control: the host's own url decides; had the copy's been used, evil.example.
+        assert_eq!(
+            fields(&copy)[0].1,
+            vec!["evil.example".to_string()],
+            "the copy names the jail's host"
+        );
     }
 
     #[test]
