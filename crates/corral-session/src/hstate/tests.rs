@@ -114,3 +114,72 @@ fn dockers_copy_is_seeded_without_links_and_compared_both_ways() {
         ]
     );
 }
+
+/// A plan of `claude` in `home` with its layer's overlay over `~/.claude`.
+fn claude_plan(home: &Path, engine: Engine) -> corral_policy::Plan {
+    let mut plan = corral_policy::Plan::minimal(&home.join("proj"), home, vec!["true".into()]);
+    plan.engine = engine;
+    plan.profile = "claude".into();
+    let state = claude(home, Engine::Native);
+    let StateLayer::Overlay { upper, work } = &state.dirs[0].layer else {
+        unreachable!()
+    };
+    plan.mounts.push(corral_policy::plan::Mount {
+        source: state.dirs[0].host.clone(),
+        target: state.dirs[0].host.clone(),
+        kind: corral_policy::plan::MountKind::Overlay {
+            upper: upper.clone(),
+            work: work.clone(),
+            above: vec![],
+        },
+        optional: false,
+    });
+    plan.harness_state = Some(state);
+    plan
+}
+
+#[test]
+fn a_second_run_gets_a_layer_of_its_own_above_the_shared_one_and_podman_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let home = t.path();
+    let native = claude_plan(home, Engine::Native);
+    let first = prepare(&native, "r1").unwrap().unwrap();
+    assert!(first.plan.is_none());
+    let second = prepare(&native, "r2").unwrap().unwrap();
+    let layer = home.join(".local/state/corral/harness/claude");
+    let mounted = second
+        .plan
+        .as_ref()
+        .unwrap()
+        .mounts
+        .last()
+        .unwrap()
+        .kind
+        .clone();
+    assert_eq!(
+        mounted,
+        corral_policy::plan::MountKind::Overlay {
+            upper: layer.join("runs/r2/dirs/.claude/upper"),
+            work: layer.join("runs/r2/dirs/.claude/work"),
+            above: vec![layer.join("dirs/.claude/upper")],
+        }
+    );
+    // podman stacks no layers: refused, never the shared upper mounted twice.
+    let podman = claude_plan(home, Engine::Podman);
+    let e = prepare(&podman, "r3").err().unwrap().to_string();
+    assert!(e.contains("podman cannot stack"), "{e}");
+    // Once both ended, the next run takes the lock and merges the second run's layer.
+    write(&layer.join("runs/r2/dirs/.claude/upper/two"), "2");
+    drop(second);
+    drop(first);
+    let next = prepare(&native, "r4").unwrap().unwrap();
+    assert!(
+        next.notes.iter().any(|n| n.contains("merged")),
+        "{:?}",
+        next.notes
+    );
+    assert_eq!(
+        std::fs::read_to_string(layer.join("dirs/.claude/upper/two")).unwrap(),
+        "2"
+    );
+}
