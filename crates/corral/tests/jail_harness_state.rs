@@ -538,3 +538,98 @@ fn an_mcp_servers_token_reaches_the_jail_as_a_placeholder_and_its_host_as_the_re
     ran(&out, "END");
     assert!(out.stdout.contains("FILE-LEAK"), "{}", out.both());
 }
+
+#[test]
+fn where_an_overlay_cannot_keep_its_upper_the_jail_gets_corrals_copy_never_the_hosts_state() {
+    if !is_root() {
+        eprintln!("skipping: mounting the overlay that holds corral's state directory needs root");
+        return;
+    }
+    let w = World::new();
+    claude_host(&w);
+    // corral's state directory on an overlay (as in a development container).
+    let base = w.root.join("ovl");
+    for d in ["lower", "upper", "work", "merged"] {
+        std::fs::create_dir_all(base.join(d)).unwrap();
+    }
+    let mounted = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!(
+            "lowerdir={},upperdir={},workdir={}",
+            base.join("lower").display(),
+            base.join("upper").display(),
+            base.join("work").display()
+        ))
+        .arg(base.join("merged"))
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(base.join("merged"));
+    let state_home = base.join("merged/state");
+    // What earlier runs wrote in an overlay's upper there (when the state directory was
+    // elsewhere, or before this fallback): carried into the copy.
+    let upper = state_home.join("corral/harness/claude/dirs/.claude/upper");
+    std::fs::create_dir_all(upper.join("projects/p")).unwrap();
+    std::fs::write(upper.join("projects/p/old.jsonl"), "OLD-HISTORY").unwrap();
+    let run_here = |script: &str| {
+        let mut c = w.corral();
+        c.env("XDG_STATE_HOME", &state_home).args([
+            "run",
+            "claude",
+            "--network",
+            "none",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]);
+        run(c)
+    };
+    let out = run_here(CLAUDE_PLANT);
+    ran(&out, "END");
+    assert!(
+        out.stderr.contains("corral's copy of the harness state"),
+        "{}",
+        out.both()
+    );
+    assert_eq!(read(&w.home.join(".claude.json")), CLAUDE_JSON);
+    assert_eq!(read(&w.home.join(".claude/settings.json")), SETTINGS);
+    assert_eq!(read(&w.home.join(".claude/projects/p/s.jsonl")), KEEP);
+    assert!(!w.home.join(".claude/.config.json").exists());
+    assert!(!w.home.join(".claude/local").exists());
+    let copy = state_home.join("corral/harness/claude/dirs/.claude/copy");
+    assert_eq!(read(&copy.join("local/cli.js")), "evil()");
+    // The next run sees it, and the earlier overlay's history; `corral state diff` shows
+    // them.
+    let out = run_here(
+        "cat \"$HOME/.claude/local/cli.js\"; echo; cat \"$HOME/.claude/projects/p/old.jsonl\"; \
+         echo; echo new > \"$HOME/.claude/projects/p/new.jsonl\"; echo END",
+    );
+    ran(&out, "END");
+    assert!(out.stdout.contains("evil()"), "{}", out.both());
+    assert!(out.stdout.contains("OLD-HISTORY"), "{}", out.both());
+    assert!(!w.home.join(".claude/projects/p/new.jsonl").exists());
+    let mut c = w.corral();
+    c.env("XDG_STATE_HOME", &state_home)
+        .args(["state", "diff", "claude"]);
+    let diff = run(c);
+    assert!(
+        diff.stdout.contains(".claude/local/cli.js"),
+        "{}",
+        diff.both()
+    );
+    // `apply` copies from the copy, the layout these runs wrote.
+    let mut c = w.corral();
+    c.env("XDG_STATE_HOME", &state_home)
+        .args(["state", "apply", "claude"]);
+    c.arg(w.home.join(".claude/projects/p/new.jsonl"));
+    let applied = run(c);
+    assert_eq!(applied.code, 0, "{}", applied.both());
+    assert_eq!(read(&w.home.join(".claude/projects/p/new.jsonl")), "new\n");
+}

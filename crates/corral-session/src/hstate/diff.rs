@@ -326,7 +326,7 @@ fn code_reason(state: &HarnessState, path: &Path) -> Option<String> {
 }
 
 /// Where the layer holds the entry the jail sees at host path `path`.
-pub(crate) fn layer_path(state: &HarnessState, path: &Path) -> Option<PathBuf> {
+pub fn layer_path(state: &HarnessState, path: &Path) -> Option<PathBuf> {
     if let Some(f) = state.files.iter().find(|f| f.host == path) {
         return Some(f.copy.clone());
     }

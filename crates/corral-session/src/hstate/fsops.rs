@@ -266,54 +266,131 @@ fn copy_tree_at(
                 let d = open_beneath(dst, Path::new(&name), OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
                 copy_tree_at(&s, &d, &shown, rules, done)?;
             }
-            Kind::File => {
-                done.bytes += st.st_size as u64;
-                if done.bytes > rules.max_bytes {
-                    return Err(std::io::Error::other(format!(
-                        "more than {} MiB to copy (at {})",
-                        rules.max_bytes >> 20,
-                        shown.display()
-                    )));
-                }
-                let bytes = read_file(src, &name, rules.max_bytes)?;
-                if let Some(d) = stat_at(dst, &name)?
-                    && kind_of(&d) == Kind::Dir
-                {
-                    remove_at(dst, &name)?;
-                }
-                replace_file(dst, &name, &bytes, st.st_mode & 0o777)?;
-            }
-            Kind::Link if rules.links => {
-                let to = nix::fcntl::readlinkat(src.as_fd(), name.as_os_str())?;
-                let tmp = tmp_name(&name);
-                nix::unistd::symlinkat(to.as_os_str(), dst.as_fd(), tmp.as_os_str())?;
-                if let Some(d) = stat_at(dst, &name)?
-                    && kind_of(&d) == Kind::Dir
-                {
-                    remove_at(dst, &name)?;
-                }
-                nix::fcntl::renameat(dst.as_fd(), tmp.as_os_str(), dst.as_fd(), name.as_os_str())?;
-            }
-            Kind::Link | Kind::Whiteout | Kind::Other => done.skipped.push(shown),
+            _ => copy_entry(src, dst, &name, &st, &shown, rules, done)?,
         }
     }
     Ok(())
 }
 
-/// Whether the directory `dir` is an overlay's opaque directory (`user.overlay.opaque`: what
-/// is below it in the host's directory is hidden).
+/// Carry an overlay's upper directory `upper` into `dst`, a copy of the host's directory it
+/// was above, so `dst` holds what the jail saw through the overlay: files and links replace
+/// what stands at their name, a whiteout removes the entry, an opaque directory replaces the
+/// directory whole. No link is followed on either side.
+pub fn carry_upper(
+    upper: &OwnedFd,
+    dst: &OwnedFd,
+    rules: CopyRules,
+    done: &mut Copied,
+) -> std::io::Result<()> {
+    carry_upper_at(upper, dst, Path::new(""), rules, done)
+}
+
+fn carry_upper_at(
+    upper: &OwnedFd,
+    dst: &OwnedFd,
+    at: &Path,
+    rules: CopyRules,
+    done: &mut Copied,
+) -> std::io::Result<()> {
+    for name in list(upper)? {
+        let Some(st) = stat_at(upper, &name)? else {
+            continue;
+        };
+        let shown = at.join(&name);
+        match kind_of(&st) {
+            Kind::Whiteout => remove_at(dst, &name)?,
+            Kind::Dir => {
+                let s = open_beneath(
+                    upper,
+                    Path::new(&name),
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+                )?;
+                let below = stat_at(dst, &name)?.map(|d| kind_of(&d));
+                if below.is_some() && (below != Some(Kind::Dir) || is_opaque(&s)) {
+                    remove_at(dst, &name)?;
+                }
+                match mkdirat(
+                    dst.as_fd(),
+                    name.as_os_str(),
+                    Mode::from_bits_truncate((st.st_mode & 0o777) | 0o700),
+                ) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let d = open_beneath(dst, Path::new(&name), OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+                carry_upper_at(&s, &d, &shown, rules, done)?;
+            }
+            Kind::File | Kind::Link | Kind::Other => {
+                copy_entry(upper, dst, &name, &st, &shown, rules, done)?
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copy the entry `name` of `src` (not a directory) to `dst` under the rules.
+fn copy_entry(
+    src: &OwnedFd,
+    dst: &OwnedFd,
+    name: &OsStr,
+    st: &FileStat,
+    shown: &Path,
+    rules: CopyRules,
+    done: &mut Copied,
+) -> std::io::Result<()> {
+    match kind_of(st) {
+        Kind::File => {
+            done.bytes += st.st_size as u64;
+            if done.bytes > rules.max_bytes {
+                return Err(std::io::Error::other(format!(
+                    "more than {} MiB to copy (at {})",
+                    rules.max_bytes >> 20,
+                    shown.display()
+                )));
+            }
+            let bytes = read_file(src, name, rules.max_bytes)?;
+            if let Some(d) = stat_at(dst, name)?
+                && kind_of(&d) == Kind::Dir
+            {
+                remove_at(dst, name)?;
+            }
+            replace_file(dst, name, &bytes, st.st_mode & 0o777)?;
+        }
+        Kind::Link if rules.links => {
+            let to = nix::fcntl::readlinkat(src.as_fd(), name)?;
+            let tmp = tmp_name(name);
+            nix::unistd::symlinkat(to.as_os_str(), dst.as_fd(), tmp.as_os_str())?;
+            if let Some(d) = stat_at(dst, name)?
+                && kind_of(&d) == Kind::Dir
+            {
+                remove_at(dst, name)?;
+            }
+            nix::fcntl::renameat(dst.as_fd(), tmp.as_os_str(), dst.as_fd(), name)?;
+        }
+        Kind::Link | Kind::Whiteout | Kind::Other => done.skipped.push(shown.to_path_buf()),
+        Kind::Dir => unreachable!("directories are walked by the caller"),
+    }
+    Ok(())
+}
+
+/// Whether the directory `dir` is an overlay's opaque directory (what is below it in the
+/// host's directory is hidden): `user.overlay.opaque` as the native jail's overlay
+/// (`userxattr`) marks it, `trusted.overlay.opaque` as a root podman's does.
 pub fn is_opaque(dir: &OwnedFd) -> bool {
-    let name = c"user.overlay.opaque";
-    let mut buf = [0u8; 4];
-    // SAFETY: `dir` is an open descriptor, `name` NUL-terminated and `buf` writable for its
-    // length; fgetxattr writes at most that many bytes.
-    let n = unsafe {
-        libc::fgetxattr(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    n > 0 && buf[0] == b'y'
+    [c"user.overlay.opaque", c"trusted.overlay.opaque"]
+        .iter()
+        .any(|name| {
+            let mut buf = [0u8; 4];
+            // SAFETY: `dir` is an open descriptor, `name` NUL-terminated and `buf` writable for
+            // its length; fgetxattr writes at most that many bytes.
+            let n = unsafe {
+                libc::fgetxattr(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            n > 0 && buf[0] == b'y'
+        })
 }

@@ -18,7 +18,7 @@ mod diff;
 mod fsops;
 
 pub use creds::{StateSecret, with_real_values};
-pub use diff::{Change, ChangeKind, apply, diff, is_code};
+pub use diff::{Change, ChangeKind, apply, diff, is_code, layer_path};
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -58,6 +58,43 @@ pub fn prepare(plan: &Plan, run_id: &str) -> anyhow::Result<Option<Held>> {
     mkdirs(&state.layer)?;
     let lock = open_lock(&state.layer.join("lock"))?;
     let mut notes = Vec::new();
+    // An overlay cannot keep its upper directory on every file system (one that is itself an
+    // overlay, as in many development containers; NFS; FUSE): there the jail (native or
+    // podman) gets corral's seeded copy of each state directory bound instead, as docker does.
+    // The host's state directory is then not in the jail at all. Concurrent runs share the
+    // copy, as docker's do.
+    let copies = upper_unsupported(&state.layer);
+    if copies {
+        let locked = try_lock(&lock)?;
+        if locked {
+            notes.extend(merge_finished_runs(state)?);
+        }
+        let mut run_plan = plan.clone();
+        for m in &mut run_plan.mounts {
+            let MountKind::Overlay { upper, .. } = &m.kind else {
+                continue;
+            };
+            let copy = upper.with_file_name("copy");
+            notes.extend(seed_copy(&m.target, &copy)?);
+            m.source = copy;
+            m.kind = MountKind::Bind(corral_policy::plan::Access::Rw);
+        }
+        for f in &state.files {
+            notes.extend(seed_file(&f.host, &f.copy)?);
+        }
+        let secrets = creds::scrub(state, locked)?;
+        notes.push(format!(
+            "{} cannot hold an overlay's upper directory (its file system); this run binds \
+             corral's copy of the harness state there instead",
+            state.layer.display()
+        ));
+        return Ok(Some(Held {
+            _lock: lock,
+            plan: Some(run_plan),
+            secrets,
+            notes,
+        }));
+    }
     if try_lock(&lock)? {
         notes.extend(merge_finished_runs(state)?);
         for d in &state.dirs {
@@ -150,6 +187,31 @@ pub fn prepare(plan: &Plan, run_id: &str) -> anyhow::Result<Option<Held>> {
         secrets,
         notes,
     }))
+}
+
+/// Whether overlayfs refuses an upper directory on the file system of `dir`: an overlay, NFS,
+/// FUSE. (Other refusals, such as a file system without user extended attributes, fail the
+/// mount with a message naming the step.)
+pub(crate) fn upper_unsupported(dir: &Path) -> bool {
+    fs_type(dir).is_some_and(upper_refused)
+}
+
+fn upper_refused(magic: i64) -> bool {
+    const OVERLAYFS: i64 = 0x794c_7630;
+    const NFS: i64 = 0x6969;
+    const FUSE: i64 = 0x6573_5546;
+    matches!(magic, OVERLAYFS | NFS | FUSE)
+}
+
+fn fs_type(dir: &Path) -> Option<i64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `statfs` is plain data; zero is a valid value for each field.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `st` a writable `struct statfs`.
+    let rc = unsafe { libc::statfs(path.as_ptr(), &mut st) };
+    #[allow(clippy::unnecessary_cast)]
+    (rc == 0).then_some(st.f_type as i64)
 }
 
 fn mkdirs(dir: &Path) -> anyhow::Result<()> {
@@ -296,8 +358,10 @@ fn seed_file(host: &Path, copy: &Path) -> anyhow::Result<Vec<String>> {
     Ok(notes)
 }
 
-/// docker's copy of a state directory, seeded once from the host's (no link followed or
-/// copied; at most [`MAX_COPY_BYTES`]).
+/// corral's copy of a state directory (docker's; the native jail's where an overlay cannot
+/// keep its upper directory), seeded once from the host's (no link followed or copied; at
+/// most [`MAX_COPY_BYTES`]), with what earlier jailed runs wrote in the overlay's upper
+/// directory beside it (`upper`) carried in, so the jail's history goes on.
 fn seed_copy(host: &Path, copy: &Path) -> anyhow::Result<Vec<String>> {
     if copy.symlink_metadata().is_ok() {
         return Ok(Vec::new());
@@ -327,6 +391,29 @@ fn seed_copy(host: &Path, copy: &Path) -> anyhow::Result<Vec<String>> {
                 "cannot copy {} into corral's layer {} (docker has no overlay volume); use \
                  podman or the native backend, or --allow-harness-config",
                 host.display(),
+                copy.display()
+            )
+        })?;
+    }
+    let upper = copy.with_file_name("upper");
+    if upper.is_dir() {
+        let src =
+            fsops::open_root(&upper).with_context(|| format!("cannot open {}", upper.display()))?;
+        let dst = fsops::open_root(&tmp)?;
+        let mut carried = Copied::default();
+        fsops::carry_upper(
+            &src,
+            &dst,
+            CopyRules {
+                links: true,
+                max_bytes: MAX_COPY_BYTES,
+            },
+            &mut carried,
+        )
+        .with_context(|| {
+            format!(
+                "cannot carry corral's layer {} into its copy {}",
+                upper.display(),
                 copy.display()
             )
         })?;

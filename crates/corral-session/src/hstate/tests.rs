@@ -183,3 +183,74 @@ fn a_second_run_gets_a_layer_of_its_own_above_the_shared_one_and_podman_is_refus
         "2"
     );
 }
+
+#[test]
+fn an_upper_on_an_overlay_nfs_or_fuse_is_refused_by_overlayfs_and_gets_copies() {
+    assert!(upper_refused(0x794c_7630));
+    assert!(upper_refused(0x6969));
+    assert!(upper_refused(0x6573_5546));
+    // ext4, xfs, btrfs, tmpfs hold an upper directory.
+    for magic in [0xef53, 0x5846_5342, 0x9123_683e, 0x0102_1994] {
+        assert!(!upper_refused(magic), "{magic:x}");
+    }
+    let t = tempfile::tempdir().unwrap();
+    assert!(fs_type(t.path()).is_some());
+}
+
+#[test]
+fn a_copy_made_after_overlay_runs_carries_their_upper_whiteouts_and_opaque_directories() {
+    let t = tempfile::tempdir().unwrap();
+    let home = t.path();
+    write(&home.join(".claude/settings.json"), "{}");
+    write(&home.join(".claude/gone"), "g");
+    write(&home.join(".claude/plugins/old.js"), "old");
+    let native = claude(home, Engine::Native);
+    let StateLayer::Overlay { upper, .. } = &native.dirs[0].layer else {
+        unreachable!()
+    };
+    // What overlay runs left: a changed and a new file, a directory made opaque (its host
+    // entries hidden), and, where this process may make one, a whiteout.
+    write(&upper.join("settings.json"), "{\"model\":\"x\"}");
+    write(&upper.join("projects/p/s.jsonl"), "history");
+    write(&upper.join("plugins/new.js"), "new");
+    let opaque = std::fs::File::open(upper.join("plugins")).unwrap();
+    // SAFETY: the descriptor is open, the name and value NUL-terminated/sized as passed.
+    let rc = unsafe {
+        libc::fsetxattr(
+            std::os::fd::AsRawFd::as_raw_fd(&opaque),
+            c"user.overlay.opaque".as_ptr(),
+            b"y".as_ptr().cast(),
+            1,
+            0,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    let whiteout = nix::sys::stat::mknod(
+        &upper.join("gone"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+        0,
+    )
+    .is_ok();
+    if !whiteout {
+        eprintln!("no whiteout made (mknod needs CAP_MKNOD): the deletion is not checked");
+    }
+    let docker = claude(home, Engine::Docker);
+    let StateLayer::Copy { dir } = &docker.dirs[0].layer else {
+        unreachable!()
+    };
+    seed_copy(&docker.dirs[0].host, dir).unwrap();
+    let r = |p: &str| std::fs::read_to_string(dir.join(p)).ok();
+    assert_eq!(r("settings.json").as_deref(), Some("{\"model\":\"x\"}"));
+    assert_eq!(r("projects/p/s.jsonl").as_deref(), Some("history"));
+    assert_eq!(r("plugins/new.js").as_deref(), Some("new"));
+    assert_eq!(r("plugins/old.js"), None, "the opaque directory hid it");
+    assert_eq!(r("gone").is_none(), whiteout);
+    // The host's state is as it was.
+    assert_eq!(
+        std::fs::read_to_string(home.join(".claude/settings.json")).unwrap(),
+        "{}"
+    );
+    assert!(home.join(".claude/plugins/old.js").exists());
+    assert!(home.join(".claude/gone").exists());
+}

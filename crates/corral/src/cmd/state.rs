@@ -95,7 +95,7 @@ fn apply(profile: &str, paths: &[PathBuf], yes: bool) -> anyhow::Result<ExitCode
     let mut failed = false;
     for p in paths {
         let path = absolute(p, &home)?;
-        let Some(l) = layers.iter().find(|l| holds(l, &path)) else {
+        let Some(l) = pick(&layers, &path) else {
             bail!(
                 "{} is not in one of {profile}'s state directories or files",
                 path.display()
@@ -144,6 +144,34 @@ fn absolute(p: &Path, home: &Path) -> anyhow::Result<PathBuf> {
         bail!("{}: `..` is not allowed", p.display());
     }
     Ok(out)
+}
+
+/// The layer to copy `path` from: of the layouts that hold an entry there (the overlay's
+/// upper, corral's copy), the one written last; a deletion in the copy (no entry) when the
+/// upper has nothing there either; else the overlay's, which says it has nothing.
+fn pick<'l>(layers: &'l [HarnessState], path: &Path) -> Option<&'l HarnessState> {
+    let holding: Vec<&HarnessState> = layers.iter().filter(|l| holds(l, path)).collect();
+    let written = |l: &HarnessState| {
+        hstate::layer_path(l, path)
+            .and_then(|p| p.symlink_metadata().ok())
+            .and_then(|m| m.modified().ok())
+    };
+    holding
+        .iter()
+        .filter_map(|l| written(l).map(|t| (t, *l)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, l)| l)
+        .or_else(|| {
+            holding
+                .iter()
+                .find(|l| {
+                    l.dirs
+                        .iter()
+                        .any(|d| matches!(d.layer, StateLayer::Copy { .. }))
+                })
+                .copied()
+        })
+        .or_else(|| holding.first().copied())
 }
 
 fn holds(l: &HarnessState, path: &Path) -> bool {
