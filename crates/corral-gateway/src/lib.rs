@@ -80,6 +80,7 @@ mod encodings;
 mod placeholder;
 #[doc(hidden)]
 pub mod scrub_check;
+pub mod secret_like;
 mod serve;
 pub mod signin;
 pub mod signin_remote;

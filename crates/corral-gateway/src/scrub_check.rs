@@ -18,7 +18,7 @@ use corral_policy::plan::SecretPlan;
 use corral_policy::signin::{SigninFormat, SigninPlan, parse_token_url};
 
 use crate::encodings::forms;
-use crate::signin::{FileAccess, Signin};
+use crate::signin::{FileAccess, Refreshing, Signin};
 use crate::signin_serve::{oauth_error, scrub_json};
 use crate::ws::FrameScrubber;
 use crate::{Gateway, GatewayConfig};
@@ -57,8 +57,9 @@ impl World {
             format: SigninFormat::Gemini,
             file,
             api_hosts: vec![DomainPattern::parse("api.check.test").expect("a pattern")],
-            token_host,
-            token_path,
+            token_host: Some(token_host),
+            token_path: Some(token_path),
+            providers: vec![],
         };
         let signin = Signin::load(plan).expect("loading").expect("a sign-in");
         let key = SecretPlan {
@@ -347,7 +348,8 @@ fn token(world: &World, c: &Case) -> Vec<Vec<u8>> {
         "access_token": c.new_access, "refresh_token": c.new_refresh,
         "expires_in": 3600, "note": String::from_utf8_lossy(&c.body),
     });
-    let Ok((out, _)) = signin.take_response(answer.to_string().as_bytes()) else {
+    let Ok((out, _)) = signin.take_response(&Refreshing::of(None), answer.to_string().as_bytes())
+    else {
         return Vec::new();
     };
     jail_reads(&scrub_json(&out, &world.scrubber(Some(&signin))))

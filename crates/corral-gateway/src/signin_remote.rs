@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 
 use corral_policy::signin::SigninPlan;
 
-use crate::signin::{SigninError, TokenKind, file_tokens, write_tokens as write_file};
+use crate::signin::{SigninError, Slot, TokenKind, file_tokens, write_tokens as write_file};
 
 /// Largest request or answer line.
 const MAX_LINE: u64 = 1 << 20;
@@ -31,9 +31,13 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 enum Request {
     /// The tokens the user's file holds now.
     Read { name: String },
-    /// Write these real tokens into the user's file if its refresh token is still `expected`.
+    /// Write these real tokens of `provider` into the user's file if its refresh token is
+    /// still `expected` (at the places the format keeps them: the host decides, not the
+    /// gateway).
     Write {
         name: String,
+        #[serde(default)]
+        provider: Option<String>,
         expected: String,
         tokens: Vec<(TokenKind, String)>,
         expires_in: Option<u64>,
@@ -44,7 +48,7 @@ enum Request {
 #[serde(tag = "result", rename_all = "snake_case")]
 enum Reply {
     Tokens {
-        tokens: Vec<(TokenKind, String)>,
+        tokens: Vec<(Slot, String)>,
     },
     Written,
     /// The file's refresh token is not the one expected (someone else refreshed).
@@ -82,7 +86,7 @@ fn call(socket: &Path, name: &str, req: &Request) -> Result<Reply, SigninError> 
 }
 
 /// The tokens sign-in `name`'s file holds now, read by corral on the host.
-pub fn read_tokens(socket: &Path, name: &str) -> Result<Vec<(TokenKind, String)>, SigninError> {
+pub fn read_tokens(socket: &Path, name: &str) -> Result<Vec<(Slot, String)>, SigninError> {
     let req = Request::Read {
         name: name.to_string(),
     };
@@ -100,12 +104,14 @@ pub fn read_tokens(socket: &Path, name: &str) -> Result<Vec<(TokenKind, String)>
 pub fn write_tokens(
     socket: &Path,
     name: &str,
+    provider: Option<&str>,
     expected: &str,
     tokens: &[(TokenKind, String)],
     expires_in: Option<u64>,
 ) -> Result<(), SigninError> {
     let req = Request::Write {
         name: name.to_string(),
+        provider: provider.map(str::to_string),
         expected: expected.to_string(),
         tokens: tokens.to_vec(),
         expires_in,
@@ -244,11 +250,20 @@ fn handle(req: Request, plans: &[SigninPlan], now: SystemTime) -> Reply {
     let result = match req {
         Request::Read { .. } => file_tokens(plan).map(|tokens| Reply::Tokens { tokens }),
         Request::Write {
+            provider,
             expected,
             tokens,
             expires_in,
             ..
-        } => write_file(plan, &expected, &tokens, expires_in, now).map(|()| Reply::Written),
+        } => write_file(
+            plan,
+            provider.as_deref(),
+            &expected,
+            &tokens,
+            expires_in,
+            now,
+        )
+        .map(|()| Reply::Written),
     };
     match result {
         Ok(r) => r,
@@ -272,8 +287,9 @@ mod tests {
             format: SigninFormat::Claude,
             file: file.to_path_buf(),
             api_hosts: vec![DomainPattern::parse("api.example.com").unwrap()],
-            token_host: DomainPattern::parse("auth.example.com").unwrap(),
-            token_path: "/token".into(),
+            token_host: Some(DomainPattern::parse("auth.example.com").unwrap()),
+            token_path: Some("/token".into()),
+            providers: vec![],
         }
     }
 
@@ -295,12 +311,11 @@ mod tests {
         let (_d, short) = reachable(&sock).unwrap();
         let sock = short;
         let tokens = read_tokens(&sock, "claude").unwrap();
+        let kinds: Vec<(TokenKind, &str)> =
+            tokens.iter().map(|(s, t)| (s.kind, t.as_str())).collect();
         assert_eq!(
-            tokens,
-            vec![
-                (TokenKind::Access, "a-old".to_string()),
-                (TokenKind::Refresh, "r-old".to_string())
-            ]
+            kinds,
+            vec![(TokenKind::Access, "a-old"), (TokenKind::Refresh, "r-old")]
         );
         // A sign-in the run does not serve is refused.
         assert!(read_tokens(&sock, "codex").is_err());
@@ -310,10 +325,10 @@ mod tests {
         ];
         // Someone else refreshed (the file's refresh token is not the one expected): left alone.
         assert!(matches!(
-            write_tokens(&sock, "claude", "r-other", &new, Some(60)),
+            write_tokens(&sock, "claude", None, "r-other", &new, Some(60)),
             Err(SigninError::Changed { .. })
         ));
-        write_tokens(&sock, "claude", "r-old", &new, Some(60)).unwrap();
+        write_tokens(&sock, "claude", None, "r-old", &new, Some(60)).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
         assert_eq!(v["claudeAiOauth"]["accessToken"], "a-new");
         assert_eq!(v["claudeAiOauth"]["refreshToken"], "r-new");
@@ -327,7 +342,7 @@ mod tests {
 
     #[test]
     fn a_gateway_elsewhere_refreshes_through_corral_on_the_host_and_not_without_it() {
-        use crate::signin::{FileAccess, Signin};
+        use crate::signin::{FileAccess, Refreshing, Signin};
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("creds.json");
         std::fs::write(
@@ -344,11 +359,12 @@ mod tests {
         assert!(remote.write_back_reachable().is_err());
         let _server = FileServer::serve(&sock, vec![plan(&file)]).unwrap();
         remote.write_back_reachable().unwrap();
+        let r = Refreshing::of(None);
         let (jail, _) = remote
-            .take_response(br#"{"access_token":"sk-ant-oat01-newnewnewnewnewnewnewn","refresh_token":"sk-ant-ort01-newrefreshnewrefresh","expires_in":60}"#)
+            .take_response(&r, br#"{"access_token":"sk-ant-oat01-newnewnewnewnewnewnewn","refresh_token":"sk-ant-ort01-newrefreshnewrefresh","expires_in":60}"#)
             .unwrap();
         assert!(!String::from_utf8_lossy(&jail).contains("newnewnew"));
-        remote.write_back(Some(60), SystemTime::now()).unwrap();
+        remote.write_back(&r, Some(60), SystemTime::now()).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
         assert_eq!(
             v["claudeAiOauth"]["refreshToken"],
@@ -357,6 +373,77 @@ mod tests {
         assert_eq!(
             v["claudeAiOauth"]["accessToken"],
             "sk-ant-oat01-newnewnewnewnewnewnewn"
+        );
+    }
+
+    #[test]
+    fn a_by_provider_refresh_is_written_by_the_host_into_that_provider_only() {
+        use crate::signin::{FileAccess, Signin};
+        use corral_policy::signin::{ProviderPlan, parse_token_url};
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("auth.json");
+        let (host, path) = parse_token_url("https://auth.example.com/token").unwrap();
+        let plan = SigninPlan {
+            name: "pi".into(),
+            format: SigninFormat::Pi,
+            file: file.clone(),
+            api_hosts: vec![],
+            token_host: None,
+            token_path: None,
+            providers: vec![ProviderPlan {
+                id: "anthropic".into(),
+                api_hosts: vec![DomainPattern::parse("api.example.com").unwrap()],
+                token_host: Some(host),
+                token_path: Some(path),
+            }],
+        };
+        let before = serde_json::json!({
+            "anthropic": {"type": "oauth", "access": "sk-ant-oat01-aaaaaaaaaaaaaaaaaaaa",
+                "refresh": "sk-ant-ort01-rrrrrrrrrrrrrrrrrrrr", "expires": 1},
+            "openai": {"type": "api_key", "key": "!pass show openai"}});
+        std::fs::write(&file, before.to_string()).unwrap();
+        let sock = dir.path().join("s.sock");
+        let local = Signin::load(plan.clone()).unwrap().unwrap();
+        let remote = Signin::from_tokens(
+            plan.clone(),
+            local.tokens(),
+            FileAccess::Remote(sock.clone()),
+        )
+        .unwrap();
+        let _server = FileServer::serve(&sock, vec![plan]).unwrap();
+        let jailed: serde_json::Value =
+            serde_json::from_slice(&local.placeholder_file().unwrap()).unwrap();
+        let body = format!(
+            r#"{{"refresh_token":"{}"}}"#,
+            jailed["anthropic"]["refresh"].as_str().unwrap()
+        );
+        let at = corral_policy::domain::normalize_host("auth.example.com").unwrap();
+        let (r, _) = remote
+            .swap_refresh((&at, 443, "/token"), body.as_bytes(), false)
+            .unwrap();
+        remote
+            .take_response(&r, br#"{"access_token":"sk-ant-oat01-newnewnewnewnewnewnewn","refresh_token":"sk-ant-ort01-newrefreshnewrefresh","expires_in":60}"#)
+            .unwrap();
+        remote.write_back(&r, Some(60), SystemTime::now()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        assert_eq!(
+            v["anthropic"]["refresh"],
+            "sk-ant-ort01-newrefreshnewrefresh"
+        );
+        assert_eq!(v["openai"], before["openai"]);
+        // The host decides where tokens go: a write naming a provider it does not serve, or
+        // into a key, is refused whatever the gateway asks.
+        let new = vec![
+            (TokenKind::Access, "a2".to_string()),
+            (TokenKind::Refresh, "r2".to_string()),
+        ];
+        assert!(write_tokens(&sock, "pi", Some("openai"), "x", &new, None).is_err());
+        let key = vec![(TokenKind::Key, "k".to_string())];
+        let refresh = "sk-ant-ort01-newrefreshnewrefresh";
+        assert!(write_tokens(&sock, "pi", Some("anthropic"), refresh, &key, None).is_err());
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&std::fs::read(&file).unwrap()).unwrap(),
+            v
         );
     }
 }

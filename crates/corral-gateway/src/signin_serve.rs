@@ -15,7 +15,7 @@ use corral_http1::{
 use corral_policy::domain::Host;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use crate::signin::{MAX_SIGNIN_BYTES, Signin};
+use crate::signin::{MAX_SIGNIN_BYTES, Refreshing, Signin};
 use corral_http1::exchange::scrub_response_head;
 
 use crate::{Dest, Gateway, GatewayError, InterceptStats};
@@ -123,18 +123,19 @@ impl Gateway {
             v.to_ascii_lowercase()
                 .starts_with(b"application/x-www-form-urlencoded")
         });
-        let body = match s.swap_refresh(&body.0, form) {
-            Some(b) => {
+        let (refreshing, body) = match s.swap_refresh((d.host, d.port, &req.target), &body.0, form)
+        {
+            Some((r, b)) => {
                 let rule = format!("{id}: real refresh token put into {method} {path}");
                 self.record(d, &method, Decision::Allow, rule, Some(id.clone()));
-                b
+                (Some(r), b)
             }
             None => {
                 let rule = format!(
                     "{id}: no placeholder refresh token of this run in {method} {path}; sent as it is"
                 );
                 self.record(d, &method, Decision::Deny, rule, Some(id.clone()));
-                body.0
+                (s.refresh_at(d.host, d.port, &req.target), body.0)
             }
         };
         ask_for_json(&mut req.headers);
@@ -149,13 +150,18 @@ impl Gateway {
         up.io.write_all(&bytes).await.map_err(relay)?;
         stats.bytes_up += bytes.len() as u64;
         stats.requests += 1;
-        self.refresh_answer(s, (down, up), d, stats, &id).await
+        let Some(refreshing) = refreshing else {
+            let why = format!("{method} {path}: not a token endpoint of this sign-in");
+            return Err(self.refuse_signin(&mut down.io, d, 502, why).await);
+        };
+        self.refresh_answer((s, &refreshing), (down, up), d, stats, &id)
+            .await
     }
 
     /// Read the token endpoint's answer, take the new tokens, send the jail its version.
     async fn refresh_answer<D, U>(
         &self,
-        s: &Signin,
+        s: (&Signin, &Refreshing),
         (down, up): (&mut BufConn<D>, &mut BufConn<U>),
         d: &Dest<'_>,
         stats: &mut InterceptStats,
@@ -233,7 +239,7 @@ impl Gateway {
     /// replace.
     fn jail_answer(
         &self,
-        s: &Signin,
+        s: (&Signin, &Refreshing),
         resp: &ResponseHead,
         body: &[u8],
         d: &Dest<'_>,
@@ -265,17 +271,24 @@ impl Gateway {
     /// The jail's version of a successful token response; the real tokens kept and written back.
     fn take_tokens(
         &self,
-        s: &Signin,
+        (s, r): (&Signin, &Refreshing),
         body: &[u8],
         d: &Dest<'_>,
         id: &str,
     ) -> Result<Vec<u8>, String> {
-        let secret = Some(id.to_string());
-        match s.take_response(body) {
+        let secret = Some(match r.provider() {
+            Some(p) => format!("{id}.{p}"),
+            None => id.to_string(),
+        });
+        let id = secret.as_deref().unwrap_or(id);
+        match s.take_response(r, body) {
             Ok((out, expires_in)) => {
                 let file = s.plan().file.display().to_string();
-                let (decision, rule) = match s.write_back(expires_in, std::time::SystemTime::now())
-                {
+                let (decision, rule) = match s.write_back(
+                    r,
+                    expires_in,
+                    std::time::SystemTime::now(),
+                ) {
                     Ok(()) => (
                         Decision::Allow,
                         format!(

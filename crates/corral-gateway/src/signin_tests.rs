@@ -3,7 +3,7 @@ use std::path::Path;
 use std::time::{Duration, UNIX_EPOCH};
 
 use corral_policy::domain::{DomainPattern, normalize_host};
-use corral_policy::signin::{SigninFormat, SigninPlan, parse_token_url};
+use corral_policy::signin::{ProviderPlan, SigninFormat, SigninPlan, parse_token_url};
 use serde_json::{Value, json};
 
 use super::*;
@@ -18,9 +18,22 @@ fn plan(dir: &Path, format: SigninFormat, file: &str) -> SigninPlan {
         format,
         file: dir.join(file),
         api_hosts: vec![DomainPattern::parse("api.example").unwrap()],
-        token_host,
-        token_path,
+        token_host: Some(token_host),
+        token_path: Some(token_path),
+        providers: vec![],
     }
+}
+
+/// The one-sign-in formats' refresh: a call of the plan's token endpoint.
+fn refresh(s: &Signin, body: &[u8], form: bool) -> Option<Vec<u8>> {
+    let host = normalize_host("auth.example").unwrap();
+    let (r, out) = s.swap_refresh((&host, 443, "/oauth/token"), body, form)?;
+    assert_eq!(r, Refreshing::of(None));
+    Some(out)
+}
+
+fn whole() -> Refreshing {
+    Refreshing::of(None)
 }
 
 fn claude_file(dir: &Path) -> SigninPlan {
@@ -144,12 +157,9 @@ fn a_refresh_gets_the_real_token_and_the_answer_reaches_the_jail_as_new_placehol
     let req = format!(
         r#"{{"grant_type":"refresh_token","refresh_token":"{ph_refresh}","client_id":"c"}}"#
     );
-    let up = s.swap_refresh(req.as_bytes(), false).unwrap();
+    let up = refresh(&s, req.as_bytes(), false).unwrap();
     assert_eq!(up, req.replace(&ph_refresh, REFRESH).into_bytes());
-    assert!(
-        s.swap_refresh(b"refresh_token=somethingelse", true)
-            .is_none()
-    );
+    assert!(refresh(&s, b"refresh_token=somethingelse", true).is_none());
 
     let (new_a, new_r) = (
         "sk-ant-oat01-NEWaccessNEWaccessNEWaccess01",
@@ -157,7 +167,7 @@ fn a_refresh_gets_the_real_token_and_the_answer_reaches_the_jail_as_new_placehol
     );
     let answer = json!({"access_token": new_a, "refresh_token": new_r, "expires_in": 28800, "scope": "user:inference"});
     let (jailed, expires) = s
-        .take_response(&serde_json::to_vec(&answer).unwrap())
+        .take_response(&whole(), &serde_json::to_vec(&answer).unwrap())
         .unwrap();
     assert_eq!(expires, Some(28800));
     assert!(
@@ -184,14 +194,12 @@ fn a_refresh_gets_the_real_token_and_the_answer_reaches_the_jail_as_new_placehol
         );
     }
     // The next refresh carries the new real refresh token.
-    let next = s
-        .swap_refresh(format!("refresh_token={pr}").as_bytes(), true)
-        .unwrap();
+    let next = refresh(&s, format!("refresh_token={pr}").as_bytes(), true).unwrap();
     assert_eq!(next, format!("refresh_token={new_r}").into_bytes());
 
     // Write-back: tokens and expiry updated, every other field and the mode kept.
     let now = UNIX_EPOCH + Duration::from_secs(2_000_000_000);
-    s.write_back(expires, now).unwrap();
+    s.write_back(&whole(), expires, now).unwrap();
     let v = file_json(&p.file);
     let o = &v["claudeAiOauth"];
     assert_eq!(
@@ -222,9 +230,7 @@ fn a_refresh_on_the_host_meanwhile_is_adopted_and_never_overwritten() {
     let mut v = file_json(&p.file);
     v["claudeAiOauth"]["refreshToken"] = json!(host_r);
     std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
-    let up = s
-        .swap_refresh(format!("refresh_token={ph_refresh}").as_bytes(), true)
-        .unwrap();
+    let up = refresh(&s, format!("refresh_token={ph_refresh}").as_bytes(), true).unwrap();
     assert_eq!(
         up,
         format!("refresh_token={host_r}").into_bytes(),
@@ -234,12 +240,12 @@ fn a_refresh_on_the_host_meanwhile_is_adopted_and_never_overwritten() {
 
     // Changed again between the refresh and the write-back: left alone.
     let answer = json!({"access_token": "sk-ant-oat01-NEWaccessNEWaccessNEW", "expires_in": 10});
-    s.take_response(&serde_json::to_vec(&answer).unwrap())
+    s.take_response(&whole(), &serde_json::to_vec(&answer).unwrap())
         .unwrap();
     v["claudeAiOauth"]["refreshToken"] = json!("sk-ant-ort01-OTHERotherOTHERotherOTHER01");
     std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
     let e = s
-        .write_back(Some(10), std::time::SystemTime::now())
+        .write_back(&whole(), Some(10), std::time::SystemTime::now())
         .unwrap_err();
     assert!(matches!(e, SigninError::Changed { .. }), "{e}");
     assert_eq!(file_json(&p.file), v);
@@ -250,8 +256,11 @@ fn a_token_response_without_an_access_token_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let s = Signin::load(claude_file(dir.path())).unwrap().unwrap();
     let before = s.scrub_pairs();
-    assert!(s.take_response(br#"{"error":"invalid_grant"}"#).is_err());
-    assert!(s.take_response(b"not json").is_err());
+    assert!(
+        s.take_response(&whole(), br#"{"error":"invalid_grant"}"#)
+            .is_err()
+    );
+    assert!(s.take_response(&whole(), b"not json").is_err());
     assert_eq!(s.scrub_pairs(), before);
 }
 
@@ -290,18 +299,23 @@ fn codex_keeps_jwt_claims_and_replaces_signatures() {
     assert!(jid.starts_with(keep) && jid.len() == id.len(), "{jid}");
     assert_eq!(jv["tokens"]["account_id"], json!("acc-1"));
     let ph_r = jv["tokens"]["refresh_token"].as_str().unwrap();
-    let up = s.swap_refresh(
+    let up = refresh(
+        &s,
         format!("grant_type=refresh_token&refresh_token={ph_r}").as_bytes(),
         true,
     );
     assert!(has(&up.unwrap(), "rt_REALrefresh"));
     let answer = json!({"access_token": jwt(r#"{"exp":1900009999}"#, "NEWsigNEWsigNEWsigNEWsigNEWsig01"), "id_token": id});
     let (out, _) = s
-        .take_response(&serde_json::to_vec(&answer).unwrap())
+        .take_response(&whole(), &serde_json::to_vec(&answer).unwrap())
         .unwrap();
     assert!(!has(&out, "NEWsig") && !has(&out, "SIGreal"));
-    s.write_back(None, UNIX_EPOCH + Duration::from_secs(1_800_000_000))
-        .unwrap();
+    s.write_back(
+        &whole(),
+        None,
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+    )
+    .unwrap();
     let w = file_json(&p.file);
     assert!(
         w["tokens"]["access_token"]
@@ -333,12 +347,12 @@ fn gemini_tokens_are_replaced_and_the_expiry_written_back() {
     let jv: Value = serde_json::from_slice(&jailed).unwrap();
     let ph_r = jv["refresh_token"].as_str().unwrap();
     // Form-encoded: `/` of the real refresh token is percent-encoded.
-    let up = s
-        .swap_refresh(
-            format!("refresh_token={ph_r}&grant_type=refresh_token").as_bytes(),
-            true,
-        )
-        .unwrap();
+    let up = refresh(
+        &s,
+        format!("refresh_token={ph_r}&grant_type=refresh_token").as_bytes(),
+        true,
+    )
+    .unwrap();
     assert!(
         has(&up, "refresh_token=1%2F%2FREALrefresh"),
         "{}",
@@ -346,9 +360,7 @@ fn gemini_tokens_are_replaced_and_the_expiry_written_back() {
     );
     // The placeholder itself percent-encoded by the jail's form encoder (curl, URLSearchParams).
     let encoded = ph_r.replace('/', "%2F");
-    let up = s
-        .swap_refresh(format!("refresh_token={encoded}").as_bytes(), true)
-        .unwrap();
+    let up = refresh(&s, format!("refresh_token={encoded}").as_bytes(), true).unwrap();
     assert!(
         has(&up, "refresh_token=1%2F%2FREALrefresh"),
         "{}",
@@ -356,10 +368,10 @@ fn gemini_tokens_are_replaced_and_the_expiry_written_back() {
     );
     let answer = json!({"access_token": "ya29.NEWaccessNEWaccessNEWaccess", "expires_in": 3599, "token_type": "Bearer"});
     let (out, exp) = s
-        .take_response(&serde_json::to_vec(&answer).unwrap())
+        .take_response(&whole(), &serde_json::to_vec(&answer).unwrap())
         .unwrap();
     assert!(!has(&out, "NEWaccess"));
-    s.write_back(exp, UNIX_EPOCH + Duration::from_secs(100))
+    s.write_back(&whole(), exp, UNIX_EPOCH + Duration::from_secs(100))
         .unwrap();
     let w = file_json(&p.file);
     assert_eq!(w["access_token"], json!("ya29.NEWaccessNEWaccessNEWaccess"));
@@ -401,4 +413,453 @@ fn token_fields_corral_does_not_take_are_found_at_any_depth() {
             assert_eq!(found.as_deref(), Some(field), "{v}");
         }
     }
+}
+
+const PI_ACCESS: &str = "sk-ant-oat01-PIaccessPIaccessPIaccess0123456789abcdefABCDEF";
+const PI_REFRESH: &str = "sk-ant-ort01-PIrefreshPIrefreshPIrefresh0123456789abcdefAB";
+const PI_KEY: &str = "sk-proj-PIkeyPIkeyPIkeyPIkey0123456789abcdefABCDEF";
+const UNKNOWN_KEY: &str = "gsk_UNKNOWNkeyUNKNOWNkeyUNKNOWN0123456789";
+const UNKNOWN_ACCESS: &str = "tid=UNKNOWNaccess;exp=1;UNKNOWNaccessUNKNOWN01";
+
+/// A by-provider plan: `anthropic` (API and token endpoint), `openai` (API only).
+fn by_provider(dir: &Path, format: SigninFormat, file: &str) -> SigninPlan {
+    let (token_host, token_path) = parse_token_url("https://auth.example/v1/oauth/token").unwrap();
+    let (o_host, o_path) = parse_token_url("https://auth.openai.example/oauth/token").unwrap();
+    SigninPlan {
+        name: "pi".into(),
+        format,
+        file: dir.join(file),
+        api_hosts: vec![],
+        token_host: None,
+        token_path: None,
+        providers: vec![
+            ProviderPlan {
+                id: "anthropic".into(),
+                api_hosts: vec![DomainPattern::parse("api.example").unwrap()],
+                token_host: Some(token_host),
+                token_path: Some(token_path),
+            },
+            ProviderPlan {
+                id: "openai".into(),
+                api_hosts: vec![DomainPattern::parse("api.openai.example").unwrap()],
+                token_host: Some(o_host),
+                token_path: Some(o_path),
+            },
+        ],
+    }
+}
+
+/// pi's auth.json as pi-coding-agent 0.73.1 writes it: OAuth, an API key, a `!command` key, a
+/// variable's name, a provider corral does not know.
+fn pi_file(dir: &Path) -> SigninPlan {
+    let p = by_provider(dir, SigninFormat::Pi, "auth.json");
+    let v = json!({
+        "anthropic": {"type": "oauth", "access": PI_ACCESS, "refresh": PI_REFRESH, "expires": 5},
+        "openai": {"type": "api_key", "key": PI_KEY},
+        "groq": {"type": "api_key", "key": UNKNOWN_KEY},
+        "github-copilot": {"type": "oauth", "access": UNKNOWN_ACCESS,
+            "refresh": "gho_UNKNOWNrefreshUNKNOWNrefresh01", "expires": 1,
+            "enterpriseUrl": "company.ghe.com"},
+        "google": {"type": "api_key", "key": "!pass show google-api-key"},
+        "xai": {"type": "api_key", "key": "XAI_API_KEY"},
+    });
+    std::fs::write(&p.file, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    std::fs::set_permissions(&p.file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+fn jail_value(s: &Signin) -> Value {
+    serde_json::from_slice(&s.placeholder_file().unwrap()).unwrap()
+}
+
+#[test]
+fn pi_every_credential_is_a_placeholder_and_commands_and_variable_names_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Signin::load(pi_file(dir.path())).unwrap().unwrap();
+    let jailed = s.placeholder_file().unwrap();
+    for real in ["PIaccess", "PIrefresh", "PIkey", "UNKNOWN"] {
+        assert!(
+            !has(&jailed, real),
+            "{real} in {}",
+            String::from_utf8_lossy(&jailed)
+        );
+    }
+    let v = jail_value(&s);
+    let a = v["anthropic"]["access"].as_str().unwrap();
+    assert!(
+        a.starts_with("sk-ant-oat01-") && a.len() == PI_ACCESS.len(),
+        "{a}"
+    );
+    assert!(v["openai"]["key"].as_str().unwrap().starts_with("sk-proj-"));
+    assert!(v["groq"]["key"].as_str().unwrap().starts_with("gsk_"));
+    // Kept as they are: pi runs the command / reads the variable in the jail.
+    assert_eq!(v["google"]["key"], json!("!pass show google-api-key"));
+    assert_eq!(v["xai"]["key"], json!("XAI_API_KEY"));
+    assert_eq!(v["anthropic"]["expires"], json!(5));
+    assert_eq!(
+        v["github-copilot"]["enterpriseUrl"],
+        json!("company.ghe.com")
+    );
+    assert_eq!(v["anthropic"]["type"], json!("oauth"));
+}
+
+#[test]
+fn pi_keys_and_tokens_go_to_their_providers_hosts_only_and_unknown_ones_nowhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Signin::load(pi_file(dir.path())).unwrap().unwrap();
+    let v = jail_value(&s);
+    let ph = |p: &str, f: &str| v[p][f].as_str().unwrap().to_string();
+    let (access, key, unknown, unknown_access) = (
+        ph("anthropic", "access"),
+        ph("openai", "key"),
+        ph("groq", "key"),
+        ph("github-copilot", "access"),
+    );
+    let signins = [s];
+    let send = |host: &str, value: &str| {
+        let mut h = vec![Header {
+            name: "Authorization".into(),
+            value: format!("Bearer {value}").into_bytes(),
+        }];
+        let mut report = RewriteReport::default();
+        let host = normalize_host(host).unwrap();
+        swap_access(&signins, &mut h, (&host, 443), false, &mut report);
+        (String::from_utf8(h.remove(0).value).unwrap(), report)
+    };
+    let (out, report) = send("api.example", &access);
+    assert_eq!(out, format!("Bearer {PI_ACCESS}"));
+    assert_eq!(
+        report.injected,
+        vec![("signin.pi.anthropic".into(), "authorization".into())]
+    );
+    assert_eq!(
+        send("api.openai.example", &key).0,
+        format!("Bearer {PI_KEY}")
+    );
+    // Crossed: anthropic's token to openai's host, openai's key to anthropic's: left.
+    assert_eq!(
+        send("api.openai.example", &access).0,
+        format!("Bearer {access}")
+    );
+    assert_eq!(send("api.example", &key).0, format!("Bearer {key}"));
+    // A provider corral does not know: never swapped, to any host, audited.
+    for host in ["api.example", "api.openai.example", "api.groq.com"] {
+        for ph in [&unknown, &unknown_access] {
+            let (out, report) = send(host, ph);
+            assert_eq!(out, format!("Bearer {ph}"), "{host}");
+            assert!(report.injected.is_empty() && !report.left.is_empty());
+        }
+    }
+    // Every real value is scrubbed from answers, the unknown ones too.
+    let pairs = signins[0].scrub_pairs();
+    for real in [PI_ACCESS, PI_REFRESH, PI_KEY, UNKNOWN_KEY, UNKNOWN_ACCESS] {
+        assert!(pairs.iter().any(|(r, _)| r == real.as_bytes()), "{real}");
+    }
+}
+
+#[test]
+fn pi_refresh_goes_to_its_providers_endpoint_only_and_is_written_back_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pi_file(dir.path());
+    let before = file_json(&p.file);
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let v = jail_value(&s);
+    let ph_r = v["anthropic"]["refresh"].as_str().unwrap().to_string();
+    let unknown_r = v["github-copilot"]["refresh"].as_str().unwrap().to_string();
+    let body = format!(r#"{{"grant_type":"refresh_token","refresh_token":"{ph_r}"}}"#);
+    let auth = normalize_host("auth.example").unwrap();
+    let openai = normalize_host("auth.openai.example").unwrap();
+    // Another provider's endpoint, another path, an unknown provider's token: nothing swapped.
+    assert!(
+        s.swap_refresh((&openai, 443, "/oauth/token"), body.as_bytes(), false)
+            .is_none()
+    );
+    assert!(
+        s.swap_refresh((&auth, 443, "/other"), body.as_bytes(), false)
+            .is_none()
+    );
+    let unknown = format!(r#"{{"refresh_token":"{unknown_r}"}}"#);
+    assert!(
+        s.swap_refresh((&auth, 443, "/v1/oauth/token"), unknown.as_bytes(), false)
+            .is_none()
+    );
+    let (r, up) = s
+        .swap_refresh((&auth, 443, "/v1/oauth/token?x=1"), body.as_bytes(), false)
+        .unwrap();
+    assert_eq!(r.provider(), Some("anthropic"));
+    assert_eq!(up, body.replace(&ph_r, PI_REFRESH).into_bytes());
+    let (new_a, new_r) = (
+        "sk-ant-oat01-NEWpiNEWpiNEWpiNEWpiNEWpi01",
+        "sk-ant-ort01-NEWpiRefreshNEWpiRefresh0001",
+    );
+    // OpenAI-style answers carry an id_token too: kept and scrubbed, never written (pi's entry
+    // has no place for it).
+    let id = jwt(r#"{"sub":"u"}"#, "PIidSIGPIidSIGPIidSIGPIidSIG01");
+    let answer = json!({"access_token": new_a, "refresh_token": new_r, "id_token": id,
+        "expires_in": 3600});
+    let (out, exp) = s
+        .take_response(&r, &serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    assert!(
+        !has(&out, "NEWpi") && !has(&out, "PIidSIG"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    let inode = std::fs::metadata(&p.file).unwrap().ino();
+    let now = UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+    s.write_back(&r, exp, now).unwrap();
+    let w = file_json(&p.file);
+    assert_eq!(
+        w["anthropic"],
+        json!({"type": "oauth", "access": new_a, "refresh": new_r,
+               "expires": 2_000_000_000_000u64 + 3_600_000 - 300_000})
+    );
+    // Every other provider as it was, byte for byte in value.
+    for other in ["openai", "groq", "github-copilot", "google", "xai"] {
+        assert_eq!(w[other], before[other], "{other}");
+    }
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&p.file).unwrap().ino(), inode);
+    let mode = std::fs::metadata(&p.file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+#[test]
+fn a_write_back_never_lands_in_an_api_key_a_command_or_another_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pi_file(dir.path());
+    let before = file_json(&p.file);
+    let tokens = |a: &str| {
+        vec![
+            (TokenKind::Access, a.to_string()),
+            (TokenKind::Refresh, "r2".into()),
+        ]
+    };
+    let now = std::time::SystemTime::now();
+    // An API-key provider, an unknown provider, a `!` value, a key kind: refused, file unchanged.
+    for (provider, toks) in [
+        (Some("openai"), tokens("a2")),
+        (Some("groq"), tokens("a2")),
+        (Some("github-copilot"), tokens("a2")),
+        (Some("anthropic"), tokens("!touch /tmp/pwned")),
+        (Some("anthropic"), vec![(TokenKind::Key, "k".to_string())]),
+        (
+            Some("anthropic"),
+            vec![(TokenKind::Opaque, "k".to_string())],
+        ),
+        (None, tokens("a2")),
+    ] {
+        let e = write_tokens(&p, provider, PI_REFRESH, &toks, Some(1), now);
+        assert!(e.is_err(), "{provider:?} {toks:?}");
+        assert_eq!(file_json(&p.file), before, "{provider:?}");
+    }
+    // The host's pi switched anthropic to an API key meanwhile: left alone.
+    let mut v = before.clone();
+    v["anthropic"] = json!({"type": "api_key", "key": "!security find-generic-password"});
+    std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
+    let e = write_tokens(
+        &p,
+        Some("anthropic"),
+        PI_REFRESH,
+        &tokens("a2"),
+        Some(1),
+        now,
+    );
+    assert!(matches!(e, Err(SigninError::Changed { .. })), "{e:?}");
+    assert_eq!(file_json(&p.file), v);
+}
+
+#[test]
+fn hostile_by_provider_files_are_refused_or_placeholdered_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = by_provider(dir.path(), SigninFormat::Pi, "auth.json");
+    // Not a map of providers: refused (the run does not start with the real file exposed).
+    for bad in [
+        &b"[1,2]"[..],
+        b"\"sk-ant-api03-xxxxxxxxxxxxxxxxxxxx\"",
+        b"{",
+        b"null",
+    ] {
+        std::fs::write(&p.file, bad).unwrap();
+        assert!(
+            Signin::load(p.clone()).is_err(),
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+    // Shapes corral does not expect: every secret-looking string a placeholder anyway.
+    let v = json!({
+        "anthropic": {"type": "oauth", "access": 7, "refresh": PI_REFRESH},
+        "openai": {"type": "oauth", "access": PI_ACCESS},
+        "a/b~c": {"type": "api_key", "key": PI_KEY},
+        "weird": ["sk-ant-api03-NESTEDnestedNESTEDnested01", {"deep": {"secret": "hunter2hunter2"}}],
+        "toplevel": "ghp_TOPLEVELtoplevelTOPLEVEL0001",
+    });
+    std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let jailed = s.placeholder_file().unwrap();
+    for real in [
+        PI_REFRESH,
+        PI_ACCESS,
+        PI_KEY,
+        "NESTEDnested",
+        "hunter2hunter2",
+        "TOPLEVEL",
+    ] {
+        assert!(
+            !has(&jailed, real),
+            "{real} in {}",
+            String::from_utf8_lossy(&jailed)
+        );
+    }
+    let jv: Value = serde_json::from_slice(&jailed).unwrap();
+    assert_eq!(jv["anthropic"]["access"], json!(7));
+    // None of them is swapped: anthropic's entry is not a whole OAuth sign-in.
+    let auth = normalize_host("auth.example").unwrap();
+    let ph_r = jv["anthropic"]["refresh"].as_str().unwrap();
+    let body = format!("refresh_token={ph_r}");
+    assert!(
+        s.swap_refresh((&auth, 443, "/v1/oauth/token"), body.as_bytes(), true)
+            .is_none()
+    );
+    let st = s.state();
+    assert!(
+        st.current
+            .iter()
+            .all(|(slot, _)| slot.kind == TokenKind::Opaque),
+        "{:?}",
+        st.current.iter().map(|(s, _)| s).collect::<Vec<_>>()
+    );
+    assert!(
+        st.current
+            .iter()
+            .any(|(slot, _)| slot.ptr == "/a~1b~0c/key")
+    );
+}
+
+#[test]
+fn opencode_oauth_api_and_wellknown_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = by_provider(dir.path(), SigninFormat::Opencode, "auth.json");
+    let v = json!({
+        "anthropic": {"type": "oauth", "access": PI_ACCESS, "refresh": PI_REFRESH, "expires": 9},
+        "openai": {"type": "api", "key": PI_KEY, "metadata": {"org": "org-1"}},
+        "https://wk.example": {"type": "wellknown", "key": "WK_TOKEN", "token": "wkTOKENwkTOKENwkTOKEN0001"},
+        "github-copilot": {"type": "oauth", "access": "gho_COPILOTcopilotCOPILOT01",
+            "refresh": "gho_COPILOTcopilotCOPILOT01", "expires": 0},
+        // pi's spelling is not opencode's: an unknown entry shape, a placeholder never swapped.
+        "groq": {"type": "api_key", "key": UNKNOWN_KEY},
+    });
+    std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let jailed = s.placeholder_file().unwrap();
+    for real in [
+        "PIaccess",
+        "PIrefresh",
+        "PIkey",
+        "wkTOKEN",
+        "COPILOT",
+        "UNKNOWN",
+    ] {
+        assert!(
+            !has(&jailed, real),
+            "{real} in {}",
+            String::from_utf8_lossy(&jailed)
+        );
+    }
+    let jv: Value = serde_json::from_slice(&jailed).unwrap();
+    assert_eq!(jv["https://wk.example"]["key"], json!("WK_TOKEN"));
+    assert_eq!(jv["openai"]["metadata"], json!({"org": "org-1"}));
+    let kinds: Vec<(Option<String>, TokenKind)> = s
+        .state()
+        .current
+        .iter()
+        .map(|(slot, _)| (slot.provider.clone(), slot.kind))
+        .collect();
+    for (provider, kind) in [
+        (Some("anthropic"), TokenKind::Access),
+        (Some("anthropic"), TokenKind::Refresh),
+        (Some("openai"), TokenKind::Key),
+        (Some("https://wk.example"), TokenKind::Opaque),
+        (Some("github-copilot"), TokenKind::Opaque),
+        (Some("groq"), TokenKind::Opaque),
+    ] {
+        let want = (provider.map(str::to_string), kind);
+        assert!(kinds.contains(&want), "{want:?} not in {kinds:?}");
+    }
+    // Refresh and write-back as pi's; opencode's entry gets the same three fields.
+    let auth = normalize_host("auth.example").unwrap();
+    let body = format!(
+        r#"{{"refresh_token":"{}"}}"#,
+        jv["anthropic"]["refresh"].as_str().unwrap()
+    );
+    let (r, _) = s
+        .swap_refresh((&auth, 443, "/v1/oauth/token"), body.as_bytes(), false)
+        .unwrap();
+    let answer = json!({"access_token": "sk-ant-oat01-OCnewOCnewOCnewOCnew01", "refresh_token": "sk-ant-ort01-OCnewrOCnewrOCnewr01", "expires_in": 60});
+    s.take_response(&r, &serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    s.write_back(&r, Some(60), UNIX_EPOCH + Duration::from_secs(1000))
+        .unwrap();
+    let w = file_json(&p.file);
+    assert_eq!(
+        w["anthropic"]["access"],
+        json!("sk-ant-oat01-OCnewOCnewOCnewOCnew01")
+    );
+    assert_eq!(
+        w["anthropic"]["expires"],
+        json!(1_000_000u64 + 60_000 - 300_000)
+    );
+    assert_eq!(w["openai"], v["openai"]);
+    assert_eq!(w["github-copilot"], v["github-copilot"]);
+}
+
+#[test]
+fn a_refresh_with_a_token_not_of_this_run_is_answered_but_never_written_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = claude_file(dir.path());
+    let before = std::fs::read(&p.file).unwrap();
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let auth = normalize_host("auth.example").unwrap();
+    // The jail's own refresh token: nothing of this run to swap.
+    let body = br#"{"refresh_token":"sk-ant-ort01-JAILSOWNjailsownJAILSOWN01"}"#;
+    assert!(
+        s.swap_refresh((&auth, 443, "/oauth/token"), body, false)
+            .is_none()
+    );
+    let r = s.refresh_at(&auth, 443, "/oauth/token").unwrap();
+    assert!(s.refresh_at(&auth, 443, "/elsewhere").is_none());
+    let answer = json!({"access_token": "sk-ant-oat01-JAILSOWNaccessJAILSOWN01",
+        "refresh_token": "sk-ant-ort01-JAILSOWNjailsownJAILSOWN01", "expires_in": 60});
+    let (out, exp) = s
+        .take_response(&r, &serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    assert!(!has(&out, "JAILSOWN"));
+    let e = s
+        .write_back(&r, exp, std::time::SystemTime::now())
+        .unwrap_err();
+    assert!(matches!(e, SigninError::Foreign { .. }), "{e}");
+    assert_eq!(std::fs::read(&p.file).unwrap(), before);
+    // Its placeholders are swapped for nothing: a refresh with the one the jail got goes out
+    // as it is, and this run's refresh still carries the user's token.
+    let jv: Value = serde_json::from_slice(&out).unwrap();
+    let theirs = format!(
+        r#"{{"refresh_token":"{}"}}"#,
+        jv["refresh_token"].as_str().unwrap()
+    );
+    assert!(
+        s.swap_refresh((&auth, 443, "/oauth/token"), theirs.as_bytes(), false)
+            .is_none()
+    );
+    let (_, ph_refresh) = jail_tokens(&s);
+    let ours = format!(r#"{{"refresh_token":"{ph_refresh}"}}"#);
+    let (r, up) = s
+        .swap_refresh((&auth, 443, "/oauth/token"), ours.as_bytes(), false)
+        .unwrap();
+    assert!(has(&up, REFRESH));
+    // Control: the same answer to a refresh that carried this run's token is written.
+    s.take_response(&r, &serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    s.write_back(&r, exp, std::time::SystemTime::now()).unwrap();
+    assert!(has(&std::fs::read(&p.file).unwrap(), "JAILSOWNaccess"));
 }

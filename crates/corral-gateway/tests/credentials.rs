@@ -151,8 +151,9 @@ async fn run(handler: Handler) -> Run {
         format: SigninFormat::Gemini,
         file,
         api_hosts: vec![DomainPattern::parse(API).unwrap()],
-        token_host,
-        token_path,
+        token_host: Some(token_host),
+        token_path: Some(token_path),
+        providers: vec![],
     };
     let signin = Signin::load(plan).unwrap().unwrap();
     let audit = AuditLog::at(dir.path().join("audit.jsonl"));

@@ -7,6 +7,7 @@
 //! endpoint). Because an entry decides where the user's refresh token goes, one in a project's
 //! own `corral.toml` is a grant that needs `corral trust`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,25 @@ pub enum SigninFormat {
     Codex,
     /// `~/.gemini/oauth_creds.json`: `access_token`, `refresh_token`, `expiry_date`.
     Gemini,
+    /// pi's `~/.pi/agent/auth.json`: a map of provider to `{"type":"oauth","access",
+    /// "refresh","expires",...}` or `{"type":"api_key","key"}` (a key starting with `!` is a
+    /// shell command pi runs).
+    Pi,
+    /// opencode's `~/.local/share/opencode/auth.json`: a map of provider to
+    /// `{"type":"oauth","access","refresh","expires",...}`, `{"type":"api","key"}` or
+    /// `{"type":"wellknown","key","token"}`.
+    Opencode,
+}
+
+impl SigninFormat {
+    /// Whether the file maps provider names to credentials (`[signin.NAME.providers.ID]`),
+    /// rather than holding one sign-in (`api_hosts`, `token_url` on the entry).
+    pub fn by_provider(self) -> bool {
+        match self {
+            SigninFormat::Claude | SigninFormat::Codex | SigninFormat::Gemini => false,
+            SigninFormat::Pi | SigninFormat::Opencode => true,
+        }
+    }
 }
 
 /// `[signin.NAME]` as written.
@@ -35,10 +55,40 @@ pub struct SigninEntry {
     /// The credential file, `~/`-relative or absolute.
     pub file: Spanned<String>,
     /// Hosts whose requests get the real access token in their credential headers.
+    #[serde(default)]
     pub api_hosts: Vec<Spanned<String>>,
     /// The OAuth token endpoint (`https://HOST[:PORT]/PATH`) whose refresh requests get the
-    /// real refresh token.
-    pub token_url: Spanned<String>,
+    /// real refresh token. Required by the one-sign-in formats; by-provider formats name one
+    /// per provider.
+    #[serde(default)]
+    pub token_url: Option<Spanned<String>>,
+    /// By-provider formats: the providers corral serves, by the name the file uses. A
+    /// provider not named here keeps placeholders that are never swapped.
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderEntry>,
+}
+
+/// `[signin.NAME.providers.ID]` as written.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderEntry {
+    /// Hosts whose requests get the provider's real access token or API key.
+    pub api_hosts: Vec<Spanned<String>>,
+    /// The provider's OAuth token endpoint; none: its refresh token is never sent anywhere.
+    #[serde(default)]
+    pub token_url: Option<Spanned<String>>,
+}
+
+/// One provider of a by-provider sign-in file, its hosts parsed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderPlan {
+    /// The provider's name in the file (its top-level key).
+    pub id: String,
+    pub api_hosts: Vec<DomainPattern>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_host: Option<DomainPattern>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_path: Option<String>,
 }
 
 /// A sign-in entry, its hosts parsed.
@@ -47,8 +97,10 @@ pub struct SigninSpec {
     pub format: SigninFormat,
     pub file: String,
     pub api_hosts: Vec<DomainPattern>,
-    pub token_host: DomainPattern,
-    pub token_path: String,
+    /// The one-sign-in formats' token endpoint (none for by-provider formats).
+    pub token_host: Option<DomainPattern>,
+    pub token_path: Option<String>,
+    pub providers: Vec<ProviderPlan>,
 }
 
 /// A sign-in served in a run: what the CLI and the gateway need. Never a token.
@@ -59,10 +111,16 @@ pub struct SigninPlan {
     /// The user's credential file (absolute). The jail sees a placeholder file at this path.
     pub file: PathBuf,
     pub api_hosts: Vec<DomainPattern>,
-    /// The token endpoint's host (a name, exact, with its port when not 443).
-    pub token_host: DomainPattern,
+    /// The token endpoint's host (a name, exact, with its port when not 443); none for
+    /// by-provider formats (each provider names its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_host: Option<DomainPattern>,
     /// The token endpoint's path (`/v1/oauth/token`).
-    pub token_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_path: Option<String>,
+    /// By-provider formats: the providers served, by their name in the file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub providers: Vec<ProviderPlan>,
 }
 
 /// Split `https://HOST[:PORT]/PATH` into an exact host pattern and the path.
@@ -89,32 +147,82 @@ pub fn parse_token_url(url: &str) -> Result<(DomainPattern, String), String> {
     Ok((host, path.to_string()))
 }
 
+/// The hosts of `hosts`, each a name (the gateway serves names only).
+fn api_hosts_at(
+    file: &Path,
+    text: &str,
+    hosts: &[Spanned<String>],
+) -> Result<Vec<DomainPattern>, PolicyError> {
+    let parsed: Vec<DomainPattern> = hosts
+        .iter()
+        .map(|h| pattern_at(file, text, h))
+        .collect::<Result<_, _>>()?;
+    if let Some((h, p)) = hosts.iter().zip(&parsed).find(|(_, p)| p.name().is_none()) {
+        return Err(PolicyError::at(
+            file,
+            text,
+            h.span().start,
+            format!("api host {p} is an IP address: the credential gateway serves names only"),
+        ));
+    }
+    Ok(parsed)
+}
+
+fn token_url_at(
+    file: &Path,
+    text: &str,
+    url: &Spanned<String>,
+) -> Result<(DomainPattern, String), PolicyError> {
+    parse_token_url(url.get_ref()).map_err(|e| PolicyError::at(file, text, url.span().start, e))
+}
+
 impl SigninEntry {
     /// Parse the hosts and the token URL, each error at its own entry.
     pub fn resolve(&self, file: &Path, text: &str) -> Result<SigninSpec, PolicyError> {
-        let (token_host, token_path) = parse_token_url(self.token_url.get_ref())
-            .map_err(|e| PolicyError::at(file, text, self.token_url.span().start, e))?;
-        let api_hosts: Vec<DomainPattern> = self
-            .api_hosts
-            .iter()
-            .map(|h| pattern_at(file, text, h))
-            .collect::<Result<_, _>>()?;
-        if let Some(ip) = api_hosts.iter().find(|h| h.name().is_none()) {
-            return Err(PolicyError::at(
-                file,
-                text,
-                self.token_url.span().start,
-                format!("api host {ip} is an IP address: the credential gateway serves names only"),
-            ));
-        }
+        let at_file = |why: String| PolicyError::at(file, text, self.file.span().start, why);
+        let (token_host, token_path, providers) = if self.format.by_provider() {
+            if self.token_url.is_some() || !self.api_hosts.is_empty() {
+                return Err(at_file(format!(
+                    "format {:?} maps providers to credentials: name api_hosts and token_url \
+                     per provider ([signin.NAME.providers.ID])",
+                    self.format
+                )));
+            }
+            let mut providers = Vec::new();
+            for (id, p) in &self.providers {
+                let token = p
+                    .token_url
+                    .as_ref()
+                    .map(|u| token_url_at(file, text, u))
+                    .transpose()?;
+                providers.push(ProviderPlan {
+                    id: id.clone(),
+                    api_hosts: api_hosts_at(file, text, &p.api_hosts)?,
+                    token_host: token.as_ref().map(|t| t.0.clone()),
+                    token_path: token.map(|t| t.1),
+                });
+            }
+            (None, None, providers)
+        } else {
+            if !self.providers.is_empty() {
+                return Err(at_file(format!(
+                    "format {:?} holds one sign-in: providers are for by-provider formats (pi, opencode)",
+                    self.format
+                )));
+            }
+            let url = self
+                .token_url
+                .as_ref()
+                .ok_or_else(|| at_file(format!("format {:?} needs a token_url", self.format)))?;
+            let (h, p) = token_url_at(file, text, url)?;
+            (Some(h), Some(p), Vec::new())
+        };
+        let api_hosts = api_hosts_at(file, text, &self.api_hosts)?;
         let f = self.file.get_ref();
         if !(f.starts_with("~/") || f.starts_with('/')) || f.split('/').any(|c| c == "..") {
-            return Err(PolicyError::at(
-                file,
-                text,
-                self.file.span().start,
-                format!("file {f:?}: must be ~/-relative or absolute, without `..`"),
-            ));
+            return Err(at_file(format!(
+                "file {f:?}: must be ~/-relative or absolute, without `..`"
+            )));
         }
         Ok(SigninSpec {
             format: self.format,
@@ -122,6 +230,7 @@ impl SigninEntry {
             api_hosts,
             token_host,
             token_path,
+            providers,
         })
     }
 }
@@ -140,18 +249,40 @@ impl SigninSpec {
             api_hosts: self.api_hosts.clone(),
             token_host: self.token_host.clone(),
             token_path: self.token_path.clone(),
+            providers: self.providers.clone(),
         }
     }
 
     /// What a project file granting this sign-in asks for, for `corral trust`.
     pub fn grant_text(&self, name: &str) -> String {
-        let hosts: Vec<String> = self.api_hosts.iter().map(|h| h.to_string()).collect();
+        let sends = |hosts: &[DomainPattern], token: Option<(&DomainPattern, &String)>| {
+            let hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
+            let refresh = match token {
+                Some((h, p)) => format!("refresh at {h}{p}"),
+                None => "no refresh".to_string(),
+            };
+            format!("{} ({refresh})", hosts.join(", "))
+        };
+        if !self.format.by_provider() {
+            let token = self.token_host.as_ref().zip(self.token_path.as_ref());
+            return format!(
+                "signin.{name} sends your sign-in tokens from {} to {}",
+                self.file,
+                sends(&self.api_hosts, token)
+            );
+        }
+        let each: Vec<String> = self
+            .providers
+            .iter()
+            .map(|p| {
+                let token = p.token_host.as_ref().zip(p.token_path.as_ref());
+                format!("{}: {}", p.id, sends(&p.api_hosts, token))
+            })
+            .collect();
         format!(
-            "signin.{name} sends your sign-in tokens from {} to {} (refresh at {}{})",
+            "signin.{name} sends your sign-in tokens from {} to {}",
             self.file,
-            hosts.join(", "),
-            self.token_host,
-            self.token_path
+            each.join("; ")
         )
     }
 }
@@ -180,6 +311,68 @@ mod tests {
         }
     }
 
+    fn entry(toml_text: &str) -> Result<SigninSpec, String> {
+        let e: SigninEntry = toml::from_str(toml_text).map_err(|e| e.to_string())?;
+        e.resolve(Path::new("corral.toml"), toml_text)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn by_provider_entries_name_hosts_per_provider_and_one_sign_in_entries_on_the_entry() {
+        let spec = entry(
+            "format = \"pi\"\nfile = \"~/.pi/agent/auth.json\"\n\
+             [providers.anthropic]\napi_hosts = [\"api.anthropic.com\"]\n\
+             token_url = \"https://platform.claude.com/v1/oauth/token\"\n\
+             [providers.openai]\napi_hosts = [\"api.openai.com\"]\n",
+        )
+        .unwrap();
+        assert_eq!(spec.token_host, None);
+        let ids: Vec<(&str, Option<&str>)> = spec
+            .providers
+            .iter()
+            .map(|p| (p.id.as_str(), p.token_path.as_deref()))
+            .collect();
+        assert_eq!(
+            ids,
+            vec![("anthropic", Some("/v1/oauth/token")), ("openai", None)]
+        );
+        for (bad, why) in [
+            (
+                "format = \"pi\"\nfile = \"~/a\"\ntoken_url = \"https://a.example/t\"\n",
+                "per provider",
+            ),
+            (
+                "format = \"opencode\"\nfile = \"~/a\"\napi_hosts = [\"a.example\"]\n",
+                "per provider",
+            ),
+            (
+                "format = \"claude\"\nfile = \"~/a\"\napi_hosts = []\n",
+                "needs a token_url",
+            ),
+            (
+                "format = \"claude\"\nfile = \"~/a\"\ntoken_url = \"https://a.example/t\"\n\
+                 [providers.x]\napi_hosts = []\n",
+                "by-provider formats",
+            ),
+            (
+                "format = \"pi\"\nfile = \"~/a\"\n[providers.x]\napi_hosts = [\"127.0.0.1\"]\n",
+                "IP address",
+            ),
+            (
+                "format = \"pi\"\nfile = \"~/a\"\n[providers.x]\napi_hosts = []\n\
+                 token_url = \"http://a.example/t\"\n",
+                "https://",
+            ),
+            (
+                "format = \"pi\"\nfile = \"~/a\"\n[providers.x]\napi_hosts = []\nhost = \"a\"\n",
+                "unknown field",
+            ),
+        ] {
+            let e = entry(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
     #[test]
     fn plan_expands_the_home() {
         let (token_host, token_path) = parse_token_url("https://a.example/t").unwrap();
@@ -187,11 +380,12 @@ mod tests {
             format: SigninFormat::Claude,
             file: "~/.claude/.credentials.json".into(),
             api_hosts: vec![DomainPattern::parse("api.example").unwrap()],
-            token_host,
-            token_path,
+            token_host: Some(token_host),
+            token_path: Some(token_path),
+            providers: vec![],
         };
         let p = spec.plan("claude", Path::new("/home/u"));
         assert_eq!(p.file, PathBuf::from("/home/u/.claude/.credentials.json"));
-        assert_eq!(p.token_path, "/t");
+        assert_eq!(p.token_path.as_deref(), Some("/t"));
     }
 }

@@ -476,6 +476,9 @@ fn pi_plan(f: &Fx) -> Plan {
                 "api.cerebras.ai",
                 "api.x.ai",
                 "openrouter.ai",
+                "platform.claude.com",
+                "chatgpt.com",
+                "auth.openai.com",
             ]
             .iter()
             .map(|p| pat(p))
@@ -493,7 +496,7 @@ fn pi_plan(f: &Fx) -> Plan {
             from_env: "ANTHROPIC_API_KEY".into(),
             hosts: vec![pat("api.anthropic.com")],
         }],
-        signin: vec![],
+        signin: vec![pi_signin(home)],
         limits,
         executor: ExecutorPlan {
             target: ExecutorTarget::Sandbox,
@@ -514,6 +517,43 @@ fn pi_plan(f: &Fx) -> Plan {
         project_trust: None,
         git: Default::default(),
         toolchains: Vec::new(),
+    }
+}
+
+/// The pi profile's `[signin.pi]` for the user whose home is `home` (providers by name).
+fn pi_signin(home: &Path) -> corral_policy::signin::SigninPlan {
+    use corral_policy::signin::{ProviderPlan, SigninFormat, SigninPlan};
+    let provider = |id: &str, host: &str, token: Option<(&str, &str)>| ProviderPlan {
+        id: id.into(),
+        api_hosts: vec![pat(host)],
+        token_host: token.map(|(h, _)| pat(h)),
+        token_path: token.map(|(_, p)| p.into()),
+    };
+    SigninPlan {
+        name: "pi".into(),
+        format: SigninFormat::Pi,
+        file: home.join(".pi/agent/auth.json"),
+        api_hosts: vec![],
+        token_host: None,
+        token_path: None,
+        providers: vec![
+            provider(
+                "anthropic",
+                "api.anthropic.com",
+                Some(("platform.claude.com", "/v1/oauth/token")),
+            ),
+            provider("cerebras", "api.cerebras.ai", None),
+            provider("google", "generativelanguage.googleapis.com", None),
+            provider("groq", "api.groq.com", None),
+            provider("openai", "api.openai.com", None),
+            provider(
+                "openai-codex",
+                "chatgpt.com",
+                Some(("auth.openai.com", "/oauth/token")),
+            ),
+            provider("openrouter", "openrouter.ai", None),
+            provider("xai", "api.x.ai", None),
+        ],
     }
 }
 
@@ -1871,10 +1911,13 @@ fn the_claude_profile_serves_its_signin_and_a_project_entry_replacing_it_needs_t
     let s = &plan.signin[0];
     assert_eq!(s.file, f.home.join(".claude/.credentials.json"));
     assert_eq!(
-        (s.token_host.to_string(), s.token_path.as_str()),
-        ("platform.claude.com".to_string(), "/v1/oauth/token")
+        (
+            s.token_host.clone().unwrap().to_string(),
+            s.token_path.as_deref()
+        ),
+        ("platform.claude.com".to_string(), Some("/v1/oauth/token"))
     );
-    assert!(plan.network.allow.contains(&s.token_host));
+    assert!(plan.network.allow.contains(s.token_host.as_ref().unwrap()));
 
     f.project_policy(
         "[signin.claude]\nformat = \"claude\"\nfile = \"~/.claude/.credentials.json\"\n\
@@ -1889,7 +1932,10 @@ fn the_claude_profile_serves_its_signin_and_a_project_entry_replacing_it_needs_t
              to api.evil.example (refresh at evil.example/token)"
         )]
     );
-    assert_eq!(plan.signin[0].token_host.to_string(), "evil.example");
+    assert_eq!(
+        plan.signin[0].token_host.as_ref().unwrap().to_string(),
+        "evil.example"
+    );
 
     f.project_policy(
         "[signin.claude]\nformat = \"claude\"\nfile = \"~/.claude/.credentials.json\"\n\
@@ -1899,6 +1945,77 @@ fn the_claude_profile_serves_its_signin_and_a_project_entry_replacing_it_needs_t
     assert!(
         e.contains(":5:13: token_url") && e.contains("https://"),
         "{e}"
+    );
+}
+
+#[test]
+fn pi_and_opencode_serve_their_auth_files_by_provider() {
+    let f = fx();
+    for (profile, file, provider, token) in [
+        (
+            "pi",
+            ".pi/agent/auth.json",
+            "anthropic",
+            "platform.claude.com/v1/oauth/token",
+        ),
+        (
+            "pi",
+            ".pi/agent/auth.json",
+            "openai-codex",
+            "auth.openai.com/oauth/token",
+        ),
+        (
+            "opencode",
+            ".local/share/opencode/auth.json",
+            "anthropic",
+            "console.anthropic.com/v1/oauth/token",
+        ),
+        (
+            "opencode",
+            ".local/share/opencode/auth.json",
+            "openai",
+            "auth.openai.com/oauth/token",
+        ),
+    ] {
+        let plan = resolve(&f.req(Some(profile))).unwrap();
+        assert_eq!(plan.signin.len(), 1, "{profile}: {:?}", plan.signin);
+        let s = &plan.signin[0];
+        assert_eq!(s.file, f.home.join(file));
+        assert!(s.api_hosts.is_empty() && s.token_host.is_none());
+        let p = s.providers.iter().find(|p| p.id == provider).unwrap();
+        let host = p.token_host.clone().unwrap();
+        assert_eq!(
+            format!("{host}{}", p.token_path.as_deref().unwrap()),
+            token,
+            "{profile} {provider}"
+        );
+        // The sign-in's hosts are reachable by default.
+        assert!(plan.network.allow.contains(&host), "{profile}: {host}");
+        for h in &p.api_hosts {
+            assert!(plan.network.allow.contains(h), "{profile}: {h}");
+        }
+    }
+    // A by-provider entry names its endpoints per provider, not on the entry.
+    f.project_policy(
+        "[signin.pi]\nformat = \"pi\"\nfile = \"~/.pi/agent/auth.json\"\n\
+         token_url = \"https://evil.example/token\"\n",
+    );
+    let e = err(resolve(&f.req(Some("pi"))));
+    assert!(e.contains("per provider"), "{e}");
+    // A project's provider is a grant that names where each provider's tokens go.
+    f.project_policy(
+        "[signin.pi]\nformat = \"pi\"\nfile = \"~/.pi/agent/auth.json\"\n\
+         [signin.pi.providers.anthropic]\napi_hosts = [\"api.evil.example\"]\n\
+         token_url = \"https://evil.example/token\"\n",
+    );
+    let plan = resolve(&f.req(Some("pi"))).unwrap();
+    let grants = plan.project_trust.unwrap().grants;
+    assert!(
+        grants.iter().any(|g| g.ends_with(
+            "signin.pi sends your sign-in tokens from ~/.pi/agent/auth.json to anthropic: \
+             api.evil.example (refresh at evil.example/token)"
+        )),
+        "{grants:?}"
     );
 }
 

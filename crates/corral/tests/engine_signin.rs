@@ -35,6 +35,7 @@ on_every_engine!(
     control_without_signin_the_container_reads_the_real_refresh_token,
     after_corral_is_killed_a_refresh_is_refused_rather_than_lost,
     codex_auth_json_is_served_with_a_form_encoded_refresh_and_written_back,
+    pi_auth_json_is_served_by_provider_and_written_back,
 );
 
 /// The user's home for the run, with the signed-in Claude Code file (mode 0600); the file.
@@ -763,6 +764,130 @@ echo "API2=$(curl -sS {url}/backend-api/codex -H "Authorization: Bearer $(get ac
     assert_eq!(v["tokens"]["id_token"], id.as_str(), "{v}");
     assert_eq!(v["tokens"]["account_id"], "acc-1");
     assert_ne!(v["last_refresh"], "2026-01-01T00:00:00Z");
+    let meta = std::fs::metadata(&file).unwrap();
+    assert_eq!(
+        meta.ino(),
+        inode,
+        "the user's file was replaced, not rewritten"
+    );
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert!(w.containers().is_empty(), "{:?}", w.containers());
+    assert!(run_files(&w).is_empty(), "{:?}", run_files(&w));
+}
+
+/// pi's by-provider `~/.pi/agent/auth.json` through the gateway proxy container: an Anthropic
+/// OAuth sign-in and an API key the entry names, a key of a provider it does not name. The
+/// harness container holds placeholders only; the mock gets the real access token and key,
+/// never the unknown key; the refresh lands in the user's file (anthropic's entry only, in
+/// place) through corral on the host.
+fn pi_auth_json_is_served_by_provider_and_written_back(e: Engine) {
+    if !e.ready(&["openssl"]) {
+        return;
+    }
+    const KEY: &str = "sk-proj-PIKEYrealPIKEYrealPIKEYreal0123456789abcdef";
+    const UNKNOWN: &str = "gsk_PIUNKNOWNrealPIUNKNOWNreal0123456789abcdef";
+    let markers = [
+        MARKERS[0],
+        MARKERS[1],
+        MARKERS[2],
+        MARKERS[3],
+        "PIKEYrealPIKEY",
+        "PIUNKNOWNrealPI",
+    ];
+    let (w, api, subnet, mock) = mock_world(e, &claude_tokens());
+    let file = home(&w).join(".pi/agent/auth.json");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let auth = serde_json::json!({
+        "anthropic": {"type": "oauth", "access": ACCESS, "refresh": REFRESH, "expires": 1},
+        "openai": {"type": "api_key", "key": KEY},
+        "groq": {"type": "api_key", "key": UNKNOWN}});
+    std::fs::write(&file, serde_json::to_string_pretty(&auth).unwrap()).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let inode = std::fs::metadata(&file).unwrap().ino();
+    std::fs::write(
+        w.project.join("corral.toml"),
+        format!(
+            "[run]\nimage = \"{IMAGE}\"\n\n[network]\nmode = \"proxy\"\n\
+             allow = [\"{api}:8443\"]\nallow_cidrs = [\"{subnet}\"]\n\n\
+             [signin.pi]\nformat = \"pi\"\nfile = \"~/.pi/agent/auth.json\"\n\
+             [signin.pi.providers.anthropic]\napi_hosts = [\"{api}:8443\"]\n\
+             token_url = \"https://{api}:8443/v1/oauth/token\"\n\
+             [signin.pi.providers.openai]\napi_hosts = [\"{api}:8443\"]\n"
+        ),
+    )
+    .unwrap();
+    let out = corral_cmd(&w, &["trust"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let url = format!("https://{api}:8443");
+    let greps: String = markers
+        .iter()
+        .map(|m| {
+            let (a, b) = m.split_at(m.len() / 2);
+            format!(
+                "P={a}; P=${{P}}{b}; \
+                 if grep -rqs --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev --exclude-dir=usr \"$P\" /; then echo FILE-LEAK-{a}; fi; \
+                 if cat /proc/[0-9]*/environ 2>/dev/null | grep -q \"$P\"; then echo ENV-LEAK-{a}; fi\n"
+            )
+        })
+        .collect();
+    // pi writes auth.json in place.
+    let script = format!(
+        r#"F=~/.pi/agent/auth.json
+get() {{ python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]][sys.argv[3]])' "$F" "$1" "$2"; }}
+A=$(get anthropic access); R=$(get anthropic refresh); K=$(get openai key); U=$(get groq key)
+echo "API1=$(curl -sS {url}/v1/messages -H "Authorization: Bearer $A")"
+echo "KEY=$(curl -sS {url}/echo -H "Authorization: Bearer $K")"
+echo "UNKNOWN=$(curl -sS {url}/v1/messages -H "Authorization: Bearer $U")"
+RESP=$(curl -sS -X POST {url}/v1/oauth/token -H 'Content-Type: application/json' -d "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"$R\"}}")
+echo "$RESP" | python3 -c '
+import json, sys
+r = json.load(sys.stdin); f = sys.argv[1]
+d = json.load(open(f))
+d["anthropic"].update(access=r["access_token"], refresh=r["refresh_token"])
+open(f, "w").write(json.dumps(d))
+' "$F"
+echo "API2=$(curl -sS {url}/v1/messages -H "Authorization: Bearer $(get anthropic access)")"
+{greps}echo END
+"#
+    );
+    let out = corral_cmd(
+        &w,
+        &[
+            "run",
+            "pi",
+            "--engine",
+            e.name(),
+            "--",
+            "/bin/bash",
+            "-c",
+            &script,
+        ],
+    )
+    .env("SSL_CERT_FILE", mock.join("ca.pem"))
+    .output()
+    .unwrap();
+    let t = engine_support::text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    for m in markers {
+        assert!(!t.contains(m), "{m} reached the harness:\n{t}");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("-LEAK-"), "{t}");
+    assert_eq!(line(&stdout, "API1="), "\"api-ok\"", "{t}");
+    assert!(line(&stdout, "KEY=").contains("sk-proj-"), "{t}");
+    assert_eq!(line(&stdout, "UNKNOWN="), "\"bad-token\"", "{t}");
+    assert_eq!(line(&stdout, "API2="), "\"api-ok\"", "{t}");
+    let seen = std::fs::read_to_string(mock.join("seen.jsonl")).unwrap();
+    for real in [ACCESS, REFRESH, NEW_ACCESS, KEY] {
+        assert!(seen.contains(real), "{real} did not reach the mock: {seen}");
+    }
+    assert!(!seen.contains(UNKNOWN), "{seen}");
+
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(v["anthropic"]["access"], NEW_ACCESS, "{v}");
+    assert_eq!(v["anthropic"]["refresh"], NEW_REFRESH, "{v}");
+    assert_eq!(v["openai"], auth["openai"]);
+    assert_eq!(v["groq"], auth["groq"]);
     let meta = std::fs::metadata(&file).unwrap();
     assert_eq!(
         meta.ino(),

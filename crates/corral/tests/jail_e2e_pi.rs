@@ -160,3 +160,133 @@ fn pi_in_the_jail_edits_the_project_and_every_attack_fails() {
         "{logs}"
     );
 }
+
+/// The real pi with its key in `~/.pi/agent/auth.json` (`[signin.pi]`): pi reads the jail's
+/// copy, where the key is a placeholder, and the mock gets the real key; the key of a provider
+/// the entry does not name is a placeholder pi holds and nothing swaps. Control: the same run
+/// with the sign-in pointed at an absent file shows pi's jail the real values.
+#[test]
+fn pi_with_its_key_in_auth_json_holds_placeholders_and_the_model_gets_the_real_key() {
+    let Some(pi) = which("pi") else {
+        eprintln!(
+            "skipping: pi is not installed (npm install -g @mariozechner/pi-coding-agent; .ci/run does)"
+        );
+        return;
+    };
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    const KEY: &str = "sk-test-AUTHJSONkeyAUTHJSONkey0123456789abcdef";
+    const UNKNOWN: &str = "gsk_AUTHJSONunknownAUTHJSONunknown0123456789";
+    for (file_at, signed_in) in [
+        (".pi/agent/auth.json", true),
+        (".pi/agent/absent.json", false),
+    ] {
+        let w = World::new();
+        let mdir = w.root.join("mock");
+        std::fs::create_dir_all(&mdir).unwrap();
+        certs(&mdir, &host);
+        // The pattern is assembled at run time, so the command text never holds a value.
+        let steps = serde_json::json!({
+            "steps": [{"tool": "bash", "arguments": {"command":
+                "P=AUTHJSON; P=${P}key; U=AUTHJSON; U=${U}unknown; \
+                 echo key=$(grep -rc $P ~/.pi/agent/auth.json) unknown=$(grep -rc $U ~/.pi/agent/auth.json) \
+                 all=$(grep -rl -e $P -e $U ~ /tmp 2>/dev/null | wc -l) \
+                 groq=$(python3 -c 'import json,os; print(json.load(open(os.path.expanduser(\"~/.pi/agent/auth.json\")))[\"groq\"][\"key\"][:4])')"}}],
+            "final": "all done"
+        });
+        let m = mock_model(&mdir, &steps);
+        let port = m.port;
+        write(
+            &w.project.join("corral.toml"),
+            &format!(
+                "[network]\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+                 [signin.pi]\nformat = \"pi\"\nfile = \"~/{file_at}\"\n\
+                 [signin.pi.providers.mock]\napi_hosts = [\"{host}:{port}\"]\n"
+            ),
+        );
+        w.trust_project(&[]);
+        write(
+            &w.home.join(".pi/agent/models.json"),
+            // pi requires an `apiKey` for a provider of its own; auth.json's key comes first
+            // (dist/core/auth-storage.js getApiKey), so this one is never sent.
+            &serde_json::json!({"providers": {"mock": {
+                "baseUrl": format!("https://{host}:{port}/v1"),
+                "api": "openai-completions",
+                "apiKey": "MOCK_UNUSED_KEY",
+                "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+                "models": [{"id": "mock-1"}]
+            }}})
+            .to_string(),
+        );
+        write(
+            &w.home.join(".pi/agent/auth.json"),
+            &serde_json::json!({"mock": {"type": "api_key", "key": KEY},
+                "groq": {"type": "api_key", "key": UNKNOWN}})
+            .to_string(),
+        );
+        let mut c = Command::new("timeout");
+        c.arg("300")
+            .arg(corral_bin())
+            .args(["run", "pi", "--network", "proxy", "--"]);
+        if signed_in {
+            c.arg(&pi).args([
+                "-p",
+                "--provider",
+                "mock",
+                "--model",
+                "mock-1",
+                "Do the task.",
+            ]);
+        } else {
+            // Control: the same jail without the sign-in reads the real values (the jail's
+            // pi would not reach the mock: only the gateway's interception trusts its CA).
+            c.args([
+                "sh",
+                "-c",
+                steps["steps"][0]["arguments"]["command"].as_str().unwrap(),
+            ]);
+        }
+        c.current_dir(&w.project)
+            .env_clear()
+            .env("HOME", &w.home)
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("LANG", "C.UTF-8")
+            .env("TMPDIR", std::env::temp_dir())
+            .env("SSL_CERT_FILE", mdir.join("ca.pem"));
+        let out = run(c);
+        let reqs = m.requests();
+        if !signed_in {
+            assert!(
+                out.stdout.contains("key=1 unknown=1") && out.stdout.contains("groq=gsk_"),
+                "{}",
+                out.both()
+            );
+            continue;
+        }
+        assert_eq!(out.code, 0, "corral run pi failed:\n{}", out.both());
+        assert!(out.stdout.contains("all done"), "{}", out.both());
+        for marker in ["AUTHJSONkeyAUTHJSONkey", "AUTHJSONunknownAUTHJSONunknown"] {
+            assert!(!out.both().contains(marker), "real value printed");
+        }
+        let posts: Vec<_> = reqs.iter().filter(|r| r["method"] == "POST").collect();
+        assert_eq!(posts.len(), 2, "{reqs:#?}");
+        for r in &reqs {
+            assert_eq!(r["authorization"], format!("Bearer {KEY}"), "{r}");
+        }
+        let result = posts[1]["tool_results"][0].as_str().unwrap_or_default();
+        assert!(
+            result.contains("key=0 unknown=0 all=0 groq=gsk_"),
+            "{result}"
+        );
+        assert!(!serde_json::to_string(&reqs).unwrap().contains(UNKNOWN));
+        // The user's file is as it was: nothing refreshed, nothing the jail wrote.
+        let v: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(w.home.join(".pi/agent/auth.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v["mock"]["key"], KEY);
+        assert_eq!(v["groq"]["key"], UNKNOWN);
+    }
+}

@@ -828,3 +828,266 @@ echo END
     assert!(joined.contains(ACCESS), "control: {joined}");
     drop(m);
 }
+
+/// pi's and opencode's by-provider files: one Claude Pro/Max OAuth sign-in, one API key corral
+/// knows the host of, one API key of a provider the entry does not name, a `!command` key.
+struct ByProvider {
+    profile: &'static str,
+    rel: &'static str,
+    api_key_type: &'static str,
+}
+
+const PI: ByProvider = ByProvider {
+    profile: "pi",
+    rel: ".pi/agent/auth.json",
+    api_key_type: "api_key",
+};
+const OPENCODE: ByProvider = ByProvider {
+    profile: "opencode",
+    rel: ".local/share/opencode/auth.json",
+    api_key_type: "api",
+};
+
+/// An account of the jail's own that the mock's token endpoint accepts as well.
+const BP_FOREIGN_REFRESH: &str = "sk-ant-ort01-JAILSOWNrefreshJAILSOWNrefresh0123456789";
+const BP_FOREIGN_ACCESS: &str = "sk-ant-oat01-JAILSOWNaccessJAILSOWNaccess0123456789ab";
+
+/// The known provider's API key and the unknown provider's, with their scan markers.
+const BP_KEY: &str = "sk-proj-BPKEYrealBPKEYrealBPKEYreal0123456789abcdefABCDEF";
+const BP_UNKNOWN: &str = "gsk_BPUNKNOWNrealBPUNKNOWNrealBPUNKNOWN0123456789ab";
+const BP_MARKERS: [&str; 6] = [
+    MARKERS[0],
+    MARKERS[1],
+    MARKERS[2],
+    MARKERS[3],
+    "BPKEYrealBPKEY",
+    "BPUNKNOWNrealBPUNKNOWN",
+];
+
+fn by_provider_file(h: &ByProvider) -> serde_json::Value {
+    serde_json::json!({
+        "anthropic": {"type": "oauth", "access": ACCESS, "refresh": REFRESH,
+            "expires": 1_700_000_000_000u64},
+        "openai": {"type": h.api_key_type, "key": BP_KEY},
+        "groq": {"type": h.api_key_type, "key": BP_UNKNOWN},
+        "google": {"type": h.api_key_type, "key": "!printf from-a-command"},
+    })
+}
+
+/// The user's file `h.rel` and a trusted project policy serving it with `anthropic` (OAuth)
+/// and `openai` (API key) at the mock; `groq` is not named. `file_at` replaces the entry's
+/// file (the control points the sign-in elsewhere).
+fn by_provider_project(
+    w: &World,
+    h: &ByProvider,
+    (host, port): (&str, u16),
+    file_at: &str,
+) -> std::path::PathBuf {
+    let file = w.home.join(h.rel);
+    write(
+        &file,
+        &serde_json::to_string_pretty(&by_provider_file(h)).unwrap(),
+    );
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let name = h.profile;
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [signin.{name}]\nformat = \"{name}\"\nfile = \"~/{file_at}\"\n\n\
+             [signin.{name}.providers.anthropic]\napi_hosts = [\"{host}:{port}\"]\n\
+             token_url = \"https://{host}:{port}/v1/oauth/token\"\n\n\
+             [signin.{name}.providers.openai]\napi_hosts = [\"{host}:{port}\"]\n"
+        ),
+    );
+    w.trust_project(&[]);
+    file
+}
+
+/// What pi and opencode do with their file against the mock at `url`: read the placeholders,
+/// call the API with the OAuth access token and with each API key, refresh Anthropic's way
+/// (JSON body), write the new tokens into the file in place (pi's `writeFileSync`), call the
+/// API again. Prints `PH_*=`, `API1=`, `KEY=`, `UNKNOWN=`, `UNKNOWN_ECHO=`, `COMMAND=`,
+/// `TOKENRESP=`, `API2=` lines. Never spells a real value.
+fn by_provider_script(h: &ByProvider, url: &str) -> String {
+    let greps = leak_greps(&BP_MARKERS);
+    let rel = h.rel;
+    format!(
+        r#"F=~/{rel}
+get() {{ python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]][sys.argv[3]])' "$F" "$1" "$2"; }}
+A=$(get anthropic access); R=$(get anthropic refresh); K=$(get openai key); U=$(get groq key)
+echo "PH_ACCESS=$A"
+echo "PH_UNKNOWN=$U"
+echo "COMMAND=$(get google key)"
+echo "API1=$(curl -sS {url}/v1/messages -H "Authorization: Bearer $A")"
+echo "KEY=$(curl -sS {url}/echo -H "Authorization: Bearer $K")"
+echo "UNKNOWN=$(curl -sS {url}/v1/messages -H "Authorization: Bearer $U")"
+echo "UNKNOWN_ECHO=$(curl -sS {url}/echo -H "Authorization: Bearer $U")"
+RESP=$(curl -sS -X POST {url}/v1/oauth/token -H 'Content-Type: application/json' -d "{{\"grant_type\":\"refresh_token\",\"refresh_token\":\"$R\",\"client_id\":\"9d1c250a\"}}")
+echo "TOKENRESP=$RESP"
+echo "$RESP" | python3 -c '
+import json, sys
+r = json.load(sys.stdin); f = sys.argv[1]
+d = json.load(open(f))
+d["anthropic"].update(access=r["access_token"], refresh=r["refresh_token"])
+open(f, "w").write(json.dumps(d, indent=2))
+' "$F"
+echo "API2=$(curl -sS {url}/v1/messages -H "Authorization: Bearer $(get anthropic access)")"
+# The jail's own account: a refresh with a token of its own, which the endpoint accepts.
+echo "FOREIGN=$(curl -sS -X POST {url}/v1/oauth/token -H 'Content-Type: application/json' -d '{{"grant_type":"refresh_token","refresh_token":"{BP_FOREIGN_REFRESH}"}}')"
+{greps}echo END
+"#
+    )
+}
+
+/// A by-provider sign-in in the jail, end to end (see [`by_provider_script`]).
+fn by_provider_signin(h: &ByProvider) {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    let tokens = serde_json::json!({"access": ACCESS, "refresh": REFRESH,
+        "new_access": NEW_ACCESS, "new_refresh": NEW_REFRESH, "token_path": "/v1/oauth/token",
+        "foreign_refresh": BP_FOREIGN_REFRESH, "foreign_access": BP_FOREIGN_ACCESS});
+    let m = mock_with(&mdir, &host, &tokens);
+    let file = by_provider_project(&w, h, (&host, m.port), h.rel);
+    let url = format!("https://{host}:{}", m.port);
+    let out = run_jailed(&w, &mdir, h.profile, &by_provider_script(h, &url));
+    let all = out.both();
+    let stdout = out.stdout.as_str();
+    for marker in BP_MARKERS {
+        assert!(!all.contains(marker), "{marker} reached the jail:\n{all}");
+    }
+    assert!(!stdout.contains("-LEAK-"), "{all}");
+    let ph = line(stdout, "PH_ACCESS=");
+    assert!(
+        ph.starts_with("sk-ant-oat01-") && ph.len() == ACCESS.len(),
+        "{ph}"
+    );
+    // The command stays as pi wrote it (pi runs it; corral never swaps or writes it).
+    assert_eq!(line(stdout, "COMMAND="), "!printf from-a-command", "{all}");
+    // The OAuth access token and the known key reach the API as the real ones.
+    assert_eq!(line(stdout, "API1="), "\"api-ok\"", "{all}");
+    assert!(line(stdout, "KEY=").contains("sk-proj-"), "{all}");
+    // The unknown provider's key: a placeholder the API refuses, reflected as itself.
+    let ph_unknown = line(stdout, "PH_UNKNOWN=");
+    assert!(
+        ph_unknown.starts_with("gsk_") && ph_unknown.len() == BP_UNKNOWN.len(),
+        "{ph_unknown}"
+    );
+    assert_eq!(line(stdout, "UNKNOWN="), "\"bad-token\"", "{all}");
+    assert!(line(stdout, "UNKNOWN_ECHO=").contains(ph_unknown), "{all}");
+    let resp: serde_json::Value = serde_json::from_str(line(stdout, "TOKENRESP=")).unwrap();
+    let new_ph = resp["access_token"].as_str().unwrap();
+    assert!(
+        new_ph.starts_with("sk-ant-oat01-") && new_ph != ph,
+        "{resp}"
+    );
+    assert_eq!(line(stdout, "API2="), "\"api-ok\"", "{all}");
+    // The jail's own refresh is answered (as placeholders) but never lands in the user's file.
+    let foreign: serde_json::Value = serde_json::from_str(line(stdout, "FOREIGN=")).unwrap();
+    assert!(
+        foreign["access_token"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("sk-ant-oat01-") && a != BP_FOREIGN_ACCESS),
+        "{all}"
+    );
+
+    // The origin saw the real access token, the real refresh token and the known key; never
+    // the unknown provider's key.
+    let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap();
+    for real in [ACCESS, NEW_ACCESS, REFRESH, BP_KEY] {
+        assert!(
+            seen.contains(real),
+            "{real} did not reach the origin: {seen}"
+        );
+    }
+    assert!(!seen.contains(BP_UNKNOWN), "{seen}");
+    assert!(seen.contains(ph_unknown), "{seen}");
+
+    // Written back in place: anthropic's new tokens; every other entry as it was.
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let before = by_provider_file(h);
+    assert_eq!(v["anthropic"]["access"], NEW_ACCESS, "{v}");
+    assert_eq!(v["anthropic"]["refresh"], NEW_REFRESH, "{v}");
+    assert_eq!(v["anthropic"]["type"], "oauth");
+    assert!(v["anthropic"]["expires"].as_u64().unwrap() > 1_700_000_000_000);
+    for other in ["openai", "groq", "google"] {
+        assert_eq!(v[other], before[other], "{other}");
+    }
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let mut logs = String::new();
+    for e in walk(&w.home.join(".local/state/corral")) {
+        logs.push_str(&std::fs::read_to_string(e).unwrap_or_default());
+    }
+    for marker in BP_MARKERS {
+        assert!(!logs.contains(marker), "{marker} in the audit log");
+    }
+    let name = h.profile;
+    assert!(
+        logs.contains(&format!(
+            "signin.{name}.anthropic: refreshed; new tokens kept by corral and written back"
+        )),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("carried no refresh token of this run"),
+        "{logs}"
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(!text.contains("JAILSOWN"), "{text}");
+}
+
+#[test]
+fn pi_auth_json_holds_placeholders_and_corral_swaps_refreshes_and_writes_back() {
+    by_provider_signin(&PI);
+}
+
+#[test]
+fn opencode_auth_json_holds_placeholders_and_corral_swaps_refreshes_and_writes_back() {
+    by_provider_signin(&OPENCODE);
+}
+
+/// The control for both: the same run with the sign-in pointed at a file that does not exist
+/// reads the real file, refresh token and unknown key included, and the unknown key reaches
+/// the origin.
+#[test]
+fn control_without_the_by_provider_signin_the_jail_reads_the_real_tokens() {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    for h in [PI, OPENCODE] {
+        let w = World::new();
+        let mdir = w.root.join("mock");
+        std::fs::create_dir_all(&mdir).unwrap();
+        let m = mock(&mdir, &host);
+        let elsewhere = format!("{}.absent", h.rel);
+        by_provider_project(&w, &h, (&host, m.port), &elsewhere);
+        let url = format!("https://{host}:{}", m.port);
+        let script = format!(
+            "F=~/{}; cat \"$F\"; echo; \
+             U=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[\"groq\"][\"key\"])' \"$F\"); \
+             curl -sSk {url}/echo -H \"Authorization: Bearer $U\"; echo; echo END",
+            h.rel
+        );
+        let out = run_jailed(&w, &mdir, h.profile, &script);
+        assert!(
+            out.stdout.contains(REFRESH) && out.stdout.contains(BP_UNKNOWN),
+            "{}: {}",
+            h.profile,
+            out.both()
+        );
+        let seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap_or_default();
+        assert!(
+            seen.contains(BP_UNKNOWN),
+            "{}: {seen}\n{}",
+            h.profile,
+            out.both()
+        );
+    }
+}

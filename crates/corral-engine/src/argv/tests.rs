@@ -846,8 +846,9 @@ fn a_signin_placeholder_covers_the_credential_file_wherever_the_harness_would_se
         format: SigninFormat::Claude,
         file: file.clone(),
         api_hosts: vec![DomainPattern::parse("api.example.com").unwrap()],
-        token_host: DomainPattern::parse("auth.example.com").unwrap(),
-        token_path: "/token".into(),
+        token_host: Some(DomainPattern::parse("auth.example.com").unwrap()),
+        token_path: Some("/token".into()),
+        providers: vec![],
     }];
     let mut c = ctx(EngineKind::Docker, false);
     // The plan's path is a link to the file in the state directory.

@@ -400,11 +400,15 @@ fn what_the_disk_said_reaches_both_jails_as_gathered() {
                 "api.cerebras.ai",
                 "api.x.ai",
                 "openrouter.ai",
+                "platform.claude.com",
+                "chatgpt.com",
+                "auth.openai.com",
             ]
             .map(pat)
             .to_vec(),
             ..no_network(NetworkMode::Proxy)
         },
+        signin: vec![pi_signin()],
         secrets: vec![SecretPlan {
             name: "ANTHROPIC_API_KEY".into(),
             from_env: "ANTHROPIC_API_KEY".into(),
@@ -420,6 +424,43 @@ fn what_the_disk_said_reaches_both_jails_as_gathered() {
         ..expected
     };
     assert_eq!(plan, expected);
+}
+
+/// The pi profile's `[signin.pi]`, in the order the plan lists providers (by name).
+fn pi_signin() -> crate::signin::SigninPlan {
+    let provider =
+        |id: &str, host: &str, token: Option<(&str, &str)>| crate::signin::ProviderPlan {
+            id: id.into(),
+            api_hosts: vec![pat(host)],
+            token_host: token.map(|(h, _)| pat(h)),
+            token_path: token.map(|(_, p)| p.into()),
+        };
+    crate::signin::SigninPlan {
+        name: "pi".into(),
+        format: crate::signin::SigninFormat::Pi,
+        file: p(HOME).join(".pi/agent/auth.json"),
+        api_hosts: vec![],
+        token_host: None,
+        token_path: None,
+        providers: vec![
+            provider(
+                "anthropic",
+                "api.anthropic.com",
+                Some(("platform.claude.com", "/v1/oauth/token")),
+            ),
+            provider("cerebras", "api.cerebras.ai", None),
+            provider("google", "generativelanguage.googleapis.com", None),
+            provider("groq", "api.groq.com", None),
+            provider("openai", "api.openai.com", None),
+            provider(
+                "openai-codex",
+                "chatgpt.com",
+                Some(("auth.openai.com", "/oauth/token")),
+            ),
+            provider("openrouter", "openrouter.ai", None),
+            provider("xai", "api.x.ai", None),
+        ],
+    }
 }
 
 /// A user layer that gives both jails binds, variables and network of their own.

@@ -64,6 +64,11 @@ class H(http.server.BaseHTTPRequestHandler):
                 req = json.loads(body)
         except ValueError:
             return self.answer(400, '{"error":"invalid_request"}')
+        # `foreign_refresh`: an account of the jail's own, accepted as well (not rotated).
+        if tok.get("foreign_refresh") and req.get("refresh_token") == tok["foreign_refresh"]:
+            return self.answer(200, json.dumps({"token_type": "Bearer",
+                "access_token": tok["foreign_access"], "refresh_token": tok["foreign_refresh"],
+                "expires_in": 28800}))
         if self.path != tok["token_path"] or req.get("refresh_token") != state["refresh"]:
             return self.answer(400, '{"error":"invalid_grant"}')
         state["access"], state["refresh"] = tok["new_access"], tok["new_refresh"]
