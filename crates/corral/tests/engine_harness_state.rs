@@ -4,7 +4,8 @@
 //! plants Claude Code's `~/.claude/.config.json` and `local/cli.js`, MCP servers in
 //! `~/.claude.json`, and deletes a host session: the host's state is as it was afterwards, and a
 //! second run sees the first one's writes. The control: `--allow-harness-config` binds the
-//! host's state and the plant lands there.
+//! host's state and the plant lands there. Likewise Codex's `$CODEX_HOME/.env`, `hooks.json`,
+//! `plugins/cache/`, `agents/`.
 //!
 //! Needs root and the image `localhost/corral-ci-harness:latest` (ci/podman-setup.sh,
 //! ci/docker-setup.sh), as engine_containers.rs.
@@ -16,7 +17,10 @@ use std::process::Output;
 
 use engine_support::{Engine, IMAGE, World, on_every_engine, text};
 
-on_every_engine!(a_harness_container_writes_corrals_layer_never_the_hosts_state);
+on_every_engine!(
+    a_harness_container_writes_corrals_layer_never_the_hosts_state,
+    a_codex_container_plants_nothing_in_the_hosts_codex_home,
+);
 
 const CLAUDE_JSON: &str = "{\"numStartups\": 3, \"mcpServers\": {}}\n";
 const SETTINGS: &str = "{\"model\": \"opus\"}\n";
@@ -40,9 +44,14 @@ fn read(p: &Path) -> String {
 
 /// `corral run claude --engine E --network none [EXTRA] -- /bin/sh -c SCRIPT` with `home`.
 fn run_claude(w: &World, home: &Path, extra: &[&str], script: &str) -> Output {
+    run_profile(w, "claude", home, extra, script)
+}
+
+/// `corral run PROFILE --engine E --network none [EXTRA] -- /bin/sh -c SCRIPT` with `home`.
+fn run_profile(w: &World, profile: &str, home: &Path, extra: &[&str], script: &str) -> Output {
     let mut args = vec![
         "run",
-        "claude",
+        profile,
         "--engine",
         w.engine.name(),
         "--network",
@@ -103,4 +112,56 @@ fn a_harness_container_writes_corrals_layer_never_the_hosts_state(e: Engine) {
     assert!(out.status.success(), "{t}");
     assert_eq!(read(&home.join(".claude/local/cli.js")), "evil()");
     assert!(read(&home.join(".claude.json")).contains("/tmp/evil"));
+}
+
+const CODEX_PLANT: &str = "\
+    printf 'PATH=/tmp/evil-bin\\nBASH_ENV=/tmp/evil.sh\\n' > \"$CODEX_HOME/.env\" && echo W1; \
+    printf '{\"hooks\":{}}' > \"$CODEX_HOME/hooks.json\" && echo W2; \
+    mkdir -p \"$CODEX_HOME/plugins/cache/p\" && echo 'evil()' > \"$CODEX_HOME/plugins/cache/p/index.js\" && echo W3; \
+    mkdir -p \"$CODEX_HOME/agents\" && echo 'command = 1' > \"$CODEX_HOME/agents/a.toml\" && echo W4; \
+    echo END";
+
+fn a_codex_container_plants_nothing_in_the_hosts_codex_home(e: Engine) {
+    if !e.ready(&[]) {
+        return;
+    }
+    let w = World::new(e, "hc");
+    let home = w.dir.path().join("home");
+    write(&home.join(".codex/config.toml"), "model = \"gpt-5\"\n");
+    std::fs::write(
+        w.project.join("corral.toml"),
+        format!("[run]\nimage = \"{IMAGE}\"\n"),
+    )
+    .unwrap();
+    let trust = w.command(&["trust"]).env("HOME", &home).output().unwrap();
+    assert!(trust.status.success(), "{}", text(&trust));
+    let planted = [".env", "hooks.json", "plugins", "agents"];
+
+    let out = run_profile(&w, "codex", &home, &[], CODEX_PLANT);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for m in ["W1", "W2", "W3", "W4", "END"] {
+        assert!(t.contains(m), "{m}: {t}");
+    }
+    for p in planted {
+        assert!(!home.join(".codex").join(p).exists(), "{p}: {t}");
+    }
+    // The next run sees them.
+    let out = run_profile(
+        &w,
+        "codex",
+        &home,
+        &[],
+        "cat \"$CODEX_HOME/plugins/cache/p/index.js\"; echo END",
+    );
+    let t = text(&out);
+    assert!(t.contains("evil()"), "{t}");
+
+    // Control: the host's state bound read-write.
+    let out = run_profile(&w, "codex", &home, &["--allow-harness-config"], CODEX_PLANT);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for p in planted {
+        assert!(home.join(".codex").join(p).exists(), "{p}: {t}");
+    }
 }
