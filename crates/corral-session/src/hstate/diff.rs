@@ -321,7 +321,8 @@ fn code_reason(state: &HarnessState, path: &Path) -> Option<String> {
     let (Some(new), Some(old)) = (new, parse(path)) else {
         return Some("code keys: the file does not parse; review it whole".into());
     };
-    let differing = code_keys_differing(&ck.keys, &old, &new);
+    let mut differing = code_keys_differing(&ck.keys, &old, &new);
+    differing.extend(commands_differing(&ck.commands, &old, &new));
     (!differing.is_empty()).then(|| format!("code keys: {}", differing.join(", ")))
 }
 
@@ -370,6 +371,28 @@ fn code_keys_differing(keys: &GuardedKeys, old: &Value, new: &Value) -> Vec<Stri
             }
         }
     }
+}
+
+/// The key paths (as the profile names them) whose values the harness runs as a shell command
+/// when they start with `!`, where such a command differs from the host's.
+fn commands_differing(paths: &[String], old: &Value, new: &Value) -> Vec<String> {
+    let commands = |v: &Value, parts: &[&str]| -> Vec<(String, Value)> {
+        collect(v, parts)
+            .into_iter()
+            .filter(|(_, val)| {
+                val.as_str()
+                    .is_some_and(|s| s.trim_start().starts_with('!'))
+            })
+            .collect()
+    };
+    paths
+        .iter()
+        .filter(|p| {
+            let parts: Vec<&str> = p.split('.').collect();
+            commands(old, &parts) != commands(new, &parts)
+        })
+        .map(|p| format!("{p} (a `!` command)"))
+        .collect()
 }
 
 /// The values at a key path (`*` matching every name), with the names that led there.
