@@ -56,6 +56,17 @@ pub fn prepare(plan: &Plan, run_id: &str) -> anyhow::Result<Option<Held>> {
         return Ok(None);
     };
     mkdirs(&state.layer)?;
+    prepare_in(plan, state, run_id, upper_unsupported(&state.layer))
+}
+
+/// [`prepare`] with the layer's directory made; `copies`: overlayfs cannot keep an upper
+/// directory there.
+fn prepare_in(
+    plan: &Plan,
+    state: &HarnessState,
+    run_id: &str,
+    copies: bool,
+) -> anyhow::Result<Option<Held>> {
     let lock = open_lock(&state.layer.join("lock"))?;
     let mut notes = Vec::new();
     // An overlay cannot keep its upper directory on every file system (one that is itself an
@@ -63,7 +74,6 @@ pub fn prepare(plan: &Plan, run_id: &str) -> anyhow::Result<Option<Held>> {
     // podman) gets corral's seeded copy of each state directory bound instead, as docker does.
     // The host's state directory is then not in the jail at all. Concurrent runs share the
     // copy, as docker's do.
-    let copies = upper_unsupported(&state.layer);
     if copies {
         let locked = try_lock(&lock)?;
         if locked {
@@ -75,7 +85,17 @@ pub fn prepare(plan: &Plan, run_id: &str) -> anyhow::Result<Option<Held>> {
                 continue;
             };
             let copy = upper.with_file_name("copy");
-            notes.extend(seed_copy(&m.target, &copy)?);
+            if locked {
+                notes.extend(seed_copy(&m.target, &copy)?);
+            } else if copy.symlink_metadata().is_err() {
+                // The run holding the layer seeds it before its jail starts: not done yet.
+                bail!(
+                    "another run of {} is making corral's copy of its state ({}); run again \
+                     when it has started",
+                    plan.profile,
+                    copy.display()
+                );
+            }
             m.source = copy;
             m.kind = MountKind::Bind(corral_policy::plan::Access::Rw);
         }

@@ -291,3 +291,50 @@ fn a_bang_command_in_pis_auth_json_is_called_out_as_code() {
         None
     );
 }
+
+#[test]
+fn where_overlays_cannot_be_used_runs_bind_the_seeded_copy_and_a_second_run_never_reseeds_it() {
+    let t = tempfile::tempdir().unwrap();
+    let home = t.path();
+    write(&home.join(".claude/settings.json"), "{}");
+    for engine in [Engine::Native, Engine::Podman] {
+        let plan = claude_plan(home, engine);
+        let state = plan.harness_state.clone().unwrap();
+        let copy = state.layer.join("dirs/.claude/copy");
+        mkdirs(&state.layer).unwrap();
+        // A second run while the first holds the layer and has not made the copy yet: refused,
+        // never a reseed under the first one's feet.
+        {
+            let holder = open_lock(&state.layer.join("lock")).unwrap();
+            assert!(try_lock(&holder).unwrap());
+            let e = prepare_in(&plan, &state, "r0", true).err().unwrap();
+            assert!(e.to_string().contains("making corral's copy"), "{e}");
+            assert!(copy.symlink_metadata().is_err());
+        }
+        let first = prepare_in(&plan, &state, "r1", true).unwrap().unwrap();
+        let bound = |h: &Held| h.plan.as_ref().unwrap().mounts.last().unwrap().clone();
+        let m = bound(&first);
+        assert_eq!(m.source, copy);
+        assert_eq!(m.target, home.join(".claude"));
+        assert_eq!(
+            m.kind,
+            corral_policy::plan::MountKind::Bind(corral_policy::plan::Access::Rw)
+        );
+        assert_eq!(
+            std::fs::read_to_string(copy.join("settings.json")).unwrap(),
+            "{}"
+        );
+        // What the jail writes there stays; a concurrent run binds the same copy.
+        write(&copy.join("local/cli.js"), "evil()");
+        let second = prepare_in(&plan, &state, "r2", true).unwrap().unwrap();
+        assert_eq!(bound(&second).source, copy);
+        assert_eq!(
+            std::fs::read_to_string(copy.join("local/cli.js")).unwrap(),
+            "evil()"
+        );
+        drop(second);
+        drop(first);
+        assert!(!home.join(".claude/local").exists());
+        remove_tree(&state.layer).unwrap();
+    }
+}
