@@ -20,6 +20,7 @@ use engine_support::{Engine, IMAGE, World, on_every_engine, text};
 on_every_engine!(
     a_harness_container_writes_corrals_layer_never_the_hosts_state,
     a_codex_container_plants_nothing_in_the_hosts_codex_home,
+    where_an_overlay_cannot_keep_its_upper_the_container_gets_corrals_copy,
 );
 
 const CLAUDE_JSON: &str = "{\"numStartups\": 3, \"mcpServers\": {}}\n";
@@ -164,4 +165,83 @@ fn a_codex_container_plants_nothing_in_the_hosts_codex_home(e: Engine) {
     for p in planted {
         assert!(home.join(".codex").join(p).exists(), "{p}: {t}");
     }
+}
+
+/// corral's state directory on an overlay (as in a development container): overlayfs cannot
+/// keep an upper directory there, so podman gets corral's copy bound as docker does; the host's
+/// state is untouched and the next run sees the first one's writes.
+fn where_an_overlay_cannot_keep_its_upper_the_container_gets_corrals_copy(e: Engine) {
+    if !e.ready(&[]) {
+        return;
+    }
+    let w = World::new(e, "ho");
+    let base = w.dir.path().join("ovl");
+    for d in ["lower", "upper", "work", "merged"] {
+        std::fs::create_dir_all(base.join(d)).unwrap();
+    }
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!(
+            "lowerdir={},upperdir={},workdir={}",
+            base.join("lower").display(),
+            base.join("upper").display(),
+            base.join("work").display()
+        ))
+        .arg(base.join("merged"))
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(base.join("merged"));
+    let state_home = base.join("merged/state");
+    let home = w.dir.path().join("home");
+    write(&home.join(".claude.json"), CLAUDE_JSON);
+    write(&home.join(".claude/settings.json"), SETTINGS);
+    write(&home.join(".claude/projects/p/s.jsonl"), KEEP);
+    std::fs::write(
+        w.project.join("corral.toml"),
+        format!("[run]\nimage = \"{IMAGE}\"\n"),
+    )
+    .unwrap();
+    let corral = |args: &[&str]| {
+        let mut c = w.command(args);
+        c.env("HOME", &home).env("XDG_STATE_HOME", &state_home);
+        c.output().expect("corral runs")
+    };
+    let trust = corral(&["trust"]);
+    assert!(trust.status.success(), "{}", text(&trust));
+    let run = |script: &str| {
+        corral(&[
+            "run",
+            "claude",
+            "--engine",
+            w.engine.name(),
+            "--network",
+            "none",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ])
+    };
+    let out = run(PLANT);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for m in ["W1", "W2", "W3", "W4", "END"] {
+        assert!(t.contains(m), "{m}: {t}");
+    }
+    assert_eq!(read(&home.join(".claude.json")), CLAUDE_JSON);
+    assert_eq!(read(&home.join(".claude/projects/p/s.jsonl")), KEEP);
+    assert!(!home.join(".claude/.config.json").exists());
+    assert!(!home.join(".claude/local").exists());
+    let copy = state_home.join("corral/harness/claude/dirs/.claude/copy");
+    assert_eq!(read(&copy.join("local/cli.js")), "evil()");
+    let out = run("cat \"$HOME/.claude/local/cli.js\"; echo; echo END");
+    let t = text(&out);
+    assert!(t.contains("evil()"), "{t}");
 }

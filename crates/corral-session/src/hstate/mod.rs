@@ -79,14 +79,13 @@ fn prepare_in(
         if locked {
             notes.extend(merge_finished_runs(state)?);
         }
-        let mut run_plan = plan.clone();
-        for m in &mut run_plan.mounts {
-            let MountKind::Overlay { upper, .. } = &m.kind else {
-                continue;
+        for d in &state.dirs {
+            let copy = match &d.layer {
+                StateLayer::Overlay { upper, .. } => upper.with_file_name("copy"),
+                StateLayer::Copy { dir } => dir.clone(),
             };
-            let copy = upper.with_file_name("copy");
             if locked {
-                notes.extend(seed_copy(&m.target, &copy)?);
+                notes.extend(seed_copy(&d.host, &copy)?);
             } else if copy.symlink_metadata().is_err() {
                 // The run holding the layer seeds it before its jail starts: not done yet.
                 bail!(
@@ -96,7 +95,19 @@ fn prepare_in(
                     copy.display()
                 );
             }
-            m.source = copy;
+        }
+        let mut run_plan = plan.clone();
+        for m in &mut run_plan.mounts {
+            let MountKind::Overlay { upper, .. } = &m.kind else {
+                continue;
+            };
+            if !state.dirs.iter().any(|d| d.host == m.target) {
+                bail!(
+                    "the overlay at {} is not one of the harness's state directories",
+                    m.target.display()
+                );
+            }
+            m.source = upper.with_file_name("copy");
             m.kind = MountKind::Bind(corral_policy::plan::Access::Rw);
         }
         for f in &state.files {
