@@ -629,6 +629,15 @@ fn where_an_overlay_cannot_keep_its_upper_the_jail_gets_corrals_copy_never_the_h
         ]);
         run(c)
     };
+    let mut c = w.corral();
+    c.env("XDG_STATE_HOME", &state_home)
+        .args(["plan", "claude"]);
+    let plan = run(c);
+    assert!(
+        plan.stdout.contains("a run binds corral's copy"),
+        "{}",
+        plan.both()
+    );
     let out = run_here(CLAUDE_PLANT);
     ran(&out, "END");
     assert!(

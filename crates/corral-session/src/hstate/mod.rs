@@ -220,11 +220,12 @@ fn prepare_in(
     }))
 }
 
-/// Whether overlayfs refuses an upper directory on the file system of `dir`: an overlay, NFS,
-/// FUSE. (Other refusals, such as a file system without user extended attributes, fail the
-/// mount with a message naming the step.)
-pub(crate) fn upper_unsupported(dir: &Path) -> bool {
-    fs_type(dir).is_some_and(upper_refused)
+/// Whether overlayfs refuses an upper directory on the file system of `dir` (or, when it does
+/// not exist yet, of its nearest existing parent): an overlay, NFS, FUSE. (Other refusals,
+/// such as a file system without user extended attributes, fail the mount with a message
+/// naming the step.)
+pub fn upper_unsupported(dir: &Path) -> bool {
+    dir.ancestors().find_map(fs_type).is_some_and(upper_refused)
 }
 
 fn upper_refused(magic: i64) -> bool {

@@ -330,6 +330,13 @@ fn files(o: &mut String, p: &Plan) {
         for f in &state.files {
             let _ = writeln!(o, "  {}  <- {}", f.host.display(), f.copy.display());
         }
+        if corral_session::hstate::upper_unsupported(&state.layer) {
+            let _ = writeln!(
+                o,
+                "  (its file system cannot hold an overlay's upper directory: a run binds \
+                 corral's copy of each state directory, dirs/KEY/copy, instead)"
+            );
+        }
     }
 }
 
