@@ -13,6 +13,7 @@ pub mod hostcode;
 pub mod hstate;
 pub mod journal;
 pub mod replaced;
+pub mod review;
 pub mod runplan;
 mod session;
 pub mod setid;

@@ -21,6 +21,7 @@ pub mod log;
 pub mod plan;
 mod profile_arg;
 mod proxy;
+mod review;
 pub mod rules;
 mod run;
 mod secrets;
@@ -31,6 +32,7 @@ mod signin;
 mod skill;
 mod state;
 pub mod trust;
+mod undo;
 mod watch;
 mod worktree;
 
@@ -73,7 +75,12 @@ pub fn dispatch(cli: Cli, early: Option<PreparedJail>) -> anyhow::Result<ExitCod
         }
         Command::Init(args) => init::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Log(args) if args.runs => undo::log_runs(args.json),
         Command::Log(args) => log::run(args),
+        Command::Diff(args) => review::diff(args),
+        Command::Accept(args) => review::accept(args),
+        Command::Discard(args) => review::discard(args),
+        Command::Undo(args) => undo::run(args),
         Command::Image(cmd) => image::run(cmd),
         Command::Down(args) => down::run(args),
         Command::PortRelay(args) => {
