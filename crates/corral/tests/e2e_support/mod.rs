@@ -197,7 +197,8 @@ pub struct Attacks {
     /// The project, at the same path inside the jail (for tools that want absolute paths).
     pub project: PathBuf,
     /// Review mode's second step (`review_end_to_end`): print what the harness wrote into
-    /// `REVIEW_FILE` (`read=TEXT rc=0`), then wait at the test's gate.
+    /// `REVIEW_FILE` (`read=TEXT`, `rc=0`), then wait until the test opens its gate
+    /// (`gate=open`).
     pub read_back: String,
 }
 
@@ -215,10 +216,11 @@ pub fn attacks(w: &World) -> Attacks {
         ),
         other_host: format!("curl -sS -m 20 https://{OTHER_HOST}/ 2>&1; echo rc=$?"),
         project: w.project.clone(),
-        // The wait is bounded: a test that fails before it opens the gate ends the run anyway.
+        // No `$(...)`: Gemini CLI's shell tool refuses it. The wait is bounded: a test that
+        // fails before it opens the gate ends the run anyway.
         read_back: format!(
-            "R=$(cat {REVIEW_FILE}); echo read=$R rc=$?; \
-             for i in $(seq 600); do [ -e {}/open ] && break; sleep 0.1; done",
+            "printf read=; cat {REVIEW_FILE} && echo rc=0; \
+             timeout 60 sh -c 'until [ -e {}/open ]; do sleep 0.1; done' && echo gate=open",
             gate(w).display()
         ),
     }
@@ -390,12 +392,20 @@ pub fn review_mode(w: &World) {
     write(&user_config, &config);
 }
 
-/// The harness's read-back step saw its own write (the result of `Attacks::read_back`).
+/// The harness's read-back step saw its own write, and was still running when the test
+/// opened the gate, so the test looked at the host during the run (the result of
+/// `Attacks::read_back`).
 #[track_caller]
 pub fn saw_own_write(result: &str) {
+    // Some harnesses send the output as a JSON text (newlines escaped).
+    let result = result.replace("\\n", "\n");
     assert!(
-        result.contains(&format!("read={REVIEW_TEXT} rc=0")),
+        result.contains(&format!("read={REVIEW_TEXT}\nrc=0")),
         "the harness did not read back its own write:\n{result}"
+    );
+    assert!(
+        result.contains("gate=open"),
+        "the harness was not held at the gate:\n{result}"
     );
 }
 
