@@ -198,7 +198,7 @@ pub struct Attacks {
     pub project: PathBuf,
     /// Review mode's second step (`review_end_to_end`): print what the harness wrote into
     /// `REVIEW_FILE` (`read=TEXT`, `rc=0`), then wait until the test opens its gate
-    /// (`gate=open`).
+    /// (`GATE=OPEN`, a text the command itself does not hold: aider prints its commands).
     pub read_back: String,
 }
 
@@ -220,7 +220,7 @@ pub fn attacks(w: &World) -> Attacks {
         // fails before it opens the gate ends the run anyway.
         read_back: format!(
             "printf read=; cat {REVIEW_FILE} && echo rc=0; \
-             timeout 60 sh -c 'until [ -e {}/open ]; do sleep 0.1; done' && echo gate=open",
+             timeout 60 sh -c 'until [ -e {}/open ]; do sleep 0.1; done' && printf 'GATE=%s\\n' OPEN",
             gate(w).display()
         ),
     }
@@ -381,14 +381,18 @@ fn gate(w: &World) -> PathBuf {
 pub fn review_mode(w: &World) {
     std::fs::create_dir_all(gate(w)).unwrap();
     let user_config = w.home.join(".config/corral/config.toml");
-    let config = std::fs::read_to_string(&user_config).unwrap().replacen(
-        "[filesystem]\n",
-        &format!(
-            "[filesystem]\nreview = true\nread_only = [\"{}\"]\n",
-            gate(w).display()
-        ),
-        1,
-    );
+    let gate = format!("\"{}\"", gate(w).display());
+    let mut config = std::fs::read_to_string(&user_config).unwrap();
+    config = if config.contains("read_only = [") {
+        config.replacen("read_only = [", &format!("read_only = [{gate}, "), 1)
+    } else {
+        config.replacen(
+            "[filesystem]\n",
+            &format!("[filesystem]\nread_only = [{gate}]\n"),
+            1,
+        )
+    };
+    config = config.replacen("[filesystem]\n", "[filesystem]\nreview = true\n", 1);
     write(&user_config, &config);
 }
 
@@ -404,7 +408,7 @@ pub fn saw_own_write(result: &str) {
         "the harness did not read back its own write:\n{result}"
     );
     assert!(
-        result.contains("gate=open"),
+        result.contains("GATE=OPEN"),
         "the harness was not held at the gate:\n{result}"
     );
 }
