@@ -156,8 +156,7 @@ fn codex_in_review_mode_sees_its_own_writes_and_the_host_gets_them_on_accept() {
     let reqs = m.requests();
     let last = reqs
         .iter()
-        .filter(|r| r["api"] == "responses")
-        .next_back()
+        .rfind(|r| r["api"] == "responses")
         .expect("codex never reached the mock");
     let results = last["tool_results"].as_array().expect("tool_results");
     assert_eq!(results.len(), 2, "{results:#?}");
