@@ -477,7 +477,7 @@ fn slots_in(plan: &SigninPlan, v: &Value) -> Result<Vec<(Slot, String)>, String>
                 Some(None | Some(Value::Null))
             )
         });
-        if !(no_sign_in && !bound.is_empty()) {
+        if !no_sign_in || bound.is_empty() {
             for (kind, ptr) in fields {
                 match v.pointer(ptr) {
                     Some(Value::String(s)) if !s.is_empty() => {
