@@ -355,7 +355,7 @@ pub struct Plan {
     pub git: GitPlan,
 }
 
-/// What the name gate (corral-sandbox `namegate.rs`) needs: while a native jail runs, no name
+/// What the name gate (crate `corral-namegate`) needs: while a native jail runs, no name
 /// that would make a git repository discoverable on the host (`.git`, `HEAD`, `commondir`) can
 /// be created outside the jail's own file systems.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -151,7 +151,7 @@ impl RunPlan {
     }
 
     /// The git directories where the jail (and the executor's jail) may create a `HEAD` while
-    /// it runs ([`crate::Session::git_dirs`]; the name gate, corral-sandbox `namegate.rs`).
+    /// it runs ([`crate::Session::git_dirs`]; the name gate, crate `corral-namegate`).
     pub fn git_dirs(&mut self, dirs: &[PathBuf]) {
         self.plan.git.dirs = dirs.to_vec();
         if let Some(jail) = self.plan.executor.jail.as_mut() {
