@@ -466,10 +466,9 @@ fn slots_in(plan: &SigninPlan, v: &Value) -> Result<Vec<(Slot, String)>, String>
         hosts: Vec::new(),
     };
     if let Some((fields, _)) = fixed_layout(plan.format) {
-        let bound = bound_slots(plan, v);
         // A file with no sign-in at all (`tokens` or `claudeAiOauth` absent or null) is served
-        // when it holds a credential of its own hosts: an API-key Codex user, a Claude Code user
-        // with an API key and signed-in MCP servers.
+        // with what it holds: an API-key Codex user, a Claude Code user with an API key and
+        // remote MCP servers (or only a stale entry of one). Half a sign-in is refused.
         let parent = |ptr: &str| ptr.rsplit_once('/').map(|(p, _)| p.to_string());
         let no_sign_in = fields.iter().all(|(_, ptr)| {
             matches!(
@@ -477,7 +476,7 @@ fn slots_in(plan: &SigninPlan, v: &Value) -> Result<Vec<(Slot, String)>, String>
                 Some(None | Some(Value::Null))
             )
         });
-        if !no_sign_in || bound.is_empty() {
+        if !no_sign_in {
             for (kind, ptr) in fields {
                 match v.pointer(ptr) {
                     Some(Value::String(s)) if !s.is_empty() => {
@@ -488,7 +487,7 @@ fn slots_in(plan: &SigninPlan, v: &Value) -> Result<Vec<(Slot, String)>, String>
                 }
             }
         }
-        out.extend(bound);
+        out.extend(bound_slots(plan, v));
     } else {
         let Value::Object(map) = v else {
             return Err("not a JSON object of providers".into());
@@ -673,11 +672,11 @@ impl Signin {
                 .iter()
                 .any(|(s, _)| s.kind == k && s.provider.is_none())
         };
-        let signed_in = has(TokenKind::Access) && has(TokenKind::Refresh);
-        if !plan.format.by_provider() && !signed_in && !has(TokenKind::Bound) {
+        // A one-sign-in file holds both tokens or neither (an API-key user's file).
+        if !plan.format.by_provider() && has(TokenKind::Access) != has(TokenKind::Refresh) {
             return Err(SigninError::Handover {
                 name: plan.name.clone(),
-                reason: "no access or no refresh token".into(),
+                reason: "an access token without a refresh token, or the reverse".into(),
             });
         }
         Ok(Signin {

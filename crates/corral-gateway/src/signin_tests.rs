@@ -991,10 +991,18 @@ fn an_api_key_only_codex_file_is_served_and_handed_to_a_gateway_elsewhere() {
             assert_eq!(out, format!("Bearer {key}"), "{v}");
         }
     }
-    // Neither a sign-in nor a key: refused as before; a half sign-in beside a key too.
+    // Neither a sign-in nor a key (logged out): served as it is, nothing to hide.
+    let empty = json!({"OPENAI_API_KEY": null, "tokens": null});
+    std::fs::write(&p.file, serde_json::to_vec(&empty).unwrap()).unwrap();
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&s.placeholder_file().unwrap()).unwrap(),
+        empty
+    );
+    // Half a sign-in beside a key: refused, as without the key.
     for v in [
-        json!({"OPENAI_API_KEY": null, "tokens": null}),
         json!({"OPENAI_API_KEY": CODEX_KEY, "tokens": {"access_token": "x"}}),
+        json!({"OPENAI_API_KEY": CODEX_KEY, "tokens": {}}),
     ] {
         std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
         assert!(Signin::load(p.clone()).is_err(), "{v}");
@@ -1185,17 +1193,32 @@ fn a_claude_file_with_mcp_servers_only_is_served() {
         let (out, _) = send_to(&signins, ("mcp.notion.example", 443), false, &notion);
         assert_eq!(out, format!("Bearer {MCP_ACCESS}"));
     }
-    // A file with no sign-in and no server corral can bind is refused as before.
-    std::fs::write(
-        &p.file,
-        serde_json::to_vec(
-            &json!({"mcpOAuth": {"x|1": {"serverUrl": "http://a.example/",
-            "accessToken": LOCAL_ACCESS}}}),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    assert!(Signin::load(p).is_err());
+    // No sign-in and no server corral can serve (plain HTTP; a stale entry with an empty
+    // token, as Claude Code leaves behind): served, every secret-like value a placeholder that
+    // goes nowhere.
+    let stale = json!({"mcpOAuth": {
+        "x|1": {"serverUrl": "http://a.example/", "accessToken": LOCAL_ACCESS},
+        "y|2": {"serverUrl": "https://b.example/", "accessToken": "", "expiresAt": 0}}});
+    std::fs::write(&p.file, serde_json::to_vec(&stale).unwrap()).unwrap();
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let jv: Value = serde_json::from_slice(&s.placeholder_file().unwrap()).unwrap();
+    let ph = jv["mcpOAuth"]["x|1"]["accessToken"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(ph, LOCAL_ACCESS);
+    assert_eq!(jv["mcpOAuth"]["y|2"], stale["mcpOAuth"]["y|2"]);
+    let handed: SigninTokens =
+        serde_json::from_slice(&serde_json::to_vec(&s.tokens()).unwrap()).unwrap();
+    let remote = Signin::from_tokens(p.clone(), handed, FileAccess::Local).unwrap();
+    for g in [s, remote] {
+        let signins = [g];
+        for (host, port) in [("a.example", 80), ("a.example", 443), ("b.example", 443)] {
+            let (out, report) = send_to(&signins, (host, port), false, &ph);
+            assert_eq!(out, format!("Bearer {ph}"), "{host}");
+            assert!(report.injected.is_empty());
+        }
+    }
 }
 
 #[test]
