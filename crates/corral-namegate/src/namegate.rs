@@ -42,6 +42,12 @@
 //! domain nested in the jail would not bind what the gate performs, `landlock_restrict_self` is
 //! refused while the gate runs.
 //!
+//! While the run keeps a change record ([`Gate::with_record`]; docs/undo.md), the filter also
+//! stops unlink/unlinkat/rmdir and chmod/fchmodat/fchmodat2 (`build_gate_filter_with`), and the
+//! gate performs them through the seam too; before each call that changes a name in the
+//! project (those, and every creation, open for writing, truncate, rename and link) the record
+//! keeps what the name is (namegate/record.rs). A name whose record fails is not changed.
+//!
 //! PID 1 is an ancestor of every process of the jail (Yama's `ptrace_scope=1` lets it read
 //! their memory) and non-dumpable (they cannot read or trace it).
 
@@ -55,8 +61,10 @@ use std::sync::Mutex;
 use corral_policy::plan::Plan;
 
 mod protected;
+mod record;
 pub mod sys;
 use protected::Use;
+pub use record::Recorder;
 use sys::{Real, Sys};
 
 /// Longest path the gate reads from a caller (the kernel's PATH_MAX, with its NUL).
@@ -91,6 +99,9 @@ pub struct Gate<S = Real> {
     reports: Reporter,
     umasks: Umasks,
     fifo_waits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The run's change record (record.rs): what each name in the project was before the
+    /// gate changed it.
+    record: Option<Recorder>,
     sys: S,
 }
 
@@ -159,6 +170,15 @@ impl Gate {
         Ok(Some(gate))
     }
 
+    /// Keep the run's change record: before each change of a name in the project, the gate
+    /// has `record` keep what the name is. The gate's filter must then also stop removals
+    /// and mode changes (`seccomp::build_gate_filter`).
+    pub fn with_record(mut self, mut record: Recorder) -> Gate {
+        record.set_private_devs(&self.private_devs);
+        self.record = Some(record);
+        self
+    }
+
     /// The gate for the git directories `dirs` (as this process sees them), with the file
     /// systems of `private_devs` exempt. The protected files and directories are the
     /// read-only binds of one in `mountinfo` (this process's).
@@ -197,6 +217,7 @@ impl Gate {
             reports: Reporter::default(),
             umasks: Umasks::default(),
             fifo_waits: Default::default(),
+            record: None,
             sys: Real,
         })
     }
@@ -262,6 +283,7 @@ impl<S: Sys> Gate<S> {
             reports: self.reports,
             umasks: self.umasks,
             fifo_waits: self.fifo_waits,
+            record: self.record,
             sys,
         }
     }
@@ -1343,6 +1365,44 @@ fn perform<S: Sys>(
         ),
         libc::SYS_bind => bind(gate, caller, call.fd_arg(0), a[1], a[2]),
         libc::SYS_truncate => truncate(gate, caller, &s(0)?, a[1] as i64),
+        libc::SYS_unlinkat => unlink(gate, caller, call.fd_arg(0), &s(1)?, call.int_arg(2)),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_unlink => unlink(gate, caller, libc::AT_FDCWD, &s(0)?, 0),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_rmdir => unlink(gate, caller, libc::AT_FDCWD, &s(0)?, libc::AT_REMOVEDIR),
+        libc::SYS_fchmodat => chmod(
+            gate,
+            caller,
+            call.fd_arg(0),
+            &s(1)?,
+            a[2] as libc::mode_t,
+            0,
+        ),
+        SYS_FCHMODAT2 => {
+            let flags = call.int_arg(3);
+            let path = if flags & libc::AT_EMPTY_PATH != 0 && a[1] == 0 {
+                Vec::new()
+            } else {
+                s(1)?
+            };
+            chmod(
+                gate,
+                caller,
+                call.fd_arg(0),
+                &path,
+                a[2] as libc::mode_t,
+                flags,
+            )
+        }
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_chmod => chmod(
+            gate,
+            caller,
+            libc::AT_FDCWD,
+            &s(0)?,
+            a[1] as libc::mode_t,
+            0,
+        ),
         _ => Err(libc::ENOSYS),
     }
 }
@@ -1574,6 +1634,9 @@ fn open<S: Sys>(
     // the time of the open, which then creates it), a directory too (it may be removed
     // meanwhile). An open that cannot create has no name to check.
     let _held = if creates { check(gate, &entry)? } else { None };
+    if writes(flags) || creates {
+        record::before(gate.record.as_ref(), &entry)?;
+    }
     match existing {
         Some(st) if kind == Some(libc::S_IFCHR) && st.st_rdev == libc::makedev(5, 0) => {
             // /dev/tty: the caller's controlling terminal, not PID 1's.
@@ -1669,7 +1732,11 @@ fn truncate<S: Sys>(
     len: i64,
 ) -> Result<Verdict, i32> {
     let fd = match follow(gate, caller, libc::AT_FDCWD, path, true, false)? {
-        Target::Own(own) => own.open(libc::O_WRONLY | libc::O_NONBLOCK, 0)?,
+        Target::Own(own) => {
+            let fd = own.open(libc::O_WRONLY | libc::O_NONBLOCK, 0)?;
+            record::before_fd(gate.record.as_ref(), &fd)?;
+            fd
+        }
         Target::Entry(entry, existing) => {
             gate.protected_entry(&entry, Use::Write)?;
             match existing.map(|st| st.st_mode & libc::S_IFMT) {
@@ -1678,6 +1745,7 @@ fn truncate<S: Sys>(
                 Some(libc::S_IFREG) => {}
                 Some(_) => return Err(libc::EINVAL),
             }
+            record::before(gate.record.as_ref(), &entry)?;
             gate.sys.openat(
                 &entry.parent,
                 &entry.last,
@@ -1741,6 +1809,9 @@ fn own_open<S: Sys>(
     let fd = own.open(flags & !libc::O_TRUNC, mode)?;
     if flags & libc::O_CREAT != 0 && gate.sys.fstat(&fd)?.st_mode & libc::S_IFMT == libc::S_IFDIR {
         return Err(libc::EISDIR);
+    }
+    if writes(flags) {
+        record::before_fd(gate.record.as_ref(), &fd)?;
     }
     let fd = checked_write_open(gate, fd, flags)?;
     Ok(Verdict::Fd(fd, cloexec))
@@ -1853,6 +1924,7 @@ fn mkdir<S: Sys>(
     let entry = new_entry(caller, dirfd, path)?;
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
+    record::before(gate.record.as_ref(), &entry)?;
     caller.take_umask()?;
     gate.sys.mkdirat(&entry.parent, &entry.last, mode)?;
     Ok(Verdict::Value(0))
@@ -1869,6 +1941,7 @@ fn mknod<S: Sys>(
     let entry = new_entry(caller, dirfd, path)?;
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
+    record::before(gate.record.as_ref(), &entry)?;
     caller.take_umask()?;
     gate.sys.mknodat(&entry.parent, &entry.last, mode, dev)?;
     Ok(Verdict::Value(0))
@@ -1884,6 +1957,7 @@ fn symlink<S: Sys>(
     let entry = new_entry(caller, dirfd, path)?;
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
+    record::before(gate.record.as_ref(), &entry)?;
     gate.sys.symlinkat(target, &entry.parent, &entry.last)?;
     Ok(Verdict::Value(0))
 }
@@ -1922,6 +1996,10 @@ fn link<S: Sys>(
         }
     };
     gate.protected_file(&source, Use::Link)?;
+    record::before(gate.record.as_ref(), &entry)?;
+    // The file linked gets a second name, through which it can be written unseen by its
+    // first: its content is kept now.
+    record::before_fd(gate.record.as_ref(), &source)?;
     gate.sys.link_fd(&source, &entry.parent, &entry.last)?;
     Ok(Verdict::Value(0))
 }
@@ -1945,8 +2023,74 @@ fn rename<S: Sys>(
         // Both names get a new entry.
         _held_from = check(gate, &from)?;
     }
+    record::before_rename(
+        gate.record.as_ref(),
+        &from,
+        &to,
+        flags & libc::RENAME_EXCHANGE != 0,
+    )?;
     gate.sys
         .renameat2(&from.parent, &from.last, &to.parent, &to.last, flags)?;
+    Ok(Verdict::Value(0))
+}
+
+/// fchmodat2(2) (Linux 6.6), which takes flags; its number is the same on every architecture.
+pub const SYS_FCHMODAT2: i64 = 452;
+
+/// unlink/unlinkat/rmdir, performed here once the record kept what the name was (stopped only
+/// when the run keeps a change record). The last component is never followed.
+fn unlink<S: Sys>(
+    gate: &Gate<S>,
+    caller: &Caller<S>,
+    dirfd: i32,
+    path: &[u8],
+    flags: i32,
+) -> Result<Verdict, i32> {
+    if flags & !libc::AT_REMOVEDIR != 0 {
+        return Err(libc::EINVAL);
+    }
+    let entry = new_entry(caller, dirfd, path)?;
+    record::before(gate.record.as_ref(), &entry)?;
+    gate.sys.unlinkat(&entry.parent, &entry.last, flags)?;
+    Ok(Verdict::Value(0))
+}
+
+/// chmod/fchmodat/fchmodat2, performed here once the record kept the mode (stopped only when
+/// the run keeps a change record): the name is resolved as the kernel would (a final symlink
+/// followed here unless AT_SYMLINK_NOFOLLOW), opened without following anything more, and
+/// changed through that descriptor.
+fn chmod<S: Sys>(
+    gate: &Gate<S>,
+    caller: &Caller<S>,
+    dirfd: i32,
+    path: &[u8],
+    mode: libc::mode_t,
+    flags: i32,
+) -> Result<Verdict, i32> {
+    if flags & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH) != 0 {
+        return Err(libc::EINVAL);
+    }
+    let target = if path.is_empty() && flags & libc::AT_EMPTY_PATH != 0 {
+        caller.dirfd(dirfd)?
+    } else {
+        let follows = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+        match follow(gate, caller, dirfd, path, follows, false)? {
+            Target::Own(own) => own.path_fd()?,
+            Target::Entry(entry, existing) => {
+                let Some(st) = existing else {
+                    return Err(libc::ENOENT);
+                };
+                if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                    // A symlink's mode cannot change (the kernel says so too).
+                    return Err(libc::EOPNOTSUPP);
+                }
+                gate.sys
+                    .openat2_path(&entry.parent, &entry.last, libc::O_NOFOLLOW)?
+            }
+        }
+    };
+    record::before_fd(gate.record.as_ref(), &target)?;
+    gate.sys.chmod_fd(&target, mode)?;
     Ok(Verdict::Value(0))
 }
 

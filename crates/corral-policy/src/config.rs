@@ -34,6 +34,18 @@ pub struct PolicyFile {
     pub limits: Option<LimitsSection>,
     pub executor: Option<ExecutorSection>,
     pub terminal: Option<TerminalSection>,
+    /// `[undo]`: the change record's bounds (user config only; corral-changes).
+    pub undo: Option<UndoSection>,
+}
+
+/// `[undo]`: how much of the change record (`corral undo`, docs/undo.md) is kept per project.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UndoSection {
+    /// Runs kept at most (default 20); 0 keeps no record.
+    pub keep_runs: Option<usize>,
+    /// Bytes the records take at most (default 2g).
+    pub max_size: Option<Size>,
 }
 
 /// `[terminal]`: what the jail may do to the user's terminal beyond its own screen.
@@ -68,6 +80,9 @@ pub struct FilesystemSection {
     pub allow_harness_config: Option<Spanned<bool>>,
     /// The jail may create git repositories where the host sees them (user config only).
     pub allow_new_repositories: Option<Spanned<bool>>,
+    /// Hold the run's writes to the project for review (`corral diff`, `accept`, `discard`).
+    /// Any layer may turn it on; none turns it off for another.
+    pub review: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

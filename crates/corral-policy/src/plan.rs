@@ -170,6 +170,34 @@ pub struct ProjectPlan {
     pub source: ProjectSource,
     /// The project's `corral.toml` (whether or not it exists): always read-only inside the jail.
     pub policy_file: PathBuf,
+    /// `--review` / `filesystem.review`: the jail sees the project as an overlay whose writes
+    /// go to corral's directories below, never to the host's project (docs/review.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review: Option<ReviewPlan>,
+}
+
+/// Where a review run's writes go: an overlay's upper and work directories in corral's state
+/// directory (`review/PROJECT_KEY/`), the host's project its read-only lower layer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewPlan {
+    /// `STATE/review/PROJECT_KEY`: the change set's directory (its `meta.json`, `upper`, `work`).
+    pub dir: PathBuf,
+    /// The overlay's upper directory: the change set itself.
+    pub upper: PathBuf,
+    /// The overlay's work directory (same file system as `upper`).
+    pub work: PathBuf,
+}
+
+impl ReviewPlan {
+    /// The review directories of the project at `root` in corral's state directory `state`.
+    pub fn for_project(state: &std::path::Path, root: &std::path::Path) -> ReviewPlan {
+        let dir = state.join("review").join(corral_audit::project_key(root));
+        ReviewPlan {
+            upper: dir.join("upper"),
+            work: dir.join("work"),
+            dir,
+        }
+    }
 }
 
 /// The network rules of a jail (or of the executor's jail).
@@ -555,6 +583,7 @@ impl Plan {
                 scratch: false,
                 source: ProjectSource::CurrentDirectory,
                 policy_file: project_root.join("corral.toml"),
+                review: None,
             },
             home: home.to_path_buf(),
             uid,

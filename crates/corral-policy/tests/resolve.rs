@@ -201,6 +201,7 @@ fn shell_plan(f: &Fx) -> Plan {
             scratch: false,
             source: ProjectSource::GitTopLevel,
             policy_file: root.join("corral.toml"),
+            review: None,
         },
         home: f.home.clone(),
         uid: 1000,
@@ -299,6 +300,7 @@ fn pi_plan(f: &Fx) -> Plan {
         scratch: false,
         source: ProjectSource::GitTopLevel,
         policy_file: root.join("corral.toml"),
+        review: None,
     };
     let masked = vec![root.join(".env"), root.join("sub/.env")];
     let protected = vec![
@@ -713,6 +715,31 @@ fn a_project_file_cannot_opt_in_to_an_unsandboxed_executor() {
 }
 
 #[test]
+fn only_the_user_config_sets_the_undo_records_bounds() {
+    let f = fx();
+    f.project_policy("profile = \"shell\"\n[undo]\nkeep_runs = 0\n");
+    let file = f.root.join("corral.toml");
+    assert_eq!(
+        err(resolve(&f.req(None))),
+        format!(
+            "{}:2:2: [undo] may only be set in your user config \
+             ($XDG_CONFIG_HOME/corral/config.toml), never in a project's policy file (the \
+             repository could turn off its own undo)",
+            file.display()
+        )
+    );
+    f.project_policy("profile = \"shell\"\n");
+    f.user_policy("[undo]\nkeep_runs = 5\nmax_size = \"1g\"\n");
+    resolve(&f.req(None)).unwrap();
+    let (pf, _) = corral_policy::config::load_policy(&f.user_config).unwrap();
+    let undo = pf.undo.unwrap();
+    assert_eq!(
+        (undo.keep_runs, undo.max_size.map(|s| s.0)),
+        (Some(5), Some(1 << 30))
+    );
+}
+
+#[test]
 fn the_harness_code_is_read_only_unless_the_user_lets_the_run_change_it() {
     let f = fx();
     let claude = f.home.join(".claude");
@@ -1023,7 +1050,7 @@ fn validation_errors_name_file_line_column_and_what_was_expected() {
             "profil = \"pi\"\n",
             "1:1: unknown key `profil`: did you mean `profile`? (expected one of `profile`, \
              `run`, `filesystem`, `env`, `network`, `secrets`, `signin`, `limits`, `executor`, \
-             `terminal`)",
+             `terminal`, `undo`)",
         ),
         (
             "[limits]\nmemory = \"4gx\"\n",
@@ -1274,6 +1301,7 @@ fn scratch_is_a_fresh_directory_and_reads_no_project_policy() {
             scratch: true,
             source: ProjectSource::Scratch,
             policy_file: root.join("corral.toml"),
+            review: None,
         };
         p.mounts[system_mounts().len() + 1] = mount(&root, MountKind::Bind(Access::Rw), false);
         p.masked = vec![];

@@ -91,6 +91,10 @@ pub(crate) struct InitConfig {
     /// down the namespaces.
     #[serde(default)]
     pub exit_pipe: bool,
+    /// One more descriptor before the exec gate's: the run's change record (a directory on
+    /// the host), PID 1's alone, for its name gate (namegate/record.rs in corral-namegate).
+    #[serde(default)]
+    pub record: bool,
 }
 
 /// Entry point of `corral __corral-jail-init` (a fresh exec, the control socket on fd 3).
@@ -203,6 +207,10 @@ fn set_up_process() -> Result<i32, JailError> {
         true => stdio.pop(),
         false => None,
     };
+    let record = match config.record {
+        true => stdio.pop(),
+        false => None,
+    };
     // One Plan: the namespaces were built from the same ids and network rules.
     if (config.plan.uid, config.plan.gid) != (ns.uid, ns.gid) || config.plan.network != ns.network {
         return Err(JailError::Plan(
@@ -226,7 +234,7 @@ fn set_up_process() -> Result<i32, JailError> {
             // PID 1 and everything it starts must never reach the factory, nor the exit pipe.
             drop(ctl);
             drop(exit_pipe);
-            let code = match pid_one(&config, gate) {
+            let code = match pid_one(&config, gate, record) {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("corral: jail set-up: {e}");
@@ -288,6 +296,7 @@ fn read_init(ctl: &OwnedFd) -> Result<Option<(InitConfig, Vec<OwnedFd>)>, JailEr
     let config: InitConfig =
         serde_json::from_slice(&body).map_err(|e| JailError::step("decode the jail config", e))?;
     let want = config.pty.by_fd().iter().filter(|p| !**p).count()
+        + usize::from(config.record)
         + usize::from(config.exec_gate)
         + usize::from(config.exit_pipe);
     if received.len() != want {
@@ -523,7 +532,11 @@ fn control_readable(ctl: &OwnedFd, pipe: Option<&SignalPipe>) -> bool {
 
 /// The jail's PID 1. With a `gate`, the command's process is forked only once corral released
 /// it (`RunningJail::release_exec`): the root is built meanwhile.
-fn pid_one(config: &InitConfig, gate: Option<OwnedFd>) -> Result<i32, JailError> {
+fn pid_one(
+    config: &InitConfig,
+    gate: Option<OwnedFd>,
+    record: Option<OwnedFd>,
+) -> Result<i32, JailError> {
     die_with_parent()?;
     let private = mounts::set_up_root(&config.plan, config.pty.any())?;
     make_non_dumpable()?;
@@ -535,8 +548,13 @@ fn pid_one(config: &InitConfig, gate: Option<OwnedFd>) -> Result<i32, JailError>
     // capability, PID 1 too once the gate's thread (CAP_SYS_PTRACE only) has started.
     let names = corral_namegate::Gate::prepare(&config.plan, &private.0)
         .map_err(|e| JailError::step("hold the protected files for the name gate", e))?;
-    let filters = Filters::build(names.is_some())?;
-    crate::landlock::restrict(&config.plan).map_err(|e| JailError::step("apply Landlock", e))?;
+    // The change record goes with the gate (which performs every change it records); without
+    // a gate (`filesystem.allow_new_repositories`, or no seccomp listener) nothing is recorded
+    // and corral says so when the run ends.
+    let (names, record_dir) = with_record(names, record, &config.plan)?;
+    let filters = Filters::build(names.is_some(), record_dir.is_some())?;
+    crate::landlock::restrict_with_record(&config.plan, record_dir.as_ref().map(|d| d.as_fd()))
+        .map_err(|e| JailError::step("apply Landlock", e))?;
     let channel = match names {
         Some(_) => Some(
             nix::sys::socket::socketpair(
@@ -583,6 +601,24 @@ fn pid_one(config: &InitConfig, gate: Option<OwnedFd>) -> Result<i32, JailError>
             Ok(wait_forwarding(child, true, None))
         }
     }
+}
+
+/// The gate with the run's change record in it, when both are there; and the record's own
+/// descriptor of its directory (for Landlock's rule).
+fn with_record(
+    names: Option<corral_namegate::Gate>,
+    record: Option<OwnedFd>,
+    plan: &corral_policy::plan::Plan,
+) -> Result<(Option<corral_namegate::Gate>, Option<OwnedFd>), JailError> {
+    let (gate, dir) = match (names, record) {
+        (Some(gate), Some(dir)) => (gate, dir),
+        (names, _) => return Ok((names, None)),
+    };
+    let step = |e| JailError::at("open the run's change record", &plan.project.root, e);
+    let for_landlock = dir.try_clone().map_err(step)?;
+    let record = corral_changes::RunRecord::from_dir_fd(dir).map_err(step)?;
+    let recorder = corral_namegate::Recorder::new(record, &plan.project.root).map_err(step)?;
+    Ok((Some(gate.with_record(recorder)), Some(for_landlock)))
 }
 
 /// Block until corral writes the exec gate's byte; its EOF instead (corral let the jail go
@@ -654,12 +690,12 @@ struct Filters {
 }
 
 impl Filters {
-    fn build(gate: bool) -> Result<Filters, JailError> {
+    fn build(gate: bool, recording: bool) -> Result<Filters, JailError> {
         let step = |e| JailError::step("build the seccomp filter", e);
         Ok(Filters {
             base: crate::seccomp::build_filter().map_err(step)?,
             gate: match gate {
-                true => Some(crate::seccomp::build_gate_filter().map_err(step)?),
+                true => Some(crate::seccomp::build_gate_filter_with(recording).map_err(step)?),
                 false => None,
             },
         })

@@ -188,8 +188,25 @@ pub fn restrict(plan: &Plan) -> Result<LandlockStatus, LandlockError> {
     restrict_rules(&rules(plan))
 }
 
+/// [`restrict`], with every right beneath `record`: the run's change record, a directory on
+/// the host that PID 1 alone holds a descriptor of (no path in the jail's mount tree leads
+/// there), where the name gate keeps what the jail changes (corral-changes).
+pub fn restrict_with_record(
+    plan: &Plan,
+    record: Option<std::os::fd::BorrowedFd>,
+) -> Result<LandlockStatus, LandlockError> {
+    restrict_rules_and(&rules(plan), record)
+}
+
 /// [`restrict`] with explicit rules.
 pub fn restrict_rules(rules: &[Rule]) -> Result<LandlockStatus, LandlockError> {
+    restrict_rules_and(rules, None)
+}
+
+fn restrict_rules_and(
+    rules: &[Rule],
+    record: Option<std::os::fd::BorrowedFd>,
+) -> Result<LandlockStatus, LandlockError> {
     let kernel_abi = kernel_abi();
     let step = |step: &'static str| {
         move |source| LandlockError::Ruleset {
@@ -228,6 +245,11 @@ pub fn restrict_rules(rules: &[Rule]) -> Result<LandlockStatus, LandlockError> {
         created = created
             .add_rule(PathBeneath::new(fd, rights(r.access, meta.is_dir())))
             .map_err(step("adding a rule"))?;
+    }
+    if let Some(dir) = record {
+        created = created
+            .add_rule(PathBeneath::new(dir, rights(RuleAccess::Write, true)))
+            .map_err(step("adding the change record's rule"))?;
     }
     let status = created
         .restrict_self()

@@ -29,6 +29,7 @@ mod mounts;
 mod netns;
 mod placeholder;
 pub mod probe;
+mod review;
 pub mod rlimit;
 pub mod seccomp;
 mod sig;

@@ -375,6 +375,17 @@ fn apply_plan_mount(
                 .map_err(|e| JailError::at("find a mount's source", &m.source, e))?
                 == Kind::Dir;
             let target = mount_point(plan, index, is_dir, walked)?;
+            // Review mode: the project is an overlay over it, not the project itself.
+            if let Some(review) = &plan.project.review
+                && m.target == plan.project.root
+                && access == Access::Rw
+            {
+                let proc = format!("{NEW}/proc");
+                return crate::review::mount_overlay(
+                    &source, &target, review, OLD, &proc, &m.target,
+                )
+                .map(|()| None);
+            }
             bind_fd(&source, &target, access, &m.target).map(|()| None)
         }
     }

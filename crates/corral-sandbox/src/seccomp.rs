@@ -965,6 +965,20 @@ pub(crate) fn gate_always() -> Vec<i64> {
 /// Installed after [`install`]'s filter: the kernel runs both and the stricter verdict wins,
 /// so what that filter refuses (a set-id mode, another architecture) never reaches the gate.
 pub fn build_gate_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
+    build_gate_filter_with(false)
+}
+
+/// The syscalls the gate stops too when the run keeps a change record (corral-changes): the
+/// removals and mode changes, which the record must see before they happen.
+pub(crate) fn gate_recording() -> Vec<i64> {
+    let mut v = vec![libc::SYS_unlinkat, libc::SYS_fchmodat, SYS_FCHMODAT2];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([libc::SYS_unlink, libc::SYS_rmdir, libc::SYS_chmod]);
+    v
+}
+
+/// [`build_gate_filter`], stopping [`gate_recording`]'s syscalls too when `recording`.
+pub fn build_gate_filter_with(recording: bool) -> Result<Vec<libc::sock_filter>, SeccompError> {
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     return Err(SeccompError::UnsupportedArch);
 
@@ -1004,9 +1018,15 @@ pub fn build_gate_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
     // bind(2), of every family: a Unix socket bound to a path is a name, and the family is the
     // descriptor's, which another thread can swap (dup2) after any check; the gate performs
     // every bind on the socket it took from the caller.
+    let recorded = if recording {
+        gate_recording()
+    } else {
+        Vec::new()
+    };
     for nr in gate_always()
         .into_iter()
         .chain([libc::SYS_umask, libc::SYS_bind])
+        .chain(recorded)
     {
         p.on_syscall(nr, |p| p.ret(libc::SECCOMP_RET_USER_NOTIF));
     }
@@ -1404,6 +1424,37 @@ mod tests {
         // Syscalls no rule names are allowed by both.
         assert_eq!(oci_eval(&profile, "read", [0; 6]), SECCOMP_RET_ALLOW);
         assert_eq!(profile["defaultAction"], "SCMP_ACT_ALLOW");
+    }
+
+    /// With a change record, removals and mode changes are stopped too (the record keeps
+    /// what they change first); without one they run as they are.
+    #[test]
+    fn the_recording_gate_stops_removals_and_mode_changes_too() {
+        let plain = build_gate_filter().unwrap();
+        let recording = build_gate_filter_with(true).unwrap();
+        for nr in gate_recording() {
+            assert_eq!(
+                run(&recording, AUDIT_ARCH_NATIVE, nr, [0; 6]),
+                libc::SECCOMP_RET_USER_NOTIF,
+                "syscall {nr}"
+            );
+            assert_eq!(
+                run(&plain, AUDIT_ARCH_NATIVE, nr, [0; 6]),
+                SECCOMP_RET_ALLOW,
+                "syscall {nr}"
+            );
+            assert!(!corral_namegate::continues(nr), "syscall {nr}");
+        }
+        for nr in gate_always() {
+            assert_eq!(
+                run(&recording, AUDIT_ARCH_NATIVE, nr, [0; 6]),
+                libc::SECCOMP_RET_USER_NOTIF
+            );
+        }
+        assert_eq!(
+            run(&recording, AUDIT_ARCH_NATIVE, libc::SYS_read, [0; 6]),
+            SECCOMP_RET_ALLOW
+        );
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub struct SpawnOptions {
     /// Hold the command's exec until [`RunningJail::release_exec`]: the namespaces and mounts
     /// are built meanwhile, the command does not run (a change baseline still being taken).
     pub hold_exec: bool,
+    /// The run's change record (corral-changes: a directory of the store, on the host): the
+    /// jail's PID 1 alone holds it, and its name gate keeps there what each name of the
+    /// project was before the jail changed it (removals and mode changes stopped too).
+    pub record: Option<std::sync::Arc<OwnedFd>>,
 }
 
 impl SpawnOptions {
@@ -56,6 +60,7 @@ impl SpawnOptions {
             },
             nofile_soft: None,
             hold_exec: false,
+            record: None,
         })
     }
 }
@@ -410,6 +415,7 @@ impl PreparedJail {
             nofile_soft: opts.nofile_soft,
             exec_gate: opts.hold_exec,
             exit_pipe: true,
+            record: opts.record.is_some(),
         };
         let body = serde_json::to_vec(&config)
             .map_err(|e| JailError::step("encode the jail config", e))?;
@@ -418,6 +424,10 @@ impl PreparedJail {
             .take()
             .ok_or_else(|| JailError::Plan("this jail was already started".into()))?;
         let mut fds: Vec<RawFd> = stdio.fds.iter().map(|fd| fd.as_raw_fd()).collect();
+        // The change record's directory before the exec gate (`InitConfig::record`).
+        if let Some(record) = &opts.record {
+            fds.push(record.as_raw_fd());
+        }
         // The exec gate's read end goes last; corral keeps the write end (`release_exec`).
         let gate_read = match opts.hold_exec {
             true => {

@@ -12,6 +12,7 @@ pub mod gitguard;
 pub mod hostcode;
 pub mod journal;
 pub mod replaced;
+pub mod review;
 pub mod runplan;
 mod session;
 pub mod setid;

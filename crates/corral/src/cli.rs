@@ -49,8 +49,25 @@ pub enum Command {
     Init(InitArgs),
     /// What this host supports and what each missing piece disables
     Doctor(DoctorArgs),
-    /// The audit log: network decisions, executor commands, sandbox lifecycle
+    /// The audit log: network decisions, executor commands, sandbox lifecycle (`--runs`: the recorded runs)
     Log(LogArgs),
+    /// A review run's changes (`corral run --review`): a git-style diff, or one line each
+    Diff(DiffArgs),
+    /// Apply a review run's changes (what `corral diff` showed) to the project
+    Accept(AcceptArgs),
+    /// Drop a review run's changes; the project stays as it is
+    Discard(DiscardArgs),
+    /// Put the project back as it was before a run (the last one by default)
+    #[command(
+        long_about = "Put the project back as it was before a run (the last one by default; \
+                      `corral log --runs` lists them): files created, modified, deleted or \
+                      renamed, modes, symlinks and directories, tracked, untracked and ignored \
+                      alike, from the change record corral keeps outside the project. A path \
+                      changed since the run (on the host or by a later run) is never \
+                      overwritten: undo refuses and names it. The undo keeps a record of its \
+                      own: `corral undo ID` of it redoes the run. See docs/undo.md."
+    )]
+    Undo(UndoArgs),
     /// Live view of this project's running jails: allow or deny what they are refused
     #[command(
         long_about = "A terminal view of this project's running jails (native and \
@@ -218,6 +235,14 @@ pub struct JailOptions {
     /// of refused while it runs; a project's policy file cannot
     #[arg(long)]
     pub allow_new_repositories: bool,
+    /// Hold the run's writes to the project for review: the host's project is unchanged until
+    /// `corral accept`; `corral diff` shows the changes, `corral discard` drops them
+    #[arg(long)]
+    pub review: bool,
+    /// A review run (--review, filesystem.review): drop a pending review of this project
+    /// instead of refusing to start
+    #[arg(long)]
+    pub discard_pending: bool,
 }
 
 #[derive(Debug, Args)]
@@ -426,6 +451,36 @@ pub struct WatchArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// One line per change (A added, M modified, D deleted) instead of the diff
+    #[arg(long)]
+    pub stat: bool,
+    /// Only the changes below these paths
+    #[arg(value_name = "PATH")]
+    pub paths: Vec<std::path::PathBuf>,
+    /// The project (default: the git root, else the current directory)
+    #[arg(long, value_name = "DIR")]
+    pub project: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct AcceptArgs {
+    /// Only the changes below these paths (the rest stays pending)
+    #[arg(value_name = "PATH")]
+    pub paths: Vec<std::path::PathBuf>,
+    /// The project (default: the git root, else the current directory)
+    #[arg(long, value_name = "DIR")]
+    pub project: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct DiscardArgs {
+    /// The project (default: the git root, else the current directory)
+    #[arg(long, value_name = "DIR")]
+    pub project: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
 pub struct LogArgs {
     /// Keep printing new entries as they are written
     #[arg(long, short)]
@@ -443,6 +498,18 @@ pub struct LogArgs {
     /// Only the last N entries (with --follow: then every new one)
     #[arg(short = 'n', long = "lines", value_name = "N")]
     pub lines: Option<usize>,
+    /// The runs this project's change record holds (what `corral undo` can undo), not the audit log
+    #[arg(long, conflicts_with_all = ["follow", "blocked", "since", "lines"])]
+    pub runs: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct UndoArgs {
+    /// The run to undo (`corral log --runs`); the last one when omitted
+    pub run: Option<String>,
+    /// Put back even paths changed since the run (their current state goes in the undo's own record)
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Subcommand)]

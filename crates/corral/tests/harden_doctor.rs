@@ -52,7 +52,8 @@ fn doctor_reports_every_probe_and_exits_by_what_it_found() {
             "tiocsti",
             "podman",
             "docker",
-            "git_bare_repository"
+            "git_bare_repository",
+            "change_record"
         ]
     );
     let expected = if json["native_backend"] == false {

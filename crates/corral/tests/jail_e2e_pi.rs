@@ -290,3 +290,129 @@ fn pi_with_its_key_in_auth_json_holds_placeholders_and_the_model_gets_the_real_k
         assert_eq!(v["groq"]["key"], UNKNOWN);
     }
 }
+
+/// Review mode with the real pi: its edit tool writes the project's overlay, its next command
+/// reads its own write, the host's file is unchanged until `corral accept`; `corral exec` is
+/// off in review mode (its commands would run on the host's project) and says so.
+#[test]
+fn pi_in_review_mode_sees_its_own_writes_and_the_host_gets_them_on_accept() {
+    let Some(pi) = which("pi") else {
+        eprintln!(
+            "skipping: pi is not installed (npm install -g @mariozechner/pi-coding-agent; .ci/run does)"
+        );
+        return;
+    };
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let w = World::new();
+    let mdir = w.root.join("mock");
+    std::fs::create_dir_all(&mdir).unwrap();
+    certs(&mdir, &host);
+    let steps = serde_json::json!({
+        "steps": [
+            {"tool": "edit", "arguments": {"path": "app.conf", "edits": [{"oldText": "version = 1", "newText": "version = 2"}]}},
+            {"tool": "bash", "arguments": {"command": "cat app.conf; echo made > made.txt; echo rc=$?"}},
+            {"tool": "bash", "arguments": {"command": "echo exec=${CORRAL_EXECUTOR:-none}; corral exec -- true; echo rc=$?"}}
+        ],
+        "final": "all done"
+    });
+    let m = mock_model(&mdir, &steps);
+    let port = m.port;
+    write(&w.project.join("app.conf"), "version = 1\n");
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[filesystem]\nreview = true\n\n\
+             [network]\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [secrets]\nMOCK_API_KEY = {{ from_env = \"CALLER_MOCK_KEY\", hosts = [\"{host}\"] }}\n"
+        ),
+    );
+    w.trust_project(&[]);
+    write(
+        &w.home.join(".pi/agent/models.json"),
+        &serde_json::json!({"providers": {"mock": {
+            "baseUrl": format!("https://{host}:{port}/v1"),
+            "api": "openai-completions",
+            "apiKey": "MOCK_API_KEY",
+            "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+            "models": [{"id": "mock-1"}]
+        }}})
+        .to_string(),
+    );
+    let mut c = Command::new("timeout");
+    c.arg("300")
+        .arg(corral_bin())
+        .args(["run", "pi", "--network", "proxy", "--"])
+        .arg(&pi)
+        .args([
+            "-p",
+            "--provider",
+            "mock",
+            "--model",
+            "mock-1",
+            "Do the task.",
+        ])
+        .current_dir(&w.project)
+        .env_clear()
+        .env("HOME", &w.home)
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .env("TMPDIR", std::env::temp_dir())
+        .env("CALLER_MOCK_KEY", REAL)
+        .env("SSL_CERT_FILE", mdir.join("ca.pem"));
+    let out = run(c);
+    assert_eq!(out.code, 0, "corral run pi failed:\n{}", out.both());
+    assert!(out.stdout.contains("all done"), "{}", out.both());
+    assert!(
+        out.stderr.contains("review: 2 changes held"),
+        "{}",
+        out.stderr
+    );
+    let reqs = m.requests();
+    let posts: Vec<_> = reqs.iter().filter(|r| r["method"] == "POST").collect();
+    let results: Vec<String> = posts.last().unwrap()["tool_results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(results.len(), 3, "{results:#?}");
+    assert!(results[0].contains("Successfully"), "{}", results[0]);
+    // pi reads its own write in the jail...
+    assert!(
+        results[1].contains("version = 2") && results[1].contains("rc=0"),
+        "{}",
+        results[1]
+    );
+    assert!(
+        results[2].contains("exec=none")
+            && results[2].contains("the executor is off in review mode")
+            && results[2].contains("rc=125"),
+        "{}",
+        results[2]
+    );
+    // ...and the host's project has none of it until accept.
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("app.conf")).unwrap(),
+        "version = 1\n"
+    );
+    assert!(!w.project.join("made.txt").exists());
+    let mut c = Command::new(corral_bin());
+    c.arg("accept")
+        .current_dir(&w.project)
+        .env_clear()
+        .env("HOME", &w.home)
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin");
+    let accepted = run(c);
+    assert_eq!(accepted.code, 0, "{}", accepted.both());
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("app.conf")).unwrap(),
+        "version = 2\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("made.txt")).unwrap(),
+        "made\n"
+    );
+}

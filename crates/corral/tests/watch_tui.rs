@@ -197,3 +197,36 @@ fn watch_shows_a_long_names_domain_and_port_and_does_not_allow_it_cut() {
     assert!(out.stdout.contains("FIRST 403"), "{}", out.both());
     assert!(!out.stdout.contains("SECOND 403"), "{}", out.both());
 }
+
+#[test]
+fn watch_shows_a_pending_reviews_changes() {
+    let w = World::new();
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--review",
+        "--network",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        "echo x > made.txt && rm README && echo END",
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    let mut watch = Watch::start(corral_watch(&w));
+    let at = watch.wait_for(0, "review:");
+    for word in ["2", "pending", "added,", "deleted)", "made.txt", "README"] {
+        watch.wait_for(at, word);
+    }
+    assert!(watch.quit().success());
+    // Without a pending review there is no such line (the control): the first screen is drawn
+    // whole (its last line, the keys, is there) without it.
+    let mut c = w.corral();
+    c.arg("discard");
+    assert_eq!(run(c).code, 0);
+    let mut watch = Watch::start(corral_watch(&w));
+    watch.wait_for(0, "quit");
+    assert!(!watch.text().contains("review:"), "{}", watch.text());
+    assert!(watch.quit().success());
+}

@@ -482,4 +482,26 @@ impl Sys for Fake {
     fn truncate_through(&self, fd: &OwnedFd) -> Result<(), i32> {
         self.ftruncate(fd, 0)
     }
+    fn unlinkat(&self, dir: &OwnedFd, name: &[u8], flags: i32) -> Result<(), i32> {
+        let path = child(&self.path_of(dir)?, trim(name));
+        let node = self.node(&path).ok_or(libc::ENOENT)?;
+        let is_dir = node.kind == libc::S_IFDIR;
+        match (flags & libc::AT_REMOVEDIR != 0, is_dir) {
+            (true, false) => return Err(libc::ENOTDIR),
+            (false, true) => return Err(libc::EISDIR),
+            _ => {}
+        }
+        let below = [path.as_slice(), b"/"].concat();
+        if is_dir && self.nodes.borrow().keys().any(|k| k.starts_with(&below)) {
+            return Err(libc::ENOTEMPTY);
+        }
+        self.nodes.borrow_mut().remove(&path);
+        self.did(format!("unlink {}", String::from_utf8_lossy(&path)));
+        Ok(())
+    }
+    fn chmod_fd(&self, fd: &OwnedFd, mode: libc::mode_t) -> Result<(), i32> {
+        let path = self.path_of(fd)?;
+        self.did(format!("chmod {} {mode:o}", String::from_utf8_lossy(&path)));
+        Ok(())
+    }
 }

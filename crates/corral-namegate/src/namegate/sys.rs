@@ -97,6 +97,12 @@ pub trait Sys: Sized {
     /// truncate(2) to 0 of the file `fd` is open on, by its `/proc/self/fd/N` path (an
     /// `O_RDONLY | O_TRUNC` open: the permission is checked on the file, as the open would).
     fn truncate_through(&self, fd: &OwnedFd) -> Result<(), i32>;
+    /// unlinkat(2) of `name` in `dir` (`AT_REMOVEDIR`: a directory). Only while the run keeps
+    /// a change record is a removal stopped and performed here.
+    fn unlinkat(&self, dir: &OwnedFd, name: &[u8], flags: i32) -> Result<(), i32>;
+    /// chmod(2) of the file `fd` (an `O_PATH` descriptor) is open on, by its `/proc/self/fd/N`
+    /// path (that inode and no other). Only while the run keeps a change record.
+    fn chmod_fd(&self, fd: &OwnedFd, mode: libc::mode_t) -> Result<(), i32>;
 }
 
 /// The kernel.
@@ -321,5 +327,15 @@ impl Sys for Real {
     fn truncate_through(&self, fd: &OwnedFd) -> Result<(), i32> {
         // SAFETY: a path naming our own descriptor.
         rc(unsafe { libc::truncate(super::protected::truncate_path(fd).as_ptr(), 0) }.into())
+    }
+    fn unlinkat(&self, dir: &OwnedFd, name: &[u8], flags: i32) -> Result<(), i32> {
+        let name = c(name)?;
+        // SAFETY: our own path and descriptor.
+        rc(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) }.into())
+    }
+    fn chmod_fd(&self, fd: &OwnedFd, mode: libc::mode_t) -> Result<(), i32> {
+        let via = c(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_bytes())?;
+        // SAFETY: our own path (the descriptor's magic link, which names exactly that inode).
+        rc(unsafe { libc::chmod(via.as_ptr(), mode) }.into())
     }
 }

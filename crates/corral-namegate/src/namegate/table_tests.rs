@@ -910,6 +910,9 @@ fn no_call_continues_but_umask() {
         ("renameat2 is performed", libc::SYS_renameat2, false),
         ("bind is performed", libc::SYS_bind, false),
         ("truncate is performed", libc::SYS_truncate, false),
+        ("unlinkat is performed", libc::SYS_unlinkat, false),
+        ("fchmodat is performed", libc::SYS_fchmodat, false),
+        ("fchmodat2 is performed", SYS_FCHMODAT2, false),
         (
             "a call the gate does not know is ENOSYS",
             libc::SYS_getpid,
@@ -926,6 +929,9 @@ fn no_call_continues_but_umask() {
         ("link is performed", libc::SYS_link, false),
         ("rename is performed", libc::SYS_rename, false),
         ("renameat is performed", libc::SYS_renameat, false),
+        ("unlink is performed", libc::SYS_unlink, false),
+        ("rmdir is performed", libc::SYS_rmdir, false),
+        ("chmod is performed", libc::SYS_chmod, false),
     ]);
     for (rule, nr, continues) in rows {
         let (mut f, git_dirs) = world();
@@ -965,5 +971,179 @@ fn a_protected_name_refuses_each_use_with_the_binds_errno() {
             want,
             "{what:?} dir={is_dir} exists={exists}"
         );
+    }
+}
+
+/// The removals and mode changes the gate performs while the run keeps a change record
+/// (the filter stops them only then): each resolved as the kernel would, the last component
+/// of a removal never followed, a mode changed on the inode the name leads to, and every
+/// error the kernel would give given without anything performed.
+#[test]
+fn removals_and_mode_changes_are_performed_through_the_seam_as_the_kernel_would() {
+    enum Then {
+        Done(&'static str),
+        Fails(i32),
+    }
+    use Then::*;
+    let empty = libc::AT_EMPTY_PATH as u64;
+    let nofollow = libc::AT_SYMLINK_NOFOLLOW as u64;
+    // (rule, nr, args but the path: [dirfd, flags-or-mode...], path (None: NULL), want)
+    type Row = (&'static str, i64, [u64; 4], Option<&'static [u8]>, Then);
+    let rows: Vec<Row> = vec![
+        (
+            "unlinkat removes a file",
+            libc::SYS_unlinkat,
+            [fdcwd(), 0, 0, 0],
+            Some(b"/work/proj/file"),
+            Done("unlink /work/proj/file"),
+        ),
+        (
+            "unlinkat AT_REMOVEDIR removes an empty directory",
+            libc::SYS_unlinkat,
+            [fdcwd(), libc::AT_REMOVEDIR as u64, 0, 0],
+            Some(b"/work/proj/sub"),
+            Done("unlink /work/proj/sub"),
+        ),
+        (
+            "unlinkat of a name relative to the caller's directory descriptor",
+            libc::SYS_unlinkat,
+            [SUB_FD as u64, 0, 0, 0],
+            Some(b"inner"),
+            Done("unlink /work/proj/sub/inner"),
+        ),
+        (
+            "unlinkat of a symlink removes the link, never what it names",
+            libc::SYS_unlinkat,
+            [fdcwd(), 0, 0, 0],
+            Some(b"/work/proj/link"),
+            Done("unlink /work/proj/link"),
+        ),
+        (
+            "unlinkat of a directory without AT_REMOVEDIR: EISDIR",
+            libc::SYS_unlinkat,
+            [fdcwd(), 0, 0, 0],
+            Some(b"/work/proj/sub"),
+            Fails(libc::EISDIR),
+        ),
+        (
+            "rmdir of a directory that holds something: ENOTEMPTY",
+            libc::SYS_unlinkat,
+            [fdcwd(), libc::AT_REMOVEDIR as u64, 0, 0],
+            Some(b"/work/proj/.git"),
+            Fails(libc::ENOTEMPTY),
+        ),
+        (
+            "unlinkat with a flag it does not know: EINVAL",
+            libc::SYS_unlinkat,
+            [fdcwd(), 0x8000, 0, 0],
+            Some(b"/work/proj/file"),
+            Fails(libc::EINVAL),
+        ),
+        (
+            "unlinkat of what is not there: ENOENT",
+            libc::SYS_unlinkat,
+            [fdcwd(), 0, 0, 0],
+            Some(b"/work/proj/absent"),
+            Fails(libc::ENOENT),
+        ),
+        (
+            "fchmodat changes the file's mode",
+            libc::SYS_fchmodat,
+            [fdcwd(), 0o600, 0, 0],
+            Some(b"/work/proj/file"),
+            Done("chmod /work/proj/file 600"),
+        ),
+        (
+            "fchmodat follows a final symlink: the file it names changes",
+            libc::SYS_fchmodat,
+            [fdcwd(), 0o600, 0, 0],
+            Some(b"/work/proj/link"),
+            Done("chmod /work/proj/file 600"),
+        ),
+        (
+            "fchmodat2 AT_SYMLINK_NOFOLLOW on a symlink: EOPNOTSUPP, as the kernel",
+            SYS_FCHMODAT2,
+            [fdcwd(), 0o600, nofollow, 0],
+            Some(b"/work/proj/link"),
+            Fails(libc::EOPNOTSUPP),
+        ),
+        (
+            "fchmodat2 AT_EMPTY_PATH with a NULL path: the descriptor's directory",
+            SYS_FCHMODAT2,
+            [SUB_FD as u64, 0o700, empty, 0],
+            None,
+            Done("chmod /work/proj/sub 700"),
+        ),
+        (
+            "fchmodat2 AT_EMPTY_PATH of a descriptor the caller does not have: EBADF",
+            SYS_FCHMODAT2,
+            [9, 0o700, empty, 0],
+            None,
+            Fails(libc::EBADF),
+        ),
+        (
+            "fchmodat2 with a flag it does not know: EINVAL",
+            SYS_FCHMODAT2,
+            [fdcwd(), 0o600, 0x8000, 0],
+            Some(b"/work/proj/file"),
+            Fails(libc::EINVAL),
+        ),
+        (
+            "fchmodat of what is not there: ENOENT",
+            libc::SYS_fchmodat,
+            [fdcwd(), 0o600, 0, 0],
+            Some(b"/work/proj/absent"),
+            Fails(libc::ENOENT),
+        ),
+    ];
+    for (i, (rule, nr, a, path, want)) in rows.into_iter().enumerate() {
+        let (mut f, git_dirs) = world();
+        f.add(b"/work/proj/sub/inner", libc::S_IFREG, 1, fake::EXT4);
+        f.add(b"/work/proj/link", libc::S_IFLNK, 1, fake::EXT4);
+        f.nodes
+            .borrow_mut()
+            .get_mut(&b"/work/proj/link"[..])
+            .unwrap()
+            .target = b"file".to_vec();
+        f.caller_dirs.insert(SUB_FD, b"/work/proj/sub".to_vec());
+        let p = path.map_or(0, |p| f.put_str(p));
+        let args = match nr {
+            // unlinkat(dirfd, path, flags)
+            libc::SYS_unlinkat => [a[0], p, a[1], 0, 0, 0],
+            // fchmodat(dirfd, path, mode) / fchmodat2(dirfd, path, mode, flags)
+            _ => [a[0], p, a[1], a[2], 0, 0],
+        };
+        let call = Call {
+            id: 1,
+            tid: f.tid,
+            nr,
+            args,
+        };
+        if rule.contains("removes an empty directory") {
+            f.nodes.borrow_mut().remove(&b"/work/proj/sub/inner"[..]);
+        }
+        let g = gate(f, git_dirs);
+        let (got, done) = run(&g, &call);
+        let what = format!("row {i} ({rule})");
+        match want {
+            Done(line) => {
+                assert_eq!(got, Out::Value(0), "{what}: done {done:?}");
+                assert!(
+                    done.iter().any(|l| l == line),
+                    "{what}: {line:?} not in {done:?}"
+                );
+                if line.starts_with("unlink ") {
+                    let path = line.trim_start_matches("unlink ").as_bytes();
+                    assert!(g.sys.node(path).is_none(), "{what}: still there");
+                }
+            }
+            Fails(e) => {
+                assert_eq!(got, Out::Errno(e), "{what}: done {done:?}");
+                assert!(
+                    !done.iter().any(|l| performs(l)),
+                    "{what}: failed, yet performed {done:?}"
+                );
+            }
+        }
     }
 }

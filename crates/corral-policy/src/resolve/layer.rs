@@ -151,6 +151,8 @@ pub(super) struct Layer {
     pub(super) allow_harness_config: bool,
     /// New git repositories outside the jail's own file systems (user config or flag only).
     pub(super) allow_new_repositories: bool,
+    /// Review mode (`--review`, `filesystem.review`): on when any layer turns it on.
+    pub(super) review: bool,
     pub(super) exec_allow: Option<Vec<String>>,
     pub(super) exec_timeout_ms: Option<u64>,
     pub(super) exec_max_output: Option<u64>,
@@ -195,6 +197,7 @@ impl Layer {
         self.exec_allow_host |= o.exec_allow_host;
         self.allow_harness_config |= o.allow_harness_config;
         self.allow_new_repositories |= o.allow_new_repositories;
+        self.review |= o.review;
         self.exec_read_only.extend(o.exec_read_only);
         self.exec_read_write.extend(o.exec_read_write);
         self.exec_net.merge(o.exec_net);

@@ -66,6 +66,8 @@ pub struct Flags {
     /// Let the jail create git repositories where the host can see them; checked when the run
     /// ends instead (`--allow-new-repositories`).
     pub allow_new_repositories: bool,
+    /// `--review`: the run's writes to the project are held for `corral diff`/`accept`.
+    pub review: bool,
 }
 
 /// Everything `resolve` needs to know about the caller.

@@ -296,6 +296,14 @@ pub(super) fn file_layer(
         }
         l.clipboard = Some(c.into_inner());
     }
+    if pf.undo.is_some() && r.project {
+        let at = key_loc(file, text, &["undo"]);
+        return Err(at.error(
+            "[undo] may only be set in your user config ($XDG_CONFIG_HOME/corral/config.toml), \
+             never in a project's policy file (the repository could turn off its own undo)"
+                .into(),
+        ));
+    }
     if let Some(lim) = pf.limits {
         l.memory = lim.memory.map(|s| s.0);
         l.cpus = lim.cpus.map(|c| c.0);
@@ -384,6 +392,9 @@ impl Reader<'_> {
                 "filesystem.allow_new_repositories",
                 "--allow-new-repositories",
             )?;
+        }
+        if let Some(r) = fs.review {
+            l.review = r.into_inner();
         }
         l.read_only = self.binds(fs.read_only, "filesystem.read_only", false)?;
         l.read_write = self.binds(fs.read_write, "filesystem.read_write", true)?;
@@ -555,6 +566,7 @@ pub(super) fn flags_layer(f: &Flags, cwd: &Path, home: &Path) -> Result<Layer, P
         exec_allow_host: f.allow_host_executor,
         allow_harness_config: f.allow_harness_config,
         allow_new_repositories: f.allow_new_repositories,
+        review: f.review,
         cpus: f.cpus,
         pids: f.pids,
         enforce: f.enforce,

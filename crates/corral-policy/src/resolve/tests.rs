@@ -177,6 +177,7 @@ fn shell_plan() -> Plan {
         scratch: false,
         source: ProjectSource::GitTopLevel,
         policy_file: p("/work/proj/corral.toml"),
+        review: None,
     };
     let protected = vec![
         p("/work/proj/.git/config"),
@@ -651,4 +652,91 @@ fn a_preview_of_a_scratch_run_creates_nothing_and_the_run_creates_its_directory(
     let ran = super::resolve(&req).unwrap();
     assert_eq!(entries(), vec![ran.project.root.clone()]);
     assert_ne!(ran.project.root, shown.project.root);
+}
+
+/// A request for the `shell` profile in `project` with `flags`, nothing else of the caller's.
+fn review_request(base: &Path, project: &Path, flags: super::Flags) -> super::Request {
+    super::Request {
+        cwd: project.to_path_buf(),
+        profile: Some("shell".into()),
+        command: vec!["/bin/true".into()],
+        flags,
+        env: env(&[("PATH", "/nonexistent-corral-test-bin")]),
+        home: base.join("home"),
+        uid: 1000,
+        gid: 1000,
+        corral_exe: base.join("corral"),
+        user_config: None,
+    }
+}
+
+#[test]
+fn review_mode_overlays_the_project_from_corrals_state_directory_and_turns_the_executor_off() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().canonicalize().unwrap();
+    let project = base.join("proj");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::create_dir_all(base.join("home")).unwrap();
+    let plain = super::preview(&review_request(&base, &project, super::Flags::default())).unwrap();
+    let flags = super::Flags {
+        review: true,
+        ..super::Flags::default()
+    };
+    let reviewed = super::preview(&review_request(&base, &project, flags)).unwrap();
+    // The whole difference: the review's directories, no executor jail, no skill, the
+    // variable `corral exec` reads.
+    let mut expected = plain.clone();
+    let dir = base
+        .join("home/.local/state/corral/review")
+        .join(corral_audit::project_key(&project));
+    expected.project.review = Some(crate::plan::ReviewPlan {
+        upper: dir.join("upper"),
+        work: dir.join("work"),
+        dir,
+    });
+    expected.executor.jail = None;
+    expected.skill = None;
+    expected.env.insert("CORRAL_REVIEW".into(), "1".into());
+    assert_eq!(reviewed, expected);
+}
+
+#[test]
+fn review_mode_refuses_what_would_write_the_host_project_around_the_overlay() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().canonicalize().unwrap();
+    let project = base.join("proj");
+    std::fs::create_dir_all(project.join("cache")).unwrap();
+    std::fs::create_dir_all(base.join("home")).unwrap();
+    let refused = |flags: super::Flags| {
+        super::preview(&review_request(&base, &project, flags))
+            .unwrap_err()
+            .to_string()
+    };
+    let rw = refused(super::Flags {
+        review: true,
+        rw: vec![project.join("cache")],
+        ..super::Flags::default()
+    });
+    assert!(
+        rw.contains("cache is bound read-write below the project"),
+        "{rw}"
+    );
+    let scratch = refused(super::Flags {
+        review: true,
+        scratch: true,
+        ..super::Flags::default()
+    });
+    assert!(scratch.contains("nothing to review"), "{scratch}");
+    // Control: the same flags without review resolve.
+    assert!(
+        super::preview(&review_request(
+            &base,
+            &project,
+            super::Flags {
+                rw: vec![project.join("cache")],
+                ..super::Flags::default()
+            }
+        ))
+        .is_ok()
+    );
 }

@@ -15,6 +15,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     corral_session::journal::finish_unended(corral_session::journal::Which::All);
     let mut report = probe::run();
     report.checks.push(git_bare_repository());
+    report.checks.push(super::undo::doctor_check());
     let mut out = std::io::stdout().lock();
     if args.json {
         let json = serde_json::to_string_pretty(&report).context("cannot serialize the report")?;

@@ -24,6 +24,13 @@ pub fn run(args: ExecArgs) -> anyhow::Result<ExitCode> {
         ),
         None => None,
     };
+    if std::env::var_os("CORRAL_REVIEW").is_some() && std::env::var_os("CORRAL_EXECUTOR").is_none()
+    {
+        anyhow::bail!(
+            "the executor is off in review mode (corral run --review): its commands would run on \
+             the host's project, outside the review; run the command here in the jail"
+        );
+    }
     let here = std::env::current_dir().context("cannot read the current directory")?;
     let target = client::discover(&here, &|k| std::env::var(k).ok(), &read_target)?;
 

@@ -58,6 +58,7 @@ pub fn run(
     let req = super::plan::request(profile, jail, command)?;
     let plan = corral_policy::resolve(&req)?;
     debug_assert_eq!(plan.engine, Engine::Kube);
+    super::review::native_only(&plan)?;
     super::trust::gate(&plan)?;
     let kubectl = Kubectl::new(kube)?;
     let timeout = match &kube.kube_timeout {

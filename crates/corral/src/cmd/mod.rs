@@ -21,6 +21,7 @@ pub mod log;
 pub mod plan;
 mod profile_arg;
 mod proxy;
+mod review;
 pub mod rules;
 mod run;
 mod secrets;
@@ -30,6 +31,7 @@ mod shim;
 mod signin;
 mod skill;
 pub mod trust;
+mod undo;
 mod watch;
 mod worktree;
 
@@ -72,7 +74,12 @@ pub fn dispatch(cli: Cli, early: Option<PreparedJail>) -> anyhow::Result<ExitCod
         }
         Command::Init(args) => init::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Log(args) if args.runs => undo::log_runs(args.json),
         Command::Log(args) => log::run(args),
+        Command::Diff(args) => review::diff(args),
+        Command::Accept(args) => review::accept(args),
+        Command::Discard(args) => review::discard(args),
+        Command::Undo(args) => undo::run(args),
         Command::Image(cmd) => image::run(cmd),
         Command::Down(args) => down::run(args),
         Command::PortRelay(args) => {

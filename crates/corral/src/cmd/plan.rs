@@ -60,6 +60,7 @@ pub fn flags(opts: &JailOptions) -> Flags {
         allow_host_executor: opts.allow_host_executor,
         allow_harness_config: opts.allow_harness_config,
         allow_new_repositories: opts.allow_new_repositories,
+        review: opts.review,
     }
 }
 
@@ -225,6 +226,14 @@ fn overview(o: &mut String, p: &Plan) {
         access(p.project.access),
         p.project.source.describe()
     );
+    if let Some(r) = &p.project.review {
+        let _ = writeln!(
+            o,
+            "review        the project is an overlay: writes go to {}, the host's files stay \
+             as they are until `corral accept`; the executor is off",
+            r.upper.display()
+        );
+    }
     let _ = writeln!(o, "cwd           {}", p.cwd.display());
     let _ = writeln!(o, "home          {} (private tmpfs)", p.home.display());
     let _ = writeln!(o, "ids           uid {} gid {}", p.uid, p.gid);

@@ -42,7 +42,21 @@ pub fn run_jail(
     super::trust::gate(&plan)?;
     // A first run of a harness: its state directories do not exist yet, and binds need them.
     ensure_state_paths(&plan.profile, &req.home)?;
+    // Review mode (cmd/review.rs): native only; its directories made and held for the run.
+    super::review::native_only(&plan)?;
+    if opts.discard_pending && plan.project.review.is_none() {
+        anyhow::bail!(
+            "--discard-pending drops a pending review before a review run; this run is none \
+             (add --review, or filesystem.review = true)"
+        );
+    }
+    let review = corral_session::review::begin(&plan, opts.discard_pending)?;
     let code = run_plan_with(&plan, Some(&req), Scope::Run, early);
+    if let Some(review) = review {
+        for line in review.finish() {
+            say(&line);
+        }
+    }
     if plan.project.scratch
         && let Err(e) = std::fs::remove_dir_all(&plan.project.root)
     {
@@ -173,6 +187,15 @@ fn run_plan_with(
     }
     // The executor is attached last: its jail's Plan is final now.
     let executor = super::serve::attach_executor(&run, session.audit())?;
+    // The change record (cmd/undo.rs): kept by the jail's name gate, finished in `Native::run`.
+    // A review run writes nothing of the host's (accept keeps its own record).
+    let record = match scope {
+        Scope::Run if run.plan.project.review.is_none() => super::undo::begin(&run.plan),
+        _ => None,
+    };
+    if let Some(r) = &record {
+        opts.record = Some(r.dir_fd()?);
+    }
     let mut native = Native {
         req,
         resolved: plan,
@@ -187,6 +210,7 @@ fn run_plan_with(
         proxy: None,
         netcap: None,
         terminal: None,
+        record,
     };
     session.run(&run.plan, &mut native)
 }
@@ -211,6 +235,8 @@ struct Native<'a> {
     proxy: Option<corral_net::ProxyHandle>,
     netcap: Option<corral_net::netcap::NetcapHandle>,
     terminal: Option<corral_sandbox::termfilter::Dropped>,
+    /// The run's change record, finished once nothing the run started can write.
+    record: Option<super::undo::Recording>,
 }
 
 impl Drop for Native<'_> {
@@ -307,6 +333,9 @@ impl Backend for Native<'_> {
         drop(started.held);
         drop(started.live);
         end_run(self.executor.take(), ending.pid());
+        if let Some(record) = self.record.take() {
+            record.finish();
+        }
         self.ending = Some(ending);
         // No jail of the run binds them any more: the placeholders this run made go.
         drop(started.placeholders);

@@ -55,6 +55,7 @@ pub fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
         tail: Tail::new(log.path()),
         jails: Vec::new(),
         asks: Vec::new(),
+        review: None,
         selected: None,
         width: Cell::new(0),
         status:
@@ -65,6 +66,7 @@ pub fn run(args: WatchArgs) -> anyhow::Result<ExitCode> {
     let skip = app.rows.len().saturating_sub(args.lines);
     app.rows.drain(..skip);
     app.jails = control::list(&app.root);
+    app.review = review_line(&app.root);
     let mut terminal = ratatui::try_init().context("cannot set up the terminal")?;
     let result = app.event_loop(&mut terminal);
     ratatui::restore();
@@ -82,6 +84,8 @@ struct App {
     /// The questions the running jails hold connections for (`network.on_deny = "ask"`),
     /// with the jail's socket: the keys answer the first one while there is one.
     asks: Vec<(control::Entry, Question)>,
+    /// A review run's pending changes (`corral run --review`): a count and their stat.
+    review: Option<String>,
     /// The selected row; `None` follows the latest denial.
     selected: Option<usize>,
     /// The terminal's width at the last draw: what the keys act on was laid out in it.
@@ -110,6 +114,10 @@ impl App {
             ticks += 1;
             if ticks.is_multiple_of(5) {
                 self.jails = control::list(&self.root);
+            }
+            // The change set is read whole (each file hashed): every 5 s.
+            if ticks.is_multiple_of(25) {
+                self.review = review_line(&self.root);
             }
             self.asks = pending_questions(&self.jails);
         }
@@ -247,8 +255,9 @@ impl App {
     fn draw(&self, f: &mut ratatui::Frame) {
         self.width.set(f.area().width);
         let shown_asks = self.asks.len().min(MAX_ASKS_SHOWN);
+        let review_rows = u16::from(self.review.is_some());
         let [head, body, foot] = Layout::vertical([
-            Constraint::Length(2 + shown_asks as u16),
+            Constraint::Length(2 + review_rows + shown_asks as u16),
             Constraint::Min(3),
             Constraint::Length(2),
         ])
@@ -269,6 +278,12 @@ impl App {
             Line::from(format!("corral watch  {}", self.root.display())),
             Line::from(format!("running: {jails}")),
         ];
+        if let Some(review) = &self.review {
+            lines.push(Line::styled(
+                review.clone(),
+                Style::default().fg(Color::Cyan),
+            ));
+        }
         let asking = Style::default()
             .fg(Color::Yellow)
             .add_modifier(Modifier::BOLD | Modifier::REVERSED);
@@ -323,6 +338,29 @@ impl App {
             foot,
         );
     }
+}
+
+/// The pending review of `root`, in one line: how many changes, of which kind, the first of
+/// them, and the commands; none without a review.
+fn review_line(root: &Path) -> Option<String> {
+    use corral_session::review::upper::What;
+    let paths = corral_session::review::Paths::for_project(root).ok()?;
+    if !paths.pending() {
+        return None;
+    }
+    let changes = match corral_session::review::upper::changes(&paths, &[]) {
+        Ok(c) => c,
+        Err(e) => return Some(format!("review: cannot read the change set: {e:#}")),
+    };
+    let count = |w: What| changes.iter().filter(|c| c.what == w).count();
+    let first = corral_session::review::show::stat_lines(&changes, 3).join(" · ");
+    Some(format!(
+        "review: {} pending ({} added, {} modified, {} deleted): {first}  [corral diff · accept · discard]",
+        changes.len(),
+        count(What::Added),
+        count(What::Modified),
+        count(What::Deleted),
+    ))
 }
 
 /// Questions shown at once at the top (the rest wait their turn).

@@ -50,6 +50,11 @@ pub fn run(
         .unwrap_or_else(|| layout.path.clone());
     let plan = resolve(&req)?;
     native_only(&plan)?;
+    if plan.project.review.is_some() {
+        anyhow::bail!(
+            "--review and --worktree: a worktree run is already held apart from the checkout              (its branch comes back when it ends); use one or the other"
+        );
+    }
     super::trust::gate_in_worktree(&plan, &layout.path, &layout.policy_file_of_main())?;
     ensure_state_paths(&plan.profile, &req.home)?;
     let plan = session.confine(&plan);

@@ -78,6 +78,11 @@ impl Watch {
         }
     }
 
+    /// What it has drawn so far, as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.screen.lock().unwrap()).into_owned()
+    }
+
     /// How much it has drawn so far.
     pub fn len(&self) -> usize {
         self.screen.lock().unwrap().len()

@@ -68,7 +68,65 @@ pub(super) fn merge(g: &Gathered) -> Policy {
 
 /// The plan of a run: the agent's jail, with the executor's sandbox inside it.
 pub(super) fn build(g: &Gathered) -> Result<Plan, PolicyError> {
-    jail(g, &merge(g), Side::Agent)
+    let p = merge(g);
+    let mut plan = jail(g, &p, Side::Agent)?;
+    if p.merged.review {
+        review(g, &mut plan)?;
+    }
+    Ok(plan)
+}
+
+/// Review mode: the project becomes an overlay over corral's review directories, and nothing
+/// else of the run may write the host's project: no executor (its commands would run on the
+/// host's project, outside the overlay) and no read-write bind below the project.
+fn review(g: &Gathered, plan: &mut Plan) -> Result<(), PolicyError> {
+    let refuse = |why: String| Err(PolicyError::Invalid(format!("--review: {why}")));
+    if plan.project.scratch {
+        return refuse(
+            "a --scratch project is removed when the run ends; there is nothing to review".into(),
+        );
+    }
+    if plan.project.access != crate::plan::Access::Rw {
+        return refuse(
+            "the project is read-only (filesystem.project = \"ro\"); there is nothing to review"
+                .into(),
+        );
+    }
+    match &plan.executor.target {
+        ExecutorTarget::Sandbox => {}
+        ExecutorTarget::Host | ExecutorTarget::Compose(_) => {
+            return refuse(format!(
+                "executor.target = {:?} runs commands on the host's project, outside the review; \
+                 use the default executor (\"sandbox\") or run without --review",
+                match &plan.executor.target {
+                    ExecutorTarget::Host => "host".to_string(),
+                    ExecutorTarget::Compose(s) => format!("compose:{s}"),
+                    ExecutorTarget::Sandbox => "sandbox".to_string(),
+                }
+            ));
+        }
+    }
+    let root = plan.project.root.clone();
+    if let Some(m) = plan.mounts.iter().find(|m| {
+        m.kind == crate::plan::MountKind::Bind(crate::plan::Access::Rw)
+            && m.source != root
+            && m.source.starts_with(&root)
+    }) {
+        return refuse(format!(
+            "{} is bound read-write below the project: its writes would reach the host's \
+             project directly; bind it read-only or run without --review",
+            m.source.display()
+        ));
+    }
+    // The executor's commands run in a jail of their own over the host's project: off in
+    // review mode (docs/review.md), and so is the skill that teaches the harness to use it.
+    plan.executor.jail = None;
+    plan.skill = None;
+    // What `corral exec` in the jail says instead of looking for an executor (cmd/exec.rs).
+    plan.env.insert("CORRAL_REVIEW".into(), "1".into());
+    let state = crate::trust::state_dir(&g.env, &g.home);
+    plan.project.review = Some(crate::plan::ReviewPlan::for_project(&state, &root));
+    Ok(())
 }
 
 /// The plan of one jail.
@@ -168,6 +226,7 @@ fn project_plan(g: &Gathered, m: &Layer) -> ProjectPlan {
         scratch: g.source == ProjectSource::Scratch,
         source: g.source,
         policy_file: g.project_policy_path(),
+        review: None,
     }
 }
 
