@@ -77,7 +77,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         s
     } else if matches!(plan.engine, Engine::Podman | Engine::Docker) {
         // The container engines: the exact commands `corral run` runs, after the plan.
-        let cmds = super::engine_run::print_commands(&plan)?;
+        let cmds = corral_run::engine::print_commands(&plan)?;
         format!("{}\nengine commands\n{cmds}", human(&plan))
     } else {
         human(&plan)

@@ -54,9 +54,9 @@ impl Drop for TrustDir {
 pub type Values = Vec<(SecretPlan, String)>;
 
 /// Each secret of `plan` with its real value, read from corral's environment, and the sign-ins
-/// (`[signin]`, [`super::signin`]) whose credential file exists, read from it.
+/// (`[signin]`, [`crate::signin`]) whose credential file exists, read from it.
 pub fn read(plan: &Plan) -> anyhow::Result<(Values, Vec<Signin>)> {
-    let signins = super::signin::load(plan)?;
+    let signins = crate::signin::load(plan)?;
     if plan.secrets.is_empty() && signins.is_empty() {
         return Ok((Vec::new(), Vec::new()));
     }
@@ -108,7 +108,7 @@ pub fn prepare(
     };
     let dir = TrustDir::create(trust_dir)?;
     // Each sign-in's placeholder file, where the RunPlan binds it over the real one.
-    super::signin::jail_files(&signins, trust_dir)?;
+    crate::signin::jail_files(&signins, trust_dir)?;
     if run.plan.network.mode != NetworkMode::Proxy {
         // No network: the placeholder files only; nothing could use a real token.
         return Ok(Secrets {
@@ -176,9 +176,7 @@ pub fn for_engine(
 }
 
 /// Each secret of the plan with its real value, read from corral's environment.
-pub(crate) fn real_values(
-    plan: &Plan,
-) -> anyhow::Result<Vec<(corral_policy::plan::SecretPlan, String)>> {
+pub fn real_values(plan: &Plan) -> anyhow::Result<Vec<(corral_policy::plan::SecretPlan, String)>> {
     let mut values = Vec::new();
     for s in &plan.secrets {
         let Some(real) = std::env::var_os(&s.from_env) else {
