@@ -153,8 +153,8 @@ fn refuse_path_rules(plan: &Plan) -> anyhow::Result<()> {
 }
 
 /// Run `plan` with its container engine in a session of `scope`; the harness's exit code. The
-/// project is bind-mounted into the container, so the session's host-side checks (git, state
-/// guard, set-id, change summary) apply as after a native run. With the request `plan` was
+/// project is bind-mounted into the container, so the session's host-side checks (git,
+/// set-id, change summary) apply as after a native run. With the request `plan` was
 /// resolved from, the proxy's rules follow the policy files while it runs (live.rs).
 pub fn run_plan(
     plan: &Trusted<Plan>,

@@ -34,8 +34,17 @@ pub fn run_jail(
              (add --review, or filesystem.review = true)"
         );
     }
+    // corral's layer over the harness's state, held for the run.
+    let (held, state_plan) = hold_state(&plan)?;
+    let state_secrets = held.as_ref().map(|h| h.secrets.as_slice()).unwrap_or(&[]);
     let review = corral_session::review::begin(&plan, discard_pending)?;
-    let code = run_plan_with(&plan, Some(req), Scope::Run, early);
+    let code = run_plan_with(
+        state_plan.as_ref().unwrap_or(&plan),
+        Some(req),
+        Scope::Run,
+        early,
+        state_secrets,
+    );
     if let Some(review) = review {
         for line in review.finish() {
             say(&line);
@@ -52,6 +61,25 @@ pub fn run_jail(
     code
 }
 
+/// corral's layer over the harness's state made ready and locked for a run of `plan`
+/// (corral-session `hstate`): the handle to keep until the run ends, and the Plan to run instead
+/// when this run gets a layer of its own (another run of the profile holds the shared one).
+pub fn hold_state(
+    plan: &Trusted<Plan>,
+) -> anyhow::Result<(Option<corral_session::hstate::Held>, Option<Trusted<Plan>>)> {
+    let held = corral_session::hstate::prepare(plan, &corral_audit::new_jail_id())?;
+    let Some(mut held) = held else {
+        return Ok((None, None));
+    };
+    for note in &held.notes {
+        say(&format!("corral: {note}"));
+    }
+    // The same trusted Plan with corral's own state mounts in place of the harness's: nothing
+    // the project's policy file grants changes.
+    let run_plan = held.plan.take().map(|p| plan.clone().map(|_| p));
+    Ok((Some(held), run_plan))
+}
+
 /// Run `plan` in the native jail (or the container engine it names) in a session of `scope`,
 /// with the set-up process `early` when main() forked one; the command's exit code.
 pub fn run_plan(
@@ -59,7 +87,19 @@ pub fn run_plan(
     scope: Scope,
     early: Option<PreparedJail>,
 ) -> anyhow::Result<i32> {
-    run_plan_with(plan, None, scope, early)
+    run_plan_with(plan, None, scope, early, &[])
+}
+
+/// [`run_plan`] with the credentials of the harness's state files ([`hold_state`]) for the
+/// gateway.
+pub fn run_plan_in_state(
+    plan: &Trusted<Plan>,
+    scope: Scope,
+    early: Option<PreparedJail>,
+    held: Option<&corral_session::hstate::Held>,
+) -> anyhow::Result<i32> {
+    let state = held.map(|h| h.secrets.as_slice()).unwrap_or(&[]);
+    run_plan_with(plan, None, scope, early, state)
 }
 
 /// [`run_plan`] of a Plan resolved from `req` when given: the native jail's network rules then
@@ -69,6 +109,7 @@ fn run_plan_with(
     req: Option<&corral_policy::Request>,
     scope: Scope,
     early: Option<PreparedJail>,
+    state_secrets: &[corral_session::hstate::StateSecret],
 ) -> anyhow::Result<i32> {
     // A run in this project whose corral was killed: its checks first (journal.rs). Not from
     // an executor command's session, which runs while its run's jail does.
@@ -127,10 +168,12 @@ fn run_plan_with(
             let mut inputs = RunInputs::on_host(beginning.jail_id());
             inputs.placeholders = crate::secrets::placeholders(&values)?;
             inputs.signins = signins.iter().map(|s| s.plan().name.clone()).collect();
+            inputs.state_secrets = state_secrets.iter().any(|s| s.for_gateway().is_some());
             let run = RunPlan::new(plan, &inputs);
             let secrets = crate::secrets::prepare(
                 values,
                 signins,
+                state_secrets,
                 &run,
                 beginning.jail_id(),
                 beginning.audit(),

@@ -86,8 +86,9 @@ pub fn placeholders(values: &[(SecretPlan, String)]) -> anyhow::Result<BTreeMap<
 /// The host side of the secrets `run` attached: with the proxy, the gateway (holding the real
 /// `values`, swapping in the run's placeholders) and its CA files in the directory `run` names.
 pub fn prepare(
-    values: Vec<(SecretPlan, String)>,
+    mut values: Vec<(SecretPlan, String)>,
     signins: Vec<Signin>,
+    state: &[corral_session::hstate::StateSecret],
     run: &RunPlan,
     jail_id: &str,
     audit: &AuditLog,
@@ -124,9 +125,18 @@ pub fn prepare(
         .iter()
         .map(|r| r.host().clone())
         .collect();
+    // The state files' credentials (corral-session hstate/creds.rs): their placeholders are
+    // in corral's copies, their real values in the host's files.
+    let mut placeholders = attached.placeholders.clone();
+    for s in state {
+        if let Some((plan, real)) = s.for_gateway() {
+            placeholders.insert(plan.name.clone(), s.placeholder.clone());
+            values.push((plan, real));
+        }
+    }
     let (gateway, _trust) = Gateway::with_run(
         values,
-        &attached.placeholders,
+        &placeholders,
         signins,
         &decided,
         GatewayConfig {

@@ -174,9 +174,11 @@ fn judge_print_mode(w: &World, m: &Mock, out: &Out) {
             && logs.contains("injected into x-api-key"),
         "{logs}"
     );
-    // Nothing under the jail's reach kept the real key: Claude Code's state on the host.
+    // Nothing under the jail's reach kept the real key: Claude Code's state on the host and
+    // corral's layer over it (what the jail wrote).
     for f in walk(&w.home.join(".claude"))
         .into_iter()
+        .chain(walk(&w.home.join(".local/state/corral/harness")))
         .chain([w.home.join(".claude.json")])
     {
         let text = std::fs::read_to_string(&f).unwrap_or_default();

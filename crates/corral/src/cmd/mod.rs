@@ -26,6 +26,7 @@ mod serve;
 mod shell;
 mod shim;
 mod skill;
+mod state;
 pub mod trust;
 mod undo;
 mod watch;
@@ -91,6 +92,7 @@ pub fn dispatch(cli: Cli, early: Option<PreparedJail>) -> anyhow::Result<ExitCod
         Command::Trust(args) => trust::run(args),
         Command::Watch(args) => watch::run(args),
         Command::Generate(cmd) => generate::run(cmd),
+        Command::State(cmd) => state::run(cmd),
         Command::Worktrees(args) => {
             eprintln!("corral: `corral worktrees` is now `corral worktree ls`");
             worktree::list(args)

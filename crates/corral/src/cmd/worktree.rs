@@ -58,8 +58,14 @@ pub fn run(
     }
     let plan = resolved.gate_in_worktree(&layout.path, &layout.policy_file_of_main())?;
     ensure_state_paths(&plan.profile, &req.home)?;
-    let plan = session.confine(&plan);
-    let code = corral_run::native::run_plan(&plan, corral_session::Scope::Run, early);
+    let (held, state_plan) = corral_run::native::hold_state(&plan)?;
+    let plan = session.confine(state_plan.as_ref().unwrap_or(&plan));
+    let code = corral_run::native::run_plan_in_state(
+        &plan,
+        corral_session::Scope::Run,
+        early,
+        held.as_ref(),
+    );
     for line in worktrees::finish(&session) {
         eprintln!("corral: {line}");
     }
