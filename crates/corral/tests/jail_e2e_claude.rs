@@ -373,6 +373,55 @@ fn claude_with_cli_js_tui_in_the_jail_runs_its_bash_tool_and_shows_the_answer() 
     }
 }
 
+/// Review mode: Claude Code's Write tool creates a project file, its Bash tool reads it back
+/// from the held change set; the host gets it only on `corral accept` (`review_end_to_end`).
+fn review_mode_sees_its_own_writes(claude: &Path) {
+    let Some(host) = host() else {
+        return;
+    };
+    let script = |a: &Attacks| {
+        let path = a.project.join(REVIEW_FILE).display().to_string();
+        serde_json::json!({
+            "steps": [
+                {"tool": "Write", "arguments": {"file_path": path, "content": format!("{REVIEW_TEXT}\n")}},
+                {"tool": "Bash", "arguments": {"command": a.read_back, "description": "read it back"}},
+            ],
+            "final": "claude is done"
+        })
+    };
+    let (w, mdir, m) = world_with_mock(&host, script, "ANTHROPIC_API_KEY");
+    claude_state(&w);
+    review_mode(&w);
+    let out = review_end_to_end(&w, || run_print_mode(&w, &mdir, &m, claude, &host));
+    assert!(out.stdout.contains("claude is done"), "{}", out.both());
+    let reqs = m.requests();
+    let turns: Vec<_> = reqs
+        .iter()
+        .filter(|r| r["api"] == "anthropic" && r["side"] == false)
+        .collect();
+    let results = turns.last().expect("claude never reached the mock")["tool_results"]
+        .as_array()
+        .expect("tool_results");
+    assert_eq!(results.len(), 2, "{results:#?}");
+    let text = |i: usize| results[i].as_str().unwrap_or_default();
+    assert!(text(0).contains("File created successfully"), "{}", text(0));
+    saw_own_write(text(1));
+}
+
+#[test]
+fn claude_in_review_mode_sees_its_own_writes_and_the_host_gets_them_on_accept() {
+    if let Some(claude) = claude_ci() {
+        review_mode_sees_its_own_writes(&claude);
+    }
+}
+
+#[test]
+fn claude_with_cli_js_in_review_mode_sees_its_own_writes_and_the_host_gets_them_on_accept() {
+    if let Some(claude) = claude_old() {
+        review_mode_sees_its_own_writes(&claude);
+    }
+}
+
 /// A remote MCP server (streamable HTTP over TLS) that answers `initialize` and `tools/list`
 /// with no tools, and records the `Authorization` of every request in `mcp-seen.jsonl`.
 const MCP_SERVER: &str = r#"import http.server, ssl, json
