@@ -166,7 +166,8 @@ pub enum JailEvent {
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         refused: BTreeMap<String, u64>,
     },
-    /// A guarded file was put back or set aside after the run; the line printed about it.
+    /// What the run planted was moved aside or disarmed after the run (the git check); the
+    /// line printed about it.
     Quarantine { detail: String },
     /// A hidden file the host replaced during the run, which the jail could then read; the
     /// line printed about it.

@@ -444,6 +444,46 @@ pub(crate) fn volume(engine: EngineKind, src: &Path, dst: &Path, access: Access)
     Ok(format!("{}:{}:{opts}", src.display(), dst.display()))
 }
 
+/// A harness state directory as podman's overlay volume (`HOST:DST:O,upperdir=U,workdir=W`):
+/// the host's directory read-only below, corral's layer above. docker has no overlay volume
+/// (the plan gives it corral's copy instead), and a plan with more than one layer above the
+/// host's is the native backend's only: both are refused rather than bound read-write.
+fn overlay_volume(
+    engine: EngineKind,
+    m: &corral_policy::plan::Mount,
+    upper: &Path,
+    work: &Path,
+    above: &[PathBuf],
+) -> Result<String> {
+    if engine == EngineKind::Docker || !above.is_empty() {
+        return Err(EngineError::Unsupported {
+            engine,
+            what: format!(
+                "an overlay of the harness state {} (build the plan with --engine {engine}, which \
+                 gives docker corral's copy of the state)",
+                m.target.display()
+            ),
+        });
+    }
+    for p in [&m.source, &m.target, upper, work] {
+        let s = p.to_string_lossy();
+        if let Some(ch) = s.chars().find(|c| *c == ':' || *c == ',') {
+            return Err(EngineError::BadPath {
+                engine,
+                path: p.to_path_buf(),
+                ch,
+            });
+        }
+    }
+    Ok(format!(
+        "{}:{}:O,upperdir={},workdir={}",
+        m.source.display(),
+        m.target.display(),
+        upper.display(),
+        work.display()
+    ))
+}
+
 fn limit_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
     let l = &plan.limits;
     let mut a = Vec::new();
@@ -888,6 +928,8 @@ pub fn signin_targets(
         MountKind::Bind(_) if !(system.contains(&m.target) && m.source == m.target) => {
             Some((&m.source, &m.target))
         }
+        // A state directory's overlay holds the host's credential file below corral's layer.
+        MountKind::Overlay { .. } => Some((&m.source, &m.target)),
         MountKind::Bind(_) | MountKind::Tmpfs => None,
     });
     let protected = plan.protected.iter().map(|p| (p, p));
@@ -960,7 +1002,7 @@ fn mount_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
         if covered.contains(&m.target) {
             continue;
         }
-        match m.kind {
+        match &m.kind {
             MountKind::Tmpfs => {
                 // Owned by the jail's user: podman chowns with `U`; docker passes the kernel's
                 // tmpfs uid/gid options through.
@@ -982,7 +1024,11 @@ fn mount_args(plan: &Plan, ctx: &Context) -> Result<Vec<String>> {
                     continue;
                 }
                 a.push("--volume".into());
-                a.push(volume(e, &m.source, &m.target, access)?);
+                a.push(volume(e, &m.source, &m.target, *access)?);
+            }
+            MountKind::Overlay { upper, work, above } => {
+                a.push("--volume".into());
+                a.push(overlay_volume(e, m, upper, work, above)?);
             }
         }
     }

@@ -17,7 +17,7 @@
 //! - a destination refused in `corral watch` is refused at once for the rest of the run.
 //!
 //! Whoever tells the user where to answer (the terminal title, a line, a desktop notification:
-//! corral's `cmd/held.rs`) follows the questions through [`Asks::watch`]: a wake-up that never
+//! corral-run's `held.rs`) follows the questions through [`Asks::watch`]: a wake-up that never
 //! blocks the proxy and never queues (at most one pending), after which it reads [`Asks::list`].
 
 use std::collections::BTreeSet;

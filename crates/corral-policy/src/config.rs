@@ -76,7 +76,7 @@ pub struct FilesystemSection {
     pub hide: Vec<Spanned<String>>,
     #[serde(default)]
     pub protect: Vec<Spanned<String>>,
-    /// Let the harness change its own code in its state directories (user config only).
+    /// Bind the host's harness state read-write instead of corral's layer (user config only).
     pub allow_harness_config: Option<Spanned<bool>>,
     /// The jail may create git repositories where the host sees them (user config only).
     pub allow_new_repositories: Option<Spanned<bool>>,

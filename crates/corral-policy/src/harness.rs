@@ -1,105 +1,89 @@
-//! Files in a harness's state directories that its settings name as commands.
+//! corral's layer over a harness's state: where it lives and how it is laid out.
 //!
-//! A setting that runs a command can name a script kept next to the settings: Claude Code's
-//! `/statusline` writes `~/.claude/statusline-command.sh` and points `statusLine.command` at it,
-//! hooks call `~/.claude/hooks/x.sh`, pi's `extensions` list files. The settings themselves are
-//! read-only or guarded, but the script they name would stay writable in the jail, and a host
-//! run of the harness would run what the jail wrote into it. So every existing regular file
-//! below a state directory that a string value of a code-bearing settings file names (a word of
-//! it, `~/` or `$HOME/` expanded) is protected as well.
+//! A jailed harness writes its state (sessions, settings, MCP servers, hooks, plugins, its own
+//! `cli.js`, `.env` files) where the host's harness reads it as code the next time it starts.
+//! So the jail never writes the host's state: per host user and profile corral keeps a layer,
+//! `harness/PROFILE/` in its state directory, and the jail sees the host's state below it
+//! (read-only) with the layer above, where every write goes. The layer persists across jailed
+//! runs; `corral state diff|apply|reset` shows it, copies what the user picks to the host, or
+//! drops it.
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use crate::plan::{CodeKeys, Engine, HarnessState, StateDir, StateFile, StateLayer};
+use crate::profile::Profile;
+use crate::resolve::expand_home;
 
-use crate::plan::ConfigFormat;
+/// The layer's directory for `profile` in corral's state directory `state_dir`.
+pub fn layer_dir(state_dir: &Path, profile: &str) -> PathBuf {
+    state_dir.join("harness").join(profile)
+}
 
-/// Settings files larger than this are not searched.
-const MAX_BYTES: u64 = 1 << 20;
+/// The name of a state path in the layer: its path relative to the home (the absolute path
+/// for one outside it), `%` written `%25` and `/` written `%2F`, so every state path has one
+/// flat, distinct name.
+pub fn key(path: &Path, home: &Path) -> String {
+    let rel = path.strip_prefix(home).unwrap_or(path);
+    rel.to_string_lossy()
+        .replace('%', "%25")
+        .replace('/', "%2F")
+}
 
-/// The existing regular files strictly below one of `state_dirs` that a string value of one of
-/// `settings` (path and syntax; missing or unreadable ones are skipped) names.
-pub fn named_files(
-    settings: &[(PathBuf, ConfigFormat)],
-    state_dirs: &[PathBuf],
-    home: &Path,
-) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for (file, format) in settings {
-        let Some(value) = load(file, *format) else {
-            continue;
-        };
-        let mut strings = Vec::new();
-        collect_strings(&value, &mut strings);
-        for s in strings {
-            for word in words(s) {
-                let Some(path) = expand(word, home) else {
-                    continue;
-                };
-                let below = state_dirs.iter().any(|d| path.starts_with(d) && path != *d);
-                let is_file = path
-                    .symlink_metadata()
-                    .is_ok_and(|m| m.file_type().is_file());
-                if below && is_file && !out.contains(&path) {
-                    out.push(path);
+/// The layer of `profile` for the user whose home is `home`: an overlay per state directory
+/// (a copy with `Engine::Docker`, which has no overlay volume), a copy per state file, and the
+/// profile's code paths and code keys, `~/` expanded.
+pub fn layer_for(profile: &Profile, home: &Path, state_dir: &Path, engine: Engine) -> HarnessState {
+    let layer = layer_dir(state_dir, &profile.name);
+    let dirs = profile
+        .state_dirs
+        .iter()
+        .map(|d| {
+            let host = expand_home(d, home);
+            let key = key(&host, home);
+            let base = layer.join("dirs").join(&key);
+            let layer = match engine {
+                Engine::Docker => StateLayer::Copy {
+                    dir: base.join("copy"),
+                },
+                Engine::Native | Engine::Auto | Engine::Podman | Engine::Kube => {
+                    StateLayer::Overlay {
+                        upper: base.join("upper"),
+                        work: base.join("work"),
+                    }
                 }
-            }
-        }
+            };
+            StateDir { host, key, layer }
+        })
+        .collect();
+    let files = profile
+        .state_files
+        .iter()
+        .map(|f| {
+            let host = expand_home(f, home);
+            let copy = layer.join("files").join(key(&host, home));
+            StateFile { host, copy }
+        })
+        .collect();
+    HarnessState {
+        layer,
+        dirs,
+        files,
+        code_paths: profile
+            .state_code
+            .iter()
+            .map(|c| expand_home(c, home))
+            .collect(),
+        code_keys: profile
+            .guard
+            .iter()
+            .map(|e| CodeKeys {
+                path: expand_home(&e.file, home),
+                format: e.format,
+                keys: e.keys.clone(),
+                commands: e.commands.clone(),
+            })
+            .collect(),
     }
-    out.sort();
-    out
-}
-
-fn load(file: &Path, format: ConfigFormat) -> Option<Value> {
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() > MAX_BYTES {
-        return None;
-    }
-    let text = std::fs::read_to_string(file).ok()?;
-    match format {
-        ConfigFormat::Json => serde_json::from_str(&text).ok(),
-        ConfigFormat::Toml => toml::from_str(&text).ok(),
-    }
-}
-
-fn collect_strings<'v>(v: &'v Value, out: &mut Vec<&'v str>) {
-    match v {
-        Value::String(s) => out.push(s),
-        Value::Array(a) => a.iter().for_each(|v| collect_strings(v, out)),
-        Value::Object(m) => m.values().for_each(|v| collect_strings(v, out)),
-        Value::Null | Value::Bool(_) | Value::Number(_) => {}
-    }
-}
-
-/// The words of a command line, split at blanks, quotes and shell operators.
-fn words(s: &str) -> impl Iterator<Item = &str> {
-    s.split(|c: char| c.is_whitespace() || "\"'`;&|()<>=".contains(c))
-        .filter(|w| !w.is_empty())
-}
-
-/// A word as an absolute path: `~/`, `$HOME/` and `${HOME}/` expanded; `None` when relative.
-fn expand(word: &str, home: &Path) -> Option<PathBuf> {
-    for prefix in ["~/", "$HOME/", "${HOME}/"] {
-        if let Some(rest) = word.strip_prefix(prefix) {
-            return Some(normal(&home.join(rest)));
-        }
-    }
-    word.starts_with('/').then(|| normal(Path::new(word)))
-}
-
-/// `..` and `.` resolved lexically, so `~/.claude/../.bashrc` is not below `~/.claude`.
-fn normal(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            std::path::Component::ParentDir => {
-                out.pop();
-            }
-            std::path::Component::CurDir => {}
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -107,41 +91,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn scripts_that_settings_name_in_a_state_directory_are_found() {
-        let d = tempfile::tempdir().unwrap();
-        let home = d.path().canonicalize().unwrap();
-        let claude = home.join(".claude");
-        std::fs::create_dir_all(claude.join("hooks")).unwrap();
-        for f in ["statusline-command.sh", "hooks/check.sh", "CLAUDE.md"] {
-            std::fs::write(claude.join(f), "#!/bin/sh\n").unwrap();
-        }
-        std::fs::write(home.join("outside.sh"), "").unwrap();
-        let settings = claude.join("settings.json");
-        std::fs::write(
-            &settings,
-            serde_json::json!({
-                "statusLine": {"type": "command", "command": "bash ~/.claude/statusline-command.sh"},
-                "hooks": {"PreToolUse": [{"hooks": [{"type": "command",
-                    "command": format!("\"{}\" --strict", claude.join("hooks/check.sh").display())}]}]},
-                "apiKeyHelper": "$HOME/outside.sh",
-                "other": "cd ~/.claude && ls; cat ~/.claude/../outside.sh ~/.claude/missing.sh ~/.claude"
-            })
-            .to_string(),
-        )
-        .unwrap();
+    fn keys_are_flat_and_distinct() {
+        let home = Path::new("/home/u");
+        assert_eq!(key(Path::new("/home/u/.claude"), home), ".claude");
+        assert_eq!(key(Path::new("/home/u/.pi/agent"), home), ".pi%2Fagent");
+        assert_eq!(key(Path::new("/home/u/.pi%2Fagent"), home), ".pi%252Fagent");
+        assert_eq!(key(Path::new("/etc/x"), home), "%2Fetc%2Fx");
+    }
+
+    #[test]
+    fn the_layer_of_claude_is_laid_out_per_key() {
+        let home = Path::new("/home/u");
+        let state = Path::new("/home/u/.local/state/corral");
+        let p = crate::profile::profile("claude").unwrap();
+        let l = layer_for(&p, home, state, Engine::Native);
+        let base = PathBuf::from("/home/u/.local/state/corral/harness/claude");
+        assert_eq!(l.layer, base);
         assert_eq!(
-            named_files(
-                &[
-                    (settings, ConfigFormat::Json),
-                    (claude.join("absent.json"), ConfigFormat::Json)
-                ],
-                std::slice::from_ref(&claude),
-                &home
-            ),
-            vec![
-                claude.join("hooks/check.sh"),
-                claude.join("statusline-command.sh")
-            ]
+            l.dirs,
+            vec![StateDir {
+                host: "/home/u/.claude".into(),
+                key: ".claude".into(),
+                layer: StateLayer::Overlay {
+                    upper: base.join("dirs/.claude/upper"),
+                    work: base.join("dirs/.claude/work"),
+                },
+            }]
         );
+        assert_eq!(
+            l.files,
+            vec![StateFile {
+                host: "/home/u/.claude.json".into(),
+                copy: base.join("files/.claude.json"),
+            }]
+        );
+        let docker = layer_for(&p, home, state, Engine::Docker);
+        assert_eq!(
+            docker.dirs[0].layer,
+            StateLayer::Copy {
+                dir: base.join("dirs/.claude/copy")
+            }
+        );
+        assert!(
+            l.code_paths
+                .contains(&PathBuf::from("/home/u/.claude/settings.json"))
+        );
+        assert_eq!(l.code_keys[0].path, PathBuf::from("/home/u/.claude.json"));
     }
 }

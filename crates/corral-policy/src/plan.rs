@@ -119,13 +119,32 @@ pub struct Mount {
     pub optional: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", tag = "type", content = "access")]
 pub enum MountKind {
     /// A bind of the host path.
     Bind(Access),
     /// A fresh, empty, private tmpfs.
     Tmpfs,
+    /// An overlay: the host path (`source`) read-only at the bottom, `above` (read-only,
+    /// topmost first) over it, and `upper`, corral's directory, where everything the jail
+    /// writes there goes. The host path itself is never written.
+    Overlay {
+        upper: PathBuf,
+        work: PathBuf,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        above: Vec<PathBuf>,
+    },
+}
+
+impl MountKind {
+    /// Whether the jail can write at the mount's target.
+    pub fn writable(&self) -> bool {
+        match self {
+            MountKind::Bind(a) => *a == Access::Rw,
+            MountKind::Tmpfs | MountKind::Overlay { .. } => true,
+        }
+    }
 }
 
 /// Which rule chose the project directory.
@@ -340,14 +359,12 @@ pub struct Plan {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hide: Vec<String>,
     /// Paths made read-only inside the jail, present or not: `filesystem.protect` in the
-    /// project, every policy file a read-write bind would expose, and the harness's code in its
-    /// state directories (the profile's `state_code`, unless the run may change it).
+    /// project, and every policy file a read-write bind would expose.
     pub protected: Vec<PathBuf>,
-    /// Harness configuration files the jail may write (the harness writes them at run time)
-    /// but whose code-bearing keys corral puts back after the run (the profile's `guard`,
-    /// unless the run may change them). The native run checks them (crates/corral/src/stateguard.rs).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub guarded: Vec<GuardedFile>,
+    /// corral's layer over the harness's state (the agent's jail only; `None` with
+    /// `--allow-harness-config`, which binds the host's state read-write, or with no state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness_state: Option<HarnessState>,
     /// The jail's exact environment: nothing else of the caller's enters.
     pub env: BTreeMap<String, String>,
     pub network: NetworkPlan,
@@ -419,12 +436,58 @@ pub struct Toolchain {
     pub env: BTreeMap<String, String>,
 }
 
-/// A harness configuration file the jail may write, of which some keys are code: the commands
-/// of MCP servers and hooks, plugins, extension paths. A change the run made to them is undone
-/// when it ends (the file as the jail left it is kept aside), so no host run of the harness
-/// starts what the jail wrote there.
+/// The harness's state as the jail sees it: the host's state directories and files below, a
+/// layer corral owns (per host user and profile) above, where everything the jail writes
+/// there goes. Nothing the jail writes reaches the host's state; `corral state diff|apply`
+/// shows it and copies what the user picks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GuardedFile {
+pub struct HarnessState {
+    /// `harness/PROFILE` in corral's state directory (0700), made by the run.
+    pub layer: PathBuf,
+    pub dirs: Vec<StateDir>,
+    pub files: Vec<StateFile>,
+    /// Paths the harness runs or loads as code (the profile's `state_code`): called out in
+    /// `corral state diff` and asked about by `apply` (advice, not enforcement).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub code_paths: Vec<PathBuf>,
+    /// Configuration files some of whose keys are code (the profile's `[[guard]]`): called out
+    /// the same way.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub code_keys: Vec<CodeKeys>,
+}
+
+/// One state directory of the harness and corral's layer over it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateDir {
+    /// The host's directory (never written by a jail).
+    pub host: PathBuf,
+    /// Its name in the layer: the path relative to the home, `%` and `/` escaped.
+    pub key: String,
+    pub layer: StateLayer,
+}
+
+/// How the jail's view of a state directory is made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum StateLayer {
+    /// An overlay (native, podman): the host's directory below, `upper` above.
+    Overlay { upper: PathBuf, work: PathBuf },
+    /// A copy of the host's directory (docker, which has no overlay volume), seeded once.
+    Copy { dir: PathBuf },
+}
+
+/// One state file of the harness (`~/.claude.json`): the jail gets corral's copy, seeded from
+/// the host's file the first time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateFile {
+    pub host: PathBuf,
+    pub copy: PathBuf,
+}
+
+/// A harness configuration file of which some keys are code: the commands of MCP servers and
+/// hooks, plugins, extension paths.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeKeys {
     /// Absolute path on the host: a state file, or a file directly in a state directory.
     pub path: PathBuf,
     pub format: ConfigFormat,
@@ -432,13 +495,12 @@ pub struct GuardedFile {
     /// (`projects.*.mcpServers`).
     pub keys: GuardedKeys,
     /// Key paths whose string values the harness runs as a shell command when they start with
-    /// `!` (pi's `auth.json` `"key": "!op read ..."`): a change that adds or alters such a value
-    /// is undone; other changes there are data.
+    /// `!` (pi's `auth.json` `"key": "!op read ..."`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub commands: Vec<String>,
 }
 
-/// The syntax of a guarded file.
+/// The syntax of a configuration file with code keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ConfigFormat {
@@ -446,7 +508,7 @@ pub enum ConfigFormat {
     Toml,
 }
 
-/// Which keys of a guarded file are code.
+/// Which keys of a configuration file are code.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "mode", content = "keys")]
 pub enum GuardedKeys {
@@ -592,7 +654,7 @@ impl Plan {
             masked: Vec::new(),
             hide: Vec::new(),
             protected: vec![project_root.join("corral.toml")],
-            guarded: Vec::new(),
+            harness_state: None,
             env,
             network: NetworkPlan {
                 mode: NetworkMode::None,

@@ -40,18 +40,20 @@ pub struct Profile {
     pub command: Vec<String>,
     /// The harness image for the container engines.
     pub image: String,
-    /// Directories bound read-write (`~/` relative to the caller's home).
+    /// The harness's state directories (`~/` relative to the caller's home): the jail sees
+    /// each with corral's layer above (`harness.rs`), never writing the host's.
     pub state_dirs: Vec<String>,
-    /// Files bound read-write (`~/` relative to the caller's home).
+    /// The harness's state files (`~/` relative to the caller's home): the jail sees
+    /// corral's copy of each.
     pub state_files: Vec<String>,
     /// Files bound read-only when they exist (the harness's own config).
     pub read_only: Vec<String>,
     /// Paths in the state directories that the harness runs or loads as code (extensions,
-    /// hooks, plugins, downloaded tools, settings that name commands): read-only in the jail,
-    /// absent ones too, unless the user lets the run change the harness's code.
+    /// hooks, plugins, downloaded tools, settings that name commands): called out by
+    /// `corral state diff|apply` (advice; what the jail writes is in corral's layer anyway).
     pub state_code: Vec<String>,
     /// Configuration files the harness writes at run time that hold code among their data:
-    /// writable in the jail, their code keys put back after the run.
+    /// `corral state diff|apply` call out a change of their code keys.
     pub guard: Vec<GuardEntry>,
     /// Variables passed from the caller when set.
     pub env_pass: Vec<String>,

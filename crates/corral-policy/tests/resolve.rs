@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 
 use corral_policy::domain::DomainPattern;
 use corral_policy::plan::{
-    Access, ConfigFormat, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, GuardedKeys,
-    LimitKinds, Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan,
-    ProjectSource, ProjectTrust, SecretPlan, SkillPlan, Toolchain, system_mounts,
+    Access, CodeKeys, ConfigFormat, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedKeys,
+    HarnessState, LimitKinds, Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan,
+    ProjectPlan, ProjectSource, ProjectTrust, SecretPlan, SkillPlan, StateDir, StateFile,
+    StateLayer, Toolchain, system_mounts,
 };
 use corral_policy::{Flags, PolicyError, Request, resolve};
 use similar_asserts::assert_eq;
@@ -214,7 +215,7 @@ fn shell_plan(f: &Fx) -> Plan {
             root.join(".git/hooks"),
             root.join("corral.toml"),
         ],
-        guarded: vec![],
+        harness_state: None,
         env: basics.clone(),
         network: network(NetworkMode::None),
         secrets: vec![],
@@ -346,7 +347,7 @@ fn pi_plan(f: &Fx) -> Plan {
         masked: masked.clone(),
         hide: default_hide(),
         protected: protected.clone(),
-        guarded: vec![],
+        harness_state: None,
         env: basics.clone(),
         network: NetworkPlan {
             mode: NetworkMode::None,
@@ -388,9 +389,17 @@ fn pi_plan(f: &Fx) -> Plan {
         kind: MountKind::Tmpfs,
         optional: false,
     });
+    // corral's layer over pi's agent directory: the host's below, read-only.
+    let layer = home.join(".local/state/corral/harness/pi");
+    let upper = layer.join("dirs/.pi%2Fagent/upper");
+    let work = layer.join("dirs/.pi%2Fagent/work");
     mounts.push(mount(
         &home.join(".pi/agent"),
-        MountKind::Bind(Access::Rw),
+        MountKind::Overlay {
+            upper: upper.clone(),
+            work: work.clone(),
+            above: vec![],
+        },
         false,
     ));
     mounts.push(mount(root, MountKind::Bind(Access::Rw), false));
@@ -402,12 +411,10 @@ fn pi_plan(f: &Fx) -> Plan {
     );
     jail_env.insert("PI_OFFLINE".into(), "1".into());
 
-    // pi's code in its agent directory: read-only, and the keys of its settings put back.
+    // pi's code in its agent directory and the code keys of its settings: called out by
+    // `corral state diff`.
     let agent = home.join(".pi/agent");
-    let mut protected = protected;
-    protected.extend(["bin", "extensions", "git", "tools"].map(|d| agent.join(d)));
-    protected.sort();
-    let guard = |file: &str, keys: GuardedKeys, commands: &[&str]| GuardedFile {
+    let guard = |file: &str, keys: GuardedKeys, commands: &[&str]| CodeKeys {
         path: agent.join(file),
         format: ConfigFormat::Json,
         keys,
@@ -446,7 +453,19 @@ fn pi_plan(f: &Fx) -> Plan {
         masked,
         hide: default_hide(),
         protected,
-        guarded,
+        harness_state: Some(HarnessState {
+            layer,
+            dirs: vec![StateDir {
+                host: agent.clone(),
+                key: ".pi%2Fagent".into(),
+                layer: StateLayer::Overlay { upper, work },
+            }],
+            files: vec![],
+            code_paths: ["extensions", "bin", "tools", "git"]
+                .map(|d| agent.join(d))
+                .to_vec(),
+            code_keys: guarded,
+        }),
         env: jail_env,
         network: NetworkPlan {
             mode: NetworkMode::Proxy,
@@ -519,6 +538,7 @@ fn pi_signin(home: &Path) -> corral_policy::signin::SigninPlan {
         api_hosts: vec![],
         token_host: None,
         token_path: None,
+        api_key_hosts: vec![],
         providers: vec![
             provider(
                 "anthropic",
@@ -739,36 +759,31 @@ fn only_the_user_config_sets_the_undo_records_bounds() {
 }
 
 #[test]
-fn the_harness_code_is_read_only_unless_the_user_lets_the_run_change_it() {
+fn the_harness_state_is_a_layer_unless_the_user_binds_the_hosts() {
     let f = fx();
     let claude = f.home.join(".claude");
     let plan = resolve(&f.req(Some("claude"))).unwrap();
-    for p in [
-        "settings.json",
-        "hooks",
-        "plugins",
-        "commands",
-        "agents",
-        "skills",
-    ] {
-        assert!(
-            plan.protected.contains(&claude.join(p)),
-            "{p}: {:?}",
-            plan.protected
-        );
-    }
+    let state = plan.harness_state.as_ref().unwrap();
     assert_eq!(
-        plan.guarded.iter().map(|g| &g.path).collect::<Vec<_>>(),
-        vec![&f.home.join(".claude.json")]
+        state.files,
+        vec![StateFile {
+            host: f.home.join(".claude.json"),
+            copy: state.layer.join("files/.claude.json"),
+        }]
     );
-    // The executor's jail has no state directories: none of it.
-    let exec = plan.executor.jail.as_ref().unwrap();
-    assert!(!exec.protected.iter().any(|p| p.starts_with(&claude)));
-    assert!(exec.guarded.is_empty());
-
-    let granted = |plan: &Plan| {
-        !plan.protected.iter().any(|p| p.starts_with(&claude)) && plan.guarded.is_empty()
+    // Nothing of the host's state is bound read-write; the code is no longer protected.
+    let host_rw = |plan: &Plan| {
+        plan.mounts
+            .iter()
+            .filter(|m| m.kind == MountKind::Bind(Access::Rw))
+            .any(|m| m.source.starts_with(&claude) || m.source == f.home.join(".claude.json"))
     };
+    assert!(!host_rw(&plan));
+    assert!(!plan.protected.iter().any(|p| p.starts_with(&claude)));
+    // The executor's jail has no harness state.
+    assert!(plan.executor.jail.as_ref().unwrap().harness_state.is_none());
+
+    let granted = |plan: &Plan| plan.harness_state.is_none() && host_rw(plan);
     let mut req = f.req(Some("claude"));
     req.flags.allow_harness_config = true;
     assert!(granted(&resolve(&req).unwrap()));

@@ -143,7 +143,9 @@ pub fn rules(plan: &Plan) -> Vec<Rule> {
     for m in &plan.mounts {
         match m.kind {
             MountKind::Bind(Mode::Ro) => push(&m.target, RuleAccess::Read),
-            MountKind::Bind(Mode::Rw) | MountKind::Tmpfs => push(&m.target, RuleAccess::Write),
+            MountKind::Bind(Mode::Rw) | MountKind::Tmpfs | MountKind::Overlay { .. } => {
+                push(&m.target, RuleAccess::Write)
+            }
         }
     }
     match plan.project.access {

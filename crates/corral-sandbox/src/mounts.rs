@@ -55,6 +55,7 @@ pub fn set_up_root(plan: &Plan, own_devpts: bool) -> Result<PrivateDevices, Jail
         .iter()
         .map(|e| {
             e.kind == MountKind::Bind(Access::Rw)
+                || matches!(e.kind, MountKind::Overlay { .. })
                 || (matches!(e.kind, MountKind::Bind(_)) && e.target == plan.project.root)
         })
         .collect();
@@ -298,7 +299,7 @@ fn apply_plan_mount(
     walked: &[bool],
 ) -> Result<Option<String>, JailError> {
     let m = &plan.mounts[index];
-    match m.kind {
+    match &m.kind {
         MountKind::Tmpfs => {
             let target = mount_point(plan, index, true, walked)?;
             let path = proc_fd_path(&target);
@@ -314,62 +315,10 @@ fn apply_plan_mount(
             Ok(Some(under(NEW, &m.target).to_string_lossy().into_owned()))
         }
         MountKind::Bind(access) => {
+            let access = *access;
             check_named_path(plan, &m.target)?;
-            let roots = writable_roots(plan);
-            let source = match deepest_below(roots.iter().copied(), &m.source) {
-                // Below a directory a jail can write: no symlink is followed.
-                Some(root) => {
-                    let base = open_path(&under(OLD, root))
-                        .map_err(|e| JailError::at("open a mount's source", root, e))?;
-                    let rel = m.source.strip_prefix(root).unwrap_or(&m.source);
-                    let w = walk(base, root, rel)
-                        .map_err(|e| JailError::at("open a mount's source", &m.source, e))?;
-                    if let Kind::Link(to) = &w.kind {
-                        return Err(JailError::at(
-                            "open a mount's source",
-                            &m.source,
-                            planted_link(&w.at, to, root),
-                        ));
-                    }
-                    if !w.complete() {
-                        if m.optional {
-                            return Ok(None);
-                        }
-                        return Err(JailError::at(
-                            "find a mount's source",
-                            &m.source,
-                            std::io::Error::from(std::io::ErrorKind::NotFound),
-                        ));
-                    }
-                    w.fd
-                }
-                None => {
-                    let source = under(OLD, &m.source);
-                    let meta = match fs::symlink_metadata(&source) {
-                        Ok(meta) => meta,
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound && m.optional => {
-                            return Ok(None);
-                        }
-                        Err(e) => {
-                            return Err(JailError::at("find a mount's source", &m.source, e));
-                        }
-                    };
-                    // A top-level symlink of the system (/bin -> usr/bin on merged-/usr hosts)
-                    // is recreated as the same symlink, so the jail's layout matches the host's.
-                    if meta.file_type().is_symlink() && m.source == m.target {
-                        let to = fs::read_link(&source)
-                            .map_err(|e| JailError::at("read a symlink", &m.source, e))?;
-                        let target = under(NEW, &m.target);
-                        if let Some(parent) = target.parent() {
-                            mkdir_all(parent)?;
-                        }
-                        return std::os::unix::fs::symlink(&to, &target)
-                            .map(|()| None)
-                            .map_err(|e| JailError::at("recreate a symlink", &m.target, e));
-                    }
-                    open_path(&source)
-                        .map_err(|e| JailError::at("open a mount's source", &m.source, e))?
-                }
+            let Some(source) = open_source(plan, index)? else {
+                return Ok(None);
             };
             let is_dir = kind_of(&source, None)
                 .map_err(|e| JailError::at("find a mount's source", &m.source, e))?
@@ -388,8 +337,132 @@ fn apply_plan_mount(
             }
             bind_fd(&source, &target, access, &m.target).map(|()| None)
         }
+        MountKind::Overlay { upper, work, above } => {
+            check_named_path(plan, &m.target)?;
+            let Some(lower) = open_source(plan, index)? else {
+                return Ok(None);
+            };
+            let open = |p: &Path| {
+                open_path(&under(OLD, p))
+                    .map_err(|e| JailError::at("open a layer of the harness state", p, e))
+            };
+            let upper_fd = open(upper)?;
+            let work_fd = open(work)?;
+            let above_fds = above
+                .iter()
+                .map(|p| open(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            let target = mount_point(plan, index, true, walked)?;
+            mount_overlay(&lower, &above_fds, &upper_fd, &work_fd, &target, &m.target)
+                .map(|()| None)
+        }
     }
 }
+
+/// The source of `plan.mounts[index]` (a bind's, an overlay's lower directory), opened: below a
+/// directory a jail can write without following any symlink; elsewhere as the host resolves it
+/// (a top-level system symlink is recreated in the new root, and `None` returned, as for an
+/// optional source that is missing).
+fn open_source(plan: &Plan, index: usize) -> Result<Option<OwnedFd>, JailError> {
+    let m = &plan.mounts[index];
+    let roots = writable_roots(plan);
+    let source = match deepest_below(roots.iter().copied(), &m.source) {
+        // Below a directory a jail can write: no symlink is followed.
+        Some(root) => {
+            let base = open_path(&under(OLD, root))
+                .map_err(|e| JailError::at("open a mount's source", root, e))?;
+            let rel = m.source.strip_prefix(root).unwrap_or(&m.source);
+            let w = walk(base, root, rel)
+                .map_err(|e| JailError::at("open a mount's source", &m.source, e))?;
+            if let Kind::Link(to) = &w.kind {
+                return Err(JailError::at(
+                    "open a mount's source",
+                    &m.source,
+                    planted_link(&w.at, to, root),
+                ));
+            }
+            if !w.complete() {
+                if m.optional {
+                    return Ok(None);
+                }
+                return Err(JailError::at(
+                    "find a mount's source",
+                    &m.source,
+                    std::io::Error::from(std::io::ErrorKind::NotFound),
+                ));
+            }
+            w.fd
+        }
+        None => {
+            let source = under(OLD, &m.source);
+            let meta = match fs::symlink_metadata(&source) {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && m.optional => {
+                    return Ok(None);
+                }
+                Err(e) => {
+                    return Err(JailError::at("find a mount's source", &m.source, e));
+                }
+            };
+            // A top-level symlink of the system (/bin -> usr/bin on merged-/usr hosts)
+            // is recreated as the same symlink, so the jail's layout matches the host's.
+            if meta.file_type().is_symlink() && m.source == m.target {
+                let to = fs::read_link(&source)
+                    .map_err(|e| JailError::at("read a symlink", &m.source, e))?;
+                let target = under(NEW, &m.target);
+                if let Some(parent) = target.parent() {
+                    mkdir_all(parent)?;
+                }
+                return std::os::unix::fs::symlink(&to, &target)
+                    .map(|()| None)
+                    .map_err(|e| JailError::at("recreate a symlink", &m.target, e));
+            }
+            open_path(&source).map_err(|e| JailError::at("open a mount's source", &m.source, e))?
+        }
+    };
+    Ok(Some(source))
+}
+
+/// Mount an overlay at `target` (a descriptor of the mount point): `lower` (the host's
+/// directory) at the bottom, `above` over it (topmost first), `upper` where the jail's writes
+/// go. Every layer is named by its descriptor (`/proc/self/fd/N`), so what is layered is
+/// exactly what was opened. `userxattr`: the overlay is mounted in the jail's own user
+/// namespace (rootless, and as root too), where its whiteouts and opaque markers are
+/// `user.overlay.*` attributes.
+fn mount_overlay(
+    lower: &OwnedFd,
+    above: &[OwnedFd],
+    upper: &OwnedFd,
+    work: &OwnedFd,
+    target: &OwnedFd,
+    shown: &Path,
+) -> Result<(), JailError> {
+    let lowers: Vec<String> = above
+        .iter()
+        .chain(std::iter::once(lower))
+        .map(proc_fd_path)
+        .collect();
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        lowers.join(":"),
+        proc_fd_path(upper),
+        proc_fd_path(work)
+    );
+    mount(
+        Some("overlay"),
+        proc_fd_path(target).as_str(),
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(options.as_str()),
+    )
+    .map_err(|e| JailError::at(OVERLAY_STEP, shown, e))
+}
+
+/// The step named when the harness state's overlay cannot be mounted.
+pub(crate) const OVERLAY_STEP: &str = "mount corral's layer over the harness state (an overlay \
+     in the jail's user namespace: Linux 5.11 or later, and user extended attributes on the file \
+     system of corral's state directory; set XDG_STATE_HOME to a directory on one that has \
+     them, or run with --allow-harness-config to bind the host's state read-write instead)";
 
 /// The resolver gives a bind's source with every symlink resolved (so that it can be found
 /// from the old root), and its target as named: the state directory, the `--ro` path. When
@@ -1030,8 +1103,12 @@ pub(crate) fn writable_roots(plan: &Plan) -> Vec<&Path> {
     let mut roots: Vec<&Path> = plan
         .mounts
         .iter()
-        .filter(|m| m.kind == MountKind::Bind(Access::Rw))
-        .map(|m| m.source.as_path())
+        .filter_map(|m| match &m.kind {
+            MountKind::Bind(Access::Rw) => Some(m.source.as_path()),
+            // What the jail writes in an overlay lands in its upper directory.
+            MountKind::Overlay { upper, .. } => Some(upper.as_path()),
+            MountKind::Bind(Access::Ro) | MountKind::Tmpfs => None,
+        })
         .collect();
     roots.push(plan.project.root.as_path());
     roots
@@ -1123,6 +1200,42 @@ mod tests {
         let e = missing_in(&open_path(d.path()).unwrap(), d.path(), &path).unwrap_err();
         assert!(e.to_string().contains(&path.display().to_string()), "{e}");
         assert!(e.to_string().contains("could create it"), "{e}");
+    }
+
+    #[test]
+    fn an_overlay_that_cannot_be_mounted_is_an_error_naming_the_step_and_the_state_directory() {
+        // Outside a jail's set-up (no new root's procfs, no mount namespace of its own) the
+        // mount fails: the error says what failed, where, and what to do, and nothing else
+        // is mounted in its place.
+        let d = tempfile::tempdir().unwrap();
+        for sub in ["lower", "upper", "work", "target"] {
+            std::fs::create_dir(d.path().join(sub)).unwrap();
+        }
+        let fd = |sub: &str| open_path(&d.path().join(sub)).unwrap();
+        let shown = Path::new("/home/u/.claude");
+        let e = mount_overlay(
+            &fd("lower"),
+            &[],
+            &fd("upper"),
+            &fd("work"),
+            &fd("target"),
+            shown,
+        )
+        .unwrap_err();
+        match &e {
+            JailError::Step { step, path, .. } => {
+                assert_eq!(*step, OVERLAY_STEP);
+                assert_eq!(path.as_deref(), Some(shown));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(e.to_string().contains("--allow-harness-config"), "{e}");
+        assert!(
+            std::fs::read_dir(d.path().join("target"))
+                .unwrap()
+                .next()
+                .is_none()
+        );
     }
 
     #[test]

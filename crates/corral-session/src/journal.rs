@@ -14,7 +14,7 @@
 //! runs the git check (planted hooks, configs, gitlinks, repositories moved aside) and the
 //! set-id check on what the entry names, says what it found, records it in the project's audit
 //! log, and removes the entry. Not done for such a run: the change summary (its baseline was in
-//! corral's memory) and the harness state guard's put-back (its snapshot holds descriptors).
+//! corral's memory).
 
 use std::ffi::OsString;
 use std::io::{Read, Write};

@@ -10,13 +10,13 @@ pub mod changes;
 pub mod endlines;
 pub mod gitguard;
 pub mod hostcode;
+pub mod hstate;
 pub mod journal;
 pub mod replaced;
 pub mod review;
 pub mod runplan;
 mod session;
 pub mod setid;
-pub mod stateguard;
 
 pub use runplan::{RunInputs, RunPlan};
 pub use session::{

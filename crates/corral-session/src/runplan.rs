@@ -31,6 +31,9 @@ pub struct RunInputs {
     /// The sign-ins (`[signin.NAME]`) whose credential file exists on the host: the jail gets
     /// a placeholder file over each.
     pub signins: Vec<String>,
+    /// The harness's state files hold credentials the gateway swaps (corral-session
+    /// `hstate/creds.rs`): the run needs the gateway and its CA even with no `[secrets]`.
+    pub state_secrets: bool,
 }
 
 impl RunInputs {
@@ -46,6 +49,7 @@ impl RunInputs {
             temp_dir: std::env::temp_dir(),
             placeholders: BTreeMap::new(),
             signins: Vec::new(),
+            state_secrets: false,
         }
     }
 
@@ -228,7 +232,7 @@ fn secrets(plan: &mut Plan, inputs: &RunInputs) -> Option<SecretsAttachment> {
         .collect();
     let path_rules =
         plan.network.mode == NetworkMode::Proxy && !plan.network.allow_paths.is_empty();
-    if (plan.secrets.is_empty() && signins.is_empty() && !path_rules)
+    if (plan.secrets.is_empty() && signins.is_empty() && !path_rules && !inputs.state_secrets)
         || plan.network.mode == NetworkMode::Host
     {
         return None;

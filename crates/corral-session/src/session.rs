@@ -6,11 +6,11 @@
 //! Session::begin ─> StartingSession        change baseline and git snapshot on threads
 //!   ─ready_for_mounts─> Session            git snapshot taken (the jail's mounts need it)
 //!   ─Session::run(plan, backend):
-//!       `start` record, set-id watch, state guard, hidden files, journal entry
+//!       `start` record, set-id watch, hidden files, journal entry
 //!       Backend::start ─> B::Started       the jail built, its command's exec held
 //!       Session::await_baseline ─> Baselined   the change baseline is complete
 //!       Backend::run(started, Baselined) ─> Ended   command released; every process ended
-//!       Ended ─check─> Checked             terminal, git, state guard, hidden files
+//!       Ended ─check─> Checked             terminal, git, hidden files
 //!       Backend::report(&Checked), Checked::finish   change summary, set-id, journal, `exit`
 //! ```
 
@@ -18,7 +18,7 @@ use anyhow::Context as _;
 use corral_audit::{AuditLog, Event, JailEvent, Record, printable};
 use corral_policy::plan::{Access, NetworkMode, Plan};
 
-use crate::{changes, endlines, gitguard, journal, replaced, setid, stateguard};
+use crate::{changes, endlines, gitguard, journal, replaced, setid};
 
 /// Which checks a session takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,8 +32,8 @@ pub enum Scope {
     /// A run whose project is a volume elsewhere (`corral run --engine kube`: a
     /// PersistentVolumeClaim, or a hostPath on some node): the host's copy of the project is not
     /// what the jail writes, so neither the change baseline nor the git snapshot is taken, and
-    /// no change summary or git check is made. The set-id watch and the state guard look at
-    /// host binds only, which such a run does not carry: they find nothing.
+    /// no change summary or git check is made. The set-id watch looks at host binds only,
+    /// which such a run does not carry: it finds nothing.
     Remote,
 }
 
@@ -176,8 +176,6 @@ enum Baseline {
 struct Watches {
     /// Set-id files that appear where the run can write (setid.rs).
     set_id: setid::Watch,
-    /// The harness's guarded configuration files, as they are before it starts (stateguard.rs).
-    state_guard: stateguard::Snapshot,
     /// The hidden files, to tell whether the host replaced one meanwhile (replaced.rs).
     hidden: replaced::Watch,
     /// What the checks need, written down until they are done (journal.rs).
@@ -302,7 +300,7 @@ impl Session {
 
     /// Run `plan` on `backend` and finish, phase by phase (the module's doc): the start record
     /// and the watches, the backend's start, the baseline, the backend's run to its end, the
-    /// checks (git, state guard, hidden files), the backend's own report, then the change
+    /// checks (git, hidden files), the backend's own report, then the change
     /// summary, the set-id report and the exit record (or the error record, exit 125).
     pub fn run<B: Backend>(self, plan: &Plan, backend: &mut B) -> anyhow::Result<i32> {
         let watches = self.watch(plan, backend)?;
@@ -324,7 +322,7 @@ impl Session {
             detail: backend.describe(plan),
         });
         let set_id = setid::watch(plan);
-        let state_guard = stateguard::snapshot(plan);
+        // The hidden files, to tell whether the host replaced one meanwhile (replaced.rs).
         let hidden = replaced::snapshot(plan);
         let journal = match self.scope {
             Scope::Run => {
@@ -350,7 +348,6 @@ impl Session {
         };
         Ok(Watches {
             set_id,
-            state_guard,
             hidden,
             journal,
         })
@@ -369,7 +366,7 @@ impl Session {
     }
 
     /// The run has ended: the terminal is put back, then the checks that need the final state
-    /// (git, the state guard, set-id, hidden files), each finding said and recorded.
+    /// (git, set-id, hidden files), each finding said and recorded.
     fn check(self, plan: &Plan, watches: Watches, ended: Ended) -> Checked {
         // What the jail left on the terminal is undone before corral says anything
         // (endlines.rs). Not for an executor command: its run's jail is still on the terminal.
@@ -386,7 +383,6 @@ impl Session {
         } = self;
         let Watches {
             set_id,
-            state_guard,
             hidden,
             journal,
         } = watches;
@@ -395,10 +391,7 @@ impl Session {
         let git_lines = git
             .map(|g| gitguard::check(g, &jail_id))
             .unwrap_or_default();
-        for line in git_lines
-            .into_iter()
-            .chain(stateguard::check(state_guard, &jail_id))
-        {
+        for line in git_lines {
             endlines::say(&format!("corral: {}", printable(&line)));
             record(&audit, &jail_id, JailEvent::Quarantine { detail: line });
         }

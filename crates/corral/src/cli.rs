@@ -127,6 +127,18 @@ pub enum Command {
     /// Print shell completions or the man page
     #[command(subcommand)]
     Generate(GenerateCommand),
+    /// corral's layer over a harness's state: what jailed runs changed, copy it to the host
+    #[command(
+        subcommand,
+        long_about = "A jailed harness never writes the host's state directories and files \
+                      (~/.claude, ~/.claude.json, ~/.codex, ...): it writes corral's layer over \
+                      them, per user and profile, which later jailed runs see again. `corral \
+                      state diff PROFILE` shows what jailed runs changed against the host's \
+                      state, code-bearing files and keys called out; `corral state apply \
+                      PROFILE PATH...` copies what you pick to the host; `corral state reset \
+                      PROFILE` drops the layer."
+    )]
+    State(StateCommand),
     /// The agents' git worktrees of this repository (`corral run --worktree NAME`): `corral
     /// worktree ls`, `corral worktree rm NAME`
     #[command(subcommand)]
@@ -226,8 +238,9 @@ pub struct JailOptions {
     /// Opt in to `executor.target = "host"` (commands run unsandboxed); a project's policy file cannot
     #[arg(long)]
     pub allow_host_executor: bool,
-    /// Let the harness change its own code in its state directories this run (extensions,
-    /// hooks, plugins, MCP servers, settings that name commands); a project's policy file cannot
+    /// Bind the host's harness state (~/.claude, ~/.codex, ...) read-write this run instead of
+    /// corral's layer over it: what the jail writes there, the host's harness then loads
+    /// (settings, hooks, plugins, MCP servers); a project's policy file cannot
     #[arg(long)]
     pub allow_harness_config: bool,
     /// Let the jail create git repositories outside its own /tmp and home (`git init`, `git
@@ -621,6 +634,28 @@ pub struct KubeRenderArgs {
 pub struct DownArgs {
     #[arg(long, value_enum)]
     pub engine: Option<EngineArg>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StateCommand {
+    /// What jailed runs of PROFILE changed against the host's state
+    Diff {
+        profile: String,
+        /// JSON: one object per change
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy these paths (as `diff` shows them) from corral's layer to the host
+    Apply {
+        profile: String,
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Copy code-bearing files and keys without asking
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Drop corral's layer of PROFILE: the next jailed run starts from the host's state
+    Reset { profile: String },
 }
 
 #[derive(Debug, Subcommand)]

@@ -20,10 +20,7 @@ macro_rules! outln {
 
 mod cli;
 mod cmd;
-mod control;
-mod live;
 mod usage;
-mod worktrees;
 
 use std::process::ExitCode;
 

@@ -1,5 +1,5 @@
 //! A running container follows its policy files, as a native jail does (live.rs
-//! and cmd/engine_run.rs): `corral allow`/`deny` on the host reach the harness container
+//! and corral-run/src/engine.rs): `corral allow`/`deny` on the host reach the harness container
 //! without a restart, an edit of `corral.toml` the user has not trusted changes nothing and is
 //! recorded as refused (the control: trusting the same content applies it), the run registers
 //! for `corral watch` and refuses a run-only allow (its proxy container is shared by the

@@ -113,3 +113,76 @@ fn codex_without_the_jail_sends_the_host_secrets_to_the_model() {
         );
     }
 }
+
+/// An API-key Codex user: the key is in `~/.codex/auth.json` as `codex login --with-api-key`
+/// writes it (`{"auth_mode": "apikey", "OPENAI_API_KEY": ...}`), not in the environment. The
+/// real Codex 0.171 reads the jail's copy (a placeholder) and sends it to the mock model (a
+/// provider that uses the login, `requires_openai_auth`), named in the sign-in entry's
+/// `api_key_hosts`: the mock gets the real key on every call. The shell tool prints the jail's
+/// `auth.json` into the conversation: the model sees the placeholder, never the key.
+#[test]
+fn codex_with_its_key_in_auth_json_reaches_the_model_with_the_real_key_only() {
+    let Some(codex) = which("codex") else {
+        eprintln!("skipping: codex is not installed (npm install -g @openai/codex; .ci/run does)");
+        return;
+    };
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let step = |cmd: &str| serde_json::json!({"tool": "exec_command", "arguments": {"cmd": cmd}});
+    let script = |a: &Attacks| {
+        serde_json::json!({
+            "steps": [step(&format!("{}; cat ~/.codex/auth.json", a.edit)),
+                step(&a.read_secrets), step(&a.other_host)],
+            "final": "codex is done"
+        })
+    };
+    let (w, mdir, m) = world_with_mock(&host, script, "UNUSED_SECRET");
+    let port = m.port;
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nallow = [\"{host}:{port}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [signin.codex]\nformat = \"codex\"\nfile = \"~/.codex/auth.json\"\n\
+             api_hosts = [\"chatgpt.com\"]\ntoken_url = \"https://auth.openai.com/oauth/token\"\n\
+             api_key_hosts = [\"{host}:{port}\"]\n"
+        ),
+    );
+    w.trust_project(&[]);
+    write(
+        &w.home.join(".codex/config.toml"),
+        &format!(
+            "model = \"mock-1\"\nmodel_provider = \"mock\"\n\n\
+             [model_providers.mock]\nname = \"mock\"\nbase_url = \"https://{host}:{port}/v1\"\n\
+             requires_openai_auth = true\nwire_api = \"responses\"\n"
+        ),
+    );
+    let auth = serde_json::json!({"auth_mode": "apikey", "OPENAI_API_KEY": REAL});
+    let file = w.home.join(".codex/auth.json");
+    write(&file, &serde_json::to_string_pretty(&auth).unwrap());
+    let mut argv = profile_command(&w, "codex");
+    assert_eq!(argv[0], codex.display().to_string());
+    argv.extend(["exec", "--skip-git-repo-check", "Do the task."].map(String::from));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let out = run_harness(&w, "codex", &[], &argv, &[], &mdir);
+    assert_eq!(out.code, 0, "corral run codex failed:\n{}", out.both());
+    assert!(out.stdout.contains("codex is done"), "{}", out.both());
+
+    let reqs = m.requests();
+    let turns: Vec<_> = reqs.iter().filter(|r| r["api"] == "responses").collect();
+    let last = turns.last().expect("codex never reached the mock");
+    for r in &turns {
+        assert_eq!(r["authorization"], format!("Bearer {REAL}"), "{r}");
+    }
+    // The jail's auth.json, printed by the shell tool, reached the model with a placeholder.
+    let bodies = m.bodies();
+    assert!(
+        bodies.contains("apikey") && bodies.contains("sk-proj-"),
+        "the model never saw the jail's auth.json: {bodies}"
+    );
+    judge_tool_results(last);
+    judge(&w, &m, &out, REAL_PART);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(v["OPENAI_API_KEY"], REAL, "{v}");
+}

@@ -350,7 +350,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 
 /// corral's state directory (the change record's home) where the jail would see it: in the
 /// project, the run is refused (policy); in a read-write bind, the run keeps no record and
-/// says so (`cmd/undo.rs: try_begin`), and nothing of a record is there. With it elsewhere
+/// says so (`corral-run/src/record.rs: try_begin`), and nothing of a record is there. With it elsewhere
 /// (the control) the same run is recorded.
 #[test]
 fn a_store_the_jail_could_reach_keeps_no_record() {

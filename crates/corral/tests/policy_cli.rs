@@ -74,7 +74,7 @@ fn mode_of(plan: &Plan, target: &Path) -> Option<MountKind> {
         .iter()
         .rev()
         .find(|m| m.target == target)
-        .map(|m| m.kind)
+        .map(|m| m.kind.clone())
 }
 
 #[test]
@@ -86,32 +86,38 @@ fn plan_pi_json_in_a_fresh_git_project() {
     assert_eq!(plan.project.root, p.root);
     assert_eq!(plan.project.access, Access::Rw);
     assert_eq!(mode_of(&plan, &p.root), Some(MountKind::Bind(Access::Rw)));
+    // pi's agent directory: the host's read-only below corral's layer.
+    let layer = p
+        .home
+        .join(".local/state/corral/harness/pi/dirs/.pi%2Fagent");
     assert_eq!(
         mode_of(&plan, &p.home.join(".pi/agent")),
-        Some(MountKind::Bind(Access::Rw))
+        Some(MountKind::Overlay {
+            upper: layer.join("upper"),
+            work: layer.join("work"),
+            above: vec![],
+        })
     );
     assert_eq!(mode_of(&plan, &p.home), Some(MountKind::Tmpfs));
     assert_eq!(
         plan.masked,
         vec![p.root.join(".env"), p.root.join("sub/.env")]
     );
-    // The project's git files and policy (an absent config.worktree held by a placeholder),
-    // and pi's code in its agent directory.
+    // The project's git files and policy (an absent config.worktree held by a placeholder).
     let agent = p.home.join(".pi/agent");
-    let mut protected = vec![
+    let protected = vec![
         p.root.join(".git/config"),
         p.root.join(".git/config.worktree"),
         p.root.join(".git/hooks"),
         p.root.join("corral.toml"),
-        agent.join("bin"),
-        agent.join("extensions"),
-        agent.join("git"),
-        agent.join("tools"),
     ];
-    protected.sort();
     assert_eq!(plan.protected, protected);
+    // pi's settings with code keys: called out by `corral state diff`.
     assert_eq!(
-        plan.guarded
+        plan.harness_state
+            .as_ref()
+            .unwrap()
+            .code_keys
             .iter()
             .map(|g| g.path.clone())
             .collect::<Vec<_>>(),

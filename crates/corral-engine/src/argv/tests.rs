@@ -848,6 +848,7 @@ fn a_signin_placeholder_covers_the_credential_file_wherever_the_harness_would_se
         api_hosts: vec![DomainPattern::parse("api.example.com").unwrap()],
         token_host: Some(DomainPattern::parse("auth.example.com").unwrap()),
         token_path: Some("/token".into()),
+        api_key_hosts: vec![],
         providers: vec![],
     }];
     let mut c = ctx(EngineKind::Docker, false);
@@ -885,4 +886,60 @@ fn a_signin_placeholder_covers_the_credential_file_wherever_the_harness_would_se
         e.contains("signin.pi") && e.contains("--network proxy"),
         "{e}"
     );
+}
+
+#[test]
+fn a_state_overlay_is_podmans_overlay_volume_and_docker_refuses_it() {
+    let mut f = fixture();
+    let m = f
+        .plan
+        .mounts
+        .iter_mut()
+        .find(|m| m.target == Path::new("/home/u/.pi/agent"))
+        .unwrap();
+    m.kind = MountKind::Overlay {
+        upper: PathBuf::from("/s/harness/pi/dirs/.pi%2Fagent/upper"),
+        work: PathBuf::from("/s/harness/pi/dirs/.pi%2Fagent/work"),
+        above: vec![],
+    };
+    let source = m.source.display().to_string();
+    let run = setup(&f.plan, &ctx(EngineKind::Podman, true))
+        .unwrap()
+        .run_command()
+        .unwrap()
+        .argv();
+    let volumes: Vec<&String> = run
+        .windows(2)
+        .filter(|w| w[0] == "--volume" && w[1].contains("/home/u/.pi/agent"))
+        .map(|w| &w[1])
+        .collect();
+    assert_eq!(
+        volumes,
+        vec![&format!(
+            "{source}:/home/u/.pi/agent:O,upperdir=/s/harness/pi/dirs/.pi%2Fagent/upper,\
+             workdir=/s/harness/pi/dirs/.pi%2Fagent/work"
+        )]
+    );
+    // docker has no overlay volume: never bound read-write instead.
+    let e = setup(&f.plan, &ctx(EngineKind::Docker, false))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("an overlay of the harness state /home/u/.pi/agent"),
+        "{e}"
+    );
+    // Nor a layer stacked above another (a concurrent native run's).
+    if let Some(m) = f
+        .plan
+        .mounts
+        .iter_mut()
+        .find(|m| m.target == Path::new("/home/u/.pi/agent"))
+    {
+        m.kind = MountKind::Overlay {
+            upper: PathBuf::from("/u"),
+            work: PathBuf::from("/w"),
+            above: vec![PathBuf::from("/a")],
+        };
+    }
+    assert!(setup(&f.plan, &ctx(EngineKind::Podman, true)).is_err());
 }

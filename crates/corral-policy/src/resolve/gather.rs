@@ -11,7 +11,7 @@ use crate::error::PolicyError;
 use crate::plan::{Engine, ProjectSource, Toolchain};
 use crate::profile::Profile;
 
-use super::build::{self, Policy, bind_sources, harness_settings};
+use super::build::{self, Policy, bind_sources};
 use super::command::{ResolvedCommand, resolve_command};
 use super::layer::{DEFAULT_ENGINE, Layer, PathCtx, Trust, normalize};
 use super::policy_file::{file_layer, flags_layer};
@@ -88,8 +88,6 @@ pub(super) struct Disk {
     /// Where the jail sees each policy file and corral directory below a read-write bind (the
     /// project's, the policy's): as written and where a symlink on the way really puts it.
     pub(super) rw_views: BTreeMap<PathBuf, Vec<PathBuf>>,
-    /// The files the harness's settings name in its state directories (code, read-only).
-    pub(super) harness_files: Vec<PathBuf>,
 }
 
 impl Gathered {
@@ -210,10 +208,6 @@ fn look(g: &Gathered) -> Result<Disk, PolicyError> {
         masked: find_masked(&g.root, &hide)?,
         ..Disk::default()
     };
-    if !m.allow_harness_config {
-        let (settings, state_dirs) = harness_settings(g);
-        disk.harness_files = crate::harness::named_files(&settings, &state_dirs, &g.home);
-    }
     if let Some(pf) = &g.layers.project {
         let l = &pf.layer;
         let binds = [

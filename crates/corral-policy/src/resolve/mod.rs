@@ -60,8 +60,8 @@ pub struct Flags {
     pub project: Option<PathBuf>,
     /// The explicit opt-in for `executor.target = "host"` (`--allow-host-executor`).
     pub allow_host_executor: bool,
-    /// Let this run change the harness's code in its state directories (extensions, hooks,
-    /// plugins, MCP servers: the profile's `state_code` and `guard`), `--allow-harness-config`.
+    /// Bind the host's harness state read-write, as it is, instead of corral's layer over it
+    /// (`--allow-harness-config`): what the jail writes there, the host's harness reads.
     pub allow_harness_config: bool,
     /// Let the jail create git repositories where the host can see them; checked when the run
     /// ends instead (`--allow-new-repositories`).
@@ -232,6 +232,11 @@ pub fn resolve(req: &Request) -> Result<Plan, PolicyError> {
 /// project is named, not created (a run would make a fresh one anyway).
 pub fn preview(req: &Request) -> Result<Plan, PolicyError> {
     build::build(&gather::gather(req, project::Scratch::NameOnly)?)
+}
+
+/// A profile's `~/`-relative path with the home put in.
+pub fn expand_home(v: &str, home: &Path) -> PathBuf {
+    PathBuf::from(expand_home_value(v, home))
 }
 
 /// Create the profile's state directories and files that do not exist yet (mode 0700 / 0600),

@@ -14,9 +14,10 @@ use super::policy_file::file_layer;
 use crate::config::parse_policy;
 use crate::domain::DomainPattern;
 use crate::plan::{
-    Access, ConfigFormat, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedFile, GuardedKeys,
-    LimitKinds, Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan, ProjectPlan,
-    ProjectSource, ProjectTrust, SecretPlan, SkillPlan, TerminalPlan, Toolchain, system_mounts,
+    Access, CodeKeys, ConfigFormat, Enforce, Engine, ExecutorPlan, ExecutorTarget, GuardedKeys,
+    HarnessState, LimitKinds, Limits, Mount, MountKind, NetworkMode, NetworkPlan, Plan,
+    ProjectPlan, ProjectSource, ProjectTrust, SecretPlan, SkillPlan, StateDir, StateLayer,
+    TerminalPlan, Toolchain, system_mounts,
 };
 
 const ROOT: &str = "/work/proj";
@@ -208,7 +209,7 @@ fn shell_plan() -> Plan {
         masked: vec![],
         hide: default_hide(),
         protected: protected.clone(),
-        guarded: vec![],
+        harness_state: None,
         env: basics(),
         network: no_network(NetworkMode::None),
         secrets: vec![],
@@ -237,7 +238,7 @@ fn shell_plan() -> Plan {
         masked: vec![],
         hide: default_hide(),
         protected,
-        guarded: vec![],
+        harness_state: None,
         env: with_proxy(basics()),
         network: no_network(NetworkMode::Proxy),
         secrets: vec![],
@@ -284,18 +285,27 @@ fn what_the_disk_said_reaches_both_jails_as_gathered() {
         canonical: [(p("/home/u/.pi/agent"), p("/data/pi-agent"))]
             .into_iter()
             .collect(),
-        harness_files: vec![p("/home/u/.pi/agent/statusline.sh")],
         ..Disk::default()
     };
     let plan = build(&g).unwrap();
 
     let agent_dir = "/home/u/.pi/agent";
+    let layer = "/home/u/.local/state/corral/harness/pi";
     let mut expected = shell_plan();
     let mut sandbox = *expected.executor.jail.take().unwrap();
     let tail = |m: &mut Vec<Mount>| m.split_off(system_mounts().len() + 1);
     let project_and_corral = tail(&mut expected.mounts);
     expected.mounts.extend([
-        bind("/data/pi-agent", agent_dir, Access::Rw, false),
+        Mount {
+            source: p("/data/pi-agent"),
+            target: p(agent_dir),
+            kind: MountKind::Overlay {
+                upper: p(&format!("{layer}/dirs/.pi%2Fagent/upper")),
+                work: p(&format!("{layer}/dirs/.pi%2Fagent/work")),
+                above: vec![],
+            },
+            optional: false,
+        },
         bind(
             &format!("{node}/lib/node_modules/pi"),
             &format!("{node}/lib/node_modules/pi"),
@@ -333,12 +343,7 @@ fn what_the_disk_said_reaches_both_jails_as_gathered() {
     sandbox_env.insert("RUSTUP_HOME".into(), "/home/u/.rustup".into());
 
     let masked = vec![p("/work/proj/.env")];
-    let mut agent_protected = expected.protected.clone();
-    agent_protected.extend(
-        ["extensions", "bin", "tools", "git", "statusline.sh"].map(|c| p(agent_dir).join(c)),
-    );
-    agent_protected.sort();
-    let guard = |file: &str, keys: GuardedKeys, commands: &[&str]| GuardedFile {
+    let guard = |file: &str, keys: GuardedKeys, commands: &[&str]| CodeKeys {
         path: p(agent_dir).join(file),
         format: ConfigFormat::Json,
         keys,
@@ -362,16 +367,30 @@ fn what_the_disk_said_reaches_both_jails_as_gathered() {
         // The caller is outside the project: the jail starts at its root.
         cwd: p(ROOT),
         masked,
-        protected: agent_protected,
-        guarded: vec![
-            guard(
-                "settings.json",
-                GuardedKeys::Code(code.map(String::from).to_vec()),
-                &[],
-            ),
-            guard("auth.json", GuardedKeys::Code(vec![]), &["*.key"]),
-            guard("models.json", GuardedKeys::AllBut(vec![]), &[]),
-        ],
+        harness_state: Some(HarnessState {
+            layer: p(layer),
+            dirs: vec![StateDir {
+                host: p(agent_dir),
+                key: ".pi%2Fagent".into(),
+                layer: StateLayer::Overlay {
+                    upper: p(&format!("{layer}/dirs/.pi%2Fagent/upper")),
+                    work: p(&format!("{layer}/dirs/.pi%2Fagent/work")),
+                },
+            }],
+            files: vec![],
+            code_paths: ["extensions", "bin", "tools", "git"]
+                .map(|c| p(agent_dir).join(c))
+                .to_vec(),
+            code_keys: vec![
+                guard(
+                    "settings.json",
+                    GuardedKeys::Code(code.map(String::from).to_vec()),
+                    &[],
+                ),
+                guard("auth.json", GuardedKeys::Code(vec![]), &["*.key"]),
+                guard("models.json", GuardedKeys::AllBut(vec![]), &[]),
+            ],
+        }),
         env: agent_env,
         network: NetworkPlan {
             allow: [
@@ -424,6 +443,7 @@ fn pi_signin() -> crate::signin::SigninPlan {
         api_hosts: vec![],
         token_host: None,
         token_path: None,
+        api_key_hosts: vec![],
         providers: vec![
             provider(
                 "anthropic",
@@ -522,7 +542,16 @@ fn the_executor_sandbox_is_built_from_its_own_inputs() {
         agent_mounts,
         [
             &home_tmpfs(),
-            &bind("/home/u/.pi/agent", "/home/u/.pi/agent", Access::Rw, false),
+            &Mount {
+                source: p("/home/u/.pi/agent"),
+                target: p("/home/u/.pi/agent"),
+                kind: MountKind::Overlay {
+                    upper: p("/home/u/.local/state/corral/harness/pi/dirs/.pi%2Fagent/upper"),
+                    work: p("/home/u/.local/state/corral/harness/pi/dirs/.pi%2Fagent/work"),
+                    above: vec![],
+                },
+                optional: false,
+            },
             &bind("/data/shared", "/data/shared", Access::Rw, true),
             &bind(ROOT, ROOT, Access::Rw, false),
             &bind(EXE, "/run/corral/bin/corral", Access::Ro, false),

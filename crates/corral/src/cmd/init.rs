@@ -17,7 +17,7 @@ pub fn run(args: InitArgs) -> anyhow::Result<ExitCode> {
     let path = root.join("corral.toml");
     if args.compose && path.exists() && !args.force {
         // --compose on a project that has its policy already: only the compose service.
-        super::engine_run::init_compose_for(args.profile.clone())?;
+        corral_run::engine::init_compose_for(args.profile.clone())?;
         return Ok(ExitCode::SUCCESS);
     }
     let text = template(&p);
@@ -48,7 +48,7 @@ pub fn run(args: InitArgs) -> anyhow::Result<ExitCode> {
         p.name
     );
     if args.compose {
-        super::engine_run::init_compose_for(args.profile.clone())?;
+        corral_run::engine::init_compose_for(args.profile.clone())?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -78,8 +78,8 @@ pub(super) fn run_secrets(plan: &Plan) -> anyhow::Result<Option<corral_kube::Run
     if plan.secrets.is_empty() {
         return Ok(None);
     }
-    let values = super::secrets::real_values(plan)?;
-    let placeholders = super::secrets::placeholders(&values)?;
+    let values = corral_run::secrets::real_values(plan)?;
+    let placeholders = corral_run::secrets::placeholders(&values)?;
     let ca =
         corral_gateway::new_ca(&plan.secrets).context("cannot make the run CA for [secrets]")?;
     let layout = corral_gateway::trust_layout(Path::new(corral_kube::secrets::TRUST_DIR));

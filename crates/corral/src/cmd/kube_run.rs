@@ -56,10 +56,10 @@ pub fn run(
         );
     }
     let req = super::plan::request(profile, jail, command)?;
-    let plan = corral_policy::resolve(&req)?;
+    // What the project's own corral.toml grants needs the user's trust (corral-run's gate).
+    let plan = corral_run::trust::resolve_trusted(&req)?;
     debug_assert_eq!(plan.engine, Engine::Kube);
-    super::review::native_only(&plan)?;
-    super::trust::gate(&plan)?;
+    corral_run::review::native_only(&plan)?;
     let kubectl = Kubectl::new(kube)?;
     let timeout = match &kube.kube_timeout {
         Some(t) => humantime::parse_duration(t)

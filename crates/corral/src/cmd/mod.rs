@@ -9,12 +9,11 @@ use crate::cli::{Cli, Command};
 
 mod doctor;
 mod down;
-pub mod engine_run;
 mod exec;
 mod generate;
-mod held;
 mod image;
 pub mod init;
+mod jail;
 mod kube;
 mod kube_run;
 pub mod log;
@@ -23,13 +22,11 @@ mod profile_arg;
 mod proxy;
 mod review;
 pub mod rules;
-mod run;
-mod secrets;
 mod serve;
 mod shell;
 mod shim;
-mod signin;
 mod skill;
+mod state;
 pub mod trust;
 mod undo;
 mod watch;
@@ -59,7 +56,7 @@ pub fn dispatch(cli: Cli, early: Option<PreparedJail>) -> anyhow::Result<ExitCod
     match cli.command {
         Command::Run(args) => {
             profile_arg::check("run", args.profile.as_deref(), &args.extra)?;
-            run::run(args, early)
+            jail::run(args, early)
         }
         Command::Shell(args) => {
             profile_arg::check("shell", args.profile.as_deref(), &args.extra)?;
@@ -95,6 +92,7 @@ pub fn dispatch(cli: Cli, early: Option<PreparedJail>) -> anyhow::Result<ExitCod
         Command::Trust(args) => trust::run(args),
         Command::Watch(args) => watch::run(args),
         Command::Generate(cmd) => generate::run(cmd),
+        Command::State(cmd) => state::run(cmd),
         Command::Worktrees(args) => {
             eprintln!("corral: `corral worktrees` is now `corral worktree ls`");
             worktree::list(args)

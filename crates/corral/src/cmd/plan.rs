@@ -77,7 +77,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         s
     } else if matches!(plan.engine, Engine::Podman | Engine::Docker) {
         // The container engines: the exact commands `corral run` runs, after the plan.
-        let cmds = super::engine_run::print_commands(&plan)?;
+        let cmds = corral_run::engine::print_commands(&plan)?;
         format!("{}\nengine commands\n{cmds}", human(&plan))
     } else {
         human(&plan)
@@ -286,9 +286,13 @@ fn mounts(o: &mut String, p: &Plan) {
         .max()
         .unwrap_or(0);
     for m in rest {
-        let (kind, src) = match m.kind {
+        let (kind, src) = match &m.kind {
             MountKind::Tmpfs => ("tmpfs".to_string(), String::new()),
-            MountKind::Bind(a) => (access(a).to_string(), {
+            MountKind::Overlay { upper, .. } => (
+                "layer".to_string(),
+                format!("  <- {} over {}", upper.display(), m.source.display()),
+            ),
+            MountKind::Bind(a) => (access(*a).to_string(), {
                 if m.source == m.target {
                     String::new()
                 } else {
@@ -309,7 +313,7 @@ fn mounts(o: &mut String, p: &Plan) {
     }
 }
 
-/// Masked, protected and guarded files.
+/// Masked and protected files, and the harness state's layer.
 fn files(o: &mut String, p: &Plan) {
     let _ = writeln!(o, "\nmasked (present, empty, unreadable)");
     if p.masked.is_empty() {
@@ -322,30 +326,25 @@ fn files(o: &mut String, p: &Plan) {
     for m in &p.protected {
         let _ = writeln!(o, "  {}", m.display());
     }
-    if !p.guarded.is_empty() {
+    if let Some(state) = &p.harness_state {
         let _ = writeln!(
             o,
-            "\nharness code keys (writable; put back after the run unless --allow-harness-config)"
+            "\nharness state (the host's read-only below corral's layer {}; `corral state diff {}`)",
+            state.layer.display(),
+            p.profile
         );
-        for g in &p.guarded {
-            let keys = match &g.keys {
-                corral_policy::plan::GuardedKeys::Code(k) => k.join(", "),
-                corral_policy::plan::GuardedKeys::AllBut(k) if k.is_empty() => "every key".into(),
-                corral_policy::plan::GuardedKeys::AllBut(k) => {
-                    format!("every key but {}", k.join(", "))
-                }
-            };
-            let commands = if g.commands.is_empty() {
-                String::new()
-            } else {
-                format!("; \"!\" commands at {}", g.commands.join(", "))
-            };
-            let keys = if keys.is_empty() {
-                "-".to_string()
-            } else {
-                keys
-            };
-            let _ = writeln!(o, "  {}: {keys}{commands}", g.path.display());
+        for d in &state.dirs {
+            let _ = writeln!(o, "  {}", d.host.display());
+        }
+        for f in &state.files {
+            let _ = writeln!(o, "  {}  <- {}", f.host.display(), f.copy.display());
+        }
+        if corral_session::hstate::upper_unsupported(&state.layer) {
+            let _ = writeln!(
+                o,
+                "  (its file system cannot hold an overlay's upper directory: a run binds \
+                 corral's copy of each state directory, dirs/KEY/copy, instead)"
+            );
         }
     }
 }

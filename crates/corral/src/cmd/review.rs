@@ -50,28 +50,6 @@ fn normal(path: &Path) -> PathBuf {
     out
 }
 
-/// Review mode runs natively only: the container engines' project is a bind of the host's
-/// directory (docs/backends.md).
-pub fn native_only(plan: &corral_policy::Plan) -> anyhow::Result<()> {
-    use corral_policy::plan::Engine;
-    if plan.project.review.is_none() {
-        return Ok(());
-    }
-    let native = match plan.engine {
-        Engine::Native => true,
-        Engine::Auto => corral_sandbox::probe::run().native_backend,
-        Engine::Podman | Engine::Docker | Engine::Kube => false,
-    };
-    if !native {
-        anyhow::bail!(
-            "--review (filesystem.review) runs in the native jail only: with podman, docker or \
-             Kubernetes the project is the host's directory itself; run with --engine native, \
-             or without --review"
-        );
-    }
-    Ok(())
-}
-
 pub fn diff(args: DiffArgs) -> anyhow::Result<ExitCode> {
     let root = project(args.project.as_deref())?;
     let paths = Paths::for_project(&root)?;
@@ -109,7 +87,7 @@ pub fn accept(args: AcceptArgs) -> anyhow::Result<ExitCode> {
     let select = relative(&root, &args.paths)?;
     // What accept changes is kept in the change record, so `corral undo` undoes it (cmd/undo.rs).
     let command: Vec<String> = std::env::args().collect();
-    let recording = match super::undo::begin_accept(&command, &root) {
+    let recording = match corral_run::record::begin_accept(&command, &root) {
         Ok(r) => r,
         Err(e) => anyhow::bail!(
             "cannot start the change record that would let `corral undo` undo this accept \

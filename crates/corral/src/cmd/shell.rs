@@ -14,7 +14,7 @@ pub fn shell(
     } else {
         "sh"
     };
-    super::run::run_jail(
+    super::jail::run_jail(
         args.profile,
         &args.jail,
         vec![shell.to_string(), "-i".into()],

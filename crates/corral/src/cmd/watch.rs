@@ -31,8 +31,8 @@ use ratatui::widgets::{Block, Borders, Paragraph, Row, Table, TableState};
 
 use super::rules::{Rule, Target};
 use crate::cli::WatchArgs;
-use crate::control;
 use corral_net::ask::Question;
+use corral_run::control;
 
 /// The most rows kept in memory (at least; `-n` may ask for more).
 const KEEP: usize = 2000;

@@ -5,10 +5,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use corral_policy::plan::{Engine, Plan};
-use corral_policy::resolve::{ensure_state_paths, resolve};
+use corral_policy::resolve::ensure_state_paths;
 
 use crate::cli::{EngineArg, JailOptions, WorktreeCommand, WorktreesArgs};
-use crate::worktrees;
+use corral_run::worktrees;
 
 /// Run `profile`/`command` jailed in the worktree `name` of the repository holding the current
 /// directory: made or reused, locked for this run, its branch brought back when the jail ends.
@@ -48,17 +48,24 @@ pub fn run(
         .map(|rel| layout.path.join(rel))
         .filter(|p| p.is_dir())
         .unwrap_or_else(|| layout.path.clone());
-    let plan = resolve(&req)?;
-    native_only(&plan)?;
-    if plan.project.review.is_some() {
+    let resolved = corral_run::trust::resolve(&req)?;
+    native_only(resolved.plan())?;
+    if resolved.plan().project.review.is_some() {
         anyhow::bail!(
-            "--review and --worktree: a worktree run is already held apart from the checkout              (its branch comes back when it ends); use one or the other"
+            "--review and --worktree: a worktree run is already held apart from the checkout \
+             (its branch comes back when it ends); use one or the other"
         );
     }
-    super::trust::gate_in_worktree(&plan, &layout.path, &layout.policy_file_of_main())?;
+    let plan = resolved.gate_in_worktree(&layout.path, &layout.policy_file_of_main())?;
     ensure_state_paths(&plan.profile, &req.home)?;
-    let plan = session.confine(&plan);
-    let code = super::run::run_plan(&plan, corral_session::Scope::Run, early);
+    let (held, state_plan) = corral_run::native::hold_state(&plan)?;
+    let plan = session.confine(state_plan.as_ref().unwrap_or(&plan));
+    let code = corral_run::native::run_plan_in_state(
+        &plan,
+        corral_session::Scope::Run,
+        early,
+        held.as_ref(),
+    );
     for line in worktrees::finish(&session) {
         eprintln!("corral: {line}");
     }

@@ -23,7 +23,7 @@ use super::layer::{
 };
 
 pub use env::proxy_env;
-pub(super) use mounts::{bind_sources, harness_settings};
+pub(super) use mounts::bind_sources;
 
 /// The merged policy: every layer over the defaults, the same without the project's file (what
 /// the user's own word gives), and which limits are still the built-in ones.
@@ -161,11 +161,11 @@ fn jail(g: &Gathered, p: &Policy, side: Side) -> Result<Plan, PolicyError> {
         mounts: mounts::mounts(g, m, side),
         masked: g.disk.masked.clone(),
         hide: dedup(m.hide.iter().map(|(h, _)| h.clone())),
-        protected: mounts::protected(g, m, side),
-        guarded: if agent {
-            mounts::guarded(g, m)
+        protected: mounts::protected(g, m),
+        harness_state: if agent {
+            mounts::harness_state(g, m)
         } else {
-            Vec::new()
+            None
         },
         env,
         network,

@@ -1,9 +1,9 @@
-//! The jail's file system: its mounts in the order they apply, and the paths it sees
-//! read-only (protected) or whose code-bearing keys are put back (guarded).
+//! The jail's file system: its mounts in the order they apply, the paths it sees read-only
+//! (protected), and corral's layer over the harness's state.
 
 use std::path::{Path, PathBuf};
 
-use crate::plan::{Access, ConfigFormat, GuardedFile, Mount, MountKind, system_mounts};
+use crate::plan::{Access, HarnessState, Mount, MountKind, StateLayer, system_mounts};
 
 use super::super::JAIL_BIN_DIR;
 use super::super::gather::Gathered;
@@ -23,7 +23,7 @@ pub(in super::super) fn mounts(g: &Gathered, m: &Layer, side: Side) -> Vec<Mount
         optional: false,
     });
     if side == Side::Agent {
-        mounts.extend(harness_mounts(g));
+        mounts.extend(harness_mounts(g, m));
     }
     for t in g.disk.toolchains.iter().flat_map(|t| &t.binds) {
         mounts.push(bind(g, t, t, Access::Ro, true));
@@ -49,14 +49,20 @@ pub(in super::super) fn mounts(g: &Gathered, m: &Layer, side: Side) -> Vec<Mount
     mounts
 }
 
-/// The harness's state (read-write), the profile's read-only paths, and the package of the
-/// command found outside the system directories.
-fn harness_mounts(g: &Gathered) -> Vec<Mount> {
+/// The harness's state (corral's layer over the host's, or with `--allow-harness-config` the
+/// host's own, read-write), the profile's read-only paths, and the package of the command
+/// found outside the system directories.
+fn harness_mounts(g: &Gathered, m: &Layer) -> Vec<Mount> {
     let p = &g.profile;
     let mut out = Vec::new();
-    for d in p.state_dirs.iter().chain(&p.state_files) {
-        let path = PathBuf::from(expand_home_value(d, &g.home));
-        out.push(bind(g, &path, &path, Access::Rw, false));
+    match harness_state(g, m) {
+        None => {
+            for d in p.state_dirs.iter().chain(&p.state_files) {
+                let path = PathBuf::from(expand_home_value(d, &g.home));
+                out.push(bind(g, &path, &path, Access::Rw, false));
+            }
+        }
+        Some(state) => out.extend(state_mounts(g, &state)),
     }
     for d in &p.read_only {
         let path = PathBuf::from(expand_home_value(d, &g.home));
@@ -95,12 +101,62 @@ fn bind(g: &Gathered, source: &Path, target: &Path, access: Access, optional: bo
     }
 }
 
+/// The mounts of corral's layer: each state directory as an overlay over the host's (or the
+/// layer's copy of it, bound read-write), each state file as the layer's copy.
+fn state_mounts(g: &Gathered, state: &HarnessState) -> Vec<Mount> {
+    let dirs = state.dirs.iter().map(|d| {
+        let source = g.disk.canonical.get(&d.host).unwrap_or(&d.host).clone();
+        let kind = match &d.layer {
+            StateLayer::Overlay { upper, work } => MountKind::Overlay {
+                upper: upper.clone(),
+                work: work.clone(),
+                above: Vec::new(),
+            },
+            StateLayer::Copy { dir } => {
+                return Mount {
+                    source: dir.clone(),
+                    target: d.host.clone(),
+                    kind: MountKind::Bind(Access::Rw),
+                    optional: false,
+                };
+            }
+        };
+        Mount {
+            source,
+            target: d.host.clone(),
+            kind,
+            optional: false,
+        }
+    });
+    let files = state.files.iter().map(|f| Mount {
+        source: f.copy.clone(),
+        target: f.host.clone(),
+        kind: MountKind::Bind(Access::Rw),
+        optional: false,
+    });
+    dirs.chain(files).collect()
+}
+
+/// corral's layer over the harness's state for this user and profile: `harness/PROFILE` in
+/// corral's state directory, with `dirs/KEY/{upper,work}` (or `dirs/KEY/copy` for docker,
+/// which has no overlay volume) per state directory and `files/KEY` per state file. `None`
+/// with `--allow-harness-config` (the host's state is bound read-write) or no state at all.
+pub(in super::super) fn harness_state(g: &Gathered, m: &Layer) -> Option<HarnessState> {
+    let p = &g.profile;
+    if m.allow_harness_config || (p.state_dirs.is_empty() && p.state_files.is_empty()) {
+        return None;
+    }
+    let engine = m.engine.unwrap_or(super::super::layer::DEFAULT_ENGINE);
+    let state_dir = crate::trust::state_dir(&g.env, &g.home);
+    Some(crate::harness::layer_for(p, &g.home, &state_dir, engine))
+}
+
 /// Every host path either jail binds, as written: what gathering resolves symlinks of.
 pub(in super::super) fn bind_sources(g: &Gathered, m: &Layer) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = [Side::Agent, Side::Executor]
         .into_iter()
         .flat_map(|side| mounts(g, m, side))
-        .filter(|mnt| matches!(mnt.kind, MountKind::Bind(_)))
+        .filter(|mnt| matches!(mnt.kind, MountKind::Bind(_) | MountKind::Overlay { .. }))
         .map(|mnt| mnt.source)
         .collect();
     out.sort();
@@ -110,9 +166,8 @@ pub(in super::super) fn bind_sources(g: &Gathered, m: &Layer) -> Vec<PathBuf> {
 
 /// Paths made read-only in one jail: `filesystem.protect`, the project's `corral.toml` (even
 /// when absent, so its creation is blocked too), every policy file and corral directory a
-/// read-write bind exposes, and, in the agent's jail, the harness's code in its state
-/// directories.
-pub(in super::super) fn protected(g: &Gathered, m: &Layer, side: Side) -> Vec<PathBuf> {
+/// read-write bind exposes.
+pub(in super::super) fn protected(g: &Gathered, m: &Layer) -> Vec<PathBuf> {
     let mut protected: Vec<PathBuf> = dedup(m.protect.iter().map(|(p, _)| g.root.join(p)));
     protected.push(g.project_policy_path());
     // Each is compared as written and as it really is (gathered): `~/.config/corral` may be a
@@ -135,9 +190,6 @@ pub(in super::super) fn protected(g: &Gathered, m: &Layer, side: Side) -> Vec<Pa
             }
         }
     }
-    if side == Side::Agent && !m.allow_harness_config {
-        protected.extend(harness_code(g));
-    }
     // With a compose executor, the override file a plain `compose up` in the project merges
     // stays read-only (defence in depth: `corral init --compose` writes its service into a file
     // of its own outside the project and starts compose with that file only; projects set up
@@ -151,60 +203,4 @@ pub(in super::super) fn protected(g: &Gathered, m: &Layer, side: Side) -> Vec<Pa
     protected.sort();
     protected.dedup();
     protected
-}
-
-/// The profile's code paths in its state directories, and the files its settings name there.
-fn harness_code(g: &Gathered) -> Vec<PathBuf> {
-    let code = g.profile.state_code.iter();
-    code.map(|c| PathBuf::from(expand_home_value(c, &g.home)))
-        .chain(g.disk.harness_files.iter().cloned())
-        .collect()
-}
-
-/// The profile's guarded configuration files, `~/` expanded; none when the run may change the
-/// harness's code.
-pub(in super::super) fn guarded(g: &Gathered, m: &Layer) -> Vec<GuardedFile> {
-    if m.allow_harness_config {
-        return Vec::new();
-    }
-    g.profile
-        .guard
-        .iter()
-        .map(|e| GuardedFile {
-            path: PathBuf::from(expand_home_value(&e.file, &g.home)),
-            format: e.format,
-            keys: e.keys.clone(),
-            commands: e.commands.clone(),
-        })
-        .collect()
-}
-
-/// The harness settings whose string values may name scripts in its state directories (a
-/// statusLine script is code too), and those directories: what gathering searches.
-pub(in super::super) fn harness_settings(
-    g: &Gathered,
-) -> (Vec<(PathBuf, ConfigFormat)>, Vec<PathBuf>) {
-    let home = &g.home;
-    let p = &g.profile;
-    let settings = p
-        .state_code
-        .iter()
-        .map(|c| PathBuf::from(expand_home_value(c, home)))
-        .filter_map(|p| match p.extension().and_then(|e| e.to_str()) {
-            Some("json") => Some((p.clone(), ConfigFormat::Json)),
-            Some("toml") => Some((p.clone(), ConfigFormat::Toml)),
-            _ => None,
-        })
-        .chain(
-            p.guard
-                .iter()
-                .map(|e| (PathBuf::from(expand_home_value(&e.file, home)), e.format)),
-        )
-        .collect();
-    let state_dirs = p
-        .state_dirs
-        .iter()
-        .map(|d| PathBuf::from(expand_home_value(d, home)))
-        .collect();
-    (settings, state_dirs)
 }

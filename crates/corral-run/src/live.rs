@@ -9,7 +9,7 @@
 //! decides with them too). What the proxy decides with changes; anything else the new files say
 //! (binds, limits, the network mode, ...) is recorded as taking effect at the next run.
 //!
-//! A container run (`--engine podman|docker`, cmd/engine_run.rs) follows them with the same
+//! A container run (`--engine podman|docker`, engine.rs) follows them with the same
 //! watcher and trust gate; what applies the new rules is its [`Enforcer`]: the native backend
 //! swaps the proxy's rules in memory, the container backend rewrites the project's generated
 //! proxy policy file atomically and signals the proxy containers to reload it. The project's
@@ -36,7 +36,8 @@ use corral_policy::Plan;
 use corral_policy::plan::NetworkPlan;
 use corral_policy::resolve::{Request, resolve};
 
-use crate::cmd::rules::Target;
+use crate::target::Target;
+use crate::trust::Trusted;
 
 /// How often the policy files are checked.
 const POLL: Duration = Duration::from_millis(250);
@@ -122,7 +123,7 @@ struct LiveState {
 /// the jail runs; `engine` names a container engine's run in its registration.
 pub fn start(
     req: &Request,
-    plan: &Plan,
+    plan: &Trusted<Plan>,
     jail_plan: &Plan,
     enforcer: Box<dyn Enforcer>,
     audit: &AuditLog,
@@ -133,7 +134,7 @@ pub fn start(
     let seen = files.iter().map(|f| stamp(f)).collect();
     let state = Arc::new(Mutex::new(LiveState {
         req: req.clone(),
-        started: plan.clone(),
+        started: Plan::clone(plan),
         base: enforcer.initial(),
         run_only: Vec::new(),
         files,
@@ -390,9 +391,11 @@ impl LiveState {
             Ok(p) => p,
             Err(e) => return self.failed(&format!("{e}")),
         };
-        match crate::cmd::trust::is_trusted(&plan) {
-            Ok(true) => {}
-            Ok(false) => {
+        // The reload passes the gate as the run did, without asking: only a trusted plan is
+        // applied.
+        let plan = match crate::trust::trusted_without_asking(plan) {
+            Ok(Ok(trusted)) => trusted,
+            Ok(Err(plan)) => {
                 let t = plan.project_trust.as_ref();
                 let file = t.map(|t| t.file.display().to_string()).unwrap_or_default();
                 let summary = format!(
@@ -407,7 +410,13 @@ impl LiveState {
                 return summary;
             }
             Err(e) => return self.failed(&format!("{e:#}")),
-        }
+        };
+        self.apply(&plan)
+    }
+
+    /// Enforce the network rules of `plan`, the policy resolved again and passed through the
+    /// gate, and record what changed; the one-line summary.
+    fn apply(&mut self, plan: &Trusted<Plan>) -> String {
         let rules = match Rules::from_plan(&plan.network) {
             Ok(r) => r,
             Err(e) => return self.failed(&e.to_string()),
@@ -418,7 +427,7 @@ impl LiveState {
             proxy.set_on_deny(plan.network.on_deny);
         }
         let diff = Diff::between(&self.base, &rules);
-        let next_run = next_run_sections(&self.started, &plan);
+        let next_run = next_run_sections(&self.started, plan);
         let (old_base, old_network) = (self.base.clone(), self.network.clone());
         self.base = rules;
         self.network.allow = plan.network.allow.clone();

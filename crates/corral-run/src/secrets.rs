@@ -54,9 +54,9 @@ impl Drop for TrustDir {
 pub type Values = Vec<(SecretPlan, String)>;
 
 /// Each secret of `plan` with its real value, read from corral's environment, and the sign-ins
-/// (`[signin]`, [`super::signin`]) whose credential file exists, read from it.
+/// (`[signin]`, [`crate::signin`]) whose credential file exists, read from it.
 pub fn read(plan: &Plan) -> anyhow::Result<(Values, Vec<Signin>)> {
-    let signins = super::signin::load(plan)?;
+    let signins = crate::signin::load(plan)?;
     if plan.secrets.is_empty() && signins.is_empty() {
         return Ok((Vec::new(), Vec::new()));
     }
@@ -86,8 +86,9 @@ pub fn placeholders(values: &[(SecretPlan, String)]) -> anyhow::Result<BTreeMap<
 /// The host side of the secrets `run` attached: with the proxy, the gateway (holding the real
 /// `values`, swapping in the run's placeholders) and its CA files in the directory `run` names.
 pub fn prepare(
-    values: Vec<(SecretPlan, String)>,
+    mut values: Vec<(SecretPlan, String)>,
     signins: Vec<Signin>,
+    state: &[corral_session::hstate::StateSecret],
     run: &RunPlan,
     jail_id: &str,
     audit: &AuditLog,
@@ -108,7 +109,7 @@ pub fn prepare(
     };
     let dir = TrustDir::create(trust_dir)?;
     // Each sign-in's placeholder file, where the RunPlan binds it over the real one.
-    super::signin::jail_files(&signins, trust_dir)?;
+    crate::signin::jail_files(&signins, trust_dir)?;
     if run.plan.network.mode != NetworkMode::Proxy {
         // No network: the placeholder files only; nothing could use a real token.
         return Ok(Secrets {
@@ -124,9 +125,18 @@ pub fn prepare(
         .iter()
         .map(|r| r.host().clone())
         .collect();
+    // The state files' credentials (corral-session hstate/creds.rs): their placeholders are
+    // in corral's copies, their real values in the host's files.
+    let mut placeholders = attached.placeholders.clone();
+    for s in state {
+        if let Some((plan, real)) = s.for_gateway() {
+            placeholders.insert(plan.name.clone(), s.placeholder.clone());
+            values.push((plan, real));
+        }
+    }
     let (gateway, _trust) = Gateway::with_run(
         values,
-        &attached.placeholders,
+        &placeholders,
         signins,
         &decided,
         GatewayConfig {
@@ -176,9 +186,7 @@ pub fn for_engine(
 }
 
 /// Each secret of the plan with its real value, read from corral's environment.
-pub(crate) fn real_values(
-    plan: &Plan,
-) -> anyhow::Result<Vec<(corral_policy::plan::SecretPlan, String)>> {
+pub fn real_values(plan: &Plan) -> anyhow::Result<Vec<(corral_policy::plan::SecretPlan, String)>> {
     let mut values = Vec::new();
     for s in &plan.secrets {
         let Some(real) = std::env::var_os(&s.from_env) else {

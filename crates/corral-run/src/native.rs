@@ -1,57 +1,50 @@
-//! `corral run [PROFILE] [-- CMD]`: resolve the Plan, run it in the native jail, serve its
-//! network, write the audit records, exit with the command's code.
+//! The native backend of `corral run`: a trusted Plan run in the native jail, its network
+//! served, the audit records written; the command's exit code.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
 use corral_audit::{AuditLog, JailEvent};
 use corral_policy::plan::{Engine, NetworkMode, Plan};
-use corral_policy::resolve::{ensure_state_paths, resolve};
+use corral_policy::resolve::ensure_state_paths;
 use corral_sandbox::PreparedJail;
 use corral_session::endlines::say;
 use corral_session::{Backend, Baselined, Checked, Ended, RunInputs, RunPlan, Scope, Session};
 
-use crate::cli::{EngineArg, JailOptions, RunArgs};
+use crate::trust::Trusted;
 
-/// `corral run`. `early`: the jail's set-up process main() forked, if it did.
-pub fn run(args: RunArgs, early: Option<PreparedJail>) -> anyhow::Result<ExitCode> {
-    if let Some(name) = &args.worktree {
-        // `--worktree NAME`: the run in an agent's own git worktree (cmd/worktree.rs).
-        return super::worktree::run(name, args.profile, &args.jail, args.command, early);
-    }
-    if args.jail.engine == Some(EngineArg::Kube) || !args.kube.given().is_empty() {
-        // `--engine kube`: cmd/kube_run.rs (it refuses its options on any other engine).
-        return super::kube_run::run(args.profile, &args.jail, &args.kube, args.command, early);
-    }
-    run_jail(args.profile, &args.jail, args.command, early)
-}
-
-/// Resolve the plan for `profile`/`command` with the command-line layer `opts`, and run it
-/// (with the set-up process `early` when main() forked one).
+/// Resolve `req` and pass the trust gate, then run the plan (with the set-up process `early`
+/// when main() forked one); the command's exit code. `discard_pending`: a review run drops a
+/// pending review of the project first (without it, one refuses).
 pub fn run_jail(
-    profile: Option<String>,
-    opts: &JailOptions,
-    command: Vec<String>,
+    req: &corral_policy::Request,
+    discard_pending: bool,
     early: Option<PreparedJail>,
-) -> anyhow::Result<ExitCode> {
-    let req = super::plan::request(profile, opts, command)?;
-    let plan = resolve(&req)?;
-    // What the project's own corral.toml grants needs the user's trust (cmd/trust.rs).
-    super::trust::gate(&plan)?;
+) -> anyhow::Result<i32> {
+    // What the project's own corral.toml grants needs the user's trust (corral-run's gate).
+    let plan = crate::trust::resolve_trusted(req)?;
     // A first run of a harness: its state directories do not exist yet, and binds need them.
     ensure_state_paths(&plan.profile, &req.home)?;
-    // Review mode (cmd/review.rs): native only; its directories made and held for the run.
-    super::review::native_only(&plan)?;
-    if opts.discard_pending && plan.project.review.is_none() {
+    // Review mode (docs/review.md): native only; its directories made and held for the run.
+    crate::review::native_only(&plan)?;
+    if discard_pending && plan.project.review.is_none() {
         anyhow::bail!(
             "--discard-pending drops a pending review before a review run; this run is none \
              (add --review, or filesystem.review = true)"
         );
     }
-    let review = corral_session::review::begin(&plan, opts.discard_pending)?;
-    let code = run_plan_with(&plan, Some(&req), Scope::Run, early);
+    // corral's layer over the harness's state, held for the run.
+    let (held, state_plan) = hold_state(&plan)?;
+    let state_secrets = held.as_ref().map(|h| h.secrets.as_slice()).unwrap_or(&[]);
+    let review = corral_session::review::begin(&plan, discard_pending)?;
+    let code = run_plan_with(
+        state_plan.as_ref().unwrap_or(&plan),
+        Some(req),
+        Scope::Run,
+        early,
+        state_secrets,
+    );
     if let Some(review) = review {
         for line in review.finish() {
             say(&line);
@@ -65,23 +58,58 @@ pub fn run_jail(
             plan.project.root.display()
         ));
     }
-    let code = code?;
-    Ok(ExitCode::from(code.clamp(0, 255) as u8))
+    code
+}
+
+/// corral's layer over the harness's state made ready and locked for a run of `plan`
+/// (corral-session `hstate`): the handle to keep until the run ends, and the Plan to run instead
+/// when this run gets a layer of its own (another run of the profile holds the shared one).
+pub fn hold_state(
+    plan: &Trusted<Plan>,
+) -> anyhow::Result<(Option<corral_session::hstate::Held>, Option<Trusted<Plan>>)> {
+    let held = corral_session::hstate::prepare(plan, &corral_audit::new_jail_id())?;
+    let Some(mut held) = held else {
+        return Ok((None, None));
+    };
+    for note in &held.notes {
+        say(&format!("corral: {note}"));
+    }
+    // The same trusted Plan with corral's own state mounts in place of the harness's: nothing
+    // the project's policy file grants changes.
+    let run_plan = held.plan.take().map(|p| plan.clone().map(|_| p));
+    Ok((Some(held), run_plan))
 }
 
 /// Run `plan` in the native jail (or the container engine it names) in a session of `scope`,
 /// with the set-up process `early` when main() forked one; the command's exit code.
-pub fn run_plan(plan: &Plan, scope: Scope, early: Option<PreparedJail>) -> anyhow::Result<i32> {
-    run_plan_with(plan, None, scope, early)
+pub fn run_plan(
+    plan: &Trusted<Plan>,
+    scope: Scope,
+    early: Option<PreparedJail>,
+) -> anyhow::Result<i32> {
+    run_plan_with(plan, None, scope, early, &[])
+}
+
+/// [`run_plan`] with the credentials of the harness's state files ([`hold_state`]) for the
+/// gateway.
+pub fn run_plan_in_state(
+    plan: &Trusted<Plan>,
+    scope: Scope,
+    early: Option<PreparedJail>,
+    held: Option<&corral_session::hstate::Held>,
+) -> anyhow::Result<i32> {
+    let state = held.map(|h| h.secrets.as_slice()).unwrap_or(&[]);
+    run_plan_with(plan, None, scope, early, state)
 }
 
 /// [`run_plan`] of a Plan resolved from `req` when given: the native jail's network rules then
 /// follow the policy files while it runs (live.rs).
 fn run_plan_with(
-    plan: &Plan,
+    plan: &Trusted<Plan>,
     req: Option<&corral_policy::Request>,
     scope: Scope,
     early: Option<PreparedJail>,
+    state_secrets: &[corral_session::hstate::StateSecret],
 ) -> anyhow::Result<i32> {
     // A run in this project whose corral was killed: its checks first (journal.rs). Not from
     // an executor command's session, which runs while its run's jail does.
@@ -93,14 +121,14 @@ fn run_plan_with(
     // `early`, the set-up process main() forked for this run if it did, is dropped (so ended)
     // when the run goes to a container engine.
     match plan.engine {
-        // auto: native where it runs here, else podman, else docker (cmd/engine_run.rs).
+        // auto: native where it runs here, else podman, else docker (engine.rs).
         Engine::Auto if !corral_sandbox::probe::run().native_backend => {
-            return super::engine_run::run_plan(plan, req, scope);
+            return crate::engine::run_plan(plan, req, scope);
         }
         Engine::Native | Engine::Auto => {}
-        // The container engines: cmd/engine_run.rs.
+        // The container engines: engine.rs.
         Engine::Podman | Engine::Docker => {
-            return super::engine_run::run_plan(plan, req, scope);
+            return crate::engine::run_plan(plan, req, scope);
         }
         Engine::Kube => anyhow::bail!(
             "--engine kube runs from `corral run` only (not `corral shell`, `--worktree` or the \
@@ -136,14 +164,16 @@ fn run_plan_with(
             // The Plan the jail gets: `plan` with what the run attaches (runplan.rs), computed
             // in one place; what follows creates those attachments on the host, where the
             // RunPlan names them.
-            let (values, signins) = super::secrets::read(plan)?;
+            let (values, signins) = crate::secrets::read(plan)?;
             let mut inputs = RunInputs::on_host(beginning.jail_id());
-            inputs.placeholders = super::secrets::placeholders(&values)?;
+            inputs.placeholders = crate::secrets::placeholders(&values)?;
             inputs.signins = signins.iter().map(|s| s.plan().name.clone()).collect();
+            inputs.state_secrets = state_secrets.iter().any(|s| s.for_gateway().is_some());
             let run = RunPlan::new(plan, &inputs);
-            let secrets = super::secrets::prepare(
+            let secrets = crate::secrets::prepare(
                 values,
                 signins,
+                state_secrets,
                 &run,
                 beginning.jail_id(),
                 beginning.audit(),
@@ -186,11 +216,11 @@ fn run_plan_with(
         run.git_dirs(&git_dirs);
     }
     // The executor is attached last: its jail's Plan is final now.
-    let executor = super::serve::attach_executor(&run, session.audit())?;
-    // The change record (cmd/undo.rs): kept by the jail's name gate, finished in `Native::run`.
+    let executor = crate::executor::attach_executor(&run, session.audit())?;
+    // The change record (record.rs): kept by the jail's name gate, finished in `Native::run`.
     // A review run writes nothing of the host's (accept keeps its own record).
     let record = match scope {
-        Scope::Run if run.plan.project.review.is_none() => super::undo::begin(&run.plan),
+        Scope::Run if run.plan.project.review.is_none() => crate::record::begin(&run.plan),
         _ => None,
     };
     if let Some(r) = &record {
@@ -221,22 +251,22 @@ struct Native<'a> {
     /// The request `resolved` came from, when the run has one: the proxy's rules then follow
     /// the policy files while the jail runs (live.rs).
     req: Option<&'a corral_policy::Request>,
-    resolved: &'a Plan,
+    resolved: &'a Trusted<Plan>,
     prepared: Option<corral_sandbox::PreparedJail>,
     opts: corral_sandbox::SpawnOptions,
     /// The jail's set-up process once the jail is empty, exiting: reaped when this is dropped
     /// (see its `Drop`), before `limits` (its cgroup can go only once it has left it).
     ending: Option<corral_sandbox::Ending>,
     limits: corral_sandbox::cgroup::LimitsSetup,
-    secrets: super::secrets::Secrets,
-    executor: Option<super::serve::RunExecutor>,
+    secrets: crate::secrets::Secrets,
+    executor: Option<crate::executor::RunExecutor>,
     _stub_files: Option<StubFiles>,
     published: Vec<(u16, std::net::TcpListener)>,
     proxy: Option<corral_net::ProxyHandle>,
     netcap: Option<corral_net::netcap::NetcapHandle>,
     terminal: Option<corral_sandbox::termfilter::Dropped>,
     /// The run's change record, finished once nothing the run started can write.
-    record: Option<super::undo::Recording>,
+    record: Option<crate::record::Recording>,
 }
 
 impl Drop for Native<'_> {
@@ -259,7 +289,7 @@ impl Drop for Native<'_> {
 /// last): the jail is then killed.
 struct StartedJail {
     placeholders: corral_sandbox::PlaceholderHold,
-    held: Option<super::held::HeldNotice>,
+    held: Option<crate::held::HeldNotice>,
     live: Option<crate::live::Live>,
     jail: corral_sandbox::RunningJail,
 }
@@ -303,7 +333,7 @@ impl Backend for Native<'_> {
         // A request held for `corral watch` (on_deny = "ask") is said where the user looks:
         // the title of the jail's terminal, else stderr, and the desktop (held.rs).
         let held = self.proxy.as_ref().map(|p| {
-            super::held::HeldNotice::start(p.proxy().asks().clone(), jail.terminal_status())
+            crate::held::HeldNotice::start(p.proxy().asks().clone(), jail.terminal_status())
         });
         let placeholders = jail.keep_placeholders();
         Ok(StartedJail {
@@ -388,7 +418,7 @@ impl Backend for Native<'_> {
 /// (its server ends every command jail it started, SIGTERM then SIGKILL, and waits for them),
 /// then end whatever else the run started is still running (a command jail whose server died
 /// was re-parented to corral). When this returns, nothing the run started can write any more.
-fn end_run(executor: Option<super::serve::RunExecutor>, ending: Option<u32>) {
+fn end_run(executor: Option<crate::executor::RunExecutor>, ending: Option<u32>) {
     drop(executor);
     corral_exec::end_children(&Vec::from_iter(ending));
 }
@@ -450,7 +480,7 @@ fn serve_network(
 /// files, and `corral watch` can reach the run (live.rs). Without, a note on stderr.
 fn live_policy(
     req: Option<&corral_policy::Request>,
-    resolved: &Plan,
+    resolved: &Trusted<Plan>,
     jail_plan: &Plan,
     proxy: Option<&corral_net::ProxyHandle>,
     audit: &AuditLog,

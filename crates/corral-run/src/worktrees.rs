@@ -40,6 +40,8 @@ use corral_policy::plan::{Access, Mount, MountKind, Plan};
 use nix::fcntl::{Flock, FlockArg};
 use serde::Serialize;
 
+use crate::trust::Trusted;
+
 /// Where the worktree NAME of one repository and its private state live.
 #[derive(Debug, Clone)]
 pub struct Layout {
@@ -508,8 +510,12 @@ fn copy_refs(from: &Path, to: &Path) -> anyhow::Result<()> {
 impl Session {
     /// `plan` with the worktree's jail: the repository's `.git` read-only, the admin
     /// directory, the private objects and branch copies writable, the files that say where git
-    /// finds its repository and config read-only.
-    pub fn confine(&self, plan: &Plan) -> Plan {
+    /// finds its repository and config read-only. Trusted as `plan` is: corral adds these.
+    pub fn confine(&self, plan: &Trusted<Plan>) -> Trusted<Plan> {
+        plan.clone().map(|p| self.confined(&p))
+    }
+
+    fn confined(&self, plan: &Plan) -> Plan {
         let l = &self.layout;
         let private = l.private();
         let mut plan = plan.clone();

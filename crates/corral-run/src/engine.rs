@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use crate::trust::Trusted;
 use anyhow::{Context as _, bail};
 use corral_engine::runner;
 use corral_engine::{Context, EngineKind};
@@ -102,7 +103,7 @@ fn wait_harness(cmd: &corral_engine::Command) -> std::io::Result<std::process::E
 /// The plan's sign-ins whose credential file exists (the only ones a run serves), in the plan
 /// the engine runs, and each one loaded: its real tokens and the jail's placeholder file.
 fn served_signins(plan: &Plan) -> anyhow::Result<(Plan, Vec<corral_gateway::signin::Signin>)> {
-    let signins = super::signin::load(plan)?;
+    let signins = crate::signin::load(plan)?;
     let mut served = plan.clone();
     served.signin = signins.iter().map(|s| s.plan().clone()).collect();
     Ok((served, signins))
@@ -152,11 +153,11 @@ fn refuse_path_rules(plan: &Plan) -> anyhow::Result<()> {
 }
 
 /// Run `plan` with its container engine in a session of `scope`; the harness's exit code. The
-/// project is bind-mounted into the container, so the session's host-side checks (git, state
-/// guard, set-id, change summary) apply as after a native run. With the request `plan` was
+/// project is bind-mounted into the container, so the session's host-side checks (git,
+/// set-id, change summary) apply as after a native run. With the request `plan` was
 /// resolved from, the proxy's rules follow the policy files while it runs (live.rs).
 pub fn run_plan(
-    plan: &Plan,
+    plan: &Trusted<Plan>,
     req: Option<&corral_policy::Request>,
     scope: Scope,
 ) -> anyhow::Result<i32> {
@@ -167,7 +168,7 @@ pub fn run_plan(
     // and the tokens for the run's gateway proxy.
     let (served, signins) = served_signins(plan)?;
     // [secrets]: the real values for the run's gateway proxy, or placeholders without network.
-    let (placeholders, gateway) = super::secrets::for_engine(&served)?;
+    let (placeholders, gateway) = crate::secrets::for_engine(&served)?;
     let plan = placeholders.as_ref().unwrap_or(&served);
     let mut secrets = corral_engine::gateway::Credentials {
         gateway,
@@ -215,7 +216,7 @@ struct Container {
     secrets: corral_engine::gateway::Credentials,
     /// The request and the plan resolved from it, for following the policy files (live.rs).
     req: Option<corral_policy::Request>,
-    resolved: Plan,
+    resolved: Trusted<Plan>,
 }
 
 impl Container {

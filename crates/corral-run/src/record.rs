@@ -1,0 +1,177 @@
+//! The change record of a run (corral-changes; docs/undo.md): started before the jail, kept by
+//! its name gate, finished once nothing the run started can write. The CLI that reads it
+//! (`corral undo`, `corral log --runs`) is the binary's.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use corral_changes::{Retention, RunRecord, Store};
+use corral_policy::plan::{Access, Plan};
+use corral_session::endlines::say;
+
+/// A run's record while the run goes on.
+pub struct Recording {
+    store: Store,
+    record: RunRecord,
+    project: PathBuf,
+    retention: Retention,
+}
+
+impl Recording {
+    /// The descriptor of the run's record for the jail's PID 1.
+    pub fn dir_fd(&self) -> anyhow::Result<Arc<OwnedFd>> {
+        let fd = self
+            .record
+            .dir_fd()
+            .try_clone_to_owned()
+            .context("cannot pass the change record to the jail")?;
+        Ok(Arc::new(fd))
+    }
+
+    /// Once nothing the run started can write: what each recorded path is now, and a line
+    /// saying how to undo the run.
+    pub fn finish(self) {
+        let done = std::fs::File::open(&self.project)
+            .map(OwnedFd::from)
+            .map_err(anyhow::Error::from)
+            .and_then(|root| {
+                Ok(self
+                    .store
+                    .finish(self.record.id(), root.as_fd(), self.retention)?)
+            });
+        match done {
+            Ok(info) if info.created + info.modified + info.deleted > 0 => say(&format!(
+                "corral: run {}: {} created, {} modified, {} deleted in the project; \
+                 `corral undo` puts them back, `corral log --runs` lists runs.",
+                info.meta.id, info.created, info.modified, info.deleted
+            )),
+            Ok(_) => {}
+            Err(e) => say(&format!(
+                "corral: the run's change record could not be finished ({e:#}): it cannot be \
+                 undone"
+            )),
+        }
+    }
+}
+
+/// The record of `corral accept` (cmd/review.rs) applying a review to `project`: what each
+/// entry was before accept changed it, so that `corral undo` undoes the accept. None when the
+/// user keeps no record (`undo.keep_runs = 0`).
+pub fn begin_accept(command: &[String], project: &Path) -> anyhow::Result<Option<Recording>> {
+    let retention = retention();
+    if retention.runs == 0 {
+        return Ok(None);
+    }
+    let state = corral_audit::state_dir()?;
+    let store = Store::open(&state, &corral_audit::project_key(project))?;
+    let record = store.begin(command, project, retention)?;
+    Ok(Some(Recording {
+        store,
+        record,
+        project: project.to_path_buf(),
+        retention,
+    }))
+}
+
+impl Recording {
+    /// Keep `name` in `dir` (whose path relative to the project is `rel_dir`) before it changes.
+    pub fn keep(
+        &self,
+        dir: std::os::fd::BorrowedFd,
+        rel_dir: &Path,
+        name: &std::ffi::OsStr,
+    ) -> std::io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        self.record.before_change(corral_changes::Place {
+            dir,
+            rel_dir: rel_dir.as_os_str().as_bytes(),
+            name: name.as_bytes(),
+        })
+    }
+}
+
+/// The record for a run of `plan`, when it can keep one: a native run whose project is
+/// writable and whose name gate runs (it performs every change it records). A store that
+/// cannot be opened, or that the jail could reach (beneath the project or a bind), is said
+/// and the run goes on unrecorded.
+pub fn begin(plan: &Plan) -> Option<Recording> {
+    if plan.project.access != Access::Rw || plan.project.scratch || retention().runs == 0 {
+        // Nothing of the host's to undo, or the user keeps no record (`undo.keep_runs = 0`).
+        return None;
+    }
+    if plan.git.new_repositories {
+        say(
+            "corral: this run keeps no change record (`filesystem.allow_new_repositories` \
+             turns off the name gate that records changes): `corral undo` cannot undo it",
+        );
+        return None;
+    }
+    match try_begin(plan) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            say(&format!(
+                "corral: this run keeps no change record ({e:#}): `corral undo` cannot undo it"
+            ));
+            None
+        }
+    }
+}
+
+fn try_begin(plan: &Plan) -> anyhow::Result<Recording> {
+    let state = corral_audit::state_dir()?;
+    let store = Store::open(&state, &corral_audit::project_key(&plan.project.root))?;
+    // The store as the Plan's sources name paths (symlinks resolved): neither inside what the
+    // jail sees, nor holding something it sees.
+    let changes = std::fs::canonicalize(store.root().parent().unwrap_or(store.root()))
+        .context("cannot resolve the change record's directory")?;
+    let reachable = std::iter::once(plan.project.root.as_path())
+        .chain(plan.mounts.iter().map(|m| m.source.as_path()))
+        .find(|src| {
+            !src.as_os_str().is_empty() && (changes.starts_with(src) || src.starts_with(&changes))
+        });
+    if let Some(src) = reachable {
+        // Left as it was: the empty directories just made go.
+        let _ = std::fs::remove_dir(store.root());
+        let _ = std::fs::remove_dir(&changes);
+        anyhow::bail!(
+            "the change record {} and {}, which the jail sees, hold one another",
+            changes.display(),
+            src.display()
+        );
+    }
+    let retention = retention();
+    let record = store.begin(&plan.command, &plan.project.root, retention)?;
+    Ok(Recording {
+        store,
+        record,
+        project: plan.project.root.clone(),
+        retention,
+    })
+}
+
+/// The record's bounds: the user config's `[undo]` (`keep_runs`, `max_size`) where it sets
+/// them, else the defaults (20 runs, 2 GiB). A user config that cannot be read was already
+/// refused by the run's policy resolution; here it means the defaults.
+pub fn retention() -> Retention {
+    let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) else {
+        return Retention::default();
+    };
+    let path = corral_policy::resolve::default_user_config(&env, Path::new(&home));
+    let undo = match path.exists() {
+        true => corral_policy::config::load_policy(&path)
+            .ok()
+            .and_then(|(pf, _)| pf.undo),
+        false => None,
+    };
+    let d = Retention::default();
+    match undo {
+        Some(u) => Retention {
+            runs: u.keep_runs.unwrap_or(d.runs),
+            bytes: u.max_size.map_or(d.bytes, |s| s.0),
+        },
+        None => d,
+    }
+}
