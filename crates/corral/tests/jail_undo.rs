@@ -177,8 +177,8 @@ w = os.open('/proc/self/fd/%d' % ro, os.O_WRONLY | os.O_TRUNC); os.write(w, b'go
 
 /// fchmod(2) changes a mode through a descriptor, no name given: the gate performs it while
 /// the run keeps a record, so the record keeps the mode first and undo puts it back. The
-/// errors are the kernel's (EBADF for an O_PATH descriptor or none), and a pipe or a socket
-/// changes as it would outside the gate.
+/// errors are the kernel's (EBADF for an O_PATH descriptor or none), a set-id mode is still
+/// refused (EPERM, the base filter), and a pipe or a socket changes as it would outside the gate.
 #[test]
 fn a_mode_changed_through_a_descriptor_is_undone() {
     // The call alone, on a committed file opened read-only: a run the record lists.
@@ -211,7 +211,9 @@ import os, errno, socket\n\
 fd = os.open('run.sh', os.O_RDONLY); os.fchmod(fd, 0o700); os.close(fd)\n\
 d = os.open('src', os.O_RDONLY | os.O_DIRECTORY); os.fchmod(d, 0o750)\n\
 m = os.open('made.sh', os.O_WRONLY | os.O_CREAT, 0o644); os.write(m, b'x'); os.fchmod(m, 0o711)\n\
-def refused(fd):\n    try: os.fchmod(fd, 0o777)\n    except OSError as e: return e.errno\n\
+def refused(fd, mode=0o777):\n    try: os.fchmod(fd, mode)\n    except OSError as e: return e.errno\n\
+x = os.open('run.sh', os.O_RDONLY)\n\
+assert refused(x, 0o4755) == errno.EPERM, refused(x, 0o4755)\n\
 p = os.open('notes.txt', os.O_PATH)\n\
 assert refused(p) == errno.EBADF, refused(p)\n\
 assert refused(987) == errno.EBADF, refused(987)\n\
