@@ -1,7 +1,7 @@
 //! `corral undo`: a jailed run's changes to the project (shell `rm -rf`, `sed -i`, `chmod`,
-//! `fchmod`, `mv`, `ln -s`, `git commit`) are put back byte for byte from the change record the name
-//! gate keeps outside the project; a path changed after the run (on the host, or by a later
-//! run) is never overwritten; a symlink the jail planted is never written through; the record
+//! `fchmod`, `mv`, `ln -s`, `git commit`) are put back byte for byte from the change record the
+//! name gate keeps outside the project; a path changed after the run (on the host, or by a
+//! later run) is never overwritten; a symlink the jail planted is never written through; the record
 //! is out of the jail's reach.
 
 mod jail_support;
@@ -210,7 +210,8 @@ fn a_mode_changed_through_a_descriptor_is_undone() {
 import os, errno, socket\n\
 fd = os.open('run.sh', os.O_RDONLY); os.fchmod(fd, 0o700); os.close(fd)\n\
 d = os.open('src', os.O_RDONLY | os.O_DIRECTORY); os.fchmod(d, 0o750)\n\
-m = os.open('made.sh', os.O_WRONLY | os.O_CREAT, 0o644); os.write(m, b'x'); os.fchmod(m, 0o711)\n\
+m = os.open('made.sh', os.O_WRONLY | os.O_CREAT, 0o644)\n\
+os.write(m, b'x'); os.fchmod(m, 0o711)\n\
 def refused(fd, mode=0o777):\n    try: os.fchmod(fd, mode)\n    except OSError as e: return e.errno\n\
 x = os.open('run.sh', os.O_RDONLY)\n\
 assert refused(x, 0o4755) == errno.EPERM, refused(x, 0o4755)\n\
@@ -220,8 +221,10 @@ assert refused(987) == errno.EBADF, refused(987)\n\
 r, w = os.pipe(); os.fchmod(w, 0o640)\n\
 assert os.fstat(r).st_mode & 0o7777 == 0o640, oct(os.fstat(r).st_mode)\n\
 s = socket.socket(socket.AF_UNIX); os.fchmod(s.fileno(), 0o604)\n\
-assert os.fstat(s.fileno()).st_mode & 0o7777 == 0o604, oct(os.fstat(s.fileno()).st_mode)\n\
-print('MODES', oct(os.stat('run.sh').st_mode), oct(os.stat('src').st_mode), oct(os.stat('made.sh').st_mode), oct(os.stat('notes.txt').st_mode))\n\
+st = os.fstat(s.fileno()).st_mode\n\
+assert st & 0o7777 == 0o604, oct(st)\n\
+names = ['run.sh', 'src', 'made.sh', 'notes.txt']\n\
+print('MODES', *[oct(os.stat(n).st_mode) for n in names])\n\
 \"";
     let out = w.sh("none", &format!("set -e; {script}; echo END"));
     assert!(out.stdout.contains("END"), "{}", out.both());
