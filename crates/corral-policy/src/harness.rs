@@ -83,6 +83,11 @@ pub fn layer_for(profile: &Profile, home: &Path, state_dir: &Path, engine: Engin
                 commands: e.commands.clone(),
             })
             .collect(),
+        signin_files: profile
+            .signin
+            .values()
+            .map(|s| expand_home(&s.file, home))
+            .collect(),
     }
 }
 

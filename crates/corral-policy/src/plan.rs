@@ -454,6 +454,11 @@ pub struct HarnessState {
     /// the same way.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub code_keys: Vec<CodeKeys>,
+    /// The profile's sign-in files (`[signin.NAME] file`): the host's own, served to the jail
+    /// as placeholders; never kept in corral's copy of a state directory, never listed by
+    /// `corral state diff`, never written by `apply`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signin_files: Vec<PathBuf>,
 }
 
 /// One state directory of the harness and corral's layer over it.

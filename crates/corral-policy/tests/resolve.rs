@@ -465,6 +465,7 @@ fn pi_plan(f: &Fx) -> Plan {
                 .map(|d| agent.join(d))
                 .to_vec(),
             code_keys: guarded,
+            signin_files: vec![agent.join("auth.json")],
         }),
         env: jail_env,
         network: NetworkPlan {

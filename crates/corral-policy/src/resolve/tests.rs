@@ -390,6 +390,7 @@ fn what_the_disk_said_reaches_both_jails_as_gathered() {
                 guard("auth.json", GuardedKeys::Code(vec![]), &["*.key"]),
                 guard("models.json", GuardedKeys::AllBut(vec![]), &[]),
             ],
+            signin_files: vec![p(agent_dir).join("auth.json")],
         }),
         env: agent_env,
         network: NetworkPlan {

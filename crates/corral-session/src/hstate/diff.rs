@@ -85,6 +85,9 @@ pub fn diff(state: &HarnessState) -> anyhow::Result<Vec<Change>> {
             code: None,
         });
     }
+    // The sign-in files are the host's (the jail saw placeholders bound over them): what a
+    // layer holds at their names is never a change to take.
+    out.retain(|c| !state.signin_files.contains(&c.path));
     for c in &mut out {
         c.code = code_reason(state, &c.path);
     }
@@ -357,9 +360,19 @@ fn code_keys_differing(keys: &GuardedKeys, old: &Value, new: &Value) -> Vec<Stri
         GuardedKeys::AllBut(data) => {
             let strip = |v: &Value| {
                 let mut v = v.clone();
-                if let Value::Object(m) = &mut v {
-                    for d in data {
-                        m.remove(d.split('.').next().unwrap_or(d));
+                for d in data {
+                    // A dotted name (`security.auth`) takes out that key alone, not its whole
+                    // section (the rest of `security` is code).
+                    let parts: Vec<&str> = d.split('.').collect();
+                    let Some((last, parents)) = parts.split_last() else {
+                        continue;
+                    };
+                    let mut at = Some(&mut v);
+                    for p in parents {
+                        at = at.and_then(|a| a.get_mut(*p));
+                    }
+                    if let Some(Value::Object(m)) = at {
+                        m.remove(*last);
                     }
                 }
                 v
@@ -420,6 +433,16 @@ fn collect(v: &Value, parts: &[&str]) -> Vec<(String, Value)> {
 /// beneath the layer, the host's beneath its state directory (or the file's directory), each
 /// component without following links, and links in the layer are not copied.
 pub fn apply(state: &HarnessState, path: &Path) -> anyhow::Result<String> {
+    if let Some(f) = state.signin_files.iter().find(|f| f.starts_with(path)) {
+        // The jail saw a placeholder there; what a layer holds in its place (stale, or the
+        // jail's own sign-in) never replaces the host's credentials.
+        bail!(
+            "{} is (or holds) the sign-in file {}, which corral never writes from its layer; \
+             apply the other entries one by one",
+            path.display(),
+            f.display()
+        );
+    }
     if let Some(f) = state.files.iter().find(|f| f.host == path) {
         let bytes = read_opt(&f.copy)?
             .with_context(|| format!("corral's layer has no copy of {}", path.display()))?;

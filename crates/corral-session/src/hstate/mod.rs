@@ -23,7 +23,7 @@ pub use diff::{Change, ChangeKind, apply, diff, is_code, layer_path};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use corral_policy::plan::{Engine, HarnessState, MountKind, Plan, StateLayer};
@@ -86,6 +86,7 @@ fn prepare_in(
             };
             if locked {
                 notes.extend(seed_copy(&d.host, &copy)?);
+                scrub_signin_copies(&signin_files(state, plan), &d.host, &copy)?;
             } else if copy.symlink_metadata().is_err() {
                 // The run holding the layer seeds it before its jail starts: not done yet.
                 bail!(
@@ -134,7 +135,10 @@ fn prepare_in(
                     mkdirs(upper)?;
                     mkdirs(work)?;
                 }
-                StateLayer::Copy { dir } => notes.extend(seed_copy(&d.host, dir)?),
+                StateLayer::Copy { dir } => {
+                    notes.extend(seed_copy(&d.host, dir)?);
+                    scrub_signin_copies(&signin_files(state, plan), &d.host, dir)?;
+                }
             }
         }
         for f in &state.files {
@@ -388,6 +392,49 @@ fn seed_file(host: &Path, copy: &Path) -> anyhow::Result<Vec<String>> {
     fsops::replace_file(&cdir, cname, &bytes, 0o600)
         .with_context(|| format!("cannot write {}", copy.display()))?;
     Ok(notes)
+}
+
+/// The sign-in files of a run of `plan`: the profile's and any the user's policy adds.
+fn signin_files(state: &HarnessState, plan: &Plan) -> Vec<PathBuf> {
+    let plan_files = plan.signin.iter().map(|s| s.file.clone());
+    state
+        .signin_files
+        .iter()
+        .cloned()
+        .chain(plan_files)
+        .collect()
+}
+
+/// The sign-in files in corral's `copy` of the state directory `host`: where the host has one,
+/// the jail gets its placeholder bound over that name, so the copy keeps only an empty file
+/// there (the mount point), never the host's real one that seeding copied. Where the host has
+/// none, what the copy holds is the jail's own (a sign-in made in the jail) and stays; `corral
+/// state diff` never lists a sign-in file and `apply` never writes one. Nothing in the copy is
+/// followed.
+fn scrub_signin_copies(files: &[PathBuf], host: &Path, copy: &Path) -> anyhow::Result<()> {
+    for file in files.iter().filter(|f| f.is_file()) {
+        let Ok(rel) = file.strip_prefix(host) else {
+            continue;
+        };
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        let shown = copy.join(rel);
+        let root =
+            fsops::open_root(copy).with_context(|| format!("cannot open {}", copy.display()))?;
+        let (dir, name) = fsops::parent_beneath(&root, rel, true)
+            .with_context(|| format!("cannot open {}'s directory", shown.display()))?;
+        let empty = fsops::stat_at(&dir, name)?
+            .is_some_and(|st| fsops::kind_of(&st) == fsops::Kind::File && st.st_size == 0);
+        if empty {
+            continue;
+        }
+        fsops::remove_at(&dir, name)
+            .with_context(|| format!("cannot remove {}", shown.display()))?;
+        fsops::replace_file(&dir, name, b"", 0o600)
+            .with_context(|| format!("cannot write {}", shown.display()))?;
+    }
+    Ok(())
 }
 
 /// corral's copy of a state directory (docker's; the native jail's where an overlay cannot

