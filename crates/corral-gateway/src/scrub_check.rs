@@ -59,6 +59,7 @@ impl World {
             api_hosts: vec![DomainPattern::parse("api.check.test").expect("a pattern")],
             token_host: Some(token_host),
             token_path: Some(token_path),
+            api_key_hosts: vec![],
             providers: vec![],
         };
         let signin = Signin::load(plan).expect("loading").expect("a sign-in");

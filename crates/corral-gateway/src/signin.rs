@@ -22,9 +22,17 @@
 //! pi's and opencode's `auth.json` map providers to credentials (OAuth sign-ins and API keys):
 //! each credential is a [`Slot`] of its provider, swapped only to that provider's hosts
 //! (`[signin.NAME.providers.ID]`), its refresh only at that provider's token endpoint, its
-//! write-back only into that provider's OAuth fields. In every format, a value that looks like
-//! a secret ([`crate::secret_like`]) where the format holds none corral knows, or of a provider
-//! the entry does not name, is a [`TokenKind::Opaque`] placeholder: swapped for nothing.
+//! write-back only into that provider's OAuth fields.
+//!
+//! A credential the file itself ties to hosts of its own is a [`TokenKind::Bound`] slot that
+//! carries those hosts ([`Slot::hosts`]), not the entry's: Codex's `OPENAI_API_KEY` (to the
+//! entry's `api_key_hosts`, never to its `api_hosts`), and each remote MCP server's OAuth access
+//! token in Claude Code's file (`mcpOAuth.*.accessToken`, to its `serverUrl`'s host only). It is
+//! swapped into requests to those hosts only, never refreshed, never written back.
+//!
+//! In every format, a value that looks like a secret ([`crate::secret_like`]) where the format
+//! holds none corral knows, or of a provider the entry does not name, is a
+//! [`TokenKind::Opaque`] placeholder: swapped for nothing.
 //!
 //! Every real token corral ever held for the run (current and replaced ones) stays in the
 //! scrubber, so no answer from a bound host shows one to the jail.
@@ -90,6 +98,9 @@ pub enum TokenKind {
     Id,
     /// An API key, swapped like an access token.
     Key,
+    /// A credential swapped only into requests to the hosts its own [`Slot`] carries (the file
+    /// says where it goes): never refreshed, never written.
+    Bound,
     /// A value that looks like a secret ([`crate::secret_like`]) where corral knows no use for
     /// one: a placeholder in the jail, never swapped for anything, never written.
     Opaque,
@@ -102,7 +113,7 @@ impl TokenKind {
             TokenKind::Access => Some("access_token"),
             TokenKind::Refresh => Some("refresh_token"),
             TokenKind::Id => Some("id_token"),
-            TokenKind::Key | TokenKind::Opaque => None,
+            TokenKind::Key | TokenKind::Bound | TokenKind::Opaque => None,
         }
     }
 }
@@ -117,6 +128,9 @@ pub struct Slot {
     /// Its JSON pointer; empty for a token the file does not hold (an `id_token` a by-provider
     /// file has no place for).
     pub ptr: String,
+    /// A [`TokenKind::Bound`] credential's own hosts: the only ones it is swapped for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<DomainPattern>,
 }
 
 /// The refresh a token request was found to be (see [`Signin::swap_refresh`]): whose tokens the
@@ -378,26 +392,102 @@ fn now_millis(now: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// The host an `https://` URL names, as an exact pattern with its port (443 unless given); none
+/// for any other scheme, an IP address, a wildcard or credentials in the authority.
+fn https_host(url: &str) -> Option<DomainPattern> {
+    let scheme = url.get(..8)?;
+    if !scheme.eq_ignore_ascii_case("https://") {
+        return None;
+    }
+    let authority = url[8..].split(['/', '?', '#']).next()?;
+    if authority.is_empty() || authority.contains('@') {
+        return None;
+    }
+    let (Host::Name(name), port) = corral_policy::domain::parse_authority(authority).ok()? else {
+        return None;
+    };
+    let p = DomainPattern::parse(&format!("{name}:{}", port.unwrap_or(443))).ok()?;
+    (!p.is_wildcard() && p.name() == Some(name.as_str())).then_some(p)
+}
+
+/// The credentials a file ties to hosts of its own ([`TokenKind::Bound`]): Codex's API key (to
+/// the entry's `api_key_hosts`), each remote MCP server's access token in Claude Code's file (to
+/// its `serverUrl`'s host).
+fn bound_slots(plan: &SigninPlan, v: &Value) -> Vec<(Slot, String)> {
+    let bound = |ptr: String, hosts: Vec<DomainPattern>| Slot {
+        provider: None,
+        kind: TokenKind::Bound,
+        ptr,
+        hosts,
+    };
+    let mut out = Vec::new();
+    match plan.format {
+        SigninFormat::Codex if !plan.api_key_hosts.is_empty() => {
+            if let Some(Value::String(k)) = v.get("OPENAI_API_KEY")
+                && looks_like_secret("OPENAI_API_KEY", k)
+            {
+                out.push((
+                    bound("/OPENAI_API_KEY".into(), plan.api_key_hosts.clone()),
+                    k.clone(),
+                ));
+            }
+        }
+        SigninFormat::Claude => {
+            let Some(Value::Object(servers)) = v.get("mcpOAuth") else {
+                return out;
+            };
+            for (id, entry) in servers {
+                let host = entry
+                    .get("serverUrl")
+                    .and_then(Value::as_str)
+                    .and_then(https_host);
+                if let (Some(host), Some(Value::String(token))) = (host, entry.get("accessToken"))
+                    && !token.is_empty()
+                {
+                    let ptr = format!("/mcpOAuth/{}/accessToken", pointer_escape(id));
+                    out.push((bound(ptr, vec![host]), token.clone()));
+                }
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
 /// The credentials of a sign-in file (see the module docs): the format's tokens where it keeps
-/// them, then every other string that looks like a secret ([`Slot`]s of kind
-/// [`TokenKind::Opaque`]).
+/// them, the credentials it ties to hosts of their own ([`bound_slots`]), then every other
+/// string that looks like a secret ([`Slot`]s of kind [`TokenKind::Opaque`]).
 fn slots_in(plan: &SigninPlan, v: &Value) -> Result<Vec<(Slot, String)>, String> {
     let mut out: Vec<(Slot, String)> = Vec::new();
     let slot = |provider: Option<&str>, kind, ptr: &str| Slot {
         provider: provider.map(str::to_string),
         kind,
         ptr: ptr.to_string(),
+        hosts: Vec::new(),
     };
     if let Some((fields, _)) = fixed_layout(plan.format) {
-        for (kind, ptr) in fields {
-            match v.pointer(ptr) {
-                Some(Value::String(s)) if !s.is_empty() => {
-                    out.push((slot(None, *kind, ptr), s.clone()))
+        // A file with no sign-in at all (`tokens` or `claudeAiOauth` absent or null) is served
+        // with what it holds: an API-key Codex user, a Claude Code user with an API key and
+        // remote MCP servers (or only a stale entry of one). Half a sign-in is refused.
+        let parent = |ptr: &str| ptr.rsplit_once('/').map(|(p, _)| p.to_string());
+        let no_sign_in = fields.iter().all(|(_, ptr)| {
+            matches!(
+                parent(ptr).filter(|p| !p.is_empty()).map(|p| v.pointer(&p)),
+                Some(None | Some(Value::Null))
+            )
+        });
+        if !no_sign_in {
+            for (kind, ptr) in fields {
+                match v.pointer(ptr) {
+                    Some(Value::String(s)) if !s.is_empty() => {
+                        out.push((slot(None, *kind, ptr), s.clone()))
+                    }
+                    None | Some(Value::Null) if *kind == TokenKind::Id => {}
+                    _ => return Err(format!("no token at {ptr}")),
                 }
-                None | Some(Value::Null) if *kind == TokenKind::Id => {}
-                _ => return Err(format!("no token at {ptr}")),
             }
         }
+        out.extend(bound_slots(plan, v));
     } else {
         let Value::Object(map) = v else {
             return Err("not a JSON object of providers".into());
@@ -582,10 +672,11 @@ impl Signin {
                 .iter()
                 .any(|(s, _)| s.kind == k && s.provider.is_none())
         };
-        if !plan.format.by_provider() && (!has(TokenKind::Access) || !has(TokenKind::Refresh)) {
+        // A one-sign-in file holds both tokens or neither (an API-key user's file).
+        if !plan.format.by_provider() && has(TokenKind::Access) != has(TokenKind::Refresh) {
             return Err(SigninError::Handover {
                 name: plan.name.clone(),
-                reason: "no access or no refresh token".into(),
+                reason: "an access token without a refresh token, or the reverse".into(),
             });
         }
         Ok(Signin {
@@ -670,16 +761,29 @@ impl Signin {
             .collect()
     }
 
+    /// The hosts of the credentials the file ties to hosts of their own ([`TokenKind::Bound`]).
+    fn bound_hosts(&self) -> Vec<DomainPattern> {
+        self.state()
+            .current
+            .iter()
+            .filter(|(s, _)| s.kind == TokenKind::Bound)
+            .flat_map(|(s, _)| s.hosts.iter().cloned())
+            .collect()
+    }
+
     /// Whether a CONNECT to `host:port` must be intercepted for this sign-in.
     pub fn binds(&self, host: &Host, port: u16) -> bool {
         self.endpoints().iter().any(|e| e.binds(host, port))
+            || self.bound_hosts().iter().any(|p| p.matches(host, port))
     }
 
     /// The host names the run CA must be allowed to certify.
     pub fn names(&self) -> Vec<String> {
+        let bound = self.bound_hosts();
         self.endpoints()
             .iter()
             .flat_map(|e| e.token.map(|(h, _)| h).into_iter().chain(e.api_hosts))
+            .chain(&bound)
             .filter_map(|p| p.name().map(str::to_string))
             .collect()
     }
@@ -868,6 +972,7 @@ impl Signin {
                 provider: r.provider.clone(),
                 kind,
                 ptr,
+                hosts: Vec::new(),
             };
             let ph = st.keep(r.carried, slot, Pair { real, ph });
             v[field] = Value::String(ph);
@@ -1075,16 +1180,19 @@ pub(crate) fn swap_access(
         for (slot, p) in &st.current {
             if !matches!(
                 slot.kind,
-                TokenKind::Access | TokenKind::Key | TokenKind::Opaque
+                TokenKind::Access | TokenKind::Key | TokenKind::Bound | TokenKind::Opaque
             ) {
                 continue;
             }
             let known = slot.kind != TokenKind::Opaque;
-            let bound = known
-                && !plain
-                && matches!(host, Host::Name(_))
-                && s.endpoint(slot.provider.as_deref())
-                    .is_some_and(|e| e.binds(host, port));
+            // A bound credential goes to its own hosts only, never to the entry's.
+            let here = if slot.kind == TokenKind::Bound {
+                slot.hosts.iter().any(|p| p.matches(host, port))
+            } else {
+                s.endpoint(slot.provider.as_deref())
+                    .is_some_and(|e| e.binds(host, port))
+            };
+            let bound = known && !plain && matches!(host, Host::Name(_)) && here;
             for h in headers.iter_mut() {
                 if !contains(&h.value, p.ph.as_bytes()) {
                     continue;
@@ -1092,6 +1200,9 @@ pub(crate) fn swap_access(
                 let lname = h.name.to_ascii_lowercase();
                 let id = match &slot.provider {
                     Some(provider) => format!("signin.{}.{provider}", s.plan.name),
+                    None if slot.kind == TokenKind::Bound => {
+                        format!("signin.{}{}", s.plan.name, slot.ptr)
+                    }
                     None => format!("signin.{}", s.plan.name),
                 };
                 if !known {

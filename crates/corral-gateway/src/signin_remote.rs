@@ -289,6 +289,7 @@ mod tests {
             api_hosts: vec![DomainPattern::parse("api.example.com").unwrap()],
             token_host: Some(DomainPattern::parse("auth.example.com").unwrap()),
             token_path: Some("/token".into()),
+            api_key_hosts: vec![],
             providers: vec![],
         }
     }
@@ -390,6 +391,7 @@ mod tests {
             api_hosts: vec![],
             token_host: None,
             token_path: None,
+            api_key_hosts: vec![],
             providers: vec![ProviderPlan {
                 id: "anthropic".into(),
                 api_hosts: vec![DomainPattern::parse("api.example.com").unwrap()],

@@ -20,6 +20,7 @@ fn plan(dir: &Path, format: SigninFormat, file: &str) -> SigninPlan {
         api_hosts: vec![DomainPattern::parse("api.example").unwrap()],
         token_host: Some(token_host),
         token_path: Some(token_path),
+        api_key_hosts: vec![],
         providers: vec![],
     }
 }
@@ -432,6 +433,7 @@ fn by_provider(dir: &Path, format: SigninFormat, file: &str) -> SigninPlan {
         api_hosts: vec![],
         token_host: None,
         token_path: None,
+        api_key_hosts: vec![],
         providers: vec![
             ProviderPlan {
                 id: "anthropic".into(),
@@ -862,4 +864,383 @@ fn a_refresh_with_a_token_not_of_this_run_is_answered_but_never_written_back() {
         .unwrap();
     s.write_back(&r, exp, std::time::SystemTime::now()).unwrap();
     assert!(has(&std::fs::read(&p.file).unwrap(), "JAILSOWNaccess"));
+}
+
+/// Send `Authorization: Bearer VALUE` to `host:port` through [`swap_access`] (over TLS unless
+/// `plain`): the header as it goes out, and the report.
+fn send_to(
+    signins: &[Signin],
+    (host, port): (&str, u16),
+    plain: bool,
+    value: &str,
+) -> (String, RewriteReport) {
+    let mut h = vec![Header {
+        name: "Authorization".into(),
+        value: format!("Bearer {value}").into_bytes(),
+    }];
+    let mut report = RewriteReport::default();
+    let host = normalize_host(host).unwrap();
+    swap_access(signins, &mut h, (&host, port), plain, &mut report);
+    (String::from_utf8(h.remove(0).value).unwrap(), report)
+}
+
+const CODEX_KEY: &str = "sk-proj-REALkeyREALkeyREALkeyREALkey0123456789abcdefABCDEF";
+
+fn codex_key_plan(dir: &Path) -> SigninPlan {
+    let mut p = plan(dir, SigninFormat::Codex, "auth.json");
+    p.api_key_hosts = vec![DomainPattern::parse("api.openai.example").unwrap()];
+    p
+}
+
+#[test]
+fn codex_api_key_goes_to_its_own_hosts_only_never_to_the_sign_ins() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = codex_key_plan(dir.path());
+    let sig = "SIGrealSIGrealSIGrealSIGrealSIGrealSIGreal-_0123";
+    let access = jwt(r#"{"exp":1900000000}"#, sig);
+    let v = json!({"OPENAI_API_KEY": CODEX_KEY, "tokens": {"access_token": access,
+        "refresh_token": "rt_REALrefreshREALrefreshREAL0123", "account_id": "acc-1"},
+        "last_refresh": "2026-01-01T00:00:00Z"});
+    std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let jv: Value = serde_json::from_slice(&s.placeholder_file().unwrap()).unwrap();
+    let key = jv["OPENAI_API_KEY"].as_str().unwrap().to_string();
+    let ph_access = jv["tokens"]["access_token"].as_str().unwrap().to_string();
+    assert!(key.starts_with("sk-proj-") && key.len() == CODEX_KEY.len() && !key.contains("REAL"));
+    assert!(s.binds(&normalize_host("api.openai.example").unwrap(), 443));
+    assert!(s.names().contains(&"api.openai.example".to_string()));
+    let signins = [s];
+    // To its own host, over TLS: the real key.
+    let (out, report) = send_to(&signins, ("api.openai.example", 443), false, &key);
+    assert_eq!(out, format!("Bearer {CODEX_KEY}"));
+    assert_eq!(
+        report.injected,
+        vec![("signin.h/OPENAI_API_KEY".into(), "authorization".into())]
+    );
+    // To the sign-in's own API host (intercepted for the access token), its token host, plain
+    // HTTP, a host it does not name: the placeholder, audited.
+    for (host, port, plain) in [
+        ("api.example", 443, false),
+        ("auth.example", 443, false),
+        ("api.openai.example", 443, true),
+        ("evil.example", 443, false),
+    ] {
+        let (out, report) = send_to(&signins, (host, port), plain, &key);
+        assert_eq!(out, format!("Bearer {key}"), "{host}:{port} plain={plain}");
+        assert!(report.injected.is_empty(), "{host}");
+        assert!(
+            report
+                .left
+                .iter()
+                .any(|(id, _)| id == "signin.h/OPENAI_API_KEY"),
+            "{host}: {:?}",
+            report.left
+        );
+    }
+    // Crossed the other way: the ChatGPT access token is never sent to the key's host.
+    let (out, _) = send_to(&signins, ("api.openai.example", 443), false, &ph_access);
+    assert_eq!(out, format!("Bearer {ph_access}"));
+    // Control: the access token still goes to the sign-in's host.
+    let (out, _) = send_to(&signins, ("api.example", 443), false, &ph_access);
+    assert_eq!(out, format!("Bearer {access}"));
+    // The key is scrubbed from answers and is never written back by a refresh.
+    assert!(
+        signins[0]
+            .scrub_pairs()
+            .iter()
+            .any(|(r, _)| r == CODEX_KEY.as_bytes())
+    );
+    let answer =
+        json!({"access_token": jwt(r#"{"exp":1900009999}"#, "NEWsigNEWsigNEWsigNEWsigNEWsig01")});
+    signins[0]
+        .take_response(&whole(), &serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    signins[0]
+        .write_back(
+            &whole(),
+            None,
+            UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+        )
+        .unwrap();
+    assert_eq!(file_json(&p.file)["OPENAI_API_KEY"], json!(CODEX_KEY));
+}
+
+#[test]
+fn an_api_key_only_codex_file_is_served_and_handed_to_a_gateway_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = codex_key_plan(dir.path());
+    for v in [
+        json!({"OPENAI_API_KEY": CODEX_KEY}),
+        json!({"OPENAI_API_KEY": CODEX_KEY, "tokens": null, "last_refresh": null}),
+        json!({"auth_mode": "apikey", "OPENAI_API_KEY": CODEX_KEY, "tokens": null}),
+    ] {
+        std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
+        let s = Signin::load(p.clone()).unwrap().unwrap();
+        let jv: Value = serde_json::from_slice(&s.placeholder_file().unwrap()).unwrap();
+        let key = jv["OPENAI_API_KEY"].as_str().unwrap().to_string();
+        assert!(!key.contains("REAL"), "{jv}");
+        // The container backends' gateway gets the tokens through a file: the hosts go along.
+        let handed: SigninTokens =
+            serde_json::from_slice(&serde_json::to_vec(&s.tokens()).unwrap()).unwrap();
+        let remote = Signin::from_tokens(p.clone(), handed, FileAccess::Local).unwrap();
+        for g in [s, remote] {
+            let signins = [g];
+            let (out, _) = send_to(&signins, ("api.openai.example", 443), false, &key);
+            assert_eq!(out, format!("Bearer {CODEX_KEY}"), "{v}");
+            let (out, _) = send_to(&signins, ("api.example", 443), false, &key);
+            assert_eq!(out, format!("Bearer {key}"), "{v}");
+        }
+    }
+    // Neither a sign-in nor a key (logged out): served as it is, nothing to hide.
+    let empty = json!({"OPENAI_API_KEY": null, "tokens": null});
+    std::fs::write(&p.file, serde_json::to_vec(&empty).unwrap()).unwrap();
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&s.placeholder_file().unwrap()).unwrap(),
+        empty
+    );
+    // Half a sign-in beside a key: refused, as without the key.
+    for v in [
+        json!({"OPENAI_API_KEY": CODEX_KEY, "tokens": {"access_token": "x"}}),
+        json!({"OPENAI_API_KEY": CODEX_KEY, "tokens": {}}),
+    ] {
+        std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
+        assert!(Signin::load(p.clone()).is_err(), "{v}");
+    }
+    // Control: an entry that names no key hosts keeps the key a placeholder swapped for nothing.
+    let mut no_hosts = p.clone();
+    no_hosts.api_key_hosts.clear();
+    std::fs::write(
+        &p.file,
+        serde_json::to_vec(
+            &json!({"OPENAI_API_KEY": CODEX_KEY, "tokens": {"access_token": "a-real-access-token",
+            "refresh_token": "a-real-refresh-token"}}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let s = Signin::load(no_hosts).unwrap().unwrap();
+    let jv: Value = serde_json::from_slice(&s.placeholder_file().unwrap()).unwrap();
+    let key = jv["OPENAI_API_KEY"].as_str().unwrap().to_string();
+    let signins = [s];
+    for host in ["api.openai.example", "api.example"] {
+        let (out, report) = send_to(&signins, (host, 443), false, &key);
+        assert_eq!(out, format!("Bearer {key}"), "{host}");
+        assert!(report.injected.is_empty());
+    }
+}
+
+const MCP_ACCESS: &str = "mcpREALaccessMCPrealACCESSmcp0123456789abcdefABCDEF";
+const MCP_REFRESH: &str = "mcpREALrefreshMCPrealREFRESHmcp0123456789abcdefABCD";
+const PORT_ACCESS: &str = "portREALaccessPORTrealACCESS0123456789abcdefABCDEF";
+const LOCAL_ACCESS: &str = "localREALaccessLOCALrealACCESS0123456789abcdefABCD";
+const USERINFO_ACCESS: &str = "userinfoREALaccessUSERINFOreal0123456789abcdefABCD";
+
+/// Claude Code's file with its sign-in (or without) and remote MCP servers' OAuth tokens.
+fn claude_mcp_file(dir: &Path, signed_in: bool) -> SigninPlan {
+    let p = plan(dir, SigninFormat::Claude, ".credentials.json");
+    let entry = |url: &str, access: &str, refresh: &str| {
+        json!({"serverName": "s", "serverUrl": url, "clientId": "client-1",
+            "accessToken": access, "refreshToken": refresh, "expiresAt": 1771535707586u64,
+            "scope": ""})
+    };
+    let mut v = json!({"mcpOAuth": {
+        "notion|abc123": entry("https://MCP.Notion.example/mcp", MCP_ACCESS, MCP_REFRESH),
+        "port|def456": entry("https://mcp.port.example:8443/v1/mcp?x=1", PORT_ACCESS, ""),
+        "local|0a1b": entry("http://mcp.local.example:3000/mcp", LOCAL_ACCESS, ""),
+        "ip|0a1c": entry("https://127.0.0.1/mcp", LOCAL_ACCESS, ""),
+        "userinfo|0a1d": entry("https://u:p@mcp.notion.example/", USERINFO_ACCESS, ""),
+        "star|0a1e": entry("https://*.example/", USERINFO_ACCESS, ""),
+    }});
+    if signed_in {
+        v["claudeAiOauth"] = json!({"accessToken": ACCESS, "refreshToken": REFRESH,
+            "expiresAt": 1000});
+    }
+    std::fs::write(&p.file, serde_json::to_vec(&v).unwrap()).unwrap();
+    p
+}
+
+#[test]
+fn mcp_servers_access_tokens_go_to_their_own_server_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = claude_mcp_file(dir.path(), true);
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let jailed = s.placeholder_file().unwrap();
+    assert!(
+        !has(&jailed, "REAL"),
+        "{}",
+        String::from_utf8_lossy(&jailed)
+    );
+    let jv: Value = serde_json::from_slice(&jailed).unwrap();
+    let mcp = |id: &str, f: &str| jv["mcpOAuth"][id][f].as_str().unwrap().to_string();
+    let (notion, notion_refresh, port, local, userinfo, star) = (
+        mcp("notion|abc123", "accessToken"),
+        mcp("notion|abc123", "refreshToken"),
+        mcp("port|def456", "accessToken"),
+        mcp("local|0a1b", "accessToken"),
+        mcp("userinfo|0a1d", "accessToken"),
+        mcp("star|0a1e", "accessToken"),
+    );
+    assert_eq!(
+        mcp("notion|abc123", "serverUrl"),
+        "https://MCP.Notion.example/mcp"
+    );
+    let claude_access = jv["claudeAiOauth"]["accessToken"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(s.binds(&normalize_host("mcp.notion.example").unwrap(), 443));
+    assert!(!s.binds(&normalize_host("mcp.notion.example").unwrap(), 8443));
+    assert!(s.binds(&normalize_host("mcp.port.example").unwrap(), 8443));
+    assert!(!s.binds(&normalize_host("mcp.local.example").unwrap(), 3000));
+    let signins = [s];
+    let id = "signin.h/mcpOAuth/notion|abc123/accessToken";
+    let (out, report) = send_to(&signins, ("mcp.notion.example", 443), false, &notion);
+    assert_eq!(out, format!("Bearer {MCP_ACCESS}"));
+    assert_eq!(report.injected, vec![(id.into(), "authorization".into())]);
+    let (out, _) = send_to(&signins, ("mcp.port.example", 8443), false, &port);
+    assert_eq!(out, format!("Bearer {PORT_ACCESS}"));
+    // Anywhere else (Claude's own API host, the token host, another server, another port,
+    // plain HTTP): the placeholder.
+    for (host, port_no, plain) in [
+        ("api.example", 443, false),
+        ("auth.example", 443, false),
+        ("mcp.port.example", 8443, false),
+        ("mcp.notion.example", 8443, false),
+        ("mcp.notion.example", 443, true),
+    ] {
+        let (out, report) = send_to(&signins, (host, port_no), plain, &notion);
+        assert_eq!(out, format!("Bearer {notion}"), "{host}:{port_no}");
+        assert!(
+            report.injected.is_empty() && !report.left.is_empty(),
+            "{host}"
+        );
+    }
+    let (out, _) = send_to(&signins, ("mcp.notion.example", 443), false, &port);
+    assert_eq!(out, format!("Bearer {port}"));
+    // Claude's own token never goes to an MCP server; the refresh token and the tokens of
+    // servers corral cannot bind (plain HTTP, an IP, credentials in the URL, a wildcard) go
+    // nowhere.
+    for ph in [&claude_access, &notion_refresh, &local, &userinfo, &star] {
+        for (host, port_no) in [
+            ("mcp.notion.example", 443),
+            ("mcp.local.example", 3000),
+            ("api.example", 443),
+        ] {
+            let (out, report) = send_to(&signins, (host, port_no), false, ph);
+            let swapped_claude = ph == &claude_access && host == "api.example";
+            if !swapped_claude {
+                assert_eq!(out, format!("Bearer {ph}"), "{host}");
+                assert!(report.injected.is_empty());
+            }
+        }
+    }
+    let pairs = signins[0].scrub_pairs();
+    for real in [
+        MCP_ACCESS,
+        MCP_REFRESH,
+        PORT_ACCESS,
+        LOCAL_ACCESS,
+        USERINFO_ACCESS,
+    ] {
+        assert!(pairs.iter().any(|(r, _)| r == real.as_bytes()), "{real}");
+    }
+    // A refresh of Claude's sign-in writes its own fields only: the servers' real tokens stay.
+    let ph_r = jv["claudeAiOauth"]["refreshToken"].as_str().unwrap();
+    refresh(
+        &signins[0],
+        format!(r#"{{"refresh_token":"{ph_r}"}}"#).as_bytes(),
+        false,
+    )
+    .unwrap();
+    let answer = json!({"access_token": "sk-ant-oat01-NEWaccessNEWaccess0123456789abcdefABCDEF"});
+    signins[0]
+        .take_response(&whole(), &serde_json::to_vec(&answer).unwrap())
+        .unwrap();
+    signins[0]
+        .write_back(
+            &whole(),
+            Some(3600),
+            UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+        )
+        .unwrap();
+    let w = file_json(&p.file);
+    assert_eq!(
+        w["mcpOAuth"]["notion|abc123"]["accessToken"],
+        json!(MCP_ACCESS)
+    );
+    assert_eq!(
+        w["mcpOAuth"]["notion|abc123"]["refreshToken"],
+        json!(MCP_REFRESH)
+    );
+}
+
+#[test]
+fn a_claude_file_with_mcp_servers_only_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = claude_mcp_file(dir.path(), false);
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let jv: Value = serde_json::from_slice(&s.placeholder_file().unwrap()).unwrap();
+    let notion = jv["mcpOAuth"]["notion|abc123"]["accessToken"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let handed: SigninTokens =
+        serde_json::from_slice(&serde_json::to_vec(&s.tokens()).unwrap()).unwrap();
+    let remote = Signin::from_tokens(p.clone(), handed, FileAccess::Local).unwrap();
+    for g in [s, remote] {
+        let signins = [g];
+        let (out, _) = send_to(&signins, ("mcp.notion.example", 443), false, &notion);
+        assert_eq!(out, format!("Bearer {MCP_ACCESS}"));
+    }
+    // No sign-in and no server corral can serve (plain HTTP; a stale entry with an empty
+    // token, as Claude Code leaves behind): served, every secret-like value a placeholder that
+    // goes nowhere.
+    let stale = json!({"mcpOAuth": {
+        "x|1": {"serverUrl": "http://a.example/", "accessToken": LOCAL_ACCESS},
+        "y|2": {"serverUrl": "https://b.example/", "accessToken": "", "expiresAt": 0}}});
+    std::fs::write(&p.file, serde_json::to_vec(&stale).unwrap()).unwrap();
+    let s = Signin::load(p.clone()).unwrap().unwrap();
+    let jv: Value = serde_json::from_slice(&s.placeholder_file().unwrap()).unwrap();
+    let ph = jv["mcpOAuth"]["x|1"]["accessToken"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(ph, LOCAL_ACCESS);
+    assert_eq!(jv["mcpOAuth"]["y|2"], stale["mcpOAuth"]["y|2"]);
+    let handed: SigninTokens =
+        serde_json::from_slice(&serde_json::to_vec(&s.tokens()).unwrap()).unwrap();
+    let remote = Signin::from_tokens(p.clone(), handed, FileAccess::Local).unwrap();
+    for g in [s, remote] {
+        let signins = [g];
+        for (host, port) in [("a.example", 80), ("a.example", 443), ("b.example", 443)] {
+            let (out, report) = send_to(&signins, (host, port), false, &ph);
+            assert_eq!(out, format!("Bearer {ph}"), "{host}");
+            assert!(report.injected.is_empty());
+        }
+    }
+}
+
+#[test]
+fn https_hosts_of_server_urls() {
+    let table: &[(&str, Option<&str>)] = &[
+        ("https://mcp.notion.com/mcp", Some("mcp.notion.com:443")),
+        ("HTTPS://MCP.Notion.com", Some("mcp.notion.com:443")),
+        ("https://a.example:8443/x?y#z", Some("a.example:8443")),
+        ("https://a.example?x=1", Some("a.example:443")),
+        ("http://a.example/", None),
+        ("https://127.0.0.1/", None),
+        ("https://[::1]:443/", None),
+        ("https://u:p@a.example/", None),
+        ("https://*.example/", None),
+        ("https://a.example:0/", None),
+        ("https://a.example:x/", None),
+        ("https:///x", None),
+        ("wss://a.example/", None),
+        ("", None),
+    ];
+    for (url, want) in table {
+        let got = https_host(url).map(|p| p.to_string());
+        assert_eq!(got.as_deref(), *want, "{url}");
+    }
 }

@@ -153,6 +153,7 @@ async fn run(handler: Handler) -> Run {
         api_hosts: vec![DomainPattern::parse(API).unwrap()],
         token_host: Some(token_host),
         token_path: Some(token_path),
+        api_key_hosts: vec![],
         providers: vec![],
     };
     let signin = Signin::load(plan).unwrap().unwrap();

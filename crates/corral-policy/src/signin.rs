@@ -22,7 +22,8 @@ use crate::error::PolicyError;
 pub enum SigninFormat {
     /// `~/.claude/.credentials.json`: `claudeAiOauth.{accessToken,refreshToken,expiresAt}`.
     Claude,
-    /// `~/.codex/auth.json`: `tokens.{access_token,refresh_token,id_token}`, `last_refresh`.
+    /// `~/.codex/auth.json`: `tokens.{access_token,refresh_token,id_token}`, `last_refresh`;
+    /// `OPENAI_API_KEY` for an API-key user (with or without `tokens`).
     Codex,
     /// `~/.gemini/oauth_creds.json`: `access_token`, `refresh_token`, `expiry_date`.
     Gemini,
@@ -62,6 +63,11 @@ pub struct SigninEntry {
     /// per provider.
     #[serde(default)]
     pub token_url: Option<Spanned<String>>,
+    /// Format `codex`: the hosts whose requests get the API key the file holds
+    /// (`OPENAI_API_KEY`), and no other host (not `api_hosts`). None: the key is a placeholder
+    /// swapped for nothing.
+    #[serde(default)]
+    pub api_key_hosts: Vec<Spanned<String>>,
     /// By-provider formats: the providers corral serves, by the name the file uses. A
     /// provider not named here keeps placeholders that are never swapped.
     #[serde(default)]
@@ -100,6 +106,7 @@ pub struct SigninSpec {
     /// The one-sign-in formats' token endpoint (none for by-provider formats).
     pub token_host: Option<DomainPattern>,
     pub token_path: Option<String>,
+    pub api_key_hosts: Vec<DomainPattern>,
     pub providers: Vec<ProviderPlan>,
 }
 
@@ -118,6 +125,9 @@ pub struct SigninPlan {
     /// The token endpoint's path (`/v1/oauth/token`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_path: Option<String>,
+    /// Format `codex`: where the file's API key (`OPENAI_API_KEY`) may go, and nowhere else.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_key_hosts: Vec<DomainPattern>,
     /// By-provider formats: the providers served, by their name in the file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub providers: Vec<ProviderPlan>,
@@ -218,6 +228,13 @@ impl SigninEntry {
             (Some(h), Some(p), Vec::new())
         };
         let api_hosts = api_hosts_at(file, text, &self.api_hosts)?;
+        if !self.api_key_hosts.is_empty() && self.format != SigninFormat::Codex {
+            return Err(at_file(format!(
+                "format {:?} holds no API key: api_key_hosts is for format \"codex\"",
+                self.format
+            )));
+        }
+        let api_key_hosts = api_hosts_at(file, text, &self.api_key_hosts)?;
         let f = self.file.get_ref();
         if !(f.starts_with("~/") || f.starts_with('/')) || f.split('/').any(|c| c == "..") {
             return Err(at_file(format!(
@@ -230,6 +247,7 @@ impl SigninEntry {
             api_hosts,
             token_host,
             token_path,
+            api_key_hosts,
             providers,
         })
     }
@@ -249,6 +267,7 @@ impl SigninSpec {
             api_hosts: self.api_hosts.clone(),
             token_host: self.token_host.clone(),
             token_path: self.token_path.clone(),
+            api_key_hosts: self.api_key_hosts.clone(),
             providers: self.providers.clone(),
         }
     }
@@ -265,8 +284,14 @@ impl SigninSpec {
         };
         if !self.format.by_provider() {
             let token = self.token_host.as_ref().zip(self.token_path.as_ref());
+            let key = if self.api_key_hosts.is_empty() {
+                String::new()
+            } else {
+                let hosts: Vec<String> = self.api_key_hosts.iter().map(|h| h.to_string()).collect();
+                format!("; its API key to {}", hosts.join(", "))
+            };
             return format!(
-                "signin.{name} sends your sign-in tokens from {} to {}",
+                "signin.{name} sends your sign-in tokens from {} to {}{key}",
                 self.file,
                 sends(&self.api_hosts, token)
             );
@@ -367,10 +392,37 @@ mod tests {
                 "format = \"pi\"\nfile = \"~/a\"\n[providers.x]\napi_hosts = []\nhost = \"a\"\n",
                 "unknown field",
             ),
+            (
+                "format = \"claude\"\nfile = \"~/a\"\ntoken_url = \"https://a.example/t\"\n\
+                 api_key_hosts = [\"a.example\"]\n",
+                "api_key_hosts is for format",
+            ),
+            (
+                "format = \"codex\"\nfile = \"~/a\"\ntoken_url = \"https://a.example/t\"\n\
+                 api_key_hosts = [\"10.0.0.1\"]\n",
+                "IP address",
+            ),
         ] {
             let e = entry(bad).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_codex_entry_names_where_its_api_key_goes_apart_from_its_sign_in_hosts() {
+        let spec = entry(
+            "format = \"codex\"\nfile = \"~/.codex/auth.json\"\napi_hosts = [\"chatgpt.com\"]\n\
+             token_url = \"https://auth.openai.com/oauth/token\"\napi_key_hosts = [\"api.openai.com\"]\n",
+        )
+        .unwrap();
+        let keys: Vec<String> = spec.api_key_hosts.iter().map(|h| h.to_string()).collect();
+        assert_eq!(keys, ["api.openai.com"]);
+        assert!(
+            spec.grant_text("codex")
+                .ends_with("chatgpt.com (refresh at auth.openai.com/oauth/token); its API key to api.openai.com"),
+            "{}",
+            spec.grant_text("codex")
+        );
     }
 
     #[test]
@@ -382,6 +434,7 @@ mod tests {
             api_hosts: vec![DomainPattern::parse("api.example").unwrap()],
             token_host: Some(token_host),
             token_path: Some(token_path),
+            api_key_hosts: vec![],
             providers: vec![],
         };
         let p = spec.plan("claude", Path::new("/home/u"));

@@ -538,6 +538,7 @@ fn pi_signin(home: &Path) -> corral_policy::signin::SigninPlan {
         api_hosts: vec![],
         token_host: None,
         token_path: None,
+        api_key_hosts: vec![],
         providers: vec![
             provider(
                 "anthropic",

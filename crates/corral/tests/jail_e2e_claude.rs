@@ -372,3 +372,193 @@ fn claude_with_cli_js_tui_in_the_jail_runs_its_bash_tool_and_shows_the_answer() 
         tui_writes_the_project_through_its_bash_tool(&claude);
     }
 }
+
+/// Review mode: Claude Code's Write tool creates a project file, its Bash tool reads it back
+/// from the held change set; the host gets it only on `corral accept` (`review_end_to_end`).
+fn review_mode_sees_its_own_writes(claude: &Path) {
+    let Some(host) = host() else {
+        return;
+    };
+    let script = |a: &Attacks| {
+        let path = a.project.join(REVIEW_FILE).display().to_string();
+        serde_json::json!({
+            "steps": [
+                {"tool": "Write", "arguments": {"file_path": path, "content": format!("{REVIEW_TEXT}\n")}},
+                {"tool": "Bash", "arguments": {"command": a.read_back, "description": "read it back"}},
+            ],
+            "final": "claude is done"
+        })
+    };
+    let (w, mdir, m) = world_with_mock(&host, script, "ANTHROPIC_API_KEY");
+    claude_state(&w);
+    review_mode(&w);
+    let out = review_end_to_end(&w, || run_print_mode(&w, &mdir, &m, claude, &host));
+    assert!(out.stdout.contains("claude is done"), "{}", out.both());
+    let reqs = m.requests();
+    let turns: Vec<_> = reqs
+        .iter()
+        .filter(|r| r["api"] == "anthropic" && r["side"] == false)
+        .collect();
+    let results = turns.last().expect("claude never reached the mock")["tool_results"]
+        .as_array()
+        .expect("tool_results");
+    assert_eq!(results.len(), 2, "{results:#?}");
+    let text = |i: usize| results[i].as_str().unwrap_or_default();
+    assert!(text(0).contains("File created successfully"), "{}", text(0));
+    saw_own_write(text(1));
+}
+
+#[test]
+fn claude_in_review_mode_sees_its_own_writes_and_the_host_gets_them_on_accept() {
+    if let Some(claude) = claude_ci() {
+        review_mode_sees_its_own_writes(&claude);
+    }
+}
+
+#[test]
+fn claude_with_cli_js_in_review_mode_sees_its_own_writes_and_the_host_gets_them_on_accept() {
+    if let Some(claude) = claude_old() {
+        review_mode_sees_its_own_writes(&claude);
+    }
+}
+
+/// A remote MCP server (streamable HTTP over TLS) that answers `initialize` and `tools/list`
+/// with no tools, and records the `Authorization` of every request in `mcp-seen.jsonl`.
+const MCP_SERVER: &str = r#"import http.server, ssl, json
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def record(self):
+        with open("mcp-seen.jsonl", "a") as f:
+            f.write(json.dumps({"method": self.command, "path": self.path,
+                "auth": self.headers.get("Authorization", "")}) + "\n")
+    def send(self, code, body=b"", ctype="application/json"):
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self.record()
+        self.send(405)
+    def do_DELETE(self):
+        self.record()
+        self.send(405)
+    def do_POST(self):
+        self.record()
+        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        if "id" not in req:
+            return self.send(202)
+        if req.get("method") == "initialize":
+            result = {"protocolVersion": req["params"]["protocolVersion"],
+                "capabilities": {"tools": {}}, "serverInfo": {"name": "mock-mcp", "version": "1"}}
+        elif req.get("method") == "tools/list":
+            result = {"tools": []}
+        else:
+            result = {}
+        self.send(200, json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": result}).encode())
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+c.load_cert_chain("leaf.pem", "leaf.key")
+s.socket = c.wrap_socket(s.socket, server_side=True)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#;
+
+const MCP_REAL: &str = "mcp-MCPREALaccessMCPREALaccess0123456789abcdefABCDEFghij";
+const MCP_REAL_PART: &str = "MCPREALaccess";
+
+/// An API-key Claude Code user with a remote MCP server signed in on the host: the server's
+/// OAuth tokens in `~/.claude/.credentials.json` (`mcpOAuth`, under Claude Code's own key for
+/// the server, `NAME|` and 16 hex digits of the SHA-256 of its `type`, `url` and `headers`), no
+/// Claude sign-in. The real Claude Code (2.1.19's `cli.js` and the native binary), jailed, connects to the server with
+/// the jail's placeholder; the gateway swaps the real token in for that server's host only.
+/// The server sees the real token, the model and the jail's output never do.
+#[test]
+fn claude_with_cli_js_reaches_its_mcp_server_with_the_real_oauth_token() {
+    let (Some(claude), Some(host)) = (claude_old(), host()) else {
+        return;
+    };
+    mcp_server_with_the_real_oauth_token(&claude, &host);
+}
+
+#[test]
+fn claude_reaches_its_mcp_server_with_the_real_oauth_token() {
+    let (Some(claude), Some(host)) = (claude_ci(), host()) else {
+        return;
+    };
+    mcp_server_with_the_real_oauth_token(&claude, &host);
+}
+
+fn mcp_server_with_the_real_oauth_token(claude: &Path, host: &str) {
+    let (w, mdir, m) = claude_world(host);
+    let mut mcp = std::process::Command::new("python3")
+        .args(["-c", MCP_SERVER])
+        .current_dir(&mdir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(mcp.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let mport: u16 = line.trim().parse().expect("mcp port");
+    let url = format!("https://{host}:{mport}/mcp");
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nallow = [\"{host}:{}\", \"{host}:{mport}\"]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [secrets]\nANTHROPIC_API_KEY = {{ from_env = \"CALLER_KEY\", hosts = [\"{host}\"] }}\n",
+            m.port
+        ),
+    );
+    w.trust_project(&[]);
+    let config = serde_json::json!({"type": "http", "url": url});
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(w.home.join(".claude.json")).unwrap()).unwrap();
+    state["mcpServers"] = serde_json::json!({"remote": config});
+    write(&w.home.join(".claude.json"), &state.to_string());
+    // JSON.stringify of `{type, url, headers}`, in that order (serde_json would sort the keys).
+    let keyed = format!(
+        r#"{{"type":"http","url":{},"headers":{{}}}}"#,
+        serde_json::json!(url)
+    );
+    let digest = ring::digest::digest(&ring::digest::SHA256, keyed.as_bytes());
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let expires = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 86_400_000;
+    let creds = serde_json::json!({"mcpOAuth": {format!("remote|{}", &hex[..16]): {
+        "serverName": "remote", "serverUrl": url, "clientId": "client-1",
+        "accessToken": MCP_REAL, "refreshToken": "mcp-MCPREALrefreshMCPREALrefresh0123456789abcdef",
+        "expiresAt": expires, "scope": ""}}});
+    let file = w.home.join(".claude/.credentials.json");
+    write(&file, &creds.to_string());
+    let out = run_print_mode(&w, &mdir, &m, claude, host);
+    let _ = mcp.kill();
+    let _ = mcp.wait();
+    judge_print_mode(&w, &m, &out);
+    let seen = std::fs::read_to_string(mdir.join("mcp-seen.jsonl")).unwrap_or_default();
+    assert!(
+        seen.contains(&format!("Bearer {MCP_REAL}")),
+        "the MCP server never got the real token:\n{seen}\n{}",
+        out.both()
+    );
+    assert!(
+        !seen
+            .lines()
+            .any(|l| l.contains("Bearer mcp-") && !l.contains(MCP_REAL)),
+        "the MCP server got a placeholder: {seen}"
+    );
+    assert!(!m.bodies().contains(MCP_REAL_PART));
+    assert!(!out.both().contains(MCP_REAL_PART));
+    assert!(!out.both().contains("MCPREALrefresh"));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(v, creds, "the user's credential file changed");
+}

@@ -14,26 +14,19 @@ use jail_support::*;
 const REAL: &str = "sk-proj-REALkeyREALkeyREALkey0123456789abc";
 const REAL_PART: &str = "REALkeyREALkey";
 
-#[test]
-fn opencode_in_the_jail_edits_the_project_and_every_attack_fails() {
-    let Some(opencode) = which("opencode") else {
-        eprintln!("skipping: opencode is not installed (npm install -g opencode-ai; .ci/run does)");
-        return;
-    };
-    let Some(host) = loopback_name() else {
-        eprintln!("skipping: this machine's host name does not resolve to loopback only");
-        return;
-    };
-    let step = |cmd: &str| serde_json::json!({"tool": "bash", "arguments": {"command": cmd, "description": "a step"}});
-    let script = |a: &Attacks| {
-        serde_json::json!({
-            "steps": [step(&a.edit), step(&a.read_secrets), step(&a.other_host)],
-            "final": "opencode is done"
-        })
-    };
-    let (w, mdir, m) = world_with_mock(&host, script, "OPENAI_API_KEY");
-    // The mock as an OpenAI-compatible provider in opencode's global config (bound into the
-    // jail); the key is read from the variable the gateway serves (the jail has a placeholder).
+/// opencode's bash tool.
+fn step(cmd: &str) -> serde_json::Value {
+    serde_json::json!({"tool": "bash", "arguments": {"command": cmd, "description": "a step"}})
+}
+
+/// A world with the mock scripted by `script`, as an OpenAI-compatible provider in opencode's
+/// global config (bound into the jail); the key is read from the variable the gateway serves
+/// (the jail has a placeholder).
+fn opencode_world(
+    host: &str,
+    script: impl FnOnce(&Attacks) -> serde_json::Value,
+) -> (World, std::path::PathBuf, Mock) {
+    let (w, mdir, m) = world_with_mock(host, script, "OPENAI_API_KEY");
     write(
         &w.home.join(".config/opencode/opencode.json"),
         &serde_json::json!({
@@ -56,9 +49,16 @@ fn opencode_in_the_jail_edits_the_project_and_every_attack_fails() {
         &w.home.join(".config/opencode/.gitignore"),
         "node_modules\npackage.json\npackage-lock.json\nbun.lock\n.gitignore",
     );
-    let mut argv = profile_command(&w, "opencode");
+    (w, mdir, m)
+}
+
+/// `corral run opencode` with the profile's command, then `run`: one message, then exit;
+/// `--auto`: every permission granted (corral is the sandbox). Its model catalogue
+/// (models.opencode.ai, which the profile allows) is not needed for a provider of the user's
+/// own: the test stays off the internet.
+fn run_opencode(w: &World, mdir: &std::path::Path, opencode: &std::path::Path) -> Out {
+    let mut argv = profile_command(w, "opencode");
     assert_eq!(argv[0], opencode.display().to_string());
-    // `run`: one message, then exit; --auto: every permission granted (corral is the sandbox).
     argv.extend(
         [
             "run",
@@ -72,24 +72,46 @@ fn opencode_in_the_jail_edits_the_project_and_every_attack_fails() {
         .map(String::from),
     );
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    // Its model catalogue (models.opencode.ai, which the profile allows) is not needed for a
-    // provider of the user's own: the test stays off the internet.
-    let out = run_harness(
-        &w,
+    run_harness(
+        w,
         "opencode",
         &["--env", "OPENCODE_DISABLE_MODELS_FETCH=1"],
         &argv,
         &[("CALLER_KEY", REAL.to_string())],
-        &mdir,
-    );
+        mdir,
+    )
+}
+
+/// The model's turns.
+fn turns(m: &Mock) -> Vec<serde_json::Value> {
+    m.requests()
+        .into_iter()
+        .filter(|r| r["method"] == "POST" && r["path"] == "/v1/chat/completions")
+        .collect()
+}
+
+#[test]
+fn opencode_in_the_jail_edits_the_project_and_every_attack_fails() {
+    let Some(opencode) = which("opencode") else {
+        eprintln!("skipping: opencode is not installed (npm install -g opencode-ai; .ci/run does)");
+        return;
+    };
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let script = |a: &Attacks| {
+        serde_json::json!({
+            "steps": [step(&a.edit), step(&a.read_secrets), step(&a.other_host)],
+            "final": "opencode is done"
+        })
+    };
+    let (w, mdir, m) = opencode_world(&host, script);
+    let out = run_opencode(&w, &mdir, &opencode);
     assert_eq!(out.code, 0, "corral run opencode failed:\n{}", out.both());
     assert!(out.stdout.contains("opencode is done"), "{}", out.both());
 
-    let reqs = m.requests();
-    let turns: Vec<_> = reqs
-        .iter()
-        .filter(|r| r["method"] == "POST" && r["path"] == "/v1/chat/completions")
-        .collect();
+    let turns = turns(&m);
     let last = turns.last().expect("opencode never reached the mock");
     // The mock saw the real key on every call, never the placeholder.
     for r in &turns {
@@ -214,4 +236,36 @@ fn opencode_with_its_key_in_auth_json_holds_placeholders_and_the_model_gets_the_
         before,
         "the user's file changed"
     );
+}
+
+/// Review mode: opencode's write tool creates a project file, its bash tool reads it back from
+/// the held change set; the host gets it only on `corral accept` (`review_end_to_end`).
+#[test]
+fn opencode_in_review_mode_sees_its_own_writes_and_the_host_gets_them_on_accept() {
+    let Some(opencode) = which("opencode") else {
+        eprintln!("skipping: opencode is not installed (npm install -g opencode-ai; .ci/run does)");
+        return;
+    };
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let (w, mdir, m) = opencode_world(&host, |a: &Attacks| {
+        let path = a.project.join(REVIEW_FILE).display().to_string();
+        serde_json::json!({
+            "steps": [
+                {"tool": "write", "arguments": {"filePath": path, "content": format!("{REVIEW_TEXT}\n")}},
+                step(&a.read_back),
+            ],
+            "final": "opencode is done"
+        })
+    });
+    review_mode(&w);
+    let out = review_end_to_end(&w, || run_opencode(&w, &mdir, &opencode));
+    assert!(out.stdout.contains("opencode is done"), "{}", out.both());
+    let turns = turns(&m);
+    let last = turns.last().expect("opencode never reached the mock");
+    let results = last["tool_results"].as_array().expect("tool_results");
+    assert_eq!(results.len(), 2, "{results:#?}");
+    saw_own_write(results[1].as_str().unwrap_or_default());
 }

@@ -291,9 +291,10 @@ fn pi_with_its_key_in_auth_json_holds_placeholders_and_the_model_gets_the_real_k
     }
 }
 
-/// Review mode with the real pi: its edit tool writes the project's overlay, its next command
-/// reads its own write, the host's file is unchanged until `corral accept`; `corral exec` is
-/// off in review mode (its commands would run on the host's project) and says so.
+/// Review mode with the real pi: its edit and write tools write the project's overlay, its
+/// next command reads its own writes, the host's project is unchanged during and after the
+/// run until `corral accept` (`review_end_to_end`); `corral exec` is off in review mode (its
+/// commands would run on the host's project) and says so.
 #[test]
 fn pi_in_review_mode_sees_its_own_writes_and_the_host_gets_them_on_accept() {
     let Some(pi) = which("pi") else {
@@ -310,10 +311,12 @@ fn pi_in_review_mode_sees_its_own_writes_and_the_host_gets_them_on_accept() {
     let mdir = w.root.join("mock");
     std::fs::create_dir_all(&mdir).unwrap();
     certs(&mdir, &host);
+    let a = attacks(&w);
     let steps = serde_json::json!({
         "steps": [
             {"tool": "edit", "arguments": {"path": "app.conf", "edits": [{"oldText": "version = 1", "newText": "version = 2"}]}},
-            {"tool": "bash", "arguments": {"command": "cat app.conf; echo made > made.txt; echo rc=$?"}},
+            {"tool": "write", "arguments": {"path": REVIEW_FILE, "content": format!("{REVIEW_TEXT}\n")}},
+            {"tool": "bash", "arguments": {"command": format!("cat app.conf; {}", a.read_back)}},
             {"tool": "bash", "arguments": {"command": "echo exec=${CORRAL_EXECUTOR:-none}; corral exec -- true; echo rc=$?"}}
         ],
         "final": "all done"
@@ -330,6 +333,8 @@ fn pi_in_review_mode_sees_its_own_writes_and_the_host_gets_them_on_accept() {
         ),
     );
     w.trust_project(&[]);
+    // The project's policy asks for review mode too (any layer may turn it on).
+    review_mode(&w);
     write(
         &w.home.join(".pi/agent/models.json"),
         &serde_json::json!({"providers": {"mock": {
@@ -341,29 +346,30 @@ fn pi_in_review_mode_sees_its_own_writes_and_the_host_gets_them_on_accept() {
         }}})
         .to_string(),
     );
-    let mut c = Command::new("timeout");
-    c.arg("300")
-        .arg(corral_bin())
-        .args(["run", "pi", "--network", "proxy", "--"])
-        .arg(&pi)
-        .args([
-            "-p",
-            "--provider",
-            "mock",
-            "--model",
-            "mock-1",
-            "Do the task.",
-        ])
-        .current_dir(&w.project)
-        .env_clear()
-        .env("HOME", &w.home)
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("LANG", "C.UTF-8")
-        .env("TMPDIR", std::env::temp_dir())
-        .env("CALLER_MOCK_KEY", REAL)
-        .env("SSL_CERT_FILE", mdir.join("ca.pem"));
-    let out = run(c);
-    assert_eq!(out.code, 0, "corral run pi failed:\n{}", out.both());
+    let out = review_end_to_end(&w, || {
+        let mut c = Command::new("timeout");
+        c.arg("300")
+            .arg(corral_bin())
+            .args(["run", "pi", "--network", "proxy", "--"])
+            .arg(&pi)
+            .args([
+                "-p",
+                "--provider",
+                "mock",
+                "--model",
+                "mock-1",
+                "Do the task.",
+            ])
+            .current_dir(&w.project)
+            .env_clear()
+            .env("HOME", &w.home)
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("LANG", "C.UTF-8")
+            .env("TMPDIR", std::env::temp_dir())
+            .env("CALLER_MOCK_KEY", REAL)
+            .env("SSL_CERT_FILE", mdir.join("ca.pem"));
+        run(c)
+    });
     assert!(out.stdout.contains("all done"), "{}", out.both());
     assert!(
         out.stderr.contains("review: 2 changes held"),
@@ -378,41 +384,21 @@ fn pi_in_review_mode_sees_its_own_writes_and_the_host_gets_them_on_accept() {
         .iter()
         .map(|v| v.as_str().unwrap_or_default().to_string())
         .collect();
-    assert_eq!(results.len(), 3, "{results:#?}");
+    assert_eq!(results.len(), 4, "{results:#?}");
     assert!(results[0].contains("Successfully"), "{}", results[0]);
-    // pi reads its own write in the jail...
+    // pi reads its own writes in the jail.
+    assert!(results[2].contains("version = 2"), "{}", results[2]);
+    saw_own_write(&results[2]);
     assert!(
-        results[1].contains("version = 2") && results[1].contains("rc=0"),
+        results[3].contains("exec=none")
+            && results[3].contains("the executor is off in review mode")
+            && results[3].contains("rc=125"),
         "{}",
-        results[1]
+        results[3]
     );
-    assert!(
-        results[2].contains("exec=none")
-            && results[2].contains("the executor is off in review mode")
-            && results[2].contains("rc=125"),
-        "{}",
-        results[2]
-    );
-    // ...and the host's project has none of it until accept.
-    assert_eq!(
-        std::fs::read_to_string(w.project.join("app.conf")).unwrap(),
-        "version = 1\n"
-    );
-    assert!(!w.project.join("made.txt").exists());
-    let mut c = Command::new(corral_bin());
-    c.arg("accept")
-        .current_dir(&w.project)
-        .env_clear()
-        .env("HOME", &w.home)
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin");
-    let accepted = run(c);
-    assert_eq!(accepted.code, 0, "{}", accepted.both());
+    // Accepted: the edit is on the host too.
     assert_eq!(
         std::fs::read_to_string(w.project.join("app.conf")).unwrap(),
         "version = 2\n"
-    );
-    assert_eq!(
-        std::fs::read_to_string(w.project.join("made.txt")).unwrap(),
-        "made\n"
     );
 }

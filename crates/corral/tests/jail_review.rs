@@ -9,70 +9,12 @@
 
 mod jail_support;
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use jail_support::*;
-
-/// Every entry below `dir`: path -> (type and mode, content or link target).
-fn tree(dir: &Path) -> BTreeMap<PathBuf, (u32, Vec<u8>)> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            let rel = p.strip_prefix(dir).unwrap().to_path_buf();
-            let content = if m.file_type().is_symlink() {
-                std::fs::read_link(&p)
-                    .unwrap()
-                    .into_os_string()
-                    .into_encoded_bytes()
-            } else if m.is_file() {
-                std::fs::read(&p).unwrap_or_else(|_| b"<unreadable>".to_vec())
-            } else {
-                stack.push(p);
-                Vec::new()
-            };
-            out.insert(rel, (m.mode(), content));
-        }
-    }
-    out
-}
-
-/// The empty read-only placeholders corral itself holds on the host during a run (every run
-/// makes them for absent protected paths, placeholder.rs), not the jail's writes.
-const PLACEHOLDERS: [&str; 2] = ["corral.toml", ".git/config.worktree"];
-
-/// `now` is `before`, but for corral's own placeholders during a run; the differing paths
-/// named when not.
-#[track_caller]
-fn same_tree(
-    before: &BTreeMap<PathBuf, (u32, Vec<u8>)>,
-    now: &BTreeMap<PathBuf, (u32, Vec<u8>)>,
-    when: &str,
-) {
-    let mut now = now.clone();
-    for p in PLACEHOLDERS {
-        if !before.contains_key(Path::new(p))
-            && now.get(Path::new(p)).is_some_and(|(_, c)| c.is_empty())
-        {
-            now.remove(Path::new(p));
-        }
-    }
-    let differ: Vec<&PathBuf> = before
-        .keys()
-        .chain(now.keys())
-        .filter(|k| before.get(*k) != now.get(*k))
-        .collect();
-    assert!(
-        differ.is_empty(),
-        "the host's project changed {when}: {differ:?}"
-    );
-}
 
 /// The review's upper directory of this world's project.
 fn upper(w: &World) -> PathBuf {

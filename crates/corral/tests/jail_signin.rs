@@ -47,6 +47,20 @@ fn mock(dir: &Path, host: &str) -> Mock {
 /// accepting only the current real refresh token (JSON or form body) and rotating both.
 fn mock_with(dir: &Path, host: &str, tokens: &serde_json::Value) -> Mock {
     certs(dir, host);
+    spawn_mock(dir, tokens)
+}
+
+/// Another mock for the same host on a port of its own, with the certificate of the mock in
+/// `first` (one test CA for both).
+fn mock_beside(first: &Path, dir: &Path, tokens: &serde_json::Value) -> Mock {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in ["ca.pem", "leaf.pem", "leaf.key"] {
+        std::fs::copy(first.join(f), dir.join(f)).unwrap();
+    }
+    spawn_mock(dir, tokens)
+}
+
+fn spawn_mock(dir: &Path, tokens: &serde_json::Value) -> Mock {
     write(&dir.join("mock.py"), MOCK);
     write(&dir.join("tokens.json"), &tokens.to_string());
     let mut child = Command::new("python3")
@@ -1090,4 +1104,265 @@ fn control_without_the_by_provider_signin_the_jail_reads_the_real_tokens() {
             out.both()
         );
     }
+}
+
+/// The audit records of the run, all files under corral's state directory.
+fn audit_logs(w: &World) -> String {
+    walk(&w.home.join(".local/state/corral"))
+        .into_iter()
+        .map(|e| std::fs::read_to_string(e).unwrap_or_default())
+        .collect()
+}
+
+const CODEX_KEY: &str = "sk-proj-CDXKEYrealCDXKEYrealCDXKEYreal0123456789abcdefABCDEFghij";
+const CODEX_ACCESS: &str = "CDXACCESSrealCDXACCESSreal0123456789abcdefABCDEFghijklmnop";
+
+/// Codex with an API key in `auth.json` (`OPENAI_API_KEY`), with or without a ChatGPT sign-in
+/// beside it. The jail holds a placeholder that the gateway swaps for the real key only in
+/// requests to the entry's `api_key_hosts` (a mock on a port of its own). The attack: the jail
+/// sends the key's placeholder to the sign-in's API host (allowed, and intercepted by the
+/// gateway for the access token): it arrives there as the placeholder, the real key never
+/// leaves. The control: the same placeholder to the key's host is answered by a server that
+/// takes the real key only.
+fn codex_api_key_goes_to_its_own_host_only(with_tokens: bool) {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let w = World::new();
+    let (adir, kdir) = (w.root.join("mock"), w.root.join("keymock"));
+    std::fs::create_dir_all(&adir).unwrap();
+    let chat = mock_with(
+        &adir,
+        &host,
+        &serde_json::json!({"access": CODEX_ACCESS, "refresh": "rt-unused-in-this-test",
+            "new_access": "-", "new_refresh": "-", "token_path": "/oauth/token"}),
+    );
+    let api = mock_beside(
+        &adir,
+        &kdir,
+        &serde_json::json!({"access": CODEX_KEY, "refresh": "-", "new_access": "-",
+            "new_refresh": "-", "token_path": "/none"}),
+    );
+    let (pa, pk) = (chat.port, api.port);
+    let auth = if with_tokens {
+        serde_json::json!({"OPENAI_API_KEY": CODEX_KEY, "tokens": {"access_token": CODEX_ACCESS,
+            "refresh_token": "rt_CDXREFRESHrealCDXREFRESHreal0123456789", "account_id": "acc-1"},
+            "last_refresh": "2026-01-01T00:00:00Z"})
+    } else {
+        serde_json::json!({"OPENAI_API_KEY": CODEX_KEY, "tokens": null, "last_refresh": null})
+    };
+    let file = w.home.join(".codex/auth.json");
+    write(&file, &serde_json::to_string_pretty(&auth).unwrap());
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"{host}:{pa}\", \"{host}:{pk}\"]\n\
+             allow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [signin.codex]\nformat = \"codex\"\nfile = \"~/.codex/auth.json\"\n\
+             api_hosts = [\"{host}:{pa}\"]\ntoken_url = \"https://{host}:{pa}/oauth/token\"\n\
+             api_key_hosts = [\"{host}:{pk}\"]\n"
+        ),
+    );
+    w.trust_project(&[]);
+    let (aurl, kurl) = (
+        format!("https://{host}:{pa}"),
+        format!("https://{host}:{pk}"),
+    );
+    let markers = ["CDXKEYreal", "CDXACCESSreal", "CDXREFRESHreal"];
+    let greps = leak_greps(&markers);
+    let tokens_part = if with_tokens {
+        format!(
+            r#"A=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens"]["access_token"])' "$F")
+echo "ACCESSAPI=$(curl -sS {aurl}/backend-api/codex -H "Authorization: Bearer $A")"
+echo "CROSSED=$(curl -sS {kurl}/v1/responses -H "Authorization: Bearer $A")"
+"#
+        )
+    } else {
+        String::new()
+    };
+    let script = format!(
+        r#"F=~/.codex/auth.json
+K=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["OPENAI_API_KEY"])' "$F")
+echo "PH_KEY=$K"
+echo "KEYAPI=$(curl -sS {kurl}/v1/responses -H "Authorization: Bearer $K")"
+echo "CHATAPI=$(curl -sS {aurl}/backend-api/codex -H "Authorization: Bearer $K")"
+{tokens_part}{greps}echo END
+"#
+    );
+    let out = run_jailed(&w, &adir, "codex", &script);
+    let all = out.both();
+    let stdout = out.stdout.as_str();
+    for marker in markers {
+        assert!(!all.contains(marker), "{marker} reached the jail:\n{all}");
+    }
+    assert!(!stdout.contains("-LEAK-"), "{all}");
+    let ph = line(stdout, "PH_KEY=");
+    assert!(
+        ph.starts_with("sk-proj-") && ph.len() == CODEX_KEY.len() && ph != CODEX_KEY,
+        "{all}"
+    );
+    // The control: the key's host got the real key.
+    assert_eq!(line(stdout, "KEYAPI="), "\"api-ok\"", "{all}");
+    let key_seen = std::fs::read_to_string(kdir.join("seen.jsonl")).unwrap();
+    assert!(
+        key_seen.contains(&format!("Bearer {CODEX_KEY}")),
+        "{key_seen}"
+    );
+    // The attack: the sign-in's host got the placeholder, never the key.
+    assert_eq!(line(stdout, "CHATAPI="), "\"bad-token\"", "{all}");
+    let chat_seen = std::fs::read_to_string(adir.join("seen.jsonl")).unwrap();
+    assert!(
+        chat_seen.contains(&format!("Bearer {ph}")) && !chat_seen.contains("CDXKEYreal"),
+        "{chat_seen}"
+    );
+    if with_tokens {
+        // The sign-in's access token goes to its host, and never to the key's.
+        assert_eq!(line(stdout, "ACCESSAPI="), "\"api-ok\"", "{all}");
+        assert_eq!(line(stdout, "CROSSED="), "\"bad-token\"", "{all}");
+        assert!(!key_seen.contains("CDXACCESSreal"), "{key_seen}");
+    }
+    let logs = audit_logs(&w);
+    assert!(
+        logs.contains("signin.codex/OPENAI_API_KEY: placeholder sent to unbound host"),
+        "{logs}"
+    );
+    for marker in markers {
+        assert!(!logs.contains(marker), "{marker} in the audit log");
+    }
+    // The user's file is as it was.
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(v, auth);
+}
+
+#[test]
+fn codex_api_key_only_auth_json_goes_to_its_own_host_only() {
+    codex_api_key_goes_to_its_own_host_only(false);
+}
+
+#[test]
+fn codex_api_key_beside_a_chatgpt_sign_in_goes_to_its_own_host_only() {
+    codex_api_key_goes_to_its_own_host_only(true);
+}
+
+const MCP_ACCESS: &str = "mcp-MCPACCESSrealMCPACCESSreal0123456789abcdefABCDEFghij";
+const MCP_REFRESH: &str = "mcp-MCPREFRESHrealMCPREFRESHreal0123456789abcdefABCDEF";
+
+/// Claude Code's `mcpOAuth`: a remote MCP server's OAuth tokens beside the sign-in. The jail
+/// holds placeholders; the server's access token is swapped only in requests to its
+/// `serverUrl`'s host (a mock on a port of its own), its refresh token nowhere. The attacks:
+/// the server's placeholder sent to Claude's API host (allowed and intercepted), Claude's own
+/// token and the server's refresh token sent to the server: each arrives as the placeholder.
+/// The controls: the server and the API each answer their own placeholder (they take the real
+/// tokens only).
+#[test]
+fn mcp_servers_oauth_tokens_go_to_their_own_server_only() {
+    let Some(host) = loopback_name() else {
+        eprintln!("skipping: this machine's host name does not resolve to loopback only");
+        return;
+    };
+    let w = World::new();
+    let (adir, mdir) = (w.root.join("mock"), w.root.join("mcpmock"));
+    std::fs::create_dir_all(&adir).unwrap();
+    let claude = mock(&adir, &host);
+    let mcp = mock_beside(
+        &adir,
+        &mdir,
+        &serde_json::json!({"access": MCP_ACCESS, "refresh": MCP_REFRESH, "new_access": "-",
+            "new_refresh": "-", "token_path": "/none"}),
+    );
+    let (pa, pm) = (claude.port, mcp.port);
+    let mut creds = claude_credentials();
+    creds["mcpOAuth"] = serde_json::json!({"notion|0123abcd": {"serverName": "notion",
+        "serverUrl": format!("https://{host}:{pm}/mcp"), "clientId": "client-1",
+        "accessToken": MCP_ACCESS, "refreshToken": MCP_REFRESH,
+        "expiresAt": 1_900_000_000_000u64, "scope": ""}});
+    let file = w.home.join(".claude/.credentials.json");
+    write(&file, &serde_json::to_string_pretty(&creds).unwrap());
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    write(
+        &w.project.join("corral.toml"),
+        &format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"{host}:{pa}\", \"{host}:{pm}\"]\n\
+             allow_cidrs = [\"127.0.0.0/8\"]\n\n\
+             [signin.claude]\nformat = \"claude\"\nfile = \"~/.claude/.credentials.json\"\n\
+             api_hosts = [\"{host}:{pa}\"]\ntoken_url = \"https://{host}:{pa}/v1/oauth/token\"\n"
+        ),
+    );
+    w.trust_project(&[]);
+    let (aurl, murl) = (
+        format!("https://{host}:{pa}"),
+        format!("https://{host}:{pm}"),
+    );
+    let mut markers = vec!["MCPACCESSreal", "MCPREFRESHreal"];
+    markers.extend(MARKERS);
+    let greps = leak_greps(&markers);
+    let script = format!(
+        r#"F=~/.claude/.credentials.json
+get() {{ python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
+for k in sys.argv[2:]: d = d[k]
+print(d)' "$F" "$@"; }}
+M=$(get mcpOAuth 'notion|0123abcd' accessToken); MR=$(get mcpOAuth 'notion|0123abcd' refreshToken)
+A=$(get claudeAiOauth accessToken)
+echo "PH_MCP=$M"
+echo "PH_MCPR=$MR"
+echo "URL=$(get mcpOAuth 'notion|0123abcd' serverUrl)"
+echo "MCP=$(curl -sS {murl}/mcp -H "Authorization: Bearer $M")"
+echo "API=$(curl -sS {aurl}/v1/messages -H "Authorization: Bearer $A")"
+echo "MCP_TO_API=$(curl -sS {aurl}/v1/messages -H "Authorization: Bearer $M")"
+echo "API_TO_MCP=$(curl -sS {murl}/mcp -H "Authorization: Bearer $A")"
+echo "REFRESH_TO_MCP=$(curl -sS {murl}/mcp -H "Authorization: Bearer $MR")"
+{greps}echo END
+"#
+    );
+    let out = run_jailed(&w, &adir, "claude", &script);
+    let all = out.both();
+    let stdout = out.stdout.as_str();
+    for marker in &markers {
+        assert!(!all.contains(marker), "{marker} reached the jail:\n{all}");
+    }
+    assert!(!stdout.contains("-LEAK-"), "{all}");
+    let (ph, ph_r) = (line(stdout, "PH_MCP="), line(stdout, "PH_MCPR="));
+    assert!(
+        ph.starts_with("mcp-") && ph.len() == MCP_ACCESS.len(),
+        "{all}"
+    );
+    assert_eq!(line(stdout, "URL="), format!("{murl}/mcp"));
+    // The controls: each host takes its own placeholder.
+    assert_eq!(line(stdout, "MCP="), "\"api-ok\"", "{all}");
+    assert_eq!(line(stdout, "API="), "\"api-ok\"", "{all}");
+    // The attacks: crossed placeholders arrive as themselves.
+    for key in ["MCP_TO_API=", "API_TO_MCP=", "REFRESH_TO_MCP="] {
+        assert_eq!(line(stdout, key), "\"bad-token\"", "{key}\n{all}");
+    }
+    let api_seen = std::fs::read_to_string(adir.join("seen.jsonl")).unwrap();
+    let mcp_seen = std::fs::read_to_string(mdir.join("seen.jsonl")).unwrap();
+    assert!(
+        mcp_seen.contains(&format!("Bearer {MCP_ACCESS}")),
+        "{mcp_seen}"
+    );
+    assert!(
+        api_seen.contains(&format!("Bearer {ph}")) && !api_seen.contains("MCPACCESSreal"),
+        "{api_seen}"
+    );
+    assert!(
+        mcp_seen.contains(&format!("Bearer {ph_r}")) && !mcp_seen.contains("ACCESSrealACCESSreal"),
+        "{mcp_seen}"
+    );
+    for seen in [&api_seen, &mcp_seen] {
+        assert!(!seen.contains("MCPREFRESHreal"), "{seen}");
+    }
+    let logs = audit_logs(&w);
+    assert!(
+        logs.contains(
+            "signin.claude/mcpOAuth/notion|0123abcd/accessToken: placeholder sent to unbound host"
+        ),
+        "{logs}"
+    );
+    for marker in &markers {
+        assert!(!logs.contains(marker), "{marker} in the audit log");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(v, creds);
 }

@@ -848,6 +848,7 @@ fn a_signin_placeholder_covers_the_credential_file_wherever_the_harness_would_se
         api_hosts: vec![DomainPattern::parse("api.example.com").unwrap()],
         token_host: Some(DomainPattern::parse("auth.example.com").unwrap()),
         token_path: Some("/token".into()),
+        api_key_hosts: vec![],
         providers: vec![],
     }];
     let mut c = ctx(EngineKind::Docker, false);

@@ -443,6 +443,7 @@ fn pi_signin() -> crate::signin::SigninPlan {
         api_hosts: vec![],
         token_host: None,
         token_path: None,
+        api_key_hosts: vec![],
         providers: vec![
             provider(
                 "anthropic",

@@ -8,7 +8,9 @@ use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use crate::jail_support::{OUTSIDE_SECRET, Out, SSH_SECRET, World, corral_bin, run, write};
+use crate::jail_support::{
+    OUTSIDE_SECRET, Out, SSH_SECRET, World, corral_bin, run, same_tree, tree, write,
+};
 
 /// tests/fixtures/mock-model/server.py
 const MOCK_MODEL: &str = include_str!("../fixtures/mock-model/server.py");
@@ -194,6 +196,10 @@ pub struct Attacks {
     pub other_host: String,
     /// The project, at the same path inside the jail (for tools that want absolute paths).
     pub project: PathBuf,
+    /// Review mode's second step (`review_end_to_end`): print what the harness wrote into
+    /// `REVIEW_FILE` (`read=TEXT`, `rc=0`), then wait until the test opens its gate
+    /// (`GATE=OPEN`, a text the command itself does not hold: aider prints its commands).
+    pub read_back: String,
 }
 
 /// What the edit writes into the project's `e2e-proof.txt`.
@@ -210,6 +216,13 @@ pub fn attacks(w: &World) -> Attacks {
         ),
         other_host: format!("curl -sS -m 20 https://{OTHER_HOST}/ 2>&1; echo rc=$?"),
         project: w.project.clone(),
+        // No `$(...)`: Gemini CLI's shell tool refuses it. The wait is bounded: a test that
+        // fails before it opens the gate ends the run anyway.
+        read_back: format!(
+            "printf read=; cat {REVIEW_FILE} && echo rc=0; \
+             timeout 60 sh -c 'until [ -e {}/open ]; do sleep 0.1; done' && printf 'GATE=%s\\n' OPEN",
+            gate(w).display()
+        ),
     }
 }
 
@@ -351,4 +364,109 @@ pub fn profile_command(w: &World, profile: &str) -> Vec<String> {
         .iter()
         .map(|a| a.as_str().unwrap().to_string())
         .collect()
+}
+
+/// The file each harness writes into the project in review mode, and the line it writes.
+pub const REVIEW_FILE: &str = "review-proof.txt";
+pub const REVIEW_TEXT: &str = "written-in-review-mode";
+
+/// A directory of the test's, outside the project, read-only in the jail: the harness's
+/// read-back step waits there until the test has looked at the host during the run.
+fn gate(w: &World) -> PathBuf {
+    w.root.join("gate")
+}
+
+/// Review mode for the world's runs (`filesystem.review = true` in the user's corral config,
+/// which leaves the trusted project policy as it is) and the gate, bound read-only.
+pub fn review_mode(w: &World) {
+    std::fs::create_dir_all(gate(w)).unwrap();
+    let user_config = w.home.join(".config/corral/config.toml");
+    let gate = format!("\"{}\"", gate(w).display());
+    let mut config = std::fs::read_to_string(&user_config).unwrap();
+    config = if config.contains("read_only = [") {
+        config.replacen("read_only = [", &format!("read_only = [{gate}, "), 1)
+    } else {
+        config.replacen(
+            "[filesystem]\n",
+            &format!("[filesystem]\nread_only = [{gate}]\n"),
+            1,
+        )
+    };
+    config = config.replacen("[filesystem]\n", "[filesystem]\nreview = true\n", 1);
+    write(&user_config, &config);
+}
+
+/// The harness's read-back step saw its own write, and was still running when the test
+/// opened the gate, so the test looked at the host during the run (the result of
+/// `Attacks::read_back`).
+#[track_caller]
+pub fn saw_own_write(result: &str) {
+    // Some harnesses send the output as a JSON text (newlines escaped).
+    let result = result.replace("\\n", "\n");
+    assert!(
+        result.contains(&format!("read={REVIEW_TEXT}\nrc=0")),
+        "the harness did not read back its own write:\n{result}"
+    );
+    assert!(
+        result.contains("GATE=OPEN"),
+        "the harness was not held at the gate:\n{result}"
+    );
+}
+
+fn corral_in(w: &World, args: &[&str]) -> Out {
+    let mut c = w.corral();
+    c.args(args);
+    run(c)
+}
+
+/// Review mode end to end around `harness` (the harness's `corral run` in a `review_mode`
+/// world, run on a thread of its own): the harness writes `REVIEW_FILE` and reads it back
+/// (`Attacks::read_back`), waiting at the gate. Once `corral diff --stat` shows the new file
+/// (the run is at the gate or before it, so still going), the host's project is as it was;
+/// the gate opens; after the run the host's project is still as it was, `corral diff --stat`
+/// shows the file, `corral accept` applies the change set and the host has the file. Returns
+/// the run's output for the harness's own checks.
+pub fn review_end_to_end(w: &World, harness: impl FnOnce() -> Out + Send) -> Out {
+    let before = tree(&w.project);
+    let added = format!("A {REVIEW_FILE}");
+    let out = std::thread::scope(|s| {
+        let run = s.spawn(harness);
+        loop {
+            if run.is_finished() {
+                let out = run.join().unwrap();
+                panic!(
+                    "the run ended before corral diff showed {REVIEW_FILE}:\n{}",
+                    out.both()
+                );
+            }
+            let during = corral_in(w, &["diff", "--stat"]);
+            if during.code == 0 && during.stdout.contains(&added) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        same_tree(&before, &tree(&w.project), "during the run");
+        write(&gate(w).join("open"), "");
+        run.join().unwrap()
+    });
+    assert_eq!(out.code, 0, "the review run failed:\n{}", out.both());
+    assert!(
+        out.stderr.contains("held, the project is unchanged"),
+        "{}",
+        out.stderr
+    );
+    same_tree(&before, &tree(&w.project), "after the run");
+    let stat = corral_in(w, &["diff", "--stat"]);
+    assert_eq!(stat.code, 0, "{}", stat.both());
+    assert!(stat.stdout.contains(&added), "{}", stat.both());
+    let accepted = corral_in(w, &["accept"]);
+    assert_eq!(accepted.code, 0, "{}", accepted.both());
+    assert_eq!(
+        std::fs::read_to_string(w.project.join(REVIEW_FILE))
+            .ok()
+            .as_deref(),
+        Some(format!("{REVIEW_TEXT}\n").as_str()),
+        "the accepted write is not on the host"
+    );
+    out
 }
