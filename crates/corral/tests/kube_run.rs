@@ -703,6 +703,14 @@ impl HostTargets {
     }
 }
 
+impl Drop for HostTargets {
+    /// The host process ends with the test, whether or not `untouched` was reached.
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
 /// Whether podman and the CI harness image are here (as root: the Pod runs as uid 65534 on the
 /// host's files).
 fn podman_ready() -> bool {
