@@ -43,8 +43,8 @@
 //! refused while the gate runs.
 //!
 //! While the run keeps a change record ([`Gate::with_record`]; docs/undo.md), the filter also
-//! stops unlink/unlinkat/rmdir and chmod/fchmodat/fchmodat2 (`build_gate_filter_with`), and the
-//! gate performs them through the seam too; before each call that changes a name in the
+//! stops unlink/unlinkat/rmdir and chmod/fchmod/fchmodat/fchmodat2 (`build_gate_filter_with`),
+//! and the gate performs them through the seam too; before each call that changes a name in the
 //! project (those, and every creation, open for writing, truncate, rename and link) the record
 //! keeps what the name is (namegate/record.rs). A name whose record fails is not changed.
 //!
@@ -1394,6 +1394,7 @@ fn perform<S: Sys>(
                 flags,
             )
         }
+        libc::SYS_fchmod => fchmod(gate, caller, call.fd_arg(0), a[1] as libc::mode_t),
         #[cfg(target_arch = "x86_64")]
         libc::SYS_chmod => chmod(
             gate,
@@ -2091,6 +2092,26 @@ fn chmod<S: Sys>(
     };
     record::before_fd(gate.record.as_ref(), &target)?;
     gate.sys.chmod_fd(&target, mode)?;
+    Ok(Verdict::Value(0))
+}
+
+/// fchmod(2), performed here once the record kept the mode (stopped only when the run keeps a
+/// change record): on the caller's open file itself, taken once with pidfd_getfd, so the mode
+/// changes on what the caller's descriptor is open on now, as the kernel's would (a pipe or a
+/// socket too), and a number the caller has no descriptor for is EBADF. An `O_PATH` descriptor
+/// cannot change a mode (EBADF, as the kernel says): refused before anything is recorded.
+fn fchmod<S: Sys>(
+    gate: &Gate<S>,
+    caller: &Caller<S>,
+    fd: i32,
+    mode: libc::mode_t,
+) -> Result<Verdict, i32> {
+    let file = caller_fd(caller, fd)?;
+    if gate.sys.fd_flags(&file)? & libc::O_PATH != 0 {
+        return Err(libc::EBADF);
+    }
+    record::before_fd(gate.record.as_ref(), &file)?;
+    gate.sys.fchmod(&file, mode)?;
     Ok(Verdict::Value(0))
 }
 

@@ -971,7 +971,12 @@ pub fn build_gate_filter() -> Result<Vec<libc::sock_filter>, SeccompError> {
 /// The syscalls the gate stops too when the run keeps a change record (corral-changes): the
 /// removals and mode changes, which the record must see before they happen.
 pub(crate) fn gate_recording() -> Vec<i64> {
-    let mut v = vec![libc::SYS_unlinkat, libc::SYS_fchmodat, SYS_FCHMODAT2];
+    let mut v = vec![
+        libc::SYS_unlinkat,
+        libc::SYS_fchmod,
+        libc::SYS_fchmodat,
+        SYS_FCHMODAT2,
+    ];
     #[cfg(target_arch = "x86_64")]
     v.extend([libc::SYS_unlink, libc::SYS_rmdir, libc::SYS_chmod]);
     v

@@ -1,7 +1,7 @@
 //! `corral undo`: a jailed run's changes to the project (shell `rm -rf`, `sed -i`, `chmod`,
-//! `mv`, `ln -s`, `git commit`) are put back byte for byte from the change record the name
-//! gate keeps outside the project; a path changed after the run (on the host, or by a later
-//! run) is never overwritten; a symlink the jail planted is never written through; the record
+//! `fchmod`, `mv`, `ln -s`, `git commit`) are put back byte for byte from the change record the
+//! name gate keeps outside the project; a path changed after the run (on the host, or by a
+//! later run) is never overwritten; a symlink the jail planted is never written through; the record
 //! is out of the jail's reach.
 
 mod jail_support;
@@ -173,6 +173,71 @@ w = os.open('/proc/self/fd/%d' % ro, os.O_WRONLY | os.O_TRUNC); os.write(w, b'go
         assert!(again.stderr.contains("already undone"), "{}", again.both());
         assert!(listing(&w.project) == before);
     }
+}
+
+/// fchmod(2) changes a mode through a descriptor, no name given: the gate performs it while
+/// the run keeps a record, so the record keeps the mode first and undo puts it back. The
+/// errors are the kernel's (EBADF for an O_PATH descriptor or none), a set-id mode is still
+/// refused (EPERM, the base filter), and a pipe or a socket changes as it would outside the gate.
+#[test]
+fn a_mode_changed_through_a_descriptor_is_undone() {
+    // The call alone, on a committed file opened read-only: a run the record lists.
+    let w = project();
+    let before = listing(&w.project);
+    let out = w.sh(
+        "none",
+        "python3 -c 'import os; os.fchmod(os.open(\"run.sh\", os.O_RDONLY), 0o600)' && echo END",
+    );
+    assert!(out.stdout.contains("END"), "{}", out.both());
+    let mode = |p: &str| {
+        std::fs::metadata(w.project.join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(mode("run.sh"), 0o600, "the run's fchmod changed nothing");
+    assert_eq!(run_ids(&w).len(), 1, "the record kept no run");
+    let out = undo(&w, &[]);
+    assert_eq!(out.code, 0, "{}", out.both());
+    let now = listing(&w.project);
+    assert!(now == before, "not put back:\n{}", diff(&before, &now));
+
+    // A committed file, a directory, a file the run made, and the kernel's errors.
+    let w = project();
+    let before = listing(&w.project);
+    let script = "python3 -c \"\
+import os, errno, socket\n\
+fd = os.open('run.sh', os.O_RDONLY); os.fchmod(fd, 0o700); os.close(fd)\n\
+d = os.open('src', os.O_RDONLY | os.O_DIRECTORY); os.fchmod(d, 0o750)\n\
+m = os.open('made.sh', os.O_WRONLY | os.O_CREAT, 0o644)\n\
+os.write(m, b'x'); os.fchmod(m, 0o711)\n\
+def refused(fd, mode=0o777):\n    try: os.fchmod(fd, mode)\n    except OSError as e: return e.errno\n\
+x = os.open('run.sh', os.O_RDONLY)\n\
+assert refused(x, 0o4755) == errno.EPERM, refused(x, 0o4755)\n\
+p = os.open('notes.txt', os.O_PATH)\n\
+assert refused(p) == errno.EBADF, refused(p)\n\
+assert refused(987) == errno.EBADF, refused(987)\n\
+r, w = os.pipe(); os.fchmod(w, 0o640)\n\
+assert os.fstat(r).st_mode & 0o7777 == 0o640, oct(os.fstat(r).st_mode)\n\
+s = socket.socket(socket.AF_UNIX); os.fchmod(s.fileno(), 0o604)\n\
+st = os.fstat(s.fileno()).st_mode\n\
+assert st & 0o7777 == 0o604, oct(st)\n\
+names = ['run.sh', 'src', 'made.sh', 'notes.txt']\n\
+print('MODES', *[oct(os.stat(n).st_mode) for n in names])\n\
+\"";
+    let out = w.sh("none", &format!("set -e; {script}; echo END"));
+    assert!(out.stdout.contains("END"), "{}", out.both());
+    let notes = std::fs::metadata(w.project.join("notes.txt"))
+        .unwrap()
+        .permissions()
+        .mode();
+    let modes = format!("MODES 0o100700 0o40750 0o100711 {notes:#o}");
+    assert!(out.stdout.contains(&modes), "{modes}\n{}", out.both());
+    let out = undo(&w, &[]);
+    assert_eq!(out.code, 0, "{}", out.both());
+    let now = listing(&w.project);
+    assert!(now == before, "not put back:\n{}", diff(&before, &now));
 }
 
 #[test]

@@ -54,12 +54,16 @@ pub(super) struct Fake {
     pub cwd: Vec<u8>,
     pub caller_dirs: HashMap<i32, Vec<u8>>,
     pub caller_sockets: HashMap<i32, libc::c_int>,
+    /// The caller's other descriptors: what each is open on, and its status flags (`O_PATH`).
+    pub caller_files: HashMap<i32, (Vec<u8>, i32)>,
     memory: Vec<(u64, Vec<u8>)>,
     /// Whether the caller's notification is still pending (false: it died after the read).
     pub waiting: Cell<bool>,
     /// Every call performed, as `op path [detail]`.
     pub done: RefCell<Vec<String>>,
     handles: RefCell<HashMap<RawFd, Vec<u8>>>,
+    /// The status flags of the handles taken from the caller's `caller_files`.
+    handle_flags: RefCell<HashMap<RawFd, i32>>,
     token: OwnedFd,
     next_ino: Cell<u64>,
 }
@@ -78,10 +82,12 @@ impl Fake {
             cwd: b"/".to_vec(),
             caller_dirs: HashMap::new(),
             caller_sockets: HashMap::new(),
+            caller_files: HashMap::new(),
             memory: Vec::new(),
             waiting: Cell::new(true),
             done: RefCell::default(),
             handles: RefCell::default(),
+            handle_flags: RefCell::default(),
             token,
             next_ino: Cell::new(100),
         };
@@ -130,6 +136,8 @@ impl Fake {
         self.handles
             .borrow_mut()
             .insert(fd.as_raw_fd(), path.to_vec());
+        // A number reused from a dropped handle: not that one's flags.
+        self.handle_flags.borrow_mut().remove(&fd.as_raw_fd());
         fd
     }
 
@@ -333,10 +341,27 @@ impl Sys for Fake {
         self.waiting.get()
     }
     fn caller_fd(&self, _tid: libc::pid_t, fd: i32) -> Result<OwnedFd, i32> {
+        if let Some((path, flags)) = self.caller_files.get(&fd) {
+            let got = self.handle(path);
+            self.handle_flags
+                .borrow_mut()
+                .insert(got.as_raw_fd(), *flags);
+            return Ok(got);
+        }
         if !self.caller_sockets.contains_key(&fd) {
             return Err(libc::EBADF);
         }
         Ok(self.handle(format!("socket:{fd}").as_bytes()))
+    }
+    fn fd_flags(&self, fd: &OwnedFd) -> Result<i32, i32> {
+        self.path_of(fd)?;
+        // The fake's own handles are O_PATH descriptors; a caller's socket is open read-write.
+        let flags = self.handle_flags.borrow().get(&fd.as_raw_fd()).copied();
+        Ok(flags.unwrap_or(if self.socket_domain(fd).is_ok() {
+            libc::O_RDWR
+        } else {
+            libc::O_PATH
+        }))
     }
     fn socket_domain(&self, sock: &OwnedFd) -> Result<libc::c_int, i32> {
         let path = self.path_of(sock)?;
@@ -502,6 +527,14 @@ impl Sys for Fake {
     fn chmod_fd(&self, fd: &OwnedFd, mode: libc::mode_t) -> Result<(), i32> {
         let path = self.path_of(fd)?;
         self.did(format!("chmod {} {mode:o}", String::from_utf8_lossy(&path)));
+        Ok(())
+    }
+    fn fchmod(&self, fd: &OwnedFd, mode: libc::mode_t) -> Result<(), i32> {
+        let path = self.path_of(fd)?;
+        self.did(format!(
+            "fchmod {} {mode:o}",
+            String::from_utf8_lossy(&path)
+        ));
         Ok(())
     }
 }

@@ -109,8 +109,9 @@ pub(super) fn before(rec: Option<&Recorder>, entry: &Entry) -> Result<(), i32> {
         .map_err(errno)
 }
 
-/// Before the file or directory `fd` (an O_PATH descriptor) changes in place (a chmod of
-/// `.`, of a descriptor): recorded by its name in its directory.
+/// Before the file or directory `fd` (an O_PATH descriptor, or the gate's duplicate of a
+/// caller's descriptor) changes in place (a chmod of `.`, an fchmod): recorded by its name in
+/// its directory.
 pub(super) fn before_fd(rec: Option<&Recorder>, fd: &OwnedFd) -> Result<(), i32> {
     let Some(rec) = rec else { return Ok(()) };
     let st = fstat(fd)?;

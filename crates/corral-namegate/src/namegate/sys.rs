@@ -57,6 +57,8 @@ pub trait Sys: Sized {
     fn notification_valid(&self, listener: &OwnedFd, id: u64) -> bool;
     /// The caller's descriptor `fd`, duplicated into this process (pidfd_getfd(2)).
     fn caller_fd(&self, tid: libc::pid_t, fd: i32) -> Result<OwnedFd, i32>;
+    /// The file status flags of `fd` (`F_GETFL`: its access mode, `O_PATH`, ...).
+    fn fd_flags(&self, fd: &OwnedFd) -> Result<i32, i32>;
     /// The family of the socket `sock` (`SO_DOMAIN`).
     fn socket_domain(&self, sock: &OwnedFd) -> Result<libc::c_int, i32>;
     /// Take the caller's umask on this thread for the creation about to be performed.
@@ -103,6 +105,9 @@ pub trait Sys: Sized {
     /// chmod(2) of the file `fd` (an `O_PATH` descriptor) is open on, by its `/proc/self/fd/N`
     /// path (that inode and no other). Only while the run keeps a change record.
     fn chmod_fd(&self, fd: &OwnedFd, mode: libc::mode_t) -> Result<(), i32>;
+    /// fchmod(2) of `fd`, the gate's duplicate of a caller's descriptor (the same open file).
+    /// Only while the run keeps a change record.
+    fn fchmod(&self, fd: &OwnedFd, mode: libc::mode_t) -> Result<(), i32>;
 }
 
 /// The kernel.
@@ -201,6 +206,14 @@ impl Sys for Real {
         }
         // SAFETY: fresh descriptor.
         Ok(unsafe { OwnedFd::from_raw_fd(got as i32) })
+    }
+    fn fd_flags(&self, fd: &OwnedFd) -> Result<i32, i32> {
+        // SAFETY: F_GETFL on our own descriptor takes no argument.
+        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 {
+            return Err(errno());
+        }
+        Ok(flags)
     }
     fn socket_domain(&self, sock: &OwnedFd) -> Result<libc::c_int, i32> {
         let mut domain: libc::c_int = 0;
@@ -337,5 +350,9 @@ impl Sys for Real {
         let via = c(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_bytes())?;
         // SAFETY: our own path (the descriptor's magic link, which names exactly that inode).
         rc(unsafe { libc::chmod(via.as_ptr(), mode) }.into())
+    }
+    fn fchmod(&self, fd: &OwnedFd, mode: libc::mode_t) -> Result<(), i32> {
+        // SAFETY: our own descriptor.
+        rc(unsafe { libc::fchmod(fd.as_raw_fd(), mode) }.into())
     }
 }

@@ -913,6 +913,7 @@ fn no_call_continues_but_umask() {
         ("unlinkat is performed", libc::SYS_unlinkat, false),
         ("fchmodat is performed", libc::SYS_fchmodat, false),
         ("fchmodat2 is performed", SYS_FCHMODAT2, false),
+        ("fchmod is performed", libc::SYS_fchmod, false),
         (
             "a call the gate does not know is ENOSYS",
             libc::SYS_getpid,
@@ -1095,7 +1096,60 @@ fn removals_and_mode_changes_are_performed_through_the_seam_as_the_kernel_would(
             Some(b"/work/proj/absent"),
             Fails(libc::ENOENT),
         ),
+        (
+            "fchmod changes the mode of the file the caller's descriptor is open on",
+            libc::SYS_fchmod,
+            [FILE_FD as u64, 0o755, 0, 0],
+            None,
+            Done("fchmod /work/proj/file 755"),
+        ),
+        (
+            "fchmod of a directory descriptor",
+            libc::SYS_fchmod,
+            [SUB_FD as u64, 0o700, 0, 0],
+            None,
+            Done("fchmod /work/proj/sub 700"),
+        ),
+        (
+            "fchmod of a descriptor outside the project: changed as the kernel would",
+            libc::SYS_fchmod,
+            [OUTSIDE_FD as u64, 0o600, 0, 0],
+            None,
+            Done("fchmod /tmp/out 600"),
+        ),
+        (
+            "fchmod of a pipe: changed as the kernel would",
+            libc::SYS_fchmod,
+            [PIPE_FD as u64, 0o600, 0, 0],
+            None,
+            Done("fchmod pipe:[77] 600"),
+        ),
+        (
+            "fchmod of an O_PATH descriptor: EBADF, as the kernel",
+            libc::SYS_fchmod,
+            [PATH_FD as u64, 0o755, 0, 0],
+            None,
+            Fails(libc::EBADF),
+        ),
+        (
+            "fchmod of a descriptor the caller does not have: EBADF",
+            libc::SYS_fchmod,
+            [9, 0o755, 0, 0],
+            None,
+            Fails(libc::EBADF),
+        ),
+        (
+            "fchmod of a negative descriptor: EBADF",
+            libc::SYS_fchmod,
+            [u64::MAX, 0o755, 0, 0],
+            None,
+            Fails(libc::EBADF),
+        ),
     ];
+    const FILE_FD: i32 = 11;
+    const PATH_FD: i32 = 12;
+    const OUTSIDE_FD: i32 = 13;
+    const PIPE_FD: i32 = 14;
     for (i, (rule, nr, a, path, want)) in rows.into_iter().enumerate() {
         let (mut f, git_dirs) = world();
         f.add(b"/work/proj/sub/inner", libc::S_IFREG, 1, fake::EXT4);
@@ -1106,10 +1160,27 @@ fn removals_and_mode_changes_are_performed_through_the_seam_as_the_kernel_would(
             .unwrap()
             .target = b"file".to_vec();
         f.caller_dirs.insert(SUB_FD, b"/work/proj/sub".to_vec());
+        f.add(b"/tmp/out", libc::S_IFREG, 2, fake::TMPFS);
+        let files = [
+            (FILE_FD, &b"/work/proj/file"[..], libc::O_RDONLY),
+            (
+                SUB_FD,
+                b"/work/proj/sub",
+                libc::O_RDONLY | libc::O_DIRECTORY,
+            ),
+            (PATH_FD, b"/work/proj/file", libc::O_PATH),
+            (OUTSIDE_FD, b"/tmp/out", libc::O_RDWR),
+            (PIPE_FD, b"pipe:[77]", libc::O_WRONLY),
+        ];
+        for (fd, on, flags) in files {
+            f.caller_files.insert(fd, (on.to_vec(), flags));
+        }
         let p = path.map_or(0, |p| f.put_str(p));
         let args = match nr {
             // unlinkat(dirfd, path, flags)
             libc::SYS_unlinkat => [a[0], p, a[1], 0, 0, 0],
+            // fchmod(fd, mode)
+            libc::SYS_fchmod => [a[0], a[1], 0, 0, 0, 0],
             // fchmodat(dirfd, path, mode) / fchmodat2(dirfd, path, mode, flags)
             _ => [a[0], p, a[1], a[2], 0, 0],
         };
