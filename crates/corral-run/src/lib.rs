@@ -7,6 +7,7 @@ pub mod control;
 pub mod engine;
 pub mod executor;
 pub mod held;
+pub mod kube;
 pub mod live;
 pub mod native;
 pub mod record;

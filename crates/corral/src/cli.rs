@@ -597,7 +597,7 @@ pub struct KubeRenderArgs {
     #[arg(long, value_name = "IP")]
     pub proxy_ip: Option<String>,
     /// Image holding /usr/local/bin/corral-proxy (on PATH)
-    #[arg(long, value_name = "IMAGE", default_value = concat!("localhost/corral-proxy:", env!("CARGO_PKG_VERSION")))]
+    #[arg(long, value_name = "IMAGE", default_value = corral_run::kube::DEFAULT_PROXY_IMAGE)]
     pub proxy_image: String,
     /// Harness image (default: the plan's run.image, else localhost/corral-PROFILE:latest)
     #[arg(long, value_name = "IMAGE")]

@@ -606,7 +606,8 @@ case "$1" in
       *exitCode*) [[ "$status" == exited || "$status" == stopped ]] && printf '%s' "$code";;
     esac;;
   logs)
-    if [[ "$4" == -f ]]; then exec podman logs -f "$2-harness"; fi
+    # `logs NAME -c harness [-f]`: followed while the harness runs, else what it wrote.
+    if [[ "$5" == -f ]]; then exec podman logs -f "$2-harness"; fi
     exec podman logs "$2-harness";;
   delete)
     if [[ "$2" == -f ]]; then name=$(basename "$(dirname "$3")"); else name="${4#corral.dev/jail=}"; fi
@@ -700,6 +701,14 @@ impl HostTargets {
             "the host abstract socket got a connection"
         );
         assert!(!self.outside.exists(), "the sandbox created a host file");
+    }
+}
+
+impl Drop for HostTargets {
+    /// The host process ends with the test, whether or not `untouched` was reached.
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
     }
 }
 

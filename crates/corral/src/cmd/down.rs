@@ -1,5 +1,5 @@
 //! `corral down`: remove this project's containers and networks (container engines), and the
-//! Kubernetes objects its killed `--engine kube` runs left (cmd/kube_run.rs).
+//! Kubernetes objects its killed `--engine kube` runs left (corral-run's `kube::down_leftovers`).
 
 use std::process::ExitCode;
 
@@ -44,7 +44,7 @@ pub fn run(args: DownArgs) -> anyhow::Result<ExitCode> {
 /// The objects of this project's kube runs whose corral was killed (each run's record names
 /// its context, namespace and jail; deleted by manifest, else by the jail's label).
 fn kube(plan: &corral_policy::plan::Plan, explicit: bool) -> anyhow::Result<()> {
-    let removed = super::kube_run::down_leftovers(&plan.project.root)
+    let removed = corral_run::kube::down_leftovers(&plan.project.root)
         .context("cannot delete what this project's kube runs left")?;
     for name in &removed {
         eprintln!("corral: kube: deleted the objects of jail {name} (left by a killed run)");

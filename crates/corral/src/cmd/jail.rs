@@ -14,7 +14,8 @@ pub fn run(args: RunArgs, early: Option<PreparedJail>) -> anyhow::Result<ExitCod
         return super::worktree::run(name, args.profile, &args.jail, args.command, early);
     }
     if args.jail.engine == Some(EngineArg::Kube) || !args.kube.given().is_empty() {
-        // `--engine kube`: cmd/kube_run.rs (it refuses its options on any other engine).
+        // `--engine kube`: cmd/kube_run.rs, into corral-run's `kube::run` (it refuses its
+        // options on any other engine).
         return super::kube_run::run(args.profile, &args.jail, &args.kube, args.command, early);
     }
     run_jail(args.profile, &args.jail, args.command, early)
