@@ -585,6 +585,18 @@ fn where_an_overlay_cannot_keep_its_upper_the_jail_gets_corrals_copy_never_the_h
     }
     let w = World::new();
     claude_host(&w);
+    // The user is signed in on the host: the copy seeded from it gets an empty file as the
+    // mount point of the placeholder, never the real tokens, and still holds none after the
+    // user signs out on the host (a run then has no placeholder bound there).
+    let creds = w.home.join(".claude/.credentials.json");
+    let (access, refresh) = ("sk-ant-oat01-HSTATE", "sk-ant-ort01-HSTATE");
+    write(
+        &creds,
+        &format!(
+            "{{\"claudeAiOauth\":{{\"accessToken\":\"{access}ACCESSMARK\",\"refreshToken\":\
+             \"{refresh}REFRESHMARK\",\"expiresAt\":1700000000000,\"scopes\":[\"user:inference\"]}}}}"
+        ),
+    );
     // corral's state directory on an overlay (as in a development container).
     let base = w.root.join("ovl");
     for d in ["lower", "upper", "work", "merged"] {
@@ -679,4 +691,25 @@ fn where_an_overlay_cannot_keep_its_upper_the_jail_gets_corrals_copy_never_the_h
     let applied = run(c);
     assert_eq!(applied.code, 0, "{}", applied.both());
     assert_eq!(read(&w.home.join(".claude/projects/p/new.jsonl")), "new\n");
+
+    // The markers are put together in the jail: the command line never spells them.
+    let leak = "A=ACCESS; B=REFRESH; for m in ${A}MARK ${B}MARK; do \
+                if grep -rqs \"$m\" \"$HOME\"; then echo LEAK-$m; fi; done; echo END";
+    let out = run_here(leak);
+    ran(&out, "END");
+    assert!(!out.stdout.contains("LEAK"), "{}", out.both());
+    std::fs::remove_file(&creds).unwrap();
+    let out = run_here(leak);
+    ran(&out, "END");
+    assert!(!out.stdout.contains("LEAK"), "{}", out.both());
+    assert_eq!(read(&copy.join(".credentials.json")), "");
+    let mut c = w.corral();
+    c.env("XDG_STATE_HOME", &state_home)
+        .args(["state", "diff", "claude"]);
+    let diff = run(c);
+    assert!(
+        !diff.stdout.contains(".credentials.json"),
+        "{}",
+        diff.both()
+    );
 }
