@@ -119,15 +119,20 @@ fn fields(v: &Value) -> Vec<(Vec<String>, Vec<String>)> {
     out
 }
 
-/// The host of an `http(s)://host[:port]/...` URL.
+/// The host and port of an `http(s)://host[:port]/...` URL (`host:port`; the scheme's port
+/// when none is written): a credential for that server goes to that port alone.
 fn url_host(url: &str) -> Option<String> {
-    let rest = url
-        .strip_prefix("https://")
-        .or_else(|| url.strip_prefix("http://"))?;
+    let (rest, default_port) = match url.strip_prefix("https://") {
+        Some(rest) => (rest, 443),
+        None => (url.strip_prefix("http://")?, 80),
+    };
     let authority = rest.split(['/', '?', '#']).next()?;
-    let host = authority.rsplit('@').next()?;
-    let host = host.split(':').next()?;
-    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+    let host_port = authority.rsplit('@').next()?;
+    let (host, port) = match host_port.split_once(':') {
+        Some((h, p)) => (h, p.parse::<u16>().ok()?),
+        None => (host_port, default_port),
+    };
+    (!host.is_empty()).then(|| format!("{}:{port}", host.to_ascii_lowercase()))
 }
 
 fn get<'v>(v: &'v Value, path: &[String]) -> Option<&'v Value> {
@@ -336,7 +341,7 @@ mod tests {
                     "sk-ant-api03-REALREALREALREAL".to_string()
                 ),
                 (
-                    "api.github.example".to_string(),
+                    "api.github.example:443".to_string(),
                     "ghp_REALTOKEN123".to_string()
                 ),
             ]
@@ -392,19 +397,24 @@ mod tests {
             .filter_map(StateSecret::for_gateway)
             .flat_map(|(p, _)| p.hosts.into_iter().map(|h| h.to_string()))
             .collect();
-        assert_eq!(hosts, vec!["api.github.example".to_string()]);
+        assert_eq!(hosts, vec!["api.github.example:443".to_string()]);
         // Control: the host's own url decides; had the copy's been used, evil.example.
         assert_eq!(
             fields(&copy)[0].1,
-            vec!["evil.example".to_string()],
+            vec!["evil.example:443".to_string()],
             "the copy names the jail's host"
         );
     }
 
     #[test]
     fn url_hosts() {
-        assert_eq!(url_host("https://a.B.com:8443/x?y"), Some("a.b.com".into()));
-        assert_eq!(url_host("http://u:p@h.io/"), Some("h.io".into()));
+        assert_eq!(
+            url_host("https://a.B.com:8443/x?y"),
+            Some("a.b.com:8443".into())
+        );
+        assert_eq!(url_host("https://a.b.com/x"), Some("a.b.com:443".into()));
+        assert_eq!(url_host("http://u:p@h.io/"), Some("h.io:80".into()));
+        assert_eq!(url_host("https://h.io:notaport/"), None);
         assert_eq!(url_host("stdio"), None);
     }
 }
