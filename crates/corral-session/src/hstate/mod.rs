@@ -21,7 +21,7 @@ pub use creds::{StateSecret, with_real_values};
 pub use diff::{Change, ChangeKind, apply, diff, is_code, layer_path};
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -513,25 +513,43 @@ fn seed_copy(host: &Path, copy: &Path) -> anyhow::Result<Vec<String>> {
 /// 000 (and leaves its deleted entries there), so directories are made searchable by their
 /// owner first; no link is followed.
 pub fn remove_tree(path: &Path) -> anyhow::Result<()> {
-    fn open_up(dir: &Path) {
-        use std::os::unix::fs::PermissionsExt;
-        let Ok(meta) = dir.symlink_metadata() else {
+    /// Make `dir` (a directory entry of `parent`, never a link) and every directory below it
+    /// searchable by its owner, by descriptor: a name swapped for a link meanwhile is not
+    /// followed, a mode-000 directory is changed through its `O_PATH` descriptor.
+    fn open_up(parent: &OwnedFd, name: &std::ffi::OsStr) {
+        use nix::fcntl::OFlag;
+        let Ok(Some(st)) = fsops::stat_at(parent, name) else {
             return;
         };
-        if !meta.is_dir() {
+        if fsops::kind_of(&st) != fsops::Kind::Dir {
             return;
         }
-        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            for e in entries.flatten() {
-                open_up(&e.path());
-            }
+        let Ok(dir) =
+            fsops::open_beneath(parent, Path::new(name), OFlag::O_PATH | OFlag::O_DIRECTORY)
+        else {
+            return;
+        };
+        let proc = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        let _ = nix::sys::stat::fchmodat(
+            nix::fcntl::AT_FDCWD,
+            proc.as_str(),
+            nix::sys::stat::Mode::from_bits_truncate(0o700),
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        );
+        let Ok(names) = fsops::list(&dir) else {
+            return;
+        };
+        for n in names {
+            open_up(&dir, &n);
         }
     }
     if path.symlink_metadata().is_err() {
         return Ok(());
     }
-    open_up(path);
+    let (parent, name) = split(path)?;
+    let parent =
+        fsops::open_root(parent).with_context(|| format!("cannot open {}", parent.display()))?;
+    open_up(&parent, name);
     std::fs::remove_dir_all(path).with_context(|| format!("cannot remove {}", path.display()))
 }
 

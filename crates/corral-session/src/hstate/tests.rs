@@ -439,3 +439,24 @@ fn a_dotted_data_key_leaves_the_rest_of_its_section_code() {
         .unwrap();
     assert!(env.code.is_some(), "{changes:?}");
 }
+
+#[test]
+fn removing_a_layer_opens_up_mode_000_directories_and_never_changes_a_links_target() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let layer = t.path().join("layer");
+    let outside = t.path().join("outside");
+    std::fs::create_dir_all(layer.join("work/work/deep")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o750)).unwrap();
+    std::os::unix::fs::symlink(&outside, layer.join("work/link")).unwrap();
+    std::fs::set_permissions(
+        layer.join("work/work"),
+        std::fs::Permissions::from_mode(0o000),
+    )
+    .unwrap();
+    remove_tree(&layer).unwrap();
+    assert!(layer.symlink_metadata().is_err());
+    let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o750);
+}
