@@ -7,9 +7,8 @@
 mod e2e_support;
 mod jail_support;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 
 use base64::Engine as _;
 use e2e_support::{certs, loopback_name};
@@ -68,18 +67,8 @@ print(s.server_address[1], flush=True)
 s.serve_forever()
 "#,
     );
-    let mut child = Command::new("python3")
-        .arg("mock.py")
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line.trim().parse().expect("mock port");
+    let (child, port) =
+        e2e_support::spawn_printing_port(Command::new("python3").arg("mock.py").current_dir(dir));
     Mock { child, port }
 }
 

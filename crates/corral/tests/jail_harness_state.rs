@@ -14,9 +14,8 @@
 mod e2e_support;
 mod jail_support;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use jail_support::*;
 
@@ -439,55 +438,6 @@ fn a_concurrent_run_writes_a_layer_of_its_own_merged_by_the_next_run() {
 
 /// A TLS server for `host` with its own test CA (`dir/ca.pem`) on 127.0.0.1, appending each
 /// request's headers as a JSON line to `dir/seen.jsonl`. Killed on drop.
-struct Mock(std::process::Child, u16);
-
-impl Drop for Mock {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn mock(dir: &Path, host: &str) -> Mock {
-    e2e_support::certs(dir, host);
-    write(
-        &dir.join("mock.py"),
-        r#"import http.server, ssl, json
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        with open("seen.jsonl", "a") as f:
-            f.write(json.dumps({"path": self.path, "headers": dict(self.headers)}) + "\n")
-        b = b"mock-ok"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(b)))
-        self.end_headers()
-        self.wfile.write(b)
-    def log_message(self, *a):
-        pass
-s = http.server.HTTPServer(("127.0.0.1", 0), H)
-c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-c.load_cert_chain("leaf.pem", "leaf.key")
-s.socket = c.wrap_socket(s.socket, server_side=True)
-print(s.server_address[1], flush=True)
-s.serve_forever()
-"#,
-    );
-    let mut child = Command::new("python3")
-        .arg("mock.py")
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line.trim().parse().expect("mock port");
-    Mock(child, port)
-}
-
 const MCP_REAL: &str = "ghp_REALmcpREALmcpREALmcp0123";
 const MCP_REAL_PART: &str = "REALmcpREALmcp";
 
@@ -506,8 +456,8 @@ fn an_mcp_servers_token_reaches_the_jail_as_a_placeholder_and_its_host_as_the_re
     let w = World::new();
     let mdir = w.root.join("mock");
     std::fs::create_dir_all(&mdir).unwrap();
-    let m = mock(&mdir, &host);
-    let port = m.1;
+    let m = e2e_support::header_mock(&mdir, &host);
+    let port = m.port;
     write(
         &w.home.join(".claude.json"),
         &format!(

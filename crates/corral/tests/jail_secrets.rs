@@ -7,69 +7,13 @@
 mod e2e_support;
 mod jail_support;
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use e2e_support::{certs, loopback_name, walk};
 use jail_support::*;
 
 const REAL: &str = "sk-test-REALkeyREALkeyREALkey0123456789abc";
 const REAL_PART: &str = "REALkeyREALkey";
-
-struct Mock {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Mock {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A TLS server for `host` with its own test CA (`dir/ca.pem`) on 127.0.0.1, appending each
-/// request's headers as a JSON line to `dir/seen.jsonl`.
-fn mock(dir: &Path, host: &str) -> Mock {
-    certs(dir, host);
-    write(
-        &dir.join("mock.py"),
-        r#"import http.server, ssl, json, sys
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        with open("seen.jsonl", "a") as f:
-            f.write(json.dumps({"path": self.path, "headers": dict(self.headers)}) + "\n")
-        b = b"mock-ok"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(b)))
-        self.end_headers()
-        self.wfile.write(b)
-    def log_message(self, *a):
-        pass
-s = http.server.HTTPServer(("127.0.0.1", 0), H)
-c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-c.load_cert_chain("leaf.pem", "leaf.key")
-s.socket = c.wrap_socket(s.socket, server_side=True)
-print(s.server_address[1], flush=True)
-s.serve_forever()
-"#,
-    );
-    let mut child = Command::new("python3")
-        .arg("mock.py")
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line.trim().parse().expect("mock port");
-    Mock { child, port }
-}
 
 #[test]
 fn jail_sees_a_placeholder_and_the_upstream_gets_the_real_key() {
@@ -86,7 +30,7 @@ fn jail_sees_a_placeholder_and_the_upstream_gets_the_real_key() {
     let w = World::new();
     let mdir = w.root.join("mock");
     std::fs::create_dir_all(&mdir).unwrap();
-    let m = mock(&mdir, &host);
+    let m = e2e_support::header_mock(&mdir, &host);
     let port = m.port;
     write(
         &w.project.join("corral.toml"),
@@ -259,22 +203,16 @@ fn a_key_reflected_across_websocket_frames_reaches_the_jail_as_its_placeholder()
     certs(&mdir, &host);
     write(&mdir.join("ws_origin.py"), WS_ORIGIN);
     write(&w.project.join("ws.py"), WS_CLIENT);
-    let mut child = Command::new("python3")
-        .arg("ws_origin.py")
-        .current_dir(&mdir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let m = Mock {
+    let (child, port) = e2e_support::spawn_printing_port(
+        Command::new("python3")
+            .arg("ws_origin.py")
+            .current_dir(&mdir),
+    );
+    let origin = e2e_support::Mock {
         child,
-        port: line.trim().parse().expect("origin port"),
+        port,
+        record: mdir.join("seen.jsonl"),
     };
-    let port = m.port;
     write(
         &w.project.join("corral.toml"),
         &format!(
@@ -342,5 +280,5 @@ fn a_key_reflected_across_websocket_frames_reaches_the_jail_as_its_placeholder()
         direct.contains(&format!("MSG=you sent Bearer {REAL}")),
         "control: {direct}"
     );
-    drop(m);
+    drop(origin);
 }

@@ -13,10 +13,9 @@ mod e2e_support;
 mod jail_support;
 mod signin_support;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use e2e_support::{certs, loopback_name, walk};
@@ -63,18 +62,8 @@ fn mock_beside(first: &Path, dir: &Path, tokens: &serde_json::Value) -> Mock {
 fn spawn_mock(dir: &Path, tokens: &serde_json::Value) -> Mock {
     write(&dir.join("mock.py"), MOCK);
     write(&dir.join("tokens.json"), &tokens.to_string());
-    let mut child = Command::new("python3")
-        .arg("mock.py")
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line.trim().parse().expect("mock port");
+    let (child, port) =
+        e2e_support::spawn_printing_port(Command::new("python3").arg("mock.py").current_dir(dir));
     Mock { child, port }
 }
 

@@ -268,18 +268,9 @@ print(s.server_address[1], flush=True)
 s.serve_forever()
 "#,
         );
-        let mut child = Command::new("python3")
-            .arg("origin.py")
-            .current_dir(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line.trim().parse().expect("origin port");
+        let (child, port) = e2e_support::spawn_printing_port(
+            Command::new("python3").arg("origin.py").current_dir(dir),
+        );
         Origin {
             child,
             port,

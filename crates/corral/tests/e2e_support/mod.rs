@@ -144,6 +144,58 @@ impl Mock {
     }
 }
 
+/// Start `cmd` (a test server that prints the port it listens on as its first line), its
+/// stdout read for that port and its stderr dropped.
+pub fn spawn_printing_port(cmd: &mut Command) -> (Child, u16) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the test server starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().parse().expect("the test server's port");
+    (child, port)
+}
+
+/// A TLS server for `host` with its own test CA (`dir/ca.pem`, [`certs`]) on 127.0.0.1,
+/// answering `mock-ok` and appending each request's path and headers as a JSON line to
+/// `dir/seen.jsonl` ([`Mock::record`]).
+pub fn header_mock(dir: &Path, host: &str) -> Mock {
+    certs(dir, host);
+    write(&dir.join("mock.py"), HEADER_MOCK);
+    let (child, port) =
+        spawn_printing_port(Command::new("python3").arg("mock.py").current_dir(dir));
+    Mock {
+        child,
+        port,
+        record: dir.join("seen.jsonl"),
+    }
+}
+
+const HEADER_MOCK: &str = r#"import http.server, ssl, json
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        with open("seen.jsonl", "a") as f:
+            f.write(json.dumps({"path": self.path, "headers": dict(self.headers)}) + "\n")
+        b = b"mock-ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+c.load_cert_chain("leaf.pem", "leaf.key")
+s.socket = c.wrap_socket(s.socket, server_side=True)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#;
+
 pub fn mock_model(dir: &Path, steps: &serde_json::Value) -> Mock {
     // Compiled into the test binary: the rootless pass runs a copy of it as a user who may not
     // be able to read the source tree.
@@ -151,20 +203,13 @@ pub fn mock_model(dir: &Path, steps: &serde_json::Value) -> Mock {
     write(&server, MOCK_MODEL);
     write(&dir.join("steps.json"), &steps.to_string());
     let record = dir.join("seen.jsonl");
-    let mut child = Command::new("python3")
-        .arg(&server)
-        .args(["--script", "steps.json", "--record", "seen.jsonl"])
-        .args(["--cert", "leaf.pem", "--key", "leaf.key"])
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line.trim().parse().expect("mock port");
+    let (child, port) = spawn_printing_port(
+        Command::new("python3")
+            .arg(&server)
+            .args(["--script", "steps.json", "--record", "seen.jsonl"])
+            .args(["--cert", "leaf.pem", "--key", "leaf.key"])
+            .current_dir(dir),
+    );
     Mock {
         child,
         port,
