@@ -69,6 +69,7 @@ fn prepare_in(
 ) -> anyhow::Result<Option<Held>> {
     let lock = open_lock(&state.layer.join("lock"))?;
     let mut notes = Vec::new();
+    let signins = signin_files(state, plan);
     // An overlay cannot keep its upper directory on every file system (one that is itself an
     // overlay, as in many development containers; NFS; FUSE): there the jail (native or
     // podman) gets corral's seeded copy of each state directory bound instead, as docker does.
@@ -86,7 +87,7 @@ fn prepare_in(
             };
             if locked {
                 notes.extend(seed_copy(&d.host, &copy)?);
-                scrub_signin_copies(&signin_files(state, plan), &d.host, &copy)?;
+                scrub_signin_copies(&signins, &d.host, &copy)?;
             } else if copy.symlink_metadata().is_err() {
                 // The run holding the layer seeds it before its jail starts: not done yet.
                 bail!(
@@ -137,7 +138,7 @@ fn prepare_in(
                 }
                 StateLayer::Copy { dir } => {
                     notes.extend(seed_copy(&d.host, dir)?);
-                    scrub_signin_copies(&signin_files(state, plan), &d.host, dir)?;
+                    scrub_signin_copies(&signins, &d.host, dir)?;
                 }
             }
         }
