@@ -18,8 +18,8 @@ mod sys;
 mod undo;
 
 pub use record::{Place, RunRecord};
-pub use state::State;
-pub use store::{Retention, RunInfo, RunMeta, Store};
+pub use state::{Stat, State};
+pub use store::{Change, Retention, RunInfo, RunMeta, Store};
 pub use undo::{Conflict, Options, Report, UndoError, undo};
 
 use std::path::Path;
