@@ -69,14 +69,6 @@ fn change_lines(out: &Out) -> Vec<&str> {
         .collect()
 }
 
-/// `[undo] keep_runs = 0` in the user config: no change record, so the summary lists the
-/// project at the start and the end (the git or metadata method).
-fn keep_no_record(w: &World) {
-    let config = w.home.join(".config/corral/config.toml");
-    let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, format!("{text}[undo]\nkeep_runs = 0\n")).unwrap();
-}
-
 /// A committed project with a file already modified and one untracked before the run.
 fn git_world() -> World {
     let w = World::new();
@@ -119,7 +111,7 @@ fn git_project_lists_created_modified_and_deleted_files() {
 fn git_project_lists_changes(method: &str) {
     let w = git_world();
     if method == "git" {
-        keep_no_record(&w);
+        w.keep_no_record();
     }
     let out = w.sh(
         "none",
@@ -189,7 +181,7 @@ fn plain_directory_lists_created_modified_and_deleted_files() {
 fn plain_directory_lists_changes(method: &str) {
     let w = World::new();
     if method == "metadata" {
-        keep_no_record(&w);
+        w.keep_no_record();
     }
     std::fs::remove_dir_all(w.project.join(".git")).unwrap();
     write(&w.project.join("a.txt"), "a\n");
@@ -333,7 +325,7 @@ fn a_hostile_repository_config_runs_nothing_on_the_host() {
     }
 
     // The git method is the one that runs git: the record would run nothing at all.
-    keep_no_record(&w);
+    w.keep_no_record();
     let out = w.sh("none", "echo changed >> edit.txt && echo END");
     ran(&out, "END");
     assert!(
@@ -368,7 +360,7 @@ fn a_hostile_repository_config_runs_nothing_on_the_host() {
 #[test]
 fn an_assume_unchanged_bit_does_not_hide_an_edit() {
     let w = git_world();
-    keep_no_record(&w);
+    w.keep_no_record();
     git(&w, &["update-index", "--assume-unchanged", "edit.txt"]);
     git(&w, &["update-index", "--skip-worktree", "keep.txt"]);
     let out = w.sh(
@@ -411,7 +403,7 @@ fn a_linked_worktree_is_compared_with_its_own_index() {
 #[test]
 fn a_self_ignoring_directory_is_still_listed() {
     let w = git_world();
-    keep_no_record(&w);
+    w.keep_no_record();
     write(&w.project.join("build/old"), "o\n");
     let out = w.sh(
         "none",
