@@ -1,9 +1,29 @@
 //! The change summary of a native `corral run`: what the agent created, modified and deleted
-//! in the project. A baseline is taken before the jail starts and compared with the project
-//! when it ends; the result is printed on stderr and recorded in the audit log (a `Jail` event
-//! `changes` with the full lists).
+//! in the project, printed on stderr when the run ends and recorded in the audit log (a `Jail`
+//! event `changes` with the full lists, the `method`, and a `note` saying why a method other
+//! than `record` ran).
 //!
-//! Two methods:
+//! Three methods:
+//! - **record**, wherever the run's change record (corral-changes, docs/undo.md) sees every
+//!   change the run's processes could make in the project: the jail's name gate notes each
+//!   name it creates, opens for writing, truncates, renames, links, removes or chmods, with
+//!   what it was before, and the executor's command jails note theirs into the same record.
+//!   Nothing lists the project at the start or at the end: the summary is the record's paths
+//!   whose state at the end differs from the one before (a file by content, or beyond the
+//!   record's budget by size, mode, inode, mtime and ctime; a directory by mode; a symlink by
+//!   target). A directory the run created is one `dir/` entry; what lies inside a `.git`
+//!   directory is not listed. Ignored files are listed (the record sees them). Not listed:
+//!   what the host changed during the run (the record sees only the jail's changes); owners,
+//!   times and extended attributes (`chown`, `utimensat`, `setxattr` pass no gate; the git
+//!   method never listed them either, it compares content); a file that had several names
+//!   before the run and was written through one: that name is listed, not the others.
+//!   The record cannot stand for the summary, and one of the two listings below is taken from
+//!   the start as before, when no record is kept (a read-only or scratch project,
+//!   `undo.keep_runs = 0`, `allow_new_repositories`, a store that cannot be used), the executor
+//!   runs on the host or in a compose service, the executor's jail has no name gate, the kernel
+//!   has none (Linux 5.19), or a standard descriptor the jail inherits is a directory or a file
+//!   open for writing on the project's file system (`corral run -- cmd > out.txt`, written
+//!   with no gate in the way).
 //! - **git**, where the project root holds a git repository: the files git reports as modified,
 //!   deleted or untracked (not ignored) relative to the index *as it was at the start*, at the
 //!   start and at the end, plus a fingerprint (metadata and, within a budget, a SHA-256 of the
@@ -11,10 +31,8 @@
 //!   already-modified file is still noticed. Ignored untracked entries (a wholly ignored
 //!   directory as one `dir/`) that appear or go are listed too; a file changed or created inside
 //!   a directory ignored at the start (`node_modules/`, `target/`), or a changed ignored file
-//!   (`.env`), is not seen by this method.
-//!   A project as the last run that changed nothing left it is not listed by git at the start:
-//!   the listing that run kept is reused ([`cache`], the listing cache), and the private git
-//!   directory below is made only if the end has to run git.
+//!   (`.env`), is not seen by this method. A small project that the run left as it was skips
+//!   the end's git processes ([`Quick`]).
 //! - **metadata**, everywhere else (and whenever git cannot be used): one parallel walk of the
 //!   whole tree (except `.git`) at each end, comparing type, mode, size, mtime, ctime and inode.
 //!   ctime cannot be set from user space, so a write whose mtime was put back is still seen.
@@ -99,7 +117,7 @@ fn not_own(rel: &OsString, own: &[OsString]) -> bool {
 }
 
 /// Where the change summary keeps its files for the project at `root`, under corral's state
-/// directory `state` (outside the jail): each run's private git directory, the listing cache.
+/// directory `state` (outside the jail): each run's private git directory.
 fn changes_dir(state: &Path, root: &Path) -> PathBuf {
     state.join(corral_audit::project_key(root)).join("changes")
 }
@@ -581,9 +599,9 @@ fn walk_skipping(
     let unreadable = std::sync::atomic::AtomicBool::new(false);
     let (entries, over) = corral_policy::resolve::walk_tree(root, |seen, out| {
         // An unreadable directory is unreadable at both ends: the rest is compared (the
-        // metadata method), or the walk fails (`every_directory`: the shortcut and the listing
-        // cache, which would take a file changed below it for unchanged; git, which stats
-        // tracked paths directly, still sees it).
+        // metadata method), or the walk fails (`every_directory`: the shortcut, which would
+        // take a file changed below it for unchanged; git, which stats tracked paths
+        // directly, still sees it).
         let Seen::Entry(entry) = seen else {
             if every_directory {
                 unreadable.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -713,7 +731,7 @@ fn fingerprints(
 }
 
 /// An index larger than this is copied into the private git directory at the start rather than
-/// held in memory for the run (and the run does not use the listing cache).
+/// held in memory for the run.
 const INDEX_HELD_MAX: u64 = 4 << 20;
 
 /// Files git lists at the start (tracked, and untracked not ignored) at most for the shortcut:
@@ -859,8 +877,7 @@ fn dirty_paths(listed: Vec<(u8, OsString)>) -> BTreeMap<OsString, DirtyKind> {
 
 /// corral's own git directory for one run: a copy of the project's index, a config corral
 /// wrote, nothing else of the repository's. What it is made of is read when the baseline is
-/// taken; the directory itself is made the first time git runs (a run whose start came from
-/// the listing cache and that changed nothing never runs git), and removed when dropped.
+/// taken; the directory itself is made the first time git runs, and removed when dropped.
 struct PrivateGitDir {
     dir: PathBuf,
     root: PathBuf,
