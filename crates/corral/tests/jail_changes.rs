@@ -578,3 +578,39 @@ fn a_standard_descriptor_into_the_project_falls_back_to_the_listing() {
     assert_eq!(list(&d["created"]), ["new.txt"], "{d}");
     assert_eq!(list(&d["modified"]), ["out.txt"], "{d}");
 }
+
+/// A host executor (an explicit opt-in) writes the project with no name gate: the record
+/// cannot stand for the summary, the project is listed from the start, and the host
+/// command's file is listed beside the jail's.
+#[test]
+fn a_host_executor_falls_back_to_the_listing() {
+    let w = git_world();
+    write(
+        &w.project.join("corral.toml"),
+        "[executor]\ntarget = \"host\"\n",
+    );
+    git(&w, &["add", "corral.toml"]);
+    git(&w, &["commit", "-qm", "executor"]);
+    w.trust_project(&["--allow-host-executor"]);
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--allow-host-executor",
+        "--",
+        "sh",
+        "-c",
+        "echo j > by-jail.txt && corral exec -- sh -c 'echo h > by-host.txt' && echo END",
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    assert!(w.project.join("by-host.txt").exists(), "{}", out.both());
+    let d = &the_change(&w, &out.both());
+    assert_eq!(d["method"], "git", "{d}");
+    assert!(
+        d["note"].as_str().unwrap_or("").contains("on the host"),
+        "{d}"
+    );
+    assert_eq!(list(&d["created"]), ["by-host.txt", "by-jail.txt"], "{d}");
+}
