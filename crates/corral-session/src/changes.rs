@@ -55,6 +55,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -1273,26 +1274,33 @@ impl Baseline {
 /// the project's file system (`corral run -- cmd > project/out.txt`: the shell opened it, not
 /// the jail). The reason, if one could.
 pub fn inherited_writer(root: &Path) -> Option<String> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
     let dev = std::fs::metadata(root).ok()?.dev();
-    for fd in 0..=2 {
-        // SAFETY: stat is plain data, filled by the kernel.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fstat of a descriptor number; a closed one fails.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_dev != dev {
+    for fd in [
+        std::io::stdin().as_fd(),
+        std::io::stdout().as_fd(),
+        std::io::stderr().as_fd(),
+    ] {
+        let n = fd.as_raw_fd();
+        // A closed descriptor fails: nothing to write through.
+        let Ok(st) = nix::sys::stat::fstat(fd) else {
+            continue;
+        };
+        if st.st_dev != dev {
             continue;
         }
-        // SAFETY: fcntl with an integer command.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        let writable = flags >= 0 && flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let writable = fcntl(fd, FcntlArg::F_GETFL)
+            .map(|f| OFlag::from_bits_truncate(f) & OFlag::O_ACCMODE != OFlag::O_RDONLY)
+            .unwrap_or(true);
         match st.st_mode & libc::S_IFMT {
             libc::S_IFDIR => {
                 return Some(format!(
-                    "descriptor {fd} is a directory on the project's file system"
+                    "descriptor {n} is a directory on the project's file system"
                 ));
             }
             libc::S_IFREG if writable => {
                 return Some(format!(
-                    "descriptor {fd} is a file on the project's file system, open for writing \
+                    "descriptor {n} is a file on the project's file system, open for writing \
                      outside the jail's name gate"
                 ));
             }
