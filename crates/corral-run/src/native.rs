@@ -461,6 +461,16 @@ fn summary_source(
         Some("the executor's jail has no name gate (allow_new_repositories)".to_string())
     } else if !gate_kernel() {
         Some("this kernel has no name gate (Linux 5.19)".to_string())
+    } else if let Some(m) = project_bound_elsewhere(plan) {
+        // The record names what the jail changes by its path in the project: a write
+        // through another path of the same files (or into another directory mounted in the
+        // project) is not one it can name.
+        Some(format!(
+            "{} is bound read-write at {}, another path than its own, and the project is one \
+             of them",
+            m.source.display(),
+            m.target.display()
+        ))
     } else {
         corral_session::changes::inherited_writer(&plan.project.root)
     };
@@ -468,6 +478,20 @@ fn summary_source(
         None => Source::Record,
         why => Source::Walk { why },
     }
+}
+
+/// A read-write bind of `plan` whose source or target lies in the project (or holds it) and
+/// whose target is not its source's own path: the project's files reachable by another path,
+/// or another directory's files by a path in the project.
+fn project_bound_elsewhere(plan: &Plan) -> Option<&corral_policy::plan::Mount> {
+    use corral_policy::plan::{Access, MountKind};
+    let root = &plan.project.root;
+    let related = |p: &std::path::Path| p.starts_with(root) || root.starts_with(p);
+    plan.mounts.iter().find(|m| {
+        m.kind == MountKind::Bind(Access::Rw)
+            && m.source != m.target
+            && (related(&m.source) || related(&m.target))
+    })
 }
 
 /// Whether the kernel can hold the name gate's listener (Linux 5.19: a killable wait), which

@@ -21,7 +21,9 @@
 //!   the start as before, when no record is kept (a read-only or scratch project,
 //!   `undo.keep_runs = 0`, `allow_new_repositories`, a store that cannot be used), the executor
 //!   runs on the host or in a compose service, the executor's jail has no name gate, the kernel
-//!   has none (Linux 5.19), or a standard descriptor the jail inherits is a directory or a file
+//!   has none (Linux 5.19), a read-write bind reaches the project by another path (or another
+//!   directory by a path in the project), or a standard descriptor the jail inherits is a
+//!   directory or a file
 //!   open for writing on the project's file system (`corral run -- cmd > out.txt`, written
 //!   with no gate in the way).
 //! - **git**, where the project root holds a git repository: the files git reports as modified,
