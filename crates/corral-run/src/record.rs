@@ -11,12 +11,25 @@ use corral_changes::{Change, Retention, RunRecord, Store};
 use corral_policy::plan::{Access, Plan};
 use corral_session::endlines::say;
 
-/// A run's record while the run goes on.
+/// A run's record while the run goes on. Dropped unfinished (the run failed before its
+/// command could start), its directory is removed.
 pub struct Recording {
     store: Store,
     record: RunRecord,
     project: PathBuf,
     retention: Retention,
+    /// `finish` ran: the record is the run's, kept.
+    finished: bool,
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_dir_all(self.dir_path());
+            // The project's store too when that was its only run.
+            let _ = std::fs::remove_dir(self.store.root());
+        }
+    }
 }
 
 impl Recording {
@@ -38,7 +51,8 @@ impl Recording {
 
     /// Once nothing the run started can write: what each recorded path is now, and a line
     /// saying how to undo the run. The paths that changed (for the change summary).
-    pub fn finish(self) -> anyhow::Result<Vec<Change>> {
+    pub fn finish(mut self) -> anyhow::Result<Vec<Change>> {
+        self.finished = true;
         let done = std::fs::File::open(&self.project)
             .map(OwnedFd::from)
             .map_err(anyhow::Error::from)
@@ -68,14 +82,14 @@ impl Recording {
         }
     }
 
-    /// The jail can reach the record after all (`plan`: the Plan the jail gets, with what
-    /// the run attached): the record is dropped (its directory removed) and the reason given.
+    /// That the jail cannot reach the record (`plan`: the Plan the jail gets, with what the
+    /// run attached). If it can after all, the record is dropped (its directory removed) and
+    /// the reason given.
     pub fn check_unreachable(self, plan: &Plan) -> Result<Recording, String> {
         match unreachable(plan, &self.store) {
             Ok(()) => Ok(self),
             Err(e) => {
-                let _ = std::fs::remove_dir_all(self.dir_path());
-                let _ = std::fs::remove_dir(self.store.root());
+                // Dropped: its directory goes.
                 let why = format!("this run keeps no change record ({e:#})");
                 say(&format!("corral: {why}: `corral undo` cannot undo it"));
                 Err(why)
@@ -125,6 +139,7 @@ pub fn begin_accept(command: &[String], project: &Path) -> anyhow::Result<Option
         record,
         project: project.to_path_buf(),
         retention,
+        finished: false,
     }))
 }
 
@@ -183,6 +198,7 @@ fn try_begin(plan: &Plan) -> anyhow::Result<Recording> {
         record,
         project: plan.project.root.clone(),
         retention,
+        finished: false,
     })
 }
 
