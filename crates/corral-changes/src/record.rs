@@ -63,7 +63,7 @@ impl RunRecord {
     /// jail, the descriptor corral passed). Paths already in its manifest stay as recorded.
     pub fn from_dir_fd(dir: OwnedFd) -> io::Result<RunRecord> {
         let meta: RunMeta = store::read_json_at(dir.as_fd(), store::META)?;
-        let lines = store::read_manifest_at(dir.as_fd())?;
+        let lines = store::read_manifest_growing(dir.as_fd())?;
         let manifest = File::from(sys::openat(
             dir.as_fd(),
             store::MANIFEST.as_bytes(),

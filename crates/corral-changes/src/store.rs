@@ -548,12 +548,29 @@ pub(crate) fn read_json_at<T: DeserializeOwned>(dir: BorrowedFd, name: &str) -> 
 /// The manifest's lines; a last line cut short (the run died mid-write) is damage too: any
 /// line that does not parse, or names a path the record could not have written, is an error.
 pub(crate) fn read_manifest_at(dir: BorrowedFd) -> io::Result<Vec<Line>> {
-    let f = fs::File::from(sys::openat(dir, MANIFEST.as_bytes(), libc::O_RDONLY, 0)?);
+    read_manifest_with(dir, false)
+}
+
+/// [`read_manifest_at`] of a record other writers may be appending to (an executor command's
+/// jail joining its run's record while the run's jail writes): a last line with no newline yet
+/// is one being written, left out (it is read whole at the end).
+pub(crate) fn read_manifest_growing(dir: BorrowedFd) -> io::Result<Vec<Line>> {
+    read_manifest_with(dir, true)
+}
+
+fn read_manifest_with(dir: BorrowedFd, growing: bool) -> io::Result<Vec<Line>> {
+    let mut f = fs::File::from(sys::openat(dir, MANIFEST.as_bytes(), libc::O_RDONLY, 0)?);
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut f, &mut bytes)?;
+    let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+    // After the last newline: nothing when every line is whole.
+    if lines.last().is_some_and(|l| l.is_empty() || growing) {
+        lines.pop();
+    }
     let mut out = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for line in io::BufRead::lines(io::BufReader::new(f)) {
-        let line = line?;
-        let parsed: Line = serde_json::from_str(&line).map_err(io::Error::other)?;
+    for line in lines {
+        let parsed: Line = serde_json::from_slice(line).map_err(io::Error::other)?;
         if !path::valid(&parsed.path.0) {
             return Err(io::Error::other(format!(
                 "the manifest names a path outside the project: {}",

@@ -593,3 +593,30 @@ fn two_writers_of_one_record_keep_the_first_state_and_distinct_blobs() {
         "pub fn f() {}\n"
     );
 }
+
+#[test]
+fn a_writer_joining_a_record_mid_line_leaves_that_line_to_its_writer() {
+    let fx = fixture();
+    let p = &fx.project;
+    let rec = fx
+        .store
+        .begin(&["x".into()], p, Retention::default())
+        .unwrap();
+    before(&rec, p, "README");
+    // Another writer's line, half written.
+    let dir = fx.store.root().join(rec.id());
+    let mut m = fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("manifest.jsonl"))
+        .unwrap();
+    std::io::Write::write_all(&mut m, b"{\"path\":\"src/ma").unwrap();
+    let joined = RunRecord::from_dir_fd(OwnedFd::from(fs::File::open(&dir).unwrap()));
+    assert!(joined.is_ok(), "{:?}", joined.err());
+    // Read whole at the end, the cut line is damage.
+    let root = OwnedFd::from(fs::File::open(p).unwrap());
+    assert!(
+        fx.store
+            .finish(rec.id(), root.as_fd(), Retention::default())
+            .is_err()
+    );
+}
