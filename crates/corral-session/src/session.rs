@@ -3,13 +3,15 @@
 //! the jail's held exec, the backend's processes, the checks) is held by the types:
 //!
 //! ```text
-//! Session::begin ─> StartingSession        change baseline and git snapshot on threads
+//! Session::begin ─> StartingSession        change baseline (none when the summary comes from
+//!                                            the run's change record) and git snapshot on threads
 //!   ─ready_for_mounts─> Session            git snapshot taken (the jail's mounts need it)
 //!   ─Session::run(plan, backend):
 //!       `start` record, set-id watch, hidden files, journal entry
 //!       Backend::start ─> B::Started       the jail built, its command's exec held
 //!       Session::await_baseline ─> Baselined   the change baseline is complete
 //!       Backend::run(started, Baselined) ─> Ended   command released; every process ended
+//!                                            (the record's changes handed over: `recorded`)
 //!       Ended ─check─> Checked             terminal, git, hidden files
 //!       Backend::report(&Checked), Checked::finish   change summary, set-id, journal, `exit`
 //! ```
