@@ -6,8 +6,14 @@
 //!   directory descriptor ([`RunRecord::dir_fd`]) the jail's PID 1 holds;
 //! - [`RunRecord::before_change`] before each change of a name in the project (the name gate
 //!   calls it), [`RunRecord::before_rename`] before a rename;
-//! - [`Store::finish`] once the run ended: what each path is then;
+//! - [`Store::finish`] once the run ended: what each path is then ([`Store::finish_listed`]
+//!   also gives the paths that changed: the run's change summary);
 //! - [`Store::runs`] for `corral log --runs`, [`undo`] for `corral undo`.
+//!
+//! Several writers may keep one run's record (the run's jail and its executor commands'
+//! jails, each a [`RunRecord::from_dir_fd`] of the same directory): each appends a path's line
+//! before it changes the path, so the first line of a path is its state before the run, and
+//! each kept copy takes the first free blob name.
 
 pub mod bytes;
 pub mod path;
@@ -18,8 +24,8 @@ mod sys;
 mod undo;
 
 pub use record::{Place, RunRecord};
-pub use state::State;
-pub use store::{Retention, RunInfo, RunMeta, Store};
+pub use state::{Stat, State};
+pub use store::{Change, Retention, RunInfo, RunMeta, Store};
 pub use undo::{Conflict, Options, Report, UndoError, undo};
 
 use std::path::Path;

@@ -63,7 +63,7 @@ impl RunRecord {
     /// jail, the descriptor corral passed). Paths already in its manifest stay as recorded.
     pub fn from_dir_fd(dir: OwnedFd) -> io::Result<RunRecord> {
         let meta: RunMeta = store::read_json_at(dir.as_fd(), store::META)?;
-        let lines = store::read_manifest_at(dir.as_fd())?;
+        let lines = store::read_manifest_growing(dir.as_fd())?;
         let manifest = File::from(sys::openat(
             dir.as_fd(),
             store::MANIFEST.as_bytes(),
@@ -116,11 +116,13 @@ impl RunRecord {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         let mut inner = self.lock();
-        if inner.seen.contains(&rel) || inner.over_budget {
-            // Kept already; or the record is over its budget, marked incomplete (undo refuses
-            // it): nothing more is kept.
+        if inner.seen.contains(&rel) {
+            // Kept already (the first state is the one before the run).
             return Ok(());
         }
+        // Over its budget (marked incomplete: undo refuses it) the record keeps no more
+        // content, but still notes each name and what it was, a file by its metadata: the
+        // change summary is made from these names.
         let before = self.keep(&mut inner, place)?;
         inner.append(&rel, before)
     }
@@ -238,16 +240,25 @@ impl RunRecord {
                         size,
                         blob: None,
                         sha256: None,
+                        stat: Some(state::Stat::of(st)),
                     });
                 }
-                let name = format!("b{}", inner.next_blob);
-                inner.next_blob += 1;
-                let blob = sys::openat(
-                    self.dir.as_fd(),
-                    name.as_bytes(),
-                    libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
-                    0o600,
-                )?;
+                // Another writer of the same record (an executor command's jail) may have
+                // taken the next name: the first free one.
+                let (name, blob) = loop {
+                    let name = format!("b{}", inner.next_blob);
+                    inner.next_blob += 1;
+                    match sys::openat(
+                        self.dir.as_fd(),
+                        name.as_bytes(),
+                        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+                        0o600,
+                    ) {
+                        Ok(fd) => break (name, fd),
+                        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+                        Err(e) => return Err(e),
+                    }
+                };
                 let copied = sys::copy_all(fd, blob.as_fd())?;
                 if copied != size {
                     // The file changed size while it was copied: a writer outside this call
@@ -261,6 +272,7 @@ impl RunRecord {
                     size: copied,
                     blob: Some(name),
                     sha256: None,
+                    stat: None,
                 })
             });
             match got {
@@ -281,7 +293,8 @@ impl Inner {
         .map_err(io::Error::other)?;
         line.push(b'\n');
         if self.bytes.saturating_add(line.len() as u64) > self.budget {
-            return self.mark_over_budget_here();
+            // Past the budget the names are still noted (the change summary needs every one).
+            self.mark_over_budget_here()?;
         }
         // One write of an O_APPEND file: a line is whole or absent.
         self.manifest.write_all(&line)?;

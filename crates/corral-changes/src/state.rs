@@ -25,6 +25,11 @@ pub enum State {
         blob: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sha256: Option<String>,
+        /// What `fstat` said of it, where no content is there to compare: a file the record
+        /// kept no blob of (over its budget), and every file after the run. The change
+        /// summary then compares these.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stat: Option<Stat>,
     },
     Dir {
         mode: u32,
@@ -84,6 +89,32 @@ impl State {
     }
 }
 
+/// A file's identity and times, for a comparison by metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stat {
+    pub dev: u64,
+    pub ino: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl Stat {
+    /// The same inode with the same times (the device is left out: the jail sees the
+    /// project through its own mount of the same file system).
+    pub fn same_file_times(&self, other: &Stat) -> bool {
+        (self.ino, self.mtime_ns, self.ctime_ns) == (other.ino, other.mtime_ns, other.ctime_ns)
+    }
+
+    pub(crate) fn of(st: &libc::stat) -> Stat {
+        Stat {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mtime_ns: st.st_mtime.saturating_mul(1_000_000_000) + st.st_mtime_nsec,
+            ctime_ns: st.st_ctime.saturating_mul(1_000_000_000) + st.st_ctime_nsec,
+        }
+    }
+}
+
 /// The permission bits of `st`.
 pub(crate) fn perm(st: &libc::stat) -> u32 {
     st.st_mode & 0o7777
@@ -133,6 +164,7 @@ pub(crate) fn inspect_hashed(dir: BorrowedFd, name: &[u8]) -> io::Result<State> 
             size: st.st_size as u64,
             blob: None,
             sha256: Some(sys::sha256(fd)?),
+            stat: Some(Stat::of(st)),
         })
     })
 }

@@ -81,6 +81,14 @@ pub(crate) struct AfterLine {
     pub changed: bool,
 }
 
+/// A path the run changed: what it was before the run, and what it is at its end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub path: Vec<u8>,
+    pub before: State,
+    pub after: State,
+}
+
 /// `undone`: which record put the project back, and when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Undone {
@@ -229,14 +237,34 @@ impl Store {
     /// Record what each path the run changed is now (`project`: the project's root), so
     /// that undo can tell a later change on the host; then prune to `retention`.
     pub fn finish(&self, id: &str, project: BorrowedFd, retention: Retention) -> Result<RunInfo> {
+        self.finish_listed(id, project, retention)
+            .map(|(info, _)| info)
+    }
+
+    /// [`Self::finish`], with every path that differs from what it was before the run (what
+    /// the change summary lists), in the manifest's order.
+    pub fn finish_listed(
+        &self,
+        id: &str,
+        project: BorrowedFd,
+        retention: Retention,
+    ) -> Result<(RunInfo, Vec<Change>)> {
         let dir = self.run_dir(id)?;
         let lines = self.manifest(id)?;
         let mut paths = Vec::with_capacity(lines.len());
+        let mut changes = Vec::new();
         for line in lines {
             let after = state::at_path(project, &line.path.0).map_err(|e| {
                 ChangesError::io("inspect", Path::new(&bytes_path(&line.path.0)), e)
             })?;
             let changed = self.changed(&dir, &line.before, &after)?;
+            if changed {
+                changes.push(Change {
+                    path: line.path.0.clone(),
+                    before: line.before,
+                    after: after.clone(),
+                });
+            }
             paths.push(AfterLine {
                 path: line.path,
                 after,
@@ -261,10 +289,10 @@ impl Store {
             // The project's store too when that was its only run (another run's record keeps
             // it: then this fails, as it should).
             let _ = fs::remove_dir(&self.root);
-            return Ok(info);
+            return Ok((info, changes));
         }
         self.prune(retention, Some(id))?;
-        Ok(info)
+        Ok((info, changes))
     }
 
     /// Does `after` differ from `before` (a file: by content, the blob hashed)?
@@ -288,6 +316,23 @@ impl Store {
                     .map_err(|e| ChangesError::io("read the kept file", &dir.join(blob), e))?;
                 m1 != m2 || &h1 != h2
             }
+            // No content kept (over the record's budget): by metadata. The same inode with
+            // the same size, mtime and ctime (which no one can set back) is unwritten.
+            (
+                State::File {
+                    mode: m1,
+                    size: s1,
+                    blob: None,
+                    stat: Some(b),
+                    ..
+                },
+                State::File {
+                    mode: m2,
+                    size: s2,
+                    stat: Some(a),
+                    ..
+                },
+            ) => m1 != m2 || s1 != s2 || !b.same_file_times(a),
             (State::File { blob: None, .. }, _) => true,
             (b, a) => b != a,
         })
@@ -503,18 +548,41 @@ pub(crate) fn read_json_at<T: DeserializeOwned>(dir: BorrowedFd, name: &str) -> 
 /// The manifest's lines; a last line cut short (the run died mid-write) is damage too: any
 /// line that does not parse, or names a path the record could not have written, is an error.
 pub(crate) fn read_manifest_at(dir: BorrowedFd) -> io::Result<Vec<Line>> {
-    let f = fs::File::from(sys::openat(dir, MANIFEST.as_bytes(), libc::O_RDONLY, 0)?);
+    read_manifest_with(dir, false)
+}
+
+/// [`read_manifest_at`] of a record other writers may be appending to (an executor command's
+/// jail joining its run's record while the run's jail writes): a last line with no newline yet
+/// is one being written, left out (it is read whole at the end).
+pub(crate) fn read_manifest_growing(dir: BorrowedFd) -> io::Result<Vec<Line>> {
+    read_manifest_with(dir, true)
+}
+
+fn read_manifest_with(dir: BorrowedFd, growing: bool) -> io::Result<Vec<Line>> {
+    let mut f = fs::File::from(sys::openat(dir, MANIFEST.as_bytes(), libc::O_RDONLY, 0)?);
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut f, &mut bytes)?;
+    let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+    // After the last newline: nothing when every line is whole.
+    if lines.last().is_some_and(|l| l.is_empty() || growing) {
+        lines.pop();
+    }
     let mut out = Vec::new();
-    for line in io::BufRead::lines(io::BufReader::new(f)) {
-        let line = line?;
-        let parsed: Line = serde_json::from_str(&line).map_err(io::Error::other)?;
+    let mut seen = std::collections::HashSet::new();
+    for line in lines {
+        let parsed: Line = serde_json::from_slice(line).map_err(io::Error::other)?;
         if !path::valid(&parsed.path.0) {
             return Err(io::Error::other(format!(
                 "the manifest names a path outside the project: {}",
                 bytes_path(&parsed.path.0)
             )));
         }
-        out.push(parsed);
+        // Several writers (the run's jail, its executor commands' jails) may each note a
+        // path: each appends its line before it changes the path, so the first line is what
+        // the path was before the run.
+        if seen.insert(parsed.path.0.clone()) {
+            out.push(parsed);
+        }
     }
     Ok(out)
 }

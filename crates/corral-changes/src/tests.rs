@@ -501,3 +501,122 @@ fn a_host_writer_records_by_project_path() {
     assert_eq!(fs::read_to_string(p.join("README")).unwrap(), "hello\n");
     assert!(!p.join("new").exists());
 }
+
+#[test]
+fn a_record_over_its_budget_still_notes_every_name_and_compares_by_metadata() {
+    let fx = fixture();
+    let p = &fx.project;
+    fs::write(p.join("big"), vec![1u8; 4096]).unwrap();
+    fs::write(p.join("kept"), "same\n").unwrap();
+    let rec = fx
+        .store
+        .begin(
+            &["x".into()],
+            p,
+            Retention {
+                runs: 5,
+                bytes: 1024,
+            },
+        )
+        .unwrap();
+    // Over the budget at once: no content is kept, but every name is noted.
+    before(&rec, p, "big");
+    fs::write(p.join("big"), "small").unwrap();
+    before(&rec, p, "new-after-budget");
+    fs::write(p.join("new-after-budget"), "n").unwrap();
+    before(&rec, p, "src/main.rs");
+    fs::remove_file(p.join("src/main.rs")).unwrap();
+    // Opened for writing, not written: the same inode, size and times.
+    before(&rec, p, "kept");
+    drop(
+        fs::OpenOptions::new()
+            .append(true)
+            .open(p.join("kept"))
+            .unwrap(),
+    );
+    let root = OwnedFd::from(fs::File::open(p).unwrap());
+    let (info, changes) = fx
+        .store
+        .finish_listed(rec.id(), root.as_fd(), Retention::default())
+        .unwrap();
+    assert!(info.incomplete.is_some());
+    let listed: Vec<(String, &str, &str)> = changes
+        .iter()
+        .map(|c| {
+            (
+                String::from_utf8(c.path.clone()).unwrap(),
+                c.before.kind(),
+                c.after.kind(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("big".to_string(), "file", "file"),
+            ("new-after-budget".to_string(), "absent", "file"),
+            ("src/main.rs".to_string(), "file", "absent"),
+        ]
+    );
+}
+
+#[test]
+fn two_writers_of_one_record_keep_the_first_state_and_distinct_blobs() {
+    let fx = fixture();
+    let p = &fx.project;
+    let rec = fx
+        .store
+        .begin(&["x".into()], p, Retention::default())
+        .unwrap();
+    // A second writer of the same run's directory (an executor command's jail), opened while
+    // the first one writes.
+    let dir = OwnedFd::from(fs::File::open(fx.store.root().join(rec.id())).unwrap());
+    let other = RunRecord::from_dir_fd(dir).unwrap();
+    before(&rec, p, "README");
+    fs::write(p.join("README"), "first writer\n").unwrap();
+    // The other does not know the path yet: its line comes second, and the first wins.
+    before(&other, p, "README");
+    fs::write(p.join("README"), "second writer\n").unwrap();
+    before(&other, p, "src/main.rs");
+    fs::write(p.join("src/main.rs"), "changed\n").unwrap();
+    before(&rec, p, "src/deep/lib.rs");
+    fs::write(p.join("src/deep/lib.rs"), "changed too\n").unwrap();
+    finish(&fx, &rec);
+    undo(&fx.store, rec.id(), p, opts()).unwrap();
+    assert_eq!(fs::read_to_string(p.join("README")).unwrap(), "hello\n");
+    assert_eq!(
+        fs::read_to_string(p.join("src/main.rs")).unwrap(),
+        "fn main() {}\n"
+    );
+    assert_eq!(
+        fs::read_to_string(p.join("src/deep/lib.rs")).unwrap(),
+        "pub fn f() {}\n"
+    );
+}
+
+#[test]
+fn a_writer_joining_a_record_mid_line_leaves_that_line_to_its_writer() {
+    let fx = fixture();
+    let p = &fx.project;
+    let rec = fx
+        .store
+        .begin(&["x".into()], p, Retention::default())
+        .unwrap();
+    before(&rec, p, "README");
+    // Another writer's line, half written.
+    let dir = fx.store.root().join(rec.id());
+    let mut m = fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("manifest.jsonl"))
+        .unwrap();
+    std::io::Write::write_all(&mut m, b"{\"path\":\"src/ma").unwrap();
+    let joined = RunRecord::from_dir_fd(OwnedFd::from(fs::File::open(&dir).unwrap()));
+    assert!(joined.is_ok(), "{:?}", joined.err());
+    // Read whole at the end, the cut line is damage.
+    let root = OwnedFd::from(fs::File::open(p).unwrap());
+    assert!(
+        fx.store
+            .finish(rec.id(), root.as_fd(), Retention::default())
+            .is_err()
+    );
+}

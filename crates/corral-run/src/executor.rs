@@ -123,8 +123,13 @@ struct Activation {
 /// put its binds, variables and skill arguments into the Plan): the private directory, the
 /// skill's SKILL.md, and when corral serves an executor the token and the listening socket;
 /// the server behind it starts on the first connection ([`RunExecutor`]). `None` when nothing
-/// is attached.
-pub fn attach_executor(run: &RunPlan, audit: &AuditLog) -> anyhow::Result<Option<RunExecutor>> {
+/// is attached. `record`: the run's change record directory, which the executor's command jails
+/// record into (record.rs `join_run`).
+pub fn attach_executor(
+    run: &RunPlan,
+    audit: &AuditLog,
+    record: Option<PathBuf>,
+) -> anyhow::Result<Option<RunExecutor>> {
     let Some(attached) = &run.attachments.executor else {
         return Ok(None);
     };
@@ -135,6 +140,7 @@ pub fn attach_executor(run: &RunPlan, audit: &AuditLog) -> anyhow::Result<Option
         corral_policy::plan::ExecutorTarget::Sandbox => plan.executor.jail.clone(),
         _ => None,
     };
+    let jail_plan_present = jail_plan.is_some();
     let dir = attached.dir.clone();
     let shared = attached.shared();
     for d in [&dir, &shared] {
@@ -211,6 +217,8 @@ pub fn attach_executor(run: &RunPlan, audit: &AuditLog) -> anyhow::Result<Option
         env_remove: plan.secrets.iter().map(|s| s.from_env.clone()).collect(),
         dir: dir.clone(),
         audit: audit.clone(),
+        // Only for command jails (whose PID 1 records): never handed to a host executor.
+        record: record.filter(|_| jail_plan_present),
     };
     let (stop_r, stop_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .context("cannot create the executor's stop pipe")?;
@@ -246,6 +254,8 @@ struct Launch {
     /// The run's audit log (the server writes the same file): the records the server could not
     /// write are added to its count when the server has stopped.
     audit: AuditLog,
+    /// The run's change record directory, for the command jails ([`crate::record::RECORD_ENV`]).
+    record: Option<PathBuf>,
 }
 
 /// Whether `fd` has an event, waiting for one on `fds` (retrying on EINTR). An error of poll
@@ -374,6 +384,12 @@ fn server_command(
     for name in &launch.env_remove {
         cmd.env_remove(name);
     }
+    // The server passes it on to each command's jail helper (not into any jail: a jail's
+    // environment is its Plan's).
+    match &launch.record {
+        Some(dir) => cmd.env(crate::record::RECORD_ENV, dir),
+        None => cmd.env_remove(crate::record::RECORD_ENV),
+    };
     let log_file =
         std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
     cmd.stdin(std::process::Stdio::null())

@@ -155,12 +155,25 @@ fn run_plan_with(
     // made on a thread of its own meanwhile; it needs only the id and the limits. It starts
     // first: a new thread can wait a while for a CPU (about 0.2 ms on a small VM).
     let jail_id = corral_audit::new_jail_id();
+    // The change record (record.rs): kept by the jail's name gate, finished in `Native::run`.
+    // A review run writes nothing of the host's (accept keeps its own record). An executor
+    // command's jail records into its run's record, when the run keeps one.
+    let mut record = match scope {
+        Scope::Run if plan.project.review.is_none() => crate::record::begin(plan),
+        _ => None,
+    };
+    if scope == Scope::ExecutorCommand {
+        opts.record = crate::record::join_run()?;
+    }
+    // Where the change summary comes from: the record, when it sees every change the run's
+    // processes can make; else a listing of the project from the start.
+    let source = summary_source(plan, record.as_ref());
     let (limits, (beginning, mut run, secrets, stub_files)) = std::thread::scope(|s| {
         let limits = s.spawn(|| corral_sandbox::cgroup::setup(&jail_id, &plan.limits));
         let rest = (|| {
             // The session's snapshots (change baseline, git) are taken on threads while the
             // rest is set up, and complete before the jail starts.
-            let beginning = Session::begin_as(plan, scope, jail_id.clone())?;
+            let beginning = Session::begin_with(plan, scope, jail_id.clone(), source)?;
             // The Plan the jail gets: `plan` with what the run attaches (runplan.rs), computed
             // in one place; what follows creates those attachments on the host, where the
             // RunPlan names them.
@@ -215,17 +228,26 @@ fn run_plan_with(
     if let Some(git_dirs) = session.git_dirs(&run.plan) {
         run.git_dirs(&git_dirs);
     }
-    // The executor is attached last: its jail's Plan is final now.
-    let executor = crate::executor::attach_executor(&run, session.audit())?;
-    // The change record (record.rs): kept by the jail's name gate, finished in `Native::run`.
-    // A review run writes nothing of the host's (accept keeps its own record).
-    let record = match scope {
-        Scope::Run if run.plan.project.review.is_none() => crate::record::begin(&run.plan),
-        _ => None,
-    };
+    // The record was begun with the resolved Plan: the jail's (with what the run attached)
+    // may not reach it either; if it does, the summary lists the project from now on (the
+    // command has not started).
+    if let Some(r) = record.take() {
+        match r.check_unreachable(&run.plan) {
+            Ok(r) => record = Some(r),
+            Err(why) => session.fall_back(&run.plan, why),
+        }
+    }
     if let Some(r) = &record {
         opts.record = Some(r.dir_fd()?);
     }
+    // The executor is attached last: its jail's Plan is final now. Its command jails record
+    // into the run's record (a jail executor only: a host or compose one makes the summary
+    // list the project instead).
+    let record_dir = record
+        .as_ref()
+        .filter(|_| run.plan.executor.target == corral_policy::plan::ExecutorTarget::Sandbox)
+        .map(|r| r.dir_path());
+    let executor = crate::executor::attach_executor(&run, session.audit(), record_dir)?;
     let mut native = Native {
         req,
         resolved: plan,
@@ -349,7 +371,7 @@ impl Backend for Native<'_> {
         _plan: &Plan,
         mut started: StartedJail,
         baselined: Baselined,
-        _session: &Session,
+        session: &Session,
     ) -> anyhow::Result<Ended> {
         // The command's first write must come after the change baseline (changes.rs): its exec
         // was held while the root was built; it goes now that the baseline is complete.
@@ -364,7 +386,8 @@ impl Backend for Native<'_> {
         drop(started.live);
         end_run(self.executor.take(), ending.pid());
         if let Some(record) = self.record.take() {
-            record.finish();
+            let changed = record.finish();
+            session.recorded(changed.map(|c| c.into_iter().map(recorded).collect()));
         }
         self.ending = Some(ending);
         // No jail of the run binds them any more: the placeholders this run made go.
@@ -411,6 +434,92 @@ impl Backend for Native<'_> {
             *all.entry(reason).or_insert(0) += n;
         }
         all
+    }
+}
+
+/// Where the change summary of a run of `plan` comes from: its change `record` when that sees
+/// every change the run's processes could make in the project; else a listing from the start,
+/// with the reason (the audit's `note`).
+fn summary_source(
+    plan: &Plan,
+    record: Option<&crate::record::Recording>,
+) -> corral_session::changes::Source {
+    use corral_policy::plan::ExecutorTarget;
+    use corral_session::changes::Source;
+    let why = if record.is_none() {
+        Some("the run keeps no change record".to_string())
+    } else if plan.executor.target == ExecutorTarget::Host {
+        Some("the executor runs on the host, outside any name gate".to_string())
+    } else if matches!(plan.executor.target, ExecutorTarget::Compose(_)) {
+        Some("the executor runs in a compose service, outside any name gate".to_string())
+    } else if plan
+        .executor
+        .jail
+        .as_ref()
+        .is_some_and(|j| j.git.new_repositories)
+    {
+        Some("the executor's jail has no name gate (allow_new_repositories)".to_string())
+    } else if !gate_kernel() {
+        Some("this kernel has no name gate (Linux 5.19)".to_string())
+    } else if let Some(m) = project_bound_elsewhere(plan) {
+        // The record names what the jail changes by its path in the project: a write
+        // through another path of the same files (or into another directory mounted in the
+        // project) is not one it can name.
+        Some(format!(
+            "{} is bound read-write at {}, another path than its own, and the project is one \
+             of them",
+            m.source.display(),
+            m.target.display()
+        ))
+    } else {
+        corral_session::changes::inherited_writer(&plan.project.root)
+    };
+    match why {
+        None => Source::Record,
+        why => Source::Walk { why },
+    }
+}
+
+/// A read-write bind of `plan` whose source or target lies in the project (or holds it) and
+/// whose target is not its source's own path: the project's files reachable by another path,
+/// or another directory's files by a path in the project.
+fn project_bound_elsewhere(plan: &Plan) -> Option<&corral_policy::plan::Mount> {
+    use corral_policy::plan::{Access, MountKind};
+    let root = &plan.project.root;
+    let related = |p: &std::path::Path| p.starts_with(root) || root.starts_with(p);
+    plan.mounts.iter().find(|m| {
+        m.kind == MountKind::Bind(Access::Rw)
+            && m.source != m.target
+            && (related(&m.source) || related(&m.target))
+    })
+}
+
+/// Whether the kernel can hold the name gate's listener (Linux 5.19: a killable wait), which
+/// performs and records every change of the jail; without it the record stays empty.
+fn gate_kernel() -> bool {
+    let Ok(u) = nix::sys::utsname::uname() else {
+        return false;
+    };
+    let release = u.release().to_string_lossy().into_owned();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor) >= (5, 19)
+}
+
+/// A changed path of the record, as the change summary takes it.
+fn recorded(c: corral_changes::Change) -> corral_session::changes::Recorded {
+    use corral_changes::State;
+    use corral_session::changes::Kind;
+    let kind = |s: &State| match s {
+        State::Absent => Kind::Absent,
+        State::Dir { .. } => Kind::Dir,
+        _ => Kind::Other,
+    };
+    corral_session::changes::Recorded {
+        before: kind(&c.before),
+        after: kind(&c.after),
+        path: c.path,
     }
 }
 

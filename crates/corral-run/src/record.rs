@@ -7,16 +7,29 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use corral_changes::{Retention, RunRecord, Store};
+use corral_changes::{Change, Retention, RunRecord, Store};
 use corral_policy::plan::{Access, Plan};
 use corral_session::endlines::say;
 
-/// A run's record while the run goes on.
+/// A run's record while the run goes on. Dropped unfinished (the run failed before its
+/// command could start), its directory is removed.
 pub struct Recording {
     store: Store,
     record: RunRecord,
     project: PathBuf,
     retention: Retention,
+    /// `finish` ran: the record is the run's, kept.
+    finished: bool,
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_dir_all(self.dir_path());
+            // The project's store too when that was its only run.
+            let _ = std::fs::remove_dir(self.store.root());
+        }
+    }
 }
 
 impl Recording {
@@ -30,30 +43,84 @@ impl Recording {
         Ok(Arc::new(fd))
     }
 
+    /// The run's directory in the store, for the executor's command jails, which record
+    /// into it too ([`join_run`]).
+    pub fn dir_path(&self) -> PathBuf {
+        self.store.root().join(self.record.id())
+    }
+
     /// Once nothing the run started can write: what each recorded path is now, and a line
-    /// saying how to undo the run.
-    pub fn finish(self) {
+    /// saying how to undo the run. The paths that changed (for the change summary).
+    pub fn finish(mut self) -> anyhow::Result<Vec<Change>> {
+        self.finished = true;
         let done = std::fs::File::open(&self.project)
             .map(OwnedFd::from)
             .map_err(anyhow::Error::from)
             .and_then(|root| {
                 Ok(self
                     .store
-                    .finish(self.record.id(), root.as_fd(), self.retention)?)
+                    .finish_listed(self.record.id(), root.as_fd(), self.retention)?)
             });
         match done {
-            Ok(info) if info.created + info.modified + info.deleted > 0 => say(&format!(
-                "corral: run {}: {} created, {} modified, {} deleted in the project; \
-                 `corral undo` puts them back, `corral log --runs` lists runs.",
-                info.meta.id, info.created, info.modified, info.deleted
-            )),
-            Ok(_) => {}
-            Err(e) => say(&format!(
-                "corral: the run's change record could not be finished ({e:#}): it cannot be \
-                 undone"
-            )),
+            Ok((info, changes)) => {
+                if info.created + info.modified + info.deleted > 0 {
+                    say(&format!(
+                        "corral: run {}: {} created, {} modified, {} deleted in the project; \
+                         `corral undo` puts them back, `corral log --runs` lists runs.",
+                        info.meta.id, info.created, info.modified, info.deleted
+                    ));
+                }
+                Ok(changes)
+            }
+            Err(e) => {
+                say(&format!(
+                    "corral: the run's change record could not be finished ({e:#}): it cannot \
+                     be undone"
+                ));
+                Err(e.context("the run's change record could not be finished"))
+            }
         }
     }
+
+    /// That the jail cannot reach the record (`plan`: the Plan the jail gets, with what the
+    /// run attached). If it can after all, the record is dropped (its directory removed) and
+    /// the reason given.
+    pub fn check_unreachable(self, plan: &Plan) -> Result<Recording, String> {
+        match unreachable(plan, &self.store) {
+            Ok(()) => Ok(self),
+            Err(e) => {
+                // Dropped: its directory goes.
+                let why = format!("this run keeps no change record ({e:#})");
+                say(&format!("corral: {why}: `corral undo` cannot undo it"));
+                Err(why)
+            }
+        }
+    }
+}
+
+/// The variable that names the run's record directory to the executor's commands (their
+/// jails' PID 1 record into it: the run's summary and `corral undo` cover them).
+pub const RECORD_ENV: &str = "CORRAL_RUN_RECORD";
+
+/// For an executor command's jail: the run's record directory named by [`RECORD_ENV`], when
+/// its run keeps one. One that cannot be opened fails the command (its changes would be
+/// missing from the run's record).
+pub fn join_run() -> anyhow::Result<Option<Arc<OwnedFd>>> {
+    let Some(dir) = std::env::var_os(RECORD_ENV).filter(|d| !d.is_empty()) else {
+        return Ok(None);
+    };
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(&dir)
+        .with_context(|| {
+            format!(
+                "cannot open the run's change record {}",
+                Path::new(&dir).display()
+            )
+        })?;
+    Ok(Some(Arc::new(OwnedFd::from(f))))
 }
 
 /// The record of `corral accept` (cmd/review.rs) applying a review to `project`: what each
@@ -72,6 +139,7 @@ pub fn begin_accept(command: &[String], project: &Path) -> anyhow::Result<Option
         record,
         project: project.to_path_buf(),
         retention,
+        finished: false,
     }))
 }
 
@@ -122,6 +190,20 @@ pub fn begin(plan: &Plan) -> Option<Recording> {
 fn try_begin(plan: &Plan) -> anyhow::Result<Recording> {
     let state = corral_audit::state_dir()?;
     let store = Store::open(&state, &corral_audit::project_key(&plan.project.root))?;
+    unreachable(plan, &store)?;
+    let retention = retention();
+    let record = store.begin(&plan.command, &plan.project.root, retention)?;
+    Ok(Recording {
+        store,
+        record,
+        project: plan.project.root.clone(),
+        retention,
+        finished: false,
+    })
+}
+
+/// That the jail of `plan` cannot reach the store (an error when it can).
+fn unreachable(plan: &Plan, store: &Store) -> anyhow::Result<()> {
     // The store as the Plan's sources name paths (symlinks resolved): neither inside what the
     // jail sees, nor holding something it sees.
     let changes = std::fs::canonicalize(store.root().parent().unwrap_or(store.root()))
@@ -141,14 +223,7 @@ fn try_begin(plan: &Plan) -> anyhow::Result<Recording> {
             src.display()
         );
     }
-    let retention = retention();
-    let record = store.begin(&plan.command, &plan.project.root, retention)?;
-    Ok(Recording {
-        store,
-        record,
-        project: plan.project.root.clone(),
-        retention,
-    })
+    Ok(())
 }
 
 /// The record's bounds: the user config's `[undo]` (`keep_runs`, `max_size`) where it sets

@@ -1,9 +1,31 @@
 //! The change summary of a native `corral run`: what the agent created, modified and deleted
-//! in the project. A baseline is taken before the jail starts and compared with the project
-//! when it ends; the result is printed on stderr and recorded in the audit log (a `Jail` event
-//! `changes` with the full lists).
+//! in the project, printed on stderr when the run ends and recorded in the audit log (a `Jail`
+//! event `changes` with the full lists, the `method`, and a `note` saying why a method other
+//! than `record` ran).
 //!
-//! Two methods:
+//! Three methods:
+//! - **record**, wherever the run's change record (corral-changes, docs/undo.md) sees every
+//!   change the run's processes could make in the project: the jail's name gate notes each
+//!   name it creates, opens for writing, truncates, renames, links, removes or chmods, with
+//!   what it was before, and the executor's command jails note theirs into the same record.
+//!   Nothing lists the project at the start or at the end: the summary is the record's paths
+//!   whose state at the end differs from the one before (a file by content, or beyond the
+//!   record's budget by size, mode, inode, mtime and ctime; a directory by mode; a symlink by
+//!   target). A directory the run created is one `dir/` entry; what lies inside a `.git`
+//!   directory is not listed. Ignored files are listed (the record sees them). Not listed:
+//!   what the host changed during the run (the record sees only the jail's changes); owners,
+//!   times and extended attributes (`chown`, `utimensat`, `setxattr` pass no gate; the git
+//!   method never listed them either, it compares content); a file that had several names
+//!   before the run and was written through one: that name is listed, not the others.
+//!   The record cannot stand for the summary, and one of the two listings below is taken from
+//!   the start as before, when no record is kept (a read-only or scratch project,
+//!   `undo.keep_runs = 0`, `allow_new_repositories`, a store that cannot be used), the executor
+//!   runs on the host or in a compose service, the executor's jail has no name gate, the kernel
+//!   has none (Linux 5.19), a read-write bind reaches the project by another path (or another
+//!   directory by a path in the project), or a standard descriptor the jail inherits is a
+//!   directory or a file
+//!   open for writing on the project's file system (`corral run -- cmd > out.txt`, written
+//!   with no gate in the way).
 //! - **git**, where the project root holds a git repository: the files git reports as modified,
 //!   deleted or untracked (not ignored) relative to the index *as it was at the start*, at the
 //!   start and at the end, plus a fingerprint (metadata and, within a budget, a SHA-256 of the
@@ -11,10 +33,8 @@
 //!   already-modified file is still noticed. Ignored untracked entries (a wholly ignored
 //!   directory as one `dir/`) that appear or go are listed too; a file changed or created inside
 //!   a directory ignored at the start (`node_modules/`, `target/`), or a changed ignored file
-//!   (`.env`), is not seen by this method.
-//!   A project as the last run that changed nothing left it is not listed by git at the start:
-//!   the listing that run kept is reused ([`cache`], the listing cache), and the private git
-//!   directory below is made only if the end has to run git.
+//!   (`.env`), is not seen by this method. A small project that the run left as it was skips
+//!   the end's git processes ([`Quick`]).
 //! - **metadata**, everywhere else (and whenever git cannot be used): one parallel walk of the
 //!   whole tree (except `.git`) at each end, comparing type, mode, size, mtime, ctime and inode.
 //!   ctime cannot be set from user space, so a write whose mtime was put back is still seen.
@@ -37,6 +57,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -45,8 +66,6 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, bail};
 use corral_audit::printable;
 use serde::Serialize;
-
-mod cache;
 
 /// Files larger than this are compared by metadata only.
 const HASH_MAX_FILE: u64 = 8 << 20;
@@ -101,7 +120,7 @@ fn not_own(rel: &OsString, own: &[OsString]) -> bool {
 }
 
 /// Where the change summary keeps its files for the project at `root`, under corral's state
-/// directory `state` (outside the jail): each run's private git directory, the listing cache.
+/// directory `state` (outside the jail): each run's private git directory.
 fn changes_dir(state: &Path, root: &Path) -> PathBuf {
     state.join(corral_audit::project_key(root)).join("changes")
 }
@@ -132,31 +151,46 @@ enum BaselineKind {
         start: BTreeMap<OsString, Option<Fingerprint>>,
         /// The ignored untracked entries at the start, a wholly ignored directory as one `dir/`.
         ignored: BTreeSet<OsString>,
-        /// Where the start's listing goes into the listing cache if the run changed nothing
-        /// (`None`: it came from there, or is not to be kept).
-        store: Option<Box<cache::Store>>,
-        /// The start's listing came from the listing cache (git did not run at the start).
-        from_cache: bool,
     },
     Metadata(HashMap<OsString, Meta>),
+    /// The run's change record stands for the summary (nothing was listed at the start):
+    /// what it names, once the run's record is finished (`None`: never handed over, the run
+    /// did not start).
+    Record(Option<anyhow::Result<Vec<Recorded>>>),
+}
+
+/// A path the run's change record names as changed (corral-changes `Change`), as the summary
+/// needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// Relative to the project's root.
+    pub path: Vec<u8>,
+    pub before: Kind,
+    pub after: Kind,
+}
+
+/// What a recorded path was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Absent,
+    Dir,
+    /// A file, a symlink or anything else.
+    Other,
 }
 
 /// What changed, relative to the project root. Each list sorted.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Changes {
     pub root: PathBuf,
-    /// `git` or `metadata`.
+    /// `record` (the run's change record), `git` or `metadata`.
     pub method: String,
     pub created: Vec<String>,
     pub modified: Vec<String>,
     pub deleted: Vec<String>,
-    /// Why a git project was compared by metadata.
+    /// Why the method is not `record` (the record could not stand for the summary), and why
+    /// a git project was compared by metadata.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
-    /// The git method: where the start's listing came from, `git` or `cache` (the listing
-    /// cache: the project was as the last run that changed nothing left it).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub start_listing: Option<String>,
 }
 
 /// corral's own directories (state: audit logs and the change summary's private git
@@ -281,26 +315,32 @@ impl Baseline {
     /// The state of the project at `root` now. `jail_id` names the private git directory.
     /// `git`: the project had a `.git` when the session began (looked at then: corral may
     /// put a placeholder `.git` there for the jail while this runs on its thread).
-    /// `protected`: the run's protected paths (part of the listing cache's key).
+    /// `why`: why the run's change record does not stand for the summary (the audit's note).
     pub fn take(
         root: &Path,
         jail_id: &str,
         git: bool,
-        protected: &[PathBuf],
+        why: Option<String>,
     ) -> anyhow::Result<Baseline> {
         let root = root.to_path_buf();
-        let mut note = None;
+        let mut note = why.clone();
         if git {
-            match git_baseline(&root, jail_id, protected) {
+            match git_baseline(&root, jail_id) {
                 Ok(kind) => {
                     return Ok(Baseline {
                         root,
                         kind,
-                        note: None,
+                        note: why,
                     });
                 }
                 // Not fatal: the metadata method works everywhere. The reason is audited.
-                Err(e) => note = Some(format!("git not usable: {e:#}")),
+                Err(e) => {
+                    let git = format!("git not usable: {e:#}");
+                    note = Some(match why {
+                        Some(w) => format!("{w}; {git}"),
+                        None => git,
+                    })
+                }
             }
         }
         let snap = walk(&root).with_context(|| {
@@ -331,20 +371,13 @@ impl Baseline {
                 repo,
                 start,
                 ignored,
-                store,
-                from_cache,
             } => {
                 ch.method = "git".into();
-                ch.start_listing = Some(if from_cache { "cache" } else { "git" }.into());
                 let mut quick = quick;
                 if let Some(q) = quick.as_mut()
                     && q.unchanged(&self.root, own)
                 {
-                    // The start's listing holds for the project as it is now: the next run's
-                    // start may take it from the cache.
-                    if let Some(store) = store {
-                        store.keep(q, &ignored, own);
-                    }
+                    // The start's listing holds for the project as it is now.
                     return Ok(ch);
                 }
                 // The two listings run side by side.
@@ -355,9 +388,8 @@ impl Baseline {
                 });
                 let (end, ignored_now) = match (end, ignored_now, quick) {
                     (Ok(end), Ok(ignored_now), _) => (end, ignored_now),
-                    // git cannot run now (the private directory cannot be made at the end of a
-                    // run whose start came from the cache: a full disk, say): the shortcut's
-                    // walk at the start is compared by metadata, as the metadata method does.
+                    // git cannot run now (a full disk, say): the shortcut's walk at the start is
+                    // compared by metadata, as the metadata method does.
                     (Err(e), _, Some(q)) | (_, Err(e), Some(q)) => {
                         ch.method = "metadata".into();
                         ch.note = Some(format!(
@@ -424,6 +456,14 @@ impl Baseline {
                             (DirtyKind::Tracked, Some(_)) => ch.modified.push(name),
                         },
                     }
+                }
+            }
+            BaselineKind::Record(recorded) => {
+                ch.method = "record".into();
+                match recorded {
+                    Some(Ok(paths)) => from_record(&paths, &mut ch),
+                    Some(Err(e)) => return Err(e),
+                    None => {}
                 }
             }
             BaselineKind::Metadata(before) => {
@@ -562,9 +602,9 @@ fn walk_skipping(
     let unreadable = std::sync::atomic::AtomicBool::new(false);
     let (entries, over) = corral_policy::resolve::walk_tree(root, |seen, out| {
         // An unreadable directory is unreadable at both ends: the rest is compared (the
-        // metadata method), or the walk fails (`every_directory`: the shortcut and the listing
-        // cache, which would take a file changed below it for unchanged; git, which stats
-        // tracked paths directly, still sees it).
+        // metadata method), or the walk fails (`every_directory`: the shortcut, which would
+        // take a file changed below it for unchanged; git, which stats tracked paths
+        // directly, still sees it).
         let Seen::Entry(entry) = seen else {
             if every_directory {
                 unreadable.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -610,43 +650,16 @@ enum DirtyKind {
     Untracked,
 }
 
-fn git_baseline(root: &Path, jail_id: &str, protected: &[PathBuf]) -> anyhow::Result<BaselineKind> {
+fn git_baseline(root: &Path, jail_id: &str) -> anyhow::Result<BaselineKind> {
     let state = corral_audit::state_dir()?;
     let private = changes_dir(&state, root).join(jail_id);
-    let cache = cache::file_for(root, &state);
-    git_baseline_with(root, private, cache.as_deref(), protected, QUICK_RACY_NS)
+    git_baseline_with(root, private, QUICK_RACY_NS)
 }
 
-/// [`git_baseline`] with the private git directory at `private` (made when git first runs),
-/// the listing cache in `cache` (none: not used), the run's `protected` paths and the racy
-/// window `racy_ns` of the shortcut and the cache.
-fn git_baseline_with(
-    root: &Path,
-    private: PathBuf,
-    cache: Option<&Path>,
-    protected: &[PathBuf],
-    racy_ns: i128,
-) -> anyhow::Result<BaselineKind> {
-    let tag = private
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+/// [`git_baseline`] with the private git directory at `private` (made when git first runs)
+/// and the racy window `racy_ns` of the shortcut.
+fn git_baseline_with(root: &Path, private: PathBuf, racy_ns: i128) -> anyhow::Result<BaselineKind> {
     let repo = Box::new(PrivateGitDir::new(root, private)?);
-    let cache = cache.zip(cache::Key::of(root, &repo, protected));
-    if let Some((file, key)) = &cache
-        && let Some(hit) = cache::lookup(file, key, root, racy_ns)
-    {
-        return Ok(BaselineKind::Git {
-            quick: Some(hit.quick),
-            start: fingerprints(root, &hit.dirty),
-            repo,
-            ignored: hit.ignored,
-            store: None,
-            from_cache: true,
-        });
-    }
-    // What changed at or after this (less the racy window) may have changed after git read it.
-    let listed_at = now_ns();
     // The ignored entries are listed beside the rest, then the shortcut's walk is taken.
     let (listed, ignored) = std::thread::scope(|sc| {
         let ig = sc.spawn(|| repo.ignored());
@@ -654,11 +667,6 @@ fn git_baseline_with(
         (listed, join(ig))
     });
     let (listed, ignored) = (listed?, ignored?);
-    // What git read from outside the work tree and the index (the user's excludes and
-    // attributes, git itself) as it was before and after it listed, or nothing is kept.
-    let cache = cache.filter(|(_, key)| {
-        cache::Key::of(root, &repo, protected).is_some_and(|now| now.0 == key.0)
-    });
     // The shortcut for small projects only (beyond, its walks cost more than git's listings),
     // and without submodules (whose state lies in the repository's directory, not walked).
     let quick = (listed.len() <= QUICK_LISTED_MAX && !repo.submodules)
@@ -701,25 +709,11 @@ fn git_baseline_with(
     };
     let dirty = dirty_paths(listed);
     let start = fingerprints(root, &dirty);
-    // A listing of entries none of which git skips may be kept for the next run's start, once
-    // the end found the project unchanged (and corral's placeholders known).
-    let store = match (cache, unmarked && quick.is_some()) {
-        (Some((file, key)), true) => Some(Box::new(cache::Store {
-            file: file.to_path_buf(),
-            key,
-            dirty,
-            racy_from: listed_at - racy_ns,
-            tag,
-        })),
-        _ => None,
-    };
     Ok(BaselineKind::Git {
         quick,
         start,
         repo,
         ignored,
-        store,
-        from_cache: false,
     })
 }
 
@@ -740,7 +734,7 @@ fn fingerprints(
 }
 
 /// An index larger than this is copied into the private git directory at the start rather than
-/// held in memory for the run (and the run does not use the listing cache).
+/// held in memory for the run.
 const INDEX_HELD_MAX: u64 = 4 << 20;
 
 /// Files git lists at the start (tracked, and untracked not ignored) at most for the shortcut:
@@ -886,8 +880,7 @@ fn dirty_paths(listed: Vec<(u8, OsString)>) -> BTreeMap<OsString, DirtyKind> {
 
 /// corral's own git directory for one run: a copy of the project's index, a config corral
 /// wrote, nothing else of the repository's. What it is made of is read when the baseline is
-/// taken; the directory itself is made the first time git runs (a run whose start came from
-/// the listing cache and that changed nothing never runs git), and removed when dropped.
+/// taken; the directory itself is made the first time git runs, and removed when dropped.
 struct PrivateGitDir {
     dir: PathBuf,
     root: PathBuf,
@@ -1178,49 +1171,185 @@ fn read_regular(path: &Path) -> anyhow::Result<Option<Vec<u8>>> {
     }
 }
 
+/// Where the change summary of a run comes from (decided before anything of the run starts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The run's change record (corral-changes, kept by the jail's name gate): nothing lists
+    /// the project at the start or the end. The record's names are handed over once it is
+    /// finished ([`Baseline::recorded`]).
+    Record,
+    /// A listing of the project taken before the jail's command starts and compared at the
+    /// end (git or metadata); `why`: why the record cannot stand for the summary, if a record
+    /// was considered.
+    Walk { why: Option<String> },
+}
+
 /// Take the baseline of a native run's project, where the jail can change it (not with
 /// `--scratch`, not a read-only project, not with `CORRAL_CHANGES=off` in corral's
 /// environment). A failure is reported and the run goes on.
 ///
-/// The baseline is taken on a thread, so it overlaps the rest of the set-up; [`ready`] waits
-/// for it and must be called before the jail starts.
-pub fn start(plan: &corral_policy::Plan, jail_id: &str) -> Pending {
+/// With [`Source::Walk`] the baseline is taken on a thread, so it overlaps the rest of the
+/// set-up; [`ready`] waits for it and must be called before the jail starts. With
+/// [`Source::Record`] nothing is taken.
+pub fn start(plan: &corral_policy::Plan, jail_id: &str, source: Source) -> Pending {
     if plan.project.scratch
         || plan.project.access != corral_policy::plan::Access::Rw
         || std::env::var_os("CORRAL_CHANGES").is_some_and(|v| v == "off")
     {
-        return Pending(None);
+        return Pending(PendingKind::None);
     }
     let root = plan.project.root.clone();
+    let why = match source {
+        Source::Record => {
+            return Pending(PendingKind::Record(Baseline {
+                root,
+                kind: BaselineKind::Record(None),
+                note: None,
+            }));
+        }
+        Source::Walk { why } => why,
+    };
     let jail_id = jail_id.to_string();
     let git = root.join(".git").symlink_metadata().is_ok();
-    let protected = plan.protected.clone();
-    Pending(Some(std::thread::spawn(move || {
-        Baseline::take(&root, &jail_id, git, &protected)
+    Pending(PendingKind::Thread(std::thread::spawn(move || {
+        Baseline::take(&root, &jail_id, git, why)
     })))
 }
 
 /// A baseline being taken.
-pub struct Pending(Option<std::thread::JoinHandle<anyhow::Result<Baseline>>>);
+pub struct Pending(PendingKind);
+
+enum PendingKind {
+    None,
+    Thread(std::thread::JoinHandle<anyhow::Result<Baseline>>),
+    Record(Baseline),
+}
 
 impl Pending {
     /// No baseline: a session that lists no changes.
     pub fn none() -> Pending {
-        Pending(None)
+        Pending(PendingKind::None)
+    }
+
+    /// Whether the summary is to come from the run's change record.
+    pub fn is_record(&self) -> bool {
+        matches!(self.0, PendingKind::Record(_))
     }
 }
 
 /// Wait for the baseline. Call before the jail starts.
 pub fn ready(pending: Pending) -> Option<Baseline> {
-    let result = match pending.0?.join() {
-        Ok(r) => r,
-        Err(_) => Err(anyhow::anyhow!("the snapshot thread panicked")),
+    let result = match pending.0 {
+        PendingKind::None => return None,
+        PendingKind::Record(b) => return Some(b),
+        PendingKind::Thread(t) => match t.join() {
+            Ok(r) => r,
+            Err(_) => Err(anyhow::anyhow!("the snapshot thread panicked")),
+        },
     };
     match result {
         Ok(b) => Some(b),
         Err(e) => {
             eprintln!("corral: no change summary for this run: {e:#}");
             None
+        }
+    }
+}
+
+impl Baseline {
+    /// Whether this baseline waits for the run's change record.
+    pub fn is_record(&self) -> bool {
+        matches!(self.kind, BaselineKind::Record(_))
+    }
+
+    /// Hand over what the run's change record names as changed (or why it could not be
+    /// finished), once nothing the run started can write.
+    pub fn recorded(&mut self, paths: anyhow::Result<Vec<Recorded>>) {
+        if let BaselineKind::Record(slot) = &mut self.kind {
+            *slot = Some(paths);
+        }
+    }
+}
+
+/// Whether a standard descriptor corral hands the jail (0, 1, 2) could write the project
+/// without passing the jail's name gate: a directory, or a regular file open for writing, on
+/// the project's file system (`corral run -- cmd > project/out.txt`: the shell opened it, not
+/// the jail). The reason, if one could.
+pub fn inherited_writer(root: &Path) -> Option<String> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let dev = std::fs::metadata(root).ok()?.dev();
+    for fd in [
+        std::io::stdin().as_fd(),
+        std::io::stdout().as_fd(),
+        std::io::stderr().as_fd(),
+    ] {
+        let n = fd.as_raw_fd();
+        // A closed descriptor fails: nothing to write through.
+        let Ok(st) = nix::sys::stat::fstat(fd) else {
+            continue;
+        };
+        if st.st_dev != dev {
+            continue;
+        }
+        let writable = fcntl(fd, FcntlArg::F_GETFL)
+            .map(|f| OFlag::from_bits_truncate(f) & OFlag::O_ACCMODE != OFlag::O_RDONLY)
+            .unwrap_or(true);
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => {
+                return Some(format!(
+                    "descriptor {n} is a directory on the project's file system"
+                ));
+            }
+            libc::S_IFREG if writable => {
+                return Some(format!(
+                    "descriptor {n} is a file on the project's file system, open for writing \
+                     outside the jail's name gate"
+                ));
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The names the record lists: created, modified and deleted. A directory the run created is
+/// one `dir/` entry (what it holds is not listed one by one, as git's `--directory`); what
+/// lies inside a `.git` directory (the project's own repository's files) is not listed.
+fn from_record(paths: &[Recorded], ch: &mut Changes) {
+    let inside_git = |p: &[u8]| {
+        p == b".git"
+            || p.split(|&b| b == b'/')
+                .rev()
+                .skip(1)
+                .any(|part| part == b".git")
+    };
+    let created_dirs: BTreeSet<&[u8]> = paths
+        .iter()
+        .filter(|r| r.before == Kind::Absent && r.after == Kind::Dir)
+        .map(|r| r.path.as_slice())
+        .collect();
+    let in_created_dir = |p: &[u8]| {
+        p.iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'/')
+            .any(|(i, _)| created_dirs.contains(&p[..i]))
+    };
+    let label = |p: &[u8], dir: bool| {
+        let mut s = String::from_utf8_lossy(p).into_owned();
+        if dir {
+            s.push('/');
+        }
+        s
+    };
+    for r in paths {
+        if inside_git(&r.path) || in_created_dir(&r.path) {
+            continue;
+        }
+        match (r.before, r.after) {
+            (Kind::Absent, Kind::Absent) => {}
+            (Kind::Absent, after) => ch.created.push(label(&r.path, after == Kind::Dir)),
+            (before, Kind::Absent) => ch.deleted.push(label(&r.path, before == Kind::Dir)),
+            (_, after) => ch.modified.push(label(&r.path, after == Kind::Dir)),
         }
     }
 }
@@ -1285,7 +1414,6 @@ mod tests {
             modified: v(m),
             deleted: v(d),
             note: None,
-            start_listing: None,
         }
     }
 
@@ -1614,347 +1742,34 @@ mod tests {
         );
     }
 
-    /// A git repository of committed files in a new directory, one of them modified and one
-    /// untracked file beside them, `target/` ignored.
-    fn cache_project() -> tempfile::TempDir {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        std::fs::create_dir_all(root.join("src")).unwrap();
-        std::fs::create_dir_all(root.join("target")).unwrap();
-        for (f, text) in [
-            ("a.txt", "a\n"),
-            ("src/lib.rs", "fn a() {}\n"),
-            ("dirty.txt", "committed\n"),
-            (".gitignore", "target/\n"),
-            ("target/o", "x"),
-        ] {
-            std::fs::write(root.join(f), text).unwrap();
-        }
-        run_git(root, &["init", "-q"]);
-        run_git(
-            root,
-            &["add", "a.txt", "src/lib.rs", "dirty.txt", ".gitignore"],
-        );
-        run_git(root, &["commit", "-qm", "one"]);
-        std::fs::write(root.join("dirty.txt"), "edited before the run\n").unwrap();
-        std::fs::write(root.join("new.txt"), "untracked\n").unwrap();
-        dir
-    }
-
-    fn run_git(root: &Path, args: &[&str]) {
-        let st = Command::new("git")
-            .args(["-c", "user.email=t@example.invalid", "-c", "user.name=t"])
-            .args(["-c", "core.hooksPath=/dev/null"])
-            .args(args)
-            .current_dir(root)
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .status()
-            .unwrap();
-        assert!(st.success(), "git {args:?}");
-    }
-
-    /// The baseline of `root` with the listing cache `cache` (no racy window: the tests
-    /// change nothing within a clock tick of a listing), and whether git ran for it (the
-    /// private git directory was made).
-    fn start_run(root: &Path, work: &Path, cache: &Path) -> (Baseline, bool) {
-        static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let id = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        start_run_at(root, work.join(format!("run{id}")), cache)
-    }
-
-    /// [`start_run`] with the private git directory at `private`.
-    fn start_run_at(root: &Path, private: PathBuf, cache: &Path) -> (Baseline, bool) {
-        // Writes made before this are a tick older than the listing.
-        std::thread::sleep(std::time::Duration::from_millis(30));
-        let kind = git_baseline_with(root, private, Some(cache), &[], 0).expect("git baseline");
-        let ran_git = match &kind {
-            BaselineKind::Git { repo, .. } => repo.made.get().is_some(),
-            BaselineKind::Metadata(_) => panic!("not the git method"),
-        };
-        let baseline = Baseline {
-            root: root.to_path_buf(),
-            kind,
-            note: None,
-        };
-        // Changes made after this are a tick younger than the walk.
-        std::thread::sleep(std::time::Duration::from_millis(30));
-        (baseline, ran_git)
-    }
-
-    /// A run that changes nothing, from start to end (the end keeps a listing git made in the
-    /// cache): whether git ran at its start, and the start's dirty and ignored paths.
-    fn cached_baseline(
-        root: &Path,
-        work: &Path,
-        cache: &Path,
-    ) -> (bool, (Vec<OsString>, BTreeSet<OsString>)) {
-        let (b, ran) = start_run(root, work, cache);
-        let start = start_of(&b);
-        assert!(
-            b.compare(&[]).unwrap().is_empty(),
-            "a change in a run of no command"
-        );
-        (ran, start)
-    }
-
-    fn start_of(b: &Baseline) -> (Vec<OsString>, BTreeSet<OsString>) {
-        match &b.kind {
-            BaselineKind::Git { start, ignored, .. } => {
-                (start.keys().cloned().collect(), ignored.clone())
-            }
-            BaselineKind::Metadata(_) => panic!("not the git method"),
-        }
-    }
-
-    /// An unchanged project's second start is served from the cache (git does not run) with
-    /// the listing git made; each input of git's listing that changes makes a miss.
     #[test]
-    fn the_listing_cache_serves_an_unchanged_project_only() {
-        let dir = cache_project();
-        let root = dir.path();
-        let work = tempfile::tempdir().unwrap();
-        let cache = work.path().join("listing");
-        // A run that changes something keeps nothing.
-        let (b, ran) = start_run(root, work.path(), &cache);
-        assert!(ran);
-        std::fs::write(root.join("a.txt"), "changed by the run\n").unwrap();
-        assert_eq!(b.compare(&[]).unwrap().modified, ["a.txt"]);
-        assert!(!cache.exists(), "a changed project's listing was kept");
-        let (ran, first) = cached_baseline(root, work.path(), &cache);
-        assert!(ran, "the first start lists with git");
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&cache)
-            .expect("stored")
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600);
-        let (ran, second) = cached_baseline(root, work.path(), &cache);
-        assert!(!ran, "an unchanged project is served from the cache");
-        assert_eq!(first, second);
-        assert_eq!(
-            second.0,
-            ["a.txt", "dirty.txt", "new.txt"].map(OsString::from)
-        );
-        assert_eq!(second.1, [OsString::from("target/")].into());
-
-        type Change = fn(&Path);
-        let misses: [(&str, Change); 6] = [
-            ("a tracked file edited", |r| {
-                std::fs::write(r.join("a.txt"), "b\n").unwrap()
-            }),
-            ("an untracked file created", |r| {
-                std::fs::write(r.join("src/more.rs"), "").unwrap()
-            }),
-            ("the index changed", |r| run_git(r, &["add", "dirty.txt"])),
-            ("info/exclude changed", |r| {
-                std::fs::write(r.join(".git/info/exclude"), "new.txt\n").unwrap()
-            }),
-            ("the ignored directory replaced", |r| {
-                std::fs::remove_dir_all(r.join("target")).unwrap();
-                std::fs::create_dir(r.join("target")).unwrap();
-                std::fs::write(r.join("target/o"), "x").unwrap();
-            }),
-            (".gitignore edited", |r| {
-                std::fs::write(r.join(".gitignore"), "target/\nnew.txt\n").unwrap()
-            }),
+    fn the_record_lists_a_created_directory_once_and_nothing_inside_git() {
+        let r = |p: &str, before: Kind, after: Kind| Recorded {
+            path: p.as_bytes().to_vec(),
+            before,
+            after,
+        };
+        use Kind::{Absent, Dir, Other};
+        let paths = vec![
+            r("node_modules", Absent, Dir),
+            r("node_modules/a", Absent, Dir),
+            r("node_modules/a/index.js", Absent, Other),
+            r("src/lib.rs", Other, Other),
+            r("src/new.rs", Absent, Other),
+            r("old", Dir, Absent),
+            r("old/f", Other, Absent),
+            r("tmp", Absent, Absent),
+            r(".git", Dir, Dir),
+            r(".git/index", Other, Other),
+            r(".git/objects/ab", Absent, Dir),
+            r("sub/.git/HEAD", Other, Other),
+            r("src", Dir, Dir),
         ];
-        for (what, change) in misses {
-            change(root);
-            let (ran, _) = cached_baseline(root, work.path(), &cache);
-            assert!(ran, "{what}: served from a stale cache");
-            // The listing git just made is the cache now.
-            let (ran, _) = cached_baseline(root, work.path(), &cache);
-            assert!(!ran, "{what}: the new listing was not kept");
-        }
-        // An existing file inside the ignored directory rewritten: not a change git sees (its
-        // directory's metadata is as it was), still a hit.
-        std::fs::write(root.join("target/o"), "changed").unwrap();
-        let (ran, _) = cached_baseline(root, work.path(), &cache);
-        assert!(!ran);
-        // Nothing of a run's private git directory is left.
-        let left: Vec<_> = std::fs::read_dir(work.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(left, [OsString::from("listing")]);
-    }
-
-    /// A cache file that is damaged, cut short, writable by others or a symlink is not used.
-    #[test]
-    fn a_damaged_or_foreign_cache_file_is_a_miss() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = cache_project();
-        let root = dir.path();
-        let work = tempfile::tempdir().unwrap();
-        let cache = work.path().join("listing");
-        cached_baseline(root, work.path(), &cache);
-        let good = std::fs::read(&cache).unwrap();
-        type Damage = fn(&Path, &[u8]);
-        let damages: [(&str, Damage); 5] = [
-            ("cut short", |f, b| {
-                std::fs::write(f, &b[..b.len() / 2]).unwrap()
-            }),
-            ("a byte flipped in the walk", |f, b| {
-                let mut b = b.to_vec();
-                let i = b.len() - 40;
-                b[i] ^= 0x55;
-                std::fs::write(f, b).unwrap()
-            }),
-            ("another magic line", |f, b| {
-                let mut b = b.to_vec();
-                b[cache::MAGIC.len() - 2] = b'9';
-                std::fs::write(f, b).unwrap()
-            }),
-            ("writable by others", |f, b| {
-                std::fs::write(f, b).unwrap();
-                std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o666)).unwrap();
-            }),
-            ("a symlink", |f, b| {
-                let real = f.with_extension("real");
-                std::fs::write(&real, b).unwrap();
-                std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
-                std::os::unix::fs::symlink(&real, f).unwrap();
-            }),
-        ];
-        for (what, damage) in damages {
-            let _ = std::fs::remove_file(&cache);
-            damage(&cache, &good);
-            let (ran, start) = cached_baseline(root, work.path(), &cache);
-            assert!(ran, "{what}: a damaged cache was used");
-            assert_eq!(
-                start.0,
-                [OsString::from("dirty.txt"), OsString::from("new.txt")]
-            );
-        }
-    }
-
-    /// A start served from the cache still lists what the run then changed: the end runs git
-    /// against the start's index (the private directory made then), and a further edit of a
-    /// file already dirty at the start is seen.
-    #[test]
-    fn a_start_from_the_cache_still_lists_every_change() {
-        let dir = cache_project();
-        let root = dir.path();
-        let work = tempfile::tempdir().unwrap();
-        let cache = work.path().join("listing");
-        cached_baseline(root, work.path(), &cache);
-        let (baseline, ran) = start_run(root, work.path(), &cache);
-        assert!(!ran);
-        std::fs::write(root.join("a.txt"), "edited in the run\n").unwrap();
-        std::fs::write(root.join("dirty.txt"), "edited again\n").unwrap();
-        std::fs::remove_file(root.join("src/lib.rs")).unwrap();
-        std::fs::write(root.join("made.txt"), "new\n").unwrap();
-        // Staged by the agent: still a change against the start's index.
-        run_git(root, &["add", "made.txt"]);
-        let ch = baseline.compare(&[]).unwrap();
-        assert_eq!(ch.method, "git");
-        assert_eq!(ch.created, ["made.txt"]);
-        assert_eq!(ch.modified, ["a.txt", "dirty.txt"]);
-        assert_eq!(ch.deleted, ["src/lib.rs"]);
-    }
-
-    /// corral's placeholders (made during the start's walk, removed at the end, made anew by
-    /// the next run) do not keep the cache from serving; a real file at a placeholder's name
-    /// is a miss.
-    #[test]
-    fn placeholders_are_left_out_of_the_cache() {
-        let dir = cache_project();
-        let root = dir.path();
-        let work = tempfile::tempdir().unwrap();
-        let cache = work.path().join("listing");
-        let own = [OsString::from("corral.toml"), OsString::from(".vscode")];
-        let placeholders = |made: bool| {
-            for (name, is_dir) in [("corral.toml", false), (".vscode", true)] {
-                let p = root.join(name);
-                match (made, is_dir) {
-                    (true, false) => std::fs::write(&p, "").unwrap(),
-                    (true, true) => std::fs::create_dir(&p).unwrap(),
-                    (false, false) => std::fs::remove_file(&p).unwrap(),
-                    (false, true) => std::fs::remove_dir(&p).unwrap(),
-                }
-            }
-        };
-        for expect_git in [true, false, false] {
-            placeholders(true);
-            let (b, ran) = start_run(root, work.path(), &cache);
-            assert_eq!(ran, expect_git, "git ran at the start");
-            // corral removes its placeholders before the end: not a change of the run.
-            placeholders(false);
-            let ch = b.compare(&own).unwrap();
-            assert!(ch.is_empty(), "{ch:?}");
-        }
-        // The user's own corral.toml now: git lists the project again.
-        std::fs::write(root.join("corral.toml"), "[network]\n").unwrap();
-        let (b, ran) = start_run(root, work.path(), &cache);
-        assert!(
-            ran,
-            "a real file at a placeholder's name was served from the cache"
-        );
-        assert!(start_of(&b).0.contains(&OsString::from("corral.toml")));
-    }
-
-    /// With submodules (whose state lies in the repository's directory, which the walk skips)
-    /// neither the shortcut nor the cache is used: git lists at both ends.
-    #[test]
-    fn submodules_keep_the_cache_out() {
-        let dir = cache_project();
-        let root = dir.path();
-        std::fs::write(root.join(".gitmodules"), "").unwrap();
-        let work = tempfile::tempdir().unwrap();
-        let cache = work.path().join("listing");
-        for _ in 0..2 {
-            let (b, ran) = start_run(root, work.path(), &cache);
-            assert!(ran, "a project with submodules was served from the cache");
-            match &b.kind {
-                BaselineKind::Git { quick, .. } => assert!(quick.is_none()),
-                BaselineKind::Metadata(_) => panic!("not the git method"),
-            }
-            assert!(b.compare(&[]).unwrap().is_empty());
-        }
-        assert!(!cache.exists());
-    }
-
-    /// When git cannot run at the end of a run whose start came from the cache (its private
-    /// directory cannot be made: here its parent is a file; in a run, a disk the jail filled),
-    /// the start's walk is compared by metadata: the change is still listed, with a note.
-    #[test]
-    fn a_start_from_the_cache_lists_changes_when_git_cannot_run_at_the_end() {
-        let dir = cache_project();
-        let root = dir.path();
-        let work = tempfile::tempdir().unwrap();
-        let cache = work.path().join("listing");
-        cached_baseline(root, work.path(), &cache);
-        std::fs::write(work.path().join("blocked"), "").unwrap();
-        let (baseline, ran) = start_run_at(root, work.path().join("blocked/run"), &cache);
-        assert!(!ran);
-        std::fs::write(root.join("a.txt"), "edited in the run\n").unwrap();
-        std::fs::write(root.join("made.txt"), "new\n").unwrap();
-        std::fs::remove_file(root.join("src/lib.rs")).unwrap();
-        // An ignored directory git did not enter, removed: listed by its own metadata.
-        std::fs::remove_dir_all(root.join("target")).unwrap();
-        let ch = baseline.compare(&[]).unwrap();
-        assert_eq!(ch.method, "metadata", "{ch:?}");
-        assert!(
-            ch.note
-                .as_deref()
-                .is_some_and(|n| n.contains("git not usable"))
-        );
-        assert_eq!(ch.start_listing.as_deref(), Some("cache"));
-        assert_eq!(ch.created, ["made.txt"]);
-        assert_eq!(ch.modified, ["a.txt"]);
-        assert_eq!(ch.deleted, ["src/lib.rs", "target/"]);
-    }
-
-    /// No cache where the state directory lies inside the project: the jail could write it.
-    #[test]
-    fn no_listing_cache_inside_the_project() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        assert!(cache::file_for(root, &root.join(".local/state/corral")).is_none());
-        assert!(cache::file_for(root, root).is_none());
-        let state = tempfile::tempdir().unwrap();
-        let file = cache::file_for(root, state.path()).unwrap();
-        assert!(file.starts_with(state.path()) && file.ends_with("changes/listing"));
+        let mut ch = Changes::default();
+        from_record(&paths, &mut ch);
+        ch.sort();
+        assert_eq!(ch.created, ["node_modules/", "src/new.rs"]);
+        assert_eq!(ch.modified, ["src/", "src/lib.rs"]);
+        assert_eq!(ch.deleted, ["old/", "old/f"]);
     }
 }

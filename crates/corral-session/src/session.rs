@@ -3,13 +3,15 @@
 //! the jail's held exec, the backend's processes, the checks) is held by the types:
 //!
 //! ```text
-//! Session::begin ─> StartingSession        change baseline and git snapshot on threads
+//! Session::begin ─> StartingSession        change baseline (none when the summary comes from
+//!                                            the run's change record) and git snapshot on threads
 //!   ─ready_for_mounts─> Session            git snapshot taken (the jail's mounts need it)
 //!   ─Session::run(plan, backend):
 //!       `start` record, set-id watch, hidden files, journal entry
 //!       Backend::start ─> B::Started       the jail built, its command's exec held
 //!       Session::await_baseline ─> Baselined   the change baseline is complete
 //!       Backend::run(started, Baselined) ─> Ended   command released; every process ended
+//!                                            (the record's changes handed over: `recorded`)
 //!       Ended ─check─> Checked             terminal, git, hidden files
 //!       Backend::report(&Checked), Checked::finish   change summary, set-id, journal, `exit`
 //! ```
@@ -192,13 +194,25 @@ impl Session {
     /// [`Session::begin`] for the jail `jail_id` (a `corral_audit::new_jail_id`), for a caller
     /// that needs the id before the session begins.
     pub fn begin_as(plan: &Plan, scope: Scope, jail_id: String) -> anyhow::Result<StartingSession> {
+        Session::begin_with(plan, scope, jail_id, changes::Source::Walk { why: None })
+    }
+
+    /// [`Session::begin_as`] whose change summary comes from `source`: with
+    /// [`changes::Source::Record`] nothing lists the project, and the backend hands the run's
+    /// record over ([`Session::recorded`]) once nothing the run started can write.
+    pub fn begin_with(
+        plan: &Plan,
+        scope: Scope,
+        jail_id: String,
+        source: changes::Source,
+    ) -> anyhow::Result<StartingSession> {
         let state = corral_audit::state_dir().with_context(|| {
             format!(
                 "cannot open the audit log of {}",
                 plan.project.root.display()
             )
         })?;
-        Session::begin_in(plan, scope, jail_id, state)
+        Session::begin_in(plan, scope, jail_id, state, source)
     }
 
     /// [`Session::begin_as`] with corral's state directory `state` (the audit log's and the
@@ -208,6 +222,7 @@ impl Session {
         scope: Scope,
         jail_id: String,
         state: std::path::PathBuf,
+        source: changes::Source,
     ) -> anyhow::Result<StartingSession> {
         let audit = AuditLog::at(
             state
@@ -222,7 +237,7 @@ impl Session {
             Scope::ExecutorCommand | Scope::Remote => (changes::Pending::none(), None),
             Scope::Run => {
                 // What the agent changes in the project, listed when it ends (changes.rs).
-                let baseline = changes::start(plan, &jail_id);
+                let baseline = changes::start(plan, &jail_id, source);
                 // The git files the jail could plant (gitguard.rs): the other git directories
                 // of the project only when the jail can write it.
                 let root = plan.project.root.clone();
@@ -280,6 +295,40 @@ impl Session {
         }
         Baselined {
             _by_the_session: (),
+        }
+    }
+
+    /// The run's change record cannot stand for the summary after all (`why`): the project
+    /// is listed now, as the other method does. Call before the backend starts (its command
+    /// must not have run yet). Nothing when the summary was not to come from a record.
+    pub fn fall_back(&self, plan: &Plan, why: String) {
+        let mut slot = self.baseline.lock().unwrap_or_else(|p| p.into_inner());
+        if let Baseline::Pending(p) = &*slot
+            && p.is_record()
+        {
+            *slot = Baseline::Pending(changes::start(
+                plan,
+                &self.jail_id,
+                changes::Source::Walk { why: Some(why) },
+            ));
+        }
+    }
+
+    /// Whether the change summary comes from the run's change record.
+    pub fn summary_from_record(&self) -> bool {
+        match &*self.baseline.lock().unwrap_or_else(|p| p.into_inner()) {
+            Baseline::Pending(p) => p.is_record(),
+            Baseline::Taken(b) => b.as_ref().is_some_and(|b| b.is_record()),
+        }
+    }
+
+    /// What the run's change record names as changed, for the summary: the backend's, once
+    /// nothing the run started can write (after [`Session::await_baseline`]).
+    pub fn recorded(&self, paths: anyhow::Result<Vec<changes::Recorded>>) {
+        if let Baseline::Taken(Some(b)) =
+            &mut *self.baseline.lock().unwrap_or_else(|p| p.into_inner())
+        {
+            b.recorded(paths);
         }
     }
 

@@ -2,6 +2,11 @@
 //! (in a git repository and in a plain directory) ends with a line naming each one, and the
 //! audit log has a `changes` event with the full lists; a run that changes nothing prints no
 //! change line; a hostile repository's configuration runs nothing on the host.
+//!
+//! The summary comes from the run's change record (`method: record`) when it sees every change
+//! the run's processes can make: the executor's commands too, and past the record's budget.
+//! Else (no record kept, a standard descriptor writing the project) it comes from a listing
+//! taken at the start (`git`, `metadata`), with the reason in `note`.
 
 mod jail_support;
 
@@ -98,7 +103,16 @@ fn git_world() -> World {
 
 #[test]
 fn git_project_lists_created_modified_and_deleted_files() {
+    for method in ["record", "git"] {
+        git_project_lists_changes(method);
+    }
+}
+
+fn git_project_lists_changes(method: &str) {
     let w = git_world();
+    if method == "git" {
+        w.keep_no_record();
+    }
     let out = w.sh(
         "none",
         "echo two >> edit.txt && rm gone.txt && echo n > new.txt && \
@@ -111,10 +125,17 @@ fn git_project_lists_created_modified_and_deleted_files() {
     ran(&out, "END");
     assert_eq!(out.code, 0, "{}", out.both());
     let lines = change_lines(&out);
+    // A directory the run made is one entry from the record (git lists a new untracked
+    // file by its path, a new ignored directory as one entry).
+    let deep = if method == "record" {
+        "deep/"
+    } else {
+        "deep/er/file"
+    };
     assert_eq!(
         lines,
         vec![format!(
-            "corral: changed in {}: created build/, created deep/er/file, created new.txt, \
+            "corral: changed in {}: created build/, created {deep}, created new.txt, \
              modified dirty.txt, modified edit.txt, deleted gone.txt",
             w.project.display()
         )],
@@ -122,9 +143,14 @@ fn git_project_lists_created_modified_and_deleted_files() {
         out.stderr
     );
     let d = &the_change(&w, "");
-    assert_eq!(d["method"], "git", "{d}");
+    assert_eq!(d["method"], method, "{d}");
+    if method == "git" {
+        assert_eq!(d["note"], "the run keeps no change record", "{d}");
+    } else {
+        assert!(d.get("note").is_none(), "{d}");
+    }
     assert_eq!(d["root"], w.project.to_str().unwrap());
-    assert_eq!(list(&d["created"]), ["build/", "deep/er/file", "new.txt"]);
+    assert_eq!(list(&d["created"]), ["build/", deep, "new.txt"]);
     assert_eq!(list(&d["modified"]), ["dirty.txt", "edit.txt"]);
     assert_eq!(list(&d["deleted"]), ["gone.txt"]);
 }
@@ -147,7 +173,16 @@ fn a_change_the_agent_commits_is_still_listed() {
 
 #[test]
 fn plain_directory_lists_created_modified_and_deleted_files() {
+    for method in ["record", "metadata"] {
+        plain_directory_lists_changes(method);
+    }
+}
+
+fn plain_directory_lists_changes(method: &str) {
     let w = World::new();
+    if method == "metadata" {
+        w.keep_no_record();
+    }
     std::fs::remove_dir_all(w.project.join(".git")).unwrap();
     write(&w.project.join("a.txt"), "a\n");
     write(&w.project.join("sub/old.md"), "old\n");
@@ -170,7 +205,7 @@ fn plain_directory_lists_created_modified_and_deleted_files() {
         out.stderr
     );
     let d = &the_change(&w, "");
-    assert_eq!(d["method"], "metadata", "{d}");
+    assert_eq!(d["method"], method, "{d}");
     assert_eq!(list(&d["created"]), ["made.txt"]);
     assert_eq!(list(&d["modified"]), ["a.txt", "same.txt"]);
     assert_eq!(list(&d["deleted"]), ["sub/old.md"]);
@@ -180,9 +215,10 @@ fn plain_directory_lists_created_modified_and_deleted_files() {
 fn many_changes_are_capped() {
     let w = World::new();
     std::fs::remove_dir_all(w.project.join(".git")).unwrap();
+    std::fs::create_dir(w.project.join("many")).unwrap();
     let out = w.sh(
         "none",
-        "mkdir many && i=0; while [ $i -lt 80 ]; do echo $i > many/f$i; i=$((i+1)); done; echo END",
+        "i=0; while [ $i -lt 81 ]; do echo $i > many/f$i; i=$((i+1)); done; echo END",
     );
     ran(&out, "END");
     let lines = change_lines(&out);
@@ -288,6 +324,8 @@ fn a_hostile_repository_config_runs_nothing_on_the_host() {
         std::fs::write(&p, t).unwrap();
     }
 
+    // The git method is the one that runs git: the record would run nothing at all.
+    w.keep_no_record();
     let out = w.sh("none", "echo changed >> edit.txt && echo END");
     ran(&out, "END");
     assert!(
@@ -322,6 +360,7 @@ fn a_hostile_repository_config_runs_nothing_on_the_host() {
 #[test]
 fn an_assume_unchanged_bit_does_not_hide_an_edit() {
     let w = git_world();
+    w.keep_no_record();
     git(&w, &["update-index", "--assume-unchanged", "edit.txt"]);
     git(&w, &["update-index", "--skip-worktree", "keep.txt"]);
     let out = w.sh(
@@ -364,6 +403,7 @@ fn a_linked_worktree_is_compared_with_its_own_index() {
 #[test]
 fn a_self_ignoring_directory_is_still_listed() {
     let w = git_world();
+    w.keep_no_record();
     write(&w.project.join("build/old"), "o\n");
     let out = w.sh(
         "none",
@@ -375,52 +415,6 @@ fn a_self_ignoring_directory_is_still_listed() {
     let created = list(&d["created"]);
     assert!(created.iter().any(|c| c == "x/" || c == "x/payload"), "{d}");
     assert_eq!(list(&d["deleted"]), ["build/"], "{d}");
-}
-
-/// The listing cache, end to end: a run in a project older than the racy window that changes
-/// nothing keeps git's listing of its start; the next run's start takes it from there (the
-/// audit says `start_listing: cache`), and every change that run makes is still listed, a
-/// further edit of a file already dirty at the start included. The jail cannot reach the
-/// cache (it lies in corral's state directory, outside the jail): reading or replacing it by
-/// its path fails.
-#[test]
-fn a_start_from_the_listing_cache_still_lists_every_change() {
-    let w = git_world();
-    // Files written within the racy window are not trusted by metadata: a clone's are older.
-    std::thread::sleep(std::time::Duration::from_secs(6));
-    let out = w.sh("none", "cat keep.txt >/dev/null && echo END");
-    ran(&out, "END");
-    assert!(change_lines(&out).is_empty(), "{}", out.stderr);
-    let cache: Vec<_> = walk_names(&w.home.join(".local/state/corral"))
-        .into_iter()
-        .filter(|p| p.ends_with("/changes/listing"))
-        .collect();
-    assert_eq!(cache.len(), 1, "no listing kept: {cache:?}");
-    let cache = std::path::PathBuf::from(&cache[0]);
-    let kept = std::fs::read(&cache).unwrap();
-    let script = format!(
-        "cat {c} && echo READ; echo forged > {c} && echo WROTE; \
-         echo two >> edit.txt && rm gone.txt && echo n > made.txt && \
-         echo 'again in the jail' >> dirty.txt && echo END",
-        c = cache.display()
-    );
-    let out = w.sh("none", &script);
-    ran(&out, "END");
-    assert!(
-        !out.stdout.contains("READ") && !out.stdout.contains("WROTE"),
-        "{}",
-        out.both()
-    );
-    assert_eq!(
-        std::fs::read(&cache).unwrap(),
-        kept,
-        "the jail changed the cache"
-    );
-    let d = &the_change(&w, "");
-    assert_eq!(d["start_listing"], "cache", "{d}");
-    assert_eq!(list(&d["created"]), ["made.txt"]);
-    assert_eq!(list(&d["modified"]), ["dirty.txt", "edit.txt"]);
-    assert_eq!(list(&d["deleted"]), ["gone.txt"]);
 }
 
 /// A directory the jail made unlistable (`chmod 311`: its files still reachable by name) does
@@ -458,4 +452,165 @@ fn an_unlistable_directory_does_not_hide_an_edit_below_it() {
         before != after,
         out.stderr
     );
+}
+
+/// From the record, an ignored file's change is listed too (the git method does not see a
+/// change inside a directory ignored at the start), and a created directory is one entry.
+#[test]
+fn the_record_lists_ignored_files_and_a_new_directory_once() {
+    let w = git_world();
+    write(&w.project.join("build/old"), "o\n");
+    let out = w.sh(
+        "none",
+        "echo more >> build/old && mkdir -p node_modules/a/b && echo x > node_modules/a/b/c.js && \
+         echo y > node_modules/a/d.js && mkdir x && echo '*' > x/.gitignore && echo END",
+    );
+    ran(&out, "END");
+    let d = &the_change(&w, &out.both());
+    assert_eq!(d["method"], "record", "{d}");
+    assert_eq!(list(&d["created"]), ["node_modules/", "x/"], "{d}");
+    assert_eq!(list(&d["modified"]), ["build/old"], "{d}");
+}
+
+/// What the executor's commands change (in jails of their own) is in the run's summary, from
+/// the run's record, and `corral undo` puts it back with the rest.
+#[test]
+fn the_executors_writes_are_in_the_runs_summary() {
+    let w = git_world();
+    let out = w.sh(
+        "none",
+        "echo agent > by-agent.txt && \
+         corral exec -- sh -c 'echo exec > by-exec.txt && echo more >> edit.txt && rm gone.txt' && \
+         echo END",
+    );
+    ran(&out, "END");
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("by-exec.txt")).unwrap(),
+        "exec\n",
+        "{}",
+        out.both()
+    );
+    let d = &the_change(&w, &out.both());
+    assert_eq!(d["method"], "record", "{d}");
+    assert_eq!(list(&d["created"]), ["by-agent.txt", "by-exec.txt"], "{d}");
+    assert_eq!(list(&d["modified"]), ["edit.txt"], "{d}");
+    assert_eq!(list(&d["deleted"]), ["gone.txt"], "{d}");
+    // The executor's changes are undone with the run's.
+    let mut c = w.corral();
+    c.arg("undo");
+    let undo = run(c);
+    assert_eq!(undo.code, 0, "{}", undo.both());
+    assert!(!w.project.join("by-exec.txt").exists());
+    assert!(!w.project.join("by-agent.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("edit.txt")).unwrap(),
+        "one\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.project.join("gone.txt")).unwrap(),
+        "bye\n"
+    );
+}
+
+/// A run past the record's budget (`undo.max_size`) keeps no more content, but still notes
+/// every name: the summary lists each change, by content within the budget and by metadata
+/// beyond it; the run cannot be undone.
+#[test]
+fn a_run_over_the_records_budget_still_lists_every_change() {
+    let w = git_world();
+    write(&w.project.join("big.bin"), &"b".repeat(64 * 1024));
+    write(&w.project.join("opened.txt"), "same\n");
+    let config = w.home.join(".config/corral/config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}[undo]\nmax_size = \"16k\"\n")).unwrap();
+    let out = w.sh(
+        "none",
+        "echo x >> big.bin && i=0; while [ $i -lt 30 ]; do echo $i > f$i.txt; i=$((i+1)); done; \
+         echo more >> edit.txt && rm gone.txt && : >> opened.txt && echo END",
+    );
+    ran(&out, "END");
+    let d = &the_change(&w, &out.both());
+    assert_eq!(d["method"], "record", "{d}");
+    let mut want: Vec<String> = (0..30).map(|i| format!("f{i}.txt")).collect();
+    want.sort();
+    assert_eq!(list(&d["created"]), want, "{d}");
+    assert_eq!(list(&d["modified"]), ["big.bin", "edit.txt"], "{d}");
+    assert_eq!(list(&d["deleted"]), ["gone.txt"], "{d}");
+    let mut c = w.corral();
+    c.arg("undo");
+    let undo = run(c);
+    assert_ne!(
+        undo.code,
+        0,
+        "an incomplete record was undone: {}",
+        undo.both()
+    );
+    assert!(undo.stderr.contains("incomplete"), "{}", undo.both());
+}
+
+/// `corral run ... > project/out.txt`: the caller's shell opened the file, and the jail writes
+/// it with no name gate in the way. The record cannot stand for the summary: the project is
+/// listed from the start, and the file is in the summary.
+#[test]
+fn a_standard_descriptor_into_the_project_falls_back_to_the_listing() {
+    let w = git_world();
+    let out_file = w.project.join("out.txt");
+    let file = std::fs::File::create(&out_file).unwrap();
+    let mut c = w.sh_command("none", "echo to-stdout && echo n > new.txt && echo END >&2");
+    c.stdin(std::process::Stdio::null())
+        .stdout(file)
+        .stderr(std::process::Stdio::piped());
+    let done = c.output().expect("run corral");
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(stderr.contains("END"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&out_file).unwrap(),
+        "to-stdout\n",
+        "{stderr}"
+    );
+    let d = &the_change(&w, &stderr);
+    assert_eq!(d["method"], "git", "{d}");
+    assert!(
+        d["note"].as_str().unwrap_or("").contains("descriptor 1"),
+        "{d}"
+    );
+    // The shell made it (empty) before corral started: written during the run.
+    assert_eq!(list(&d["created"]), ["new.txt"], "{d}");
+    assert_eq!(list(&d["modified"]), ["out.txt"], "{d}");
+}
+
+/// A host executor (an explicit opt-in) writes the project with no name gate: the record
+/// cannot stand for the summary, the project is listed from the start, and the host
+/// command's file is listed beside the jail's.
+#[test]
+fn a_host_executor_falls_back_to_the_listing() {
+    let w = git_world();
+    write(
+        &w.project.join("corral.toml"),
+        "[executor]\ntarget = \"host\"\n",
+    );
+    git(&w, &["add", "corral.toml"]);
+    git(&w, &["commit", "-qm", "executor"]);
+    w.trust_project(&["--allow-host-executor"]);
+    let mut c = w.corral();
+    c.args([
+        "run",
+        "--network",
+        "none",
+        "--allow-host-executor",
+        "--",
+        "sh",
+        "-c",
+        "echo j > by-jail.txt && corral exec -- sh -c 'echo h > by-host.txt' && echo END",
+    ]);
+    let out = run(c);
+    ran(&out, "END");
+    assert!(w.project.join("by-host.txt").exists(), "{}", out.both());
+    let d = &the_change(&w, &out.both());
+    assert_eq!(d["method"], "git", "{d}");
+    assert!(
+        d["note"].as_str().unwrap_or("").contains("on the host"),
+        "{d}"
+    );
+    assert_eq!(list(&d["created"]), ["by-host.txt", "by-jail.txt"], "{d}");
 }

@@ -2,7 +2,8 @@
 //! root is built while the baseline is taken, and only the command's exec waits for it. A file
 //! the command writes in its very first instant is still listed; and the git method's shortcut
 //! for an unchanged project (a metadata walk at both ends, changes.rs `Quick`) gives the lists
-//! git gives.
+//! git gives. These are the listing methods' (the fallback when the run's change record cannot
+//! stand for the summary): each world keeps no record.
 
 mod jail_support;
 
@@ -46,6 +47,7 @@ fn change_lines(out: &Out) -> Vec<&str> {
 #[test]
 fn a_file_written_in_the_commands_first_instant_is_listed() {
     let w = World::new();
+    w.keep_no_record();
     write(&w.project.join("README.md"), "readme\n");
     git(&w, &["init", "-q"]);
     git(&w, &["add", "README.md"]);
@@ -77,6 +79,7 @@ fn a_file_written_in_the_commands_first_instant_is_listed() {
 /// `QUICK_RACY_NS`: 5 s), with an ignored `build/` and an untracked, ignored `debug.log`.
 fn settled_world() -> World {
     let w = World::new();
+    w.keep_no_record();
     for (name, text) in [
         ("edit.txt", "one\n"),
         ("gone.txt", "bye\n"),

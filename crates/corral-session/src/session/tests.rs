@@ -206,10 +206,16 @@ impl Fixture {
     /// A session of `scope` begun and made ready for the jail's mounts (the native backend's
     /// way: the baseline goes on being taken).
     fn session(&self, plan: &Plan, scope: Scope) -> Session {
-        Session::begin_in(plan, scope, "fake-1".into(), self.state())
-            .unwrap()
-            .ready_for_mounts()
-            .unwrap()
+        Session::begin_in(
+            plan,
+            scope,
+            "fake-1".into(),
+            self.state(),
+            crate::changes::Source::Walk { why: None },
+        )
+        .unwrap()
+        .ready_for_mounts()
+        .unwrap()
     }
 
     /// Run `backend` in a session of `scope`; the session's result.
@@ -343,10 +349,16 @@ fn placeholders_corral_made_at_the_start_are_not_changes() {
 fn a_ready_session_has_its_baseline_before_the_backend_starts() {
     let fx = Fixture::new();
     let plan = fx.plan();
-    let session = Session::begin_in(&plan, Scope::Run, "fake-1".into(), fx.state())
-        .unwrap()
-        .ready()
-        .unwrap();
+    let session = Session::begin_in(
+        &plan,
+        Scope::Run,
+        "fake-1".into(),
+        fx.state(),
+        crate::changes::Source::Walk { why: None },
+    )
+    .unwrap()
+    .ready()
+    .unwrap();
     let mut backend = Recording::new(Script::Exits(0), &fx);
     session.run(&plan, &mut backend).unwrap();
     assert_eq!(backend.seen(Call::Start).baseline, BaselineSeen::Taken);

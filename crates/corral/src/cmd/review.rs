@@ -101,7 +101,8 @@ pub fn accept(args: AcceptArgs) -> anyhow::Result<ExitCode> {
     let done = review::accept::accept(&root, &select, Some(&keep));
     if let Some(r) = recording {
         // Finished whether or not accept applied everything: what it did apply is undoable.
-        r.finish();
+        // A record that cannot be finished was said; accept's own lines list what it applied.
+        let _ = r.finish();
     }
     let done = done?;
     if !done.shown_by_diff {

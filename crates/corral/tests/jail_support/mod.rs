@@ -121,6 +121,15 @@ impl World {
         std::fs::write(&file, text).unwrap();
     }
 
+    /// `[undo] keep_runs = 0` in the user config: no change record is kept, so the change
+    /// summary lists the project at the start and the end (the git or metadata method) instead
+    /// of coming from the record.
+    pub fn keep_no_record(&self) {
+        let config = self.home.join(".config/corral/config.toml");
+        let text = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(&config, format!("{text}[undo]\nkeep_runs = 0\n")).unwrap();
+    }
+
     /// git on the host in `dir`, as the user (or their shell prompt) runs it: the world's home,
     /// no system config, no GIT_DIR/GIT_WORK_TREE from the test's environment.
     pub fn host_git(&self, dir: &Path, args: &[&str]) -> std::process::Output {
