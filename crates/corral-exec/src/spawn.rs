@@ -127,20 +127,18 @@ impl Spawner for HostSpawner {
             cmd.stderr(Stdio::piped());
         }
 
-        let dir_fd = spec.workdir.fd.as_raw_fd();
-        // SAFETY: the closure runs in the forked child before exec and only calls fchdir(2),
-        // which is async-signal-safe; `dir_fd` stays open in the parent until spawn returns
-        // (the WorkDir outlives this call), and the child inherits it across fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::fchdir(dir_fd) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // The confined directory by its descriptor, not by its path (which the command's
+        // processes could have renamed or replaced with a link meanwhile): the child changes to
+        // its `/proc/self/fd/N`, the descriptor it inherited (still open until its exec), which
+        // leads to that directory alone, as fchdir would. A directory rather than a closure
+        // run before the exec: the standard library then starts the child with posix_spawn
+        // (a vfork: the server's page tables are not copied for each command).
+        let dir = format!("/proc/self/fd/{}", spec.workdir.fd.as_raw_fd());
+        cmd.current_dir(&dir);
 
         let mut child = cmd.spawn().map_err(|e| match e.kind() {
+            // The directory could not be entered (no /proc here): not a missing program.
+            io::ErrorKind::NotFound if !std::path::Path::new(&dir).is_dir() => other(e),
             io::ErrorKind::NotFound => SpawnError::NotFound {
                 program: program.clone(),
             },

@@ -102,6 +102,9 @@ pub struct Gate<S = Real> {
     /// The run's change record (record.rs): what each name in the project was before the
     /// gate changed it.
     record: Option<Recorder>,
+    /// PID 1's root (the jail's `/`), opened on the first absolute path and kept: the jail
+    /// cannot mount, so it stays the root every absolute path starts from.
+    root: std::sync::OnceLock<OwnedFd>,
     sys: S,
 }
 
@@ -218,6 +221,7 @@ impl Gate {
             umasks: Umasks::default(),
             fifo_waits: Default::default(),
             record: None,
+            root: std::sync::OnceLock::new(),
             sys: Real,
         })
     }
@@ -284,8 +288,22 @@ impl<S: Sys> Gate<S> {
             umasks: self.umasks,
             fifo_waits: self.fifo_waits,
             record: self.record,
+            root: std::sync::OnceLock::new(),
             sys,
         }
+    }
+
+    /// The jail's root, opened once ([`Gate::root`]'s field).
+    fn root(&self) -> Result<&OwnedFd, i32> {
+        if let Some(fd) = self.root.get() {
+            return Ok(fd);
+        }
+        let fd = self
+            .sys
+            .open_path(libc::AT_FDCWD, b"/", libc::O_DIRECTORY)?;
+        // Another thread of the gate may have set it meanwhile: either is the same root.
+        let _ = self.root.set(fd);
+        Ok(self.root.get().expect("set just above"))
     }
 
     /// May `name` be created in the directory `parent`?
@@ -1063,6 +1081,10 @@ impl<S: Sys> Caller<'_, S> {
 struct Entry {
     parent: OwnedFd,
     last: Vec<u8>,
+    /// `parent` is on one of the jail's own file systems (its device is one of the gate's
+    /// `private_devs`, as fstat said when the path was resolved): nothing there is the host's,
+    /// so no rule, protected file or record applies to a name in it.
+    private: bool,
 }
 
 impl Entry {
@@ -1157,7 +1179,7 @@ fn resolve<S: Sys>(caller: &Caller<S>, dirfd: i32, path: &[u8]) -> Result<Resolv
             }
             // Below the caller's own directory descriptor, cwd or root: resolved from there.
             let base = sys.open_path(libc::AT_FDCWD, link.as_bytes(), 0)?;
-            return split(sys, base, tail).map(Resolved::Entry);
+            return split(caller.gate, Base::Owned(base), tail).map(Resolved::Entry);
         }
         // One plain name of the caller's /proc directory, nothing else.
         if tail.is_empty() && !first.is_empty() && first != b"." && first != b".." {
@@ -1167,11 +1189,18 @@ fn resolve<S: Sys>(caller: &Caller<S>, dirfd: i32, path: &[u8]) -> Result<Resolv
         return Err(libc::EACCES);
     }
     let base = if path[0] == b'/' {
-        sys.open_path(libc::AT_FDCWD, b"/", libc::O_DIRECTORY)?
+        Base::Root(caller.gate.root()?)
     } else {
-        caller.dirfd(dirfd)?
+        Base::Owned(caller.dirfd(dirfd)?)
     };
-    split(sys, base, &path).map(Resolved::Entry)
+    split(caller.gate, base, &path).map(Resolved::Entry)
+}
+
+/// Where [`split`] starts: a descriptor of the caller's (its cwd, a directory descriptor), or
+/// the gate's own root (PID 1's `/`, the jail's, opened once: the jail cannot mount).
+enum Base<'a> {
+    Owned(OwnedFd),
+    Root(&'a OwnedFd),
 }
 
 fn split_first(p: &[u8]) -> (&[u8], &[u8]) {
@@ -1184,33 +1213,46 @@ fn split_first(p: &[u8]) -> (&[u8], &[u8]) {
 /// Open the directory part of `path` (relative to `base`) and return it with the last
 /// component. A directory on /proc is refused (another process's files, /proc/sys): PID 1
 /// may reach more of /proc than the caller; the caller's own entries are [`resolve`]'s.
-fn split<S: Sys>(sys: &S, base: OwnedFd, path: &[u8]) -> Result<Entry, i32> {
+///
+/// The directory's device is read once here: on one of the jail's own file systems (a tmpfs
+/// the jail made, never /proc) the name needs no further check ([`Entry::private`]).
+fn split<S: Sys>(gate: &Gate<S>, base: Base<'_>, path: &[u8]) -> Result<Entry, i32> {
+    let sys = &gate.sys;
+    let owned = |base: Base<'_>| match base {
+        Base::Owned(fd) => Ok(fd),
+        Base::Root(_) => sys.open_path(libc::AT_FDCWD, b"/", libc::O_DIRECTORY),
+    };
     let trimmed_end = path.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
-    let entry = if trimmed_end == 0 {
+    let (parent, last) = if trimmed_end == 0 {
         // "/" or "///": the root itself.
-        Entry {
-            parent: base,
-            last: b".".to_vec(),
-        }
+        (owned(base)?, b".".to_vec())
     } else {
         let (dir, last) = match path[..trimmed_end].iter().rposition(|&b| b == b'/') {
             Some(i) => (&path[..=i], &path[i + 1..]),
             None => (&b""[..], path),
         };
         let parent = if dir.is_empty() {
-            base
+            owned(base)?
         } else {
-            sys.openat2_path(&base, dir, libc::O_DIRECTORY)?
+            let from = match &base {
+                Base::Owned(fd) => fd,
+                Base::Root(fd) => *fd,
+            };
+            sys.openat2_path(from, dir, libc::O_DIRECTORY)?
         };
-        Entry {
-            parent,
-            last: last.to_vec(),
-        }
+        (parent, last.to_vec())
     };
-    if sys.fstatfs_type(&entry.parent)? == PROC_SUPER_MAGIC {
+    let private = sys
+        .fstat(&parent)
+        .is_ok_and(|st| gate.private_devs.contains(&st.st_dev));
+    if !private && sys.fstatfs_type(&parent)? == PROC_SUPER_MAGIC {
         return Err(libc::EACCES);
     }
-    Ok(entry)
+    Ok(Entry {
+        parent,
+        last,
+        private,
+    })
 }
 
 fn handle<S: Sys>(gate: &Gate<S>, listener: &OwnedFd, call: &Call) -> Verdict {
@@ -1539,6 +1581,11 @@ fn sockaddr_un_of(path: &[u8]) -> Result<(libc::sockaddr_storage, libc::socklen_
 /// dropped, after the creation: the jail's other gates (an executor command's, another run's
 /// in the same project) take the same lock, so one of a pair always sees the other.
 fn check<S: Sys>(gate: &Gate<S>, entry: &Entry) -> Result<Option<OwnedFd>, i32> {
+    if entry.private {
+        // The jail's own file systems: nothing the host reads, so any name may be made
+        // (what `allows` and `hide_allows` each say there).
+        return Ok(None);
+    }
     let name = entry.name();
     let class = Refusal::of(name);
     let paired = matches!(class, Some((Refusal::Head | Refusal::Part, _)));
@@ -1660,12 +1707,30 @@ fn open<S: Sys>(
     // waiting, then as the caller asked. O_TRUNC waits for the file's check.
     let device = matches!(kind, Some(libc::S_IFCHR | libc::S_IFBLK));
     let nonblock = if device { libc::O_NONBLOCK } else { 0 };
-    let fd = gate.sys.openat(
-        &entry.parent,
-        &entry.last,
-        (flags & !libc::O_TRUNC) | libc::O_NOFOLLOW | nonblock,
-        mode,
-    )?;
+    let open_flags = (flags & !libc::O_TRUNC) | libc::O_NOFOLLOW | nonblock;
+    if creates && existing.is_none() {
+        // Nothing at the name when it was looked up: made with O_EXCL, the file is the one this
+        // open created (the kernel's own open truncates no file it created), unless another
+        // process made the name meanwhile, which is then opened as any existing file is.
+        match gate
+            .sys
+            .openat(&entry.parent, &entry.last, open_flags | libc::O_EXCL, mode)
+        {
+            Ok(fd) => {
+                // A new empty file is on its directory's file system: on the jail's own,
+                // nothing is protected; elsewhere its name may be a protected one's.
+                if !entry.private {
+                    gate.protected_file(&fd, Use::Write)?;
+                }
+                return Ok(Verdict::Fd(fd, cloexec));
+            }
+            Err(libc::EEXIST) if flags & libc::O_EXCL == 0 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let fd = gate
+        .sys
+        .openat(&entry.parent, &entry.last, open_flags, mode)?;
     let fd = checked_write_open(gate, fd, flags)?;
     if device && flags & libc::O_NONBLOCK == 0 {
         set_blocking(&fd);
@@ -1718,7 +1783,7 @@ fn follow<S: Sys>(
                 Resolved::Entry(e) => e,
                 Resolved::Own(own) => return Ok(Target::Own(own)),
             },
-            _ => split(&gate.sys, entry.parent, &target)?,
+            _ => split(gate, Base::Owned(entry.parent), &target)?,
         };
     }
     Err(libc::ELOOP)
@@ -2417,6 +2482,7 @@ mod tests {
             )
             .unwrap(),
             last: name.as_bytes().to_vec(),
+            private: false,
         };
         let with_hidden = |private: HashSet<u64>| {
             let mut gate = Gate::new(&[], private, b"").unwrap();

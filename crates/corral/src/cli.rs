@@ -29,7 +29,7 @@ pub enum Command {
     Run(RunArgs),
     /// An interactive shell inside the same jail a profile would get
     Shell(ShellArgs),
-    /// From inside a jail: run a command through the executor
+    #[command(about = EXEC_ABOUT)]
     Exec(ExecArgs),
     /// The executor server
     Serve(ServeArgs),
@@ -363,6 +363,19 @@ pub struct ShellArgs {
     #[command(flatten)]
     pub jail: JailOptions,
 }
+
+/// `corral exec` parsed on its own (main.rs): the command an agent runs most, whose start is
+/// most of its cost, without building the parser of every other command first. The same
+/// arguments, help and errors as `corral exec` in [`Cli`] (a test compares them).
+#[derive(Debug, Parser)]
+#[command(name = "exec", about = EXEC_ABOUT)]
+pub struct ExecCli {
+    #[command(flatten)]
+    pub args: ExecArgs,
+}
+
+/// What `corral exec` does, in `corral --help` and `corral exec --help`.
+pub const EXEC_ABOUT: &str = "From inside a jail: run a command through the executor";
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {

@@ -29,6 +29,10 @@ pub use usage::EXIT_CORRAL_ERROR;
 fn main() -> ExitCode {
     // The jail's set-up process, when it is this binary re-executed: it never reaches the CLI.
     corral_sandbox::init_if_requested();
+    // `corral exec`: its own parser alone (cli::ExecCli), and nothing else of corral's start.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "exec") {
+        return cmd::exec_main();
+    }
     // `corral run` and `corral shell` serve the jail's proxy: two descriptors a tunnel, so the
     // soft open-file limit goes up to the hard one, first (the jail's command gets the original
     // back: SpawnOptions::nofile_soft).

@@ -21,6 +21,22 @@ pub fn parse<C: clap::Parser>() -> Result<C, u8> {
     })
 }
 
+/// [`parse`] of `args` (program name first) with the parser `cmd`, whose usage lines name the
+/// program `bin_name`: for a command parsed on its own (`corral exec`, main.rs).
+#[allow(dead_code)] // corral only
+pub fn parse_from<C: clap::FromArgMatches>(
+    cmd: clap::Command,
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<C, u8> {
+    let finish = |e: clap::Error| {
+        let _ = e.print();
+        let _ = std::io::stdout().flush();
+        if e.use_stderr() { EXIT_CORRAL_ERROR } else { 0 }
+    };
+    let mut matches = cmd.try_get_matches_from(args).map_err(finish)?;
+    C::from_arg_matches_mut(&mut matches).map_err(finish)
+}
+
 /// Whether `err` is, or was caused by, a write to a closed pipe: the reader (`| head`) has
 /// what it wanted, and corral ends quietly with 0 instead of a message or a panic.
 #[allow(dead_code)] // corral only

@@ -412,6 +412,63 @@ echo END
     );
 }
 
+/// On the jail's own file systems (its /tmp) the gate skips its look-ups and makes a new file
+/// with O_EXCL: what the caller gets is still what its own call would have made (the umask,
+/// O_TRUNC of a file that exists, O_EXCL and noclobber on one that exists, an append, a link
+/// followed, git names, which are the jail's own there), and a file other threads made
+/// meanwhile is opened, not made again.
+#[test]
+fn creations_in_the_jails_own_tmp_behave_as_the_callers_own() {
+    let w = World::new();
+    let script = r#"
+set -e
+cd /tmp
+umask 077; : > m600; mkdir d700
+umask 022; : > m644; mkdir d755
+stat -c '%a %n' m600 d700 m644 d755
+echo long-content > t; echo short > t; cat t
+if sh -c 'set -C; : > t' 2>/dev/null; then echo NOCLOBBER-BROKEN; fi
+echo one > app; echo two >> app; cat app | tr '\n' ' '; echo
+ln -s app soft; echo three >> soft; cat app | tr '\n' ' '; echo
+mkdir repo; : > repo/HEAD; mkdir repo/objects repo/refs; echo TMP-REPO-OK
+python3 - <<'PY'
+import os, threading
+try:
+    os.open("t", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    print("EXCL-BROKEN")
+except FileExistsError:
+    print("EXCL-EEXIST")
+# Several threads create the same name at once: one makes it, the others open it.
+def w(i):
+    fd = os.open("race", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(fd, b"%d\n" % i)
+    os.close(fd)
+ts = [threading.Thread(target=w, args=(i,)) for i in range(8)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print("RACE-LINES", len(open("race").read().split()))
+PY
+echo END
+"#;
+    let out = w.sh("none", script);
+    ran(&out, "END");
+    let s = &out.stdout;
+    for want in [
+        "600 m600",
+        "700 d700",
+        "644 m644",
+        "755 d755",
+        "\nshort\n",
+        "one two \n",
+        "one two three",
+        "TMP-REPO-OK",
+        "EXCL-EEXIST",
+        "RACE-LINES 8",
+    ] {
+        assert!(s.contains(want), "{want:?} missing:\n{}", out.both());
+    }
+    assert!(!s.contains("BROKEN"), "{}", out.both());
+}
+
 /// The executor's command jails get the gate too, with the run's git directories: a command
 /// still commits (a reflog append is a `logs/HEAD` creation).
 #[test]

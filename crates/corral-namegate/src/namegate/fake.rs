@@ -386,6 +386,9 @@ impl Sys for Fake {
     ) -> Result<OwnedFd, i32> {
         let base = self.path_of(dir)?;
         let path = match self.walk(&base, name, false) {
+            Ok(_) if flags & (libc::O_CREAT | libc::O_EXCL) == libc::O_CREAT | libc::O_EXCL => {
+                return Err(libc::EEXIST);
+            }
             Ok(path) => path,
             Err(libc::ENOENT) if flags & libc::O_CREAT != 0 => {
                 let path = self.make(dir, name, libc::S_IFREG)?;

@@ -438,16 +438,22 @@ impl<S: super::Sys> super::Gate<S> {
     /// Refuse `what` on `entry`: in a protected directory the host replaced (or below it), or
     /// on the protected file it names.
     pub(super) fn protected_entry(&self, entry: &Entry, what: Use) -> Result<(), i32> {
-        self.protected_dir(&entry.parent)?;
+        // On the jail's own file systems nothing is protected (as `on_private` says, read
+        // once when the entry was resolved).
+        if entry.private {
+            return Ok(());
+        }
+        // In a protected directory the host replaced, or below it: nothing changes (EROFS,
+        // as its bind said).
+        if let Some(f) = self.protected.containing(&entry.parent) {
+            return Err(self.refuse_protected(f, Use::Below, true));
+        }
         self.protected_name(entry, what)
     }
 
-    /// Refuse `what` on the protected file `entry` names (the errno the bind gave while it
-    /// was there).
+    /// Refuse `what` on the protected file `entry` (not on the jail's own file systems)
+    /// names (the errno the bind gave while it was there).
     fn protected_name(&self, entry: &Entry, what: Use) -> Result<(), i32> {
-        if self.on_private(&entry.parent) {
-            return Ok(());
-        }
         let Some(f) = self.protected.named(entry) else {
             return Ok(());
         };
@@ -471,18 +477,6 @@ impl<S: super::Sys> super::Gate<S> {
             return Err(self.refuse_protected(f, what, true));
         }
         match self.protected.containing_file(fd) {
-            Some(f) => Err(self.refuse_protected(f, Use::Below, true)),
-            None => Ok(()),
-        }
-    }
-
-    /// Refuse changing anything in `dir` when it is, or is below, a protected directory the
-    /// host replaced (EROFS, as its bind said).
-    fn protected_dir(&self, dir: &OwnedFd) -> Result<(), i32> {
-        if self.on_private(dir) {
-            return Ok(());
-        }
-        match self.protected.containing(dir) {
             Some(f) => Err(self.refuse_protected(f, Use::Below, true)),
             None => Ok(()),
         }
@@ -641,6 +635,7 @@ mod tests {
         let entry = |name: &str| Entry {
             parent: open_path(libc::AT_FDCWD, dir.path().as_os_str(), libc::O_DIRECTORY).unwrap(),
             last: name.as_bytes().to_vec(),
+            private: false,
         };
         for name in ["config", "config.lock", "config/"] {
             assert!(p.named(&entry(name)).is_some(), "{name}");
@@ -674,6 +669,7 @@ mod tests {
         let entry = Entry {
             parent: open_path(libc::AT_FDCWD, dir.as_os_str(), libc::O_DIRECTORY).unwrap(),
             last: b"ci.yml".to_vec(),
+            private: false,
         };
         assert!(p.named(&entry).is_some());
         std::fs::write(&file, "y").unwrap();

@@ -97,6 +97,10 @@ fn errno(e: io::Error) -> i32 {
 /// Before `entry` (a name in its directory) changes.
 pub(super) fn before(rec: Option<&Recorder>, entry: &Entry) -> Result<(), i32> {
     let Some(rec) = rec else { return Ok(()) };
+    if entry.private {
+        // On the jail's own file systems (what `rel_dir` says of its device): not the project.
+        return Ok(());
+    }
     let Some(rel_dir) = rec.rel_dir(&entry.parent)? else {
         return Ok(());
     };
@@ -139,6 +143,7 @@ pub(super) fn before_fd(rec: Option<&Recorder>, fd: &OwnedFd) -> Result<(), i32>
         let entry = Entry {
             parent,
             last: path[cut + 1..].to_vec(),
+            private: false,
         };
         let now = super::fstatat(
             &entry.parent,

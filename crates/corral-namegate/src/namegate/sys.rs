@@ -238,9 +238,16 @@ impl Sys for Real {
         Ok(domain)
     }
     fn take_umask(&self, caller: &Caller<'_, Self>) -> Result<(), i32> {
+        thread_local! {
+            /// The umask this thread set last (nothing else sets this thread's).
+            static SET: std::cell::Cell<Option<libc::mode_t>> = const { std::cell::Cell::new(None) };
+        }
         let mask = caller.gate.umasks.of(caller)?;
-        // SAFETY: umask of this thread (its fs attributes are its own: CLONE_FS unshared).
-        unsafe { libc::umask(mask) };
+        if SET.get() != Some(mask) {
+            // SAFETY: umask of this thread (its fs attributes are its own: CLONE_FS unshared).
+            unsafe { libc::umask(mask) };
+            SET.set(Some(mask));
+        }
         Ok(())
     }
 

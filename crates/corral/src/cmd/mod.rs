@@ -32,6 +32,36 @@ mod undo;
 mod watch;
 mod worktree;
 
+/// `corral exec ...`, parsed without the rest of the command line's parser (main.rs): the
+/// process's exit code.
+pub fn exec_main() -> ExitCode {
+    use clap::CommandFactory;
+    let mut args = std::env::args_os();
+    let program = args.next().unwrap_or_else(|| "corral".into());
+    let name = std::path::Path::new(&program)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "corral".into());
+    // Past "exec": its own arguments, under the name its usage lines give.
+    args.next();
+    let parser = crate::cli::ExecCli::command().bin_name(format!("{name} exec"));
+    let cli: crate::cli::ExecCli = match crate::usage::parse_from(
+        parser,
+        std::iter::once(std::ffi::OsString::from("exec")).chain(args),
+    ) {
+        Ok(cli) => cli,
+        Err(code) => return ExitCode::from(code),
+    };
+    match exec::run(cli.args) {
+        Ok(code) => code,
+        Err(err) if crate::usage::is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("corral: {err:#}");
+            ExitCode::from(crate::EXIT_CORRAL_ERROR)
+        }
+    }
+}
+
 /// Whether the command line `args` (program name first) is one that runs a native jail from
 /// this process: `run`, `shell`, and the executor's `serve --jail-helper`. Read before the
 /// command line is parsed (main.rs); a wrong guess costs one fork, or one exec later.
@@ -98,5 +128,74 @@ pub fn dispatch(cli: Cli, early: Option<PreparedJail>) -> anyhow::Result<ExitCod
             worktree::list(args)
         }
         Command::Worktree(cmd) => worktree::run_command(cmd),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, FromArgMatches, Parser};
+
+    use crate::cli::{Cli, Command, ExecCli};
+
+    /// `corral exec` parsed alone (main.rs) answers as the whole command line's parser does:
+    /// the same help, the same usage errors, the same arguments.
+    #[test]
+    fn exec_parsed_alone_is_exec_under_corral() {
+        let mut whole = Cli::command().bin_name("corral");
+        whole.build();
+        let mut under = whole.find_subcommand_mut("exec").unwrap().clone();
+        let mut alone = ExecCli::command().bin_name("corral exec");
+        assert_eq!(
+            under.render_long_help().to_string(),
+            alone.render_long_help().to_string()
+        );
+        assert_eq!(
+            under.render_help().to_string(),
+            alone.render_help().to_string()
+        );
+        for args in [
+            &[][..],
+            &["--bogus", "--", "x"],
+            &["--timeout"],
+            &["true"],
+            &["--help"],
+            &["-h"],
+            &["--version"],
+        ] {
+            let whole = Cli::try_parse_from(["corral", "exec"].iter().chain(args));
+            let alone = ExecCli::command()
+                .bin_name("corral exec")
+                .try_get_matches_from(["exec"].iter().chain(args));
+            match (whole, alone) {
+                (Err(w), Err(a)) => {
+                    assert_eq!(w.kind(), a.kind(), "{args:?}");
+                    assert_eq!(w.render().to_string(), a.render().to_string(), "{args:?}");
+                }
+                (w, a) => panic!("{args:?}: {w:?} / {a:?}"),
+            }
+        }
+        let args = [
+            "--timeout",
+            "5s",
+            "--cwd",
+            "sub",
+            "--stdin",
+            "--env",
+            "TERM=x",
+            "--",
+            "ls",
+            "-l",
+        ];
+        let Command::Exec(whole) = Cli::try_parse_from(["corral", "exec"].iter().chain(&args))
+            .unwrap()
+            .command
+        else {
+            panic!("not exec")
+        };
+        let mut m = ExecCli::command()
+            .try_get_matches_from(["exec"].iter().chain(&args))
+            .unwrap();
+        let alone = ExecCli::from_arg_matches_mut(&mut m).unwrap().args;
+        assert_eq!(format!("{whole:?}"), format!("{alone:?}"));
     }
 }
