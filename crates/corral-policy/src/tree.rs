@@ -691,35 +691,41 @@ pub fn save(tree: &Tree, file: &Path) -> std::io::Result<()> {
     r
 }
 
-/// The last update made in this process, for the next [`take_or_update`].
-static STASH: Mutex<Option<Arc<Tree>>> = Mutex::new(None);
-
 /// Update the index of `root`: the one kept in corral's state directory when it may be used
 /// (`reach`: every path the run's jail sees, the project's root among them), else a full walk.
-/// Writes it back when a directory was listed, stashes it for [`take_or_update`]. A kept index
-/// the jail could have written (its directory is in `reach`) is removed, never used.
+/// Writes it back when a directory was listed. A kept index the jail could have written (its
+/// directory is in `reach`) is removed, never used.
 pub fn update(root: &Path, reach: &[PathBuf]) -> Arc<Tree> {
     let file = index_file(root);
     let dir = file.as_deref().and_then(Path::parent);
     let usable = dir.is_some_and(|d| d.is_dir() && usable_dir(d, reach));
-    let file = file.filter(|_| usable);
-    if !usable && let Some(f) = index_file(root) {
+    if !usable && let Some(f) = &file {
         let _ = std::fs::remove_file(f);
     }
+    let file = file.filter(|_| usable);
     let prev = file.as_deref().and_then(|f| load(f, root));
     let tree = scan(root, prev.as_ref());
+    let grew = tree.dirs.len() != prev.as_ref().map_or(0, |p| p.len());
     if let Some(f) = &file
-        && (prev.is_none() || tree.relisted > 0 || tree.dirs.len() != prev.map_or(0, |p| p.len()))
+        && (prev.is_none() || tree.relisted > 0 || grew)
     {
         let _ = save(&tree, f);
     }
-    let tree = Arc::new(tree);
+    Arc::new(tree)
+}
+
+/// The update made when a Plan is made, for the git guard's snapshot at the start of the run.
+static STASH: Mutex<Option<Arc<Tree>>> = Mutex::new(None);
+
+/// [`update`], the tree kept for the next [`take_or_update`] of this process.
+pub fn update_and_stash(root: &Path, reach: &[PathBuf]) -> Arc<Tree> {
+    let tree = update(root, reach);
     *STASH.lock().unwrap_or_else(|p| p.into_inner()) = Some(tree.clone());
     tree
 }
 
-/// The tree [`update`] last made in this process for `root`, taken (a second call updates),
-/// or a new update (the jail's reach taken to be the project only).
+/// The tree [`update_and_stash`] last made in this process when it is `root`'s, taken (once:
+/// a second call updates), else a new update (the jail's reach taken to be the project).
 pub fn take_or_update(root: &Path) -> Arc<Tree> {
     let stashed = STASH.lock().unwrap_or_else(|p| p.into_inner()).take();
     match stashed {
