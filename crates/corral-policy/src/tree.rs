@@ -136,6 +136,8 @@ pub struct Tree {
     dirs: HashMap<PathBuf, Listing>,
     /// Directories listed by the update that made this tree (the rest were known unchanged).
     relisted: usize,
+    /// Of those, the ones whose entries differ from the previous tree's (or that it had not).
+    changed: usize,
 }
 
 impl Tree {
@@ -170,7 +172,6 @@ impl Tree {
         if set.is_empty() {
             return Ok(Vec::new());
         }
-        let objects = Path::new(".git/objects");
         let mut found = Vec::new();
         let mut stack = vec![PathBuf::new()];
         while let Some(rel) = stack.pop() {
@@ -185,11 +186,12 @@ impl Tree {
                 }
                 _ => {}
             }
+            let in_git = rel.as_os_str() == ".git";
             for (name, is_dir) in l.entries() {
-                let child = rel.join(name);
-                if child == objects {
+                if in_git && name == "objects" {
                     continue;
                 }
+                let child = rel.join(name);
                 if set.is_match(&child) {
                     found.push(self.root.join(&child));
                 } else if is_dir {
@@ -321,6 +323,7 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tre
         root: root.to_path_buf(),
         dirs: HashMap::new(),
         relisted: 0,
+        changed: 0,
     };
     let prev = prev.filter(|p| p.root == root);
     let mut fs_ok: HashMap<u64, bool> = HashMap::new();
@@ -447,6 +450,9 @@ fn visit_open(
         _ => {
             tree.relisted += 1;
             let (entries, failed) = list(fd.as_raw_fd());
+            if before.is_none_or(|b| b.entries != entries || b.failed != failed) {
+                tree.changed += 1;
+            }
             Listing {
                 key,
                 listed_ns,
@@ -455,10 +461,10 @@ fn visit_open(
             }
         }
     };
+    let in_git = rel.as_os_str() == ".git";
     for name in listing.subdirs() {
-        let child = rel.join(name);
-        if child != Path::new(".git/objects") {
-            stack.push((child, Some(fd.clone())));
+        if !(in_git && name == "objects") {
+            stack.push((rel.join(name), Some(fd.clone())));
         }
     }
     tree.dirs.insert(rel, listing);
@@ -591,6 +597,7 @@ impl Tree {
             root: root.to_path_buf(),
             dirs,
             relisted: 0,
+            changed: 0,
         })
     }
 }
@@ -693,7 +700,7 @@ pub fn save(tree: &Tree, file: &Path) -> std::io::Result<()> {
 
 /// Update the index of `root`: the one kept in corral's state directory when it may be used
 /// (`reach`: every path the run's jail sees, the project's root among them), else a full walk.
-/// Writes it back when a directory was listed. A kept index the jail could have written (its
+/// Writes it back when an entry changed. A kept index the jail could have written (its
 /// directory is in `reach`) is removed, never used.
 pub fn update(root: &Path, reach: &[PathBuf]) -> Arc<Tree> {
     let file = index_file(root);
@@ -705,9 +712,12 @@ pub fn update(root: &Path, reach: &[PathBuf]) -> Arc<Tree> {
     let file = file.filter(|_| usable);
     let prev = file.as_deref().and_then(|f| load(f, root));
     let tree = scan(root, prev.as_ref());
+    // Written back when an entry changed, or a directory came or went. A directory listed
+    // again with the same entries (corral's own placeholders come and go in the project's root
+    // and `.git` on every run) is not worth a write: the next update lists it again.
     let grew = tree.dirs.len() != prev.as_ref().map_or(0, |p| p.len());
     if let Some(f) = &file
-        && (prev.is_none() || tree.relisted > 0 || grew)
+        && (prev.is_none() || tree.changed > 0 || grew)
     {
         let _ = save(&tree, f);
     }
