@@ -138,6 +138,8 @@ pub struct Tree {
     relisted: usize,
     /// Of those, the ones whose entries differ from the previous tree's (or that it had not).
     changed: usize,
+    /// Whether the kept file holds these listings (keys aside): read from it, or written.
+    stored: bool,
 }
 
 impl Tree {
@@ -324,6 +326,7 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tre
         dirs: HashMap::new(),
         relisted: 0,
         changed: 0,
+        stored: false,
     };
     let prev = prev.filter(|p| p.root == root);
     let mut fs_ok: HashMap<u64, bool> = HashMap::new();
@@ -598,6 +601,7 @@ impl Tree {
             dirs,
             relisted: 0,
             changed: 0,
+            stored: true,
         })
     }
 }
@@ -710,19 +714,30 @@ pub fn update(root: &Path, reach: &[PathBuf]) -> Arc<Tree> {
         let _ = std::fs::remove_file(f);
     }
     let file = file.filter(|_| usable);
-    let prev = file.as_deref().and_then(|f| load(f, root));
-    let tree = scan(root, prev.as_ref());
+    // This process's last tree of `root` (the start's, at the end of a run) before the file:
+    // nothing but this process made it.
+    let last = LAST.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let prev = match last {
+        Some(t) if t.root == root => Some(t),
+        _ => file.as_deref().and_then(|f| load(f, root)).map(Arc::new),
+    };
+    let tree = scan(root, prev.as_deref());
     // Written back when an entry changed, or a directory came or went. A directory listed
     // again with the same entries (corral's own placeholders come and go in the project's root
     // and `.git` on every run) is not worth a write: the next update lists it again.
     let grew = tree.dirs.len() != prev.as_ref().map_or(0, |p| p.len());
-    if let Some(f) = &file
-        && (prev.is_none() || tree.changed > 0 || grew)
-    {
-        let _ = save(&tree, f);
+    let mut tree = tree;
+    if let Some(f) = &file {
+        let kept = prev.is_some_and(|p| p.stored) && tree.changed == 0 && !grew;
+        tree.stored = kept || save(&tree, f).is_ok();
     }
-    Arc::new(tree)
+    let tree = Arc::new(tree);
+    *LAST.lock().unwrap_or_else(|p| p.into_inner()) = Some(tree.clone());
+    tree
 }
+
+/// The last tree [`update`] made in this process.
+static LAST: Mutex<Option<Arc<Tree>>> = Mutex::new(None);
 
 /// The update made when a Plan is made, for the git guard's snapshot at the start of the run.
 static STASH: Mutex<Option<Arc<Tree>>> = Mutex::new(None);
