@@ -97,8 +97,11 @@ pub struct Listing {
     /// The fine clock (ns since the epoch) read before the key was taken.
     listed_ns: i64,
     /// Each entry: a byte 1 (a directory) or 2 (anything else), its name, a NUL.
-    entries: Vec<u8>,
+    entries: Arc<[u8]>,
     failed: Option<Failed>,
+    /// Which entries (by position) the `hide` patterns of the given hash match, when known:
+    /// carried over with the listing, so an unchanged directory is not matched again.
+    hits: Option<(u64, Arc<[u32]>)>,
 }
 
 impl Listing {
@@ -117,6 +120,11 @@ impl Listing {
 
     fn subdirs(&self) -> impl Iterator<Item = &OsStr> {
         self.entries().filter(|(_, d)| *d).map(|(n, _)| n)
+    }
+
+    /// Whether an entry is a directory (no decoding of the names).
+    fn has_subdirs(&self) -> bool {
+        self.entries.first() == Some(&1) || self.entries.windows(2).any(|w| w == [0, 1])
     }
 
     /// Whether this listing still stands for a directory whose key is `key` now.
@@ -174,6 +182,7 @@ impl Tree {
         if set.is_empty() {
             return Ok(Vec::new());
         }
+        let hash = patterns_hash(patterns);
         let mut found = Vec::new();
         let mut stack = vec![PathBuf::new()];
         while let Some(rel) = stack.pop() {
@@ -189,21 +198,60 @@ impl Tree {
                 _ => {}
             }
             let in_git = rel.as_os_str() == ".git";
-            for (name, is_dir) in l.entries() {
+            let memo = l.hits.as_ref().filter(|(h, _)| *h == hash).map(|(_, v)| v);
+            let mut hits = memo.map(|v| v.iter().copied().peekable());
+            for (i, (name, is_dir)) in l.entries().enumerate() {
+                let hit = match &mut hits {
+                    Some(hits) => hits.next_if_eq(&(i as u32)).is_some(),
+                    None => set.is_match(&rel.join(name)),
+                };
                 if in_git && name == "objects" {
                     continue;
                 }
-                let child = rel.join(name);
-                if set.is_match(&child) {
-                    found.push(self.root.join(&child));
+                if hit {
+                    found.push(self.root.join(&rel).join(name));
                 } else if is_dir {
-                    stack.push(child);
+                    stack.push(rel.join(name));
                 }
             }
         }
         found.sort();
         found.dedup_by(|below, dir| below.starts_with(dir));
         Ok(found)
+    }
+}
+
+/// What the `hide` patterns are known by in a listing's memo of its matches.
+fn patterns_hash(patterns: &[String]) -> u64 {
+    let mut b = Vec::new();
+    for p in patterns {
+        b.extend_from_slice(p.as_bytes());
+        b.push(0);
+    }
+    checksum(&b)
+}
+
+impl Tree {
+    /// Note in each listing without them which of its entries `patterns` match (a listing
+    /// carried over from the previous tree keeps its own).
+    pub fn match_entries(&mut self, patterns: &[String]) {
+        let Ok(set) = crate::hide::HideSet::new(patterns) else {
+            return;
+        };
+        if set.is_empty() {
+            return;
+        }
+        let hash = patterns_hash(patterns);
+        for (rel, l) in self.dirs.iter_mut() {
+            if l.hits.as_ref().is_some_and(|(h, _)| *h == hash) {
+                continue;
+            }
+            let hits: Vec<u32> = (l.entries().enumerate())
+                .filter(|(_, (name, _))| set.is_match(&rel.join(name)))
+                .map(|(i, _)| i as u32)
+                .collect();
+            l.hits = Some((hash, hits.into()));
+        }
     }
 }
 
@@ -343,8 +391,9 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tre
                 Listing {
                     key: None,
                     listed_ns,
-                    entries: Vec::new(),
+                    entries: Arc::new([]),
                     failed: Some(failure(e)),
+                    hits: None,
                 },
             );
             return tree;
@@ -375,8 +424,9 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tre
                 Listing {
                     key,
                     listed_ns,
-                    entries: Vec::new(),
+                    entries: Arc::new([]),
                     failed: Some(failure(e)),
+                    hits: None,
                 },
             );
         };
@@ -398,7 +448,7 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tre
         if let Some(before) = before
             && before.holds_for(&key)
             && fs_ok.get(&key.dev) == Some(&true)
-            && before.subdirs().next().is_none()
+            && !before.has_subdirs()
         {
             tree.dirs.insert(rel, before.clone());
             continue;
@@ -453,14 +503,25 @@ fn visit_open(
         _ => {
             tree.relisted += 1;
             let (entries, failed) = list(fd.as_raw_fd());
-            if before.is_none_or(|b| b.entries != entries || b.failed != failed) {
-                tree.changed += 1;
-            }
-            Listing {
-                key,
-                listed_ns,
-                entries,
-                failed,
+            match before {
+                // The same entries: the memo of their matches still holds.
+                Some(b) if *b.entries == *entries && b.failed == failed => Listing {
+                    key,
+                    listed_ns,
+                    entries: b.entries.clone(),
+                    failed,
+                    hits: b.hits.clone(),
+                },
+                _ => {
+                    tree.changed += 1;
+                    Listing {
+                        key,
+                        listed_ns,
+                        entries: entries.into(),
+                        failed,
+                        hits: None,
+                    }
+                }
             }
         }
     };
@@ -493,12 +554,17 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
-/// FNV-1a over `b`: a damaged file is told from a whole one.
+/// A hash of `b`, eight bytes at a time: a damaged file is told from a whole one (what the
+/// jail could forge is kept out by where the file is and who owns it, not by this).
 fn checksum(b: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for x in b {
-        h ^= u64::from(*x);
-        h = h.wrapping_mul(0x0100_0000_01b3);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ b.len() as u64;
+    let mut words = b.chunks_exact(8);
+    for w in &mut words {
+        let x = u64::from_le_bytes(w.try_into().unwrap_or_default());
+        h = (h ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
+    }
+    for x in words.remainder() {
+        h = (h ^ u64::from(*x)).wrapping_mul(0x0100_0000_01b3);
     }
     h
 }
@@ -539,6 +605,17 @@ impl Tree {
                 Some(Failed::Unreadable) => 2,
             });
             put_bytes(&mut out, &l.entries);
+            match &l.hits {
+                Some((h, hits)) => {
+                    out.push(1);
+                    put_u64(&mut out, *h);
+                    put_u64(&mut out, hits.len() as u64);
+                    for i in hits.iter() {
+                        put_u32(&mut out, *i);
+                    }
+                }
+                None => out.push(0),
+            }
         }
         let sum = checksum(&out);
         put_u64(&mut out, sum);
@@ -581,15 +658,32 @@ impl Tree {
                 2 => Some(Failed::Unreadable),
                 _ => return None,
             };
-            let entries = r.bytes()?.to_vec();
+            let entries: Arc<[u8]> = r.bytes()?.into();
             if entries.last().is_some_and(|b| *b != 0) || rel.is_absolute() {
                 return None;
             }
+            let hits = match r.take(1)?[0] {
+                0 => None,
+                1 => {
+                    let h = r.u64()?;
+                    let n = usize::try_from(r.u64()?).ok()?;
+                    let mut v = Vec::with_capacity(n.min(r.b.len() / 4));
+                    for _ in 0..n {
+                        v.push(r.u32()?);
+                    }
+                    if !v.is_sorted_by(|a, b| a < b) {
+                        return None;
+                    }
+                    Some((h, v.into()))
+                }
+                _ => return None,
+            };
             let l = Listing {
                 key,
                 listed_ns,
                 entries,
                 failed,
+                hits,
             };
             dirs.insert(rel, l);
         }
@@ -706,7 +800,7 @@ pub fn save(tree: &Tree, file: &Path) -> std::io::Result<()> {
 /// (`reach`: every path the run's jail sees, the project's root among them), else a full walk.
 /// Writes it back when an entry changed. A kept index the jail could have written (its
 /// directory is in `reach`) is removed, never used.
-pub fn update(root: &Path, reach: &[PathBuf]) -> Arc<Tree> {
+pub fn update(root: &Path, reach: &[PathBuf], hide: &[String]) -> Arc<Tree> {
     let file = index_file(root);
     let dir = file.as_deref().and_then(Path::parent);
     let usable = dir.is_some_and(|d| d.is_dir() && usable_dir(d, reach));
@@ -727,6 +821,7 @@ pub fn update(root: &Path, reach: &[PathBuf]) -> Arc<Tree> {
     // and `.git` on every run) is not worth a write: the next update lists it again.
     let grew = tree.dirs.len() != prev.as_ref().map_or(0, |p| p.len());
     let mut tree = tree;
+    tree.match_entries(hide);
     if let Some(f) = &file {
         let kept = prev.is_some_and(|p| p.stored) && tree.changed == 0 && !grew;
         tree.stored = kept || save(&tree, f).is_ok();
@@ -743,8 +838,8 @@ static LAST: Mutex<Option<Arc<Tree>>> = Mutex::new(None);
 static STASH: Mutex<Option<Arc<Tree>>> = Mutex::new(None);
 
 /// [`update`], the tree kept for the next [`take_or_update`] of this process.
-pub fn update_and_stash(root: &Path, reach: &[PathBuf]) -> Arc<Tree> {
-    let tree = update(root, reach);
+pub fn update_and_stash(root: &Path, reach: &[PathBuf], hide: &[String]) -> Arc<Tree> {
+    let tree = update(root, reach, hide);
     *STASH.lock().unwrap_or_else(|p| p.into_inner()) = Some(tree.clone());
     tree
 }
@@ -755,7 +850,7 @@ pub fn take_or_update(root: &Path) -> Arc<Tree> {
     let stashed = STASH.lock().unwrap_or_else(|p| p.into_inner()).take();
     match stashed {
         Some(t) if t.root == root => t,
-        _ => update(root, &[root.to_path_buf()]),
+        _ => update(root, &[root.to_path_buf()], &[]),
     }
 }
 
@@ -825,12 +920,18 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let root = t.path().join("p");
         std::fs::create_dir_all(root.join("d")).unwrap();
-        let tree = scan(&root, None);
+        std::fs::write(root.join("d/.env"), "").unwrap();
+        let hide = vec![".env".to_string()];
+        let mut tree = scan(&root, None);
+        tree.match_entries(&hide);
         let file = t.path().join("idx");
         save(&tree, &file).unwrap();
         let back = load(&file, &root).expect("a whole index reads back");
         assert_eq!(back.len(), tree.len());
         assert_eq!(names(&back, ""), ["d/"]);
+        let memo = back.listing(Path::new("d")).unwrap().hits.clone();
+        assert_eq!(memo.map(|(_, v)| v.to_vec()), Some(vec![0]));
+        assert_eq!(back.masked(&hide).unwrap(), [root.join("d/.env")]);
         // Another project's.
         assert!(load(&file, &t.path().join("q")).is_none());
         // Damaged: a byte changed, cut short.

@@ -74,7 +74,10 @@ pub fn appeared(plan: &Plan) -> Vec<String> {
         return Vec::new();
     }
     let root = &plan.project.root;
-    appeared_in(plan, &corral_policy::tree::update(root, &[root.clone()]))
+    appeared_in(
+        plan,
+        &corral_policy::tree::update(root, &[root.clone()], &plan.hide),
+    )
 }
 
 /// [`appeared`] with the project's tree index as updated after the jail ended.

@@ -392,7 +392,7 @@ impl Session {
         // for hidden files that appeared (corral_policy::tree).
         let root = &plan.project.root;
         let tree = (git.as_ref().is_some_and(gitguard::Snapshot::nested) || !plan.hide.is_empty())
-            .then(|| corral_policy::tree::update(root, &jail_reach(plan)));
+            .then(|| corral_policy::tree::update(root, &jail_reach(plan), &plan.hide));
         let git_lines = git
             .map(|g| gitguard::check_in(g, &jail_id, tree.as_deref()))
             .unwrap_or_default();

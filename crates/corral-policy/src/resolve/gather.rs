@@ -234,7 +234,7 @@ fn look(g: &Gathered) -> Result<Disk, PolicyError> {
     // where nothing the jail binds reaches it. The update is stashed for the git guard's
     // snapshot at the start of the run.
     let reach: Vec<PathBuf> = std::iter::once(g.root.clone()).chain(sources).collect();
-    disk.masked = crate::tree::update_and_stash(&g.root, &reach).masked(&hide)?;
+    disk.masked = crate::tree::update_and_stash(&g.root, &reach, &hide).masked(&hide)?;
     Ok(disk)
 }
 
