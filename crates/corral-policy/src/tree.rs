@@ -57,7 +57,7 @@ pub const CLOCK_SLACK_NS: i64 = 50_000_000;
 pub const FILE_NAME: &str = "tree-index";
 
 const MAGIC: &[u8] = b"corral tree index\n";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// A directory's identity and change times, as `stat` gives them.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -96,10 +96,15 @@ pub struct Listing {
     key: Option<Key>,
     /// The fine clock (ns since the epoch) read before the key was taken.
     listed_ns: i64,
-    /// Each entry: a byte 1 (a directory) or 2 (anything else), its name, a NUL.
+    /// Each entry: a byte 1 (a directory) or 2 (anything else), its name, a NUL; the
+    /// directories first.
     entries: Arc<[u8]>,
+    /// Where the entries that are not directories start in `entries`.
+    dirs_len: u32,
+    /// Which of the names git's discovery looks at it holds ([`GitNames`]).
+    git: u8,
     failed: Option<Failed>,
-    /// Which entries (by position) the `hide` patterns of the given hash match, when known:
+    /// Which entries (by offset in `entries`) the `hide` patterns of the given hash match, when known:
     /// carried over with the listing, so an unchanged directory is not matched again.
     hits: Option<(u64, Arc<[u32]>)>,
 }
@@ -108,23 +113,30 @@ impl Listing {
     /// The entries read: each name and whether it is a directory (the type the listing gave,
     /// a link being no directory).
     pub fn entries(&self) -> impl Iterator<Item = (&OsStr, bool)> {
-        self.entries
-            .split(|b| *b == 0)
-            .filter(|e| !e.is_empty())
-            .map(|e| (OsStr::from_bytes(&e[1..]), e[0] == 1))
+        entries_in(&self.entries, 0).map(|(_, n, d)| (n, d))
+    }
+
+    /// The names of the entries that are directories.
+    pub fn subdirs(&self) -> impl Iterator<Item = &OsStr> {
+        entries_in(&self.entries[..self.dirs_len as usize], 0).map(|(_, n, _)| n)
+    }
+
+    /// Which of the names git looks at this directory holds.
+    pub fn git_names(&self) -> GitNames {
+        GitNames {
+            dot_git: self.git & 1 != 0,
+            head_file: self.git & 2 != 0,
+            objects: self.git & 4 != 0,
+            refs: self.git & 8 != 0,
+        }
     }
 
     pub fn failed(&self) -> Option<Failed> {
         self.failed
     }
 
-    fn subdirs(&self) -> impl Iterator<Item = &OsStr> {
-        self.entries().filter(|(_, d)| *d).map(|(n, _)| n)
-    }
-
-    /// Whether an entry is a directory (no decoding of the names).
     fn has_subdirs(&self) -> bool {
-        self.entries.first() == Some(&1) || self.entries.windows(2).any(|w| w == [0, 1])
+        self.dirs_len > 0
     }
 
     /// Whether this listing still stands for a directory whose key is `key` now.
@@ -133,6 +145,37 @@ impl Listing {
             && self.key.as_ref() == Some(key)
             && key.ctime_ns < self.listed_ns.saturating_sub(CLOCK_SLACK_NS)
     }
+}
+
+/// Of the names git's discovery looks at, the ones a directory holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GitNames {
+    /// An entry `.git`, of any type.
+    pub dot_git: bool,
+    /// An entry `HEAD` that is not a directory.
+    pub head_file: bool,
+    /// An entry `objects`, of any type.
+    pub objects: bool,
+    /// An entry `refs`, of any type.
+    pub refs: bool,
+}
+
+/// The entries encoded in `b` (which starts at offset `base` of its listing): offset, name,
+/// whether a directory.
+fn entries_in(b: &[u8], base: u32) -> impl Iterator<Item = (u32, &OsStr, bool)> {
+    let mut at = 0usize;
+    std::iter::from_fn(move || {
+        let rest = b.get(at..)?;
+        let (&kind, after) = rest.split_first()?;
+        let len = after.iter().position(|c| *c == 0)?;
+        let off = at;
+        at += len + 2;
+        Some((
+            base + off as u32,
+            OsStr::from_bytes(&after[..len]),
+            kind == 1,
+        ))
+    })
 }
 
 /// The directories under a project's root, each listed or known unchanged since it was.
@@ -199,20 +242,37 @@ impl Tree {
             }
             let in_git = rel.as_os_str() == ".git";
             let memo = l.hits.as_ref().filter(|(h, _)| *h == hash).map(|(_, v)| v);
-            let mut hits = memo.map(|v| v.iter().copied().peekable());
-            for (i, (name, is_dir)) in l.entries().enumerate() {
-                let hit = match &mut hits {
-                    Some(hits) => hits.next_if_eq(&(i as u32)).is_some(),
-                    None => set.is_match(&rel.join(name)),
+            let Some(memo) = memo else {
+                for (name, is_dir) in l.entries() {
+                    if in_git && name == "objects" {
+                        continue;
+                    }
+                    let child = rel.join(name);
+                    if set.is_match(&child) {
+                        found.push(self.root.join(&child));
+                    } else if is_dir {
+                        stack.push(child);
+                    }
+                }
+                continue;
+            };
+            // The matches noted, then the directories that are not among them: no name
+            // matched again, no other entry looked at.
+            for &off in memo.iter() {
+                let Some((_, name, _)) = entries_in(&l.entries[off as usize..], off).next() else {
+                    continue;
                 };
-                if in_git && name == "objects" {
+                if !(in_git && name == "objects") {
+                    found.push(self.root.join(&rel).join(name));
+                }
+            }
+            let mut hits = memo.iter().copied().peekable();
+            for (off, name, _) in entries_in(&l.entries[..l.dirs_len as usize], 0) {
+                while hits.next_if(|h| *h < off).is_some() {}
+                if hits.next_if_eq(&off).is_some() || (in_git && name == "objects") {
                     continue;
                 }
-                if hit {
-                    found.push(self.root.join(&rel).join(name));
-                } else if is_dir {
-                    stack.push(rel.join(name));
-                }
+                stack.push(rel.join(name));
             }
         }
         found.sort();
@@ -246,9 +306,9 @@ impl Tree {
             if l.hits.as_ref().is_some_and(|(h, _)| *h == hash) {
                 continue;
             }
-            let hits: Vec<u32> = (l.entries().enumerate())
-                .filter(|(_, (name, _))| set.is_match(&rel.join(name)))
-                .map(|(i, _)| i as u32)
+            let hits: Vec<u32> = entries_in(&l.entries, 0)
+                .filter(|(_, name, _)| set.is_match(&rel.join(name)))
+                .map(|(off, _, _)| off)
                 .collect();
             l.hits = Some((hash, hits.into()));
         }
@@ -309,18 +369,18 @@ fn open_dir(dir: RawFd, name: &CString, nofollow: bool) -> Result<OwnedFd, i32> 
 
 /// Read the entries of the directory open at `fd`: the encoded entries and whether the
 /// listing failed partway.
-fn list(fd: RawFd) -> (Vec<u8>, Option<Failed>) {
+fn list(fd: RawFd) -> (Listed, Option<Failed>) {
     // SAFETY: the duplicate is handed to fdopendir, which owns it until closedir.
     let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
     if dup < 0 {
-        return (Vec::new(), Some(Failed::Unreadable));
+        return (Listed::default(), Some(Failed::Unreadable));
     }
     let dirp = unsafe { libc::fdopendir(dup) };
     if dirp.is_null() {
         unsafe { libc::close(dup) };
-        return (Vec::new(), Some(Failed::Unreadable));
+        return (Listed::default(), Some(Failed::Unreadable));
     }
-    let mut out = Vec::new();
+    let (mut dirs, mut others, mut git) = (Vec::new(), Vec::new(), 0u8);
     let mut failed = None;
     loop {
         // SAFETY: errno is reset to tell an error from the end of the directory.
@@ -349,13 +409,36 @@ fn list(fd: RawFd) -> (Vec<u8>, Option<Failed>) {
                 .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR),
             _ => false,
         };
+        git |= match bytes {
+            b".git" => 1,
+            b"HEAD" if !is_dir => 2,
+            b"objects" => 4,
+            b"refs" => 8,
+            _ => 0,
+        };
+        let out = if is_dir { &mut dirs } else { &mut others };
         out.push(if is_dir { 1 } else { 2 });
         out.extend_from_slice(bytes);
         out.push(0);
     }
     // SAFETY: closes `dup` too.
     unsafe { libc::closedir(dirp) };
-    (out, failed)
+    let dirs_len = dirs.len() as u32;
+    dirs.extend_from_slice(&others);
+    let listed = Listed {
+        entries: dirs,
+        dirs_len,
+        git,
+    };
+    (listed, failed)
+}
+
+/// A directory's entries as [`Listing`] keeps them.
+#[derive(Default)]
+struct Listed {
+    entries: Vec<u8>,
+    dirs_len: u32,
+    git: u8,
 }
 
 /// The fine clock, in ns since the epoch.
@@ -392,6 +475,8 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tre
                     key: None,
                     listed_ns,
                     entries: Arc::new([]),
+                    dirs_len: 0,
+                    git: 0,
                     failed: Some(failure(e)),
                     hits: None,
                 },
@@ -425,6 +510,8 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tre
                     key,
                     listed_ns,
                     entries: Arc::new([]),
+                    dirs_len: 0,
+                    git: 0,
                     failed: Some(failure(e)),
                     hits: None,
                 },
@@ -502,22 +589,23 @@ fn visit_open(
         (Some(before), Some(key)) if trusted && before.holds_for(&key) => before.clone(),
         _ => {
             tree.relisted += 1;
-            let (entries, failed) = list(fd.as_raw_fd());
+            let (listed, failed) = list(fd.as_raw_fd());
             match before {
                 // The same entries: the memo of their matches still holds.
-                Some(b) if *b.entries == *entries && b.failed == failed => Listing {
+                Some(b) if *b.entries == *listed.entries && b.failed == failed => Listing {
                     key,
                     listed_ns,
-                    entries: b.entries.clone(),
                     failed,
-                    hits: b.hits.clone(),
+                    ..b.clone()
                 },
                 _ => {
                     tree.changed += 1;
                     Listing {
                         key,
                         listed_ns,
-                        entries: entries.into(),
+                        entries: listed.entries.into(),
+                        dirs_len: listed.dirs_len,
+                        git: listed.git,
                         failed,
                         hits: None,
                     }
@@ -605,6 +693,8 @@ impl Tree {
                 Some(Failed::Unreadable) => 2,
             });
             put_bytes(&mut out, &l.entries);
+            put_u32(&mut out, l.dirs_len);
+            out.push(l.git);
             match &l.hits {
                 Some((h, hits)) => {
                     out.push(1);
@@ -659,7 +749,14 @@ impl Tree {
                 _ => return None,
             };
             let entries: Arc<[u8]> = r.bytes()?.into();
-            if entries.last().is_some_and(|b| *b != 0) || rel.is_absolute() {
+            let dirs_len = r.u32()?;
+            let git = r.take(1)?[0];
+            let cut = dirs_len as usize;
+            if entries.last().is_some_and(|b| *b != 0)
+                || rel.is_absolute()
+                || cut > entries.len()
+                || (cut > 0 && entries[cut - 1] != 0)
+            {
                 return None;
             }
             let hits = match r.take(1)?[0] {
@@ -671,7 +768,10 @@ impl Tree {
                     for _ in 0..n {
                         v.push(r.u32()?);
                     }
-                    if !v.is_sorted_by(|a, b| a < b) {
+                    if !v.is_sorted_by(|a, b| a < b)
+                        || v.last()
+                            .is_some_and(|o| *o as usize >= cut.max(entries.len()))
+                    {
                         return None;
                     }
                     Some((h, v.into()))
@@ -682,6 +782,8 @@ impl Tree {
                 key,
                 listed_ns,
                 entries,
+                dirs_len,
+                git,
                 failed,
                 hits,
             };
@@ -930,7 +1032,11 @@ mod tests {
         assert_eq!(back.len(), tree.len());
         assert_eq!(names(&back, ""), ["d/"]);
         let memo = back.listing(Path::new("d")).unwrap().hits.clone();
-        assert_eq!(memo.map(|(_, v)| v.to_vec()), Some(vec![0]));
+        assert_eq!(
+            memo.map(|(_, v)| v.to_vec()),
+            Some(vec![0]),
+            "the offset of `.env`"
+        );
         assert_eq!(back.masked(&hide).unwrap(), [root.join("d/.env")]);
         // Another project's.
         assert!(load(&file, &t.path().join("q")).is_none());

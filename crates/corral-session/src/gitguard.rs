@@ -280,27 +280,19 @@ fn find_git_dirs(tree: &Tree) -> ProjectGitEntries {
             continue;
         };
         let dir = root.join(&rel);
-        let (mut head, mut objects, mut refs) = (false, false, false);
-        for (name, is_dir) in listing.entries() {
-            if name == ".git" {
-                if dir != root {
-                    found.dot_git.push(dir.join(name));
-                }
-                continue;
-            }
-            // git asks only access(X_OK) of `objects` and `refs`: a socket or an executable
-            // file passes as well as a directory.
-            match name.as_encoded_bytes() {
-                b"HEAD" => head = !is_dir,
-                b"objects" => objects = true,
-                b"refs" => refs = true,
-                _ => {}
-            }
-            if is_dir {
+        // git asks only access(X_OK) of `objects` and `refs`: a socket or an executable file
+        // passes as well as a directory.
+        let names = listing.git_names();
+        let (head, objects, refs) = (names.head_file, names.objects, names.refs);
+        if names.dot_git && !rel.as_os_str().is_empty() {
+            found.dot_git.push(dir.join(".git"));
+        }
+        for name in listing.subdirs() {
+            if name != ".git" {
                 subdirs.push(rel.join(name));
             }
         }
-        if head && objects && refs && dir != root {
+        if head && objects && refs && !rel.as_os_str().is_empty() {
             found.bare.push(dir);
             subdirs.clear();
         } else {
