@@ -1109,7 +1109,8 @@ mod tests {
         ] {
             std::fs::write(root.join(f), "").unwrap();
         }
-        std::fs::set_permissions(root.join("locked"), std::fs::Permissions::from_mode(0)).unwrap();
+        std::fs::set_permissions(root.join("locked"), std::fs::Permissions::from_mode(0o000))
+            .unwrap();
         let hide = vec![".env".to_string(), "secrets.d".to_string()];
         let tree = scan(root, None);
         assert_eq!(

@@ -714,7 +714,7 @@ pub fn check_in(snapshot: Snapshot, jail_id: &str, tree: Option<&Tree>) -> Vec<S
             let root = &snapshot.root;
             scan(
                 root,
-                &corral_policy::tree::update(root, &[root.clone()], &[]),
+                &corral_policy::tree::update(root, std::slice::from_ref(root), &[]),
             )
         }
     };

@@ -76,7 +76,7 @@ pub fn appeared(plan: &Plan) -> Vec<String> {
     let root = &plan.project.root;
     appeared_in(
         plan,
-        &corral_policy::tree::update(root, &[root.clone()], &plan.hide),
+        &corral_policy::tree::update(root, std::slice::from_ref(root), &plan.hide),
     )
 }
 
