@@ -830,14 +830,13 @@ pub fn index_file(root: &Path) -> Option<PathBuf> {
     Some(state.join(corral_audit::project_key(root)).join(FILE_NAME))
 }
 
-/// Whether the directory `dir` (existing) may hold the index: outside (and holding none of)
-/// `reach`, the paths the run's jail sees, and owned by the caller with nobody else allowed to
-/// write it.
-fn usable_dir(dir: &Path, reach: &[PathBuf]) -> bool {
+/// Whether the jail sees the directory `dir` (existing): it is inside one of `reach` (the
+/// paths the run's jail sees), or holds one. One that cannot be resolved counts as seen.
+fn reached(dir: &Path, reach: &[PathBuf]) -> bool {
     let Ok(real) = dir.canonicalize() else {
-        return false;
+        return true;
     };
-    let seen = reach
+    reach
         .iter()
         .filter(|p| !p.as_os_str().is_empty())
         .any(|src| {
@@ -845,13 +844,20 @@ fn usable_dir(dir: &Path, reach: &[PathBuf]) -> bool {
             [src, &src_real]
                 .iter()
                 .any(|s| real.starts_with(s) || s.starts_with(&real))
-        });
-    if seen {
-        return false;
-    }
+        })
+}
+
+/// Whether the directory `dir` is the caller's and nobody else may write it.
+fn owned(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(&real)
+    std::fs::symlink_metadata(dir)
         .is_ok_and(|m| m.is_dir() && m.uid() == caller().0 && m.mode() & 0o022 == 0)
+}
+
+/// Whether the directory `dir` (existing) may hold the index: the jail does not see it
+/// ([`reached`]) and it is the caller's alone ([`owned`]).
+fn usable_dir(dir: &Path, reach: &[PathBuf]) -> bool {
+    !reached(dir, reach) && owned(dir)
 }
 
 /// The index kept in `file`, if it is a regular file of the caller's that nobody else may
@@ -906,7 +912,11 @@ pub fn update(root: &Path, reach: &[PathBuf], hide: &[String]) -> Arc<Tree> {
     let file = index_file(root);
     let dir = file.as_deref().and_then(Path::parent);
     let usable = dir.is_some_and(|d| d.is_dir() && usable_dir(d, reach));
-    if !usable && let Some(f) = &file {
+    // One this run's jail could write is never used again (another user's is left alone).
+    if let (Some(f), Some(d)) = (&file, dir)
+        && d.is_dir()
+        && reached(d, reach)
+    {
         let _ = std::fs::remove_file(f);
     }
     let file = file.filter(|_| usable);
