@@ -36,10 +36,15 @@
 //! write it; a file another user or the jail could have written, that is damaged, of another
 //! version or of another project or caller is a miss: a full walk, never an error.
 //!
-//! The first update of a process for a project is stashed: the `hide` search when the Plan is
-//! made runs the update, and the git guard's snapshot at the start of the run takes it
-//! ([`take_or_update`]); the end of the run makes one more update serving both the search for
-//! hidden files that appeared and the git guard's check.
+//! The update made when the Plan is made (for its `hide` search) is stashed, and the git
+//! guard's snapshot at the start of the run takes it ([`update_and_stash`],
+//! [`take_or_update`]); the end of the run makes one more update, from the start's tree in
+//! memory, serving both the search for hidden files that appeared and the git guard's check.
+//! Each listing also keeps which of its entries the `hide` patterns match (for the patterns'
+//! hash) and which of git's names it holds, so the searches look at directories and matches
+//! only. A kept index whose directory the run's jail sees is removed. The file is written back
+//! only when an entry changed: a directory listed again with the same entries keeps the old
+//! key in the file and is listed again next time.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
