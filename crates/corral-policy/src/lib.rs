@@ -16,6 +16,7 @@ pub mod reqpath;
 pub mod resolve;
 pub mod signin;
 pub mod toolchain;
+pub mod tree;
 pub mod trust;
 
 pub use error::PolicyError;

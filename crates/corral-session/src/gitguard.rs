@@ -23,6 +23,8 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use corral_policy::tree::Tree;
+
 const WATCHED: &[&str] = &[".git/commondir", ".git/config.worktree"];
 
 /// Files read whole at most (bigger ones are compared by metadata, and a bigger config is
@@ -261,15 +263,53 @@ struct ProjectGitEntries {
     stray_heads: Vec<PathBuf>,
 }
 
-/// Every `.git` under `root` except `root/.git`, and every directory shaped like a bare
-/// repository, not entering any of them, links not followed. A plain walk on this thread that
-/// reads directory entries only (their type comes with the entry, so no `stat` per file): on a
-/// 100,000-file tree it cost about a third of the CPU of the `ignore` crate's walker,
-/// sequential or parallel (docs/BENCHMARKS.md). No limit on the number of
-/// entries: one would let the jail hide a repository behind enough files. An unreadable
-/// directory is skipped (git on the host cannot be made to use a repository the user cannot
-/// read).
-fn find_git_dirs(root: &Path) -> ProjectGitEntries {
+/// Every `.git` under the tree's root except `root/.git`, and every directory shaped like a
+/// bare repository, not entering any of them, links not followed: a query over the project's
+/// tree index (corral_policy::tree), which reads only the directories changed since it was
+/// last updated. No limit on the number of entries: one would let the jail hide a repository
+/// behind enough files. An unreadable directory is skipped (git on the host cannot be made to
+/// use a repository the user cannot read); of one whose listing failed partway, the entries
+/// read are looked at.
+fn find_git_dirs(tree: &Tree) -> ProjectGitEntries {
+    let root = tree.root();
+    let mut found = ProjectGitEntries::default();
+    let mut stack = vec![PathBuf::new()];
+    let mut subdirs = Vec::new();
+    while let Some(rel) = stack.pop() {
+        let Some(listing) = tree.listing(&rel) else {
+            continue;
+        };
+        let dir = root.join(&rel);
+        // git asks only access(X_OK) of `objects` and `refs`: a socket or an executable file
+        // passes as well as a directory.
+        let names = listing.git_names();
+        let (head, objects, refs) = (names.head_file, names.objects, names.refs);
+        if names.dot_git && !rel.as_os_str().is_empty() {
+            found.dot_git.push(dir.join(".git"));
+        }
+        for name in listing.subdirs() {
+            if name != ".git" {
+                subdirs.push(rel.join(name));
+            }
+        }
+        if head && objects && refs && !rel.as_os_str().is_empty() {
+            found.bare.push(dir);
+            subdirs.clear();
+        } else {
+            if head {
+                found.stray_heads.push(dir.join("HEAD"));
+            }
+            stack.append(&mut subdirs);
+        }
+    }
+    found.dot_git.sort();
+    found.bare.sort();
+    found
+}
+
+/// [`find_git_dirs`] by a plain walk of `root` (what the tree index must agree with).
+#[cfg(test)]
+fn walk_git_dirs(root: &Path) -> ProjectGitEntries {
     let mut found = ProjectGitEntries::default();
     let mut stack = vec![root.to_path_buf()];
     let mut subdirs = Vec::new();
@@ -312,7 +352,7 @@ fn find_git_dirs(root: &Path) -> ProjectGitEntries {
     found
 }
 
-fn scan(root: &Path) -> Scan {
+fn scan(root: &Path, tree: &Tree) -> Scan {
     let mut s = Scan::default();
     let own = root.join(".git");
     if let Ok(c) = own.canonicalize() {
@@ -329,7 +369,7 @@ fn scan(root: &Path) -> Scan {
         s.repos.push((own.clone(), root.to_path_buf()));
     }
     s.modules(&own.join("modules"), 0);
-    let found = find_git_dirs(root);
+    let found = find_git_dirs(tree);
     for head in found.stray_heads {
         s.protect_file(head);
     }
@@ -508,8 +548,8 @@ pub fn git_dirs(snapshot: &Snapshot, rw_binds: &[PathBuf]) -> Vec<PathBuf> {
     dirs
 }
 
-/// Take the snapshot: `nested` also scans every other git directory of the project (one walk
-/// of its directory entries).
+/// Take the snapshot: `nested` also scans every other git directory of the project (a query
+/// of its tree index: the one made when the Plan was made in this process, else an update).
 pub fn snapshot(project_root: &Path, nested: bool, home: &Path) -> Snapshot {
     Snapshot {
         fixed: WATCHED
@@ -522,7 +562,8 @@ pub fn snapshot(project_root: &Path, nested: bool, home: &Path) -> Snapshot {
             .collect(),
         root: project_root.to_path_buf(),
         nested: nested.then(|| {
-            let mut s = scan(project_root);
+            let tree = corral_policy::tree::take_or_update(project_root);
+            let mut s = scan(project_root, &tree);
             hooks_paths(&mut s, project_root, home);
             s
         }),
@@ -629,10 +670,24 @@ fn quarantine(path: &Path, jail_id: &str, what: &str) -> String {
     }
 }
 
+impl Snapshot {
+    /// Whether [`check`] looks at the project's other git directories (it then needs the
+    /// project's tree index updated).
+    pub fn nested(&self) -> bool {
+        self.nested.is_some()
+    }
+}
+
 /// After the jail has ended: move aside each watched path the run created or changed that
 /// could make git on the host run a command. One message per path, for stderr and the audit
 /// log.
 pub fn check(snapshot: Snapshot, jail_id: &str) -> Vec<String> {
+    check_in(snapshot, jail_id, None)
+}
+
+/// [`check`] with the project's tree index as updated after the jail ended (`None`: updated
+/// here).
+pub fn check_in(snapshot: Snapshot, jail_id: &str, tree: Option<&Tree>) -> Vec<String> {
     let mut out = Vec::new();
     for (path, before) in &snapshot.fixed {
         let now = state(path);
@@ -653,7 +708,16 @@ pub fn check(snapshot: Snapshot, jail_id: &str) -> Vec<String> {
     let Some(before) = snapshot.nested else {
         return out;
     };
-    let after = scan(&snapshot.root);
+    let after = match tree {
+        Some(tree) if tree.root() == snapshot.root => scan(&snapshot.root, tree),
+        _ => {
+            let root = &snapshot.root;
+            scan(
+                root,
+                &corral_policy::tree::update(root, std::slice::from_ref(root), &[]),
+            )
+        }
+    };
     let mut changed: Vec<(&PathBuf, &(Role, WatchedContent))> = after
         .files
         .iter()
@@ -1194,6 +1258,136 @@ mod tests {
         }
         // A second run that changes nothing moves nothing.
         assert!(check(snapshot(root, true, Path::new("/nonexistent")), "j4").is_empty());
+    }
+
+    /// Every entry below `root` (a directory with a `/`), for a failure's message.
+    fn listing_of(root: &Path) -> Vec<String> {
+        let (mut v, _) = corral_policy::resolve::walk_tree(root, |seen, out: &mut Vec<String>| {
+            let corral_policy::resolve::Seen::Entry(e) = seen else {
+                return corral_policy::resolve::Step::Next;
+            };
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.push(rel + "/");
+                corral_policy::resolve::Step::Enter
+            } else {
+                out.push(rel);
+                corral_policy::resolve::Step::Next
+            }
+        });
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn the_tree_index_answers_what_a_full_walk_does_as_the_tree_changes() {
+        use corral_policy::tree;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let hide: Vec<String> = [".env", "secret*", "keys/"].map(String::from).to_vec();
+        let names = [
+            ".env", "HEAD", "objects", "refs", ".git", "config", "secret1", "keys", "a", "b", "c",
+            "d", "e",
+        ];
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rand = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let dirs_now = |root: &Path| -> Vec<PathBuf> {
+            let mut v = vec![root.to_path_buf()];
+            v.extend(
+                listing_of(root)
+                    .into_iter()
+                    .filter_map(|r| r.strip_suffix('/').map(|r| root.join(r))),
+            );
+            v
+        };
+        let files_now = |root: &Path| -> Vec<PathBuf> {
+            (listing_of(root).into_iter())
+                .filter(|r| !r.ends_with('/'))
+                .map(|r| root.join(r))
+                .collect()
+        };
+        let mut prev = tree::scan(&root, None);
+        let (mut relisted, mut held) = (0, 0);
+        for round in 0..40 {
+            for _ in 0..1 + rand(4) {
+                let dirs = dirs_now(&root);
+                let at = &dirs[rand(dirs.len())];
+                let name = names[rand(names.len())];
+                let _ = match rand(9) {
+                    0 | 1 => fs::write(at.join(name), "x"),
+                    2 | 3 => fs::create_dir(at.join(name)),
+                    4 => {
+                        let files = files_now(&root);
+                        match files.is_empty() {
+                            true => Ok(()),
+                            false => fs::remove_file(&files[rand(files.len())]),
+                        }
+                    }
+                    5 if at != &root => fs::remove_dir_all(at),
+                    6 => {
+                        // A file or directory moved elsewhere, under a new name.
+                        let all = listing_of(&root);
+                        if all.is_empty() {
+                            continue;
+                        }
+                        let from = root.join(all[rand(all.len())].trim_end_matches('/'));
+                        let to = dirs[rand(dirs.len())].join(names[rand(names.len())]);
+                        fs::rename(from, to)
+                    }
+                    7 => {
+                        // A directory shaped like a bare repository, or a nested one.
+                        fs::create_dir_all(at.join("objects"))
+                            .and_then(|_| fs::create_dir_all(at.join("refs")))
+                            .and_then(|_| fs::write(at.join("HEAD"), "ref: x\n"))
+                            .and_then(|_| fs::create_dir_all(at.join("n/.git/hooks")))
+                    }
+                    _ if at != &root => {
+                        let mode = if rand(2) == 0 { 0 } else { 0o755 };
+                        fs::set_permissions(at, fs::Permissions::from_mode(mode))
+                    }
+                    _ => Ok(()),
+                };
+            }
+            // Past the racy window: the next round's changes are the only ones.
+            std::thread::sleep(std::time::Duration::from_millis(60));
+            let mut now = tree::scan(&root, Some(&prev));
+            // Every other round with the matches noted (and carried over where unchanged).
+            if round % 2 == 0 {
+                now.match_entries(&hide);
+            }
+            relisted += now.relisted();
+            held += now.len() - now.relisted();
+            let walked = corral_policy::resolve::find_masked(&root, &hide).unwrap();
+            assert_eq!(
+                now.masked(&hide).unwrap(),
+                walked,
+                "round {round}: {:#?}",
+                listing_of(&root)
+            );
+            let (a, b) = (find_git_dirs(&now), walk_git_dirs(&root));
+            let mut heads = (a.stray_heads.clone(), b.stray_heads.clone());
+            heads.0.sort();
+            heads.1.sort();
+            assert_eq!(
+                (a.dot_git, a.bare, heads.0),
+                (b.dot_git, b.bare, heads.1),
+                "round {round}: {:#?}",
+                listing_of(&root)
+            );
+            prev = now;
+        }
+        // Most directories were known unchanged: the index did spare their listings.
+        eprintln!("directories kept {held}, listed {relisted}");
+        assert!(held > relisted, "held {held}, relisted {relisted}");
+        for d in dirs_now(&root) {
+            let _ = fs::set_permissions(d, fs::Permissions::from_mode(0o755));
+        }
     }
 
     #[test]

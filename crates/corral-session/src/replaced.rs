@@ -67,14 +67,27 @@ pub fn check(watch: Watch) -> Vec<String> {
 /// One line for each file or directory in the project that `plan`'s `filesystem.hide`
 /// patterns match now but that was not masked when the run started (`plan.masked`, or below a
 /// masked directory): the jail could read it. Found by the same walk and matcher as the
-/// masking (`corral_policy::resolve::find_masked`); a directory only unreadable to that walk
-/// is not named unless a pattern matches it.
+/// masking (the project's tree index, `corral_policy::tree`, updated now); a directory only
+/// unreadable to that search is not named unless a pattern matches it.
 pub fn appeared(plan: &Plan) -> Vec<String> {
     if plan.hide.is_empty() {
         return Vec::new();
     }
     let root = &plan.project.root;
-    let found = corral_policy::resolve::find_masked(root, &plan.hide)
+    appeared_in(
+        plan,
+        &corral_policy::tree::update(root, std::slice::from_ref(root), &plan.hide),
+    )
+}
+
+/// [`appeared`] with the project's tree index as updated after the jail ended.
+pub fn appeared_in(plan: &Plan, tree: &corral_policy::tree::Tree) -> Vec<String> {
+    if plan.hide.is_empty() {
+        return Vec::new();
+    }
+    let root = &plan.project.root;
+    let found = tree
+        .masked(&plan.hide)
         .and_then(|found| Ok((found, corral_policy::hide::HideSet::new(&plan.hide)?)));
     let (found, set) = match found {
         Ok(f) => f,

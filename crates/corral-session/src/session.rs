@@ -437,17 +437,23 @@ impl Session {
         } = watches;
         let own = own.into_inner().unwrap_or_else(|p| p.into_inner());
         let set_id = setid::check(set_id);
+        // One update of the project's tree index serves the git guard's check and the search
+        // for hidden files that appeared (corral_policy::tree).
+        let root = &plan.project.root;
+        let tree = (git.as_ref().is_some_and(gitguard::Snapshot::nested) || !plan.hide.is_empty())
+            .then(|| corral_policy::tree::update(root, &jail_reach(plan), &plan.hide));
         let git_lines = git
-            .map(|g| gitguard::check(g, &jail_id))
+            .map(|g| gitguard::check_in(g, &jail_id, tree.as_deref()))
             .unwrap_or_default();
         for line in git_lines {
             endlines::say(&format!("corral: {}", printable(&line)));
             record(&audit, &jail_id, JailEvent::Quarantine { detail: line });
         }
-        for line in replaced::check(hidden)
-            .into_iter()
-            .chain(replaced::appeared(plan))
-        {
+        let appeared = match &tree {
+            Some(tree) => replaced::appeared_in(plan, tree),
+            None => Vec::new(),
+        };
+        for line in replaced::check(hidden).into_iter().chain(appeared) {
             endlines::say(&format!("corral: {line}"));
             record(&audit, &jail_id, JailEvent::Exposed { detail: line });
         }
@@ -608,6 +614,15 @@ pub(crate) fn rw_bind_sources(plan: &Plan) -> Vec<std::path::PathBuf> {
         .iter()
         .filter(|m| matches!(m.kind, corral_policy::plan::MountKind::Bind(Access::Rw)))
         .map(|m| m.source.clone())
+        .collect()
+}
+
+/// Every host path the jail of `plan` sees: the project and each mount's source (where the
+/// project's tree index must not be kept).
+fn jail_reach(plan: &Plan) -> Vec<std::path::PathBuf> {
+    std::iter::once(plan.project.root.clone())
+        .chain(plan.mounts.iter().map(|m| m.source.clone()))
+        .filter(|p| !p.as_os_str().is_empty())
         .collect()
 }
 

@@ -231,3 +231,39 @@ fn a_hidden_file_the_host_makes_during_the_run_is_named_when_the_run_ends() {
     // The .env of the project that was there at start (masked) is not named.
     assert!(!out.contains("sub/dir/.env matches"), "{out}");
 }
+
+/// After the first run the masking search answers from the project's tree index (kept in
+/// corral's state directory), relisting only directories whose key changed. A `.env` the host
+/// makes between runs, in a directory the index holds as unchanged since long before, is
+/// masked on the next run all the same: adding it moved its directory's ctime. So is one made
+/// in a directory created since.
+#[test]
+fn a_hidden_file_made_between_runs_is_masked_though_the_tree_index_is_kept() {
+    let w = World::new();
+    write(&w.project.join("deep/er/notes.txt"), "x\n");
+    // Past the index's racy window, then two runs: the index is written, then trusted.
+    std::thread::sleep(Duration::from_millis(200));
+    for _ in 0..2 {
+        let out = w.sh("none", "cat deep/er/notes.txt");
+        assert_eq!(out.code, 0, "{}", out.both());
+    }
+    let state = w.home.join(".local/state/corral");
+    let kept = std::fs::read_dir(&state)
+        .unwrap()
+        .flatten()
+        .any(|e| e.path().join("tree-index").is_file());
+    assert!(kept, "no tree index under {}", state.display());
+    write(&w.project.join("deep/er/.env"), ENV_SECRET);
+    write(&w.project.join("new/dir/.env.local"), ENV_SECRET);
+    let out = w.sh(
+        "none",
+        "cat deep/er/.env new/dir/.env.local 2>&1; cat deep/er/notes.txt; echo END",
+    );
+    let all = out.both();
+    assert!(out.stdout.contains("END"), "{all}");
+    assert!(
+        out.stdout.contains("x\n"),
+        "the plain file was not read:\n{all}"
+    );
+    assert!(!all.contains(ENV_SECRET), "a hidden file was read:\n{all}");
+}

@@ -16,7 +16,6 @@ use super::command::{ResolvedCommand, resolve_command};
 use super::layer::{DEFAULT_ENGINE, Layer, PathCtx, Trust, normalize};
 use super::policy_file::{file_layer, flags_layer};
 use super::project::{Scratch, choose_project};
-use super::walk::find_masked;
 use super::{RealPaths, Request, real_path};
 
 /// Everything the plan is built from: the caller, the project, the policy's layers and what
@@ -205,7 +204,6 @@ fn look(g: &Gathered) -> Result<Disk, PolicyError> {
         toolchain_path: crate::toolchain::path_dirs(&toolchains, &g.env),
         toolchains,
         command,
-        masked: find_masked(&g.root, &hide)?,
         ..Disk::default()
     };
     if let Some(pf) = &g.layers.project {
@@ -226,11 +224,17 @@ fn look(g: &Gathered) -> Result<Disk, PolicyError> {
         disk: disk.clone(),
         ..g.clone()
     };
-    for source in bind_sources(&seen, &m) {
+    let sources = bind_sources(&seen, &m);
+    for source in &sources {
         if let Ok(real) = source.canonicalize() {
-            disk.canonical.insert(source, real);
+            disk.canonical.insert(source.clone(), real);
         }
     }
+    // The `hide` search, over the project's tree index (crate::tree): kept between runs only
+    // where nothing the jail binds reaches it. The update is stashed for the git guard's
+    // snapshot at the start of the run.
+    let reach: Vec<PathBuf> = std::iter::once(g.root.clone()).chain(sources).collect();
+    disk.masked = crate::tree::update_and_stash(&g.root, &reach, &hide).masked(&hide)?;
     Ok(disk)
 }
 
