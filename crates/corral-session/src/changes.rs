@@ -1272,44 +1272,67 @@ impl Baseline {
 }
 
 /// Whether a standard descriptor corral hands the jail (0, 1, 2) could write the project
-/// without passing the jail's name gate: a directory, or a regular file open for writing, on
-/// the project's file system (`corral run -- cmd > project/out.txt`: the shell opened it, not
-/// the jail). The reason, if one could.
+/// without passing the jail's name gate: a directory on the project's file system, or a
+/// regular file open for writing that is (or may be) one of the project's (`corral run -- cmd >
+/// project/out.txt`: the shell opened it, not the jail). The reason, if one could.
 pub fn inherited_writer(root: &Path) -> Option<String> {
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
     let dev = std::fs::metadata(root).ok()?.dev();
-    for fd in [
+    let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    [
         std::io::stdin().as_fd(),
         std::io::stdout().as_fd(),
         std::io::stderr().as_fd(),
-    ] {
-        let n = fd.as_raw_fd();
-        // A closed descriptor fails: nothing to write through.
-        let Ok(st) = nix::sys::stat::fstat(fd) else {
-            continue;
-        };
-        if st.st_dev != dev {
-            continue;
-        }
-        let writable = fcntl(fd, FcntlArg::F_GETFL)
-            .map(|f| OFlag::from_bits_truncate(f) & OFlag::O_ACCMODE != OFlag::O_RDONLY)
-            .unwrap_or(true);
-        match st.st_mode & libc::S_IFMT {
-            libc::S_IFDIR => {
-                return Some(format!(
-                    "descriptor {n} is a directory on the project's file system"
-                ));
-            }
-            libc::S_IFREG if writable => {
-                return Some(format!(
-                    "descriptor {n} is a file on the project's file system, open for writing \
-                     outside the jail's name gate"
-                ));
-            }
-            _ => {}
-        }
+    ]
+    .into_iter()
+    .find_map(|fd| writes_into(&root, dev, fd))
+}
+
+/// [`inherited_writer`] for one descriptor `fd`; `root` is the project's canonical path, `dev`
+/// its device.
+fn writes_into(root: &Path, dev: u64, fd: std::os::fd::BorrowedFd) -> Option<String> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let n = fd.as_raw_fd();
+    // A closed descriptor fails: nothing to write through.
+    let st = nix::sys::stat::fstat(fd).ok()?;
+    if st.st_dev != dev {
+        return None;
     }
-    None
+    let writable = fcntl(fd, FcntlArg::F_GETFL)
+        .map(|f| OFlag::from_bits_truncate(f) & OFlag::O_ACCMODE != OFlag::O_RDONLY)
+        .unwrap_or(true);
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => Some(format!(
+            "descriptor {n} is a directory on the project's file system"
+        )),
+        libc::S_IFREG if writable && may_be_in(root, n, &st) => Some(format!(
+            "descriptor {n} is a file of the project, open for writing outside the jail's \
+             name gate"
+        )),
+        _ => None,
+    }
+}
+
+/// Whether the regular file open as descriptor `n` (`st` its fstat) may have a name in the
+/// project at `root`: unless its one name (the kernel's `/proc/self/fd/N`) is outside the
+/// project and still leads to this very file, or it has no name at all, it may.
+fn may_be_in(root: &Path, n: i32, st: &nix::sys::stat::FileStat) -> bool {
+    if st.st_nlink == 0 {
+        // Removed: no name of the project's (nor any other) leads to it.
+        return false;
+    }
+    if st.st_nlink > 1 {
+        // Another name may be in the project.
+        return true;
+    }
+    let Ok(name) = std::fs::read_link(format!("/proc/self/fd/{n}")) else {
+        return true;
+    };
+    if name.starts_with(root) {
+        return true;
+    }
+    // The name the kernel keeps may be stale (moved since): trusted only if it leads here.
+    !std::fs::symlink_metadata(&name)
+        .is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino)
 }
 
 /// The names the record lists: created, modified and deleted. A directory the run created is
@@ -1404,6 +1427,41 @@ pub fn finish(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_written_file_with_a_name_in_the_project_makes_the_summary_list_it() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("project");
+        std::fs::create_dir(&root).unwrap();
+        let root = root.canonicalize().unwrap();
+        let dev = std::fs::metadata(&root).unwrap().dev();
+        let open = |p: &Path, write: bool| {
+            std::fs::OpenOptions::new()
+                .read(!write)
+                .write(write)
+                .create(write)
+                .truncate(false)
+                .open(p)
+                .unwrap()
+        };
+        let inside = open(&root.join("out.txt"), true);
+        assert!(writes_into(&root, dev, inside.as_fd()).is_some());
+        // Read-only: nothing written through it.
+        assert!(writes_into(&root, dev, open(&root.join("out.txt"), false).as_fd()).is_none());
+        // Beside the project, on its file system: not the project's.
+        let outside = open(&t.path().join("log.txt"), true);
+        assert!(writes_into(&root, dev, outside.as_fd()).is_none());
+        // ... unless another name of it is in the project.
+        std::fs::hard_link(t.path().join("log.txt"), root.join("linked")).unwrap();
+        assert!(writes_into(&root, dev, outside.as_fd()).is_some());
+        // Moved into the project after it was opened: the kernel's name follows it.
+        let moved = open(&t.path().join("moved.txt"), true);
+        std::fs::rename(t.path().join("moved.txt"), root.join("moved.txt")).unwrap();
+        assert!(writes_into(&root, dev, moved.as_fd()).is_some());
+        // A directory on the project's file system: the jail could make names through it.
+        let dir = std::fs::File::open(t.path()).unwrap();
+        assert!(writes_into(&root, dev, dir.as_fd()).is_some());
+    }
 
     fn changes(c: &[&str], m: &[&str], d: &[&str]) -> Changes {
         let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect();

@@ -579,6 +579,27 @@ fn a_standard_descriptor_into_the_project_falls_back_to_the_listing() {
     assert_eq!(list(&d["modified"]), ["out.txt"], "{d}");
 }
 
+/// The control: the same run writing its output to a file beside the project (on the same file
+/// system, as a log in the user's home often is) keeps the summary from the record.
+#[test]
+fn a_standard_descriptor_beside_the_project_keeps_the_record() {
+    let w = git_world();
+    let out_file = w.project.parent().unwrap().join("beside-out.txt");
+    let file = std::fs::File::create(&out_file).unwrap();
+    let mut c = w.sh_command("none", "echo to-stdout && echo n > new.txt && echo END >&2");
+    c.stdin(std::process::Stdio::null())
+        .stdout(file)
+        .stderr(std::process::Stdio::piped());
+    let done = c.output().expect("run corral");
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(stderr.contains("END"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&out_file).unwrap(), "to-stdout\n");
+    let d = &the_change(&w, &stderr);
+    assert_eq!(d["method"], "record", "{d}");
+    assert_eq!(list(&d["created"]), ["new.txt"], "{d}");
+    assert!(list(&d["modified"]).is_empty(), "{d}");
+}
+
 /// A host executor (an explicit opt-in) writes the project with no name gate: the record
 /// cannot stand for the summary, the project is listed from the start, and the host
 /// command's file is listed beside the jail's.
