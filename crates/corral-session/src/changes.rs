@@ -1331,8 +1331,7 @@ fn may_be_in(root: &Path, n: i32, st: &nix::sys::stat::FileStat) -> bool {
         return true;
     }
     // The name the kernel keeps may be stale (moved since): trusted only if it leads here.
-    !std::fs::symlink_metadata(&name)
-        .is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino)
+    !std::fs::symlink_metadata(&name).is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino)
 }
 
 /// The names the record lists: created, modified and deleted. A directory the run created is
