@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use e2e_support::{certs, loopback_name};
-use jail_support::{corral_bin, write};
+use e2e_support::loopback_name;
+use jail_support::corral_bin;
 use serde_json::Value;
 
 const REAL: &str = "sk-test-REALkeyREALkeyREALkey0123456789abc";
@@ -226,72 +226,25 @@ fn pod_env(pod: &Value) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// A TLS origin for `host` with its own test CA (`dir/ca.pem`) on 127.0.0.1, appending each
-/// request's headers as a JSON line to `dir/seen.jsonl`. Killed on drop.
-struct Origin {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
+/// A TLS origin for `host` with its own test CA (`dir/ca.pem`) on 127.0.0.1
+/// (`e2e_support::header_mock`, answering `mock-ok`). Killed on drop.
+fn origin(dir: &Path, host: &str) -> e2e_support::Mock {
+    std::fs::create_dir_all(dir).unwrap();
+    e2e_support::header_mock(dir, host)
 }
 
-impl Drop for Origin {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Origin {
-    fn start(dir: &Path, host: &str) -> Origin {
-        std::fs::create_dir_all(dir).unwrap();
-        certs(dir, host);
-        write(
-            &dir.join("origin.py"),
-            r#"import http.server, ssl, json
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        with open("seen.jsonl", "a") as f:
-            f.write(json.dumps({"path": self.path, "headers": dict(self.headers)}) + "\n")
-        b = b"origin-ok"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(b)))
-        self.end_headers()
-        self.wfile.write(b)
-    def log_message(self, *a):
-        pass
-s = http.server.HTTPServer(("127.0.0.1", 0), H)
-c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-c.load_cert_chain("leaf.pem", "leaf.key")
-s.socket = c.wrap_socket(s.socket, server_side=True)
-print(s.server_address[1], flush=True)
-s.serve_forever()
-"#,
-        );
-        let (child, port) = e2e_support::spawn_printing_port(
-            Command::new("python3").arg("origin.py").current_dir(dir),
-        );
-        Origin {
-            child,
-            port,
-            dir: dir.to_path_buf(),
-        }
-    }
-
-    /// The Authorization header of each request it received.
-    fn authorizations(&self) -> Vec<String> {
-        std::fs::read_to_string(self.dir.join("seen.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| {
-                let v: Value = serde_json::from_str(l).unwrap();
-                v["headers"]["Authorization"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string()
-            })
-            .collect()
-    }
+/// The Authorization header of each request `origin` received.
+fn authorizations(origin: &e2e_support::Mock) -> Vec<String> {
+    origin
+        .requests()
+        .iter()
+        .map(|v| {
+            v["headers"]["Authorization"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
 }
 
 /// A volume's files as the kubelet writes them: a ConfigMap's `data` or a Secret's
@@ -449,8 +402,8 @@ fn the_rendered_proxy_swaps_the_placeholder_for_the_bound_host_only() {
         }
     }
     let s = Scratch::new();
-    let bound = Origin::start(&s.root.join("bound"), &host);
-    let unbound = Origin::start(&s.root.join("unbound"), "localhost");
+    let bound = origin(&s.root.join("bound"), &host);
+    let unbound = origin(&s.root.join("unbound"), "localhost");
     let yaml = s.render(&policy(
         &format!("{host}:{}", bound.port),
         &format!("localhost:{}", unbound.port),
@@ -470,7 +423,7 @@ fn the_rendered_proxy_swaps_the_placeholder_for_the_bound_host_only() {
 
     let args = proxy_command(&docs, &s.root.join("proxy-volumes"));
     let audit = s.root.join("audit.jsonl");
-    let proxy = start_proxy(&args, &bound.dir.join("ca.pem"), &audit);
+    let proxy = start_proxy(&args, &s.root.join("bound/ca.pem"), &audit);
     assert!(
         proxy.stderr.contains("credential gateway for API_TOKEN"),
         "{}",
@@ -481,21 +434,18 @@ fn the_rendered_proxy_swaps_the_placeholder_for_the_bound_host_only() {
     // origin receives the real value.
     let url = format!("https://{host}:{}/bound", bound.port);
     let (ok, out) = curl(&proxy.addr, &sandbox_ca, &url, &ph);
-    assert!(
-        ok && out.contains("origin-ok"),
-        "bound request failed: {out}"
-    );
-    assert_eq!(bound.authorizations(), [format!("Bearer {REAL}")]);
+    assert!(ok && out.contains("mock-ok"), "bound request failed: {out}");
+    assert_eq!(authorizations(&bound), [format!("Bearer {REAL}")]);
 
     // The attack: the placeholder sent to a host the secret is not bound to (an opaque tunnel;
     // the client trusts that origin's own CA) arrives as the useless placeholder.
     let url = format!("https://localhost:{}/unbound", unbound.port);
-    let (ok, out) = curl(&proxy.addr, &unbound.dir.join("ca.pem"), &url, &ph);
+    let (ok, out) = curl(&proxy.addr, &s.root.join("unbound/ca.pem"), &url, &ph);
     assert!(
-        ok && out.contains("origin-ok"),
+        ok && out.contains("mock-ok"),
         "unbound request failed: {out}"
     );
-    assert_eq!(unbound.authorizations(), [format!("Bearer {ph}")]);
+    assert_eq!(authorizations(&unbound), [format!("Bearer {ph}")]);
 
     // Control: the same proxy without the rendered CA (it makes a fresh one, as the container
     // backends' does) is not trusted by the sandbox's client: what it trusts is the CA render
@@ -504,14 +454,14 @@ fn the_rendered_proxy_swaps_the_placeholder_for_the_bound_host_only() {
     assert_ne!(fresh, args);
     let other = start_proxy(
         &fresh,
-        &bound.dir.join("ca.pem"),
+        &s.root.join("bound/ca.pem"),
         &s.root.join("audit2.jsonl"),
     );
     let url = format!("https://{host}:{}/fresh-ca", bound.port);
     let (ok, out) = curl(&other.addr, &sandbox_ca, &url, &ph);
     assert!(!ok, "a fresh CA was trusted: {out}");
     assert_eq!(
-        bound.authorizations().len(),
+        authorizations(&bound).len(),
         1,
         "the request reached the origin"
     );
