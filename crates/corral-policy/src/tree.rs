@@ -115,6 +115,19 @@ pub struct Listing {
 }
 
 impl Listing {
+    /// A directory with no entries read: opening or taking it failed with errno `e`.
+    fn failed_with(key: Option<Key>, listed_ns: i64, e: i32) -> Listing {
+        Listing {
+            key,
+            listed_ns,
+            entries: Arc::new([]),
+            dirs_len: 0,
+            git: 0,
+            failed: Some(failure(e)),
+            hits: None,
+        }
+    }
+
     /// The entries read: each name and whether it is a directory (the type the listing gave,
     /// a link being no directory).
     pub fn entries(&self) -> impl Iterator<Item = (&OsStr, bool)> {
@@ -474,25 +487,15 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tre
     let fd = match open_dir(libc::AT_FDCWD, &root_c, false) {
         Ok(fd) => fd,
         Err(e) => {
-            tree.dirs.insert(
-                PathBuf::new(),
-                Listing {
-                    key: None,
-                    listed_ns,
-                    entries: Arc::new([]),
-                    dirs_len: 0,
-                    git: 0,
-                    failed: Some(failure(e)),
-                    hits: None,
-                },
-            );
+            tree.dirs
+                .insert(PathBuf::new(), Listing::failed_with(None, listed_ns, e));
             return tree;
         }
     };
     let fd = Arc::new(fd);
     let key = fstat(fd.as_raw_fd()).map(|st| Key::of(&st));
-    // Directories to visit: (relative path, the parent's descriptor; None for the root).
-    let mut stack: Vec<(PathBuf, Option<Arc<OwnedFd>>)> = Vec::new();
+    // Directories to visit below the root: (relative path, the parent's descriptor).
+    let mut stack: Vec<(PathBuf, Arc<OwnedFd>)> = Vec::new();
     visit_open(
         &mut tree,
         prev,
@@ -504,23 +507,12 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tre
         &mut stack,
     );
     while let Some((rel, parent)) = stack.pop() {
-        let Some(parent) = parent else { continue };
         let name = rel.file_name().and_then(cstr);
         let Some(name) = name else { continue };
         let listed_ns = clock();
         let gone = |tree: &mut Tree, key: Option<Key>, e: i32| {
-            tree.dirs.insert(
-                rel.clone(),
-                Listing {
-                    key,
-                    listed_ns,
-                    entries: Arc::new([]),
-                    dirs_len: 0,
-                    git: 0,
-                    failed: Some(failure(e)),
-                    hits: None,
-                },
-            );
+            tree.dirs
+                .insert(rel.clone(), Listing::failed_with(key, listed_ns, e));
         };
         let st = match fstatat(parent.as_raw_fd(), &name) {
             Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => st,
@@ -579,7 +571,7 @@ fn visit_open(
     fd: Arc<OwnedFd>,
     key: Option<Key>,
     listed_ns: i64,
-    stack: &mut Vec<(PathBuf, Option<Arc<OwnedFd>>)>,
+    stack: &mut Vec<(PathBuf, Arc<OwnedFd>)>,
 ) {
     let trusted = key.is_some_and(|k| {
         *fs_ok.entry(k.dev).or_insert_with(|| {
@@ -621,7 +613,7 @@ fn visit_open(
     let in_git = rel.as_os_str() == ".git";
     for name in listing.subdirs() {
         if !(in_git && name == "objects") {
-            stack.push((rel.join(name), Some(fd.clone())));
+            stack.push((rel.join(name), fd.clone()));
         }
     }
     tree.dirs.insert(rel, listing);
