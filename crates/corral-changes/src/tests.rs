@@ -99,6 +99,15 @@ fn before_rename(rec: &RunRecord, project: &Path, from: &str, to: &str) {
     .unwrap();
 }
 
+/// A record of `fx`'s project whose content budget is 1 KiB.
+fn begin_with_1k_budget(fx: &Fixture) -> RunRecord {
+    let keep = Retention {
+        runs: 5,
+        bytes: 1024,
+    };
+    fx.store.begin(&["x".into()], &fx.project, keep).unwrap()
+}
+
 fn finish(fx: &Fixture, rec: &RunRecord) {
     finish_keeping(fx, rec, Retention::default())
 }
@@ -407,17 +416,7 @@ fn a_run_over_its_budget_is_incomplete_and_refuses_undo() {
     let fx = fixture();
     let p = &fx.project;
     fs::write(p.join("big"), vec![1u8; 4096]).unwrap();
-    let rec = fx
-        .store
-        .begin(
-            &["x".into()],
-            p,
-            Retention {
-                runs: 5,
-                bytes: 1024,
-            },
-        )
-        .unwrap();
+    let rec = begin_with_1k_budget(&fx);
     before(&rec, p, "big");
     fs::write(p.join("big"), "small").unwrap();
     finish(&fx, &rec);
@@ -508,17 +507,7 @@ fn a_record_over_its_budget_still_notes_every_name_and_compares_by_metadata() {
     let p = &fx.project;
     fs::write(p.join("big"), vec![1u8; 4096]).unwrap();
     fs::write(p.join("kept"), "same\n").unwrap();
-    let rec = fx
-        .store
-        .begin(
-            &["x".into()],
-            p,
-            Retention {
-                runs: 5,
-                bytes: 1024,
-            },
-        )
-        .unwrap();
+    let rec = begin_with_1k_budget(&fx);
     // Over the budget at once: no content is kept, but every name is noted.
     before(&rec, p, "big");
     fs::write(p.join("big"), "small").unwrap();
