@@ -262,6 +262,7 @@ impl Gate {
                         sync_wake_up,
                     )
                 };
+                idle_policy();
                 gate.work(&listener);
             });
         if let Err(e) = spawned {
@@ -270,6 +271,32 @@ impl Gate {
             eprintln!("corral: jail: cannot start the name gate ({e}); file creation fails");
         }
     }
+}
+
+/// Put the calling thread (the gate's) under SCHED_IDLE, so that the caller it answers runs on
+/// the gate's CPU instead of one that sleeps.
+///
+/// Answering an open installs a descriptor in the caller (`SECCOMP_IOCTL_NOTIF_ADDFD`), and
+/// the kernel wakes the caller for that the ordinary way, not on the gate's CPU as the other
+/// answers are (`SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP`): the scheduler then places the caller on
+/// an idle CPU rather than on the gate's busy one, and the caller installing the descriptor
+/// wakes the gate on its CPU in turn. Waking a CPU that sleeps costs tens of microseconds in a
+/// virtual machine that halts idle vCPUs, twice per creation: on the benchmark VM, 70-80 us per
+/// file created in the jail's /tmp, against 15-25 us when the caller stays on the gate's CPU.
+/// A CPU that runs only SCHED_IDLE tasks counts as idle when a woken task is placed, so the
+/// caller stays on the gate's CPU, and preempts the gate there at once.
+///
+/// The cost: the gate yields its CPU to any normal task of the machine. It runs whenever the
+/// jail waits for it and its CPU is otherwise free, which is where a caller's call stops (the
+/// gate is woken on the caller's CPU); on a machine whose every CPU is busy, EEVDF still gives
+/// it its turn: a file created under 8 busy loops on 2 vCPUs took 24-30 us with the gate idle
+/// and 26-29 us without (docs/BENCHMARKS.md, "Name gate"). A thread cannot leave SCHED_IDLE
+/// without CAP_SYS_NICE, so the policy is for the gate's life; failing to set it only costs
+/// time.
+fn idle_policy() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sets this thread's own policy; `param` is read only.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
 }
 
 impl<S: Sys> Gate<S> {
@@ -1717,11 +1744,10 @@ fn open<S: Sys>(
             .openat(&entry.parent, &entry.last, open_flags | libc::O_EXCL, mode)
         {
             Ok(fd) => {
-                // A new empty file is on its directory's file system: on the jail's own,
-                // nothing is protected; elsewhere its name may be a protected one's.
-                if !entry.private {
-                    gate.protected_file(&fd, Use::Write)?;
-                }
+                // A new file: `protected_entry` above checked its one name and directory, and
+                // no other name can lead to an inode made just now (a link or rename to it is
+                // the gate's, checked as its own name), so nothing protected is written
+                // through it.
                 return Ok(Verdict::Fd(fd, cloexec));
             }
             Err(libc::EEXIST) if flags & libc::O_EXCL == 0 => {}
