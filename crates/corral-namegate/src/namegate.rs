@@ -444,17 +444,14 @@ impl<S: Sys> Gate<S> {
     /// the pattern that matches it. The jail's own file systems are invisible to the host:
     /// anything may be made there. A directory whose file system cannot be told is not taken
     /// for one of them.
-    fn hide_allows(&self, parent: &OwnedFd, name: &[u8]) -> Result<(), String> {
+    fn hide_allows(&self, entry: &Entry) -> Result<(), String> {
         let Some(hidden) = &self.hidden else {
             return Ok(());
         };
-        if self
-            .sys
-            .fstat(parent)
-            .is_ok_and(|st| self.private_devs.contains(&st.st_dev))
-        {
+        if entry.private {
             return Ok(());
         }
+        let (parent, name) = (&entry.parent, entry.name());
         let dir = self.sys.fd_path(parent);
         match hidden.refuses(dir.as_deref(), name) {
             Some(pattern) => Err(pattern.to_string()),
@@ -1625,7 +1622,7 @@ fn check<S: Sys>(gate: &Gate<S>, entry: &Entry) -> Result<Option<OwnedFd>, i32> 
         gate.report(kind, &entry.parent, name);
         libc::EPERM
     })?;
-    gate.hide_allows(&entry.parent, name).map_err(|pattern| {
+    gate.hide_allows(entry).map_err(|pattern| {
         gate.report_hidden(&entry.parent, name, &pattern);
         libc::EACCES
     })?;
@@ -2500,15 +2497,21 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let root = t.path().canonicalize().unwrap();
         std::fs::create_dir(root.join("sub")).unwrap();
-        let entry = |dir: &str, name: &str| Entry {
-            parent: open_path(
+        // As `split` makes it for `gate`: private when its directory is on one of the gate's
+        // own file systems.
+        let entry_for = |gate: &Gate, dir: &str, name: &str| {
+            let parent = open_path(
                 libc::AT_FDCWD,
                 root.join(dir).as_os_str(),
                 libc::O_DIRECTORY,
             )
-            .unwrap(),
-            last: name.as_bytes().to_vec(),
-            private: false,
+            .unwrap();
+            let private = gate.private_devs.contains(&fstat(&parent).unwrap().st_dev);
+            Entry {
+                parent,
+                last: name.as_bytes().to_vec(),
+                private,
+            }
         };
         let with_hidden = |private: HashSet<u64>| {
             let mut gate = Gate::new(&[], private, b"").unwrap();
@@ -2516,6 +2519,7 @@ mod tests {
             gate
         };
         let gate = with_hidden(HashSet::new());
+        let entry = |dir: &str, name: &str| entry_for(&gate, dir, name);
         for (dir, name) in [
             ("", ".env.local"),
             ("sub", ".env"),
@@ -2532,10 +2536,10 @@ mod tests {
         // Control: the same names on a file system of the jail's own (its /tmp).
         let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(&root).unwrap());
         let own = with_hidden([dev].into_iter().collect());
-        assert!(check(&own, &entry("", ".env.local")).is_ok());
+        assert!(check(&own, &entry_for(&own, "", ".env.local")).is_ok());
         // And without the patterns, as before.
         let none = Gate::new(&[], HashSet::new(), b"").unwrap();
-        assert!(check(&none, &entry("", ".env.local")).is_ok());
+        assert!(check(&none, &entry_for(&none, "", ".env.local")).is_ok());
     }
 
     /// A directory whose lookups answer as told.
