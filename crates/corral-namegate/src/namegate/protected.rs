@@ -305,11 +305,14 @@ impl Protected {
     /// kernel names it, is compared with the directory's, and with the path its symlink
     /// leads to). Where the gate cannot tell, a file on the same file system counts as below.
     fn containing_file(&self, fd: &OwnedFd) -> Option<&File> {
+        let replaced = self.replaced_dirs();
+        if replaced.as_ref().is_ok_and(|r| r.is_empty()) {
+            return None;
+        }
         // A device that cannot be told counts as the protected directory's.
         let dev = fstat(fd).ok().map(|st| st.st_dev);
         let same_fs = |f: &File| dev.is_none_or(|d| f.same_fs(d));
-        let replaced = match self.replaced_dirs() {
-            Ok(r) if r.is_empty() => return None,
+        let replaced = match replaced {
             Ok(r) => r,
             Err(f) => return same_fs(f).then_some(f),
         };
