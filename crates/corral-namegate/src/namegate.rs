@@ -452,6 +452,15 @@ impl<S: Sys> Gate<S> {
             return Ok(());
         }
         let (parent, name) = (&entry.parent, entry.name());
+        if hidden
+            .tails
+            .matching(std::path::Path::new(OsStr::from_bytes(name)))
+            .is_none()
+        {
+            // A pattern matches a path only where its last component matches the name: none
+            // does, wherever the directory is (most names: no lookup of its path).
+            return Ok(());
+        }
         let dir = self.sys.fd_path(parent);
         match hidden.refuses(dir.as_deref(), name) {
             Some(pattern) => Err(pattern.to_string()),
