@@ -2542,6 +2542,14 @@ mod tests {
             );
         }
         assert!(check(&gate, &entry("sub", "notes.txt")).is_ok());
+        // An anchored pattern: its last component alone lets the name on to its directory's
+        // path, which decides.
+        std::fs::create_dir(root.join("config")).unwrap();
+        assert_eq!(
+            check(&gate, &entry("config", "secrets.yml")).err(),
+            Some(libc::EACCES)
+        );
+        assert!(check(&gate, &entry("sub", "secrets.yml")).is_ok());
         // Control: the same names on a file system of the jail's own (its /tmp).
         let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(&root).unwrap());
         let own = with_hidden([dev].into_iter().collect());
