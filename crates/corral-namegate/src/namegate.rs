@@ -262,8 +262,7 @@ impl Gate {
                         sync_wake_up,
                     )
                 };
-                idle_policy();
-                gate.work(&listener);
+                gate.work(listener);
             });
         if let Err(e) = spawned {
             // The command waits on its first creation until the listener's last copy closes,
@@ -273,26 +272,133 @@ impl Gate {
     }
 }
 
-/// Put the calling thread (the gate's) under SCHED_IDLE, so that the caller it answers runs on
-/// the gate's CPU instead of one that sleeps.
+/// Which of the gate's two threads serves the listener: the one under SCHED_IDLE while the
+/// machine has a CPU to spare, the one under the normal policy while it has none.
 ///
-/// Answering an open installs a descriptor in the caller (`SECCOMP_IOCTL_NOTIF_ADDFD`), and
-/// the kernel wakes the caller for that the ordinary way, not on the gate's CPU as the other
-/// answers are (`SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP`): the scheduler then places the caller on
-/// an idle CPU rather than on the gate's busy one, and the caller installing the descriptor
-/// wakes the gate on its CPU in turn. Waking a CPU that sleeps costs tens of microseconds in a
-/// virtual machine that halts idle vCPUs, twice per creation: on the benchmark VM, 70-80 us per
-/// file created in the jail's /tmp, against 15-25 us when the caller stays on the gate's CPU.
-/// A CPU that runs only SCHED_IDLE tasks counts as idle when a woken task is placed, so the
-/// caller stays on the gate's CPU, and preempts the gate there at once.
+/// Answering an open installs a descriptor in the caller (`SECCOMP_IOCTL_NOTIF_ADDFD`), and the
+/// kernel wakes the caller for that the ordinary way, not on the gate's CPU as the other
+/// answers are (`SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP`): the scheduler places the caller on an
+/// idle CPU rather than on the gate's busy one, and the caller installing the descriptor wakes
+/// the gate on its CPU in turn. Waking a CPU that sleeps costs tens of microseconds in a
+/// virtual machine that halts idle vCPUs (and on hardware in a deep C-state), twice per
+/// creation: on the benchmark VM 70-80 us per file created in the jail's /tmp, against 15-25
+/// us when the caller stays on the gate's CPU (docs/BENCHMARKS.md, "Name gate"). A CPU that
+/// runs only SCHED_IDLE tasks counts as idle when a woken task is placed, so under SCHED_IDLE
+/// the caller stays on the gate's CPU and preempts the gate there at once.
 ///
-/// The cost: the gate yields its CPU to any normal task of the machine. It runs whenever the
-/// jail waits for it and its CPU is otherwise free, which is where a caller's call stops (the
-/// gate is woken on the caller's CPU); on a machine whose every CPU is busy, EEVDF still gives
-/// it its turn: a file created under 8 busy loops on 2 vCPUs took 24-30 us with the gate idle
-/// and 26-29 us without (docs/BENCHMARKS.md, "Name gate"). A thread cannot leave SCHED_IDLE
-/// without CAP_SYS_NICE, so the policy is for the gate's life; failing to set it only costs
-/// time.
+/// SCHED_IDLE yields to every normal task of the machine, though: with more runnable tasks
+/// than CPUs, the gate, and every call of the jail waiting on it, would wait for a turn. A
+/// thread cannot leave SCHED_IDLE without CAP_SYS_NICE, so the gate has two threads, and the
+/// one serving reads the number of running tasks (`/proc/loadavg`) at most every
+/// [`SHIFT_CHECK`] after a call: more than the CPUs the jail may use, and it hands the listener
+/// to the normal thread; fewer, and the normal thread hands it back. The other thread waits
+/// on a condition variable meanwhile, not on the listener (a woken normal thread on the
+/// caller's CPU would take the placement back).
+struct Shift {
+    state: Mutex<ShiftState>,
+    turn: std::sync::Condvar,
+    /// The CPUs the jail may run on.
+    cpus: usize,
+    /// When the serving thread last read the load (ms of CLOCK_MONOTONIC_COARSE).
+    checked: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Role {
+    /// Under SCHED_IDLE: the caller stays on the gate's CPU.
+    Idle,
+    /// Under the normal policy: served in its turn when every CPU is busy.
+    Normal,
+}
+
+struct ShiftState {
+    serving: Role,
+    /// The listener is done (no process holds its filter): both threads end.
+    done: bool,
+}
+
+/// How often the serving thread reads the machine's load, at most.
+const SHIFT_CHECK: std::time::Duration = std::time::Duration::from_millis(10);
+
+impl Shift {
+    fn new() -> Shift {
+        Shift {
+            state: Mutex::new(ShiftState {
+                serving: Role::Idle,
+                done: false,
+            }),
+            turn: std::sync::Condvar::new(),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            checked: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Wait until `role` serves; `false` once the gate is done.
+    fn wait_turn(&self, role: Role) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while s.serving != role && !s.done {
+            s = self.turn.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        !s.done
+    }
+
+    fn finish(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).done = true;
+        self.turn.notify_all();
+    }
+
+    /// After a call `role` answered: read the load if [`SHIFT_CHECK`] has passed, and hand the
+    /// listener to the other thread if the load says so.
+    fn after_call(&self, role: Role) {
+        let now = coarse_ms();
+        let last = self.checked.load(std::sync::atomic::Ordering::Relaxed);
+        if now.saturating_sub(last) < SHIFT_CHECK.as_millis() as u64 {
+            return;
+        }
+        self.checked
+            .store(now, std::sync::atomic::Ordering::Relaxed);
+        let Some(running) = running_tasks() else {
+            return;
+        };
+        let want = shift_for(running, self.cpus, role);
+        if want != role {
+            self.state.lock().unwrap_or_else(|p| p.into_inner()).serving = want;
+            self.turn.notify_all();
+        }
+    }
+}
+
+/// The role that should serve with `running` tasks running (this thread among them) on
+/// `cpus` CPUs, `now` serving: the normal one once there are more than CPUs, the idle one
+/// once a CPU is free; in between, whichever serves.
+fn shift_for(running: usize, cpus: usize, now: Role) -> Role {
+    if running > cpus {
+        Role::Normal
+    } else if running < cpus {
+        Role::Idle
+    } else {
+        now
+    }
+}
+
+/// Tasks running or runnable on the machine now (`/proc/loadavg`'s fourth field, before the
+/// slash), or `None` when it cannot be read.
+fn running_tasks() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let field = text.split_ascii_whitespace().nth(3)?;
+    field.split('/').next()?.parse().ok()
+}
+
+/// CLOCK_MONOTONIC_COARSE in milliseconds (a vDSO read, no system call).
+fn coarse_ms() -> u64 {
+    // SAFETY: timespec is plain data the call fills in.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64) * 1000 + (ts.tv_nsec as u64) / 1_000_000
+}
+
+/// Put the calling thread under SCHED_IDLE (see [`Shift`]); failing only costs time.
 fn idle_policy() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sets this thread's own policy; `param` is read only.
@@ -807,14 +913,45 @@ pub fn receive_listener(from: &OwnedFd) -> Option<OwnedFd> {
 }
 
 impl Gate {
-    /// Serve the notifications of `listener` on this thread until no process holds its filter
-    /// (what [`Gate::serve`]'s thread runs, once it has the listener).
-    pub fn work(&self, listener: &OwnedFd) {
-        worker(self, listener)
+    /// Serve `listener` on this thread, under SCHED_IDLE, and on a second one under this
+    /// thread's policy while every CPU is busy ([`Shift`]), until no process holds its filter;
+    /// return once both threads ended (what [`Gate::serve`]'s thread runs, once it has the
+    /// listener). Without the second thread, this one serves alone under its own policy.
+    pub fn work(self, listener: OwnedFd) {
+        let both = std::sync::Arc::new((self, listener, Shift::new()));
+        let other = both.clone();
+        // Made before this thread takes SCHED_IDLE, which a new thread would inherit; it has
+        // this thread's capabilities (CAP_SYS_PTRACE alone) too.
+        let spawned = std::thread::Builder::new()
+            .name("corral-gate-n".into())
+            .spawn(move || {
+                let (gate, listener, shift) = &*other;
+                worker(gate, listener, Some((shift, Role::Normal)));
+            });
+        let (gate, listener, shift) = &*both;
+        match spawned {
+            Ok(other) => {
+                idle_policy();
+                worker(gate, listener, Some((shift, Role::Idle)));
+                // This worker's end ended the other's turn (`Ends`).
+                let _ = other.join();
+            }
+            Err(_) => worker(gate, listener, None),
+        }
     }
 }
 
-fn worker(gate: &Gate, listener: &OwnedFd) {
+fn worker(gate: &Gate, listener: &OwnedFd, shift: Option<(&Shift, Role)>) {
+    /// However this thread ends, the other one ends too (it may wait for its turn).
+    struct Ends<'a>(Option<&'a Shift>);
+    impl Drop for Ends<'_> {
+        fn drop(&mut self) {
+            if let Some(shift) = self.0 {
+                shift.finish();
+            }
+        }
+    }
+    let _ends = Ends(shift.map(|(s, _)| s));
     // Each thread its own umask (set to the caller's before each creation).
     // SAFETY: unshare of this thread's fs attributes only.
     if unsafe { libc::unshare(libc::CLONE_FS) } != 0 {
@@ -825,6 +962,11 @@ fn worker(gate: &Gate, listener: &OwnedFd) {
         return;
     }
     loop {
+        if let Some((shift, role)) = shift
+            && !shift.wait_turn(role)
+        {
+            return;
+        }
         // A call to answer, or none ever again: once no process holds the filter (the jail's
         // command and all it started are gone), the listener reports a hang-up with nothing
         // to read (Linux 5.9+). A RECV alone would block then until PID 1 exits, or (Linux
@@ -861,6 +1003,9 @@ fn worker(gate: &Gate, listener: &OwnedFd) {
         };
         let verdict = handle(gate, listener, &call);
         respond(listener, call.id, verdict);
+        if let Some((shift, role)) = shift {
+            shift.after_call(role);
+        }
     }
 }
 
@@ -2443,6 +2588,59 @@ mod tests {
         for e in NOT_ENOENT {
             assert_eq!(Seen::of(Err::<(), _>(e)), Seen::Present, "errno {e}");
         }
+    }
+
+    #[test]
+    fn the_normal_thread_serves_while_more_tasks_run_than_cpus() {
+        // (running, cpus, serving now, serving next)
+        let table = [
+            (1, 2, Role::Idle, Role::Idle),
+            (1, 2, Role::Normal, Role::Idle),
+            (2, 2, Role::Idle, Role::Idle),
+            (2, 2, Role::Normal, Role::Normal),
+            (3, 2, Role::Idle, Role::Normal),
+            (9, 2, Role::Normal, Role::Normal),
+            (1, 1, Role::Normal, Role::Normal),
+            (2, 1, Role::Idle, Role::Normal),
+        ];
+        for (running, cpus, now, next) in table {
+            assert_eq!(
+                shift_for(running, cpus, now),
+                next,
+                "{running} on {cpus}, {now:?}"
+            );
+        }
+        // This thread runs while it reads the count.
+        assert!(running_tasks().is_some_and(|n| n >= 1));
+    }
+
+    #[test]
+    fn a_thread_waiting_for_its_turn_serves_once_handed_it_and_ends_with_the_gate() {
+        let shift = std::sync::Arc::new(Shift::new());
+        let (turns, got) = std::sync::mpsc::channel();
+        let waiting = {
+            let shift = shift.clone();
+            std::thread::spawn(move || {
+                while shift.wait_turn(Role::Normal) {
+                    turns.send(()).unwrap();
+                    shift.state.lock().unwrap().serving = Role::Idle;
+                }
+            })
+        };
+        let timeout = std::time::Duration::from_secs(20);
+        assert!(
+            got.recv_timeout(std::time::Duration::from_millis(50))
+                .is_err()
+        );
+        shift.state.lock().unwrap().serving = Role::Normal;
+        shift.turn.notify_all();
+        got.recv_timeout(timeout).expect("its turn came");
+        shift.finish();
+        waiting.join().unwrap();
+        assert!(
+            !shift.wait_turn(Role::Idle),
+            "nobody serves once the gate is done"
+        );
     }
 
     fn hidden(root: &str) -> Hidden {
