@@ -1571,7 +1571,7 @@ mod tests {
         // the_gate_stops_every_creating_or_writing_call_and_nothing_else.)
     }
 
-    /// Once no process holds the gate's filter, its worker ends (on Linux 6.11+ every RECV
+    /// Once no process holds the gate's filter, its workers end, both of them (on Linux 6.11+ every RECV
     /// then fails at once with ENOENT: a worker that took that for one caller's death spun on
     /// it until PID 1 exited, on a CPU the jail's end needed; before, the RECV blocked).
     #[test]
@@ -1614,7 +1614,7 @@ mod tests {
         let gate = corral_namegate::Gate::new(&[], Default::default(), b"").unwrap();
         let (done, ended) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            gate.work(&listener);
+            gate.work(listener);
             let _ = done.send(());
         });
         assert!(

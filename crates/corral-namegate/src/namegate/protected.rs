@@ -166,6 +166,15 @@ impl Protected {
             return None;
         }
         let name = entry.name();
+        if !self
+            .files
+            .iter()
+            .any(|f| spelled(f, name, false) || spelled(f, name, true))
+        {
+            // No protected file is called so, in any spelling: which directory this is does
+            // not matter (most names: no lookup).
+            return None;
+        }
         let Ok(st) = fstat(&entry.parent) else {
             // Which directory this is cannot be told: any protected file may be its.
             return self.files.iter().find(|f| spelled(f, name, true));
@@ -254,14 +263,18 @@ impl Protected {
     /// `..` from `dir` to the root. Where the gate cannot tell (a step of the walk fails, a
     /// replacement it cannot look at), a directory on the same file system counts as below.
     fn containing(&self, dir: &OwnedFd) -> Option<&File> {
+        // While no protected directory is replaced, their binds hold what is below them: no
+        // lookup of `dir` (most calls).
+        let replaced = self.replaced_dirs();
+        if replaced.as_ref().is_ok_and(|r| r.is_empty()) {
+            return None;
+        }
         let Ok(mut st) = fstat(dir) else {
             return self.files.iter().find(|f| f.is_dir);
         };
-        let dev = st.st_dev;
-        let replaced = match self.replaced_dirs() {
-            Ok(r) if r.is_empty() => return None,
+        let replaced = match replaced {
             Ok(r) => r,
-            Err(f) => return f.same_fs(dev).then_some(f),
+            Err(f) => return f.same_fs(st.st_dev).then_some(f),
         };
         let unknown = Some(replaced[0].0);
         let mut up: Option<OwnedFd> = None;
@@ -292,11 +305,14 @@ impl Protected {
     /// kernel names it, is compared with the directory's, and with the path its symlink
     /// leads to). Where the gate cannot tell, a file on the same file system counts as below.
     fn containing_file(&self, fd: &OwnedFd) -> Option<&File> {
+        let replaced = self.replaced_dirs();
+        if replaced.as_ref().is_ok_and(|r| r.is_empty()) {
+            return None;
+        }
         // A device that cannot be told counts as the protected directory's.
         let dev = fstat(fd).ok().map(|st| st.st_dev);
         let same_fs = |f: &File| dev.is_none_or(|d| f.same_fs(d));
-        let replaced = match self.replaced_dirs() {
-            Ok(r) if r.is_empty() => return None,
+        let replaced = match replaced {
             Ok(r) => r,
             Err(f) => return same_fs(f).then_some(f),
         };
