@@ -424,7 +424,9 @@ fn run_once(
 
     // Split the body into lines as bytes arrive; hand each event on at once.
     let mut pending: Vec<u8> = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
+    // The connection's BufReader holds up to 64 KiB per read; this buffer is only what each
+    // read copies out of it (a 64 KiB one was zeroed, and its pages faulted in, per call).
+    let mut buf = [0u8; 8 * 1024];
     loop {
         let n = body.read(&mut buf).map_err(ioerr)?;
         if n == 0 {
