@@ -228,6 +228,25 @@ mod tests {
         assert_eq!(format!("{whole:?}"), format!("{alone:?}"));
     }
 
+    /// build.rs links GCC's unwinder into corral's executables (this test's too): none maps
+    /// libgcc_s.so.1, and a panic still unwinds to the code that catches it.
+    #[cfg(all(
+        target_os = "linux",
+        target_env = "gnu",
+        not(target_feature = "crt-static")
+    ))]
+    #[test]
+    fn the_unwinder_is_linked_in() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(!maps.contains("libgcc_s"), "{maps}");
+        let caught = std::panic::catch_unwind(|| {
+            if maps.len() > 1 {
+                panic!("a panic that unwinds");
+            }
+        });
+        assert!(caught.is_err());
+    }
+
     /// `-- CMD ARGS...` read without clap gives what clap gives; every other form is left to
     /// clap (options, a missing command, no `--`, arguments that are not UTF-8).
     #[test]
