@@ -44,15 +44,44 @@ pub fn exec_main() -> ExitCode {
         .unwrap_or_else(|| "corral".into());
     // Past "exec": its own arguments, under the name its usage lines give.
     args.next();
+    let rest: Vec<std::ffi::OsString> = args.collect();
+    if let Some(args) = plain_exec(&rest) {
+        return exec_with(args);
+    }
     let parser = crate::cli::ExecCli::command().bin_name(format!("{name} exec"));
     let cli: crate::cli::ExecCli = match crate::usage::parse_from(
         parser,
-        std::iter::once(std::ffi::OsString::from("exec")).chain(args),
+        std::iter::once(std::ffi::OsString::from("exec")).chain(rest),
     ) {
         Ok(cli) => cli,
         Err(code) => return ExitCode::from(code),
     };
-    match exec::run(cli.args) {
+    exec_with(cli.args)
+}
+
+/// `corral exec`'s arguments when they are `-- CMD ARGS...` and nothing else, all UTF-8: the
+/// form agents use, read without building clap's parser (what clap gives for it: everything
+/// after `--` is the command, every option unset). Anything else: `None`, for clap.
+pub fn plain_exec(args: &[std::ffi::OsString]) -> Option<crate::cli::ExecArgs> {
+    let (first, command) = args.split_first()?;
+    if first != "--" || command.is_empty() {
+        return None;
+    }
+    let command = command
+        .iter()
+        .map(|a| a.to_str().map(str::to_owned))
+        .collect::<Option<Vec<_>>>()?;
+    Some(crate::cli::ExecArgs {
+        timeout: None,
+        cwd: None,
+        stdin: false,
+        env: Vec::new(),
+        command,
+    })
+}
+
+fn exec_with(args: crate::cli::ExecArgs) -> ExitCode {
+    match exec::run(args) {
         Ok(code) => code,
         Err(err) if crate::usage::is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
@@ -197,5 +226,58 @@ mod tests {
             .unwrap();
         let alone = ExecCli::from_arg_matches_mut(&mut m).unwrap().args;
         assert_eq!(format!("{whole:?}"), format!("{alone:?}"));
+    }
+
+    /// build.rs links GCC's unwinder into corral's executables (this test's too): none maps
+    /// libgcc_s.so.1, and a panic still unwinds to the code that catches it.
+    #[cfg(all(
+        target_os = "linux",
+        target_env = "gnu",
+        not(target_feature = "crt-static")
+    ))]
+    #[test]
+    fn the_unwinder_is_linked_in() {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(!maps.contains("libgcc_s"), "{maps}");
+        let caught = std::panic::catch_unwind(|| {
+            if maps.len() > 1 {
+                panic!("a panic that unwinds");
+            }
+        });
+        assert!(caught.is_err());
+    }
+
+    /// `-- CMD ARGS...` read without clap gives what clap gives; every other form is left to
+    /// clap (options, a missing command, no `--`, arguments that are not UTF-8).
+    #[test]
+    fn plain_exec_is_what_clap_parses() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let os = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        for args in [
+            &["--", "true"][..],
+            &["--", "ls", "-l", "--help", "--", "--timeout", "5s"],
+            &["--", "--version"],
+            &["--", ""],
+        ] {
+            let fast = super::plain_exec(&os(args)).expect("the plain form");
+            let mut m = ExecCli::command()
+                .try_get_matches_from(["exec"].iter().chain(args))
+                .unwrap();
+            let clap = ExecCli::from_arg_matches_mut(&mut m).unwrap().args;
+            assert_eq!(format!("{fast:?}"), format!("{clap:?}"), "{args:?}");
+        }
+        for args in [
+            &[][..],
+            &["--"],
+            &["true"],
+            &["--timeout", "5s", "--", "true"],
+            &["--stdin", "--", "true"],
+            &["--help"],
+        ] {
+            assert!(super::plain_exec(&os(args)).is_none(), "{args:?}");
+        }
+        let not_utf8 = vec![OsString::from("--"), OsString::from_vec(vec![0xff, b'x'])];
+        assert!(super::plain_exec(&not_utf8).is_none());
     }
 }
