@@ -43,11 +43,10 @@ impl RunInputs {
     pub fn on_host(jail_id: &str) -> RunInputs {
         RunInputs {
             jail_id: jail_id.to_string(),
-            runtime_dir: std::env::var_os("XDG_RUNTIME_DIR")
-                .filter(|d| Path::new(d).is_dir())
-                .map(PathBuf::from)
-                .or_else(shm)
-                .unwrap_or_else(std::env::temp_dir),
+            runtime_dir: runtime_dir(
+                std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+                std::env::temp_dir(),
+            ),
             temp_dir: std::env::temp_dir(),
             placeholders: BTreeMap::new(),
             signins: Vec::new(),
@@ -280,6 +279,13 @@ fn secrets(plan: &mut Plan, inputs: &RunInputs) -> Option<SecretsAttachment> {
         signins: signin_mounts.into_iter().map(|(n, _)| n).collect(),
         trust_dir,
     })
+}
+
+/// Where a run's private directories go: `xdg` (`$XDG_RUNTIME_DIR`) when it is a directory, else
+/// /dev/shm when it is a tmpfs anyone may create in ([`shm`]), else `temp` (the temporary
+/// directory).
+pub fn runtime_dir(xdg: Option<PathBuf>, temp: PathBuf) -> PathBuf {
+    xdg.filter(|d| d.is_dir()).or_else(shm).unwrap_or(temp)
 }
 
 /// /dev/shm when it is a tmpfs that anyone may create in (sticky, as /tmp is): the run's
