@@ -271,26 +271,35 @@ impl Store {
                 changed,
             });
         }
-        let after = After {
-            finished: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-            paths,
-        };
+        let finished = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        if paths.iter().all(|l| !l.changed) {
+            let meta: RunMeta = read_json(&dir.join(META))?;
+            let (incomplete, undone_by) = marks(&dir);
+            if meta.undoes.is_none() && incomplete.is_none() {
+                // Nothing to undo: no record kept (`corral undo` then means the last run that
+                // changed something), and nothing written to say so (its `after.json` and
+                // `size` would be removed at once).
+                let info = RunInfo {
+                    finished: Some(finished),
+                    meta,
+                    created: 0,
+                    modified: 0,
+                    deleted: 0,
+                    bytes: dir_bytes_path(&dir)?,
+                    incomplete,
+                    undone_by,
+                };
+                fs::remove_dir_all(&dir)
+                    .map_err(|e| ChangesError::io("remove an empty run's record", &dir, e))?;
+                return Ok((info, changes));
+            }
+        }
+        let after = After { finished, paths };
         write_json(&dir.join(AFTER), &after)?;
         let bytes = dir_bytes_path(&dir)?;
         fs::write(dir.join(SIZE), bytes.to_string())
             .map_err(|e| ChangesError::io("write", &dir.join(SIZE), e))?;
         let info = self.run(id)?;
-        let unchanged = after.paths.iter().all(|l| !l.changed);
-        if unchanged && info.meta.undoes.is_none() && info.incomplete.is_none() {
-            // Nothing to undo: no record kept (`corral undo` then means the last run that
-            // changed something).
-            fs::remove_dir_all(&dir)
-                .map_err(|e| ChangesError::io("remove an empty run's record", &dir, e))?;
-            // The project's store too when that was its only run (another run's record keeps
-            // it: then this fails, as it should).
-            let _ = fs::remove_dir(&self.root);
-            return Ok((info, changes));
-        }
         self.prune(retention, Some(id))?;
         Ok((info, changes))
     }
@@ -369,22 +378,7 @@ impl Store {
                 }
             }
         }
-        // Marks that cannot be read count as set: an incomplete run, an undone one (undo
-        // refuses either way).
-        let incomplete = match fs::read_to_string(dir.join(INCOMPLETE)) {
-            Ok(s) => Some(s.trim().to_string()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => Some(format!("its incomplete mark cannot be read: {e}")),
-        };
-        let undone_by = match fs::read(dir.join(UNDONE)) {
-            Ok(b) => Some(
-                serde_json::from_slice::<Undone>(&b)
-                    .map(|u| u.by)
-                    .unwrap_or_else(|_| "?".into()),
-            ),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(_) => Some("?".into()),
-        };
+        let (incomplete, undone_by) = marks(&dir);
         let bytes = run_bytes(&dir)?;
         Ok(RunInfo {
             finished: after.map(|a| a.finished),
@@ -509,6 +503,27 @@ impl Store {
         let path = self.run_dir(id)?.join(blob);
         fs::File::open(&path).map_err(|e| ChangesError::io("read the kept file", &path, e))
     }
+}
+
+/// The run directory `dir`'s marks: why it is incomplete, and the undo that put it back.
+/// Marks that cannot be read count as set: an incomplete run, an undone one (undo refuses
+/// either way).
+fn marks(dir: &Path) -> (Option<String>, Option<String>) {
+    let incomplete = match fs::read_to_string(dir.join(INCOMPLETE)) {
+        Ok(s) => Some(s.trim().to_string()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => Some(format!("its incomplete mark cannot be read: {e}")),
+    };
+    let undone_by = match fs::read(dir.join(UNDONE)) {
+        Ok(b) => Some(
+            serde_json::from_slice::<Undone>(&b)
+                .map(|u| u.by)
+                .unwrap_or_else(|_| "?".into()),
+        ),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(_) => Some("?".into()),
+    };
+    (incomplete, undone_by)
 }
 
 /// `rel` for a message.

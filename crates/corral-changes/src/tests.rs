@@ -441,8 +441,17 @@ fn a_run_that_changed_nothing_keeps_no_record() {
     fs::remove_file(p.join("tmpfile")).unwrap();
     before(&rec, p, "README");
     fs::write(p.join("README"), "hello\n").unwrap();
-    finish(&fx, &rec);
+    let root = fs::File::open(p).map(OwnedFd::from).unwrap();
+    let (info, changes) = fx
+        .store
+        .finish_listed(rec.id(), root.as_fd(), Retention::default())
+        .unwrap();
+    assert!(changes.is_empty());
+    assert_eq!((info.created, info.modified, info.deleted), (0, 0, 0));
+    assert!(info.finished.is_some() && info.incomplete.is_none());
     assert!(fx.store.runs().unwrap().is_empty());
+    // Nothing left of the run; the project's store stays for the next one.
+    assert_eq!(fs::read_dir(fx.store.root()).unwrap().count(), 0);
 }
 
 #[test]

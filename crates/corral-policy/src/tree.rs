@@ -852,7 +852,8 @@ fn owned(dir: &Path) -> bool {
 }
 
 /// Whether the directory `dir` (existing) may hold the index: the jail does not see it
-/// ([`reached`]) and it is the caller's alone ([`owned`]).
+/// ([`reached`]) and it is the caller's alone ([`owned`]), as [`update`] checks it.
+#[cfg(test)]
 fn usable_dir(dir: &Path, reach: &[PathBuf]) -> bool {
     !reached(dir, reach) && owned(dir)
 }
@@ -908,12 +909,11 @@ pub fn save(tree: &Tree, file: &Path) -> std::io::Result<()> {
 pub fn update(root: &Path, reach: &[PathBuf], hide: &[String]) -> Arc<Tree> {
     let file = index_file(root);
     let dir = file.as_deref().and_then(Path::parent);
-    let usable = dir.is_some_and(|d| d.is_dir() && usable_dir(d, reach));
+    // Resolved once (each of `reach` is resolved: a few hundred `readlink`s).
+    let seen = dir.filter(|d| d.is_dir()).map(|d| reached(d, reach));
+    let usable = dir.is_some_and(|d| seen == Some(false) && owned(d));
     // One this run's jail could write is never used again (another user's is left alone).
-    if let (Some(f), Some(d)) = (&file, dir)
-        && d.is_dir()
-        && reached(d, reach)
-    {
+    if let (Some(f), Some(true)) = (&file, seen) {
         let _ = std::fs::remove_file(f);
     }
     let file = file.filter(|_| usable);

@@ -158,48 +158,51 @@ fn run_plan_with(
     // The change record (record.rs): kept by the jail's name gate, finished in `Native::run`.
     // A review run writes nothing of the host's (accept keeps its own record). An executor
     // command's jail records into its run's record, when the run keeps one.
-    let mut record = match scope {
-        Scope::Run if plan.project.review.is_none() => crate::record::begin(plan),
-        _ => None,
-    };
+    // It is begun on a thread too (its directory and files: a few hundred microseconds each
+    // on a VM's disk); the summary's source counts on it when the run wants one, and falls
+    // back to a listing below if it could not be begun after all.
+    let recorded = scope == Scope::Run && plan.project.review.is_none();
     if scope == Scope::ExecutorCommand {
         opts.record = crate::record::join_run()?;
     }
     // Where the change summary comes from: the record, when it sees every change the run's
     // processes can make; else a listing of the project from the start.
-    let source = summary_source(plan, record.as_ref());
-    let (limits, (beginning, mut run, secrets, stub_files)) = std::thread::scope(|s| {
-        let limits = s.spawn(|| corral_sandbox::cgroup::setup(&jail_id, &plan.limits));
-        let rest = (|| {
-            // The session's snapshots (change baseline, git) are taken on threads while the
-            // rest is set up, and complete before the jail starts.
-            let beginning = Session::begin_with(plan, scope, jail_id.clone(), source)?;
-            // The Plan the jail gets: `plan` with what the run attaches (runplan.rs), computed
-            // in one place; what follows creates those attachments on the host, where the
-            // RunPlan names them.
-            let (values, signins) = crate::secrets::read(plan)?;
-            let mut inputs = RunInputs::on_host(beginning.jail_id());
-            inputs.placeholders = crate::secrets::placeholders(&values)?;
-            inputs.signins = signins.iter().map(|s| s.plan().name.clone()).collect();
-            inputs.state_secrets = state_secrets.iter().any(|s| s.for_gateway().is_some());
-            let run = RunPlan::new(plan, &inputs);
-            let secrets = crate::secrets::prepare(
-                values,
-                signins,
-                state_secrets,
-                &run,
-                beginning.jail_id(),
-                beginning.audit(),
-            )?;
-            let stub_files = stub_files(&run)?;
-            Ok::<_, anyhow::Error>((beginning, run, secrets, stub_files))
-        })();
-        let limits = limits.join().expect("the cgroup set-up thread panicked");
-        // Either failing fails the run; a cgroup that was made is removed (its drop) when the
-        // rest failed.
-        let rest = rest?;
-        Ok::<_, anyhow::Error>((limits?, rest))
-    })?;
+    let source = summary_source(plan, recorded && crate::record::wanted(plan));
+    let (limits, mut record, (beginning, mut run, secrets, stub_files)) =
+        std::thread::scope(|s| {
+            let limits = s.spawn(|| corral_sandbox::cgroup::setup(&jail_id, &plan.limits));
+            let record = recorded.then(|| s.spawn(|| crate::record::begin(plan)));
+            let rest = (|| {
+                // The session's snapshots (change baseline, git) are taken on threads while the
+                // rest is set up, and complete before the jail starts.
+                let beginning = Session::begin_with(plan, scope, jail_id.clone(), source)?;
+                // The Plan the jail gets: `plan` with what the run attaches (runplan.rs), computed
+                // in one place; what follows creates those attachments on the host, where the
+                // RunPlan names them.
+                let (values, signins) = crate::secrets::read(plan)?;
+                let mut inputs = RunInputs::on_host(beginning.jail_id());
+                inputs.placeholders = crate::secrets::placeholders(&values)?;
+                inputs.signins = signins.iter().map(|s| s.plan().name.clone()).collect();
+                inputs.state_secrets = state_secrets.iter().any(|s| s.for_gateway().is_some());
+                let run = RunPlan::new(plan, &inputs);
+                let secrets = crate::secrets::prepare(
+                    values,
+                    signins,
+                    state_secrets,
+                    &run,
+                    beginning.jail_id(),
+                    beginning.audit(),
+                )?;
+                let stub_files = stub_files(&run)?;
+                Ok::<_, anyhow::Error>((beginning, run, secrets, stub_files))
+            })();
+            let limits = limits.join().expect("the cgroup set-up thread panicked");
+            let record = record.and_then(|r| r.join().expect("the change record thread panicked"));
+            // Either failing fails the run; a cgroup that was made is removed (its drop) when the
+            // rest failed, a record that was begun (its drop) too.
+            let rest = rest?;
+            Ok::<_, anyhow::Error>((limits?, record, rest))
+        })?;
     for note in &limits.notes {
         eprintln!("corral: {note}");
     }
@@ -231,11 +234,16 @@ fn run_plan_with(
     // The record was begun with the resolved Plan: the jail's (with what the run attached)
     // may not reach it either; if it does, the summary lists the project from now on (the
     // command has not started).
-    if let Some(r) = record.take() {
-        match r.check_unreachable(&run.plan) {
+    match record.take() {
+        Some(r) => match r.check_unreachable(&run.plan) {
             Ok(r) => record = Some(r),
             Err(why) => session.fall_back(&run.plan, why),
+        },
+        // Counted on, but it could not be begun (said on stderr).
+        None if session.summary_from_record() => {
+            session.fall_back(&run.plan, "the run keeps no change record".to_string())
         }
+        None => {}
     }
     if let Some(r) = &record {
         opts.record = Some(r.dir_fd()?);
@@ -437,16 +445,13 @@ impl Backend for Native<'_> {
     }
 }
 
-/// Where the change summary of a run of `plan` comes from: its change `record` when that sees
-/// every change the run's processes could make in the project; else a listing from the start,
-/// with the reason (the audit's `note`).
-fn summary_source(
-    plan: &Plan,
-    record: Option<&crate::record::Recording>,
-) -> corral_session::changes::Source {
+/// Where the change summary of a run of `plan` comes from: its change record (`recorded`: the
+/// run keeps one) when that sees every change the run's processes could make in the project;
+/// else a listing from the start, with the reason (the audit's `note`).
+fn summary_source(plan: &Plan, recorded: bool) -> corral_session::changes::Source {
     use corral_policy::plan::ExecutorTarget;
     use corral_session::changes::Source;
-    let why = if record.is_none() {
+    let why = if !recorded {
         Some("the run keeps no change record".to_string())
     } else if plan.executor.target == ExecutorTarget::Host {
         Some("the executor runs on the host, outside any name gate".to_string())

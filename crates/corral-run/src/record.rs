@@ -165,7 +165,7 @@ impl Recording {
 /// cannot be opened, or that the jail could reach (beneath the project or a bind), is said
 /// and the run goes on unrecorded.
 pub fn begin(plan: &Plan) -> Option<Recording> {
-    if plan.project.access != Access::Rw || plan.project.scratch || retention().runs == 0 {
+    if !kept(plan) {
         // Nothing of the host's to undo, or the user keeps no record (`undo.keep_runs = 0`).
         return None;
     }
@@ -185,6 +185,17 @@ pub fn begin(plan: &Plan) -> Option<Recording> {
             None
         }
     }
+}
+
+/// Whether a run of `plan` means to keep a record ([`begin`] tries to, and says why not when it
+/// cannot).
+pub fn wanted(plan: &Plan) -> bool {
+    kept(plan) && !plan.git.new_repositories
+}
+
+/// A writable project, and a user who keeps records.
+fn kept(plan: &Plan) -> bool {
+    plan.project.access == Access::Rw && !plan.project.scratch && retention().runs > 0
 }
 
 fn try_begin(plan: &Plan) -> anyhow::Result<Recording> {

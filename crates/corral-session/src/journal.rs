@@ -6,7 +6,8 @@
 //! of corral's state, which no jail sees): the jail id, corral's pid, the project, the git
 //! snapshot ([`gitguard::Saved`]) and the set-id watch ([`setid::Watch`]). It is written to a
 //! temporary name, locked (`flock`, exclusive), then renamed into place, and the lock is held
-//! until the run's checks are done and the entry removed. The kernel drops the lock when the
+//! until the run's checks are done and the entry removed. Its `fsync` runs on a thread while
+//! the jail is built; the jail's command waits for it ([`Running::synced`]). The kernel drops the lock when the
 //! process dies however it dies, so a lock that can be taken is a run that did not end: no pid
 //! is compared, and a pid the system gave again cannot pass for the run.
 //!
@@ -72,9 +73,22 @@ struct Entry {
 pub struct Running {
     path: PathBuf,
     _lock: Flock<std::fs::File>,
+    /// The entry's `fsync`, on a thread of its own while the jail is built ([`Running::synced`]).
+    sync: Option<std::thread::JoinHandle<std::io::Result<()>>>,
 }
 
 impl Running {
+    /// Wait until the entry is on disk (not only in the page cache: a machine that goes down
+    /// with the run still finds it). Call before the jail's command can run.
+    pub fn synced(&mut self) -> anyhow::Result<()> {
+        let Some(sync) = self.sync.take() else {
+            return Ok(());
+        };
+        sync.join()
+            .map_err(|_| anyhow::anyhow!("the journal's sync thread panicked"))?
+            .with_context(|| format!("cannot write the journal entry {}", self.path.display()))
+    }
+
     /// The run's checks are done: its entry goes.
     pub fn done(self) {
         if let Err(e) = std::fs::remove_file(&self.path) {
@@ -129,16 +143,28 @@ pub fn begin(
     let mut lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
         .map_err(|(_, e)| e)
         .with_context(|| format!("cannot lock the journal entry {}", tmp.display()))?;
+    // In place at once (a killed corral leaves it for the next command); on disk before the
+    // jail's command runs (`Running::synced`): the sync (a journal commit, 1-5 ms on a VM's
+    // disk) goes on while the jail is built. It also makes the rename durable.
     let written = lock
         .write_all(&text)
-        .and_then(|()| lock.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, &path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e)
-            .with_context(|| format!("cannot write the journal entry {}", path.display()));
-    }
-    Ok(Running { path, _lock: lock })
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .and_then(|()| lock.try_clone());
+    let file = match written {
+        Ok(file) => file,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(&path);
+            return Err(e)
+                .with_context(|| format!("cannot write the journal entry {}", path.display()));
+        }
+    };
+    let sync = std::thread::spawn(move || file.sync_all());
+    Ok(Running {
+        path,
+        _lock: lock,
+        sync: Some(sync),
+    })
 }
 
 /// Which journals [`finish_unended`] looks at.

@@ -9,7 +9,8 @@
 //!   ─Session::run(plan, backend):
 //!       `start` record, set-id watch, hidden files, journal entry
 //!       Backend::start ─> B::Started       the jail built, its command's exec held
-//!       Session::await_baseline ─> Baselined   the change baseline is complete
+//!       Session::await_baseline ─> Baselined   the change baseline is complete (and the
+//!                                            journal entry on disk)
 //!       Backend::run(started, Baselined) ─> Ended   command released; every process ended
 //!                                            (the record's changes handed over: `recorded`)
 //!       Ended ─check─> Checked             terminal, git, hidden files
@@ -352,8 +353,8 @@ impl Session {
     /// checks (git, hidden files), the backend's own report, then the change
     /// summary, the set-id report and the exit record (or the error record, exit 125).
     pub fn run<B: Backend>(self, plan: &Plan, backend: &mut B) -> anyhow::Result<i32> {
-        let watches = self.watch(plan, backend)?;
-        let ended = self.run_backend(plan, backend);
+        let mut watches = self.watch(plan, backend)?;
+        let ended = self.run_backend(plan, backend, watches.journal.as_mut());
         let checked = self.check(plan, watches, ended);
         backend.report(&checked);
         checked.finish(backend)
@@ -402,13 +403,23 @@ impl Session {
         })
     }
 
-    /// The backend's start, the change baseline, the backend's run to its end.
-    fn run_backend<B: Backend>(&self, plan: &Plan, backend: &mut B) -> Ended {
+    /// The backend's start, the change baseline and the journal entry on disk, the backend's
+    /// run to its end.
+    fn run_backend<B: Backend>(
+        &self,
+        plan: &Plan,
+        backend: &mut B,
+        journal: Option<&mut journal::Running>,
+    ) -> Ended {
         let started = match backend.start(plan, self) {
             Ok(started) => started,
             Err(e) => return Ended::by_failure(e),
         };
         let baselined = self.await_baseline();
+        // Before the command is released (the jail, dropped, is killed).
+        if let Some(Err(e)) = journal.map(journal::Running::synced) {
+            return Ended::by_failure(e);
+        }
         backend
             .run(plan, started, baselined, self)
             .unwrap_or_else(Ended::by_failure)

@@ -106,9 +106,10 @@ fn corral_plan_prints_the_librarys_whole_plan() {
         ..Flags::default()
     };
     // What the run attaches (the executor's socket and skill, here) is in the plan shown too
-    // (corral-session runplan.rs), with the caller's TMPDIR for its private directories.
+    // (corral-session runplan.rs), with the caller's runtime directory for its private
+    // directories (no XDG_RUNTIME_DIR here: /dev/shm where it is a tmpfs, else its TMPDIR).
     let mut inputs = RunInputs::for_plan(&preview(&f.request("pi", flags.clone())).unwrap());
-    inputs.runtime_dir = f.tmpdir.clone();
+    inputs.runtime_dir = corral_session::runplan::runtime_dir(None, f.tmpdir.clone());
     inputs.temp_dir = f.tmpdir.clone();
     let library = preview(&f.request("pi", flags)).unwrap();
     assert_eq!(shown, planned_with(&library, &inputs).plan);
