@@ -9,9 +9,9 @@
 //! gate closes that by construction: every syscall that creates a name (open/openat with
 //! O_CREAT, creat, mkdir, mknod, link, symlink, rename, and bind of any socket, which names a
 //! path for a Unix one; `seccomp::build_gate_filter`) is stopped by a seccomp user
-//! notification and performed here, by a thread of the jail's PID 1 (one of two: [`Shift`]), on the path (and the
-//! descriptor) it read once from the caller. Outside
-//! the jail's own file systems ([`Gate::allows`]):
+//! notification and performed here, by a thread of the jail's PID 1 (one of two: [`Shift`]),
+//! on the path (and the descriptor) it read once from the caller. Outside the jail's own file
+//! systems ([`Gate::allows`]):
 //! - `.git` and `commondir` are refused;
 //! - a `HEAD` only in a git directory that existed when the run started, or below one in a
 //!   directory holding no `objects` (git's `logs/HEAD`, `refs/remotes/origin/HEAD`);
