@@ -557,11 +557,10 @@ fn a_run_over_the_records_budget_still_lists_every_change() {
 /// `corral run ... > project/out.txt`: the caller's shell opened the file, and the jail writes
 /// it with no name gate in the way. The record cannot stand for the summary: the project is
 /// listed from the start, and the file is in the summary.
-#[test]
-fn a_standard_descriptor_into_the_project_falls_back_to_the_listing() {
-    let w = git_world();
-    let out_file = w.project.join("out.txt");
-    let file = std::fs::File::create(&out_file).unwrap();
+/// A run whose standard output is the file `out_file` (made before the run): its output lands
+/// there, and the run's change summary event is returned.
+fn change_with_stdout_in(w: &World, out_file: &std::path::Path) -> serde_json::Value {
+    let file = std::fs::File::create(out_file).unwrap();
     let mut c = w.sh_command("none", "echo to-stdout && echo n > new.txt && echo END >&2");
     c.stdin(std::process::Stdio::null())
         .stdout(file)
@@ -570,11 +569,17 @@ fn a_standard_descriptor_into_the_project_falls_back_to_the_listing() {
     let stderr = String::from_utf8_lossy(&done.stderr);
     assert!(stderr.contains("END"), "{stderr}");
     assert_eq!(
-        std::fs::read_to_string(&out_file).unwrap(),
+        std::fs::read_to_string(out_file).unwrap(),
         "to-stdout\n",
         "{stderr}"
     );
-    let d = &the_change(&w, &stderr);
+    the_change(w, &stderr)
+}
+
+#[test]
+fn a_standard_descriptor_into_the_project_falls_back_to_the_listing() {
+    let w = git_world();
+    let d = &change_with_stdout_in(&w, &w.project.join("out.txt"));
     assert_eq!(d["method"], "git", "{d}");
     assert!(
         d["note"].as_str().unwrap_or("").contains("descriptor 1"),
@@ -590,17 +595,7 @@ fn a_standard_descriptor_into_the_project_falls_back_to_the_listing() {
 #[test]
 fn a_standard_descriptor_beside_the_project_keeps_the_record() {
     let w = git_world();
-    let out_file = w.project.parent().unwrap().join("beside-out.txt");
-    let file = std::fs::File::create(&out_file).unwrap();
-    let mut c = w.sh_command("none", "echo to-stdout && echo n > new.txt && echo END >&2");
-    c.stdin(std::process::Stdio::null())
-        .stdout(file)
-        .stderr(std::process::Stdio::piped());
-    let done = c.output().expect("run corral");
-    let stderr = String::from_utf8_lossy(&done.stderr);
-    assert!(stderr.contains("END"), "{stderr}");
-    assert_eq!(std::fs::read_to_string(&out_file).unwrap(), "to-stdout\n");
-    let d = &the_change(&w, &stderr);
+    let d = &change_with_stdout_in(&w, &w.project.parent().unwrap().join("beside-out.txt"));
     assert_eq!(d["method"], "record", "{d}");
     assert_eq!(list(&d["created"]), ["new.txt"], "{d}");
     assert!(list(&d["modified"]).is_empty(), "{d}");
