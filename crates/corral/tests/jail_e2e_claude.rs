@@ -311,10 +311,16 @@ fn tui_writes_the_project_through_its_bash_tool(claude: &Path) {
     master.write_all(b"\r").unwrap();
     screen += &read_until(&mut master, DONE, &mut child);
     let done = screen.contains(DONE);
-    // Ctrl-C twice: Claude Code's way out of its TUI.
-    let _ = master.write_all(b"\x03");
-    screen += &read_until(&mut master, "again", &mut child);
-    let _ = master.write_all(b"\x03");
+    // The answer is drawn before the turn ends; a Ctrl-C then interrupts the turn instead of
+    // asking to exit. The turn has ended when the status line's hint is back to "? for
+    // shortcuts" from "esc to interrupt".
+    let idle = |s: &str| s.rfind("shortcuts") > s.rfind("interrupt");
+    if done && !idle(&screen) {
+        screen += &read_until(&mut master, "shortcuts", &mut child);
+    }
+    // Ctrl-C twice: Claude Code's way out of its TUI. Its "again" lasts a moment; a second
+    // Ctrl-C that reaches a loaded machine's TUI later starts over, so the pair is sent again
+    // until corral exits.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -325,7 +331,11 @@ fn tui_writes_the_project_through_its_bash_tool(claude: &Path) {
             let _ = child.wait();
             break None;
         }
-        screen += &read_until(&mut master, "\u{0}", &mut child);
+        let _ = master.write_all(b"\x03");
+        screen += &read_until(&mut master, "again", &mut child);
+        let _ = master.write_all(b"\x03");
+        let wait = std::time::Duration::from_secs(5);
+        screen += &read_within(&mut master, "\u{0}", &mut child, wait);
     };
     assert!(done, "the final answer never showed:\n{screen}");
     assert_eq!(

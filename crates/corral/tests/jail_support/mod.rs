@@ -432,14 +432,25 @@ pub fn under_pty(
     (std::fs::File::from(pty.master), slave, child)
 }
 
+/// What the terminal shows until `needle` appears in it, the child exits, or 30 s pass.
 pub fn read_until(
     master: &mut std::fs::File,
     needle: &str,
     child: &mut std::process::Child,
 ) -> String {
+    read_within(master, needle, child, std::time::Duration::from_secs(30))
+}
+
+/// [`read_until`], giving up after `within`.
+pub fn read_within(
+    master: &mut std::fs::File,
+    needle: &str,
+    child: &mut std::process::Child,
+    within: std::time::Duration,
+) -> String {
     use std::os::fd::AsFd;
     let mut seen = Vec::new();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + within;
     while std::time::Instant::now() < deadline {
         let mut fds = [nix::poll::PollFd::new(
             master.as_fd(),
