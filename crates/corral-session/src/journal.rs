@@ -4,7 +4,9 @@
 //!
 //! A run's entry is `STATE/corral/PROJECT_KEY/journal/JAIL_ID.json` (0600, in a 0700 directory
 //! of corral's state, which no jail sees): the jail id, corral's pid, the project, the git
-//! snapshot ([`gitguard::Saved`]) and the set-id watch ([`setid::Watch`]). It is written to a
+//! snapshot ([`gitguard::Saved`]), the set-id watch ([`setid::Watch`]) and the run's own
+//! directories on the host (`RunInputs::own_dirs`: the executor's socket, the resolver's and
+//! the gateway's files, in the runtime and temporary directories). It is written to a
 //! temporary name, locked (`flock`, exclusive), then renamed into place, and the lock is held
 //! until the run's checks are done and the entry removed. Its `fsync` runs on a thread while
 //! the jail is built; the jail's command waits for it ([`Running::synced`]). The kernel drops the lock when the
@@ -14,7 +16,8 @@
 //! [`finish_unended`] takes each such entry's lock (two commands cannot check one run twice),
 //! runs the git check (planted hooks, configs, gitlinks, repositories moved aside) and the
 //! set-id check on what the entry names, says what it found, records it in the project's audit
-//! log, and removes the entry. Not done for such a run: the change summary (its baseline was in
+//! log, removes the run's own directories (only this user's, no symlink followed), and removes
+//! the entry. Not done for such a run: the change summary (its baseline was in
 //! corral's memory).
 
 use std::ffi::OsString;
@@ -67,6 +70,9 @@ struct Entry {
     root: OsString,
     git: Option<gitguard::Saved>,
     set_id: setid::Watch,
+    /// The run's own directories on the host (`RunInputs::own_dirs`), removed at its end.
+    #[serde(default, with = "paths_bytes")]
+    dirs: Vec<PathBuf>,
 }
 
 /// The entry of this process's run, locked until [`Running::done`].
@@ -115,6 +121,7 @@ pub fn begin(
     jail_id: &str,
     git: Option<&gitguard::Snapshot>,
     set_id: &setid::Watch,
+    dirs: Vec<PathBuf>,
 ) -> anyhow::Result<Running> {
     let dir = dir_of(state, root);
     std::fs::DirBuilder::new()
@@ -128,6 +135,7 @@ pub fn begin(
         root: root.as_os_str().to_os_string(),
         git: git.map(gitguard::Snapshot::saved),
         set_id: set_id.clone(),
+        dirs,
     };
     let text = serde_json::to_vec(&entry).context("cannot write the run's journal entry")?;
     let tmp = dir.join(format!(".{jail_id}.tmp"));
@@ -272,6 +280,7 @@ fn finish_one(path: &Path) -> anyhow::Result<()> {
     if !found {
         eprintln!("corral: the run {jail_id} left no git file to disarm");
     }
+    remove_own_dirs(&entry.dirs, jail_id);
     // The run's private git directory of the change summary (changes.rs, `PROJECT_KEY/changes/
     // JAIL_ID`), which its corral did not live to remove.
     let one_name =
@@ -283,6 +292,31 @@ fn finish_one(path: &Path) -> anyhow::Result<()> {
     }
     std::fs::remove_file(path).context("cannot remove it after its checks")?;
     Ok(())
+}
+
+/// Remove the directories a run made for itself on the host (its executor's socket, its
+/// resolver's and gateway's files), which its corral did not live to remove. Only a directory
+/// whose name ends with the run's id, that is this user's and no symlink: the runtime
+/// directory may be /dev/shm or /tmp, where another user could have made one by that name.
+fn remove_own_dirs(dirs: &[PathBuf], jail_id: &str) {
+    let euid = nix::unistd::geteuid().as_raw();
+    for dir in dirs {
+        let named = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("corral-") && n.ends_with(&format!("-{jail_id}")));
+        let Ok(meta) = std::fs::symlink_metadata(dir) else {
+            continue;
+        };
+        if !named || !meta.is_dir() || meta.uid() != euid {
+            continue;
+        }
+        let shown = printable(&dir.display().to_string());
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => eprintln!("corral: removed {shown}, which the run {jail_id} left"),
+            Err(e) => eprintln!("corral: cannot remove {shown}, which the run {jail_id} left: {e}"),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -300,7 +334,19 @@ mod tests {
         std::fs::create_dir_all(root.join(".git")).unwrap();
         let snap = gitguard::snapshot(root, false, root);
         let watch = setid::Watch::none();
-        let running = begin(state, root, "j-test-1", Some(&snap), &watch).unwrap();
+        let dirs = tempfile::tempdir().unwrap();
+        let own = |id: &str| {
+            ["exec", "dns", "trust"].map(|k| dirs.path().join(format!("corral-{k}-{id}")))
+        };
+        let running = begin(
+            state,
+            root,
+            "j-test-1",
+            Some(&snap),
+            &watch,
+            own("j-test-1").to_vec(),
+        )
+        .unwrap();
         let path = dir_of(state, root).join("j-test-1.json");
         assert!(path.exists());
         let mode = std::fs::metadata(&path).unwrap().mode() & 0o777;
@@ -316,13 +362,29 @@ mod tests {
             .with_file_name("changes")
             .join("j-test-1");
         std::fs::create_dir_all(private.join("objects")).unwrap();
+        // The run's executor directory, with its socket's name; its resolver's directory is
+        // a symlink (to a directory that must stay), and another run's directory is there.
+        let [exec, dns, _trust] = own("j-test-1");
+        std::fs::create_dir_all(&exec).unwrap();
+        std::fs::write(exec.join("exec.sock"), "").unwrap();
+        let kept = dirs.path().join("kept");
+        std::fs::create_dir_all(&kept).unwrap();
+        std::os::unix::fs::symlink(&kept, &dns).unwrap();
+        let other = dirs.path().join("corral-exec-j-test-9");
+        std::fs::create_dir_all(&other).unwrap();
         drop(running);
         finish_unended_in(state, Which::All);
         assert!(!path.exists());
+        assert!(!exec.exists(), "the run's executor directory stays");
+        assert!(
+            kept.is_dir() && dns.is_symlink(),
+            "a symlink was followed or removed"
+        );
+        assert!(other.is_dir(), "another run's directory went");
         assert!(!root.join(".git/commondir").exists(), "not disarmed");
         assert!(!private.exists(), "its private git directory stays");
         // A run that ended removes its own entry.
-        let running = begin(state, root, "j-test-2", Some(&snap), &watch).unwrap();
+        let running = begin(state, root, "j-test-2", Some(&snap), &watch, Vec::new()).unwrap();
         running.done();
         assert_eq!(
             std::fs::read_dir(path.parent().unwrap()).unwrap().count(),

@@ -54,6 +54,29 @@ impl RunInputs {
         }
     }
 
+    /// The run's own directories on the host, each removed when the run ends: the executor's
+    /// socket and skill ([`ExecutorAttachment`]), the stub resolver's files
+    /// ([`DnsAttachment`]), the gateway's CA files and the sign-ins' placeholder files
+    /// ([`SecretsAttachment`]). The run's journal entry names them, so that the next corral
+    /// command removes them when this one was killed (journal.rs).
+    pub fn own_dirs(&self) -> Vec<PathBuf> {
+        vec![self.executor_dir(), self.dns_dir(), self.trust_dir()]
+    }
+
+    fn executor_dir(&self) -> PathBuf {
+        self.runtime_dir
+            .join(format!("corral-exec-{}", self.jail_id))
+    }
+
+    fn dns_dir(&self) -> PathBuf {
+        self.runtime_dir
+            .join(format!("corral-dns-{}", self.jail_id))
+    }
+
+    fn trust_dir(&self) -> PathBuf {
+        self.temp_dir.join(format!("corral-trust-{}", self.jail_id))
+    }
+
     /// The inputs `corral plan` shows: the jail id [`PLAN_JAIL_ID`], and for each secret the
     /// text `<placeholder of $VAR>` (a run makes a fresh one from the real value).
     pub fn for_plan(plan: &Plan) -> RunInputs {
@@ -249,11 +272,7 @@ fn secrets(plan: &mut Plan, inputs: &RunInputs) -> Option<SecretsAttachment> {
         .collect();
     let proxy = plan.network.mode == NetworkMode::Proxy;
     // Without the proxy a sign-in's placeholder file still needs a home (no gateway, no CA).
-    let trust_dir = (proxy || !signin_mounts.is_empty()).then(|| {
-        inputs
-            .temp_dir
-            .join(format!("corral-trust-{}", inputs.jail_id))
-    });
+    let trust_dir = (proxy || !signin_mounts.is_empty()).then(|| inputs.trust_dir());
     if let Some(dir) = trust_dir.as_deref().filter(|_| proxy) {
         let layout = corral_gateway::trust_layout(dir);
         plan.env.extend(layout.env);
@@ -311,9 +330,7 @@ fn executor(plan: &mut Plan, inputs: &RunInputs) -> Option<ExecutorAttachment> {
     if !serve && plan.skill.is_none() {
         return None;
     }
-    let dir = inputs
-        .runtime_dir
-        .join(format!("corral-exec-{}", inputs.jail_id));
+    let dir = inputs.executor_dir();
     let mut attachment = ExecutorAttachment {
         dir: dir.clone(),
         serve,
@@ -353,9 +370,7 @@ fn dns(plan: &mut Plan, inputs: &RunInputs) -> Option<DnsAttachment> {
         (NetworkMode::Proxy, Dns::Stub) => {}
         (_, Dns::None) | (NetworkMode::None | NetworkMode::Host, Dns::Stub) => return None,
     }
-    let dir = inputs
-        .runtime_dir
-        .join(format!("corral-dns-{}", inputs.jail_id));
+    let dir = inputs.dns_dir();
     let files: BTreeMap<String, String> = [
         (
             "resolv.conf",

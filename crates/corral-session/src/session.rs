@@ -382,6 +382,7 @@ impl Session {
                     &self.jail_id,
                     self.git.as_ref(),
                     &set_id,
+                    crate::runplan::RunInputs::on_host(&self.jail_id).own_dirs(),
                 );
                 match entry {
                     Ok(j) => Some(j),

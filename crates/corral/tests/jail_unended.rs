@@ -12,8 +12,9 @@ use std::process::Stdio;
 use jail_support::*;
 
 /// Start a run that plants a bare repository's config in `plain/` and sleeps; SIGKILL its
-/// corral once planted; return when the jail is gone (its stdout closed).
-fn plant_and_kill(w: &World) {
+/// corral once planted; return when the jail is gone (its stdout closed), with the directory
+/// of the run's executor, which its corral did not live to remove.
+fn plant_and_kill(w: &World) -> std::path::PathBuf {
     w.allow_new_repositories();
     std::fs::create_dir_all(w.project.join("plain/deeper")).unwrap();
     let script = format!(
@@ -62,10 +63,28 @@ fn plant_and_kill(w: &World) {
         String::from_utf8_lossy(&got.stdout).contains("touch"),
         "control: git does not take the directory for a repository"
     );
+    let records = w.audit_records();
+    let jail = records
+        .iter()
+        .find(|r| r["kind"] == "jail" && r["event"] == "start")
+        .and_then(|r| r["jail"].as_str())
+        .unwrap_or_else(|| panic!("no start record: {records:#?}"));
+    // Where the World's corral (no XDG_RUNTIME_DIR) makes it.
+    let runtime = corral_session::runplan::runtime_dir(None, std::env::temp_dir());
+    let executor = runtime.join(format!("corral-exec-{jail}"));
+    assert!(executor.is_dir(), "control: no {}", executor.display());
+    executor
 }
 
-/// The plant is gone, the host's git runs nothing, the audit log has the quarantine.
-fn assert_disarmed(w: &World, out: &Out) {
+/// The plant is gone, the host's git runs nothing, the audit log has the quarantine; the
+/// killed run's executor directory is removed.
+fn assert_disarmed(w: &World, out: &Out, executor: &std::path::Path) {
+    assert!(
+        !executor.exists(),
+        "{} stays\n{}",
+        executor.display(),
+        out.both()
+    );
     assert!(
         out.stderr.contains("ended without its checks"),
         "{}",
@@ -92,11 +111,11 @@ fn assert_disarmed(w: &World, out: &Out) {
 #[test]
 fn doctor_finishes_a_run_whose_corral_was_killed() {
     let w = World::new();
-    plant_and_kill(&w);
+    let executor = plant_and_kill(&w);
     let mut c = w.corral();
     c.arg("doctor");
     let out = run(c);
-    assert_disarmed(&w, &out);
+    assert_disarmed(&w, &out, &executor);
     // Done once: the next doctor has nothing left to finish.
     let mut c = w.corral();
     c.arg("doctor");
@@ -111,10 +130,10 @@ fn doctor_finishes_a_run_whose_corral_was_killed() {
 #[test]
 fn the_next_run_finishes_a_run_whose_corral_was_killed_first() {
     let w = World::new();
-    plant_and_kill(&w);
+    let executor = plant_and_kill(&w);
     let out = w.sh("none", "echo END");
     ran(&out, "END");
-    assert_disarmed(&w, &out);
+    assert_disarmed(&w, &out, &executor);
     // Before the new run's own lines.
     let checked = out.stderr.find("ended without its checks").unwrap();
     if let Some(first) = out.stderr.find("corral: first jailed run") {
