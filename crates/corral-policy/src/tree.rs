@@ -239,10 +239,10 @@ impl Tree {
     /// of the `hide` patterns, not below `.git/objects` or a matched directory, a directory
     /// below the root that could not be read masked whole. Sorted.
     pub fn masked(&self, patterns: &[String]) -> Result<Vec<PathBuf>, PolicyError> {
-        let set = crate::hide::HideSet::new(patterns)?;
-        if set.is_empty() {
+        if patterns.is_empty() {
             return Ok(Vec::new());
         }
+        let mut set = Compiled::new(patterns);
         let hash = patterns_hash(patterns);
         let mut found = Vec::new();
         let mut stack = vec![PathBuf::new()];
@@ -261,6 +261,7 @@ impl Tree {
             let in_git = rel.as_os_str() == ".git";
             let memo = l.hits.as_ref().filter(|(h, _)| *h == hash).map(|(_, v)| v);
             let Some(memo) = memo else {
+                let set = set.get()?;
                 for (name, is_dir) in l.entries() {
                     if in_git && name == "objects" {
                         continue;
@@ -299,6 +300,31 @@ impl Tree {
     }
 }
 
+/// The `hide` patterns, compiled when a first name has to be matched: the listings of an
+/// unchanged tree carry their matches, so a run in a project nobody changed compiles none
+/// (a regex set costs about 0.1 ms the first time in a process, and its first match as much).
+/// The patterns were checked one by one when the policy was read.
+struct Compiled<'a> {
+    patterns: &'a [String],
+    set: Option<crate::hide::HideSet>,
+}
+
+impl<'a> Compiled<'a> {
+    fn new(patterns: &'a [String]) -> Compiled<'a> {
+        Compiled {
+            patterns,
+            set: None,
+        }
+    }
+
+    fn get(&mut self) -> Result<&crate::hide::HideSet, PolicyError> {
+        if self.set.is_none() {
+            self.set = Some(crate::hide::HideSet::new(self.patterns)?);
+        }
+        Ok(self.set.as_ref().expect("compiled just now"))
+    }
+}
+
 /// What the `hide` patterns are known by in a listing's memo of its matches.
 fn patterns_hash(patterns: &[String]) -> u64 {
     let mut b = Vec::new();
@@ -313,17 +339,18 @@ impl Tree {
     /// Note in each listing without them which of its entries `patterns` match (a listing
     /// carried over from the previous tree keeps its own).
     pub fn match_entries(&mut self, patterns: &[String]) {
-        let Ok(set) = crate::hide::HideSet::new(patterns) else {
-            return;
-        };
-        if set.is_empty() {
+        if patterns.is_empty() {
             return;
         }
+        let mut set = Compiled::new(patterns);
         let hash = patterns_hash(patterns);
         for (rel, l) in self.dirs.iter_mut() {
             if l.hits.as_ref().is_some_and(|(h, _)| *h == hash) {
                 continue;
             }
+            let Ok(set) = set.get() else {
+                return;
+            };
             let hits: Vec<u32> = entries_in(&l.entries, 0)
                 .filter(|(_, name, _)| set.is_match(&rel.join(name)))
                 .map(|(off, _, _)| off)
