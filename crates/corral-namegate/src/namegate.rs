@@ -2681,6 +2681,26 @@ mod tests {
         Hidden::new(&patterns, root.as_bytes()).unwrap()
     }
 
+    /// The sets are compiled at the first name; a bad pattern is refused before that, and
+    /// sets that did not compile after all refuse every name (fail closed).
+    #[test]
+    fn hide_patterns_are_checked_at_once_compiled_at_the_first_name_and_fail_closed() {
+        let h = hidden("/work/proj");
+        assert!(h.sets.get().is_none(), "compiled before any name");
+        assert!(!h.may_match(b"notes.txt"));
+        assert!(h.sets.get().is_some_and(Option::is_some));
+        let bad = Hidden::new(&["a[".to_string()], b"/work/proj");
+        assert!(bad.is_err(), "a pattern that does not parse was taken");
+        let broken = hidden("/work/proj");
+        broken.sets.set(None).ok().unwrap();
+        assert!(broken.may_match(b"notes.txt"));
+        assert_eq!(
+            broken.refuses(Some(b"/work/proj"), b"notes.txt"),
+            Some(broken.patterns[0].as_str())
+        );
+        assert!(broken.refuses(None, b"notes.txt").is_some());
+    }
+
     #[test]
     fn hide_patterns_refuse_names_in_the_project_as_the_masking_walk_matches_them() {
         let h = hidden("/work/proj/");
