@@ -8,7 +8,9 @@
 //! directories the index knows from the root, by descriptor (each one opened `O_NOFOLLOW |
 //! O_DIRECTORY` from its parent's descriptor, so no link is followed below the root), and lists
 //! again only a directory whose key differs, or that is still in its racy window (below).
-//! New directories are listed; gone ones are dropped.
+//! New directories are listed; gone ones are dropped. A tree with enough directories on one
+//! level is walked by two threads from there, each taking every other subtree (a directory's
+//! listing depends on it and its previous listing alone; the halves are merged).
 //!
 //! **Why a directory whose key is unchanged has the entries it had.** On Linux, adding,
 //! removing or renaming an entry of a directory (create, mkdir, link, symlink, mknod, unlink,
@@ -496,14 +498,8 @@ pub fn now_ns() -> i64 {
 /// One update of the index: `prev`'s directories whose key is unchanged (and out of the racy
 /// window) are kept, every other one is listed. With no `prev`, a full walk. Reads the fine
 /// clock with `clock` (a test fixes it).
-pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tree {
-    let mut tree = Tree {
-        root: root.to_path_buf(),
-        dirs: HashMap::new(),
-        relisted: 0,
-        changed: 0,
-        stored: false,
-    };
+pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &(dyn Fn() -> i64 + Sync)) -> Tree {
+    let mut tree = Tree::empty(root);
     let prev = prev.filter(|p| p.root == root);
     let mut fs_ok: HashMap<u64, bool> = HashMap::new();
     let Some(root_c) = cstr(root.as_os_str()) else {
@@ -533,58 +529,150 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tre
         listed_ns,
         &mut stack,
     );
-    while let Some((rel, parent)) = stack.pop() {
-        let name = rel.file_name().and_then(cstr);
-        let Some(name) = name else { continue };
-        let listed_ns = clock();
-        let gone = |tree: &mut Tree, key: Option<Key>, e: i32| {
-            tree.dirs
-                .insert(rel.clone(), Listing::failed_with(key, listed_ns, e));
-        };
-        let st = match fstatat(parent.as_raw_fd(), &name) {
-            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => st,
-            Ok(_) => {
-                gone(&mut tree, None, libc::ENOTDIR);
-                continue;
-            }
-            Err(e) => {
-                gone(&mut tree, None, e);
-                continue;
-            }
-        };
-        let key = Key::of(&st);
-        let before = prev.and_then(|p| p.dirs.get(&rel));
-        // Known unchanged, on a trusted file system, with no directory to enter: no need to
-        // open it.
-        if let Some(before) = before
-            && before.holds_for(&key)
-            && fs_ok.get(&key.dev) == Some(&true)
-            && !before.has_subdirs()
-        {
-            tree.dirs.insert(rel, before.clone());
-            continue;
+    // Level by level until there are enough directories to share between two walkers (each
+    // directory's listing depends on it and its previous listing alone, so any order gives
+    // the same tree); a small tree is walked here alone.
+    while !stack.is_empty() && stack.len() < SHARED_FROM {
+        let mut next = Vec::new();
+        for (rel, parent) in stack {
+            visit(&mut tree, prev, &mut fs_ok, rel, &parent, clock, &mut next);
         }
-        let fd = match open_dir(parent.as_raw_fd(), &name, true) {
-            Ok(fd) => fd,
-            Err(e) => {
-                gone(&mut tree, Some(key), e);
-                continue;
-            }
-        };
-        // The key of what was opened (the entry may have been replaced since the `fstatat`).
-        let key = fstat(fd.as_raw_fd()).map(|st| Key::of(&st));
-        visit_open(
-            &mut tree,
-            prev,
-            &mut fs_ok,
-            rel,
-            Arc::new(fd),
-            key,
-            listed_ns,
-            &mut stack,
-        );
+        stack = next;
     }
+    if stack.len() < SHARED_FROM {
+        walk(&mut tree, prev, &mut fs_ok, stack, clock);
+        return tree;
+    }
+    // Every other subtree to a second thread: its own half of the tree, merged after. One
+    // that cannot be started leaves its half to this one.
+    let (mine, theirs): (Vec<_>, Vec<_>) =
+        stack.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let mine: Vec<_> = mine.into_iter().map(|(_, d)| d).collect();
+    let theirs: Vec<_> = theirs.into_iter().map(|(_, d)| d).collect();
+    let mut other_fs = fs_ok.clone();
+    let shared = std::sync::Mutex::new(Some(theirs));
+    std::thread::scope(|s| {
+        let other = std::thread::Builder::new()
+            .name("corral-tree".into())
+            .spawn_scoped(s, || {
+                let mut half = Tree::empty(root);
+                let theirs = shared
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_default();
+                walk(&mut half, prev, &mut other_fs, theirs, clock);
+                half
+            });
+        walk(&mut tree, prev, &mut fs_ok, mine, clock);
+        match other {
+            Ok(other) => {
+                let half = other
+                    .join()
+                    .expect("the tree walk's second thread panicked");
+                tree.merge(half);
+            }
+            Err(_) => {
+                let theirs = shared
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_default();
+                walk(&mut tree, prev, &mut fs_ok, theirs, clock);
+            }
+        }
+    });
     tree
+}
+
+/// Directories a walk shares with a second thread from: below that, a thread costs more than
+/// it saves.
+const SHARED_FROM: usize = 16;
+
+impl Tree {
+    fn empty(root: &Path) -> Tree {
+        Tree {
+            root: root.to_path_buf(),
+            dirs: HashMap::new(),
+            relisted: 0,
+            changed: 0,
+            stored: false,
+        }
+    }
+
+    /// The directories of `other`, the other half of the same walk (no directory in both).
+    fn merge(&mut self, other: Tree) {
+        self.relisted += other.relisted;
+        self.changed += other.changed;
+        self.dirs.extend(other.dirs);
+    }
+}
+
+/// Visit every directory on `stack` and below it.
+fn walk(
+    tree: &mut Tree,
+    prev: Option<&Tree>,
+    fs_ok: &mut HashMap<u64, bool>,
+    mut stack: Vec<(PathBuf, Arc<OwnedFd>)>,
+    clock: &(dyn Fn() -> i64 + Sync),
+) {
+    while let Some((rel, parent)) = stack.pop() {
+        visit(tree, prev, fs_ok, rel, &parent, clock, &mut stack);
+    }
+}
+
+/// Visit the directory `rel`, named by its last component in `parent`: its previous listing
+/// when it holds (not even opened when it has no subdirectory), else a new one; its
+/// subdirectories go on `stack`.
+fn visit(
+    tree: &mut Tree,
+    prev: Option<&Tree>,
+    fs_ok: &mut HashMap<u64, bool>,
+    rel: PathBuf,
+    parent: &OwnedFd,
+    clock: &(dyn Fn() -> i64 + Sync),
+    stack: &mut Vec<(PathBuf, Arc<OwnedFd>)>,
+) {
+    let name = rel.file_name().and_then(cstr);
+    let Some(name) = name else { return };
+    let listed_ns = clock();
+    let gone = |tree: &mut Tree, key: Option<Key>, e: i32| {
+        tree.dirs
+            .insert(rel.clone(), Listing::failed_with(key, listed_ns, e));
+    };
+    let st = match fstatat(parent.as_raw_fd(), &name) {
+        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => st,
+        Ok(_) => {
+            gone(tree, None, libc::ENOTDIR);
+            return;
+        }
+        Err(e) => {
+            gone(tree, None, e);
+            return;
+        }
+    };
+    let key = Key::of(&st);
+    let before = prev.and_then(|p| p.dirs.get(&rel));
+    // Known unchanged, on a trusted file system, with no directory to enter: no need to
+    // open it.
+    if let Some(before) = before
+        && before.holds_for(&key)
+        && fs_ok.get(&key.dev) == Some(&true)
+        && !before.has_subdirs()
+    {
+        tree.dirs.insert(rel, before.clone());
+        return;
+    }
+    let fd = match open_dir(parent.as_raw_fd(), &name, true) {
+        Ok(fd) => fd,
+        Err(e) => {
+            gone(tree, Some(key), e);
+            return;
+        }
+    };
+    // The key of what was opened (the entry may have been replaced since the `fstatat`).
+    let key = fstat(fd.as_raw_fd()).map(|st| Key::of(&st));
+    visit_open(tree, prev, fs_ok, rel, Arc::new(fd), key, listed_ns, stack);
 }
 
 /// Record the directory `rel` open at `fd` (its key taken after `listed_ns` was read): its
@@ -1120,6 +1208,57 @@ mod tests {
         // Writable by the group.
         std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o770)).unwrap();
         assert!(!usable_dir(&outside, std::slice::from_ref(&project)));
+    }
+
+    /// A tree wide enough for the walk to be shared with a second thread: every directory is
+    /// in it once, and what it masks is what the plain walk masks, fresh, unchanged, and
+    /// after changes in subtrees either thread walks.
+    #[test]
+    fn a_shared_walk_finds_every_directory_once_and_masks_what_the_walk_masks() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        let mut dirs = 1; // the root
+        for a in 0..5 {
+            for b in 0..(SHARED_FROM + 3) {
+                let d = root.join(format!("m{a}/s{b}/deep"));
+                std::fs::create_dir_all(&d).unwrap();
+                std::fs::write(d.join("f.rs"), "").unwrap();
+                if b % 4 == a % 4 {
+                    std::fs::write(d.join(".env"), "").unwrap();
+                }
+                dirs += 2;
+            }
+            dirs += 1;
+        }
+        let hide = vec![".env".to_string()];
+        let first = scan(root, None);
+        assert_eq!(first.len(), dirs);
+        assert_eq!(
+            first.masked(&hide).unwrap(),
+            crate::resolve::find_masked(root, &hide).unwrap()
+        );
+        let again = scan(root, Some(&first));
+        assert_eq!(again.len(), dirs);
+        assert_eq!(again.masked(&hide).unwrap(), first.masked(&hide).unwrap());
+        // Changes in many subtrees (both halves of the walk).
+        for a in 0..5 {
+            std::fs::write(root.join(format!("m{a}/s{a}/.env")), "").unwrap();
+            std::fs::remove_dir_all(root.join(format!("m{a}/s{}", a + 6))).unwrap();
+        }
+        std::fs::create_dir_all(root.join("m4/new/deeper")).unwrap();
+        std::fs::write(root.join("m4/new/deeper/.env"), "").unwrap();
+        let changed = scan(root, Some(&again));
+        assert_eq!(changed.len(), dirs - 5 * 2 + 2);
+        assert_eq!(
+            changed.masked(&hide).unwrap(),
+            crate::resolve::find_masked(root, &hide).unwrap()
+        );
+        assert!(
+            changed
+                .masked(&hide)
+                .unwrap()
+                .contains(&root.join("m4/new/deeper/.env"))
+        );
     }
 
     #[test]
