@@ -88,6 +88,11 @@ impl Key {
     }
 }
 
+/// The directories of a tree by path relative to the root. Hashed with foldhash (seeded per
+/// process): every walk looks each directory up in the previous tree and puts it in the new
+/// one, and SipHash was a tenth of a run's time in a project of 5,000 directories.
+type Dirs = HashMap<PathBuf, Listing, foldhash::fast::RandomState>;
+
 /// Why a directory has no (complete) listing.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Failed {
@@ -204,7 +209,7 @@ fn entries_in(b: &[u8], base: u32) -> impl Iterator<Item = (u32, &OsStr, bool)> 
 pub struct Tree {
     root: PathBuf,
     /// By path relative to the root (the root itself: the empty path).
-    dirs: HashMap<PathBuf, Listing>,
+    dirs: Dirs,
     /// Directories listed by the update that made this tree (the rest were known unchanged).
     relisted: usize,
     /// Of those, the ones whose entries differ from the previous tree's (or that it had not).
@@ -593,7 +598,7 @@ impl Tree {
     fn empty(root: &Path) -> Tree {
         Tree {
             root: root.to_path_buf(),
-            dirs: HashMap::new(),
+            dirs: Dirs::default(),
             relisted: 0,
             changed: 0,
             stored: false,
@@ -839,7 +844,7 @@ impl Tree {
             return None;
         }
         let n = r.u64()?;
-        let mut dirs = HashMap::new();
+        let mut dirs = Dirs::default();
         for _ in 0..n {
             let rel = PathBuf::from(OsStr::from_bytes(r.bytes()?));
             let key = match r.take(1)?[0] {
