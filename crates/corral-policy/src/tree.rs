@@ -49,7 +49,7 @@
 //! key in the file and is listed again next time.
 
 use std::collections::HashMap;
-use std::ffi::{CString, OsStr};
+use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -89,9 +89,9 @@ impl Key {
 }
 
 /// The directories of a tree by path relative to the root. Hashed with foldhash (seeded per
-/// process): every walk looks each directory up in the previous tree and puts it in the new
-/// one, and SipHash was a tenth of a run's time in a project of 5,000 directories.
-type Dirs = HashMap<PathBuf, Listing, foldhash::fast::RandomState>;
+/// process), by the path's bytes (a `Path` hashes and compares component by component): every
+/// walk looks each directory up in the previous tree and puts it in the new one.
+type Dirs = HashMap<OsString, Listing, foldhash::fast::RandomState>;
 
 /// Why a directory has no (complete) listing.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -225,7 +225,7 @@ impl Tree {
 
     /// The listing of the directory `rel` (relative to the root; the root: the empty path).
     pub fn listing(&self, rel: &Path) -> Option<&Listing> {
-        self.dirs.get(rel)
+        self.dirs.get(rel.as_os_str())
     }
 
     /// How many directories the update that made this tree listed.
@@ -254,7 +254,7 @@ impl Tree {
         let mut found = Vec::new();
         let mut stack = vec![PathBuf::new()];
         while let Some(rel) = stack.pop() {
-            let Some(l) = self.dirs.get(&rel) else {
+            let Some(l) = self.dirs.get(rel.as_os_str()) else {
                 continue;
             };
             match l.failed {
@@ -359,7 +359,7 @@ impl Tree {
                 return;
             };
             let hits: Vec<u32> = entries_in(&l.entries, 0)
-                .filter(|(_, name, _)| set.is_match(&rel.join(name)))
+                .filter(|(_, name, _)| set.is_match(&Path::new(rel).join(name)))
                 .map(|(off, _, _)| off)
                 .collect();
             l.hits = Some((hash, hits.into()));
@@ -516,7 +516,7 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &(dyn Fn() -> i64 + Sync
         Ok(fd) => fd,
         Err(e) => {
             tree.dirs
-                .insert(PathBuf::new(), Listing::failed_with(None, listed_ns, e));
+                .insert(OsString::new(), Listing::failed_with(None, listed_ns, e));
             return tree;
         }
     };
@@ -642,8 +642,10 @@ fn visit(
     let Some(name) = name else { return };
     let listed_ns = clock();
     let gone = |tree: &mut Tree, key: Option<Key>, e: i32| {
-        tree.dirs
-            .insert(rel.clone(), Listing::failed_with(key, listed_ns, e));
+        tree.dirs.insert(
+            rel.clone().into_os_string(),
+            Listing::failed_with(key, listed_ns, e),
+        );
     };
     let st = match fstatat(parent.as_raw_fd(), &name) {
         Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => st,
@@ -657,7 +659,7 @@ fn visit(
         }
     };
     let key = Key::of(&st);
-    let before = prev.and_then(|p| p.dirs.get(&rel));
+    let before = prev.and_then(|p| p.dirs.get(rel.as_os_str()));
     // Known unchanged, on a trusted file system, with no directory to enter: no need to
     // open it.
     if let Some(before) = before
@@ -665,7 +667,7 @@ fn visit(
         && fs_ok.get(&key.dev) == Some(&true)
         && !before.has_subdirs()
     {
-        tree.dirs.insert(rel, before.clone());
+        tree.dirs.insert(rel.into_os_string(), before.clone());
         return;
     }
     let fd = match open_dir(parent.as_raw_fd(), &name, true) {
@@ -701,7 +703,7 @@ fn visit_open(
             ok && trusted_fs(sfs.f_type as i64)
         })
     });
-    let before = prev.and_then(|p| p.dirs.get(&rel));
+    let before = prev.and_then(|p| p.dirs.get(rel.as_os_str()));
     let listing = match (before, key) {
         (Some(before), Some(key)) if trusted && before.holds_for(&key) => before.clone(),
         _ => {
@@ -736,7 +738,7 @@ fn visit_open(
             stack.push((rel.join(name), fd.clone()));
         }
     }
-    tree.dirs.insert(rel, listing);
+    tree.dirs.insert(rel.into_os_string(), listing);
 }
 
 /// [`scan_at`] with the fine clock.
@@ -904,9 +906,9 @@ impl Tree {
                 failed,
                 hits,
             };
-            dirs.insert(rel, l);
+            dirs.insert(rel.into_os_string(), l);
         }
-        if !r.b.is_empty() || !dirs.contains_key(Path::new("")) {
+        if !r.b.is_empty() || !dirs.contains_key(OsStr::new("")) {
             return None;
         }
         Some(Tree {
@@ -1104,7 +1106,7 @@ mod tests {
     fn same_tick(tree: &mut Tree, rel: &str) {
         let c = cstr(tree.root.join(rel).as_os_str()).unwrap();
         let st = fstatat(libc::AT_FDCWD, &c).unwrap();
-        tree.dirs.get_mut(Path::new(rel)).unwrap().key = Some(Key::of(&st));
+        tree.dirs.get_mut(OsStr::new(rel)).unwrap().key = Some(Key::of(&st));
     }
 
     #[test]
