@@ -504,8 +504,8 @@ pub fn now_ns() -> i64 {
 /// window) are kept, every other one is listed. With no `prev`, a full walk. Reads the fine
 /// clock with `clock` (a test fixes it).
 pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &(dyn Fn() -> i64 + Sync)) -> Tree {
-    let mut tree = Tree::empty(root);
     let prev = prev.filter(|p| p.root == root);
+    let mut tree = Tree::empty(root, prev.map_or(0, Tree::len));
     let mut fs_ok: HashMap<u64, bool> = HashMap::new();
     let Some(root_c) = cstr(root.as_os_str()) else {
         return tree;
@@ -560,7 +560,7 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &(dyn Fn() -> i64 + Sync
         let other = std::thread::Builder::new()
             .name("corral-tree".into())
             .spawn_scoped(s, || {
-                let mut half = Tree::empty(root);
+                let mut half = Tree::empty(root, prev.map_or(0, |p| p.len() / 2));
                 let theirs = shared
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -595,10 +595,12 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &(dyn Fn() -> i64 + Sync
 const SHARED_FROM: usize = 16;
 
 impl Tree {
-    fn empty(root: &Path) -> Tree {
+    /// A tree with room for `capacity` directories (the previous tree's count: most trees
+    /// keep theirs).
+    fn empty(root: &Path, capacity: usize) -> Tree {
         Tree {
             root: root.to_path_buf(),
-            dirs: Dirs::default(),
+            dirs: Dirs::with_capacity_and_hasher(capacity, Default::default()),
             relisted: 0,
             changed: 0,
             stored: false,
@@ -846,7 +848,9 @@ impl Tree {
             return None;
         }
         let n = r.u64()?;
-        let mut dirs = Dirs::default();
+        // Room for what the file says it holds, within what its bytes could hold.
+        let room = usize::try_from(n).unwrap_or(0).min(r.b.len() / 16);
+        let mut dirs = Dirs::with_capacity_and_hasher(room, Default::default());
         for _ in 0..n {
             let rel = PathBuf::from(OsStr::from_bytes(r.bytes()?));
             let key = match r.take(1)?[0] {
