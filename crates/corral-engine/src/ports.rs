@@ -408,7 +408,11 @@ impl Drop for RelayGuard {
     }
 }
 
-fn remove_container(engine: EngineKind, name: &str) -> io::Result<std::process::ExitStatus> {
+/// `ENGINE rm --force NAME`, its output dropped (a container already gone is no error).
+pub(crate) fn remove_container(
+    engine: EngineKind,
+    name: &str,
+) -> io::Result<std::process::ExitStatus> {
     let mut rm = std::process::Command::new(engine.program());
     rm.args(["rm", "--force"]);
     if engine == EngineKind::Podman {

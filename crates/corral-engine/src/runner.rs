@@ -472,7 +472,13 @@ pub fn run_with(
     let policy_existed = policy.symlink_metadata().is_ok();
     let relaying = relays.start(ctx, plan)?;
     let status = wait(cmd);
+    // The relays first: they share the harness container's network namespace (crate::ports).
     drop(relaying);
+    // `--rm` leaves the container's removal to the engine, which can finish it after its
+    // client returned (podman's cleanup process, late on a loaded machine, when the run was
+    // stopped by a signal): removed here too, so that nothing of the run is left once corral
+    // exits. A container already gone is no error.
+    let _ = crate::ports::remove_container(ctx.engine, &ctx.harness_container(plan));
     drop(gateway);
     drop(signin_files);
     if !policy_existed && fs::metadata(policy).is_ok_and(|m| m.is_file() && m.len() == 0) {

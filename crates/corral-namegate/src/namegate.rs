@@ -558,11 +558,7 @@ impl<S: Sys> Gate<S> {
             return Ok(());
         }
         let (parent, name) = (&entry.parent, entry.name());
-        if hidden
-            .tails
-            .matching(std::path::Path::new(OsStr::from_bytes(name)))
-            .is_none()
-        {
+        if !hidden.may_match(name) {
             // A pattern matches a path only where its last component matches the name: none
             // does, wherever the directory is (most names: no lookup of its path).
             return Ok(());
@@ -607,15 +603,22 @@ fn path_of<S: Sys>(sys: &S, parent: &OwnedFd, name: &[u8]) -> Vec<u8> {
 /// the jail sees the project: at its own path), matched with the one matcher the masking walk
 /// uses (`corral_policy::hide::HideSet`).
 pub struct Hidden {
-    set: corral_policy::hide::HideSet,
+    /// The patterns as written, in the order of `tail_patterns`.
+    patterns: Vec<String>,
     /// Each pattern's last component, matching at any depth (`config/secrets.yml`:
     /// `secrets.yml`; `a/**`: anything), for a directory whose path cannot be read.
-    tails: corral_policy::hide::HideSet,
-    /// The patterns as written, in the order of `tails`.
-    patterns: Vec<String>,
     tail_patterns: Vec<String>,
     /// The root without a trailing slash (empty for `/`).
     root: Vec<u8>,
+    /// Both compiled at the first name made in the project (a regex set costs about 0.1 ms
+    /// the first time in a process: a run that makes no name there compiles none). `None`
+    /// if they did not compile after all: every name is then refused.
+    sets: std::sync::OnceLock<Option<HiddenSets>>,
+}
+
+struct HiddenSets {
+    set: corral_policy::hide::HideSet,
+    tails: corral_policy::hide::HideSet,
 }
 
 impl Hidden {
@@ -644,12 +647,36 @@ impl Hidden {
                 p.rsplit('/').next().unwrap_or(p).to_string()
             })
             .collect();
+        // Each pattern parses (so the jail does not start without its rule); the sets are
+        // compiled when first needed.
+        corral_policy::hide::HideSet::check(patterns)?;
+        corral_policy::hide::HideSet::check(&tail_patterns)?;
         Ok(Hidden {
-            set: corral_policy::hide::HideSet::new(patterns)?,
-            tails: corral_policy::hide::HideSet::new(&tail_patterns)?,
             patterns: patterns.to_vec(),
             tail_patterns,
             root: root[..end].to_vec(),
+            sets: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn sets(&self) -> Option<&HiddenSets> {
+        self.sets
+            .get_or_init(|| {
+                Some(HiddenSets {
+                    set: corral_policy::hide::HideSet::new(&self.patterns).ok()?,
+                    tails: corral_policy::hide::HideSet::new(&self.tail_patterns).ok()?,
+                })
+            })
+            .as_ref()
+    }
+
+    /// Whether some pattern's last component matches `name` (or the sets did not compile):
+    /// only then can a pattern match a path ending in `name`.
+    fn may_match(&self, name: &[u8]) -> bool {
+        self.sets().is_none_or(|s| {
+            s.tails
+                .matching(std::path::Path::new(OsStr::from_bytes(name)))
+                .is_some()
         })
     }
 
@@ -660,9 +687,13 @@ impl Hidden {
     /// without a slash, the same answer as anywhere in the project; for `config/secrets.yml`,
     /// every `secrets.yml`; for `a/**`, every name).
     fn refuses(&self, dir: Option<&[u8]>, name: &[u8]) -> Option<&str> {
+        let Some(sets) = self.sets() else {
+            // Not compiled: fail closed.
+            return self.patterns.first().map(String::as_str);
+        };
         let rel: Vec<u8> = match dir {
             None => {
-                let tail = self
+                let tail = sets
                     .tails
                     .matching(std::path::Path::new(OsStr::from_bytes(name)))?;
                 let i = self.tail_patterns.iter().position(|t| t == tail)?;
@@ -674,7 +705,7 @@ impl Hidden {
                 _ => return None,
             },
         };
-        self.set
+        sets.set
             .matching(std::path::Path::new(OsStr::from_bytes(&rel)))
     }
 }
@@ -2648,6 +2679,26 @@ mod tests {
             .map(String::from)
             .to_vec();
         Hidden::new(&patterns, root.as_bytes()).unwrap()
+    }
+
+    /// The sets are compiled at the first name; a bad pattern is refused before that, and
+    /// sets that did not compile after all refuse every name (fail closed).
+    #[test]
+    fn hide_patterns_are_checked_at_once_compiled_at_the_first_name_and_fail_closed() {
+        let h = hidden("/work/proj");
+        assert!(h.sets.get().is_none(), "compiled before any name");
+        assert!(!h.may_match(b"notes.txt"));
+        assert!(h.sets.get().is_some_and(Option::is_some));
+        let bad = Hidden::new(&["a[".to_string()], b"/work/proj");
+        assert!(bad.is_err(), "a pattern that does not parse was taken");
+        let broken = hidden("/work/proj");
+        broken.sets.set(None).ok().unwrap();
+        assert!(broken.may_match(b"notes.txt"));
+        assert_eq!(
+            broken.refuses(Some(b"/work/proj"), b"notes.txt"),
+            Some(broken.patterns[0].as_str())
+        );
+        assert!(broken.refuses(None, b"notes.txt").is_some());
     }
 
     #[test]

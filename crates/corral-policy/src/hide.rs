@@ -51,6 +51,15 @@ impl HideSet {
         })
     }
 
+    /// That each of `patterns` is a valid `hide` pattern, without compiling the set (which
+    /// [`HideSet::new`] does, and may be put off until a name is matched).
+    pub fn check(patterns: &[String]) -> Result<(), PolicyError> {
+        for p in patterns {
+            glob(p).map_err(PolicyError::Invalid)?;
+        }
+        Ok(())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.patterns.is_empty()
     }

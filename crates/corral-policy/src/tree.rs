@@ -8,7 +8,9 @@
 //! directories the index knows from the root, by descriptor (each one opened `O_NOFOLLOW |
 //! O_DIRECTORY` from its parent's descriptor, so no link is followed below the root), and lists
 //! again only a directory whose key differs, or that is still in its racy window (below).
-//! New directories are listed; gone ones are dropped.
+//! New directories are listed; gone ones are dropped. A tree with enough directories on one
+//! level is walked by two threads from there, each taking every other subtree (a directory's
+//! listing depends on it and its previous listing alone; the halves are merged).
 //!
 //! **Why a directory whose key is unchanged has the entries it had.** On Linux, adding,
 //! removing or renaming an entry of a directory (create, mkdir, link, symlink, mknod, unlink,
@@ -47,7 +49,7 @@
 //! key in the file and is listed again next time.
 
 use std::collections::HashMap;
-use std::ffi::{CString, OsStr};
+use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -85,6 +87,11 @@ impl Key {
         }
     }
 }
+
+/// The directories of a tree by path relative to the root. Hashed with foldhash (seeded per
+/// process), by the path's bytes (a `Path` hashes and compares component by component): every
+/// walk looks each directory up in the previous tree and puts it in the new one.
+type Dirs = HashMap<OsString, Listing, foldhash::fast::RandomState>;
 
 /// Why a directory has no (complete) listing.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -202,7 +209,7 @@ fn entries_in(b: &[u8], base: u32) -> impl Iterator<Item = (u32, &OsStr, bool)> 
 pub struct Tree {
     root: PathBuf,
     /// By path relative to the root (the root itself: the empty path).
-    dirs: HashMap<PathBuf, Listing>,
+    dirs: Dirs,
     /// Directories listed by the update that made this tree (the rest were known unchanged).
     relisted: usize,
     /// Of those, the ones whose entries differ from the previous tree's (or that it had not).
@@ -218,7 +225,7 @@ impl Tree {
 
     /// The listing of the directory `rel` (relative to the root; the root: the empty path).
     pub fn listing(&self, rel: &Path) -> Option<&Listing> {
-        self.dirs.get(rel)
+        self.dirs.get(rel.as_os_str())
     }
 
     /// How many directories the update that made this tree listed.
@@ -239,15 +246,15 @@ impl Tree {
     /// of the `hide` patterns, not below `.git/objects` or a matched directory, a directory
     /// below the root that could not be read masked whole. Sorted.
     pub fn masked(&self, patterns: &[String]) -> Result<Vec<PathBuf>, PolicyError> {
-        let set = crate::hide::HideSet::new(patterns)?;
-        if set.is_empty() {
+        if patterns.is_empty() {
             return Ok(Vec::new());
         }
+        let mut set = Compiled::new(patterns);
         let hash = patterns_hash(patterns);
         let mut found = Vec::new();
         let mut stack = vec![PathBuf::new()];
         while let Some(rel) = stack.pop() {
-            let Some(l) = self.dirs.get(&rel) else {
+            let Some(l) = self.dirs.get(rel.as_os_str()) else {
                 continue;
             };
             match l.failed {
@@ -261,6 +268,7 @@ impl Tree {
             let in_git = rel.as_os_str() == ".git";
             let memo = l.hits.as_ref().filter(|(h, _)| *h == hash).map(|(_, v)| v);
             let Some(memo) = memo else {
+                let set = set.get()?;
                 for (name, is_dir) in l.entries() {
                     if in_git && name == "objects" {
                         continue;
@@ -299,6 +307,31 @@ impl Tree {
     }
 }
 
+/// The `hide` patterns, compiled when a first name has to be matched: the listings of an
+/// unchanged tree carry their matches, so a run in a project nobody changed compiles none
+/// (a regex set costs about 0.1 ms the first time in a process, and its first match as much).
+/// The patterns were checked one by one when the policy was read.
+struct Compiled<'a> {
+    patterns: &'a [String],
+    set: Option<crate::hide::HideSet>,
+}
+
+impl<'a> Compiled<'a> {
+    fn new(patterns: &'a [String]) -> Compiled<'a> {
+        Compiled {
+            patterns,
+            set: None,
+        }
+    }
+
+    fn get(&mut self) -> Result<&crate::hide::HideSet, PolicyError> {
+        if self.set.is_none() {
+            self.set = Some(crate::hide::HideSet::new(self.patterns)?);
+        }
+        Ok(self.set.as_ref().expect("compiled just now"))
+    }
+}
+
 /// What the `hide` patterns are known by in a listing's memo of its matches.
 fn patterns_hash(patterns: &[String]) -> u64 {
     let mut b = Vec::new();
@@ -313,19 +346,20 @@ impl Tree {
     /// Note in each listing without them which of its entries `patterns` match (a listing
     /// carried over from the previous tree keeps its own).
     pub fn match_entries(&mut self, patterns: &[String]) {
-        let Ok(set) = crate::hide::HideSet::new(patterns) else {
-            return;
-        };
-        if set.is_empty() {
+        if patterns.is_empty() {
             return;
         }
+        let mut set = Compiled::new(patterns);
         let hash = patterns_hash(patterns);
         for (rel, l) in self.dirs.iter_mut() {
             if l.hits.as_ref().is_some_and(|(h, _)| *h == hash) {
                 continue;
             }
+            let Ok(set) = set.get() else {
+                return;
+            };
             let hits: Vec<u32> = entries_in(&l.entries, 0)
-                .filter(|(_, name, _)| set.is_match(&rel.join(name)))
+                .filter(|(_, name, _)| set.is_match(&Path::new(rel).join(name)))
                 .map(|(off, _, _)| off)
                 .collect();
             l.hits = Some((hash, hits.into()));
@@ -469,15 +503,9 @@ pub fn now_ns() -> i64 {
 /// One update of the index: `prev`'s directories whose key is unchanged (and out of the racy
 /// window) are kept, every other one is listed. With no `prev`, a full walk. Reads the fine
 /// clock with `clock` (a test fixes it).
-pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tree {
-    let mut tree = Tree {
-        root: root.to_path_buf(),
-        dirs: HashMap::new(),
-        relisted: 0,
-        changed: 0,
-        stored: false,
-    };
+pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &(dyn Fn() -> i64 + Sync)) -> Tree {
     let prev = prev.filter(|p| p.root == root);
+    let mut tree = Tree::empty(root, prev.map_or(0, Tree::len));
     let mut fs_ok: HashMap<u64, bool> = HashMap::new();
     let Some(root_c) = cstr(root.as_os_str()) else {
         return tree;
@@ -488,7 +516,7 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tre
         Ok(fd) => fd,
         Err(e) => {
             tree.dirs
-                .insert(PathBuf::new(), Listing::failed_with(None, listed_ns, e));
+                .insert(OsString::new(), Listing::failed_with(None, listed_ns, e));
             return tree;
         }
     };
@@ -506,58 +534,154 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &dyn Fn() -> i64) -> Tre
         listed_ns,
         &mut stack,
     );
-    while let Some((rel, parent)) = stack.pop() {
-        let name = rel.file_name().and_then(cstr);
-        let Some(name) = name else { continue };
-        let listed_ns = clock();
-        let gone = |tree: &mut Tree, key: Option<Key>, e: i32| {
-            tree.dirs
-                .insert(rel.clone(), Listing::failed_with(key, listed_ns, e));
-        };
-        let st = match fstatat(parent.as_raw_fd(), &name) {
-            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => st,
-            Ok(_) => {
-                gone(&mut tree, None, libc::ENOTDIR);
-                continue;
-            }
-            Err(e) => {
-                gone(&mut tree, None, e);
-                continue;
-            }
-        };
-        let key = Key::of(&st);
-        let before = prev.and_then(|p| p.dirs.get(&rel));
-        // Known unchanged, on a trusted file system, with no directory to enter: no need to
-        // open it.
-        if let Some(before) = before
-            && before.holds_for(&key)
-            && fs_ok.get(&key.dev) == Some(&true)
-            && !before.has_subdirs()
-        {
-            tree.dirs.insert(rel, before.clone());
-            continue;
+    // Level by level until there are enough directories to share between two walkers (each
+    // directory's listing depends on it and its previous listing alone, so any order gives
+    // the same tree); a small tree is walked here alone.
+    while !stack.is_empty() && stack.len() < SHARED_FROM {
+        let mut next = Vec::new();
+        for (rel, parent) in stack {
+            visit(&mut tree, prev, &mut fs_ok, rel, &parent, clock, &mut next);
         }
-        let fd = match open_dir(parent.as_raw_fd(), &name, true) {
-            Ok(fd) => fd,
-            Err(e) => {
-                gone(&mut tree, Some(key), e);
-                continue;
-            }
-        };
-        // The key of what was opened (the entry may have been replaced since the `fstatat`).
-        let key = fstat(fd.as_raw_fd()).map(|st| Key::of(&st));
-        visit_open(
-            &mut tree,
-            prev,
-            &mut fs_ok,
-            rel,
-            Arc::new(fd),
-            key,
-            listed_ns,
-            &mut stack,
-        );
+        stack = next;
     }
+    if stack.len() < SHARED_FROM {
+        walk(&mut tree, prev, &mut fs_ok, stack, clock);
+        return tree;
+    }
+    // Every other subtree to a second thread: its own half of the tree, merged after. One
+    // that cannot be started leaves its half to this one.
+    let (mine, theirs): (Vec<_>, Vec<_>) =
+        stack.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let mine: Vec<_> = mine.into_iter().map(|(_, d)| d).collect();
+    let theirs: Vec<_> = theirs.into_iter().map(|(_, d)| d).collect();
+    let mut other_fs = fs_ok.clone();
+    let shared = std::sync::Mutex::new(Some(theirs));
+    std::thread::scope(|s| {
+        let other = std::thread::Builder::new()
+            .name("corral-tree".into())
+            .spawn_scoped(s, || {
+                let mut half = Tree::empty(root, prev.map_or(0, |p| p.len() / 2));
+                let theirs = shared
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_default();
+                walk(&mut half, prev, &mut other_fs, theirs, clock);
+                half
+            });
+        walk(&mut tree, prev, &mut fs_ok, mine, clock);
+        match other {
+            Ok(other) => {
+                let half = other
+                    .join()
+                    .expect("the tree walk's second thread panicked");
+                tree.merge(half);
+            }
+            Err(_) => {
+                let theirs = shared
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_default();
+                walk(&mut tree, prev, &mut fs_ok, theirs, clock);
+            }
+        }
+    });
     tree
+}
+
+/// Directories a walk shares with a second thread from: below that, a thread costs more than
+/// it saves.
+const SHARED_FROM: usize = 16;
+
+impl Tree {
+    /// A tree with room for `capacity` directories (the previous tree's count: most trees
+    /// keep theirs).
+    fn empty(root: &Path, capacity: usize) -> Tree {
+        Tree {
+            root: root.to_path_buf(),
+            dirs: Dirs::with_capacity_and_hasher(capacity, Default::default()),
+            relisted: 0,
+            changed: 0,
+            stored: false,
+        }
+    }
+
+    /// The directories of `other`, the other half of the same walk (no directory in both).
+    fn merge(&mut self, other: Tree) {
+        self.relisted += other.relisted;
+        self.changed += other.changed;
+        self.dirs.extend(other.dirs);
+    }
+}
+
+/// Visit every directory on `stack` and below it.
+fn walk(
+    tree: &mut Tree,
+    prev: Option<&Tree>,
+    fs_ok: &mut HashMap<u64, bool>,
+    mut stack: Vec<(PathBuf, Arc<OwnedFd>)>,
+    clock: &(dyn Fn() -> i64 + Sync),
+) {
+    while let Some((rel, parent)) = stack.pop() {
+        visit(tree, prev, fs_ok, rel, &parent, clock, &mut stack);
+    }
+}
+
+/// Visit the directory `rel`, named by its last component in `parent`: its previous listing
+/// when it holds (not even opened when it has no subdirectory), else a new one; its
+/// subdirectories go on `stack`.
+fn visit(
+    tree: &mut Tree,
+    prev: Option<&Tree>,
+    fs_ok: &mut HashMap<u64, bool>,
+    rel: PathBuf,
+    parent: &OwnedFd,
+    clock: &(dyn Fn() -> i64 + Sync),
+    stack: &mut Vec<(PathBuf, Arc<OwnedFd>)>,
+) {
+    let name = rel.file_name().and_then(cstr);
+    let Some(name) = name else { return };
+    let listed_ns = clock();
+    let gone = |tree: &mut Tree, key: Option<Key>, e: i32| {
+        tree.dirs.insert(
+            rel.clone().into_os_string(),
+            Listing::failed_with(key, listed_ns, e),
+        );
+    };
+    let st = match fstatat(parent.as_raw_fd(), &name) {
+        Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => st,
+        Ok(_) => {
+            gone(tree, None, libc::ENOTDIR);
+            return;
+        }
+        Err(e) => {
+            gone(tree, None, e);
+            return;
+        }
+    };
+    let key = Key::of(&st);
+    let before = prev.and_then(|p| p.dirs.get(rel.as_os_str()));
+    // Known unchanged, on a trusted file system, with no directory to enter: no need to
+    // open it.
+    if let Some(before) = before
+        && before.holds_for(&key)
+        && fs_ok.get(&key.dev) == Some(&true)
+        && !before.has_subdirs()
+    {
+        tree.dirs.insert(rel.into_os_string(), before.clone());
+        return;
+    }
+    let fd = match open_dir(parent.as_raw_fd(), &name, true) {
+        Ok(fd) => fd,
+        Err(e) => {
+            gone(tree, Some(key), e);
+            return;
+        }
+    };
+    // The key of what was opened (the entry may have been replaced since the `fstatat`).
+    let key = fstat(fd.as_raw_fd()).map(|st| Key::of(&st));
+    visit_open(tree, prev, fs_ok, rel, Arc::new(fd), key, listed_ns, stack);
 }
 
 /// Record the directory `rel` open at `fd` (its key taken after `listed_ns` was read): its
@@ -581,7 +705,7 @@ fn visit_open(
             ok && trusted_fs(sfs.f_type as i64)
         })
     });
-    let before = prev.and_then(|p| p.dirs.get(&rel));
+    let before = prev.and_then(|p| p.dirs.get(rel.as_os_str()));
     let listing = match (before, key) {
         (Some(before), Some(key)) if trusted && before.holds_for(&key) => before.clone(),
         _ => {
@@ -616,7 +740,7 @@ fn visit_open(
             stack.push((rel.join(name), fd.clone()));
         }
     }
-    tree.dirs.insert(rel, listing);
+    tree.dirs.insert(rel.into_os_string(), listing);
 }
 
 /// [`scan_at`] with the fine clock.
@@ -724,7 +848,9 @@ impl Tree {
             return None;
         }
         let n = r.u64()?;
-        let mut dirs = HashMap::new();
+        // Room for what the file says it holds, within what its bytes could hold.
+        let room = usize::try_from(n).unwrap_or(0).min(r.b.len() / 16);
+        let mut dirs = Dirs::with_capacity_and_hasher(room, Default::default());
         for _ in 0..n {
             let rel = PathBuf::from(OsStr::from_bytes(r.bytes()?));
             let key = match r.take(1)?[0] {
@@ -784,9 +910,9 @@ impl Tree {
                 failed,
                 hits,
             };
-            dirs.insert(rel, l);
+            dirs.insert(rel.into_os_string(), l);
         }
-        if !r.b.is_empty() || !dirs.contains_key(Path::new("")) {
+        if !r.b.is_empty() || !dirs.contains_key(OsStr::new("")) {
             return None;
         }
         Some(Tree {
@@ -984,7 +1110,7 @@ mod tests {
     fn same_tick(tree: &mut Tree, rel: &str) {
         let c = cstr(tree.root.join(rel).as_os_str()).unwrap();
         let st = fstatat(libc::AT_FDCWD, &c).unwrap();
-        tree.dirs.get_mut(Path::new(rel)).unwrap().key = Some(Key::of(&st));
+        tree.dirs.get_mut(OsStr::new(rel)).unwrap().key = Some(Key::of(&st));
     }
 
     #[test]
@@ -1093,6 +1219,57 @@ mod tests {
         // Writable by the group.
         std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o770)).unwrap();
         assert!(!usable_dir(&outside, std::slice::from_ref(&project)));
+    }
+
+    /// A tree wide enough for the walk to be shared with a second thread: every directory is
+    /// in it once, and what it masks is what the plain walk masks, fresh, unchanged, and
+    /// after changes in subtrees either thread walks.
+    #[test]
+    fn a_shared_walk_finds_every_directory_once_and_masks_what_the_walk_masks() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        let mut dirs = 1; // the root
+        for a in 0..5 {
+            for b in 0..(SHARED_FROM + 3) {
+                let d = root.join(format!("m{a}/s{b}/deep"));
+                std::fs::create_dir_all(&d).unwrap();
+                std::fs::write(d.join("f.rs"), "").unwrap();
+                if b % 4 == a % 4 {
+                    std::fs::write(d.join(".env"), "").unwrap();
+                }
+                dirs += 2;
+            }
+            dirs += 1;
+        }
+        let hide = vec![".env".to_string()];
+        let first = scan(root, None);
+        assert_eq!(first.len(), dirs);
+        assert_eq!(
+            first.masked(&hide).unwrap(),
+            crate::resolve::find_masked(root, &hide).unwrap()
+        );
+        let again = scan(root, Some(&first));
+        assert_eq!(again.len(), dirs);
+        assert_eq!(again.masked(&hide).unwrap(), first.masked(&hide).unwrap());
+        // Changes in many subtrees (both halves of the walk).
+        for a in 0..5 {
+            std::fs::write(root.join(format!("m{a}/s{a}/.env")), "").unwrap();
+            std::fs::remove_dir_all(root.join(format!("m{a}/s{}", a + 6))).unwrap();
+        }
+        std::fs::create_dir_all(root.join("m4/new/deeper")).unwrap();
+        std::fs::write(root.join("m4/new/deeper/.env"), "").unwrap();
+        let changed = scan(root, Some(&again));
+        assert_eq!(changed.len(), dirs - 5 * 2 + 2);
+        assert_eq!(
+            changed.masked(&hide).unwrap(),
+            crate::resolve::find_masked(root, &hide).unwrap()
+        );
+        assert!(
+            changed
+                .masked(&hide)
+                .unwrap()
+                .contains(&root.join("m4/new/deeper/.env"))
+        );
     }
 
     #[test]

@@ -86,9 +86,13 @@ pub fn appeared_in(plan: &Plan, tree: &corral_policy::tree::Tree) -> Vec<String>
         return Vec::new();
     }
     let root = &plan.project.root;
+    // The patterns are compiled only when something was found (most runs: nothing).
     let found = tree
         .masked(&plan.hide)
-        .and_then(|found| Ok((found, corral_policy::hide::HideSet::new(&plan.hide)?)));
+        .and_then(|found| match found.is_empty() {
+            true => Ok((found, None)),
+            false => Ok((found, Some(corral_policy::hide::HideSet::new(&plan.hide)?))),
+        });
     let (found, set) = match found {
         Ok(f) => f,
         Err(e) => {
@@ -100,7 +104,10 @@ pub fn appeared_in(plan: &Plan, tree: &corral_policy::tree::Tree) -> Vec<String>
     };
     found
         .into_iter()
-        .filter(|p| p.strip_prefix(root).is_ok_and(|rel| set.is_match(rel)))
+        .filter(|p| {
+            p.strip_prefix(root)
+                .is_ok_and(|rel| set.as_ref().is_some_and(|s| s.is_match(rel)))
+        })
         .filter(|p| !plan.masked.iter().any(|m| p.starts_with(m)))
         .map(|p| {
             format!(
