@@ -556,17 +556,20 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &(dyn Fn() -> i64 + Sync
     let theirs: Vec<_> = theirs.into_iter().map(|(_, d)| d).collect();
     let mut other_fs = fs_ok.clone();
     let shared = std::sync::Mutex::new(Some(theirs));
+    // Taken by the second thread, or by this one if it could not be started.
+    let take_theirs = || {
+        shared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .unwrap_or_default()
+    };
     std::thread::scope(|s| {
         let other = std::thread::Builder::new()
             .name("corral-tree".into())
             .spawn_scoped(s, || {
                 let mut half = Tree::empty(root, prev.map_or(0, |p| p.len() / 2));
-                let theirs = shared
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take()
-                    .unwrap_or_default();
-                walk(&mut half, prev, &mut other_fs, theirs, clock);
+                walk(&mut half, prev, &mut other_fs, take_theirs(), clock);
                 half
             });
         walk(&mut tree, prev, &mut fs_ok, mine, clock);
@@ -577,14 +580,7 @@ pub fn scan_at(root: &Path, prev: Option<&Tree>, clock: &(dyn Fn() -> i64 + Sync
                     .expect("the tree walk's second thread panicked");
                 tree.merge(half);
             }
-            Err(_) => {
-                let theirs = shared
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take()
-                    .unwrap_or_default();
-                walk(&mut tree, prev, &mut fs_ok, theirs, clock);
-            }
+            Err(_) => walk(&mut tree, prev, &mut fs_ok, take_theirs(), clock),
         }
     });
     tree
