@@ -205,11 +205,18 @@ fn exec_streams_output_as_it_comes() {
 #[test]
 fn ctrl_c_on_exec_kills_the_remote_command() {
     let s = Serve::start(&[]);
-    let mut child = s
-        .exec_cmd(&["--", "sh", "-c", "echo $$; sleep 1000 & exec sleep 1001"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut c = s.exec_cmd(&["--", "sh", "-c", "echo $$; sleep 1000 & exec sleep 1001"]);
+    // As from a terminal: a test run from a shell's background job would leave SIGINT ignored,
+    // and corral exec keeps what it was given.
+    use std::os::unix::process::CommandExt;
+    // SAFETY: signal(2) is async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = c.stdout(Stdio::piped()).spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)

@@ -419,17 +419,30 @@ pub fn under_pty(
         .stdout(Stdio::from(slave.try_clone().unwrap()))
         .stderr(Stdio::from(slave.try_clone().unwrap()));
     use std::os::unix::process::CommandExt;
-    // SAFETY: setsid and TIOCSCTTY on fd 0 are async-signal-safe syscalls.
+    // SAFETY: setsid, TIOCSCTTY on fd 0 and signal(2) are async-signal-safe syscalls.
     unsafe {
         c.pre_exec(|| {
             if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            // A terminal's session starts with the terminal's signals at their defaults; a test
+            // run from a shell's background job inherits SIGINT and SIGQUIT ignored.
+            terminal_signals_default();
             Ok(())
         });
     }
     let child = c.spawn().unwrap();
     (std::fs::File::from(pty.master), slave, child)
+}
+
+/// SIGINT and SIGQUIT back to their defaults (in a child, before exec): what a command started
+/// from a terminal has, whatever the test's own caller left ignored. Async-signal-safe.
+pub fn terminal_signals_default() {
+    // SAFETY: signal(2) with SIG_DFL changes only this process's dispositions.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+    }
 }
 
 /// What the terminal shows until `needle` appears in it, the child exits, or 30 s pass.
