@@ -2196,6 +2196,14 @@ fn mkdir<S: Sys>(
     mode: libc::mode_t,
 ) -> Result<Verdict, i32> {
     let entry = new_entry(caller, dirfd, path)?;
+    // A name that is there already: the kernel's mkdir looks the name up first and says
+    // EEXIST before any permission, mount or Landlock check, so nothing is checked, recorded
+    // or made here either. `mkdir -p`, Python's `makedirs(exist_ok=True)` and git's object
+    // directories mostly ask for directories that exist. A lookup that fails otherwise goes
+    // the whole way, as any name.
+    if let Ok(Some(_)) = entry_at(&gate.sys, &entry.parent, entry.name()) {
+        return Err(libc::EEXIST);
+    }
     gate.protected_entry(&entry, Use::Create)?;
     let _held = check(gate, &entry)?;
     record::before(gate.record.as_ref(), &entry)?;

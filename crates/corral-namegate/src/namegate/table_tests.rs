@@ -695,6 +695,65 @@ fn a_lookup_error_other_than_enoent_never_lets_a_name_through() {
     }
 }
 
+/// mkdir of a name that is there is EEXIST, as the kernel's own lookup says before any other
+/// check: nothing is checked, locked, reported or made, whatever the name (a git name, a
+/// hidden one, a file). A name that is absent, or whose lookup fails, goes through every rule.
+#[test]
+fn mkdir_of_a_name_that_is_there_is_eexist_at_once() {
+    for path in [
+        "/work/proj/sub",
+        "/work/proj/.git",
+        "/work/proj/halfrepo/HEAD",
+        "/work/proj/.git/objects",
+        "/work/proj/file",
+        "/work/proj/file/",
+        "/tmp",
+    ] {
+        let (mut f, git_dirs) = world();
+        let call = call_of(&mut f, Kind::Mkdir, path.as_bytes());
+        let g = gate(f, git_dirs);
+        let (got, done) = run(&g, &call);
+        assert_eq!(got, Out::Errno(libc::EEXIST), "{path}: done {done:?}");
+        assert!(done.is_empty(), "{path}: looked up, yet did {done:?}");
+        assert!(g.reports.state.lock().unwrap().seen.is_empty(), "{path}");
+    }
+    // Control: the same names absent are made or refused by their rules.
+    check_row(
+        0,
+        &row(
+            "absent",
+            Kind::Mkdir,
+            "/work/proj/sub/new",
+            nothing,
+            Want::Made,
+        ),
+    );
+    check_row(
+        1,
+        &row(
+            "absent .git",
+            Kind::Mkdir,
+            "/work/proj/sub/.git",
+            nothing,
+            Want::Refused(libc::EPERM),
+        ),
+    );
+    // A lookup that fails with anything but ENOENT is not "there": the rules decide.
+    check_row(
+        2,
+        &row(
+            "unreadable .git",
+            Kind::Mkdir,
+            "/work/proj/sub/.git",
+            |f| {
+                f.lookup_fails
+                    .insert(b"/work/proj/sub/.git".to_vec(), libc::EACCES);
+            },
+            Want::Refused(libc::EPERM),
+        ),
+    );
+}
+
 #[test]
 fn what_cannot_be_told_is_refused_and_paths_resolve_as_the_kernels() {
     for (i, r) in fail_closed_and_resolution_rows().iter().enumerate() {
