@@ -225,6 +225,9 @@ fn run_plan_with(
     // The jail's mounts wait for the git snapshot (what it protects); the command's exec waits
     // for the change baseline too (held by `Native::start`, released by `Native::run`).
     let session = beginning.ready_for_mounts()?;
+    // What the run makes on the host (executor socket, resolver files, gateway CA): its
+    // journal entry names them, for the next corral command if this one is killed.
+    session.made_on_host(run.attachments.host_dirs());
     // The git files the snapshot found are read-only in the jail and the executor's jail.
     run.protect(&session.protected());
     // Where the jail may create a `HEAD` while it runs (the name gate).

@@ -5,7 +5,7 @@
 //! A run's entry is `STATE/corral/PROJECT_KEY/journal/JAIL_ID.json` (0600, in a 0700 directory
 //! of corral's state, which no jail sees): the jail id, corral's pid, the project, the git
 //! snapshot ([`gitguard::Saved`]), the set-id watch ([`setid::Watch`]) and the run's own
-//! directories on the host (`RunInputs::own_dirs`: the executor's socket, the resolver's and
+//! directories on the host (`Attachments::host_dirs`: the executor's socket, the resolver's and
 //! the gateway's files, in the runtime and temporary directories). It is written to a
 //! temporary name, locked (`flock`, exclusive), then renamed into place, and the lock is held
 //! until the run's checks are done and the entry removed. Its `fsync` runs on a thread while
@@ -70,7 +70,7 @@ struct Entry {
     root: OsString,
     git: Option<gitguard::Saved>,
     set_id: setid::Watch,
-    /// The run's own directories on the host (`RunInputs::own_dirs`), removed at its end.
+    /// The run's own directories on the host (`Attachments::host_dirs`), removed at its end.
     #[serde(default, with = "paths_bytes")]
     dirs: Vec<PathBuf>,
 }

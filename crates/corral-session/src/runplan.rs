@@ -54,15 +54,6 @@ impl RunInputs {
         }
     }
 
-    /// The run's own directories on the host, each removed when the run ends: the executor's
-    /// socket and skill ([`ExecutorAttachment`]), the stub resolver's files
-    /// ([`DnsAttachment`]), the gateway's CA files and the sign-ins' placeholder files
-    /// ([`SecretsAttachment`]). The run's journal entry names them, so that the next corral
-    /// command removes them when this one was killed (journal.rs).
-    pub fn own_dirs(&self) -> Vec<PathBuf> {
-        vec![self.executor_dir(), self.dns_dir(), self.trust_dir()]
-    }
-
     fn executor_dir(&self) -> PathBuf {
         self.runtime_dir
             .join(format!("corral-exec-{}", self.jail_id))
@@ -113,6 +104,21 @@ pub struct Attachments {
     /// The git directories' files held read-only (added to `protected`, in the jail and in the
     /// executor's jail): what the session's git snapshot found (gitguard.rs).
     pub git_protected: Vec<PathBuf>,
+}
+
+impl Attachments {
+    /// The directories the run makes on the host for these attachments, each removed when the
+    /// run ends: the executor's socket and skill ([`ExecutorAttachment`]), the stub
+    /// resolver's files ([`DnsAttachment`]), the gateway's CA files and the sign-ins'
+    /// placeholder files ([`SecretsAttachment`]). The run's journal entry names them
+    /// (`Session::made_on_host`), so that the next corral command removes them when this one
+    /// was killed (journal.rs).
+    pub fn host_dirs(&self) -> Vec<PathBuf> {
+        let executor = self.executor.as_ref().map(|e| e.dir.clone());
+        let dns = self.dns.as_ref().map(|d| d.dir.clone());
+        let trust = self.secrets.as_ref().and_then(|s| s.trust_dir.clone());
+        [executor, dns, trust].into_iter().flatten().collect()
+    }
 }
 
 /// `[secrets]`: placeholders in the jail's environment; with network mode `proxy`, the
@@ -390,4 +396,49 @@ fn dns(plan: &mut Plan, inputs: &RunInputs) -> Option<DnsAttachment> {
             .push(ro_bind(dir.join(name), Path::new("/etc").join(name)));
     }
     Some(DnsAttachment { dir, files })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The journal names what the run makes on the host: each attachment's directory that is
+    /// there, nothing for one that is not (a container run attaches none).
+    #[test]
+    fn host_dirs_are_the_attachments_directories() {
+        assert!(Attachments::default().host_dirs().is_empty());
+        let secrets = |trust_dir: Option<&str>| SecretsAttachment {
+            placeholders: BTreeMap::new(),
+            signins: Vec::new(),
+            trust_dir: trust_dir.map(PathBuf::from),
+        };
+        let all = Attachments {
+            secrets: Some(secrets(Some("/tmp/corral-trust-j"))),
+            executor: Some(ExecutorAttachment {
+                dir: PathBuf::from("/run/user/1/corral-exec-j"),
+                serve: true,
+                skill: None,
+            }),
+            dns: Some(DnsAttachment {
+                dir: PathBuf::from("/run/user/1/corral-dns-j"),
+                files: BTreeMap::new(),
+            }),
+            git_protected: vec![PathBuf::from("/p/.git/hooks")],
+        };
+        assert_eq!(
+            all.host_dirs(),
+            [
+                "/run/user/1/corral-exec-j",
+                "/run/user/1/corral-dns-j",
+                "/tmp/corral-trust-j"
+            ]
+            .map(PathBuf::from)
+        );
+        // Placeholders in the environment only (no proxy, no sign-in): no directory.
+        let env_only = Attachments {
+            secrets: Some(secrets(None)),
+            ..Attachments::default()
+        };
+        assert!(env_only.host_dirs().is_empty());
+    }
 }

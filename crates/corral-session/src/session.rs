@@ -166,6 +166,9 @@ pub struct Session {
     /// Paths corral itself made in the project for the run (placeholders): not listed as
     /// changes.
     own: std::sync::Mutex<Vec<std::path::PathBuf>>,
+    /// Directories corral makes on the host for the run (`Attachments::host_dirs`): the
+    /// journal entry names them.
+    host_dirs: std::sync::Mutex<Vec<std::path::PathBuf>>,
 }
 
 /// The change baseline of a session: on its thread, or taken (`None`: no summary this run).
@@ -343,6 +346,17 @@ impl Session {
             .extend(paths);
     }
 
+    /// Directories corral makes on the host for this run (a native run's executor socket,
+    /// resolver files, gateway CA: `Attachments::host_dirs`). Call before [`Session::run`]: the
+    /// run's journal entry names them, so that the next corral command removes them when this
+    /// one was killed (journal.rs).
+    pub fn made_on_host(&self, dirs: Vec<std::path::PathBuf>) {
+        self.host_dirs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(dirs);
+    }
+
     /// Write a `Jail` event of this session to the audit log (a failure is said on stderr).
     pub fn record(&self, event: JailEvent) {
         record(&self.audit, &self.jail_id, event);
@@ -382,7 +396,10 @@ impl Session {
                     &self.jail_id,
                     self.git.as_ref(),
                     &set_id,
-                    crate::runplan::RunInputs::on_host(&self.jail_id).own_dirs(),
+                    self.host_dirs
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone(),
                 );
                 match entry {
                     Ok(j) => Some(j),
@@ -574,6 +591,7 @@ impl StartingSession {
             baseline: std::sync::Mutex::new(Baseline::Pending(self.baseline)),
             git,
             own: Default::default(),
+            host_dirs: Default::default(),
         })
     }
 }
